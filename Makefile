@@ -1,0 +1,32 @@
+# multislice-operator: every entry point a developer or CI needs.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint fmt bins cluster-up cluster-down demo bench crd clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml workload/pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]' -e './workload[test]'
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check operator workload tests benchmarks
+	$(BIN)/mypy
+
+fmt: install
+	$(BIN)/ruff format operator workload tests benchmarks
+
+crd: install
+	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,181 @@
+"""Generate the MultisliceJob CRD from the pydantic models (the one source of truth).
+
+Pydantic's JSON schema is turned into a structural OpenAPI v3 schema: references inlined, titles
+dropped, free-form objects marked to preserve unknown fields. CEL rules and printer columns that the
+apiserver enforces are added here, next to the schema they constrain.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from multislice_operator.api import models
+
+# Fields that cannot change once the job exists: changing them means a different job.
+IMMUTABLE = (
+    "accelerator",
+    "slices",
+    "capacity",
+    "parallelism",
+    "template",
+    "checkpoint",
+    "failurePolicy",
+)
+
+SPEC_RULES: list[dict[str, str]] = [
+    {
+        "rule": "has(self.topology) == has(oldSelf.topology) && "
+        "(!has(self.topology) || self.topology == oldSelf.topology)",
+        "message": "spec.topology is immutable; delete and recreate the job to change it",
+    },
+    {
+        "rule": "!has(self.provisioning) || !has(oldSelf.provisioning) || "
+        "!has(self.provisioning.mode) || !has(oldSelf.provisioning.mode) || "
+        "self.provisioning.mode == oldSelf.provisioning.mode",
+        "message": "spec.provisioning.mode is immutable; delete and recreate the job to change it",
+    },
+]
+
+FIELD_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    ("parallelism", "dcn"): [
+        {
+            "rule": "!has(self.tensor) || self.tensor == 1",
+            "message": "spec.parallelism.dcn.tensor must be 1: DCN bandwidth between slices is "
+            "far too low for tensor parallelism; use spec.parallelism.ici.tensor instead",
+        }
+    ],
+    ("capacity",): [
+        {
+            "rule": "!has(self.reservation) || (has(self.type) && self.type == 'Reserved')",
+            "message": "spec.capacity.reservation is only valid with type: Reserved",
+        }
+    ],
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Accelerator", "type": "string", "jsonPath": ".spec.accelerator"},
+    {"name": "Slices", "type": "integer", "jsonPath": ".spec.slices"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.readySlices"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Chips", "type": "integer", "jsonPath": ".status.totalChips", "priority": 1},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+            extra = {k: v for k, v in node.items() if k != "$ref"}
+            return _resolve({**target, **extra}, defs)
+        return {k: _resolve(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(v, defs) for v in node]
+    return node
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """Make one schema node structural: single type, no titles, no nulls."""
+    node = dict(node)
+    node.pop("title", None)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) == 1:
+            node = {**options[0], **node}
+        node.pop("title", None)
+    if node.get("default", 0) is None:
+        node.pop("default")
+    if "allOf" in node and len(node["allOf"]) == 1:
+        node = {**node.pop("allOf")[0], **node}
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("type") == "object" or "properties" in node:
+        node["type"] = "object"
+        props = node.get("properties")
+        additional = node.pop("additionalProperties", None)
+        if props:
+            node["properties"] = {k: _structural(v) for k, v in props.items()}
+        elif isinstance(additional, dict) and additional:
+            node["additionalProperties"] = _structural(additional)
+        else:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    if node.get("type") == "array" and isinstance(node.get("items"), dict):
+        node["items"] = _structural(node["items"])
+    return node
+
+
+def _schema_of(model: type[models.BaseModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(_resolve(raw, defs))
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema_of(models.MultisliceJobSpec)
+    for name in IMMUTABLE:
+        prop = schema["properties"][name]
+        prop.setdefault("x-kubernetes-validations", []).append(
+            {
+                "rule": "self == oldSelf",
+                "message": f"spec.{name} is immutable; delete and recreate the job to change it",
+            }
+        )
+    for path, rules in FIELD_RULES.items():
+        node = schema
+        for part in path:
+            node = node["properties"][part]
+        node.setdefault("x-kubernetes-validations", []).extend(rules)
+    schema["x-kubernetes-validations"] = list(SPEC_RULES)
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    return _schema_of(models.MultisliceJobStatus)
+
+
+def generate_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "names": {
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": list(models.SHORT_NAMES),
+                "categories": ["all", "multislice"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "MultisliceJob runs one training program over several "
+                            "identical Cloud TPU slices, provisioned all together or not at all, "
+                            "restarting every slice from the last checkpoint when one fails.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

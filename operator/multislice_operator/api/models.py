@@ -1,0 +1,304 @@
+"""The MultisliceJob API (multislice.dev/v1alpha1): the single source of truth.
+
+The CRD's openAPIV3Schema is generated from these models (api/crd.py); descriptions here are what
+`kubectl explain` shows. Cross-field rules that need the catalog (chips per slice) live in the plan.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from multislice_operator.catalog import ACCELERATOR_PATTERN
+
+GROUP = "multislice.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MultisliceJob"
+PLURAL = "multislicejobs"
+SINGULAR = "multislicejob"
+SHORT_NAMES = ["msj"]
+
+DEFAULT_NON_RETRYABLE_EXIT_CODES = [42]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+
+class CapacityType(str, Enum):
+    ON_DEMAND = "OnDemand"
+    SPOT = "Spot"
+    RESERVED = "Reserved"
+
+
+class ProvisioningMode(str, Enum):
+    MANAGED = "Managed"
+    EXISTING = "Existing"
+
+
+class Capacity(_Model):
+    """Which Cloud TPU capacity the slices use."""
+
+    type: CapacityType = Field(
+        default=CapacityType.ON_DEMAND,
+        description=(
+            "OnDemand (queued on on-demand quota), Spot (preemptible; a preempted slice is "
+            "replaced and all slices restart from the last checkpoint) or Reserved (a reservation)."
+        ),
+    )
+    reservation: str | None = Field(
+        default=None,
+        max_length=63,
+        description=(
+            "Name of a specific reservation to consume (type Reserved only). Empty with Reserved "
+            "means any matching reservation."
+        ),
+    )
+
+
+class Provisioning(_Model):
+    """How the slices' node pools come to exist."""
+
+    mode: ProvisioningMode = Field(
+        default=ProvisioningMode.MANAGED,
+        description=(
+            "Managed: the operator creates one GKE node pool per slice, all or none, and deletes "
+            "them when the job ends. Existing: the slices run on node pools that already exist "
+            "with the matching accelerator and topology labels."
+        ),
+    )
+    timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=7 * 24 * 3600,
+        description=(
+            "How long one gang attempt may take before every node pool of the gang is deleted "
+            "and the attempt retried with backoff."
+        ),
+    )
+    keep_node_pools: bool = Field(
+        default=False,
+        description="Keep the node pools after the job succeeds (they are still deleted with it).",
+    )
+
+
+class IciParallelism(_Model):
+    """Sharding inside a slice (ICI). data x fsdp x tensor must equal the chips of one slice."""
+
+    data: int | None = Field(default=None, ge=1, description="Data parallelism over ICI.")
+    fsdp: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fully sharded data parallelism over ICI. Default: the chips per slice.",
+    )
+    tensor: int | None = Field(default=None, ge=1, description="Tensor parallelism over ICI.")
+
+
+class DcnParallelism(_Model):
+    """Sharding across slices (DCN). data x fsdp x pipeline x tensor must equal spec.slices."""
+
+    data: int | None = Field(
+        default=None, ge=1, description="Data parallelism across slices. Default: spec.slices."
+    )
+    fsdp: int | None = Field(default=None, ge=1, description="FSDP across slices.")
+    pipeline: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pipeline stages across slices: the last resort when the batch cannot grow.",
+    )
+    tensor: int | None = Field(
+        default=None,
+        ge=1,
+        description="Must be 1: DCN bandwidth is far too low for tensor parallelism.",
+    )
+
+
+class ParallelismSpec(_Model):
+    """ICI and DCN parallelism, injected into the workload's environment."""
+
+    ici: IciParallelism = Field(default_factory=IciParallelism)
+    dcn: DcnParallelism = Field(default_factory=DcnParallelism)
+
+
+class Training(_Model):
+    """Hints about the training run, used by the DCN advisor."""
+
+    global_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Global batch size in tokens per step. With it the advisor says whether data/FSDP "
+            "parallelism across slices is bound by the DCN."
+        ),
+    )
+
+
+class Checkpoint(_Model):
+    """Where the workload saves and resumes checkpoints."""
+
+    directory: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Checkpoint directory (gs://bucket/path or a mounted path), handed to the "
+        "workload as MULTISLICE_CHECKPOINT_DIR.",
+    )
+
+
+class FailurePolicy(_Model):
+    """When a failure restarts all slices and when it ends the job."""
+
+    max_restarts: int = Field(
+        default=10,
+        ge=0,
+        le=10000,
+        description=(
+            "Restarts of all slices allowed before the job fails. Each retryable pod failure or "
+            "slice loss restarts every slice, which resumes from its last checkpoint."
+        ),
+    )
+    non_retryable_exit_codes: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_NON_RETRYABLE_EXIT_CODES),
+        max_length=255,
+        description=(
+            "Exit codes of the workload container that fail the job at once instead of "
+            "restarting (1-255). Default [42], the workload's configuration-error code."
+        ),
+        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255}},
+    )
+
+
+class MultisliceJobSpec(_Model):
+    """A training program run over several identical TPU slices, provisioned all or none."""
+
+    accelerator: str = Field(
+        pattern=ACCELERATOR_PATTERN,
+        description=(
+            "Cloud TPU accelerator type of every slice: v4-N or v5p-N (N counts TensorCores, two "
+            "per chip), v5litepod-N or v6e-N (N counts chips). e.g. v5litepod-16."
+        ),
+    )
+    topology: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
+        description="Slice shape, e.g. 4x4 or 2x2x4. Default: the catalog's shape for the type.",
+    )
+    slices: int = Field(ge=1, le=256, description="Number of identical slices (1-256).")
+    capacity: Capacity = Field(default_factory=Capacity)
+    provisioning: Provisioning = Field(default_factory=Provisioning)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    training: Training = Field(default_factory=Training)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "Suspend the job: its pods are deleted and, in Managed mode, its node pools released; "
+            "resuming re-provisions and resumes from the last checkpoint."
+        ),
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the MultisliceJob this many seconds after it succeeds or fails.",
+    )
+    template: dict[str, Any] = Field(
+        description=(
+            "Pod template (metadata and spec) run on every host of every slice. The first "
+            "container is the TPU container: the operator adds the TPU resource, node selector, "
+            "toleration and the multislice environment."
+        ),
+    )
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+TERMINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition."""
+
+    type: str
+    status: str = Field(description="True, False or Unknown.")
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class SliceStatus(_Model):
+    """The state of one slice."""
+
+    index: int
+    node_pool: str | None = Field(default=None, description="The slice's GKE node pool.")
+    hosts: int = Field(description="Hosts (Kubernetes nodes) the slice needs.")
+    ready_hosts: int = Field(default=0, description="Hosts whose nodes are Ready.")
+    phase: str = Field(
+        default="Pending",
+        description="Pending, Provisioning, Ready, Running, Succeeded, Failed or Releasing.",
+    )
+    message: str | None = None
+
+
+class MultisliceJobStatus(_Model):
+    """Observed state, written by the operator only."""
+
+    phase: Phase | None = None
+    message: str | None = Field(default=None, description="One line on what happens now.")
+    observed_generation: int | None = None
+    slices: list[SliceStatus] = Field(default_factory=list)
+    restarts: int = Field(default=0, description="Times all slices were restarted.")
+    conditions: list[Condition] = Field(default_factory=list)
+    job_set: str | None = Field(default=None, description="Name of the JobSet that runs the job.")
+    start_time: str | None = None
+    completion_time: str | None = None
+    total_chips: int | None = None
+    ready_slices: str | None = Field(default=None, description="Ready slices, as 'ready/total'.")
+    provisioning_attempts: int | None = Field(
+        default=None, description="Gang provisioning attempts so far (Managed mode)."
+    )
+    next_attempt_time: str | None = Field(
+        default=None, description="When the next gang provisioning attempt starts (backoff)."
+    )
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = ""
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class MultisliceJob(BaseModel):
+    """The whole object as read from YAML or the apiserver."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: MultisliceJobSpec
+    status: MultisliceJobStatus | None = None

@@ -1,0 +1,222 @@
+"""The `multislice-operator` command: validate, plan, render, crd, run.
+
+Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
+and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from multislice_operator import __version__
+from multislice_operator.errors import FieldError, SpecError
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+
+class InputError(Exception):
+    """A problem with the input file itself (not its content)."""
+
+
+def _read_documents(path: str) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}: invalid YAML{where}: {problem}") from None
+    if not docs:
+        raise InputError(f"{path}: no YAML document found")
+    return docs
+
+
+def _jobs(path: str) -> list[dict[str, Any]]:
+    from multislice_operator.api.models import KIND
+
+    docs = _read_documents(path)
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if not jobs:
+        kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)}))
+        raise InputError(f"{path}: no {KIND} found (kinds present: {kinds or 'none'})")
+    return jobs
+
+
+def _label(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+
+
+def _plan(obj: dict[str, Any]) -> Any:
+    from multislice_operator.plan import load_job, plan_job
+
+    return plan_job(load_job(obj))
+
+
+def _print_errors(obj: dict[str, Any], exc: SpecError, out: TextIO) -> None:
+    for err in exc.errors:
+        print(f"{_label(obj)}: {err}", file=out)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    for obj in _jobs(args.file):
+        try:
+            plan = _plan(obj)
+        except SpecError as exc:
+            _print_errors(obj, exc, sys.stderr)
+            status = EXIT_INVALID
+            continue
+        print(
+            f"{_label(obj)}: valid ({plan.slices} x {plan.shape.accelerator}, "
+            f"{plan.total_chips} chips, DCN {plan.advice.verdict})"
+        )
+    return status
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plans, status = [], EXIT_OK
+    for obj in _jobs(args.file):
+        try:
+            plans.append(_plan(obj))
+        except SpecError as exc:
+            _print_errors(obj, exc, sys.stderr)
+            status = EXIT_INVALID
+    if args.output == "json":
+        data = [p.as_dict() for p in plans]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+    else:
+        for plan in plans:
+            print(format_plan(plan))
+    return status
+
+
+def format_plan(plan: Any) -> str:
+    shape, par, advice = plan.shape, plan.parallelism, plan.advice
+    rows = [
+        ("job", f"{plan.namespace}/{plan.name}"),
+        ("accelerator", f"{shape.accelerator} ({shape.generation.name})"),
+        ("topology", shape.topology),
+        ("slices", str(plan.slices)),
+        ("chips", f"{shape.chips} per slice, {plan.total_chips} total"),
+        ("hosts", f"{shape.hosts} per slice ({shape.chips_per_host} chips each), "
+                  f"{plan.total_hosts} total"),
+        ("machine type", f"{shape.machine_type} ({shape.generation.gke_accelerator})"),
+        ("capacity", plan.capacity),
+        ("provisioning", plan.mode),
+        ("ici", f"data {par.ici_data} x fsdp {par.ici_fsdp} x tensor {par.ici_tensor}"),
+        ("dcn", f"data {par.dcn_data} x fsdp {par.dcn_fsdp} x pipeline {par.dcn_pipeline} "
+                f"x tensor {par.dcn_tensor}"),
+        ("dcn advice", f"{advice.verdict}: {advice.message}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if plan.node_pools:
+        lines.append("node pools:")
+        lines += [
+            f"  {p.name}  slice {p.slice_index}  {p.node_count} x {p.machine_type}"
+            + (f"  topology {p.tpu_topology}" if p.tpu_topology else "")
+            + ("  spot" if p.spot else "")
+            + (f"  reservation {p.reservation or '(any)'}" if p.reservation is not None else "")
+            for p in plan.node_pools
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.render import render_jobset
+
+    rendered, status = [], EXIT_OK
+    for obj in _jobs(args.file):
+        try:
+            job = load_job(obj)
+            rendered.append(render_jobset(plan_job(job), job.spec, job.metadata.labels))
+        except SpecError as exc:
+            _print_errors(obj, exc, sys.stderr)
+            status = EXIT_INVALID
+    if rendered:
+        print(yaml.safe_dump_all(rendered, sort_keys=False), end="")
+    return status
+
+
+def cmd_crd(_: argparse.Namespace) -> int:
+    from multislice_operator.api.crd import generate_crd
+
+    print(yaml.safe_dump(generate_crd(), sort_keys=False, width=100), end="")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from multislice_operator.controller.main import run_operator
+
+    return run_operator(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multislice-operator",
+        description="Run Cloud TPU Multislice training on GKE: validate, plan and render "
+        "MultisliceJobs, or run the operator.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check MultisliceJobs; exit 1 listing every error")
+    p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="show slices, hosts, node pools, parallelism, DCN advice")
+    p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("render", help="print the JobSet the operator would create, as YAML")
+    p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("run", help="run the operator (kopf)")
+    from multislice_operator.settings import add_run_arguments
+
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SpecError as exc:  # pragma: no cover - commands catch their own
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+__all__ = ["FieldError", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

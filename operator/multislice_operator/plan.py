@@ -1,0 +1,322 @@
+"""Plan = f(spec): slices, hosts, topology, machine type, node pools, parallelism, DCN advice.
+
+Pure and deterministic. Every semantic check that needs the catalog happens here, and every problem
+is reported with its field path (all of them at once, not the first only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from multislice_operator import advisor, catalog, parallelism
+from multislice_operator.api.models import (
+    API_VERSION,
+    KIND,
+    CapacityType,
+    MultisliceJob,
+    MultisliceJobSpec,
+    ProvisioningMode,
+)
+from multislice_operator.errors import FieldError, SpecError
+
+# Labels and annotations the operator owns.
+LABEL_PREFIX = "multislice.dev"
+LABEL_JOB_NAME = f"{LABEL_PREFIX}/job-name"
+LABEL_JOB_NAMESPACE = f"{LABEL_PREFIX}/job-namespace"
+LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
+LABEL_JOB_KEY = f"{LABEL_PREFIX}/job-key"
+LABEL_SLICE = f"{LABEL_PREFIX}/slice"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "multislice-operator"
+
+GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+
+NODE_POOL_NAME_MAX = 40
+# JobSet names pods `<jobset>-slice-<i>-<j>` and hostnames must fit a DNS label (63).
+REPLICATED_JOB = "slice"
+DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class NodePoolSpec:
+    """One slice's GKE node pool, as the provisioner will ask for it."""
+
+    name: str
+    slice_index: int
+    node_count: int
+    machine_type: str
+    topology: str
+    tpu_topology: str | None  # placement COMPACT + tpu_topology for multi-host slices only
+    gke_accelerator: str
+    spot: bool
+    reservation: str | None  # None: no reservation; "": any reservation; else a specific one
+    node_labels: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sliceIndex": self.slice_index,
+            "nodeCount": self.node_count,
+            "machineType": self.machine_type,
+            "topology": self.topology,
+            "tpuTopology": self.tpu_topology,
+            "gkeAccelerator": self.gke_accelerator,
+            "spot": self.spot,
+            "reservation": self.reservation,
+            "nodeLabels": dict(self.node_labels),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    namespace: str
+    name: str
+    job_key: str
+    shape: catalog.SliceShape
+    slices: int
+    parallelism: parallelism.Parallelism
+    advice: advisor.DcnAdvice
+    capacity: str
+    mode: str
+    node_pools: list[NodePoolSpec] = field(default_factory=list)
+
+    @property
+    def total_chips(self) -> int:
+        return self.shape.chips * self.slices
+
+    @property
+    def total_hosts(self) -> int:
+        return self.shape.hosts * self.slices
+
+    @property
+    def managed(self) -> bool:
+        return self.mode == ProvisioningMode.MANAGED.value
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "accelerator": self.shape.accelerator,
+            "generation": self.shape.generation.name,
+            "topology": self.shape.topology,
+            "chipsPerSlice": self.shape.chips,
+            "hostsPerSlice": self.shape.hosts,
+            "chipsPerHost": self.shape.chips_per_host,
+            "machineType": self.shape.machine_type,
+            "gkeAccelerator": self.shape.generation.gke_accelerator,
+            "slices": self.slices,
+            "totalChips": self.total_chips,
+            "totalHosts": self.total_hosts,
+            "peakBf16FlopsPerChip": self.shape.generation.peak_bf16_flops,
+            "hbmBytesPerChip": self.shape.generation.hbm_bytes,
+            "capacity": self.capacity,
+            "provisioningMode": self.mode,
+            "parallelism": self.parallelism.as_dict(),
+            "dcn": self.advice.as_dict(),
+            "nodePools": [p.as_dict() for p in self.node_pools],
+        }
+
+
+def job_key(namespace: str, name: str) -> str:
+    """Short stable id of a job (namespace/name): node label value and node-pool name suffix."""
+    return hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:10]
+
+
+def node_pool_name(namespace: str, name: str, index: int) -> str:
+    """Deterministic, unique per job and slice, <= 40 chars, valid GKE name."""
+    suffix = f"-{job_key(namespace, name)[:6]}-{index}"
+    room = NODE_POOL_NAME_MAX - len("msj-") - len(suffix)
+    stem = re.sub(r"[^a-z0-9-]", "-", name.lower())[:room].strip("-") or "job"
+    return f"msj-{stem}{suffix}"
+
+
+def load_job(obj: dict[str, Any]) -> MultisliceJob:
+    """Parse a MultisliceJob object; pydantic errors become field-path errors."""
+    if not isinstance(obj, dict):
+        raise SpecError([FieldError("(document)", "expected a YAML mapping (a Kubernetes object)")])
+    errors: list[FieldError] = []
+    if obj.get("kind", KIND) != KIND:
+        errors.append(FieldError("kind", f"expected {KIND}, got {obj.get('kind')!r}"))
+    if obj.get("apiVersion", API_VERSION) != API_VERSION:
+        errors.append(
+            FieldError("apiVersion", f"expected {API_VERSION}, got {obj.get('apiVersion')!r}")
+        )
+    if "spec" not in obj or obj.get("spec") is None:
+        errors.append(FieldError("spec", "required"))
+    if errors:
+        raise SpecError(errors)
+    try:
+        return MultisliceJob.model_validate(obj)
+    except ValidationError as exc:
+        raise SpecError([_field_error(e) for e in exc.errors()]) from None
+
+
+def _field_error(err: Any) -> FieldError:
+    path = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field; remove it or check its spelling (see kubectl explain multislicejob)"
+    elif err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "accelerator":
+        msg = (
+            f"{err.get('input')!r} is not a Cloud TPU accelerator type; use one of "
+            f"{catalog.known_families()}, e.g. v5litepod-16"
+        )
+    return FieldError(path, msg)
+
+
+def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "job") -> Plan:
+    """Resolve a spec into a plan, or raise SpecError listing every field at fault."""
+    errors: list[FieldError] = []
+    try:
+        shape = catalog.slice_shape(spec.accelerator, spec.topology)
+    except catalog.CatalogError as exc:
+        path = "spec.topology" if isinstance(exc, catalog.TopologyError) else "spec.accelerator"
+        raise SpecError([FieldError(path, str(exc))]) from None
+    par, par_errors = parallelism.resolve(
+        spec.parallelism.ici.model_dump(),
+        spec.parallelism.dcn.model_dump(),
+        shape.chips,
+        spec.slices,
+        spec.accelerator,
+    )
+    errors += par_errors
+    errors += _check_capacity(spec)
+    errors += _check_template(spec.template)
+    errors += _check_exit_codes(spec.failure_policy.non_retryable_exit_codes)
+    errors += _check_name(name, spec.slices, shape.hosts)
+    if errors:
+        raise SpecError(errors)
+    advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
+    pools = (
+        _node_pools(spec, shape, namespace, name)
+        if spec.provisioning.mode == ProvisioningMode.MANAGED.value
+        else []
+    )
+    return Plan(
+        namespace=namespace,
+        name=name,
+        job_key=job_key(namespace, name),
+        shape=shape,
+        slices=spec.slices,
+        parallelism=par,
+        advice=advice,
+        capacity=str(spec.capacity.type),
+        mode=str(spec.provisioning.mode),
+        node_pools=pools,
+    )
+
+
+def plan_job(job: MultisliceJob) -> Plan:
+    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
+
+
+def _check_capacity(spec: MultisliceJobSpec) -> list[FieldError]:
+    cap = spec.capacity
+    if cap.reservation and cap.type != CapacityType.RESERVED.value:
+        return [
+            FieldError(
+                "spec.capacity.reservation",
+                f"only valid with type: Reserved (type is {cap.type}); set type: Reserved or "
+                "remove the reservation",
+            )
+        ]
+    return []
+
+
+def _check_template(template: dict[str, Any]) -> list[FieldError]:
+    pod = template.get("spec")
+    if not isinstance(pod, dict):
+        return [FieldError("spec.template.spec", "required: a pod spec with containers")]
+    containers = pod.get("containers")
+    if not isinstance(containers, list) or not containers:
+        return [
+            FieldError(
+                "spec.template.spec.containers",
+                "at least one container is required; the first one gets the TPUs",
+            )
+        ]
+    errors = []
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict) or not c.get("name") or not c.get("image"):
+            errors.append(
+                FieldError(f"spec.template.spec.containers[{i}]", "needs a name and an image")
+            )
+    policy = pod.get("restartPolicy")
+    if policy not in (None, "Never"):
+        errors.append(
+            FieldError(
+                "spec.template.spec.restartPolicy",
+                f"must be Never (or unset), got {policy!r}: a restart of one host must restart "
+                "all slices, which the JobSet failure policy does",
+            )
+        )
+    return errors
+
+
+def _check_exit_codes(codes: list[int]) -> list[FieldError]:
+    bad = [c for c in codes if not 1 <= c <= 255]
+    if bad:
+        return [
+            FieldError(
+                "spec.failurePolicy.nonRetryableExitCodes",
+                f"exit codes must be 1-255, got {bad}",
+            )
+        ]
+    return []
+
+
+def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:
+    # Pod hostnames are <name>-slice-<slice>-<host> and must fit one DNS label.
+    longest = f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}"
+    if len(longest) > DNS_LABEL_MAX:
+        room = DNS_LABEL_MAX - (len(longest) - len(name))
+        return [
+            FieldError(
+                "metadata.name",
+                f"too long for {slices} slices x {hosts} hosts: pod hostnames like {longest!r} "
+                f"exceed {DNS_LABEL_MAX} characters; use at most {room} characters",
+            )
+        ]
+    return []
+
+
+def _node_pools(
+    spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str, name: str
+) -> list[NodePoolSpec]:
+    cap = spec.capacity
+    reservation = None
+    if cap.type == CapacityType.RESERVED.value:
+        reservation = cap.reservation or ""
+    pools = []
+    for i in range(spec.slices):
+        pool = node_pool_name(namespace, name, i)
+        labels = {
+            LABEL_JOB_KEY: job_key(namespace, name),
+            LABEL_JOB_NAME: name,
+            LABEL_JOB_NAMESPACE: namespace,
+            LABEL_SLICE: str(i),
+            LABEL_MANAGED_BY: MANAGED_BY,
+        }
+        pools.append(
+            NodePoolSpec(
+                name=pool,
+                slice_index=i,
+                node_count=shape.hosts,
+                machine_type=shape.machine_type,
+                topology=shape.topology,
+                tpu_topology=shape.topology if shape.multi_host else None,
+                gke_accelerator=shape.generation.gke_accelerator,
+                spot=cap.type == CapacityType.SPOT.value,
+                reservation=reservation,
+                node_labels=labels,
+            )
+        )
+    return pools

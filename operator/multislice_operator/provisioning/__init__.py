@@ -1,0 +1,1 @@
+"""Node-pool provisioning: the interface and its implementations."""

@@ -1,0 +1,94 @@
+"""The provisioning interface: what the reconcile loop needs from whoever makes node pools exist.
+
+The operator observes pools, then decides (pure, in `reconcile`) and asks a Provisioner to act.
+Every method is idempotent and safe to repeat after a crash: create of an existing pool adopts it,
+delete of a missing pool is success. Methods never block on long cloud operations; they start them
+and return, and the next observation shows the progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from multislice_operator.plan import NodePoolSpec, Plan
+
+# Pool status values, as GKE names them, plus ABSENT for a pool that does not exist.
+ABSENT = "ABSENT"
+PROVISIONING = "PROVISIONING"
+RUNNING = "RUNNING"
+RUNNING_WITH_ERROR = "RUNNING_WITH_ERROR"
+RECONCILING = "RECONCILING"
+STOPPING = "STOPPING"
+ERROR = "ERROR"
+
+
+@dataclass(frozen=True)
+class PoolError:
+    """A failure of one slice's pool: names the slice, the cloud's code and message."""
+
+    slice_index: int | None
+    pool: str
+    code: str  # e.g. GCE_STOCKOUT, GCE_QUOTA_EXCEEDED, INVALID_ARGUMENT, PERMISSION_DENIED
+    message: str
+    permanent: bool  # True: retrying cannot help (bad machine type, permission); fail the job
+
+    def __str__(self) -> str:
+        where = f"slice {self.slice_index} " if self.slice_index is not None else ""
+        return f"{where}node pool {self.pool}: {self.code}: {self.message}"
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """What the cloud says about one pool right now."""
+
+    name: str
+    slice_index: int | None
+    status: str  # one of the constants above
+    node_count: int = 0
+    owner_uid: str | None = None  # from the pool's labels; None when absent
+    error: PoolError | None = None  # set when the pool (or its create operation) failed
+    operation_pending: bool = False  # a create/delete/repair operation is still running
+
+
+@dataclass
+class GangObservation:
+    """Every pool of one job, by name, plus errors met while looking (transient ones included)."""
+
+    pools: dict[str, PoolObservation] = field(default_factory=dict)
+    errors: list[PoolError] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """Outcome of create/delete calls: errors by pool; transient ones are simply retried later."""
+
+    errors: list[PoolError] = field(default_factory=list)
+
+    @property
+    def permanent(self) -> list[PoolError]:
+        return [e for e in self.errors if e.permanent]
+
+
+class Provisioner(Protocol):
+    """Makes a plan's node pools exist or not. Implemented by provisioning.gke (Managed)."""
+
+    async def observe(self, plan: Plan) -> GangObservation:
+        """State of every pool the plan names (ABSENT ones included)."""
+        ...
+
+    async def create(self, plan: Plan, pools: list[NodePoolSpec], owner_uid: str) -> ActionResult:
+        """Start creating these pools concurrently; adopt any that already exist."""
+        ...
+
+    async def delete(self, plan: Plan, pool_names: list[str]) -> ActionResult:
+        """Start deleting these pools concurrently; missing pools are success."""
+        ...
+
+    async def check_offered(self, plan: Plan) -> PoolError | None:
+        """A permanent error when the accelerator type is not offered where pools would go."""
+        ...
+
+    async def list_owned(self) -> list[PoolObservation]:
+        """Every pool labelled as created by this operator (for the garbage collector)."""
+        ...

@@ -1,0 +1,209 @@
+"""Render a Plan into the JobSet the operator applies. The environment contract lives here only.
+
+Pure: the same plan and spec always give the same object, so the operator can compare what it would
+create with what exists, and GitOps users can review it with `multislice-operator render`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from multislice_operator.api.models import MultisliceJobSpec
+from multislice_operator.plan import (
+    GKE_ACCELERATOR_LABEL,
+    GKE_TOPOLOGY_LABEL,
+    LABEL_JOB_KEY,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    REPLICATED_JOB,
+    Plan,
+)
+
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOBSET_KIND = "JobSet"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TPU_RESOURCE = "google.com/tpu"
+
+# JobSet / Job metadata the environment reads through the downward API.
+JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_ANNOTATION = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+MEGASCALE_PORT = 8080
+JAX_COORDINATOR_PORT = 8476
+FATAL_RULE = "fatal-exit-code"
+
+
+def coordinator_host(name: str) -> str:
+    """Slice 0, worker 0 of the JobSet: `<jobset>-slice-0-0.<subdomain>` (subdomain = name)."""
+    return f"{name}-{REPLICATED_JOB}-0-0.{name}"
+
+
+def worker_hostnames(name: str, hosts: int, slice_ref: str) -> str:
+    return ",".join(f"{name}-{REPLICATED_JOB}-{slice_ref}-{i}.{name}" for i in range(hosts))
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
+    """The multislice environment, in an order where `$(VAR)` references are already defined."""
+    name, shape, par = plan.name, plan.shape, plan.parallelism
+    env: list[dict[str, Any]] = [
+        {"name": "MEGASCALE_NUM_SLICES", "value": str(plan.slices)},
+        {"name": "MEGASCALE_SLICE_ID", **_field(f"metadata.annotations['{JOB_INDEX_ANNOTATION}']")},
+        {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator_host(name)},
+        {"name": "MEGASCALE_PORT", "value": str(MEGASCALE_PORT)},
+        {"name": "TPU_WORKER_ID", **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
+        {
+            "name": "TPU_WORKER_HOSTNAMES",
+            "value": worker_hostnames(name, shape.hosts, "$(MEGASCALE_SLICE_ID)"),
+        },
+        {
+            "name": "JAX_COORDINATOR_ADDRESS",
+            "value": f"{coordinator_host(name)}:{JAX_COORDINATOR_PORT}",
+        },
+        {"name": "JAX_PROCESS_COUNT", "value": str(plan.total_hosts)},
+        {"name": "MULTISLICE_JOB_NAME", "value": name},
+        {"name": "MULTISLICE_ACCELERATOR", "value": shape.accelerator},
+        {"name": "MULTISLICE_HOSTS_PER_SLICE", "value": str(shape.hosts)},
+        {"name": "MULTISLICE_CHIPS_PER_HOST", "value": str(shape.chips_per_host)},
+        {"name": "MULTISLICE_CHIPS_PER_SLICE", "value": str(shape.chips)},
+        {
+            "name": "MULTISLICE_RESTART_ATTEMPT",
+            **_field(f"metadata.annotations['{RESTART_ATTEMPT_ANNOTATION}']"),
+        },
+        {"name": "MULTISLICE_ICI_DATA", "value": str(par.ici_data)},
+        {"name": "MULTISLICE_ICI_FSDP", "value": str(par.ici_fsdp)},
+        {"name": "MULTISLICE_ICI_TENSOR", "value": str(par.ici_tensor)},
+        {"name": "MULTISLICE_DCN_DATA", "value": str(par.dcn_data)},
+        {"name": "MULTISLICE_DCN_FSDP", "value": str(par.dcn_fsdp)},
+        {"name": "MULTISLICE_DCN_PIPELINE", "value": str(par.dcn_pipeline)},
+        {"name": "MULTISLICE_DCN_TENSOR", "value": str(par.dcn_tensor)},
+    ]
+    if spec.checkpoint.directory:
+        env.append({"name": "MULTISLICE_CHECKPOINT_DIR", "value": spec.checkpoint.directory})
+    return env
+
+
+def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A variable the user sets wins; it takes our slot so later `$(VAR)` expansions still see it."""
+    by_name = {e.get("name"): e for e in theirs}
+    merged = [copy.deepcopy(by_name.get(e["name"], e)) for e in ours]
+    taken = {e["name"] for e in ours}
+    merged += [copy.deepcopy(e) for e in theirs if e.get("name") not in taken]
+    return merged
+
+
+def job_labels(plan: Plan) -> dict[str, str]:
+    return {LABEL_JOB_NAME: plan.name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
+    template = copy.deepcopy(spec.template)
+    meta = template.setdefault("metadata", {}) or {}
+    template["metadata"] = meta
+    meta["labels"] = {**(meta.get("labels") or {}), **job_labels(plan)}
+    pod = template["spec"]
+    pod["restartPolicy"] = "Never"
+    selector = dict(pod.get("nodeSelector") or {})
+    selector[GKE_ACCELERATOR_LABEL] = plan.shape.generation.gke_accelerator
+    selector[GKE_TOPOLOGY_LABEL] = plan.shape.topology
+    if plan.managed:
+        # Only this job's own node pools; Existing mode relies on exclusive placement instead.
+        selector[LABEL_JOB_KEY] = plan.job_key
+    pod["nodeSelector"] = selector
+    tolerations = list(pod.get("tolerations") or [])
+    if not any(t.get("key") == TPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    pod["tolerations"] = tolerations
+    containers = pod["containers"]
+    tpu = containers[0]
+    chips = str(plan.shape.chips_per_host)
+    resources = tpu.setdefault("resources", {}) or {}
+    tpu["resources"] = resources
+    for kind in ("requests", "limits"):
+        resources[kind] = {**(resources.get(kind) or {}), TPU_RESOURCE: chips}
+    ports = list(tpu.get("ports") or [])
+    known = {p.get("containerPort") for p in ports}
+    for port, pname in ((MEGASCALE_PORT, "megascale"), (JAX_COORDINATOR_PORT, "jax-coord")):
+        if port not in known:
+            ports.append({"containerPort": port, "name": pname, "protocol": "TCP"})
+    tpu["ports"] = ports
+    tpu["env"] = merge_env(contract_env(plan, spec), list(tpu.get("env") or []))
+    return template
+
+
+def render_jobset(
+    plan: Plan, spec: MultisliceJobSpec, job_meta_labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The JobSet for a plan: one replicatedJob `slice` with one Job per slice."""
+    labels = job_labels(plan)
+    queue = (job_meta_labels or {}).get(KUEUE_QUEUE_LABEL)
+    if queue:
+        labels[KUEUE_QUEUE_LABEL] = queue
+    hosts = plan.shape.hosts
+    job_spec: dict[str, Any] = {
+        "parallelism": hosts,
+        "completions": hosts,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": render_pod_template(plan, spec),
+    }
+    codes = sorted(set(spec.failure_policy.non_retryable_exit_codes))
+    rules: list[dict[str, Any]] = []
+    if codes:
+        tpu_container = spec.template["spec"]["containers"][0]["name"]
+        job_spec["podFailurePolicy"] = {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": tpu_container,
+                        "operator": "In",
+                        "values": codes,
+                    },
+                }
+            ]
+        }
+        rules.append(
+            {
+                "name": FATAL_RULE,
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            }
+        )
+    failure_policy: dict[str, Any] = {
+        "maxRestarts": spec.failure_policy.max_restarts,
+        "restartStrategy": "Recreate",
+    }
+    if rules:
+        failure_policy["rules"] = rules
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": JOBSET_KIND,
+        "metadata": {
+            "name": plan.name,
+            "namespace": plan.namespace,
+            "labels": labels,
+            "annotations": {EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL_LABEL},
+        },
+        "spec": {
+            "suspend": spec.suspend,
+            "failurePolicy": failure_policy,
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB]},
+            "network": {"enableDNSHostnames": True, "subdomain": plan.name},
+            "replicatedJobs": [
+                {
+                    "name": REPLICATED_JOB,
+                    "replicas": plan.slices,
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": job_spec},
+                }
+            ],
+        },
+    }

@@ -1,0 +1,1 @@
+"""JAX workload for multislice-operator."""
