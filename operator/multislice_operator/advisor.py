@@ -10,6 +10,7 @@ Data/FSDP parallelism over DCN scales when 4 x B / bits > hardware intensity.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from multislice_operator.catalog import SliceShape
 from multislice_operator.parallelism import Parallelism
@@ -70,15 +71,19 @@ def advise(
     bits = bits_per_parameter(groups)
     minimum = min_tokens_per_slice(intensity, bits)
     recommended = round(minimum * SAFETY_MARGIN)
-    common = dict(
-        hardware_intensity=intensity,
-        bits_per_parameter=bits,
-        min_tokens_per_slice=minimum,
-        recommended_tokens_per_slice=recommended,
-    )
+    common: dict[str, Any] = {
+        "hardware_intensity": intensity,
+        "bits_per_parameter": bits,
+        "min_tokens_per_slice": minimum,
+        "recommended_tokens_per_slice": recommended,
+    }
     if slices == 1 or groups == 1:
-        why = "one slice: no DCN traffic" if slices == 1 else (
-            "no data or FSDP parallelism over DCN (pipeline only): no per-parameter DCN traffic"
+        why = (
+            "one slice: no DCN traffic"
+            if slices == 1
+            else (
+                "no data or FSDP parallelism over DCN (pipeline only): no per-parameter DCN traffic"
+            )
         )
         tokens = global_batch_tokens // max(groups, 1) if global_batch_tokens else None
         return DcnAdvice(VERDICT_OK, tokens_per_slice=tokens, message=why, **common)
@@ -101,8 +106,10 @@ def advise(
             f"({recommended * groups:,} with margin) or use fewer, larger slices"
         )
         return DcnAdvice(VERDICT_DCN_BOUND, tokens_per_slice=tokens, message=message, **common)
-    margin_note = "" if tokens >= recommended else (
-        f"; below the recommended {recommended:,} (the seed's margin for DCN packet loss)"
+    margin_note = (
+        ""
+        if tokens >= recommended
+        else (f"; below the recommended {recommended:,} (the seed's margin for DCN packet loss)")
     )
     message = f"{tokens:,} tokens per slice exceeds the DCN bound of {minimum:,}{margin_note}"
     return DcnAdvice(VERDICT_OK, tokens_per_slice=tokens, message=message, **common)

@@ -113,14 +113,20 @@ def format_plan(plan: Any) -> str:
         ("topology", shape.topology),
         ("slices", str(plan.slices)),
         ("chips", f"{shape.chips} per slice, {plan.total_chips} total"),
-        ("hosts", f"{shape.hosts} per slice ({shape.chips_per_host} chips each), "
-                  f"{plan.total_hosts} total"),
+        (
+            "hosts",
+            f"{shape.hosts} per slice ({shape.chips_per_host} chips each), "
+            f"{plan.total_hosts} total",
+        ),
         ("machine type", f"{shape.machine_type} ({shape.generation.gke_accelerator})"),
         ("capacity", plan.capacity),
         ("provisioning", plan.mode),
         ("ici", f"data {par.ici_data} x fsdp {par.ici_fsdp} x tensor {par.ici_tensor}"),
-        ("dcn", f"data {par.dcn_data} x fsdp {par.dcn_fsdp} x pipeline {par.dcn_pipeline} "
-                f"x tensor {par.dcn_tensor}"),
+        (
+            "dcn",
+            f"data {par.dcn_data} x fsdp {par.dcn_fsdp} x pipeline {par.dcn_pipeline} "
+            f"x tensor {par.dcn_tensor}",
+        ),
         ("dcn advice", f"{advice.verdict}: {advice.message}"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -164,7 +170,8 @@ def cmd_crd(_: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from multislice_operator.controller.main import run_operator
 
-    return run_operator(args)
+    code: int = run_operator(args)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,7 +59,10 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
         {"name": "MEGASCALE_SLICE_ID", **_field(f"metadata.annotations['{JOB_INDEX_ANNOTATION}']")},
         {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator_host(name)},
         {"name": "MEGASCALE_PORT", "value": str(MEGASCALE_PORT)},
-        {"name": "TPU_WORKER_ID", **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")},
+        {
+            "name": "TPU_WORKER_ID",
+            **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"),
+        },
         {
             "name": "TPU_WORKER_HOSTNAMES",
             "value": worker_hostnames(name, shape.hosts, "$(MEGASCALE_SLICE_ID)"),
@@ -92,7 +95,7 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
 
 
 def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A variable the user sets wins; it takes our slot so later `$(VAR)` expansions still see it."""
+    """A variable the user sets wins, in our slot, so later `$(VAR)` expansions still see it."""
     by_name = {e.get("name"): e for e in theirs}
     merged = [copy.deepcopy(by_name.get(e["name"], e)) for e in ours]
     taken = {e["name"] for e in ours}

@@ -47,7 +47,11 @@ class Settings:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", dest="namespaces", default=None,
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        default=None,
         help="namespace to watch (repeatable, globs allowed); env MSJ_NAMESPACES (comma list)",
     )
     scope.add_argument(
@@ -56,7 +60,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", default=_env("VERBOSE") == "1")
     p.add_argument("--log-format", choices=["text", "json"], default=_env("LOG_FORMAT", "text"))
     p.add_argument(
-        "--liveness", default=_env("LIVENESS"), metavar="URL",
+        "--liveness",
+        default=_env("LIVENESS"),
+        metavar="URL",
         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8000") or 8000))
@@ -64,25 +70,35 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gke-location", default=_env("GKE_LOCATION"))
     p.add_argument("--gke-cluster", default=_env("GKE_CLUSTER"))
     p.add_argument(
-        "--gke-node-location", action="append", dest="gke_node_locations", default=None,
+        "--gke-node-location",
+        action="append",
+        dest="gke_node_locations",
+        default=None,
         help="zone for TPU node pools (repeatable); env MSJ_GKE_NODE_LOCATIONS",
     )
     p.add_argument(
-        "--gke-endpoint", default=_env("GKE_ENDPOINT"),
+        "--gke-endpoint",
+        default=_env("GKE_ENDPOINT"),
         help="GKE API endpoint override (the local simulator); default: Google's",
     )
     p.add_argument(
-        "--gke-from-metadata", action="store_true", default=_env("GKE_FROM_METADATA") == "1",
+        "--gke-from-metadata",
+        action="store_true",
+        default=_env("GKE_FROM_METADATA") == "1",
         help="read project, location and cluster from the GKE metadata server",
     )
     p.add_argument(
         "--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "10") or 10)
     )
     p.add_argument(
-        "--gc-interval-seconds", type=float, default=float(_env("GC_INTERVAL_SECONDS", "300") or 300)
+        "--gc-interval-seconds",
+        type=float,
+        default=float(_env("GC_INTERVAL_SECONDS", "300") or 300),
     )
     p.add_argument(
-        "--backoff-base-seconds", type=float, default=float(_env("BACKOFF_BASE_SECONDS", "30") or 30)
+        "--backoff-base-seconds",
+        type=float,
+        default=float(_env("BACKOFF_BASE_SECONDS", "30") or 30),
     )
     p.add_argument("--peering", default=_env("PEERING"), help="kopf peering name (HA standby)")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pydantic import BaseModel
+
 from multislice_operator.api import models
 
 # Fields that cannot change once the job exists: changing them means a different job.
@@ -107,7 +109,7 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _schema_of(model: type[models.BaseModel]) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     return _structural(_resolve(raw, defs))

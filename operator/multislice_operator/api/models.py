@@ -6,7 +6,7 @@ The CRD's openAPIV3Schema is generated from these models (api/crd.py); descripti
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,13 +35,13 @@ class _Model(BaseModel):
     )
 
 
-class CapacityType(str, Enum):
+class CapacityType(StrEnum):
     ON_DEMAND = "OnDemand"
     SPOT = "Spot"
     RESERVED = "Reserved"
 
 
-class ProvisioningMode(str, Enum):
+class ProvisioningMode(StrEnum):
     MANAGED = "Managed"
     EXISTING = "Existing"
 
@@ -220,7 +220,7 @@ class MultisliceJobSpec(_Model):
     )
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"
     STARTING = "Starting"

@@ -1,0 +1,84 @@
+import pytest
+
+from multislice_operator import catalog
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "chips", "hosts", "chips_per_host", "machine", "topology"),
+    [
+        ("v4-8", 4, 1, 4, "ct4p-hightpu-4t", "2x2x1"),
+        ("v4-16", 8, 2, 4, "ct4p-hightpu-4t", "2x2x2"),
+        ("v4-32", 16, 4, 4, "ct4p-hightpu-4t", "2x2x4"),
+        ("v4-4096", 2048, 512, 4, "ct4p-hightpu-4t", "8x16x16"),
+        ("v5litepod-1", 1, 1, 1, "ct5lp-hightpu-1t", "1x1"),
+        ("v5litepod-4", 4, 1, 4, "ct5lp-hightpu-4t", "2x2"),
+        ("v5litepod-8", 8, 1, 8, "ct5lp-hightpu-8t", "2x4"),
+        ("v5litepod-16", 16, 4, 4, "ct5lp-hightpu-4t", "4x4"),
+        ("v5litepod-256", 256, 64, 4, "ct5lp-hightpu-4t", "16x16"),
+        ("v5p-8", 4, 1, 4, "ct5p-hightpu-4t", "2x2x1"),
+        ("v5p-64", 32, 8, 4, "ct5p-hightpu-4t", "2x4x4"),
+        ("v5p-128", 64, 16, 4, "ct5p-hightpu-4t", "4x4x4"),
+        ("v6e-1", 1, 1, 1, "ct6e-standard-1t", "1x1"),
+        ("v6e-16", 16, 4, 4, "ct6e-standard-4t", "4x4"),
+        ("v6e-256", 256, 64, 4, "ct6e-standard-4t", "16x16"),
+    ],
+)
+def test_slice_shapes(accelerator, chips, hosts, chips_per_host, machine, topology):
+    shape = catalog.slice_shape(accelerator)
+    assert (shape.chips, shape.hosts, shape.chips_per_host) == (chips, hosts, chips_per_host)
+    assert shape.machine_type == machine
+    assert shape.topology == topology
+    assert shape.multi_host == (hosts > 1)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "gke", "peak", "dcn_per_chip"),
+    [
+        ("v4-8", "tpu-v4-podslice", 275e12, 12.5e9),
+        ("v5litepod-16", "tpu-v5-lite-podslice", 197e12, 25e9),
+        ("v5p-8", "tpu-v5p-slice", 459e12, 50e9),
+        ("v6e-4", "tpu-v6e-slice", 918e12, 100e9),
+    ],
+)
+def test_generation_facts(accelerator, gke, peak, dcn_per_chip):
+    gen = catalog.slice_shape(accelerator).generation
+    assert gen.gke_accelerator == gke
+    assert gen.peak_bf16_flops == peak
+    assert gen.dcn_bits_per_chip == dcn_per_chip
+
+
+def test_v4_host_dcn_matches_seed():
+    # The seed: each v4 host has four chips and 50 Gbit/s of DCN.
+    assert catalog.slice_shape("v4-16").dcn_bits_per_host == 50e9
+
+
+def test_explicit_topology_validated():
+    assert catalog.slice_shape("v4-32", "2x2x4").topology == "2x2x4"
+    with pytest.raises(catalog.TopologyError, match=r"valid: 2x2x4"):
+        catalog.slice_shape("v4-32", "4x4")
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("v3-8", r"unknown TPU family 'v3'.*v4-N"),
+        ("v5e-16", r"did you mean v5litepod-16"),
+        ("v4-7", r"must be even"),
+        ("v4-12", r"not a v4 slice size; valid: v4-8, v4-16"),
+        ("v5litepod-3", r"not a v5e slice size"),
+        ("tpu", r"not a Cloud TPU accelerator type"),
+        ("", r"not a Cloud TPU accelerator type"),
+        ("v6e-0", r"not a v6e slice size"),
+    ],
+)
+def test_invalid_names(name, match):
+    with pytest.raises(catalog.CatalogError, match=match):
+        catalog.parse_accelerator(name)
+
+
+def test_every_listed_topology_resolves():
+    for gen in catalog.GENERATIONS.values():
+        for size in catalog.valid_sizes(gen):
+            shape = catalog.slice_shape(f"{gen.prefix}-{size}")
+            assert shape.chips * gen.cores_per_chip == size
+            assert shape.hosts * shape.chips_per_host == shape.chips

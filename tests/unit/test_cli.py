@@ -1,0 +1,113 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from multislice_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "v5e-16x2-fsdp.yaml"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_validate_ok(capsys):
+    code, out, _ = run(capsys, "validate", "-f", str(EXAMPLE))
+    assert code == 0
+    assert "default/llm-v5e: valid (2 x v5litepod-16, 32 chips" in out
+
+
+def test_validate_lists_every_error(tmp_path, capsys):
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["spec"]["parallelism"]["ici"] = {"data": 1, "fsdp": 2, "tensor": 1}
+    obj["spec"]["slices"] = 300
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(obj))
+    code, _, err = run(capsys, "validate", "-f", str(bad))
+    assert code == 1
+    assert "spec.slices" in err
+    obj["spec"]["slices"] = 2
+    bad.write_text(yaml.safe_dump(obj))
+    code, _, err = run(capsys, "validate", "-f", str(bad))
+    assert code == 1
+    assert "spec.parallelism.ici: data x fsdp x tensor = 1 x 2 x 1 = 2" in err
+
+
+def test_plan_json_shape(capsys):
+    code, out, _ = run(capsys, "plan", "-f", str(EXAMPLE), "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    for key in (
+        "accelerator",
+        "generation",
+        "topology",
+        "chipsPerSlice",
+        "hostsPerSlice",
+        "chipsPerHost",
+        "machineType",
+        "gkeAccelerator",
+        "slices",
+        "totalChips",
+        "totalHosts",
+        "parallelism",
+        "dcn",
+        "nodePools",
+    ):
+        assert key in data, key
+    assert data["dcn"]["verdict"] == "ok"
+    assert data["dcn"]["tokensPerSlice"] == 4194304 // 2
+    assert len(data["nodePools"]) == 2 and data["nodePools"][0]["nodeCount"] == 4
+
+
+def test_plan_text(capsys):
+    code, out, _ = run(capsys, "plan", "-f", str(EXAMPLE))
+    assert code == 0
+    assert "ct5lp-hightpu-4t" in out and "node pools:" in out
+
+
+def test_render_multi_doc(capsys):
+    code, out, _ = run(capsys, "render", "-f", str(EXAMPLE))
+    assert code == 0
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["JobSet"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("a: [1, 2", "invalid YAML (line"),
+        ("kind: Pod\n", "no MultisliceJob found (kinds present: Pod)"),
+        ("", "no YAML document found"),
+    ],
+)
+def test_bad_input_one_line_no_traceback(tmp_path, capsys, content, message):
+    path = tmp_path / "x.yaml"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_crd_command_prints_committed_crd(capsys):
+    code, out, _ = run(capsys, "crd")
+    assert code == 0
+    committed = (ROOT / "crds" / "multislice.dev_multislicejobs.yaml").read_text()
+    assert yaml.safe_load(out) == yaml.safe_load(committed)
+
+
+def test_installed_entry_point():
+    exe = shutil.which("multislice-operator", path=str(Path(sys.executable).parent))
+    assert exe, "make install must put the CLI into the venv"
+    proc = subprocess.run([exe, "validate", "-f", str(EXAMPLE)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,132 @@
+import copy
+
+import pytest
+
+from multislice_operator.errors import SpecError
+from multislice_operator.plan import NODE_POOL_NAME_MAX, load_job, make_plan, node_pool_name
+
+BASE = {
+    "apiVersion": "multislice.dev/v1alpha1",
+    "kind": "MultisliceJob",
+    "metadata": {"name": "llm", "namespace": "team-a"},
+    "spec": {
+        "accelerator": "v5litepod-16",
+        "slices": 2,
+        "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+    },
+}
+
+
+def job(**spec):
+    obj = copy.deepcopy(BASE)
+    obj["spec"].update(spec)
+    return obj
+
+
+def plan_of(obj):
+    j = load_job(obj)
+    return make_plan(j.spec, j.metadata.namespace, j.metadata.name)
+
+
+def errors_of(obj):
+    with pytest.raises(SpecError) as exc:
+        plan_of(obj)
+    return {e.path: e.message for e in exc.value.errors}
+
+
+def test_plan_of_the_seed_example():
+    plan = plan_of(job(topology="4x4", training={"globalBatchTokens": 4_194_304}))
+    assert (plan.slices, plan.total_chips, plan.total_hosts) == (2, 32, 8)
+    assert plan.shape.machine_type == "ct5lp-hightpu-4t"
+    assert plan.advice.verdict == "ok"
+    assert [p.slice_index for p in plan.node_pools] == [0, 1]
+    pool = plan.node_pools[0]
+    assert (pool.node_count, pool.tpu_topology, pool.spot, pool.reservation) == (
+        4,
+        "4x4",
+        False,
+        None,
+    )
+    assert pool.node_labels["multislice.dev/job-namespace"] == "team-a"
+    assert pool.node_labels["multislice.dev/slice"] == "0"
+
+
+def test_single_host_pools_have_no_tpu_topology():
+    plan = plan_of(job(accelerator="v5litepod-8", slices=3))
+    assert all(p.tpu_topology is None for p in plan.node_pools)
+    assert plan.shape.hosts == 1
+
+
+def test_spot_and_reservation():
+    assert plan_of(job(capacity={"type": "Spot"})).node_pools[0].spot is True
+    res = plan_of(job(capacity={"type": "Reserved", "reservation": "r1"})).node_pools[0]
+    assert res.reservation == "r1"
+    assert plan_of(job(capacity={"type": "Reserved"})).node_pools[0].reservation == ""
+
+
+def test_existing_mode_has_no_pools():
+    assert plan_of(job(provisioning={"mode": "Existing"})).node_pools == []
+
+
+def test_node_pool_names_deterministic_short_unique():
+    long = "x" * 63
+    names = {node_pool_name("ns", long, i) for i in range(256)}
+    assert len(names) == 256
+    assert all(len(n) <= NODE_POOL_NAME_MAX for n in names)
+    assert node_pool_name("a", "job", 0) == node_pool_name("a", "job", 0)
+    assert node_pool_name("a", "job", 0) != node_pool_name("b", "job", 0)
+    assert node_pool_name("a", "My.Job", 1).startswith("msj-my-job-")
+
+
+def test_every_error_reported_with_path():
+    errs = errors_of(
+        job(
+            parallelism={"ici": {"fsdp": 3}, "dcn": {"data": 1, "tensor": 2}},
+            capacity={"type": "Spot", "reservation": "r"},
+            failurePolicy={"nonRetryableExitCodes": [0, 300]},
+            template={"spec": {"containers": []}},
+        )
+    )
+    assert set(errs) >= {
+        "spec.parallelism.ici",
+        "spec.parallelism.dcn.tensor",
+        "spec.capacity.reservation",
+        "spec.failurePolicy.nonRetryableExitCodes",
+        "spec.template.spec.containers",
+    }
+
+
+def test_pydantic_errors_become_field_paths():
+    errs = errors_of(job(slices=0, capacity={"type": "Cheap"}, bogus=1))
+    assert "spec.slices" in errs
+    assert "spec.capacity.type" in errs
+    assert "unknown field" in errs["spec.bogus"]
+
+
+def test_unknown_accelerator_lists_families():
+    errs = errors_of(job(accelerator="v3-8"))
+    assert "v5litepod-N" in errs["spec.accelerator"]
+
+
+def test_bad_topology_names_topology():
+    assert "valid: 4x4" in errors_of(job(topology="2x8"))["spec.topology"]
+
+
+def test_wrong_kind_and_missing_spec():
+    with pytest.raises(SpecError, match="kind: expected MultisliceJob"):
+        load_job({"kind": "Job", "spec": {}})
+    with pytest.raises(SpecError, match="spec: required"):
+        load_job({"kind": "MultisliceJob"})
+
+
+def test_name_too_long_for_hostnames():
+    obj = job(accelerator="v5litepod-256", slices=256)
+    obj["metadata"]["name"] = "n" * 52
+    assert "metadata.name" in errors_of(obj)
+
+
+def test_restart_policy_must_be_never():
+    obj = job(
+        template={"spec": {"restartPolicy": "Always", "containers": [{"name": "a", "image": "b"}]}}
+    )
+    assert "spec.template.spec.restartPolicy" in errors_of(obj)
