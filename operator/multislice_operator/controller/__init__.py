@@ -1,0 +1,1 @@
+"""The kopf shell: handlers, Kubernetes and cloud adapters around the pure reconcile."""

@@ -1,0 +1,238 @@
+"""Turn what the watches saw (JobSets, pods, nodes) and the cloud's pools into plain observations.
+
+The index functions here run on every watch event and keep only the few fields the decision needs,
+so memory stays small with thousands of jobs; `observe()` assembles them for one job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from multislice_operator.plan import (
+    GKE_ACCELERATOR_LABEL,
+    GKE_NODEPOOL_LABEL,
+    GKE_TOPOLOGY_LABEL,
+    LABEL_JOB_KEY,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    REPLICATED_JOB,
+    Plan,
+)
+from multislice_operator.provisioning.base import ABSENT, RUNNING, GangObservation, PoolError
+from multislice_operator.reconcile import (
+    JobSetObservation,
+    Observed,
+    PodFailure,
+    SliceObservation,
+)
+
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+# ---------------------------------------------------------------- index summaries
+
+
+def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
+    status = body.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+
+    def true(t: str) -> bool:
+        return (conds.get(t) or {}).get("status") == "True"
+
+    ready = active = succeeded = 0
+    for rj in status.get("replicatedJobsStatus") or []:
+        if rj.get("name") == REPLICATED_JOB:
+            ready, active = int(rj.get("ready") or 0), int(rj.get("active") or 0)
+            succeeded = int(rj.get("succeeded") or 0)
+    failed_cond = conds.get("Failed") or {}
+    terminal = status.get("terminalState")
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return {
+        "suspended": bool((body.get("spec") or {}).get("suspend")),
+        "restarts": int(status.get("restarts") or 0),
+        "completed": true("Completed") or terminal == "Completed",
+        "failed": true("Failed") or terminal == "Failed",
+        "failureReason": failed_cond.get("reason", ""),
+        "failureMessage": failed_cond.get("message", ""),
+        "ready": ready,
+        "active": active,
+        "succeeded": succeeded,
+        "owned": labels.get(LABEL_MANAGED_BY) == MANAGED_BY,
+        "jobName": labels.get(LABEL_JOB_NAME),
+    }
+
+
+def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = body.get("status") or {}
+    exit_code, reason = None, status.get("reason") or ""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode"):
+            exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
+            break
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return {
+        "pod": meta.get("name", ""),
+        "slice": _int(labels.get(JOB_INDEX_LABEL)),
+        "attempt": _int(labels.get(RESTART_ATTEMPT_LABEL)) or 0,
+        "phase": status.get("phase", "Pending"),
+        "ready": ready,
+        "exitCode": exit_code,
+        "reason": reason,
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+
+
+def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = body.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    spec = body.get("spec") or {}
+    return {
+        "name": meta.get("name", ""),
+        "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
+        "accelerator": labels.get(GKE_ACCELERATOR_LABEL),
+        "topology": labels.get(GKE_TOPOLOGY_LABEL),
+        "jobKey": labels.get(LABEL_JOB_KEY),
+    }
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- assembling one observation
+
+
+def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:
+    return {str(pool): sum(1 for n in items if n["ready"]) for pool, items in nodes.items()}
+
+
+def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | None:
+    if summary is None:
+        return None
+    return JobSetObservation(
+        suspended=summary["suspended"],
+        restarts=summary["restarts"],
+        completed=summary["completed"],
+        failed=summary["failed"],
+        failure_reason=summary["failureReason"],
+        failure_message=summary["failureMessage"],
+        ready_jobs=summary["ready"],
+        active_jobs=summary["active"],
+        succeeded_jobs=summary["succeeded"],
+        owned=summary["owned"],
+    )
+
+
+def pod_observations(
+    pods: Iterable[dict[str, Any]], attempt: int
+) -> tuple[list[PodFailure], dict[int, int], dict[int, int]]:
+    failures: list[PodFailure] = []
+    running: dict[int, int] = {}
+    succeeded: dict[int, int] = {}
+    for p in pods:
+        if p["phase"] == "Failed" or (p["exitCode"] is not None and p["phase"] != "Succeeded"):
+            failures.append(
+                PodFailure(p["pod"], p["slice"], p["exitCode"], p["reason"], p["attempt"])
+            )
+        if p["attempt"] != attempt or p["slice"] is None or p["deleting"]:
+            continue
+        if p["phase"] == "Running" and p["ready"]:
+            running[p["slice"]] = running.get(p["slice"], 0) + 1
+        elif p["phase"] == "Succeeded":
+            succeeded[p["slice"]] = succeeded.get(p["slice"], 0) + 1
+    return failures, running, succeeded
+
+
+def managed_slices(
+    plan: Plan, gang: GangObservation, ready_by_pool: Mapping[str, int], uid: str
+) -> list[SliceObservation]:
+    out = []
+    for spec in plan.node_pools:
+        pool = gang.pools.get(spec.name)
+        if pool is None or pool.status == ABSENT:
+            out.append(SliceObservation(spec.slice_index, spec.name, ABSENT))
+            continue
+        foreign = bool(pool.owner_uid and uid and pool.owner_uid != uid)
+        out.append(
+            SliceObservation(
+                index=spec.slice_index,
+                pool=spec.name,
+                pool_status=pool.status,
+                ready_hosts=ready_by_pool.get(spec.name, 0),
+                error=pool.error,
+                foreign=foreign,
+                operation_pending=pool.operation_pending,
+            )
+        )
+    return out
+
+
+def existing_slices(
+    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
+) -> tuple[list[SliceObservation], int]:
+    """Node pools already in the cluster with this job's accelerator and topology."""
+    accel, topo = plan.shape.generation.gke_accelerator, plan.shape.topology
+    matching = []
+    for pool, items in sorted(nodes.items(), key=lambda kv: str(kv[0])):
+        items = list(items)
+        if not items or any(n["jobKey"] for n in items):  # another job's Managed pool
+            continue
+        if all(n["accelerator"] == accel and n["topology"] == topo for n in items):
+            matching.append((str(pool), sum(1 for n in items if n["ready"])))
+    # Ready pools first, so `slices` of them are enough.
+    matching.sort(key=lambda p: (p[1] < plan.shape.hosts, p[0]))
+    slices = [
+        SliceObservation(i, pool, RUNNING, ready) for i, (pool, ready) in enumerate(matching)
+    ][: plan.slices]
+    return slices, len(matching)
+
+
+def observe(
+    plan: Plan,
+    uid: str,
+    now: datetime,
+    jobset: dict[str, Any] | None,
+    pods: Iterable[dict[str, Any]],
+    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    gang: GangObservation | None,
+    provisioner_error: str | None = None,
+    offered_error: PoolError | None = None,
+) -> Observed:
+    js = jobset_observation(jobset)
+    failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
+    obs = Observed(
+        now=now,
+        jobset=js,
+        pod_failures=failures,
+        running_pods=running,
+        succeeded_pods=succeeded,
+        provisioner_error=provisioner_error,
+        offered_error=offered_error,
+    )
+    if plan.managed:
+        if gang is not None:
+            obs.slices = managed_slices(plan, gang, ready_nodes_by_pool(nodes), uid)
+    else:
+        obs.slices, obs.existing_pools_found = existing_slices(plan, nodes)
+    return obs
+
+
+__all__ = ["GKE_NODEPOOL_LABEL", "observe"]

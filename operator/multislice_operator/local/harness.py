@@ -1,0 +1,163 @@
+"""Run the operator as a real process against a local control plane (tests, demo, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator.api.crd import generate_crd
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    on_timeout: Callable[[], str] | None = None,
+) -> T:
+    """Poll `check` until it returns something truthy; raise with `what` (and details) if not."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    extra = f"\n{on_timeout()}" if on_timeout else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last}){extra}")
+
+
+def install_crds(api: client.ApiClient, jobset_crd: Path | None = None) -> None:
+    """Apply the MultisliceJob CRD (and the JobSet CRD, for the api profile) and wait for them."""
+    ext = client.ApiextensionsV1Api(api)
+    crds = [generate_crd()]
+    if jobset_crd is not None:
+        crds.append(yaml.safe_load(jobset_crd.read_text()))
+    for crd in crds:
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(crd["metadata"]["name"])
+            crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(crd["metadata"]["name"], crd)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+
+        def established(name: str = name) -> bool:
+            got = ext.read_custom_resource_definition(name)
+            conds = got.status.conditions or []
+            return any(c.type == "Established" and c.status == "True" for c in conds)
+
+        wait_for(established, 30, f"CRD {name} established")
+
+
+class OperatorProcess:
+    """`multislice-operator run` in a subprocess, its log in a file, always stopped."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="msj-operator-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, wait: bool = True) -> OperatorProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "multislice_operator.cli",
+            "run",
+            "--all-namespaces",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *self.extra_args,
+        ]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        if wait:
+            wait_for(self._live, 60, "operator liveness endpoint", on_timeout=self.log_tail)
+        return self
+
+    def _live(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
+            ) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,108 @@
+"""Our generated CRD on the real apiserver: accepted, examples valid, bad objects rejected."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator.api import models
+from multislice_operator.local.harness import install_crds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def api(kube_api):
+    api_client = kube_api.api_client()
+    install_crds(api_client)
+    yield api_client
+    api_client.close()
+
+
+def examples() -> list[dict]:
+    docs = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == models.KIND]
+    return docs
+
+
+def create(api, ns, obj, dry_run=None):
+    custom = client.CustomObjectsApi(api)
+    return custom.create_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, obj, dry_run=dry_run
+    )
+
+
+def rejection(api, ns, obj) -> str:
+    with pytest.raises(ApiException) as exc:
+        create(api, ns, obj, dry_run="All")
+    assert exc.value.status == 422, exc.value.body
+    return str(exc.value.body)
+
+
+def test_examples_are_accepted(api, namespace, kube_api):
+    ns = namespace(kube_api)
+    docs = examples()
+    assert docs, "examples/ must hold MultisliceJobs"
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["namespace"] = ns
+        created = create(api, ns, doc)
+        assert created["spec"]["accelerator"] == doc["spec"]["accelerator"]
+        # Defaults from the models are applied by the apiserver itself.
+        if "provisioning" in doc["spec"]:
+            assert created["spec"]["provisioning"]["timeoutSeconds"] >= 60
+
+
+BASE = {
+    "apiVersion": models.API_VERSION,
+    "kind": models.KIND,
+    "metadata": {"name": "bad"},
+    "spec": {
+        "accelerator": "v5litepod-16",
+        "slices": 2,
+        "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"slices": 0}, "spec.slices"),
+        ({"slices": 257}, "spec.slices"),
+        ({"accelerator": "v3-8"}, "spec.accelerator"),
+        ({"parallelism": {"dcn": {"tensor": 2}}}, "spec.parallelism.dcn.tensor must be 1"),
+        ({"capacity": {"type": "Spot", "reservation": "r"}}, "only valid with type: Reserved"),
+        ({"capacity": {"type": "Cheap"}}, "spec.capacity.type"),
+        ({"provisioning": {"timeoutSeconds": 5}}, "spec.provisioning.timeoutSeconds"),
+    ],
+)
+def test_invalid_objects_rejected_naming_the_field(api, namespace, kube_api, change, needle):
+    ns = namespace(kube_api, "adm")
+    obj = copy.deepcopy(BASE)
+    obj["spec"].update(change)
+    assert needle in rejection(api, ns, obj)
+
+
+def test_immutable_fields(api, namespace, kube_api):
+    ns = namespace(kube_api, "imm")
+    obj = copy.deepcopy(BASE)
+    obj["metadata"]["name"] = "imm"
+    create(api, ns, obj)
+    custom = client.CustomObjectsApi(api)
+    with pytest.raises(ApiException) as exc:
+        custom.patch_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, "imm", {"spec": {"slices": 4}}
+        )
+    assert exc.value.status == 422
+    assert "spec.slices is immutable" in str(exc.value.body)
+    # suspend stays mutable
+    custom.patch_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "imm", {"spec": {"suspend": True}}
+    )

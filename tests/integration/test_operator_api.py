@@ -1,0 +1,274 @@
+"""The operator against a real apiserver (api profile): Existing mode, the JobSet status is
+patched by the test as envtest tests do, and the job's phases follow."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator.api import models
+from multislice_operator.local.controlplane import bin_dir
+from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
+from multislice_operator.local.nodes import register_tpu_nodes
+
+JS = ("jobset.x-k8s.io", "v1alpha2")
+
+
+@pytest.fixture(scope="module")
+def api(kube_api):
+    api_client = kube_api.api_client()
+    install_crds(api_client, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+    _ready_pools(api_client, "existing-v5e", 2, 4)
+    yield api_client
+    api_client.close()
+
+
+def _ready_pools(api_client, prefix: str, pools: int, hosts: int) -> None:
+    core = client.CoreV1Api(api_client)
+    for p in range(pools):
+        for name in register_tpu_nodes(
+            api_client, f"{prefix}-{p}", hosts, "tpu-v5-lite-podslice", "4x4", 4
+        ):
+            core.patch_node_status(
+                name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+            )
+
+
+@pytest.fixture(scope="module")
+def operator(kube_api, api, tmp_path_factory):
+    log = tmp_path_factory.mktemp("op") / "operator.log"
+    op = OperatorProcess(kube_api.kubeconfig, ["--resync-seconds", "2"], log_path=log)
+    op.start()
+    yield op
+    op.stop()
+
+
+def job(name: str, **spec) -> dict:
+    body = {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "provisioning": {"mode": "Existing"},
+            "failurePolicy": {"maxRestarts": 3},
+            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class Cluster:
+    def __init__(self, api_client, ns: str, op: OperatorProcess) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.ns, self.op = ns, op
+
+    def create(self, body: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, copy.deepcopy(body)
+        )
+
+    def get(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, name
+        )
+
+    def patch(self, name: str, patch: dict) -> None:
+        self.custom.patch_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, name, patch
+        )
+
+    def jobset(self, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(*JS, self.ns, "jobsets", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def jobset_status(self, name: str, status: dict) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            *JS, self.ns, "jobsets", name, {"status": status}
+        )
+
+    def phase(self, name: str, phase: str, timeout: float = 30) -> dict:
+        def check():
+            got = self.get(name)
+            return got if (got.get("status") or {}).get("phase") == phase else None
+
+        return wait_for(check, timeout, f"{name} phase {phase}", on_timeout=self._debug(name))
+
+    def events(self, name: str) -> list[str]:
+        evs = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={name}"
+        ).items
+        return [f"{e.reason}: {e.message}" for e in evs]
+
+    def _debug(self, name: str):
+        def show() -> str:
+            try:
+                status = self.get(name).get("status")
+            except ApiException:
+                status = "?"
+            return f"status={status}\noperator log:\n{self.op.log_tail(40)}"
+
+        return show
+
+
+@pytest.fixture
+def cluster(api, operator, namespace, kube_api) -> Cluster:
+    return Cluster(api, namespace(kube_api, "op"), operator)
+
+
+def rj_status(ready=0, active=0, succeeded=0, failed=0) -> list[dict]:
+    return [
+        {
+            "name": "slice",
+            "ready": ready,
+            "active": active,
+            "succeeded": succeeded,
+            "failed": failed,
+            "suspended": 0,
+        }
+    ]
+
+
+def test_lifecycle_running_restarting_succeeded(cluster: Cluster):
+    cluster.create(job("life"))
+    starting = cluster.phase("life", "Starting")
+    js = wait_for(lambda: cluster.jobset("life"), 10, "JobSet created")
+    owner = js["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "MultisliceJob",
+        "life",
+        starting["metadata"]["uid"],
+    )
+    assert js["spec"]["replicatedJobs"][0]["replicas"] == 2
+    assert starting["status"]["totalChips"] == 32
+    assert starting["status"]["jobSet"] == "life"
+    cluster.jobset_status("life", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+    running = cluster.phase("life", "Running")
+    assert running["status"]["readySlices"] == "2/2"
+    cond = {c["type"]: c["status"] for c in running["status"]["conditions"]}
+    assert cond["SlicesReady"] == "True" and cond["Validated"] == "True"
+    cluster.jobset_status("life", {"restarts": 1, "replicatedJobsStatus": rj_status(active=2)})
+    restarting = cluster.phase("life", "Restarting")
+    assert restarting["status"]["restarts"] == 1
+    cluster.jobset_status("life", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+    cluster.phase("life", "Running")
+    cluster.jobset_status(
+        "life",
+        {
+            "terminalState": "Completed",
+            "conditions": [
+                {
+                    "type": "Completed",
+                    "status": "True",
+                    "reason": "AllJobsCompleted",
+                    "message": "done",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+            "replicatedJobsStatus": rj_status(succeeded=2),
+        },
+    )
+    done = cluster.phase("life", "Succeeded")
+    assert done["status"]["completionTime"]
+    assert done["status"]["restarts"] == 1
+    reasons = " | ".join(cluster.events("life"))
+    assert "RestartingAllSlices" in reasons and "Succeeded" in reasons
+
+
+def test_jobset_failure_fails_job(cluster: Cluster):
+    cluster.create(job("fail"))
+    cluster.phase("fail", "Starting")
+    cluster.jobset_status(
+        "fail",
+        {
+            "terminalState": "Failed",
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "FailedJobs",
+                    "message": "jobset failed",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
+    )
+    failed = cluster.phase("fail", "Failed")
+    cond = {c["type"]: c for c in failed["status"]["conditions"]}
+    assert cond["Failed"]["status"] == "True"
+
+
+def test_suspend_and_resume(cluster: Cluster):
+    cluster.create(job("sus"))
+    cluster.phase("sus", "Starting")
+    cluster.patch("sus", {"spec": {"suspend": True}})
+    cluster.phase("sus", "Suspended")
+    wait_for(
+        lambda: (cluster.jobset("sus") or {}).get("spec", {}).get("suspend") is True,
+        10,
+        "JobSet suspended",
+    )
+    cluster.patch("sus", {"spec": {"suspend": False}})
+    cluster.phase("sus", "Starting")
+    wait_for(
+        lambda: (cluster.jobset("sus") or {}).get("spec", {}).get("suspend") is False,
+        10,
+        "JobSet resumed",
+    )
+
+
+def test_waits_for_existing_pools(cluster: Cluster):
+    cluster.create(job("big", slices=3))  # only two matching pools exist
+    pending = cluster.phase("big", "Pending")
+    assert "2 ready of 2 found" in pending["status"]["message"]
+    assert cluster.jobset("big") is None
+
+
+def test_invalid_object_gets_status_and_others_keep_working(cluster: Cluster):
+    # ici product is checked by the operator (it needs the catalog), not by the schema.
+    bad = job("badici", parallelism={"ici": {"data": 1, "fsdp": 2, "tensor": 1}})
+    cluster.create(bad)
+    failed = cluster.phase("badici", "Failed")
+    cond = {c["type"]: c for c in failed["status"]["conditions"]}
+    assert cond["Validated"]["status"] == "False"
+    assert "spec.parallelism.ici" in cond["Validated"]["message"]
+    cluster.create(job("good"))
+    cluster.phase("good", "Starting")
+
+
+def test_delete_removes_job(cluster: Cluster):
+    cluster.create(job("gone"))
+    cluster.phase("gone", "Starting")
+    cluster.custom.delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, cluster.ns, models.PLURAL, "gone"
+    )
+
+    def deleted() -> bool:
+        try:
+            cluster.get("gone")
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(deleted, 20, "job deleted through the finalizer")
+
+
+def test_no_writes_when_idle(cluster: Cluster):
+    cluster.create(job("idle"))
+    cluster.phase("idle", "Starting")
+    cluster.jobset_status("idle", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+    first = cluster.phase("idle", "Running")["metadata"]["resourceVersion"]
+    import time
+
+    time.sleep(5)  # more than two resync periods
+    assert cluster.get("idle")["metadata"]["resourceVersion"] == first
