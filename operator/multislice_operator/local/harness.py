@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -143,10 +144,8 @@ class OperatorProcess:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(5)
 
     def log_tail(self, lines: int = 60) -> str:

@@ -1,0 +1,400 @@
+"""Table tests for decide(): every phase transition from plain observed data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.plan import load_job, plan_job
+from multislice_operator.provisioning.base import (
+    ABSENT,
+    ERROR,
+    PROVISIONING,
+    RUNNING,
+    STOPPING,
+    PoolError,
+)
+from multislice_operator.reconcile import (
+    CreateJobSet,
+    CreatePools,
+    DecideConfig,
+    DeleteJob,
+    DeletePools,
+    JobMeta,
+    JobSetObservation,
+    Observed,
+    PodFailure,
+    SetJobSetSuspend,
+    SliceObservation,
+    backoff_seconds,
+    decide,
+    iso,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig(backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10)
+META = JobMeta("ns", "job", "uid-1", 1)
+
+
+def spec_and_plan(**spec):
+    body = {
+        "apiVersion": "multislice.dev/v1alpha1",
+        "kind": "MultisliceJob",
+        "metadata": {"name": "job", "namespace": "ns"},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+            **spec,
+        },
+    }
+    job = load_job(body)
+    return job.spec, plan_job(job)
+
+
+def run(old=None, obs=None, now=NOW, **spec):
+    s, p = spec_and_plan(**spec)
+    return decide(META, s, p, None, old or {}, obs or Observed(now=now), CFG)
+
+
+def pools(*states, ready=None, errors=None):
+    """Slice observations for the Managed plan of `job` in `ns`."""
+    _, p = spec_and_plan()
+    out = []
+    for i, state in enumerate(states):
+        hosts = ready[i] if ready else (4 if state == RUNNING else 0)
+        err = (errors or {}).get(i)
+        out.append(SliceObservation(i, p.node_pools[i].name, state, hosts, err))
+    return out
+
+
+def existing(ready_pools: int):
+    return [SliceObservation(i, f"pool-{i}", RUNNING, 4) for i in range(ready_pools)]
+
+
+def kinds(decision):
+    return [type(a).__name__ for a in decision.actions]
+
+
+def reasons(decision):
+    return [e.reason for e in decision.events]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_invalid_spec_fails_with_field_path():
+    err = SpecError([FieldError("spec.parallelism.ici", "product 2 != 16")])
+    d = decide(META, None, None, err, {}, Observed(now=NOW), CFG)
+    assert d.status["phase"] == "Failed"
+    cond = {c["type"]: c for c in d.status["conditions"]}
+    assert cond["Validated"]["status"] == "False"
+    assert "spec.parallelism.ici" in cond["Validated"]["message"]
+    assert d.actions == []
+
+
+def test_dcn_advice_condition():
+    d = run(
+        obs=Observed(now=NOW),
+        provisioning={"mode": "Existing"},
+        training={"globalBatchTokens": 1000},
+    )
+    cond = {c["type"]: c for c in d.status["conditions"]}
+    assert cond["DCNBound"]["status"] == "True"
+    assert cond["DCNBound"]["reason"] == "BatchTooSmall"
+
+
+# ---------------------------------------------------------------- Existing mode
+
+
+def test_existing_waits_for_pools():
+    d = run(
+        obs=Observed(now=NOW, slices=existing(1), existing_pools_found=1),
+        provisioning={"mode": "Existing"},
+    )
+    assert d.status["phase"] == "Pending"
+    assert "1 ready of 1 found" in d.status["message"]
+    assert d.actions == []
+    assert d.requeue_after == CFG.resync_seconds
+
+
+def test_existing_ready_creates_jobset():
+    d = run(obs=Observed(now=NOW, slices=existing(2)), provisioning={"mode": "Existing"})
+    assert kinds(d) == ["CreateJobSet"]
+    assert d.status["phase"] == "Starting"
+    assert d.status["jobSet"] == "job"
+    assert reasons(d) == ["Starting"]
+
+
+@pytest.mark.parametrize(
+    ("js", "phase"),
+    [
+        (JobSetObservation(ready_jobs=0), "Starting"),
+        (JobSetObservation(ready_jobs=2), "Running"),
+        (JobSetObservation(ready_jobs=1, restarts=1), "Restarting"),
+        (JobSetObservation(completed=True), "Succeeded"),
+        (JobSetObservation(failed=True, failure_reason="FailedJobs"), "Failed"),
+    ],
+)
+def test_jobset_drives_phase(js, phase):
+    d = run(
+        obs=Observed(now=NOW, slices=existing(2), jobset=js),
+        old={"phase": "Starting"},
+        provisioning={"mode": "Existing"},
+    )
+    assert d.status["phase"] == phase
+    assert CreateJobSet() not in d.actions
+
+
+def test_restart_counted_once_with_cause():
+    obs = Observed(
+        now=NOW,
+        slices=existing(2),
+        jobset=JobSetObservation(ready_jobs=0, restarts=2),
+        pod_failures=[PodFailure("job-slice-1-0-abc", 1, 17, "Error", 1)],
+    )
+    d = run(old={"phase": "Running", "restarts": 1}, obs=obs, provisioning={"mode": "Existing"})
+    assert d.status["restarts"] == 2
+    restart = [e for e in d.events if e.reason == "RestartingAllSlices"]
+    assert len(restart) == 1
+    assert "job-slice-1-0-abc" in restart[0].message and "17" in restart[0].message
+    again = run(old=d.status, obs=obs, provisioning={"mode": "Existing"})
+    assert "RestartingAllSlices" not in reasons(again)
+
+
+def test_non_retryable_failure_names_pod_and_code():
+    obs = Observed(
+        now=NOW,
+        slices=existing(2),
+        jobset=JobSetObservation(failed=True, failure_reason="FailJobSet"),
+        pod_failures=[PodFailure("job-slice-0-1-x", 0, 42, "Error", 0)],
+    )
+    d = run(old={"phase": "Running"}, obs=obs, provisioning={"mode": "Existing"})
+    assert d.status["phase"] == "Failed"
+    assert "job-slice-0-1-x" in d.status["message"] and "42" in d.status["message"]
+    assert d.status["completionTime"] == iso(NOW)
+
+
+def test_max_restarts_message():
+    obs = Observed(
+        now=NOW,
+        slices=existing(2),
+        jobset=JobSetObservation(failed=True, restarts=3, failure_reason="ReachedMaxRestarts"),
+    )
+    d = run(
+        old={"phase": "Restarting"},
+        obs=obs,
+        provisioning={"mode": "Existing"},
+        failurePolicy={"maxRestarts": 3},
+    )
+    assert "maxRestarts" in d.status["message"]
+
+
+def test_suspend_and_resume_existing():
+    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(ready_jobs=2))
+    d = run(old={"phase": "Running"}, obs=obs, provisioning={"mode": "Existing"}, suspend=True)
+    assert d.status["phase"] == "Suspended"
+    assert d.actions == [SetJobSetSuspend(True)]
+    obs.jobset = JobSetObservation(suspended=True)
+    d = run(old=d.status, obs=obs, provisioning={"mode": "Existing"})
+    assert d.actions == [SetJobSetSuspend(False)]
+    assert d.status["phase"] == "Starting"
+
+
+def test_stranger_jobset_is_not_touched():
+    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(owned=False))
+    d = run(obs=obs, provisioning={"mode": "Existing"})
+    assert d.status["phase"] == "Failed"
+    assert "not owned" in d.status["message"]
+    assert d.actions == []
+
+
+# ---------------------------------------------------------------- Managed mode: the gang
+
+
+def test_managed_without_provisioner_waits_with_reason():
+    d = run(obs=Observed(now=NOW, provisioner_error="no GKE cluster configured"))
+    assert d.status["phase"] == "Pending"
+    cond = {c["type"]: c for c in d.status["conditions"]}
+    assert cond["Provisioned"]["reason"] == "ProvisionerNotConfigured"
+
+
+def test_gang_creates_every_pool_together():
+    d = run(obs=Observed(now=NOW, slices=pools(ABSENT, ABSENT)))
+    assert d.actions == [CreatePools((0, 1))]
+    assert d.status["phase"] == "Provisioning"
+    assert d.status["provisioningAttempts"] == 1
+    assert d.status["attemptStartTime"] == iso(NOW)
+
+
+def test_gang_waits_while_provisioning():
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    d = run(
+        old=old, obs=Observed(now=NOW + timedelta(seconds=5), slices=pools(RUNNING, PROVISIONING))
+    )
+    assert d.actions == []
+    assert d.status["provisioningAttempts"] == 1
+    assert "1/2 ready" in d.status["message"]
+    assert d.status["slices"][0]["phase"] == "Ready"
+    assert d.status["slices"][1]["phase"] == "Provisioning"
+
+
+def test_gang_ready_creates_jobset():
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, RUNNING)))
+    assert d.actions == [CreateJobSet()]
+    assert "attemptStartTime" not in d.status
+    assert "GangProvisioned" in reasons(d)
+    assert d.status["readySlices"] == "2/2"
+
+
+def test_running_pool_without_ready_nodes_is_not_ready():
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, RUNNING, ready=[4, 2])))
+    assert CreateJobSet() not in d.actions
+
+
+def test_stockout_rolls_back_the_whole_gang():
+    stockout = PoolError(1, "p1", "GCE_STOCKOUT", "no capacity in zone", False)
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, ERROR, errors={1: stockout})))
+    (delete,) = d.actions
+    assert isinstance(delete, DeletePools) and len(delete.pools) == 2
+    assert "GangRolledBack" in reasons(d)
+    msg = next(e.message for e in d.events if e.reason == "GangRolledBack")
+    assert "slice 1" in msg and "GCE_STOCKOUT" in msg
+    wait = backoff_seconds("uid-1", 1, CFG)
+    assert d.status["nextAttemptTime"] == iso(NOW + timedelta(seconds=wait))
+    assert 24 <= wait <= 36
+    cond = {c["type"]: c for c in d.status["conditions"]}
+    assert cond["Provisioned"]["reason"] == "GangSliceFailed"
+    # During the backoff nothing is created; leftovers are deleted.
+    later = run(
+        old=d.status, obs=Observed(now=NOW + timedelta(seconds=5), slices=pools(STOPPING, ABSENT))
+    )
+    assert later.actions == []
+    assert later.status["phase"] == "Provisioning"
+    # After the backoff, a new attempt creates the whole gang again.
+    retry = run(
+        old=later.status,
+        obs=Observed(now=NOW + timedelta(seconds=wait + 1), slices=pools(ABSENT, ABSENT)),
+    )
+    assert retry.actions == [CreatePools((0, 1))]
+    assert retry.status["provisioningAttempts"] == 2
+
+
+def test_backoff_grows_and_is_capped():
+    waits = [backoff_seconds("u", n, CFG) for n in range(1, 10)]
+    assert waits[1] > waits[0] and waits[2] > waits[1]
+    assert max(waits) <= 600 * 1.2
+
+
+def test_timeout_rolls_back():
+    old = {
+        "phase": "Provisioning",
+        "provisioningAttempts": 1,
+        "attemptStartTime": iso(NOW - timedelta(seconds=1801)),
+    }
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, PROVISIONING)))
+    assert isinstance(d.actions[0], DeletePools)
+    cond = {c["type"]: c for c in d.status["conditions"]}
+    assert cond["Provisioned"]["reason"] == "GangTimeout"
+    assert "slices 1 not ready" in cond["Provisioned"]["message"]
+
+
+def test_permanent_error_fails_job_and_releases():
+    bad = PoolError(0, "p0", "INVALID_ARGUMENT", "unknown machine type", True)
+    d = run(
+        old={"phase": "Provisioning"},
+        obs=Observed(now=NOW, slices=pools(ERROR, RUNNING, errors={0: bad})),
+    )
+    assert d.status["phase"] == "Failed"
+    assert isinstance(d.actions[0], DeletePools)
+    assert "INVALID_ARGUMENT" in d.status["message"]
+
+
+def test_accelerator_not_offered_fails_fast():
+    offered = PoolError(None, "-", "NOT_OFFERED", "v5litepod-16 is not offered in zone z", True)
+    d = run(obs=Observed(now=NOW, slices=pools(ABSENT, ABSENT), offered_error=offered))
+    assert d.status["phase"] == "Failed"
+    assert CreatePools((0, 1)) not in d.actions
+
+
+def test_foreign_pool_deleted_before_create():
+    _, p = spec_and_plan()
+    obs = Observed(
+        now=NOW,
+        slices=[
+            SliceObservation(0, p.node_pools[0].name, RUNNING, 4, foreign=True),
+            SliceObservation(1, p.node_pools[1].name, ABSENT),
+        ],
+    )
+    d = run(obs=obs)
+    assert d.actions[0] == DeletePools((p.node_pools[0].name,))
+    assert d.actions[1] == CreatePools((1,))
+
+
+# ---------------------------------------------------------------- Managed mode: running
+
+
+def test_lost_slice_replaced_alone():
+    obs = Observed(
+        now=NOW,
+        slices=pools(RUNNING, RUNNING, ready=[4, 0]),
+        jobset=JobSetObservation(ready_jobs=1, restarts=1),
+    )
+    d = run(old={"phase": "Running", "restarts": 1}, obs=obs)
+    _, p = spec_and_plan()
+    assert d.actions == [DeletePools((p.node_pools[1].name,))]
+    assert d.status["phase"] == "Restarting"
+    assert "SliceLost" in reasons(d)
+    obs.slices = pools(RUNNING, ABSENT)
+    d2 = run(old=d.status, obs=obs)
+    assert d2.actions == [CreatePools((1,))]
+
+
+def test_finished_releases_pools_unless_kept():
+    obs = Observed(now=NOW, slices=pools(RUNNING, RUNNING))
+    d = run(old={"phase": "Succeeded", "completionTime": iso(NOW)}, obs=obs)
+    assert isinstance(d.actions[0], DeletePools)
+    kept = run(
+        old={"phase": "Succeeded", "completionTime": iso(NOW)},
+        obs=obs,
+        provisioning={"keepNodePools": True},
+    )
+    assert kept.actions == []
+    failed = run(
+        old={"phase": "Failed", "completionTime": iso(NOW)},
+        obs=obs,
+        provisioning={"keepNodePools": True},
+    )
+    assert isinstance(failed.actions[0], DeletePools)
+
+
+def test_suspend_releases_capacity():
+    obs = Observed(now=NOW, slices=pools(RUNNING, RUNNING), jobset=JobSetObservation(ready_jobs=2))
+    d = run(old={"phase": "Running"}, obs=obs, suspend=True)
+    assert d.actions[0] == SetJobSetSuspend(True)
+    assert isinstance(d.actions[1], DeletePools)
+    assert d.status["phase"] == "Suspended"
+
+
+def test_ttl_deletes_after_delay():
+    obs = Observed(now=NOW, slices=pools(ABSENT, ABSENT))
+    done = iso(NOW - timedelta(seconds=30))
+    early = run(
+        old={"phase": "Succeeded", "completionTime": done}, obs=obs, ttlSecondsAfterFinished=60
+    )
+    assert early.actions == [] and early.requeue_after == pytest.approx(30, abs=1)
+    late = run(
+        old={"phase": "Succeeded", "completionTime": done}, obs=obs, ttlSecondsAfterFinished=10
+    )
+    assert late.actions == [DeleteJob()]
+
+
+def test_decide_is_deterministic():
+    obs = Observed(now=NOW, slices=pools(RUNNING, ERROR))
+    old = {"phase": "Provisioning", "provisioningAttempts": 2, "attemptStartTime": iso(NOW)}
+    assert run(old=old, obs=obs).status == run(old=old, obs=obs).status
