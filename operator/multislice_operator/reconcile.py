@@ -404,7 +404,8 @@ def _active(ctx: _Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
             ctx, plan, Phase.FAILED, js.failure_reason or "JobSetFailed", _why_failed(ctx, spec)
         )
         return
-    ready = _capacity_ready(ctx, spec, plan)
+    # Existing pools are the JobSet's business once it runs; Managed pools are ours to repair.
+    ready = _capacity_ready(ctx, spec, plan) if plan.managed or js is None or js.suspended else True
     if js is None:
         if ready:
             ctx.actions.append(CreateJobSet())
@@ -490,7 +491,8 @@ def _running_phase(ctx: _Ctx, plan: Plan, js: JobSetObservation, capacity_ready:
         return
     message = f"{js.ready_jobs}/{plan.slices} slices running"
     ctx.cond(SLICES_READY, "False", "SlicesStarting", message)
-    if js.restarts > 0 or not capacity_ready:
+    was_running = "runningTime" in ctx.status
+    if js.restarts > 0 or not capacity_ready or was_running:
         ctx.phase(Phase.RESTARTING, f"restarting all slices (restart {js.restarts}): {message}")
     else:
         ctx.phase(Phase.STARTING, message)

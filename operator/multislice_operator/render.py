@@ -35,7 +35,7 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 MEGASCALE_PORT = 8080
 JAX_COORDINATOR_PORT = 8476
-FATAL_RULE = "fatal-exit-code"
+FATAL_RULE = "FatalExitCode"  # JobSet rule names: alphanumerics and _,: only
 
 
 def coordinator_host(name: str) -> str:

@@ -72,7 +72,7 @@ def test_jobset_shape():
     assert fp["maxRestarts"] == 5
     assert fp["rules"] == [
         {
-            "name": "fatal-exit-code",
+            "name": "FatalExitCode",
             "action": "FailJobSet",
             "onJobFailureReasons": ["PodFailurePolicy"],
         }

@@ -279,6 +279,15 @@ class MultisliceJobStatus(_Model):
     next_attempt_time: str | None = Field(
         default=None, description="When the next gang provisioning attempt starts (backoff)."
     )
+    attempt_start_time: str | None = Field(
+        default=None, description="When the current gang provisioning attempt started."
+    )
+    provisioned_time: str | None = Field(
+        default=None, description="When every slice was last provisioned and ready."
+    )
+    running_time: str | None = Field(
+        default=None, description="When every slice was first seen running."
+    )
 
 
 class ObjectMeta(BaseModel):

@@ -88,6 +88,10 @@ class Runtime:
             event.set()
 
 
+class ObservationError(RuntimeError):
+    """The cloud could not be read; act on nothing and look again shortly."""
+
+
 RUNTIME: Runtime | None = None
 PROVISIONER_FACTORY: ProvisionerFactory | None = None
 
@@ -301,6 +305,8 @@ async def _observe(
             gang = GangObservation()
         else:
             gang = await rt.provisioner.observe(plan)
+            if not gang.complete:
+                raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
             if jobset is None and phase not in models.TERMINAL_PHASES:
                 offered = await _offered(rt, plan)
     return ob.observe(
@@ -313,6 +319,10 @@ async def _observe(
         gang,
         provisioner_error=provisioner_error,
         offered_error=offered,
+        node_selector=((body.get("spec") or {}).get("template") or {})
+        .get("spec", {})
+        .get("nodeSelector")
+        or {},
     )
 
 
@@ -484,6 +494,8 @@ async def on_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> Non
     if plan is None or not plan.managed or rt.provisioner is None:
         return
     gang = await rt.provisioner.observe(plan)
+    if not gang.complete:
+        raise kopf.TemporaryError("cannot read node pools yet; retrying", delay=5)
     present = [n for n, p in gang.pools.items() if p.status != ABSENT]
     if not present:
         log.info("node pools released job=%s/%s", namespace, name)
@@ -540,6 +552,5 @@ async def collect_orphans(rt: Runtime) -> list[str]:
 
 async def _delete_orphans(rt: Runtime, names: list[str]) -> None:
     assert rt.provisioner is not None
-    delete_named = getattr(rt.provisioner, "delete_named", None)
-    if delete_named is not None:
-        await delete_named(names)
+    result = await rt.provisioner.delete_named(names)
+    _count("delete", result.errors)

@@ -107,6 +107,7 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "accelerator": labels.get(GKE_ACCELERATOR_LABEL),
         "topology": labels.get(GKE_TOPOLOGY_LABEL),
         "jobKey": labels.get(LABEL_JOB_KEY),
+        "labels": dict(labels),
     }
 
 
@@ -186,16 +187,21 @@ def managed_slices(
 
 
 def existing_slices(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
+    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], selector: Mapping[str, str]
 ) -> tuple[list[SliceObservation], int]:
-    """Node pools already in the cluster with this job's accelerator and topology."""
+    """Node pools already in the cluster with this job's accelerator, topology and selector."""
     accel, topo = plan.shape.generation.gke_accelerator, plan.shape.topology
     matching = []
     for pool, items in sorted(nodes.items(), key=lambda kv: str(kv[0])):
         items = list(items)
         if not items or any(n["jobKey"] for n in items):  # another job's Managed pool
             continue
-        if all(n["accelerator"] == accel and n["topology"] == topo for n in items):
+        if all(
+            n["accelerator"] == accel
+            and n["topology"] == topo
+            and all(n["labels"].get(k) == v for k, v in selector.items())
+            for n in items
+        ):
             matching.append((str(pool), sum(1 for n in items if n["ready"])))
     # Ready pools first, so `slices` of them are enough.
     matching.sort(key=lambda p: (p[1] < plan.shape.hosts, p[0]))
@@ -215,6 +221,7 @@ def observe(
     gang: GangObservation | None,
     provisioner_error: str | None = None,
     offered_error: PoolError | None = None,
+    node_selector: Mapping[str, str] | None = None,
 ) -> Observed:
     js = jobset_observation(jobset)
     failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
@@ -231,7 +238,7 @@ def observe(
         if gang is not None:
             obs.slices = managed_slices(plan, gang, ready_nodes_by_pool(nodes), uid)
     else:
-        obs.slices, obs.existing_pools_found = existing_slices(plan, nodes)
+        obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
     return obs
 
 

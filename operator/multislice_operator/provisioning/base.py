@@ -57,6 +57,8 @@ class GangObservation:
 
     pools: dict[str, PoolObservation] = field(default_factory=dict)
     errors: list[PoolError] = field(default_factory=list)
+    # False when the cloud could not be read: the state is unknown, not "every pool absent".
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ class Provisioner(Protocol):
 
     async def check_offered(self, plan: Plan) -> PoolError | None:
         """A permanent error when the accelerator type is not offered where pools would go."""
+        ...
+
+    async def delete_named(self, pool_names: list[str]) -> ActionResult:
+        """Delete pools known only by name (orphans found by the garbage collector)."""
         ...
 
     async def list_owned(self) -> list[PoolObservation]:

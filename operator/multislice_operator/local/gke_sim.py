@@ -1,0 +1,1186 @@
+"""A local GKE API simulator: a real HTTP server speaking the container v1 and Cloud TPU v2 REST.
+
+The operator's GKE adapter (``provisioning.gke``) talks to it with the real client library over
+REST, exactly as it talks to ``container.googleapis.com``; nothing in the client is patched::
+
+    ClusterManagerClient(credentials=AnonymousCredentials(), transport="rest",
+                         client_options={"api_endpoint": sim.url})
+
+What it serves (wire format of the client library's REST transport: camelCase JSON, enums as
+integers in requests, as strings in responses, errors as ``{"error": {code, message, status}}``):
+
+* ``POST|GET /v1/projects/P/locations/L/clusters/C/nodePools`` (create, list)
+* ``GET|DELETE /v1/projects/P/locations/L/clusters/C/nodePools/N`` (get, delete)
+* ``GET /v1/projects/P/locations/L/operations[/O]`` (list, get)
+* ``GET /v2/projects/P/locations/ZONE/acceleratorTypes`` (Cloud TPU v2; offered types per zone)
+
+Behaviour modelled on GKE:
+
+* create returns a RUNNING ``CREATE_NODE_POOL`` operation at once; the pool lists as
+  PROVISIONING; after ``op_latency_s`` its nodes are registered (see :class:`NodeRegistrar`) and
+  it turns RUNNING, or, for an injected stockout/quota failure, the operation ends DONE with an
+  error and the pool turns ERROR with a ``statusMessage`` (``GCE_STOCKOUT`` /
+  ``GCE_QUOTA_EXCEEDED``, "does not have enough resources"), holding no nodes, as GKE leaves it.
+* delete turns the pool STOPPING; after ``delete_latency_s`` its nodes go and the pool is gone.
+  Deleting a pool whose create is still running is refused with 400 FAILED_PRECONDITION
+  ("Operation ... is currently creating node pool ..."), as GKE does; deleting a pool already
+  STOPPING is refused with "... is currently deleting node pool ...".
+* validation GKE does synchronously: pool name (RFC 1035, <= 40 chars), GCE resource labels,
+  known machine types, one zone and a consistent node count for a multi-host TPU topology.
+* concurrent operations on a cluster are allowed unless ``max_concurrent_operations`` is set;
+  past it, create/delete answer 400 FAILED_PRECONDITION "Cluster is running incompatible
+  operation ..." (retry later).
+* spot preemption (:meth:`GkeSimulator.preempt`): the pool's nodes disappear while the pool stays
+  RUNNING, as when GKE's managed instance group loses its VMs; the nodes come back after
+  ``preempt_recreate_s`` (None: never, the operator must replace the pool).
+  :meth:`GkeSimulator.break_pool` sets ERROR (and removes the nodes).
+
+Faults (settable in the constructor, with Python methods, over ``/_sim/faults`` or as CLI flags),
+see :class:`Faults`: ``stockout_next`` (next N creates), ``stockout_on_create`` (the k-th
+accepted creates, 1-based), ``stockout_zones``, ``quota_next``, ``http_429_next``,
+``http_5xx_next`` (any API call), ``invalid_machine_types`` (400 INVALID_ARGUMENT), and the
+latency / conflict knobs of :class:`SimConfig`.
+
+Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/counters/reset``,
+``POST /_sim/faults`` (merge the given fields), ``DELETE /_sim/faults`` (clear),
+``POST /_sim/config`` (``opLatencyS``, ``deleteLatencyS``, ``maxConcurrentOperations``,
+``preemptRecreateS``), ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``),
+``POST /_sim/pools/NAME/preempt`` (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break``
+(``{"message": "..."}``). Names are looked up across clusters.
+
+CLI: ``python -m multislice_operator.local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
+as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
+get kwok fake TPU nodes in that cluster (see :mod:`multislice_operator.local.nodes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Protocol, Self
+from urllib.parse import urlsplit
+
+from google.cloud.container_v1.types import cluster_service
+from google.protobuf import json_format
+
+from multislice_operator import catalog
+from multislice_operator.plan import (
+    GKE_ACCELERATOR_LABEL,
+    GKE_NODEPOOL_LABEL,
+    GKE_SPOT_LABEL,
+    GKE_TOPOLOGY_LABEL,
+)
+
+log = logging.getLogger(__name__)
+
+GKE_VERSION = "1.34.1-gke.1000000"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+_POOL_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_GCE_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_GCE_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+# Machine types that are not TPUs but that a cluster accepts (system pools in tests).
+_GENERIC_MACHINE_RE = re.compile(r"^(e2|n1|n2|n2d|c2|c3|t2d)-(standard|highmem|highcpu)-\d+$")
+_TPU_CONFIG_TYPES = {"v4": "V4", "v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}
+
+
+# --------------------------------------------------------------------------------------------
+# Machine types and what GKE derives from them
+
+
+@dataclass(frozen=True)
+class TpuMachine:
+    """What a TPU machine type means for the nodes GKE makes of it."""
+
+    machine_type: str
+    accelerator_label: str  # cloud.google.com/gke-tpu-accelerator
+    chips_per_host: int
+    generation: catalog.Generation | None  # None for types the catalog does not know (tpu7x)
+
+    def single_host_topology(self) -> str:
+        if self.generation is None:
+            return "2x2x1"
+        return catalog.topologies_for(self.generation, self.chips_per_host)[0]
+
+    def dims(self) -> int:
+        return self.generation.dims if self.generation else 3
+
+
+def _tpu_machines() -> dict[str, TpuMachine]:
+    machines = {
+        mt: TpuMachine(mt, gen.gke_accelerator, chips, gen)
+        for gen in catalog.GENERATIONS.values()
+        for chips, mt in gen.machine_types.items()
+    }
+    # tpu7x (facts sheet: naming UNCONFIRMED) so that a sim run does not reject it outright.
+    machines["tpu7x-standard-4t"] = TpuMachine("tpu7x-standard-4t", "tpu7x", 4, None)
+    return machines
+
+
+TPU_MACHINES = _tpu_machines()
+
+
+def default_offered_types() -> list[str]:
+    """Every accelerator type of the catalog (all common sizes of v4, v5litepod, v5p, v6e)."""
+    return [
+        f"{gen.prefix}-{size}"
+        for gen in catalog.GENERATIONS.values()
+        for size in catalog.valid_sizes(gen)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Node registration
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """The nodes GKE would register for one RUNNING pool."""
+
+    pool: str
+    count: int
+    zone: str
+    machine_type: str
+    accelerator_label: str | None  # None for non-TPU machine types
+    topology: str | None
+    chips_per_host: int
+    spot: bool
+    labels: dict[str, str]  # full node labels: config.labels plus the GKE ones
+    user_labels: dict[str, str]  # config.labels only
+
+
+class NodeRegistrar(Protocol):
+    """Makes a pool's nodes exist in some Kubernetes (or a test's memory). Called from the
+    simulator's worker thread, never with its lock held; may block."""
+
+    def register(self, group: NodeGroup) -> None: ...
+
+    def unregister(self, pool: str) -> None: ...
+
+
+class InMemoryRegistrar:
+    """Records node groups; what tests and the default CLI run use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.groups: dict[str, NodeGroup] = {}
+        self.events: list[tuple[str, str, int]] = []  # (register|unregister, pool, count)
+
+    def register(self, group: NodeGroup) -> None:
+        with self._lock:
+            self.groups[group.pool] = group
+            self.events.append(("register", group.pool, group.count))
+
+    def unregister(self, pool: str) -> None:
+        with self._lock:
+            group = self.groups.pop(pool, None)
+            self.events.append(("unregister", pool, group.count if group else 0))
+
+    def node_count(self, pool: str | None = None) -> int:
+        with self._lock:
+            if pool is not None:
+                group = self.groups.get(pool)
+                return group.count if group else 0
+            return sum(g.count for g in self.groups.values())
+
+
+class KubeNodeRegistrar:
+    """Registers kwok fake GKE TPU nodes in a real (local) Kubernetes API server."""
+
+    def __init__(self, api_client_or_kubeconfig: Any) -> None:
+        self._target = api_client_or_kubeconfig
+
+    def register(self, group: NodeGroup) -> None:
+        from multislice_operator.local import nodes
+
+        if group.accelerator_label is None or group.topology is None:
+            log.info("gke-sim skipping nodes of non-TPU pool pool=%s", group.pool)
+            return
+        extra = {k: v for k, v in group.labels.items() if k not in _GKE_NODE_LABELS}
+        nodes.register_tpu_nodes(
+            self._target,
+            group.pool,
+            group.count,
+            group.accelerator_label,
+            group.topology,
+            group.chips_per_host,
+            extra_labels=extra,
+            spot=group.spot,
+        )
+
+    def unregister(self, pool: str) -> None:
+        from multislice_operator.local import nodes
+
+        nodes.delete_nodes(self._target, pool)
+
+
+_GKE_NODE_LABELS = {GKE_NODEPOOL_LABEL, GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, GKE_SPOT_LABEL}
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration and faults
+
+
+@dataclass
+class SimConfig:
+    op_latency_s: float = 1.5  # create: PROVISIONING -> RUNNING/ERROR
+    delete_latency_s: float | None = None  # STOPPING -> gone; None: same as op_latency_s
+    max_concurrent_operations: int | None = None  # per cluster; None: unlimited
+    preempt_recreate_s: float | None = None  # nodes come back after a preemption; None: never
+    failed_create_leaves_pool: bool = True  # False: a failed create removes the pool
+    allow_delete_while_creating: bool = False  # True: delete cancels a running create
+    # Clusters that exist, as projects/P/locations/L/clusters/C; None: every cluster exists.
+    clusters: list[str] | None = None
+    # Offered accelerator types per zone; zones not listed offer default_offered (None: all).
+    offered: dict[str, list[str]] = field(default_factory=dict)
+    default_offered: list[str] | None = None
+
+    def delete_latency(self) -> float:
+        return self.op_latency_s if self.delete_latency_s is None else self.delete_latency_s
+
+
+@dataclass
+class Faults:
+    stockout_next: int = 0  # the next N accepted creates end in GCE_STOCKOUT
+    stockout_on_create: list[int] = field(default_factory=list)  # k-th accepted creates (1-based)
+    stockout_zones: list[str] = field(default_factory=list)  # every create in these zones
+    quota_next: int = 0  # the next N accepted creates end in GCE_QUOTA_EXCEEDED
+    http_429_next: int = 0  # the next N API calls answer 429 RESOURCE_EXHAUSTED
+    http_5xx_next: int = 0  # the next N API calls answer http_5xx_status
+    http_5xx_status: int = 503
+    http_fault_methods: list[str] = field(default_factory=list)  # limit 429/5xx to these methods
+    invalid_machine_types: list[str] = field(default_factory=list)  # 400 INVALID_ARGUMENT
+
+    def to_json(self) -> dict[str, Any]:
+        return {_camel(k): v for k, v in asdict(self).items()}
+
+    def merge_json(self, data: dict[str, Any]) -> None:
+        known = {_camel(f.name): f.name for f in fields(self)}
+        for key, value in data.items():
+            name = known.get(key) or (key if key in known.values() else None)
+            if name is None:
+                raise ValueError(f"unknown fault {key!r}; known: {sorted(known)}")
+            setattr(self, name, value)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+class ApiError(Exception):
+    """An error answer in Google's JSON error format."""
+
+    def __init__(self, http: int, status: str, message: str) -> None:
+        super().__init__(message)
+        self.http = http
+        self.status = status
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.http, "message": self.message, "status": self.status}}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass
+class _Pool:
+    cluster: str  # projects/P/locations/L/clusters/C
+    name: str
+    spec: dict[str, Any]  # the NodePool as created (camelCase JSON, enums as strings)
+    status: str = "PROVISIONING"
+    status_message: str = ""
+    nodes: int = 0  # nodes currently registered
+    op: str | None = None  # name of the running operation on this pool
+
+    @property
+    def path(self) -> str:
+        return f"{self.cluster}/nodePools/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        body = dict(self.spec)
+        location = self.cluster.split("/clusters/")[0]
+        body.update(
+            name=self.name,
+            status=self.status,
+            selfLink=f"https://container.googleapis.com/v1/{self.path}",
+            version=GKE_VERSION,
+            etag=f"{abs(hash((self.name, self.status))):x}",
+            instanceGroupUrls=[
+                f"https://www.googleapis.com/compute/v1/{location.replace('locations', 'zones')}"
+                f"/instanceGroupManagers/gke-{self.name}-grp"
+            ],
+        )
+        if self.status_message:
+            body["statusMessage"] = self.status_message
+        return body
+
+
+@dataclass
+class _Operation:
+    location: str  # projects/P/locations/L
+    name: str  # operation-<ms>-<hex>, as GKE names them
+    op_type: str  # CREATE_NODE_POOL | DELETE_NODE_POOL
+    target: str  # projects/P/locations/L/clusters/C/nodePools/N
+    status: str = "RUNNING"
+    start: str = field(default_factory=_now)
+    end: str = ""
+    error: dict[str, Any] | None = None
+    failure: str | None = None  # planned outcome of a create: None, "stockout" or "quota"
+
+    @property
+    def path(self) -> str:
+        return f"{self.location}/operations/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        loc = self.location.rsplit("/", 1)[1]
+        body: dict[str, Any] = {
+            "name": self.name,
+            "zone": loc,
+            "location": loc,
+            "operationType": self.op_type,
+            "status": self.status,
+            "selfLink": f"https://container.googleapis.com/v1/{self.path}",
+            "targetLink": f"https://container.googleapis.com/v1/{self.target}",
+            "startTime": self.start,
+        }
+        if self.end:
+            body["endTime"] = self.end
+        if self.error:
+            body["error"] = self.error
+            body["statusMessage"] = self.error["message"]
+        return body
+
+
+class _Scheduler:
+    """One worker thread running callbacks at their due time (operation completions)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="gke-sim-ops", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def after(self, delay_s: float, fn: Callable[[], None]) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay_s), next(self._seq), fn))
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped:
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        break
+                    self._cv.wait(self._heap[0][0] - now if self._heap else None)
+                if self._stopped:
+                    return
+                _, _, fn = heapq.heappop(self._heap)
+            try:
+                fn()
+            except Exception:  # a failing callback must not stop the simulated cloud
+                log.exception("gke-sim scheduled callback failed")
+
+
+# --------------------------------------------------------------------------------------------
+# The simulator
+
+
+class GkeSimulator:
+    """A GKE + Cloud TPU REST endpoint on 127.0.0.1 with fault injection. Thread-safe.
+
+    Use as a context manager, or ``start()`` / ``stop()``; ``url`` is the ``api_endpoint``.
+    """
+
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        faults: Faults | None = None,
+        registrar: NodeRegistrar | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.faults = faults or Faults()
+        self.registrar: NodeRegistrar = registrar or InMemoryRegistrar()
+        self._host, self._port = host, port
+        self._lock = threading.RLock()
+        self._pools: dict[str, _Pool] = {}  # by pool path
+        self._ops: dict[str, _Operation] = {}  # by operation path
+        self._creates_accepted = 0
+        self._calls: Counter[str] = Counter()
+        self._responses: Counter[str] = Counter()
+        self._injected: Counter[str] = Counter()
+        self._ops_running: Counter[str] = Counter()  # by cluster
+        self._peak_ops = 0
+        self._scheduler = _Scheduler()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        handler = type("Handler", (_Handler,), {"sim": self})
+        self._server = ThreadingHTTPServer((self._host, self._port), handler)
+        self._server.daemon_threads = True
+        self._scheduler.start()
+        self._thread = threading.Thread(
+            # A short poll interval keeps stop() fast (shutdown waits for one poll).
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="gke-sim-http",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("gke-sim listening url=%s", self.url)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._scheduler.stop()
+        self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("simulator not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    # -- Python admin API -----------------------------------------------------------------------
+
+    def set_faults(self, **kwargs: Any) -> None:
+        """Set fault fields by name (``stockout_next=2``, ``http_429_next=3``, ...)."""
+        with self._lock:
+            for key, value in kwargs.items():
+                if not hasattr(self.faults, key):
+                    raise ValueError(f"unknown fault {key!r}")
+                setattr(self.faults, key, value)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self.faults = Faults()
+
+    def configure(self, **kwargs: Any) -> None:
+        """Change SimConfig fields at run time (``op_latency_s=5``, ...)."""
+        with self._lock:
+            for key, value in kwargs.items():
+                if not hasattr(self.config, key):
+                    raise ValueError(f"unknown config field {key!r}")
+                setattr(self.config, key, value)
+
+    def set_offered(self, zone: str, types: Iterable[str]) -> None:
+        with self._lock:
+            self.config.offered[zone] = list(types)
+
+    def counters(self) -> dict[str, Any]:
+        """Calls by method, responses by HTTP code, injected faults, pools, peak operations."""
+        with self._lock:
+            return {
+                "calls": dict(self._calls),
+                "responses": dict(self._responses),
+                "injected": dict(self._injected),
+                "createsAccepted": self._creates_accepted,
+                "livePools": len(self._pools),
+                "runningOperations": sum(self._ops_running.values()),
+                "peakConcurrentOperations": self._peak_ops,
+            }
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._calls.clear()
+            self._responses.clear()
+            self._injected.clear()
+            self._peak_ops = sum(self._ops_running.values())
+
+    def pools(self) -> dict[str, dict[str, Any]]:
+        """Every pool by name (across clusters), as the list endpoint returns it."""
+        with self._lock:
+            return {p.name: p.to_json() for p in self._pools.values()}
+
+    def pool(self, name: str) -> dict[str, Any] | None:
+        return self.pools().get(name)
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "pools": [p.to_json() | {"nodes": p.nodes} for p in self._pools.values()],
+                "operations": [o.to_json() for o in self._ops.values()],
+                "counters": self.counters(),
+                "faults": self.faults.to_json(),
+            }
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until no operation is running (tests); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(o.status == "RUNNING" for o in self._ops.values()):
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def preempt(self, name: str, recreate_after_s: float | str | None = "config") -> None:
+        """Spot preemption: the pool's nodes disappear, the pool stays RUNNING (GKE's managed
+        instance group recreates the VMs); they come back after ``recreate_after_s`` (default
+        ``config.preempt_recreate_s``; None: never)."""
+        pool = self._find(name)
+        delay = self.config.preempt_recreate_s if recreate_after_s == "config" else recreate_after_s
+        self.registrar.unregister(pool.name)
+        with self._lock:
+            pool.nodes = 0
+        log.info("gke-sim preempted pool=%s recreate_after_s=%s", name, delay)
+        if delay is not None:
+            self._scheduler.after(float(delay), lambda: self._recreate_nodes(pool))
+
+    def break_pool(self, name: str, message: str = "", remove_nodes: bool = True) -> None:
+        """Put a pool in ERROR (e.g. a failed repair), with a status message."""
+        pool = self._find(name)
+        if remove_nodes:
+            self.registrar.unregister(pool.name)
+        with self._lock:
+            pool.status = "ERROR"
+            pool.status_message = message or (
+                "Google Compute Engine: Instance group is unhealthy: nodes failed repair"
+            )
+            if remove_nodes:
+                pool.nodes = 0
+        log.info("gke-sim broke pool=%s", name)
+
+    def _find(self, name: str) -> _Pool:
+        with self._lock:
+            for pool in self._pools.values():
+                if pool.name == name or pool.path == name:
+                    return pool
+        raise KeyError(f"no node pool {name!r}")
+
+    # -- request dispatch -----------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Answer one HTTP request: (status, JSON body)."""
+        try:
+            if path.startswith("/_sim/"):
+                return 200, self._admin(method, path, body)
+            route = _route(method, path)
+            if route is None:
+                raise ApiError(404, "NOT_FOUND", f"unknown method or path: {method} {path}")
+            name, args = route
+            with self._lock:
+                self._calls[name] += 1
+                self._inject_http_fault(name)
+                result: dict[str, Any] = getattr(self, f"_api_{name}")(*args, body=body)
+            with self._lock:
+                self._responses["200"] += 1
+            return 200, result
+        except ApiError as err:
+            with self._lock:
+                self._responses[str(err.http)] += 1
+            return err.http, err.body()
+        except (ValueError, TypeError) as err:  # admin API input errors
+            return 400, ApiError(400, "INVALID_ARGUMENT", str(err)).body()
+        except Exception as err:  # a simulator bug: answer 500 rather than drop the connection
+            log.exception("gke-sim internal error on %s %s", method, path)
+            return 500, ApiError(500, "INTERNAL", f"gke-sim internal error: {err}").body()
+
+    def _inject_http_fault(self, method: str) -> None:
+        f = self.faults
+        if f.http_fault_methods and method not in f.http_fault_methods:
+            return
+        if f.http_429_next > 0:
+            f.http_429_next -= 1
+            self._injected["http429"] += 1
+            raise ApiError(
+                429,
+                "RESOURCE_EXHAUSTED",
+                "Quota exceeded for quota metric 'Requests' and limit 'Requests per minute' of "
+                "service 'container.googleapis.com' (injected by gke-sim).",
+            )
+        if f.http_5xx_next > 0:
+            f.http_5xx_next -= 1
+            self._injected["http5xx"] += 1
+            status = HTTPStatus(f.http_5xx_status)
+            grpc = "UNAVAILABLE" if status == HTTPStatus.SERVICE_UNAVAILABLE else "INTERNAL"
+            raise ApiError(status.value, grpc, f"{status.phrase} (injected by gke-sim).")
+
+    # -- container v1 ---------------------------------------------------------------------------
+
+    def _cluster(self, project: str, location: str, cluster: str) -> str:
+        path = f"projects/{project}/locations/{location}/clusters/{cluster}"
+        if self.config.clusters is not None and path not in self.config.clusters:
+            raise ApiError(404, "NOT_FOUND", f"Not found: {path}.")
+        return path
+
+    def _api_create_node_pool(
+        self, project: str, location: str, cluster: str, *, body: bytes
+    ) -> dict[str, Any]:
+        cluster_path = self._cluster(project, location, cluster)
+        spec = _parse_create(body)
+        name = str(spec.get("name", ""))
+        self._validate(spec, location)
+        path = f"{cluster_path}/nodePools/{name}"
+        if path in self._pools:
+            raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}.")
+        self._check_conflict(cluster_path)
+        self._creates_accepted += 1
+        pool = _Pool(cluster_path, name, spec)
+        op = self._start_op(location, project, "CREATE_NODE_POOL", path)
+        op.failure = self._planned_failure(spec, location)
+        pool.op = op.path
+        self._pools[path] = pool
+        log.info(
+            "gke-sim create accepted pool=%s op=%s failure=%s", name, op.name, op.failure or "-"
+        )
+        self._scheduler.after(self.config.op_latency_s, lambda: self._finish_create(op.path))
+        return op.to_json()
+
+    def _api_list_node_pools(
+        self, project: str, location: str, cluster: str, *, body: bytes
+    ) -> dict[str, Any]:
+        cluster_path = self._cluster(project, location, cluster)
+        pools = [p.to_json() for p in self._pools.values() if p.cluster == cluster_path]
+        return {"nodePools": pools} if pools else {}
+
+    def _api_get_node_pool(
+        self, project: str, location: str, cluster: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        return self._get_pool(self._cluster(project, location, cluster), name).to_json()
+
+    def _api_delete_node_pool(
+        self, project: str, location: str, cluster: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        pool = self._get_pool(self._cluster(project, location, cluster), name)
+        running = self._ops.get(pool.op or "")
+        if running is not None and running.status == "RUNNING":
+            if running.op_type == "DELETE_NODE_POOL":
+                raise _busy(running, f"deleting node pool {name}")
+            if not self.config.allow_delete_while_creating:
+                raise _busy(running, f"creating node pool {name}")
+            self._end_op(running, error={"code": 1, "message": "Operation was cancelled."})
+        self._check_conflict(pool.cluster)
+        op = self._start_op(location, project, "DELETE_NODE_POOL", pool.path)
+        pool.op = op.path
+        pool.status = "STOPPING"
+        log.info("gke-sim delete accepted pool=%s op=%s", name, op.name)
+        self._scheduler.after(self.config.delete_latency(), lambda: self._finish_delete(op.path))
+        return op.to_json()
+
+    def _api_get_operation(
+        self, project: str, location: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        op = self._ops.get(f"projects/{project}/locations/{location}/operations/{name}")
+        if op is None:
+            raise ApiError(404, "NOT_FOUND", f"Not found: operation {name}.")
+        return op.to_json()
+
+    def _api_list_operations(self, project: str, location: str, *, body: bytes) -> dict[str, Any]:
+        prefix = f"projects/{project}/locations/{location}"
+        ops = [o.to_json() for o in self._ops.values() if o.location == prefix]
+        return {"operations": ops} if ops else {}
+
+    # -- Cloud TPU v2 ---------------------------------------------------------------------------
+
+    def _api_list_accelerator_types(
+        self, project: str, zone: str, *, body: bytes
+    ) -> dict[str, Any]:
+        offered = self.config.offered.get(zone)
+        if offered is None:
+            offered = self.config.default_offered or default_offered_types()
+        parent = f"projects/{project}/locations/{zone}"
+        return {"acceleratorTypes": [_accelerator_type(parent, t) for t in offered]}
+
+    # -- model helpers (called with the lock held) ---------------------------------------------
+
+    def _get_pool(self, cluster_path: str, name: str) -> _Pool:
+        pool = self._pools.get(f"{cluster_path}/nodePools/{name}")
+        if pool is None:
+            raise ApiError(404, "NOT_FOUND", f"Not found: {cluster_path}/nodePools/{name}.")
+        return pool
+
+    def _validate(self, spec: dict[str, Any], location: str) -> None:
+        name = str(spec.get("name", ""))
+        if not _POOL_NAME_RE.match(name):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f'Invalid node pool name "{name}": must be 1-40 lowercase letters, digits or '
+                "hyphens, start with a letter and not end with a hyphen.",
+            )
+        config = spec.get("config", {})
+        machine = str(config.get("machineType", ""))
+        if machine in self.faults.invalid_machine_types or not (
+            machine in TPU_MACHINES or _GENERIC_MACHINE_RE.match(machine)
+        ):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid machine type \"{machine}\": Machine type '{machine}' does not exist in "
+                f"zone '{self._zones(spec, location)[0]}'.",
+            )
+        for key, value in config.get("resourceLabels", {}).items():
+            if not _GCE_LABEL_KEY_RE.match(key) or not _GCE_LABEL_VALUE_RE.match(str(value)):
+                raise ApiError(
+                    400,
+                    "INVALID_ARGUMENT",
+                    f"Invalid resource label {key}={value}: keys and values must be at most 63 "
+                    "lowercase letters, digits, '_' or '-' (keys start with a letter).",
+                )
+        self._validate_tpu(spec, location, machine)
+
+    def _validate_tpu(self, spec: dict[str, Any], location: str, machine: str) -> None:
+        topology = spec.get("placementPolicy", {}).get("tpuTopology")
+        if not topology:
+            return
+        tpu = TPU_MACHINES.get(machine)
+        if tpu is None:
+            raise ApiError(
+                400, "INVALID_ARGUMENT", f"tpuTopology needs a TPU machine type, not {machine}."
+            )
+        if len(self._zones(spec, location)) != 1:
+            raise ApiError(400, "INVALID_ARGUMENT", "A TPU slice node pool must be in one zone.")
+        dims = topology.split("x")
+        if len(dims) != tpu.dims() or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ApiError(
+                400, "INVALID_ARGUMENT", f"Invalid TPU topology {topology} for {machine}."
+            )
+        nodes = catalog.topology_chips(topology) // tpu.chips_per_host
+        if int(spec.get("initialNodeCount", 0)) != nodes:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Node pool with TPU topology {topology} and machine type {machine} needs "
+                f"initialNodeCount {nodes}, got {spec.get('initialNodeCount', 0)}.",
+            )
+
+    @staticmethod
+    def _zones(spec: dict[str, Any], location: str) -> list[str]:
+        return list(spec.get("locations") or [location])
+
+    def _check_conflict(self, cluster_path: str) -> None:
+        limit = self.config.max_concurrent_operations
+        if limit is None or self._ops_running[cluster_path] < limit:
+            return
+        busy = next(
+            o
+            for o in self._ops.values()
+            if o.status == "RUNNING" and o.target.startswith(cluster_path + "/")
+        )
+        self._injected["incompatibleOperation"] += 1
+        raise ApiError(
+            400,
+            "FAILED_PRECONDITION",
+            f"Cluster is running incompatible operation {busy.name}. Please wait and try again "
+            "once it is done.",
+        )
+
+    def _planned_failure(self, spec: dict[str, Any], location: str) -> str | None:
+        f = self.faults
+        k = self._creates_accepted
+        zones = self._zones(spec, location)
+        if k in f.stockout_on_create or any(z in f.stockout_zones for z in zones):
+            self._injected["stockout"] += 1
+            return "stockout"
+        if f.stockout_next > 0:
+            f.stockout_next -= 1
+            self._injected["stockout"] += 1
+            return "stockout"
+        if f.quota_next > 0:
+            f.quota_next -= 1
+            self._injected["quota"] += 1
+            return "quota"
+        return None
+
+    def _start_op(self, location: str, project: str, op_type: str, target: str) -> _Operation:
+        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(4)}"
+        op = _Operation(f"projects/{project}/locations/{location}", name, op_type, target)
+        self._ops[op.path] = op
+        cluster = target.split("/nodePools/")[0]
+        self._ops_running[cluster] += 1
+        self._peak_ops = max(self._peak_ops, sum(self._ops_running.values()))
+        return op
+
+    def _end_op(self, op: _Operation, error: dict[str, Any] | None = None) -> None:
+        if op.status != "RUNNING":
+            return
+        op.status, op.end, op.error = "DONE", _now(), error
+        self._ops_running[op.target.split("/nodePools/")[0]] -= 1
+
+    # -- operation completion (scheduler thread) ------------------------------------------------
+
+    def _finish_create(self, op_path: str) -> None:
+        with self._lock:
+            op = self._ops[op_path]
+            pool = self._pools.get(op.target)
+            if op.status != "RUNNING" or pool is None or pool.op != op_path:
+                return
+            if op.failure is not None:
+                self._fail_create(op, pool)
+                return
+            group = _node_group(pool)
+        error = self._register(group)
+        with self._lock:
+            if self._pools.get(op.target) is not pool or pool.op != op_path:
+                return  # deleted meanwhile (allow_delete_while_creating); delete unregisters
+            pool.nodes = group.count
+            pool.status = "RUNNING_WITH_ERROR" if error else "RUNNING"
+            pool.status_message = error or ""
+            pool.op = None
+            self._end_op(op)
+        log.info("gke-sim pool running pool=%s nodes=%d", pool.name, group.count)
+
+    def _fail_create(self, op: _Operation, pool: _Pool) -> None:
+        zone = self._zones(pool.spec, op.location.rsplit("/", 1)[1])[0]
+        message = _failure_message(op.failure or "", pool, zone)
+        self._end_op(op, error={"code": 8, "message": message})
+        pool.op = None
+        if self.config.failed_create_leaves_pool:
+            pool.status, pool.status_message = "ERROR", message
+        else:
+            del self._pools[pool.path]
+        log.info("gke-sim create failed pool=%s failure=%s", pool.name, op.failure)
+
+    def _register(self, group: NodeGroup) -> str | None:
+        try:
+            self.registrar.register(group)
+        except Exception as exc:  # surfaced as RUNNING_WITH_ERROR, like nodes failing to join
+            log.exception("gke-sim node registration failed pool=%s", group.pool)
+            return f"Nodes failed to register: {exc}"
+        return None
+
+    def _finish_delete(self, op_path: str) -> None:
+        with self._lock:
+            op = self._ops[op_path]
+            pool = self._pools.get(op.target)
+            if op.status != "RUNNING":
+                return
+        if pool is not None:
+            try:
+                self.registrar.unregister(pool.name)
+            except Exception:
+                log.exception("gke-sim node removal failed pool=%s", pool.name)
+        with self._lock:
+            self._pools.pop(op.target, None)
+            self._end_op(op)
+        log.info("gke-sim pool deleted pool=%s", op.target.rsplit("/", 1)[1])
+
+    def _recreate_nodes(self, pool: _Pool) -> None:
+        with self._lock:
+            # Identity, not name: the pool may have been deleted and created again meanwhile.
+            current = self._pools.get(pool.path)
+            if (
+                current is not pool
+                or pool.nodes
+                or pool.status not in ("RUNNING", "RUNNING_WITH_ERROR")
+            ):
+                return
+            group = _node_group(pool)
+        if self._register(group) is None:
+            with self._lock:
+                pool.nodes = group.count
+
+    # -- admin HTTP API -------------------------------------------------------------------------
+
+    def _admin(self, method: str, path: str, body: bytes) -> dict[str, Any]:
+        data = json.loads(body) if body.strip() else {}
+        parts = path.strip("/").split("/")[1:]
+        if method == "GET" and parts == ["state"]:
+            return self.state()
+        if method == "GET" and parts == ["counters"]:
+            return self.counters()
+        if method == "POST" and parts == ["counters", "reset"]:
+            self.reset_counters()
+            return self.counters()
+        if parts == ["faults"] and method in ("POST", "DELETE"):
+            with self._lock:
+                if method == "DELETE":
+                    self.faults = Faults()
+                else:
+                    self.faults.merge_json(data)
+                return self.faults.to_json()
+        if method == "POST" and parts == ["config"]:
+            names = {_camel(f.name): f.name for f in fields(self.config)}
+            unknown = set(data) - set(names)
+            if unknown:
+                raise ValueError(f"unknown config fields {sorted(unknown)}")
+            self.configure(**{names[k]: v for k, v in data.items()})
+            return asdict(self.config)
+        if method == "POST" and parts == ["offered"]:
+            for zone, types in data.items():
+                self.set_offered(zone, types)
+            return {"offered": self.config.offered}
+        if method == "POST" and len(parts) == 3 and parts[0] == "pools":
+            return self._admin_pool(parts[1], parts[2], data)
+        raise ApiError(404, "NOT_FOUND", f"unknown admin call {method} {path}")
+
+    def _admin_pool(self, name: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if action == "preempt":
+                self.preempt(name, data.get("recreateAfterS", "config"))
+            elif action == "break":
+                self.break_pool(name, data.get("message", ""), data.get("removeNodes", True))
+            else:
+                raise ApiError(404, "NOT_FOUND", f"unknown pool action {action!r}")
+        except KeyError as err:
+            raise ApiError(404, "NOT_FOUND", str(err)) from None
+        return self._find(name).to_json()
+
+
+def _busy(op: _Operation, doing: str) -> ApiError:
+    cluster = op.target.split("/clusters/")[1].split("/")[0]
+    return ApiError(
+        400,
+        "FAILED_PRECONDITION",
+        f"Operation {op.name} is currently {doing} for cluster {cluster}. Please wait and try "
+        "again once it is done.",
+    )
+
+
+def _failure_message(failure: str, pool: _Pool, zone: str) -> str:
+    cluster = pool.cluster.rsplit("/", 1)[1]
+    instance = f"gke-{cluster}-{pool.name}-{secrets.token_hex(4)}-{secrets.token_hex(2)}"
+    project = pool.cluster.split("/")[1]
+    if failure == "quota":
+        return (
+            f"Google Compute Engine: Instance '{instance}' creation failed: Code: "
+            f"'GCE_QUOTA_EXCEEDED' Message: 'Quota 'TPU_CHIPS' exceeded. Limit: 0.0 in region "
+            f"{zone.rsplit('-', 1)[0]}.'"
+        )
+    return (
+        f"Google Compute Engine: Instance '{instance}' creation failed: Code: 'GCE_STOCKOUT' "
+        f"Message: 'The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+        "available to fulfill the request. Try a different zone, or try again later.'"
+    )
+
+
+def _node_group(pool: _Pool) -> NodeGroup:
+    config = pool.spec.get("config", {})
+    machine = str(config.get("machineType", ""))
+    zones = pool.spec.get("locations") or [pool.cluster.split("/")[3]]
+    count = int(pool.spec.get("initialNodeCount", 0)) * len(zones)
+    user = {str(k): str(v) for k, v in config.get("labels", {}).items()}
+    labels = dict(user)
+    labels[GKE_NODEPOOL_LABEL] = pool.name
+    labels[ZONE_LABEL] = zones[0]
+    spot = bool(config.get("spot") or config.get("preemptible"))
+    if spot:
+        labels[GKE_SPOT_LABEL] = "true"
+    tpu = TPU_MACHINES.get(machine)
+    accelerator = topology = None
+    chips = 0
+    if tpu is not None:
+        accelerator, chips = tpu.accelerator_label, tpu.chips_per_host
+        topology = pool.spec.get("placementPolicy", {}).get("tpuTopology") or (
+            tpu.single_host_topology()
+        )
+        labels[GKE_ACCELERATOR_LABEL] = accelerator
+        labels[GKE_TOPOLOGY_LABEL] = topology
+    return NodeGroup(
+        pool=pool.name,
+        count=count,
+        zone=zones[0],
+        machine_type=machine,
+        accelerator_label=accelerator,
+        topology=topology,
+        chips_per_host=chips,
+        spot=spot,
+        labels=labels,
+        user_labels=user,
+    )
+
+
+def _accelerator_type(parent: str, accel: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": f"{parent}/acceleratorTypes/{accel}", "type": accel}
+    with contextlib.suppress(catalog.CatalogError):
+        shape = catalog.slice_shape(accel)
+        config_type = _TPU_CONFIG_TYPES.get(shape.generation.prefix)
+        if config_type:
+            body["acceleratorConfigs"] = [{"type": config_type, "topology": shape.topology}]
+    return body
+
+
+def _parse_create(body: bytes) -> dict[str, Any]:
+    """Parse a CreateNodePoolRequest body with the API's own schema (unknown fields: 400)."""
+    request = cluster_service.CreateNodePoolRequest.pb()()
+    try:
+        json_format.Parse(body or b"{}", request)
+    except json_format.ParseError as err:
+        raise ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload received. {err}") from None
+    spec: dict[str, Any] = json_format.MessageToDict(request.node_pool)
+    if not spec.get("name"):
+        raise ApiError(400, "INVALID_ARGUMENT", "Node pool name must be specified.")
+    return spec
+
+
+# Routes: (HTTP method, regex) -> handler name.
+_SEG = r"([^/:?]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (m, re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}{p}$"), h)
+    for m, p, h in (
+        ("POST", rf"/clusters/{_SEG}/nodePools", "create_node_pool"),
+        ("GET", rf"/clusters/{_SEG}/nodePools", "list_node_pools"),
+        ("GET", rf"/clusters/{_SEG}/nodePools/{_SEG}", "get_node_pool"),
+        ("DELETE", rf"/clusters/{_SEG}/nodePools/{_SEG}", "delete_node_pool"),
+        ("GET", rf"/operations/{_SEG}", "get_operation"),
+        ("GET", r"/operations", "list_operations"),
+    )
+] + [
+    (
+        "GET",
+        re.compile(rf"^/v2/projects/{_SEG}/locations/{_SEG}/acceleratorTypes$"),
+        "list_accelerator_types",
+    )
+]
+
+
+def _route(method: str, path: str) -> tuple[str, tuple[str, ...]] | None:
+    for m, pattern, name in _ROUTES:
+        match = pattern.match(path)
+        if match and m == method:
+            return name, match.groups()
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    sim: GkeSimulator
+    protocol_version = "HTTP/1.1"  # keep-alive, as the client's requests session expects
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        status, payload = self.sim.handle(self.command, urlsplit(self.path).path, body)
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("gke-sim http " + format, *args)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_offered(items: list[str]) -> dict[str, list[str]]:
+    offered = {}
+    for item in items:
+        zone, _, types = item.partition("=")
+        offered[zone] = [t for t in types.split(",") if t]
+    return offered
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m multislice_operator.local.gke_sim",
+        description="Local GKE node-pool + Cloud TPU API simulator (prints its URL).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--kubeconfig", help="register kwok fake TPU nodes in this cluster")
+    parser.add_argument("--op-latency", type=float, default=1.5, help="seconds per create")
+    parser.add_argument("--delete-latency", type=float, default=None)
+    parser.add_argument("--max-concurrent-ops", type=int, default=None)
+    parser.add_argument("--preempt-recreate", type=float, default=None)
+    parser.add_argument(
+        "--cluster",
+        action="append",
+        default=None,
+        help="projects/P/locations/L/clusters/C that exists (default: any)",
+    )
+    parser.add_argument("--offered", action="append", default=[], metavar="ZONE=T1,T2")
+    parser.add_argument("--stockout-next", type=int, default=0)
+    parser.add_argument("--stockout-on-create", type=int, action="append", default=[])
+    parser.add_argument("--stockout-zone", action="append", default=[])
+    parser.add_argument("--quota-next", type=int, default=0)
+    parser.add_argument("--http-429-next", type=int, default=0)
+    parser.add_argument("--http-5xx-next", type=int, default=0)
+    parser.add_argument("--invalid-machine-type", action="append", default=[])
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    config = SimConfig(
+        op_latency_s=args.op_latency,
+        delete_latency_s=args.delete_latency,
+        max_concurrent_operations=args.max_concurrent_ops,
+        preempt_recreate_s=args.preempt_recreate,
+        clusters=args.cluster,
+        offered=_parse_offered(args.offered),
+    )
+    faults = Faults(
+        stockout_next=args.stockout_next,
+        stockout_on_create=args.stockout_on_create,
+        stockout_zones=args.stockout_zone,
+        quota_next=args.quota_next,
+        http_429_next=args.http_429_next,
+        http_5xx_next=args.http_5xx_next,
+        invalid_machine_types=args.invalid_machine_type,
+    )
+    registrar: NodeRegistrar | None = None
+    if args.kubeconfig:
+        registrar = KubeNodeRegistrar(os.fspath(args.kubeconfig))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with GkeSimulator(config, faults, registrar, host=args.host, port=args.port) as sim:
+        print(sim.url, flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1008 @@
+"""GKE node pools as the Provisioner of a Managed MultisliceJob: the I/O edge of gang provisioning.
+
+:class:`GkeProvisioner` implements :class:`~multislice_operator.provisioning.base.Provisioner`
+with the ``google-cloud-container`` client (``container_v1``, REST transport) and, for the
+availability check, ``google-cloud-tpu`` (``tpu_v2``, REST). The gang decisions (all or none,
+rollback, backoff) are the reconcile module's; this module only observes and starts operations.
+
+Rules it keeps:
+
+* Never blocks on a long-running operation: create/delete return once GKE accepted the call. The
+  operation name is remembered in memory per pool only to enrich observation with the operation's
+  error (``GCE_STOCKOUT``, ``GCE_QUOTA_EXCEEDED``, "does not have enough resources"). After a
+  restart (empty memory) observation works from ``list_node_pools`` alone: an ERROR pool carries
+  its ``statusMessage``. Level-based: nothing depends on having seen an event.
+* Idempotent: create of an existing pool adopts it when it is labelled with the same owner uid;
+  delete of a missing pool (or of one already being deleted) is success.
+* Every API call is retried in-process a few times (exponential backoff with jitter, see
+  :class:`RetryPolicy`) on transient failures: 429 (over REST ``TooManyRequests``, which is NOT a
+  ``ResourceExhausted``), 5xx, timeouts, connection errors, and "incompatible operation" /
+  "currently creating ..." 400 FAILED_PRECONDITION answers of a busy cluster. What is still
+  failing after that is reported as a transient :class:`PoolError` for the caller to retry later.
+* Errors are classified permanent (retrying cannot help: invalid argument, unknown machine type,
+  permission denied, missing cluster, missing reservation) or transient (everything else,
+  stockout and quota included: capacity comes back).
+
+Labels: every pool gets the plan's Kubernetes node labels plus ``multislice.dev/job-uid`` (on its
+nodes, and readable in ``config.labels`` through the GKE API), and GCE resource labels
+(``managed-by``, ``multislice-job-namespace``, ``-name``, ``-uid``, ``-key``, ``multislice-slice``)
+so the owner is recoverable from GKE alone (:meth:`GkeProvisioner.list_owned`, for the GC).
+
+The ``google.com/tpu=present:NoSchedule`` taint is not sent by default: GKE adds it to every TPU
+node itself; ``tpu_taint=True`` sends it explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import container_v1, tpu_v2
+from google.cloud.container_v1.types import cluster_service as cs
+
+from multislice_operator.plan import (
+    LABEL_JOB_KEY,
+    LABEL_JOB_NAME,
+    LABEL_JOB_NAMESPACE,
+    LABEL_JOB_UID,
+    LABEL_MANAGED_BY,
+    LABEL_SLICE,
+    MANAGED_BY,
+    NodePoolSpec,
+    Plan,
+)
+from multislice_operator.provisioning.base import (
+    ABSENT,
+    ERROR,
+    PROVISIONING,
+    RECONCILING,
+    RUNNING,
+    RUNNING_WITH_ERROR,
+    STOPPING,
+    ActionResult,
+    GangObservation,
+    PoolError,
+    PoolObservation,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# GCE resource labels (lowercase [a-z0-9_-], <= 63): the owner job, readable without Kubernetes.
+RL_MANAGED_BY = "managed-by"
+RL_JOB_NAMESPACE = "multislice-job-namespace"
+RL_JOB_NAME = "multislice-job-name"
+RL_JOB_UID = "multislice-job-uid"
+RL_JOB_KEY = "multislice-job-key"
+RL_SLICE = "multislice-slice"
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+TPU_TAINT_KEY = "google.com/tpu"
+
+# PoolError codes this module produces (besides the cloud's own GCE_* ones).
+CODE_STOCKOUT = "GCE_STOCKOUT"
+CODE_QUOTA = "GCE_QUOTA_EXCEEDED"
+CODE_RATE_LIMITED = "RATE_LIMITED"  # 429: API rate quota
+CODE_CLUSTER_BUSY = "CLUSTER_BUSY"  # "incompatible operation", "currently creating ..."
+CODE_UNAVAILABLE = "UNAVAILABLE"  # 5xx, timeouts, connection errors
+CODE_UNAUTHENTICATED = "UNAUTHENTICATED"  # token refresh failures (Workload Identity hiccups)
+CODE_INVALID = "INVALID_ARGUMENT"
+CODE_INVALID_MACHINE_TYPE = "INVALID_MACHINE_TYPE"
+CODE_RESERVATION = "RESERVATION_UNUSABLE"
+CODE_PERMISSION = "PERMISSION_DENIED"
+CODE_NOT_FOUND = "NOT_FOUND"  # the cluster or location does not exist
+CODE_ALREADY_EXISTS = "ALREADY_EXISTS"
+CODE_FAILED_PRECONDITION = "FAILED_PRECONDITION"
+CODE_CONFLICT = "CONFLICT"
+CODE_OWNED_BY_OTHER = "OWNED_BY_OTHER_JOB"  # same name, another job's uid: delete it first
+CODE_NAME_TAKEN = "NAME_TAKEN"  # same name, not created by this operator: never touched
+CODE_NOT_OFFERED = "ACCELERATOR_NOT_OFFERED"
+CODE_POOL_ERROR = "NODE_POOL_ERROR"  # an ERROR pool whose message says nothing more specific
+CODE_UNKNOWN = "UNKNOWN"
+
+_STATUS = {
+    "PROVISIONING": PROVISIONING,
+    "RUNNING": RUNNING,
+    "RUNNING_WITH_ERROR": RUNNING_WITH_ERROR,
+    "RECONCILING": RECONCILING,
+    "STOPPING": STOPPING,
+    "ERROR": ERROR,
+}
+
+_BUSY_RE = re.compile(
+    r"incompatible operation|is currently (creating|deleting|upgrading|updating|repairing|"
+    r"reconciling|resizing)|please wait and try again|too many operations|"
+    r"currently being (created|deleted|updated|repaired)",
+    re.IGNORECASE,
+)
+_DELETING_RE = re.compile(r"is currently deleting", re.IGNORECASE)
+_STOCKOUT_RE = re.compile(
+    r"GCE_STOCKOUT|ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|stockout|"
+    r"resource pool exhausted",
+    re.IGNORECASE,
+)
+_QUOTA_RE = re.compile(
+    r"GCE_QUOTA_EXCEEDED|QUOTA_EXCEEDED|quota '[^']*' exceeded|insufficient quota|"
+    r"exceeded quota",
+    re.IGNORECASE,
+)
+_MACHINE_RE = re.compile(
+    r"invalid machine type|machine type \S+ (does not exist|is not supported|is not available)|"
+    r"machine type '[^']*' does not exist",
+    re.IGNORECASE,
+)
+_RESERVATION_RE = re.compile(
+    r"reservation\b.*\b(not found|does not exist|incompatible|not compatible|cannot be used)",
+    re.IGNORECASE,
+)
+_PERMISSION_RE = re.compile(r"permission|forbidden|not authorized", re.IGNORECASE)
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
+_GCE_LABEL_RE = re.compile(r"[^a-z0-9_-]")
+
+
+# --------------------------------------------------------------------------------------------
+# Error classification
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What an exception means for the caller."""
+
+    code: str
+    message: str
+    permanent: bool  # retrying cannot help
+    retry_now: bool  # worth an in-process retry within seconds
+
+    def pool_error(
+        self, spec_or_name: NodePoolSpec | str, slice_index: int | None = None
+    ) -> PoolError:
+        if isinstance(spec_or_name, NodePoolSpec):
+            return PoolError(
+                spec_or_name.slice_index, spec_or_name.name, self.code, self.message, self.permanent
+            )
+        return PoolError(slice_index, spec_or_name, self.code, self.message, self.permanent)
+
+
+def _rpc_status(exc: gexc.GoogleAPICallError) -> str:
+    """The canonical status (``FAILED_PRECONDITION``...) of an API error, REST or gRPC."""
+    grpc_code = getattr(exc, "grpc_status_code", None)
+    if grpc_code is not None:
+        return str(getattr(grpc_code, "name", grpc_code))
+    response = getattr(exc, "response", None)
+    try:
+        status = response.json()["error"]["status"] if response is not None else ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        status = ""
+    return str(status or "")
+
+
+def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bool]:
+    """(code, permanent) of a failed operation's or an ERROR pool's message."""
+    if _STOCKOUT_RE.search(message):
+        return CODE_STOCKOUT, False
+    if _QUOTA_RE.search(message):
+        return CODE_QUOTA, False
+    if _MACHINE_RE.search(message):
+        return CODE_INVALID_MACHINE_TYPE, True
+    if _RESERVATION_RE.search(message):
+        return CODE_RESERVATION, True
+    if rpc_code == 3:  # google.rpc.Code INVALID_ARGUMENT
+        return CODE_INVALID, True
+    if rpc_code == 7 or (rpc_code is None and _PERMISSION_RE.search(message)):
+        return CODE_PERMISSION, True
+    return CODE_POOL_ERROR, False
+
+
+def classify_exception(exc: BaseException) -> Classified:
+    """Map an exception from a client call to a code, permanence and in-process retryability."""
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        return _classify_non_api(exc)
+    message = str(exc.message or exc)
+    status = _rpc_status(exc)
+    if isinstance(exc, gexc.Conflict | gexc.AlreadyExists):
+        if status == "ALREADY_EXISTS" or "already exists" in message.lower():
+            return Classified(CODE_ALREADY_EXISTS, message, False, False)
+        return Classified(CODE_CONFLICT, message, False, True)
+    if _BUSY_RE.search(message):
+        return Classified(CODE_CLUSTER_BUSY, message, False, True)
+    if isinstance(exc, gexc.TooManyRequests | gexc.ResourceExhausted):
+        return Classified(CODE_RATE_LIMITED, message, False, True)
+    if isinstance(exc, gexc.ServerError | gexc.DeadlineExceeded | gexc.ServiceUnavailable):
+        return Classified(CODE_UNAVAILABLE, message, False, True)
+    code, _ = classify_message(message)
+    if code in (CODE_STOCKOUT, CODE_QUOTA):
+        return Classified(code, message, False, False)
+    if isinstance(exc, gexc.Unauthorized):
+        return Classified(CODE_UNAUTHENTICATED, message, False, True)
+    if isinstance(exc, gexc.Forbidden):
+        return Classified(CODE_PERMISSION, message, True, False)
+    if isinstance(exc, gexc.NotFound):
+        return Classified(CODE_NOT_FOUND, message, True, False)
+    if status == "FAILED_PRECONDITION" or isinstance(exc, gexc.FailedPrecondition):
+        return Classified(CODE_FAILED_PRECONDITION, message, False, False)
+    if isinstance(exc, gexc.ClientError):
+        if code in (CODE_INVALID_MACHINE_TYPE, CODE_RESERVATION):
+            return Classified(code, message, True, False)
+        return Classified(CODE_INVALID, message, True, False)
+    return Classified(CODE_UNKNOWN, message, False, False)
+
+
+def _classify_non_api(exc: BaseException) -> Classified:
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, auth_exc.RefreshError | auth_exc.TransportError):
+        return Classified(CODE_UNAUTHENTICATED, message, False, True)
+    if isinstance(exc, requests.exceptions.RequestException | OSError | TimeoutError):
+        return Classified(CODE_UNAVAILABLE, message, False, True)
+    return Classified(CODE_UNKNOWN, message, False, False)
+
+
+# --------------------------------------------------------------------------------------------
+# Retry policy, metadata server, settings
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """In-process retries of one API call: ``attempts`` tries, exponential delays with jitter."""
+
+    attempts: int = 3
+    initial_s: float = 0.5
+    max_s: float = 4.0
+    multiplier: float = 2.0
+    jitter: float = 0.5  # this fraction of each delay is drawn at random
+
+    def delay(self, retry: int) -> float:
+        """Delay before retry number ``retry`` (1-based)."""
+        base = min(self.max_s, self.initial_s * self.multiplier ** (retry - 1))
+        return base * (1 - self.jitter) + random.uniform(0, base * self.jitter)
+
+
+@dataclass(frozen=True)
+class GkeMetadata:
+    project: str
+    cluster: str
+    location: str  # the cluster's location: a region or a zone
+    zone: str  # the zone of the VM the operator runs on
+
+
+class MetadataError(RuntimeError):
+    """The GKE metadata server could not be read (not on GKE, or no access)."""
+
+
+METADATA_HOST_ENV = "GCE_METADATA_HOST"  # google-auth's own override, honoured here too
+DEFAULT_METADATA_HOST = "metadata.google.internal"
+
+
+def read_gke_metadata(host: str | None = None, timeout_s: float = 2.0) -> GkeMetadata:
+    """Project, cluster name and location from the GKE metadata server (blocking; at startup).
+
+    Reads ``project/project-id``, ``instance/attributes/cluster-name``,
+    ``instance/attributes/cluster-location`` and ``instance/zone`` under
+    ``http://HOST/computeMetadata/v1/`` with the ``Metadata-Flavor: Google`` header. HOST is
+    ``host``, else ``$GCE_METADATA_HOST``, else ``metadata.google.internal``.
+    """
+    base = host or os.environ.get(METADATA_HOST_ENV) or DEFAULT_METADATA_HOST
+    if not base.startswith(("http://", "https://")):
+        base = f"http://{base}"
+    root = f"{base.rstrip('/')}/computeMetadata/v1/"
+
+    def get(path: str) -> str:
+        request = urllib.request.Request(root + path, headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return str(response.read().decode().strip())
+        except (urllib.error.URLError, OSError) as err:
+            raise MetadataError(f"metadata server {root}{path}: {err}") from err
+
+    zone = get("instance/zone").rsplit("/", 1)[-1]
+    return GkeMetadata(
+        project=get("project/project-id"),
+        cluster=get("instance/attributes/cluster-name"),
+        location=get("instance/attributes/cluster-location"),
+        zone=zone,
+    )
+
+
+def gce_label_value(value: str) -> str:
+    """A GCE resource label value: lowercase [a-z0-9_-], at most 63 characters."""
+    return _GCE_LABEL_RE.sub("-", value.lower())[:63]
+
+
+# --------------------------------------------------------------------------------------------
+# Node pool messages
+
+
+def build_node_pool(
+    plan: Plan,
+    spec: NodePoolSpec,
+    owner_uid: str,
+    node_locations: list[str],
+    tpu_taint: bool = False,
+) -> cs.NodePool:
+    """The GKE NodePool for one slice, as create_node_pool sends it."""
+    labels = dict(spec.node_labels)
+    labels[LABEL_JOB_UID] = owner_uid
+    config = cs.NodeConfig(
+        machine_type=spec.machine_type,
+        labels=labels,
+        resource_labels=_resource_labels(plan, spec, owner_uid),
+        spot=spec.spot,
+    )
+    affinity = _reservation_affinity(spec.reservation)
+    if affinity is not None:
+        config.reservation_affinity = affinity
+    if tpu_taint and spec.gke_accelerator:
+        config.taints = [
+            cs.NodeTaint(key=TPU_TAINT_KEY, value="present", effect=cs.NodeTaint.Effect.NO_SCHEDULE)
+        ]
+    pool = cs.NodePool(
+        name=spec.name,
+        initial_node_count=spec.node_count,
+        locations=list(node_locations),
+        config=config,
+        management=cs.NodeManagement(auto_repair=True, auto_upgrade=False),
+    )
+    if spec.tpu_topology:
+        pool.placement_policy = cs.NodePool.PlacementPolicy(
+            type_=cs.NodePool.PlacementPolicy.Type.COMPACT, tpu_topology=spec.tpu_topology
+        )
+    return pool
+
+
+def _reservation_affinity(reservation: str | None) -> cs.ReservationAffinity | None:
+    kind = cs.ReservationAffinity.Type
+    if reservation is None:
+        return None
+    if reservation == "":
+        return cs.ReservationAffinity(consume_reservation_type=kind.ANY_RESERVATION)
+    return cs.ReservationAffinity(
+        consume_reservation_type=kind.SPECIFIC_RESERVATION,
+        key=RESERVATION_KEY,
+        values=[reservation],
+    )
+
+
+def _resource_labels(plan: Plan, spec: NodePoolSpec, owner_uid: str) -> dict[str, str]:
+    return {
+        RL_MANAGED_BY: gce_label_value(MANAGED_BY),
+        RL_JOB_NAMESPACE: gce_label_value(plan.namespace),
+        RL_JOB_NAME: gce_label_value(plan.name),
+        RL_JOB_UID: gce_label_value(owner_uid),
+        RL_JOB_KEY: gce_label_value(plan.job_key),
+        RL_SLICE: str(spec.slice_index),
+    }
+
+
+@dataclass(frozen=True)
+class OwnedPool(PoolObservation):
+    """A pool this operator created, with its owner job as GKE records it (for the GC)."""
+
+    namespace: str | None = None
+    job_name: str | None = None
+    job_key: str | None = None
+    machine_type: str = ""
+    locations: tuple[str, ...] = ()
+
+
+@dataclass
+class _OpRecord:
+    """An operation this process started on a pool; enriches observation only."""
+
+    path: str  # projects/P/locations/L/operations/O
+    kind: str  # "create" | "delete"
+    done: bool = False
+    error: PoolError | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# The provisioner
+
+
+class GkeProvisioner:
+    """Creates, observes and deletes a plan's node pools in one GKE cluster.
+
+    ``node_locations``: zones for the pools (a TPU slice lives in one zone: give one); default
+    ``[location]`` for a zonal cluster. ``client``/``tpu_client`` may be injected; otherwise
+    they are built with ``credentials`` (None: Application Default Credentials, i.e. Workload
+    Identity on GKE), ``transport`` (default REST) and ``client_options``. Close with
+    :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        location: str,
+        cluster: str,
+        node_locations: list[str] | None = None,
+        *,
+        client: container_v1.ClusterManagerClient | None = None,
+        tpu_client: tpu_v2.TpuClient | None = None,
+        credentials: Credentials | None = None,
+        transport: str = "rest",
+        client_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        call_timeout_s: float = 30.0,
+        max_concurrency: int = 32,
+        offered_ttl_s: float = 600.0,
+        tpu_taint: bool = False,
+    ) -> None:
+        if not node_locations:
+            if not _ZONE_RE.match(location):
+                raise ValueError(
+                    f"cluster location {location!r} is a region: give node_locations (one zone)"
+                )
+            node_locations = [location]
+        if len(node_locations) > 1:
+            log.warning(
+                "gke several node locations for TPU slices locations=%s (a slice needs one zone)",
+                ",".join(node_locations),
+            )
+        self.project, self.location, self.cluster = project, location, cluster
+        self.node_locations = list(node_locations)
+        self.retry = retry or RetryPolicy()
+        self.call_timeout_s = call_timeout_s
+        self.offered_ttl_s = offered_ttl_s
+        self.tpu_taint = tpu_taint
+        self._client_args: dict[str, Any] = {
+            "credentials": credentials,
+            "transport": transport,
+            "client_options": dict(client_options) if client_options else None,
+        }
+        self._client = client or container_v1.ClusterManagerClient(**self._client_args)
+        self._tpu_client = tpu_client
+        self._executor = ThreadPoolExecutor(max_concurrency, thread_name_prefix="gke-api")
+        self._max_concurrency = max_concurrency
+        _widen_connection_pool(self._client, max_concurrency)
+        self._ops: dict[str, _OpRecord] = {}  # by pool name
+        self._offered: dict[str, tuple[float, frozenset[str]]] = {}  # zone -> (expiry, types)
+
+    # -- construction helpers -------------------------------------------------------------------
+
+    @classmethod
+    def from_endpoint(
+        cls,
+        endpoint: str,
+        project: str,
+        location: str,
+        cluster: str,
+        node_locations: list[str] | None = None,
+        **kwargs: Any,
+    ) -> GkeProvisioner:
+        """Anonymous REST client against a local endpoint (the simulator): ``http://host:port``."""
+        return cls(
+            project,
+            location,
+            cluster,
+            node_locations,
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+            transport="rest",
+            client_options={"api_endpoint": endpoint},
+            **kwargs,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        project: str | None = None,
+        location: str | None = None,
+        cluster: str | None = None,
+        node_locations: Iterable[str] | None = None,
+        endpoint: str | None = None,
+        metadata_host: str | None = None,
+        **kwargs: Any,
+    ) -> GkeProvisioner:
+        """Build from operator settings; what is missing comes from the GKE metadata server.
+
+        With ``endpoint`` (the local simulator) nothing is read from the metadata server and
+        project/location/cluster must be given. Otherwise credentials are ADC.
+        """
+        zones = [z for z in (node_locations or []) if z]
+        if endpoint:
+            if not (project and location and cluster):
+                raise ValueError("with an endpoint, give project, location and cluster")
+            return cls.from_endpoint(endpoint, project, location, cluster, zones, **kwargs)
+        if not (project and location and cluster):
+            meta = read_gke_metadata(metadata_host)
+            project, location = project or meta.project, location or meta.location
+            cluster = cluster or meta.cluster
+            log.info(
+                "gke settings from metadata project=%s location=%s cluster=%s",
+                project,
+                location,
+                cluster,
+            )
+        return cls(project, location, cluster, zones or None, **kwargs)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for c in (self._client, self._tpu_client):
+            transport = getattr(c, "transport", None)
+            if transport is not None:
+                transport.close()
+
+    # -- paths ----------------------------------------------------------------------------------
+
+    @property
+    def cluster_path(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+
+    def pool_path(self, name: str) -> str:
+        return f"{self.cluster_path}/nodePools/{name}"
+
+    def operation_path(self, op_name: str) -> str:
+        if op_name.startswith("projects/"):
+            return op_name
+        return f"projects/{self.project}/locations/{self.location}/operations/{op_name}"
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        pool: str = "",
+        give_up: Callable[[Classified], bool] | None = None,
+    ) -> T:
+        """Run a blocking client call in the worker pool, retrying transient failures."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return await loop.run_in_executor(self._executor, fn)
+            except Exception as exc:
+                c = classify_exception(exc)
+                last = attempt == self.retry.attempts
+                if not c.retry_now or last or (give_up is not None and give_up(c)):
+                    raise
+                delay = self.retry.delay(attempt)
+                log.info(
+                    "gke retry call=%s pool=%s attempt=%d code=%s delay_s=%.2f msg=%r",
+                    what,
+                    pool,
+                    attempt,
+                    c.code,
+                    delay,
+                    c.message[:200],
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _list_pools(self) -> list[cs.NodePool]:
+        response = await self._call(
+            "list_node_pools",
+            functools.partial(
+                self._client.list_node_pools,
+                parent=self.cluster_path,
+                retry=None,
+                timeout=self.call_timeout_s,
+            ),
+        )
+        return list(response.node_pools)
+
+    # -- Provisioner: create --------------------------------------------------------------------
+
+    async def create(self, plan: Plan, pools: list[NodePoolSpec], owner_uid: str) -> ActionResult:
+        """Start creating every pool concurrently; existing pools of the same owner are adopted.
+
+        A pool of the same name labelled with another owner uid is reported as a transient
+        ``OWNED_BY_OTHER_JOB`` error (the caller should delete it, then create again); one without
+        this operator's managed-by label is a permanent ``NAME_TAKEN`` error (never touched).
+        """
+        errors = await asyncio.gather(*(self._create_one(plan, s, owner_uid) for s in pools))
+        return ActionResult(errors=[e for e in errors if e is not None])
+
+    async def _create_one(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
+        pool = build_node_pool(plan, spec, owner_uid, self.node_locations, self.tpu_taint)
+        call = functools.partial(
+            self._client.create_node_pool,
+            parent=self.cluster_path,
+            node_pool=pool,
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            op = await self._call("create_node_pool", call, spec.name)
+        except Exception as exc:
+            c = classify_exception(exc)
+            if c.code == CODE_ALREADY_EXISTS:
+                return await self._adopt(spec, owner_uid)
+            self._log_failure("create", plan, spec.name, c)
+            return c.pool_error(spec)
+        self._ops[spec.name] = _OpRecord(self.operation_path(op.name), "create")
+        log.info(
+            "gke create started pool=%s slice=%d job=%s/%s uid=%s op=%s machine=%s nodes=%d",
+            spec.name,
+            spec.slice_index,
+            plan.namespace,
+            plan.name,
+            owner_uid,
+            op.name,
+            spec.machine_type,
+            spec.node_count,
+        )
+        return None
+
+    async def _adopt(self, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
+        call = functools.partial(
+            self._client.get_node_pool,
+            name=self.pool_path(spec.name),
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            existing = await self._call("get_node_pool", call, spec.name)
+        except Exception as exc:
+            c = classify_exception(exc)
+            if c.code == CODE_NOT_FOUND:  # deleted since the 409: the next create will do
+                return PoolError(
+                    spec.slice_index,
+                    spec.name,
+                    CODE_CONFLICT,
+                    "pool vanished while adopting",
+                    False,
+                )
+            return c.pool_error(spec)
+        labels = dict(existing.config.labels)
+        owner = labels.get(LABEL_JOB_UID) or existing.config.resource_labels.get(RL_JOB_UID)
+        managed = _is_managed(existing)
+        if not managed:
+            return PoolError(
+                spec.slice_index,
+                spec.name,
+                CODE_NAME_TAKEN,
+                f"a node pool named {spec.name} exists and was not created by {MANAGED_BY}; "
+                "rename the job or delete that pool",
+                True,
+            )
+        if owner and owner != owner_uid:
+            return PoolError(
+                spec.slice_index,
+                spec.name,
+                CODE_OWNED_BY_OTHER,
+                f"node pool {spec.name} exists and belongs to job uid {owner} (a previous job of "
+                "the same name); delete it, then create again",
+                False,
+            )
+        log.info(
+            "gke create adopted pool=%s slice=%d status=%s uid=%s",
+            spec.name,
+            spec.slice_index,
+            existing.status.name,
+            owner_uid,
+        )
+        return None
+
+    # -- Provisioner: delete --------------------------------------------------------------------
+
+    async def delete(self, plan: Plan, pool_names: list[str]) -> ActionResult:
+        """Start deleting pools concurrently; missing ones, or ones being deleted, are success."""
+        slices = {p.name: p.slice_index for p in plan.node_pools}
+        errors = await asyncio.gather(*(self._delete_one(n, slices.get(n)) for n in pool_names))
+        return ActionResult(errors=[e for e in errors if e is not None])
+
+    async def delete_named(self, pool_names: list[str]) -> ActionResult:
+        """Delete pools known only by name (the garbage collector's orphans)."""
+        errors = await asyncio.gather(*(self._delete_one(n, None) for n in pool_names))
+        return ActionResult(errors=[e for e in errors if e is not None])
+
+    async def _delete_one(self, name: str, slice_index: int | None) -> PoolError | None:
+        call = functools.partial(
+            self._client.delete_node_pool,
+            name=self.pool_path(name),
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+
+        def deleting(c: Classified) -> bool:
+            return bool(_DELETING_RE.search(c.message))
+
+        try:
+            op = await self._call("delete_node_pool", call, name, give_up=deleting)
+        except Exception as exc:
+            c = classify_exception(exc)
+            if c.code == CODE_NOT_FOUND:
+                self._ops.pop(name, None)
+                log.info("gke delete pool=%s already gone", name)
+                return None
+            if deleting(c):
+                log.info("gke delete pool=%s already being deleted", name)
+                return None
+            log.warning(
+                "gke delete failed pool=%s code=%s permanent=%s msg=%r",
+                name,
+                c.code,
+                c.permanent,
+                c.message[:300],
+            )
+            return c.pool_error(name, slice_index)
+        self._ops[name] = _OpRecord(self.operation_path(op.name), "delete")
+        log.info("gke delete started pool=%s slice=%s op=%s", name, slice_index, op.name)
+        return None
+
+    # -- Provisioner: observe -------------------------------------------------------------------
+
+    async def observe(self, plan: Plan) -> GangObservation:
+        """One ``list_node_pools`` call mapped to every pool of the plan (ABSENT when missing).
+
+        When the list call fails, ``pools`` is empty and ``errors`` holds the failure: the state
+        is unknown then, not absent, and the caller must not act on it.
+        """
+        obs = GangObservation()
+        try:
+            listed = {p.name: p for p in await self._list_pools()}
+        except Exception as exc:
+            c = classify_exception(exc)
+            self._log_failure("observe", plan, "", c)
+            obs.errors.append(c.pool_error("", None))
+            obs.complete = False
+            return obs
+        await self._poll_operations(plan, listed)
+        for spec in plan.node_pools:
+            obs.pools[spec.name] = self._observation(spec, listed.get(spec.name))
+            err = obs.pools[spec.name].error
+            if err is not None:
+                obs.errors.append(err)
+        return obs
+
+    def _observation(self, spec: NodePoolSpec, pool: cs.NodePool | None) -> PoolObservation:
+        record = self._ops.get(spec.name)
+        if pool is None:
+            if record is not None and record.kind == "delete":
+                self._ops.pop(spec.name, None)  # the delete finished
+                record = None
+            error = record.error if record is not None else None
+            pending = record is not None and not record.done
+            return PoolObservation(
+                spec.name, spec.slice_index, ABSENT, error=error, operation_pending=pending
+            )
+        return _map_pool(pool, spec.slice_index, record)
+
+    async def _poll_operations(self, plan: Plan, listed: Mapping[str, cs.NodePool]) -> None:
+        """Read the operations worth reading: creates whose pool is absent or in error."""
+        wanted: dict[str, _OpRecord] = {}
+        for spec in plan.node_pools:
+            record = self._ops.get(spec.name)
+            if record is None or record.done or record.kind != "create":
+                continue
+            pool = listed.get(spec.name)
+            status = pool.status.name if pool is not None else ABSENT
+            if status == RUNNING:
+                self._ops.pop(spec.name, None)  # nothing left to learn from it
+            elif status in (ABSENT, ERROR, RUNNING_WITH_ERROR):
+                wanted[spec.name] = record
+        if not wanted:
+            return
+        try:
+            ops = await self._read_operations([r.path for r in wanted.values()])
+        except Exception as exc:  # enrichment only: the pool status still tells the story
+            c = classify_exception(exc)
+            log.warning("gke operation poll failed code=%s msg=%r", c.code, c.message[:200])
+            return
+        slices = {p.name: p.slice_index for p in plan.node_pools}
+        for name, record in wanted.items():
+            op = ops.get(record.path)
+            if op is not None:
+                _apply_operation(record, op, name, slices.get(name))
+
+    async def _read_operations(self, paths: list[str]) -> dict[str, cs.Operation]:
+        if len(paths) == 1:
+            call = functools.partial(
+                self._client.get_operation, name=paths[0], retry=None, timeout=self.call_timeout_s
+            )
+            op = await self._call("get_operation", call)
+            return {paths[0]: op}
+        parent = f"projects/{self.project}/locations/{self.location}"
+        call_list = functools.partial(
+            self._client.list_operations, parent=parent, retry=None, timeout=self.call_timeout_s
+        )
+        response = await self._call("list_operations", call_list)
+        return {self.operation_path(o.name): o for o in response.operations}
+
+    # -- Provisioner: check_offered -------------------------------------------------------------
+
+    async def check_offered(self, plan: Plan) -> PoolError | None:
+        """A permanent error when no node zone offers the plan's accelerator type.
+
+        Cloud TPU ``list_accelerator_types`` per zone, cached ``offered_ttl_s``. When the check
+        itself fails, None (an availability check must not block provisioning) and a log line.
+        """
+        wanted = plan.shape.accelerator
+        offered: dict[str, frozenset[str]] = {}
+        for zone in self.node_locations:
+            types = await self._offered_types(zone)
+            if types is None:
+                return None
+            if wanted in types:
+                return None
+            offered[zone] = types
+        message = f"{wanted} is not offered in zone(s) {', '.join(self.node_locations)}; " + (
+            "; ".join(f"{z} offers {_describe_offered(wanted, t)}" for z, t in offered.items())
+        )
+        log.warning("gke accelerator not offered accelerator=%s zones=%s", wanted, list(offered))
+        return PoolError(None, "", CODE_NOT_OFFERED, message, True)
+
+    async def _offered_types(self, zone: str) -> frozenset[str] | None:
+        cached = self._offered.get(zone)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        parent = f"projects/{self.project}/locations/{zone}"
+
+        def fetch() -> frozenset[str]:
+            client = self._tpu()
+            pager = client.list_accelerator_types(
+                parent=parent, retry=None, timeout=self.call_timeout_s
+            )
+            return frozenset(t.type_ for t in pager)
+
+        try:
+            types = await self._call("list_accelerator_types", fetch)
+        except Exception as exc:
+            c = classify_exception(exc)
+            log.warning(
+                "gke accelerator check skipped zone=%s code=%s msg=%r",
+                zone,
+                c.code,
+                c.message[:200],
+            )
+            return None
+        self._offered[zone] = (time.monotonic() + self.offered_ttl_s, types)
+        return types
+
+    def _tpu(self) -> tpu_v2.TpuClient:
+        if self._tpu_client is None:
+            self._tpu_client = tpu_v2.TpuClient(**self._client_args)
+            _widen_connection_pool(self._tpu_client, self._max_concurrency)
+        return self._tpu_client
+
+    # -- Provisioner: list_owned ----------------------------------------------------------------
+
+    async def list_owned(self) -> list[PoolObservation]:
+        """Every pool of the cluster labelled managed-by this operator, as :class:`OwnedPool`.
+
+        Raises the client's exception when the list call fails (the GC retries next round).
+        """
+        pools = await self._list_pools()
+        owned: list[PoolObservation] = []
+        for pool in pools:
+            if not _is_managed(pool):
+                continue
+            record = self._ops.get(pool.name)
+            base = _map_pool(pool, _slice_of(pool), record)
+            labels = dict(pool.config.labels)
+            owned.append(
+                OwnedPool(
+                    **{f: getattr(base, f) for f in PoolObservation.__dataclass_fields__},
+                    namespace=labels.get(LABEL_JOB_NAMESPACE),
+                    job_name=labels.get(LABEL_JOB_NAME),
+                    job_key=labels.get(LABEL_JOB_KEY),
+                    machine_type=pool.config.machine_type,
+                    locations=tuple(pool.locations),
+                )
+            )
+        return owned
+
+    # -- logging --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _log_failure(what: str, plan: Plan, pool: str, c: Classified) -> None:
+        level = logging.ERROR if c.permanent else logging.WARNING
+        log.log(
+            level,
+            "gke %s failed job=%s/%s pool=%s code=%s permanent=%s msg=%r",
+            what,
+            plan.namespace,
+            plan.name,
+            pool,
+            c.code,
+            c.permanent,
+            c.message[:300],
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Mapping helpers
+
+
+def _widen_connection_pool(client: Any, size: int) -> None:
+    # The REST transport's requests session keeps 10 connections per host by default; concurrent
+    # creates of a large gang would otherwise open and drop connections ("pool is full").
+    session = getattr(getattr(client, "_transport", None), "_session", None)
+    if isinstance(session, requests.Session):
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=size)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+
+
+def _is_managed(pool: cs.NodePool) -> bool:
+    labels = pool.config.labels
+    resource = pool.config.resource_labels
+    return labels.get(LABEL_MANAGED_BY) == MANAGED_BY or resource.get(RL_MANAGED_BY) == (
+        gce_label_value(MANAGED_BY)
+    )
+
+
+def _slice_of(pool: cs.NodePool) -> int | None:
+    raw = pool.config.labels.get(LABEL_SLICE) or pool.config.resource_labels.get(RL_SLICE)
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def _map_pool(
+    pool: cs.NodePool, slice_index: int | None, record: _OpRecord | None
+) -> PoolObservation:
+    status = _STATUS.get(pool.status.name, RECONCILING)
+    error: PoolError | None = None
+    if status in (ERROR, RUNNING_WITH_ERROR):
+        if record is not None and record.error is not None:
+            error = record.error
+        else:
+            message = pool.status_message or f"node pool is {status} (GKE gave no message)"
+            code, permanent = classify_message(message)
+            error = PoolError(slice_index, pool.name, code, message, permanent)
+    elif record is not None and record.error is not None and status == PROVISIONING:
+        error = record.error
+    labels = pool.config.labels
+    owner = labels.get(LABEL_JOB_UID) or pool.config.resource_labels.get(RL_JOB_UID)
+    pending = status in (PROVISIONING, STOPPING, RECONCILING) or (
+        record is not None and not record.done
+    )
+    return PoolObservation(
+        name=pool.name,
+        slice_index=slice_index,
+        status=status,
+        node_count=pool.initial_node_count * max(1, len(pool.locations)),
+        owner_uid=owner or None,
+        error=error,
+        operation_pending=pending,
+    )
+
+
+def _apply_operation(
+    record: _OpRecord, op: cs.Operation, pool: str, slice_index: int | None
+) -> None:
+    if op.status != cs.Operation.Status.DONE:
+        return
+    record.done = True
+    message = op.error.message or op.status_message
+    if message:
+        code, permanent = classify_message(message, op.error.code or None)
+        record.error = PoolError(slice_index, pool, code, message, permanent)
+        log.info("gke operation failed pool=%s op=%s code=%s", pool, op.name, code)
+
+
+def _describe_offered(wanted: str, types: frozenset[str]) -> str:
+    family = wanted.rsplit("-", 1)[0]
+    same = sorted(
+        (t for t in types if t.rsplit("-", 1)[0] == family),
+        key=lambda t: int(t.rsplit("-", 1)[1]) if t.rsplit("-", 1)[1].isdigit() else 0,
+    )
+    if same:
+        return f"{family} sizes {', '.join(same)}"
+    families = sorted({t.rsplit("-", 1)[0] for t in types})
+    return f"no {family}; families {', '.join(families) or 'none'}"
+
+
+__all__ = [
+    "Classified",
+    "GkeMetadata",
+    "GkeProvisioner",
+    "MetadataError",
+    "OwnedPool",
+    "RetryPolicy",
+    "build_node_pool",
+    "classify_exception",
+    "classify_message",
+    "gce_label_value",
+    "read_gke_metadata",
+]

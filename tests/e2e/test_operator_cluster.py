@@ -1,0 +1,199 @@
+"""The operator with the real JobSet controller, scheduler and kwok nodes (cluster profile).
+
+Nobody patches status here: the JobSet controller, the Job controller and kwok drive everything.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator.api import models
+from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
+from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION, fail_pod
+
+ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
+
+
+@pytest.fixture(scope="module")
+def op(kube_cluster, tmp_path_factory):
+    api = kube_cluster.api_client()
+    install_crds(api)
+    log = tmp_path_factory.mktemp("op") / "operator.log"
+    proc = OperatorProcess(kube_cluster.kubeconfig, ["--resync-seconds", "2"], log_path=log)
+    proc.start()
+    yield proc
+    proc.stop()
+    api.close()
+
+
+@pytest.fixture
+def env(kube_cluster, op, namespace, tpu_nodes, kube_client):
+    api = kube_client(kube_cluster)
+    ns = namespace(kube_cluster, "e2e")
+    for p in range(2):
+        # Each test's pools carry its namespace, and its jobs select them (Existing mode honours
+        # the template's nodeSelector), so a test never lands on another test's nodes.
+        tpu_nodes(f"{ns}-pool-{p}", 4, ACCEL, TOPO, 4, extra_labels={"e2e-test": ns})
+    return api, ns, op
+
+
+def job(name: str, run: str, ns: str, **spec) -> dict:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "provisioning": {"mode": "Existing"},
+            "failurePolicy": {"maxRestarts": 3, "nonRetryableExitCodes": [42]},
+            "template": {
+                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
+                "spec": {
+                    "nodeSelector": {"e2e-test": ns},
+                    "containers": [{"name": "train", "image": "example.invalid/t:1"}],
+                },
+            },
+            **spec,
+        },
+    }
+
+
+def get(api, ns, name):
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, name
+    )
+
+
+def wait_phase(api, ns, name, phase, op, timeout=90):
+    def check():
+        obj = get(api, ns, name)
+        current = (obj.get("status") or {}).get("phase")
+        if phase != "Failed" and current == "Failed":
+            raise AssertionError(f"job failed: {obj['status']}")
+        return obj if current == phase else None
+
+    return wait_for(
+        check,
+        timeout,
+        f"{name} {phase}",
+        interval=0.5,
+        on_timeout=lambda: f"{get(api, ns, name).get('status')}\n{op.log_tail(30)}",
+    )
+
+
+def pods(api, ns, name):
+    return (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(ns, label_selector=f"multislice.dev/job-name={name}")
+        .items
+    )
+
+
+def create(api, ns, body):
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, body
+    )
+
+
+def events(api, ns, name):
+    items = (
+        client.CoreV1Api(api)
+        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        .items
+    )
+    return {e.reason for e in items}
+
+
+def test_job_succeeds_on_its_own(env):
+    api, ns, op = env
+    create(api, ns, job("ok", "3s", ns))
+    running = wait_phase(api, ns, "ok", "Running", op)
+    assert running["status"]["readySlices"] == "2/2"
+    ps = pods(api, ns, "ok")
+    assert len(ps) == 8
+    # exclusive placement: each slice's pods on one node pool of its own
+    pools_by_slice: dict[str, set[str]] = {}
+    nodes = {n.metadata.name: n for n in client.CoreV1Api(api).list_node().items}
+    for p in ps:
+        pool = nodes[p.spec.node_name].metadata.labels["cloud.google.com/gke-nodepool"]
+        pools_by_slice.setdefault(p.metadata.labels["jobset.sigs.k8s.io/job-index"], set()).add(
+            pool
+        )
+    assert all(len(v) == 1 for v in pools_by_slice.values())
+    assert len(set().union(*pools_by_slice.values())) == 2
+    env_names = {e.name for e in ps[0].spec.containers[0].env}
+    assert {"MEGASCALE_SLICE_ID", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES"} <= env_names
+    done = wait_phase(api, ns, "ok", "Succeeded", op)
+    assert done["status"]["restarts"] == 0
+
+
+def test_retryable_failure_restarts_all_slices_then_succeeds(env):
+    api, ns, op = env
+    create(api, ns, job("retry", "6s", ns))
+    wait_phase(api, ns, "retry", "Running", op)
+    victim = sorted(p.metadata.name for p in pods(api, ns, "retry"))[0]
+    fail_pod(api, ns, victim, 17)
+
+    def restarted():
+        status = get(api, ns, "retry").get("status") or {}
+        return status if status.get("restarts", 0) >= 1 else None
+
+    wait_for(restarted, 60, "restart counted", interval=0.5, on_timeout=op.log_tail)
+    fresh = [
+        p
+        for p in pods(api, ns, "retry")
+        if p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt") == "1"
+    ]
+    wait_for(
+        lambda: (
+            len(
+                [
+                    p
+                    for p in pods(api, ns, "retry")
+                    if p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt") == "1"
+                ]
+            )
+            == 8
+        ),
+        60,
+        "all 8 pods of both slices recreated",
+    )
+    done = wait_phase(api, ns, "retry", "Succeeded", op)
+    assert done["status"]["restarts"] == 1
+    assert "RestartingAllSlices" in events(api, ns, "retry")
+    assert fresh is not None
+
+
+def test_non_retryable_failure_fails_the_job(env):
+    api, ns, op = env
+    create(api, ns, job("fatal", "1h", ns))
+    wait_phase(api, ns, "fatal", "Running", op)
+    victim = sorted(p.metadata.name for p in pods(api, ns, "fatal"))[-1]
+    fail_pod(api, ns, victim, 42)
+    failed = wait_phase(api, ns, "fatal", "Failed", op)
+    assert victim in failed["status"]["message"]
+    assert "42" in failed["status"]["message"]
+    assert failed["status"]["restarts"] == 0
+
+
+def test_delete_cascades_to_jobset(env):
+    api, ns, op = env
+    create(api, ns, job("cascade", "1h", ns))
+    wait_phase(api, ns, "cascade", "Running", op)
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "cascade"
+    )
+
+    def jobset_gone():
+        try:
+            client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "cascade"
+            )
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(jobset_gone, 60, "JobSet garbage-collected with its owner")

@@ -1,0 +1,554 @@
+"""GkeProvisioner against the local GKE simulator: the real client library over REST."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import http.server
+import subprocess
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from google.api_core import exceptions as gexc
+
+from multislice_operator.local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
+from multislice_operator.plan import Plan, load_job, make_plan
+from multislice_operator.provisioning.base import (
+    ABSENT,
+    ERROR,
+    PROVISIONING,
+    RUNNING,
+    STOPPING,
+    GangObservation,
+)
+from multislice_operator.provisioning.gke import (
+    CODE_CLUSTER_BUSY,
+    CODE_INVALID_MACHINE_TYPE,
+    CODE_NOT_FOUND,
+    CODE_NOT_OFFERED,
+    CODE_OWNED_BY_OTHER,
+    CODE_QUOTA,
+    CODE_RATE_LIMITED,
+    CODE_STOCKOUT,
+    CODE_UNAVAILABLE,
+    GkeProvisioner,
+    OwnedPool,
+    RetryPolicy,
+    build_node_pool,
+    classify_exception,
+    classify_message,
+    read_gke_metadata,
+)
+
+T = TypeVar("T")
+PROJECT, ZONE, CLUSTER = "proj", "us-east5-b", "local"
+FAST_RETRY = RetryPolicy(attempts=4, initial_s=0.02, max_s=0.1)
+LATENCY = 0.2
+UID = "0b6e3c1e-1111-4c4c-9a9a-000000000001"
+
+BASE_JOB: dict[str, Any] = {
+    "apiVersion": "multislice.dev/v1alpha1",
+    "kind": "MultisliceJob",
+    "metadata": {"name": "llm", "namespace": "team-a"},
+    "spec": {
+        "accelerator": "v5litepod-16",
+        "slices": 3,
+        "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+    },
+}
+
+
+def plan_of(name: str = "llm", **spec: Any) -> Plan:
+    obj = copy.deepcopy(BASE_JOB)
+    obj["metadata"]["name"] = name
+    obj["spec"].update(spec)
+    job = load_job(obj)
+    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+async def until(prov: GkeProvisioner, plan: Plan, statuses: set[str]) -> GangObservation:
+    """Observe until every pool of the plan is in one of ``statuses`` (a few seconds at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        obs = await prov.observe(plan)
+        if all(p.status in statuses for p in obs.pools.values()):
+            return obs
+        assert time.monotonic() < deadline, obs
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def registrar() -> InMemoryRegistrar:
+    return InMemoryRegistrar()
+
+
+@pytest.fixture
+def sim(registrar: InMemoryRegistrar) -> Iterator[GkeSimulator]:
+    with GkeSimulator(SimConfig(op_latency_s=LATENCY), registrar=registrar) as s:
+        yield s
+
+
+@pytest.fixture
+def make_prov(sim: GkeSimulator) -> Iterator[Callable[..., GkeProvisioner]]:
+    made: list[GkeProvisioner] = []
+
+    def make(**kwargs: Any) -> GkeProvisioner:
+        kwargs.setdefault("retry", FAST_RETRY)
+        prov = GkeProvisioner.from_endpoint(sim.url, PROJECT, ZONE, CLUSTER, **kwargs)
+        made.append(prov)
+        return prov
+
+    yield make
+    for prov in made:
+        prov.close()
+
+
+@pytest.fixture
+def prov(make_prov: Callable[..., GkeProvisioner]) -> GkeProvisioner:
+    return make_prov()
+
+
+def test_gang_create_all_running_with_specs_on_the_wire(
+    sim: GkeSimulator, prov: GkeProvisioner, registrar: InMemoryRegistrar
+) -> None:
+    plan = plan_of(topology="4x4", capacity={"type": "Spot"})
+    sim.configure(op_latency_s=0.8)  # observe PROVISIONING before it ends, even under load
+
+    async def scenario() -> GangObservation:
+        first = await prov.observe(plan)
+        assert {p.status for p in first.pools.values()} == {ABSENT}
+        result = await prov.create(plan, plan.node_pools, UID)
+        assert result.errors == []
+        provisioning = await prov.observe(plan)
+        assert {p.status for p in provisioning.pools.values()} == {PROVISIONING}
+        assert all(p.operation_pending for p in provisioning.pools.values())
+        return await until(prov, plan, {RUNNING})
+
+    obs = run(scenario())
+    assert sim.counters()["peakConcurrentOperations"] == 3  # created concurrently
+    assert [(p.slice_index, p.node_count, p.owner_uid) for p in obs.pools.values()] == [
+        (i, 4, UID) for i in range(3)
+    ]
+    assert not any(p.operation_pending or p.error for p in obs.pools.values())
+    wire = sim.pool(plan.node_pools[1].name)
+    assert wire is not None
+    assert wire["initialNodeCount"] == 4 and wire["locations"] == [ZONE]
+    assert wire["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+    assert wire["management"] == {"autoRepair": True}  # autoUpgrade false: omitted on the wire
+    config = wire["config"]
+    assert config["machineType"] == "ct5lp-hightpu-4t" and config["spot"] is True
+    assert "reservationAffinity" not in config
+    assert config["labels"]["multislice.dev/job-uid"] == UID
+    assert config["labels"]["multislice.dev/slice"] == "1"
+    assert config["resourceLabels"] == {
+        "managed-by": "multislice-operator",
+        "multislice-job-namespace": "team-a",
+        "multislice-job-name": "llm",
+        "multislice-job-uid": UID,
+        "multislice-job-key": plan.job_key,
+        "multislice-slice": "1",
+    }
+    assert {g.pool: g.count for g in registrar.groups.values()} == {
+        p.name: 4 for p in plan.node_pools
+    }
+    assert all(g.topology == "4x4" and g.spot for g in registrar.groups.values())
+
+
+def test_reservation_affinity_and_single_host_and_taint_option(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    specific = plan_of("a", capacity={"type": "Reserved", "reservation": "res-1"})
+    anyres = plan_of("b", accelerator="v6e-8", slices=1, capacity={"type": "Reserved"})
+    on_demand = plan_of("c", slices=1)
+    wire = build_node_pool(specific, specific.node_pools[0], UID, [ZONE])
+    assert wire.config.reservation_affinity.consume_reservation_type.name == (
+        "SPECIFIC_RESERVATION"
+    )
+    assert list(wire.config.reservation_affinity.values) == ["res-1"]
+    assert wire.config.reservation_affinity.key == "compute.googleapis.com/reservation-name"
+    assert list(wire.config.taints) == []
+    tainted = build_node_pool(on_demand, on_demand.node_pools[0], UID, [ZONE], tpu_taint=True)
+    assert [(t.key, t.value, t.effect.name) for t in tainted.config.taints] == [
+        ("google.com/tpu", "present", "NO_SCHEDULE")
+    ]
+    prov = make_prov()
+    for plan in (specific, anyres):
+        assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    pools = sim.pools()
+    assert pools[specific.node_pools[0].name]["config"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["res-1"],
+    }
+    single = pools[anyres.node_pools[0].name]
+    assert single["config"]["reservationAffinity"] == {"consumeReservationType": "ANY_RESERVATION"}
+    assert "placementPolicy" not in single  # single-host: no COMPACT placement
+    assert single["config"]["machineType"] == "ct6e-standard-8t"
+
+
+def test_create_is_idempotent_and_adopts(sim: GkeSimulator, prov: GkeProvisioner) -> None:
+    plan = plan_of(slices=2)
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []  # 409 -> adopted
+    counters = sim.counters()
+    assert counters["createsAccepted"] == 2
+    assert counters["responses"]["409"] == 2
+    assert counters["calls"]["get_node_pool"] == 2
+
+
+def test_pool_of_another_owner_is_reported_not_adopted(prov: GkeProvisioner) -> None:
+    plan = plan_of(slices=1)
+    assert run(prov.create(plan, plan.node_pools, "old-uid")).errors == []
+    [err] = run(prov.create(plan, plan.node_pools, UID)).errors
+    assert (err.code, err.permanent, err.slice_index) == (CODE_OWNED_BY_OTHER, False, 0)
+    assert "old-uid" in err.message
+
+
+def test_delete_missing_is_success_and_delete_reaches_absent(
+    sim: GkeSimulator, prov: GkeProvisioner, registrar: InMemoryRegistrar
+) -> None:
+    plan = plan_of(slices=2)
+    sim.configure(op_latency_s=0.8)
+
+    async def scenario() -> None:
+        assert (await prov.delete(plan, [p.name for p in plan.node_pools])).errors == []
+        await prov.create(plan, plan.node_pools, UID)
+        await until(prov, plan, {RUNNING})
+        assert (await prov.delete(plan, [p.name for p in plan.node_pools])).errors == []
+        stopping = await prov.observe(plan)
+        assert {p.status for p in stopping.pools.values()} == {STOPPING}
+        # A second delete while STOPPING ("currently deleting") is success too.
+        assert (await prov.delete(plan, [plan.node_pools[0].name])).errors == []
+        await until(prov, plan, {ABSENT})
+
+    run(scenario())
+    assert registrar.node_count() == 0
+    assert sim.counters()["livePools"] == 0
+
+
+def test_delete_while_creating_is_retried_until_accepted(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    prov = make_prov(retry=RetryPolicy(attempts=6, initial_s=0.1, max_s=0.2))
+    plan = plan_of(slices=1)
+
+    async def scenario() -> None:
+        await prov.create(plan, plan.node_pools, UID)
+        assert (await prov.delete(plan, [plan.node_pools[0].name])).errors == []
+        await until(prov, plan, {ABSENT})
+
+    run(scenario())
+    assert sim.counters()["calls"]["delete_node_pool"] >= 2
+
+
+def test_stockout_on_one_create_surfaces_on_observe(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    plan = plan_of(slices=3)
+    sim.set_faults(stockout_on_create=[2])
+
+    async def scenario() -> GangObservation:
+        assert (await prov.create(plan, plan.node_pools, UID)).errors == []
+        return await until(prov, plan, {RUNNING, ERROR})
+
+    obs = run(scenario())
+    failed = [p for p in obs.pools.values() if p.status == ERROR]
+    assert len(failed) == 1 and failed[0].error is not None
+    assert (failed[0].error.code, failed[0].error.permanent) == (CODE_STOCKOUT, False)
+    assert failed[0].error.slice_index == failed[0].slice_index
+    assert obs.errors == [failed[0].error]
+    # The operation was read to enrich the error (one pool: get_operation, not a list).
+    assert sim.counters()["calls"].get("get_operation", 0) >= 1
+
+
+def test_failed_creates_rolled_back_still_surface_via_operations(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    sim.configure(failed_create_leaves_pool=False)
+    sim.set_faults(quota_next=2)
+    plan = plan_of(slices=2)
+
+    async def scenario() -> GangObservation:
+        await prov.create(plan, plan.node_pools, UID)
+        assert sim.wait_idle()
+        return await prov.observe(plan)
+
+    obs = run(scenario())
+    assert {p.status for p in obs.pools.values()} == {ABSENT}
+    assert [e.code for e in obs.errors] == [CODE_QUOTA, CODE_QUOTA]
+    assert sim.counters()["calls"]["list_operations"] == 1  # two ops: one list call
+
+
+def test_fresh_provisioner_observes_same_state(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    plan = plan_of(slices=3)
+    sim.set_faults(stockout_on_create=[3])
+    first = make_prov()
+
+    async def scenario() -> tuple[GangObservation, GangObservation]:
+        await first.create(plan, plan.node_pools, UID)
+        before = await until(first, plan, {RUNNING, ERROR})
+        restarted = make_prov()  # operator restart: empty operation cache
+        return before, await restarted.observe(plan)
+
+    before, after = run(scenario())
+    assert {n: p.status for n, p in before.pools.items()} == {
+        n: p.status for n, p in after.pools.items()
+    }
+    [err] = after.errors
+    assert (err.code, err.permanent) == (CODE_STOCKOUT, False)
+    assert "does not have enough resources" in err.message
+    assert all(p.owner_uid == UID for p in after.pools.values())
+
+
+def test_429_and_5xx_are_retried_then_succeed(sim: GkeSimulator, prov: GkeProvisioner) -> None:
+    plan = plan_of(slices=1)
+    sim.set_faults(http_429_next=2, http_5xx_next=1)
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    counters = sim.counters()
+    assert counters["calls"]["create_node_pool"] == 4  # 3 injected failures + success
+    assert counters["responses"]["429"] == 2 and counters["responses"]["503"] == 1
+    sim.set_faults(http_5xx_next=2, http_5xx_status=500)
+    obs = run(prov.observe(plan))
+    assert obs.errors == [] and obs.pools[plan.node_pools[0].name].status != ABSENT
+
+
+def test_transient_errors_reported_after_bounded_retries(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    plan = plan_of(slices=2)
+    sim.set_faults(http_429_next=100, http_fault_methods=["create_node_pool"])
+    started = time.monotonic()
+    errors = run(prov.create(plan, plan.node_pools, UID)).errors
+    assert time.monotonic() - started < 2
+    assert [(e.code, e.permanent) for e in errors] == [(CODE_RATE_LIMITED, False)] * 2
+    assert sim.counters()["calls"]["create_node_pool"] == 2 * FAST_RETRY.attempts
+    sim.set_faults(http_429_next=0, http_5xx_next=100, http_fault_methods=["list_node_pools"])
+    obs = run(prov.observe(plan))
+    assert obs.pools == {} and [e.code for e in obs.errors] == [CODE_UNAVAILABLE]
+
+
+def test_permanent_error_classified_permanent(sim: GkeSimulator, prov: GkeProvisioner) -> None:
+    plan = plan_of(slices=2)
+    sim.set_faults(invalid_machine_types=["ct5lp-hightpu-4t"])
+    errors = run(prov.create(plan, plan.node_pools, UID)).errors
+    assert [(e.code, e.permanent) for e in errors] == [(CODE_INVALID_MACHINE_TYPE, True)] * 2
+    assert sim.counters()["calls"]["create_node_pool"] == 2  # no retry of a permanent error
+
+
+def test_missing_cluster_is_permanent(registrar: InMemoryRegistrar) -> None:
+    config = SimConfig(op_latency_s=LATENCY, clusters=["projects/proj/locations/x/clusters/y"])
+    with GkeSimulator(config, registrar=registrar) as sim:
+        prov = GkeProvisioner.from_endpoint(sim.url, PROJECT, ZONE, CLUSTER, retry=FAST_RETRY)
+        plan = plan_of(slices=1)
+        [err] = run(prov.create(plan, plan.node_pools, UID)).errors
+        prov.close()
+    assert (err.code, err.permanent) == (CODE_NOT_FOUND, True)
+
+
+def test_incompatible_operation_conflict_is_retried(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    sim.configure(max_concurrent_operations=1, op_latency_s=0.05)
+    prov = make_prov(retry=RetryPolicy(attempts=10, initial_s=0.05, max_s=0.1))
+    plan = plan_of(slices=3)
+
+    async def scenario() -> None:
+        assert (await prov.create(plan, plan.node_pools, UID)).errors == []
+        await until(prov, plan, {RUNNING})
+
+    run(scenario())
+    counters = sim.counters()
+    assert counters["injected"]["incompatibleOperation"] >= 1
+    assert counters["peakConcurrentOperations"] == 1
+    assert counters["createsAccepted"] == 3
+
+
+def test_incompatible_operation_reported_transient_when_retries_run_out(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    sim.configure(max_concurrent_operations=1, op_latency_s=5)
+    plan = plan_of(slices=2)
+    errors = run(prov.create(plan, plan.node_pools, UID)).errors
+    assert [(e.code, e.permanent) for e in errors] == [(CODE_CLUSTER_BUSY, False)]
+
+
+def test_check_offered(sim: GkeSimulator, prov: GkeProvisioner) -> None:
+    assert run(prov.check_offered(plan_of())) is None
+    sim.set_offered(ZONE, ["v5p-8", "v5litepod-8", "v5litepod-4"])
+    assert run(prov.check_offered(plan_of())) is None  # still cached
+    fresh_prov = GkeProvisioner.from_endpoint(
+        sim.url, PROJECT, ZONE, CLUSTER, retry=FAST_RETRY, offered_ttl_s=0
+    )
+    try:
+        err = run(fresh_prov.check_offered(plan_of()))
+        assert err is not None
+        assert (err.code, err.permanent) == (CODE_NOT_OFFERED, True)
+        assert "v5litepod-16 is not offered" in err.message
+        assert "v5litepod-4, v5litepod-8" in err.message
+        assert run(fresh_prov.check_offered(plan_of(accelerator="v5p-8", slices=1))) is None
+        sim.set_faults(http_5xx_next=100, http_fault_methods=["list_accelerator_types"])
+        assert run(fresh_prov.check_offered(plan_of())) is None  # check failed: do not block
+    finally:
+        fresh_prov.close()
+    assert sim.counters()["calls"]["list_accelerator_types"] >= 3
+
+
+def test_list_owned_finds_orphans(sim: GkeSimulator, prov: GkeProvisioner) -> None:
+    one, two = plan_of("one", slices=2), plan_of("two", slices=1)
+    run(prov.create(one, one.node_pools, "uid-1"))
+    run(prov.create(two, two.node_pools, "uid-2"))
+    sim.wait_idle()
+    owned = run(prov.list_owned())
+    assert all(isinstance(p, OwnedPool) for p in owned)
+    found = {
+        (p.name, p.owner_uid, p.namespace, p.job_name, p.slice_index, p.status)
+        for p in owned
+        if isinstance(p, OwnedPool)
+    }
+    assert found == {
+        (one.node_pools[0].name, "uid-1", "team-a", "one", 0, RUNNING),
+        (one.node_pools[1].name, "uid-1", "team-a", "one", 1, RUNNING),
+        (two.node_pools[0].name, "uid-2", "team-a", "two", 0, RUNNING),
+    }
+
+
+def test_classification_table() -> None:
+    def exc(cls: type[gexc.GoogleAPICallError], msg: str) -> tuple[str, bool, bool]:
+        c = classify_exception(cls(msg))
+        return c.code, c.permanent, c.retry_now
+
+    assert exc(gexc.TooManyRequests, "slow down") == (CODE_RATE_LIMITED, False, True)
+    assert exc(gexc.ResourceExhausted, "slow down") == (CODE_RATE_LIMITED, False, True)
+    assert exc(gexc.ServiceUnavailable, "x") == (CODE_UNAVAILABLE, False, True)
+    assert exc(gexc.DeadlineExceeded, "x") == (CODE_UNAVAILABLE, False, True)
+    assert exc(gexc.BadRequest, "Cluster is running incompatible operation op-1.")[0] == (
+        CODE_CLUSTER_BUSY
+    )
+    assert exc(gexc.BadRequest, "Invalid value for field") == ("INVALID_ARGUMENT", True, False)
+    assert exc(gexc.Forbidden, "Required 'container.nodePools.create' permission") == (
+        "PERMISSION_DENIED",
+        True,
+        False,
+    )
+    assert exc(gexc.Forbidden, "Quota 'TPU_CHIPS' exceeded. Limit: 0")[:2] == (CODE_QUOTA, False)
+    assert exc(gexc.Conflict, "Already exists: x")[0] == "ALREADY_EXISTS"
+    assert classify_message("Code: 'GCE_STOCKOUT' ...") == (CODE_STOCKOUT, False)
+    assert classify_message("Reservation 'r' not found in zone") == ("RESERVATION_UNUSABLE", True)
+    assert classify_message("something odd") == ("NODE_POOL_ERROR", False)
+
+
+class _MetadataHandler(http.server.BaseHTTPRequestHandler):
+    answers = {
+        "/computeMetadata/v1/project/project-id": "my-proj",
+        "/computeMetadata/v1/instance/attributes/cluster-name": "tpu-cluster",
+        "/computeMetadata/v1/instance/attributes/cluster-location": "us-east5",
+        "/computeMetadata/v1/instance/zone": "projects/123/zones/us-east5-b",
+    }
+
+    def do_GET(self) -> None:
+        body = self.answers.get(self.path)
+        ok = body is not None and self.headers.get("Metadata-Flavor") == "Google"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write((body or "").encode())
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_metadata_helper_against_fake_server() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetadataHandler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        meta = read_gke_metadata(f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert (meta.project, meta.cluster, meta.location, meta.zone) == (
+        "my-proj",
+        "tpu-cluster",
+        "us-east5",
+        "us-east5-b",
+    )
+
+
+def test_regional_cluster_needs_node_locations(sim: GkeSimulator) -> None:
+    with pytest.raises(ValueError, match="region"):
+        GkeProvisioner.from_endpoint(sim.url, PROJECT, "us-east5", CLUSTER)
+    prov = GkeProvisioner.from_settings(
+        project=PROJECT,
+        location="us-east5",
+        cluster=CLUSTER,
+        node_locations=[ZONE],
+        endpoint=sim.url,
+    )
+    assert prov.node_locations == [ZONE]
+    prov.close()
+
+
+def _api_binaries() -> Any:
+    """The binary dir when etcd and kube-apiserver are built (no build is started here)."""
+    from multislice_operator.local.controlplane import ControlPlaneError, bin_dir
+
+    try:
+        directory = bin_dir()
+    except (ControlPlaneError, OSError, subprocess.CalledProcessError):
+        return None
+    ready = all((directory / b).is_file() for b in ("etcd", "kube-apiserver"))
+    return directory if ready else None
+
+
+def test_kube_registrar_registers_gke_like_nodes() -> None:
+    """Pools become fake GKE TPU nodes in a real kube-apiserver, and go with their pool."""
+    binaries = _api_binaries()
+    if binaries is None:
+        pytest.skip("etcd/kube-apiserver not built (hack/build-bins.sh)")
+    from kubernetes import client as kube
+
+    from multislice_operator.local.controlplane import ControlPlane
+    from multislice_operator.local.gke_sim import KubeNodeRegistrar
+
+    with ControlPlane("api", binaries=binaries) as cp:
+        api_client = cp.api_client()
+        core = kube.CoreV1Api(api_client)
+        config = SimConfig(op_latency_s=LATENCY)
+        with GkeSimulator(config, registrar=KubeNodeRegistrar(api_client)) as sim:
+            prov = GkeProvisioner.from_endpoint(sim.url, PROJECT, ZONE, CLUSTER, retry=FAST_RETRY)
+            plan = plan_of(topology="4x4", slices=2, capacity={"type": "Spot"})
+
+            async def scenario() -> None:
+                await prov.create(plan, plan.node_pools, UID)
+                await until(prov, plan, {RUNNING})
+
+            run(scenario())
+            pool = plan.node_pools[1].name
+            nodes = core.list_node(label_selector=f"cloud.google.com/gke-nodepool={pool}").items
+            assert len(nodes) == 4
+            assert nodes[0].metadata is not None and nodes[0].status is not None
+            labels = nodes[0].metadata.labels or {}
+            assert labels["cloud.google.com/gke-tpu-accelerator"] == "tpu-v5-lite-podslice"
+            assert labels["cloud.google.com/gke-tpu-topology"] == "4x4"
+            assert labels["cloud.google.com/gke-spot"] == "true"
+            assert labels["multislice.dev/job-uid"] == UID
+            assert labels["topology.kubernetes.io/zone"] == ZONE
+            assert (nodes[0].status.capacity or {})["google.com/tpu"] == "4"
+
+            async def teardown() -> None:
+                await prov.delete(plan, [p.name for p in plan.node_pools])
+                await until(prov, plan, {ABSENT})
+
+            run(teardown())
+            prov.close()
+            assert core.list_node(label_selector="multislice.dev/job-uid").items == []
+        api_client.close()

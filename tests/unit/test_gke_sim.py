@@ -1,0 +1,383 @@
+"""The local GKE API simulator, driven by the real client library over REST and by raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import container_v1, tpu_v2
+from google.cloud.container_v1.types import cluster_service as cs
+
+from multislice_operator.local.gke_sim import (
+    Faults,
+    GkeSimulator,
+    InMemoryRegistrar,
+    NodeGroup,
+    SimConfig,
+    default_offered_types,
+)
+
+ZONE = "us-east5-b"
+CLUSTER = f"projects/p/locations/{ZONE}/clusters/c"
+LOCATION = f"projects/p/locations/{ZONE}"
+LATENCY = 0.2
+
+
+def _options(url: str) -> dict[str, Any]:
+    return {
+        "credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        "transport": "rest",
+        "client_options": {"api_endpoint": url},
+    }
+
+
+def gke_client(url: str) -> container_v1.ClusterManagerClient:
+    return container_v1.ClusterManagerClient(**_options(url))
+
+
+def tpu_client(url: str) -> tpu_v2.TpuClient:
+    return tpu_v2.TpuClient(**_options(url))
+
+
+def close(client: Any) -> None:
+    client.transport.close()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def registrar() -> InMemoryRegistrar:
+    return InMemoryRegistrar()
+
+
+@pytest.fixture
+def sim(registrar: InMemoryRegistrar) -> Iterator[GkeSimulator]:
+    with GkeSimulator(SimConfig(op_latency_s=LATENCY), registrar=registrar) as s:
+        yield s
+
+
+@pytest.fixture
+def gke(sim: GkeSimulator) -> Iterator[container_v1.ClusterManagerClient]:
+    client = gke_client(sim.url)
+    yield client
+    close(client)
+
+
+def tpu_pool(name: str = "pool-a", nodes: int = 4, topology: str | None = "4x4") -> cs.NodePool:
+    pool = cs.NodePool(
+        name=name,
+        initial_node_count=nodes,
+        locations=[ZONE],
+        config=cs.NodeConfig(
+            machine_type="ct5lp-hightpu-4t",
+            spot=True,
+            labels={"multislice.dev/job-uid": "u1"},
+            resource_labels={"managed-by": "multislice-operator"},
+        ),
+    )
+    if topology:
+        pool.placement_policy = cs.NodePool.PlacementPolicy(
+            type_=cs.NodePool.PlacementPolicy.Type.COMPACT, tpu_topology=topology
+        )
+    return pool
+
+
+def admin(sim: GkeSimulator, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(sim.url + path, data=data, method=method)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_create_provisioning_then_running_registers_nodes(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    op = gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert op.status == cs.Operation.Status.RUNNING
+    assert op.operation_type == cs.Operation.Type.CREATE_NODE_POOL
+    assert op.target_link.endswith("/clusters/c/nodePools/pool-a")
+    listed = gke.list_node_pools(parent=CLUSTER).node_pools
+    assert [(p.name, p.status) for p in listed] == [("pool-a", cs.NodePool.Status.PROVISIONING)]
+    assert registrar.node_count() == 0
+
+    wait_for(lambda: sim.pool("pool-a")["status"] == "RUNNING")  # type: ignore[index]
+    done = gke.get_operation(name=f"{LOCATION}/operations/{op.name}")
+    assert done.status == cs.Operation.Status.DONE and not done.error.message
+    group = registrar.groups["pool-a"]
+    assert (group.count, group.topology, group.accelerator_label, group.chips_per_host) == (
+        4,
+        "4x4",
+        "tpu-v5-lite-podslice",
+        4,
+    )
+    assert group.labels["cloud.google.com/gke-nodepool"] == "pool-a"
+    assert group.labels["cloud.google.com/gke-spot"] == "true"
+    assert group.labels["multislice.dev/job-uid"] == "u1"
+    # The pool as stored is what the client sent (enums as strings in responses).
+    wire = sim.pool("pool-a")
+    assert wire is not None
+    assert wire["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+    assert wire["config"]["spot"] is True
+
+
+def test_single_host_pool_gets_single_host_topology(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    pool = tpu_pool("single", nodes=1, topology=None)
+    pool.config.machine_type = "ct6e-standard-8t"
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    wait_for(lambda: "single" in registrar.groups)
+    group = registrar.groups["single"]
+    assert (group.accelerator_label, group.topology, group.chips_per_host) == (
+        "tpu-v6e-slice",
+        "2x4",
+        8,
+    )
+
+
+def test_delete_stopping_then_gone_and_nodes_removed(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    sim.configure(op_latency_s=0.8)  # long enough to act while operations run
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    with pytest.raises(gexc.BadRequest, match="currently creating node pool pool-a"):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    assert sim.wait_idle()
+    op = gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    assert op.operation_type == cs.Operation.Type.DELETE_NODE_POOL
+    assert gke.get_node_pool(name=f"{CLUSTER}/nodePools/pool-a").status.name == "STOPPING"
+    with pytest.raises(gexc.BadRequest, match="currently deleting node pool"):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    assert sim.wait_idle()
+    assert gke.list_node_pools(parent=CLUSTER).node_pools == []
+    assert registrar.node_count() == 0
+    assert registrar.events == [("register", "pool-a", 4), ("unregister", "pool-a", 4)]
+    with pytest.raises(gexc.NotFound):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+
+
+def test_create_existing_is_409(sim: GkeSimulator, gke: container_v1.ClusterManagerClient) -> None:
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    with pytest.raises(gexc.Conflict, match="Already exists"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda p: setattr(p, "name", "Bad_Name"), "Invalid node pool name"),
+        (lambda p: setattr(p.config, "machine_type", "ct9-mega-4t"), "Invalid machine type"),
+        (lambda p: p.config.resource_labels.update({"job": "Has.Dots"}), "Invalid resource label"),
+        (lambda p: setattr(p, "initial_node_count", 3), "needs initialNodeCount 4"),
+        (lambda p: p.locations.append("us-east5-a"), "must be in one zone"),
+    ],
+)
+def test_validation_errors_are_400(
+    gke: container_v1.ClusterManagerClient, mutate: Callable[[cs.NodePool], None], match: str
+) -> None:
+    pool = tpu_pool()
+    mutate(pool)
+    with pytest.raises(gexc.BadRequest, match=match):
+        gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+
+
+def test_unknown_cluster_is_404(registrar: InMemoryRegistrar) -> None:
+    config = SimConfig(op_latency_s=LATENCY, clusters=[CLUSTER])
+    with GkeSimulator(config, registrar=registrar) as sim:
+        client = gke_client(sim.url)
+        with pytest.raises(gexc.NotFound):
+            client.list_node_pools(parent="projects/p/locations/us-east5-b/clusters/other")
+        assert client.list_node_pools(parent=CLUSTER).node_pools == []
+        close(client)
+
+
+def test_stockout_on_kth_create_leaves_error_pool(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    sim.set_faults(stockout_on_create=[2])
+    ops = [gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool(f"p{i}")) for i in range(3)]
+    assert sim.wait_idle()
+    pools = sim.pools()
+    assert [pools[f"p{i}"]["status"] for i in range(3)] == ["RUNNING", "ERROR", "RUNNING"]
+    assert "GCE_STOCKOUT" in pools["p1"]["statusMessage"]
+    assert "does not have enough resources" in pools["p1"]["statusMessage"]
+    failed = gke.get_operation(name=f"{LOCATION}/operations/{ops[1].name}")
+    assert failed.status == cs.Operation.Status.DONE
+    assert "GCE_STOCKOUT" in failed.error.message
+    assert "p1" not in registrar.groups
+    assert sim.counters()["injected"] == {"stockout": 1}
+
+
+def test_quota_next_and_rollback_mode(registrar: InMemoryRegistrar) -> None:
+    config = SimConfig(op_latency_s=LATENCY, failed_create_leaves_pool=False)
+    with GkeSimulator(config, Faults(quota_next=1), registrar) as sim:
+        client = gke_client(sim.url)
+        op = client.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+        assert sim.wait_idle()
+        assert sim.pools() == {}
+        done = client.get_operation(name=f"{LOCATION}/operations/{op.name}")
+        assert "GCE_QUOTA_EXCEEDED" in done.error.message
+        assert len(client.list_operations(parent=LOCATION).operations) == 1
+        close(client)
+
+
+def test_http_faults_count_down(sim: GkeSimulator, gke: container_v1.ClusterManagerClient) -> None:
+    sim.set_faults(http_429_next=2, http_5xx_next=1)
+    with pytest.raises(gexc.TooManyRequests):
+        gke.list_node_pools(parent=CLUSTER)
+    with pytest.raises(gexc.TooManyRequests):
+        gke.list_node_pools(parent=CLUSTER)
+    # retry=None: the client's default retry would hide a 503 on list calls.
+    with pytest.raises(gexc.ServiceUnavailable):
+        gke.list_node_pools(parent=CLUSTER, retry=None)
+    gke.list_node_pools(parent=CLUSTER)
+    counters = sim.counters()
+    assert counters["calls"]["list_node_pools"] == 4
+    assert counters["responses"] == {"429": 2, "503": 1, "200": 1}
+
+
+def test_incompatible_operation_conflict_mode(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    sim.configure(max_concurrent_operations=1, op_latency_s=0.8)
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("p0"))
+    with pytest.raises(gexc.BadRequest, match="incompatible operation") as err:
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("p1"))
+    assert err.value.response.json()["error"]["status"] == "FAILED_PRECONDITION"
+    assert sim.wait_idle()
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("p1"))
+    assert sim.counters()["peakConcurrentOperations"] == 1
+
+
+def test_concurrent_creates_by_default(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    sim.configure(op_latency_s=1.0)  # all four creates overlap even on a loaded machine
+    for i in range(4):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool(f"p{i}"))
+    assert sim.counters()["peakConcurrentOperations"] == 4
+    assert sim.wait_idle()
+    assert sim.counters()["livePools"] == 4
+
+
+def test_preempt_removes_nodes_and_they_come_back(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.wait_idle()
+    sim.preempt("pool-a", recreate_after_s=None)
+    assert registrar.node_count("pool-a") == 0
+    assert sim.pool("pool-a")["status"] == "RUNNING"  # type: ignore[index]
+    sim.preempt("pool-a", recreate_after_s=0.05)
+    wait_for(lambda: registrar.node_count("pool-a") == 4)
+
+
+def test_break_pool_sets_error(sim: GkeSimulator, gke: container_v1.ClusterManagerClient) -> None:
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.wait_idle()
+    sim.break_pool("pool-a", "repair failed")
+    pool = gke.get_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    assert (pool.status.name, pool.status_message) == ("ERROR", "repair failed")
+
+
+def test_accelerator_types_per_zone(sim: GkeSimulator) -> None:
+    sim.set_offered("us-east5-a", ["v5p-8"])
+    tpu = tpu_client(sim.url)
+    default = [t.type_ for t in tpu.list_accelerator_types(parent="projects/p/locations/x-y1-z")]
+    assert default == default_offered_types()
+    assert {"v4-8", "v5litepod-16", "v5p-8", "v6e-256"} <= set(default)
+    custom = list(tpu.list_accelerator_types(parent="projects/p/locations/us-east5-a"))
+    assert [(t.type_, t.accelerator_configs[0].topology) for t in custom] == [("v5p-8", "2x2x1")]
+    close(tpu)
+
+
+def test_admin_http_api(sim: GkeSimulator, gke: container_v1.ClusterManagerClient) -> None:
+    faults = admin(sim, "POST", "/_sim/faults", {"stockoutNext": 1, "http429Next": 1})
+    assert (faults["stockoutNext"], faults["http429Next"]) == (1, 1)
+    with pytest.raises(gexc.TooManyRequests):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.wait_idle()
+    state = admin(sim, "GET", "/_sim/state")
+    assert [p["status"] for p in state["pools"]] == ["ERROR"]
+    assert admin(sim, "GET", "/_sim/counters")["createsAccepted"] == 1
+    assert admin(sim, "DELETE", "/_sim/faults")["stockoutNext"] == 0
+    admin(sim, "POST", "/_sim/config", {"opLatencyS": 0.05})
+    assert sim.config.op_latency_s == 0.05
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("p2"))
+    assert sim.wait_idle()
+    assert admin(sim, "POST", "/_sim/pools/p2/break", {"message": "x"})["status"] == "ERROR"
+    admin(sim, "POST", "/_sim/offered", {"z-a1-b": ["v6e-8"]})
+    assert sim.config.offered["z-a1-b"] == ["v6e-8"]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        admin(sim, "POST", "/_sim/faults", {"noSuchFault": 1})
+    assert err.value.code == 400
+    with pytest.raises(urllib.error.HTTPError) as err:
+        admin(sim, "POST", "/_sim/pools/missing/preempt", {})
+    assert err.value.code == 404
+    assert admin(sim, "POST", "/_sim/counters/reset")["calls"] == {}
+
+
+def test_registrar_failure_marks_running_with_error(
+    gke: container_v1.ClusterManagerClient, sim: GkeSimulator
+) -> None:
+    class Broken:
+        def register(self, group: NodeGroup) -> None:
+            raise RuntimeError("apiserver down")
+
+        def unregister(self, pool: str) -> None:
+            pass
+
+    sim.registrar = Broken()
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.wait_idle()
+    pool = sim.pool("pool-a")
+    assert pool is not None
+    assert pool["status"] == "RUNNING_WITH_ERROR"
+    assert "apiserver down" in pool["statusMessage"]
+
+
+def test_cli_prints_url_and_serves() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "multislice_operator.local.gke_sim",
+            "--port",
+            "0",
+            "--op-latency",
+            "0.1",
+            "--stockout-next",
+            "1",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url + "/_sim/state", timeout=5) as response:
+            assert json.loads(response.read())["faults"]["stockoutNext"] == 1
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
