@@ -25,6 +25,18 @@ lint: install
 fmt: install
 	$(BIN)/ruff format operator workload tests benchmarks
 
+# Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster.
+PROFILE ?= cluster
+
+bins:
+	hack/build-bins.sh
+
+cluster-up: install bins
+	$(BIN)/python -m multislice_operator.local.controlplane up --profile $(PROFILE) --detach
+
+cluster-down: install
+	$(BIN)/python -m multislice_operator.local.controlplane down --profile $(PROFILE)
+
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
 

@@ -79,7 +79,7 @@ class Provisioning(_Model):
     )
     timeout_seconds: int = Field(
         default=1800,
-        ge=60,
+        ge=10,
         le=7 * 24 * 3600,
         description=(
             "How long one gang attempt may take before every node pool of the gang is deleted "

@@ -386,6 +386,9 @@ async def _act(
             pools = [p for p in plan.node_pools if p.slice_index in action.slices]
             result = await rt.provisioner.create(plan, pools, meta.get("uid", ""))
             _count("create", result.errors)
+            if os.environ.get(CRASH_POINT_ENV) == "after-pool-create":
+                log.error("crash point reached: exiting after creating node pools")
+                os._exit(3)
             permanent += result.permanent
             for err in result.errors:
                 if not err.permanent:

@@ -227,6 +227,7 @@ class KubeNodeRegistrar:
     def unregister(self, pool: str) -> None:
         from multislice_operator.local import nodes
 
+        nodes.shut_down_pods(self._target, pool)  # as GKE's graceful node shutdown does
         nodes.delete_nodes(self._target, pool)
 
 

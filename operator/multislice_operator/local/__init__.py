@@ -1,0 +1,1 @@
+"""Local Kubernetes for tests and local runs: real control-plane processes and kwok fake nodes."""

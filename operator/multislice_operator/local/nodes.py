@@ -1,0 +1,212 @@
+"""Fake GKE TPU nodes served by kwok in the ``cluster`` profile.
+
+Nodes are ordinary Node objects carrying the kwok annotation; the kwok controller started by
+:class:`~multislice_operator.local.controlplane.ControlPlane` marks them Ready, keeps their leases
+fresh and drives the phases of pods bound to them (see ``kwok/stages.yaml``).
+
+Pod failure injection (kwok Stage ``pod-fail``): annotate a pod, at creation through its template
+or later by patching a running pod, with ``multislice.dev/fail-exit-code: "17"`` and its
+containers terminate with exit code 17 and the pod goes ``Failed`` (after
+``multislice.dev/fail-after``, default 1s). Job pods otherwise succeed after
+``multislice.dev/run-duration`` (Go duration, default ``3s``); set e.g. ``"1h"`` for pods that
+should keep running until a test makes them fail.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+
+from multislice_operator.local.controlplane import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_ANNOTATION_VALUE,
+)
+
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+SPOT_LABEL = "cloud.google.com/gke-spot"
+TPU_RESOURCE = "google.com/tpu"
+FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
+FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"
+RUN_DURATION_ANNOTATION = "multislice.dev/run-duration"
+
+ClientLike = client.ApiClient | str | os.PathLike[str]
+
+
+def _api(api_client_or_kubeconfig: ClientLike) -> client.CoreV1Api:
+    if isinstance(api_client_or_kubeconfig, client.ApiClient):
+        return client.CoreV1Api(api_client_or_kubeconfig)
+    api_client = config.new_client_from_config(config_file=os.fspath(api_client_or_kubeconfig))  # type: ignore[no-untyped-call]
+    return client.CoreV1Api(api_client)
+
+
+def tpu_node_manifest(
+    name: str,
+    pool_name: str,
+    accelerator_label: str,
+    topology: str,
+    chips_per_host: int,
+    extra_labels: dict[str, str] | None = None,
+    spot: bool = False,
+) -> dict[str, Any]:
+    """A Node shaped like a GKE TPU VM: pool/accelerator/topology labels, TPU taint, chips."""
+    labels = {
+        NODEPOOL_LABEL: pool_name,
+        ACCELERATOR_LABEL: accelerator_label,
+        TOPOLOGY_LABEL: topology,
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    if spot:
+        labels[SPOT_LABEL] = "true"
+    labels.update(extra_labels or {})
+    resources = {
+        TPU_RESOURCE: str(chips_per_host),
+        "cpu": "200",
+        "memory": "400Gi",
+        "pods": "110",
+        "ephemeral-storage": "100Gi",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE,
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+        },
+        "spec": {
+            "taints": [{"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}],
+        },
+        # kwok's node-initialize stage keeps capacity/allocatable given at creation.
+        "status": {"capacity": resources, "allocatable": dict(resources)},
+    }
+
+
+def register_tpu_nodes(
+    api_client_or_kubeconfig: ClientLike,
+    pool_name: str,
+    count: int,
+    accelerator_label: str,
+    topology: str,
+    chips_per_host: int,
+    extra_labels: dict[str, str] | None = None,
+    spot: bool = False,
+) -> list[str]:
+    """Create ``count`` fake TPU nodes of node pool ``pool_name``; return their names.
+
+    Names are ``<pool_name>-<i>``. The nodes become Ready within about a second (kwok).
+    """
+    api = _api(api_client_or_kubeconfig)
+    names = []
+    for i in range(count):
+        name = f"{pool_name}-{i}"
+        body = tpu_node_manifest(
+            name, pool_name, accelerator_label, topology, chips_per_host, extra_labels, spot
+        )
+        api.create_node(body)  # type: ignore[arg-type]  # the client serializes plain dicts
+        names.append(name)
+    return names
+
+
+def shut_down_pods(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list[str]:
+    """What GKE's graceful node shutdown does to a preempted VM's pods: they end Failed.
+
+    Without a kubelet nobody else would: pods on a deleted fake node stay Running until the
+    pod garbage collector removes them much later, which no real TPU VM does.
+    """
+    api = _api(api_client_or_kubeconfig)
+    nodes = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
+    failed = []
+    for node in nodes:
+        pods = api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node.metadata.name}"
+        ).items
+        for pod in pods:
+            if pod.status.phase not in ("Pending", "Running"):
+                continue
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            statuses = [
+                {
+                    "name": c.name,
+                    "image": c.image,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 143,
+                            "reason": "Terminated",
+                            "message": "node shutdown (preempted)",
+                            "startedAt": now,
+                            "finishedAt": now,
+                        }
+                    },
+                }
+                for c in pod.spec.containers
+            ]
+            status = {
+                "phase": "Failed",
+                "reason": "Terminated",
+                "message": "Pod was terminated in response to imminent node shutdown.",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "lastTransitionTime": now,
+                    },
+                    {"type": "Ready", "status": "False", "lastTransitionTime": now},
+                ],
+                "containerStatuses": statuses,
+            }
+            try:
+                api.patch_namespaced_pod_status(
+                    pod.metadata.name, pod.metadata.namespace, {"status": status}
+                )
+                failed.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
+    return failed
+
+
+def delete_nodes(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list[str]:
+    """Delete every node of node pool ``pool_name``; return the deleted names.
+
+    Pods bound to them are then removed by the controller-manager's pod garbage collector.
+    """
+    api = _api(api_client_or_kubeconfig)
+    nodes = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
+    names = [str(node.metadata.name) for node in nodes if node.metadata]
+    for name in names:
+        api.delete_node(name)
+    return names
+
+
+def fail_pod(
+    api_client_or_kubeconfig: ClientLike,
+    namespace: str,
+    name: str,
+    exit_code: int,
+    after: str = "0s",
+) -> None:
+    """Make a running pod fail with ``exit_code`` (kwok ``pod-fail`` stage) after ``after``."""
+    if exit_code == 0:
+        raise ValueError("a failure needs a non-zero exit code")
+    api = _api(api_client_or_kubeconfig)
+    patch = {
+        "metadata": {
+            "annotations": {FAIL_EXIT_CODE_ANNOTATION: str(exit_code), FAIL_AFTER_ANNOTATION: after}
+        }
+    }
+    api.patch_namespaced_pod(name, namespace, patch)

@@ -1,0 +1,135 @@
+"""The local default: a simulated GKE multislice cluster on one machine.
+
+A real control plane (`cluster` profile: apiserver, controller-manager, scheduler, kwok, JobSet),
+the local GKE API simulator (node pools become kwok TPU nodes) and the operator as a real process
+talking to both. Used by the end-to-end tests, the demo and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multislice_operator.local.controlplane import ControlPlane, bin_dir
+from multislice_operator.local.gke_sim import Faults, GkeSimulator, KubeNodeRegistrar, SimConfig
+from multislice_operator.local.harness import OperatorProcess, install_crds
+
+PROJECT, LOCATION, CLUSTER, ZONE = (
+    "local-project",
+    "us-central2-b",
+    "local-cluster",
+    "us-central2-b",
+)
+
+
+@dataclass
+class StackOptions:
+    profile: str = "cluster"
+    op_latency_s: float = 1.0
+    resync_seconds: float = 1.0
+    backoff_base_seconds: float = 2.0
+    gc_interval_seconds: float = 5.0
+    faults: Faults = field(default_factory=Faults)
+    operator_env: dict[str, str] = field(default_factory=dict)
+    operator_log: Path | None = None
+    start_operator: bool = True
+
+
+class LocalStack:
+    """Start with `start()` (or `with`), stop with `stop()`: every process it started ends."""
+
+    def __init__(
+        self, options: StackOptions | None = None, control_plane: ControlPlane | None = None
+    ) -> None:
+        self.options = options or StackOptions()
+        self._own_cp = control_plane is None
+        self.cp: ControlPlane | None = control_plane
+        self.sim: GkeSimulator | None = None
+        self.op: OperatorProcess | None = None
+        self._api: Any = None
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            assert self.cp is not None
+            self._api = self.cp.api_client()
+        return self._api
+
+    def start(self, progress: Any = None) -> LocalStack:
+        say = progress or (lambda _msg: None)
+        try:
+            if self.cp is None:
+                say(f"starting the local Kubernetes ({self.options.profile} profile)")
+                self.cp = ControlPlane(self.options.profile).start()
+            jobset_crd = bin_dir() / "jobset.x-k8s.io_jobsets.yaml"
+            install_crds(self.api, jobset_crd if self.options.profile == "api" else None)
+            say("starting the local GKE API simulator")
+            self.sim = GkeSimulator(
+                config=SimConfig(op_latency_s=self.options.op_latency_s),
+                faults=self.options.faults,
+                registrar=KubeNodeRegistrar(str(self.cp.kubeconfig)),
+            ).start()
+            if self.options.start_operator:
+                say("starting the operator")
+                self.start_operator()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def operator_args(self) -> list[str]:
+        assert self.sim is not None
+        o = self.options
+        return [
+            "--gke-project",
+            PROJECT,
+            "--gke-location",
+            LOCATION,
+            "--gke-cluster",
+            CLUSTER,
+            "--gke-node-location",
+            ZONE,
+            "--gke-endpoint",
+            self.sim.url,
+            "--resync-seconds",
+            str(o.resync_seconds),
+            "--backoff-base-seconds",
+            str(o.backoff_base_seconds),
+            "--gc-interval-seconds",
+            str(o.gc_interval_seconds),
+        ]
+
+    def start_operator(self, extra_env: dict[str, str] | None = None) -> OperatorProcess:
+        assert self.cp is not None
+        env = {**self.options.operator_env, **(extra_env or {})}
+        self.op = OperatorProcess(
+            self.cp.kubeconfig, self.operator_args(), env=env, log_path=self.options.operator_log
+        ).start()
+        return self.op
+
+    def stop_operator(self) -> None:
+        if self.op is not None:
+            self.op.stop()
+            self.op = None
+
+    def stop(self) -> None:
+        self.stop_operator()
+        if self.sim is not None:
+            with contextlib.suppress(Exception):
+                self.sim.stop()
+            self.sim = None
+        if self._api is not None:
+            with contextlib.suppress(Exception):
+                self._api.close()
+            self._api = None
+        if self.cp is not None and self._own_cp:
+            self.cp.stop()
+            self.cp = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,145 @@
+"""The ``api`` profile: a real kube-apiserver with TLS client auth and RBAC."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import stat
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from multislice_operator.local.controlplane import ControlPlane, ControlPlaneError, bin_dir
+
+# The apiserver is built with ldflags stamping this version (hack/build-bins.sh).
+KUBE_VERSION = "v1.34.4"
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_version_is_pinned_release(
+    kube_api: ControlPlane, kube_client: Callable[[ControlPlane], client.ApiClient]
+) -> None:
+    info = client.VersionApi(kube_client(kube_api)).get_code()
+    assert info.git_version == KUBE_VERSION
+    assert (info.major, info.minor) == ("1", "34")
+
+
+def test_admin_is_system_masters(
+    kube_api: ControlPlane,
+    kube_client: Callable[[ControlPlane], client.ApiClient],
+    namespace: Callable[..., str],
+) -> None:
+    ns = namespace(kube_api)
+    core = client.CoreV1Api(kube_client(kube_api))
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "c"}, "data": {"k": "v"}})  # type: ignore[arg-type]
+    assert core.read_namespaced_config_map("c", ns).data == {"k": "v"}
+
+
+def test_anonymous_request_is_denied(kube_api: ControlPlane) -> None:
+    ctx = ssl.create_default_context(cafile=str(kube_api.ca_file))
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{kube_api.server}/api/v1/namespaces", context=ctx, timeout=5)
+    assert err.value.code in (401, 403)
+
+
+def test_rbac_denies_then_allows_unprivileged_user(
+    kube_api: ControlPlane,
+    kube_client: Callable[[ControlPlane], client.ApiClient],
+    namespace: Callable[..., str],
+) -> None:
+    ns = namespace(kube_api)
+    user_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube_api.user_kubeconfig("alice", ("developers",)))
+    )
+    user_core = client.CoreV1Api(user_client)
+    with pytest.raises(client.ApiException) as err:
+        user_core.list_namespaced_pod(ns)
+    assert err.value.status == 403
+    with pytest.raises(client.ApiException) as err:
+        user_core.list_namespace()
+    assert err.value.status == 403
+
+    # Granting a Role makes the same request pass: authorization is RBAC, not deny-all.
+    rbac = client.RbacAuthorizationV1Api(kube_client(kube_api))
+    rbac.create_namespaced_role(
+        ns,
+        {  # type: ignore[arg-type]
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {  # type: ignore[arg-type]
+            "metadata": {"name": "alice-reads-pods"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
+            "subjects": [
+                {"kind": "Group", "name": "developers", "apiGroup": "rbac.authorization.k8s.io"}
+            ],
+        },
+    )
+    assert user_core.list_namespaced_pod(ns).items == []
+    user_client.close()
+
+
+def test_start_stop_leaves_no_process(tmp_path: Path) -> None:
+    cp = ControlPlane("api")
+    try:
+        cp.start()
+        pids = cp.pids
+        workdir = cp.workdir
+        assert set(pids) == {"etcd", "kube-apiserver"}
+        assert all(_alive(pid) for pid in pids.values())
+        assert stat.S_IMODE(cp.kubeconfig.stat().st_mode) == 0o600
+    finally:
+        cp.stop()
+    assert [pid for pid in pids.values() if _alive(pid)] == []
+    assert _processes_mentioning(str(workdir)) == []
+    assert not workdir.exists()
+    assert cp.pids == {}
+
+
+def test_failed_start_reports_log_tail_and_cleans_up(tmp_path: Path) -> None:
+    # A stand-in etcd that dies at once: start() must name it, show its log and kill the rest.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in os.listdir(bin_dir()):
+        (fake / name).symlink_to(bin_dir() / name)
+    (fake / "etcd").unlink()
+    (fake / "etcd").write_text("#!/bin/sh\necho 'etcd: simulated disk failure' >&2\nexit 3\n")
+    (fake / "etcd").chmod(0o755)
+    cp = ControlPlane("api", workdir=tmp_path / "work", binaries=fake)
+    with pytest.raises(ControlPlaneError, match="simulated disk failure") as err:
+        cp.start(timeout=30)
+    assert "etcd exited with code 3" in str(err.value)
+    assert cp.pids == {}

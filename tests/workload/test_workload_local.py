@@ -1,0 +1,204 @@
+"""The local launcher: S slices x H hosts as processes, restarted together like a JobSet.
+
+The multi-process tests run for real on CPU: 2 slices x 2 hosts x 2 devices = 4 processes that
+see 8 global devices through jax.distributed and gloo. The launcher kills every process it
+started before returning, whatever happens, so nothing outlives a test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from multislice_workload import env as contract
+from multislice_workload import exitcodes
+from multislice_workload.local import LaunchResult, Layout, default_parallelism, launch, process_env
+
+SLICES, HOSTS, DEVICES = 2, 2, 2
+TRAIN = ["train", "--steps", "24", "--checkpoint_every", "5", "--log_every", "4"]
+
+
+def run(tmp: Path, args: list[str], **kwargs: object) -> LaunchResult:
+    result = launch(
+        SLICES,
+        HOSTS,
+        DEVICES,
+        args=args,
+        log_dir=str(tmp / "logs"),
+        timeout_s=300,
+        grace_s=1,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    print(result.format_timeline())  # shown by pytest when a test fails
+    return result
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {name: data[name] for name in data}
+
+
+# --- Environment the launcher gives each process (no processes started). ---------------------
+
+
+def env_for(process_id: int, **kwargs: object) -> dict[str, str]:
+    layout = Layout(SLICES, HOSTS, DEVICES)
+    options: dict[str, object] = {
+        "attempt": 1,
+        "jax_port": 12345,
+        "parallelism": default_parallelism(layout),
+        "job_name": "demo",
+        "checkpoint_dir": "/ckpt",
+        "extra_env": {},
+        "faults": {},
+        "base_env": {"PATH": "/bin", contract.SLICE_ID: "7", contract.FAIL_AT_STEP: "1"},
+    }
+    options.update(kwargs)
+    return process_env(layout, process_id, **options)  # type: ignore[arg-type]
+
+
+def test_process_env_is_the_contract() -> None:
+    env = env_for(3)
+    assert {k: env[k] for k in contract.CONTRACT_VARIABLES} == {
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+        "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+        "MEGASCALE_PORT": "8080",
+        "TPU_WORKER_ID": "1",
+        "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1",
+        "JAX_COORDINATOR_ADDRESS": "127.0.0.1:12345",
+        "JAX_PROCESS_COUNT": "4",
+        "MULTISLICE_HOSTS_PER_SLICE": "2",
+        "MULTISLICE_CHIPS_PER_HOST": "2",
+        "MULTISLICE_CHIPS_PER_SLICE": "4",
+        "MULTISLICE_ACCELERATOR": "cpu",
+        "MULTISLICE_JOB_NAME": "demo",
+        "MULTISLICE_ICI_DATA": "1",
+        "MULTISLICE_ICI_FSDP": "4",
+        "MULTISLICE_ICI_TENSOR": "1",
+        "MULTISLICE_DCN_DATA": "2",
+        "MULTISLICE_DCN_FSDP": "1",
+        "MULTISLICE_DCN_PIPELINE": "1",
+        "MULTISLICE_DCN_TENSOR": "1",
+        "MULTISLICE_CHECKPOINT_DIR": "/ckpt",
+        "MULTISLICE_RESTART_ATTEMPT": "1",
+    }
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+    assert contract.FAIL_AT_STEP not in env  # the parent's hooks never leak in
+    assert contract.from_environ(env).process_id == 3
+
+
+def test_extra_env_overrides_all_but_identity_and_addresses() -> None:
+    extra = {
+        contract.ACCELERATOR: "v5litepod-4",
+        contract.ICI_FSDP: "2",
+        contract.ICI_TENSOR: "2",
+        contract.SLICE_ID: "0",
+        contract.JAX_COORDINATOR: "job-slice-0-0.job:8476",
+    }
+    env = env_for(2, extra_env=extra, faults={contract.FAIL_AT_STEP: "5"})
+    assert env[contract.ACCELERATOR] == "v5litepod-4"
+    assert (env[contract.ICI_FSDP], env[contract.ICI_TENSOR]) == ("2", "2")
+    assert env[contract.SLICE_ID] == "1"
+    assert env[contract.JAX_COORDINATOR] == "127.0.0.1:12345"
+    assert env[contract.FAIL_AT_STEP] == "5"
+
+
+def test_extra_env_for_another_layout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="MEGASCALE_NUM_SLICES=4 but the launcher starts 2"):
+        run(tmp_path, ["train"], extra_env={contract.NUM_SLICES: "4"})
+
+
+def test_no_restart_after_exit_42(tmp_path: Path) -> None:
+    result = run(tmp_path, ["train", "--bogus"], max_restarts=3)
+    assert result.exit_code == exitcodes.EXIT_CONFIG_ERROR
+    assert len(result.attempts) == 1 and result.attempts[0].outcome == "fatal"
+
+
+# --- Real multi-process runs. ------------------------------------------------------------------
+
+
+def test_shardings_sees_every_device_of_every_slice(tmp_path: Path) -> None:
+    result = run(tmp_path, ["shardings", "--steps", "2"])
+    assert result.succeeded, result.format_timeline()
+    meshes = result.events_named("mesh")
+    assert sorted(e["process"] for e in meshes) == [0, 1, 2, 3]
+    for mesh in meshes:
+        assert mesh["global_devices"] == mesh["expected_devices"] == 8
+        assert mesh["local_devices"] == 2
+        assert mesh["axes"] == {"pipeline": 1, "data": 2, "fsdp": 4, "tensor": 1}
+        assert mesh["slices_by_row"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    report = result.events_named("shardings_result")[0]
+    assert report["global_devices"] == 8
+    assert report["tflops_per_device"] > 0 and report["mfu"] > 0
+
+
+@pytest.fixture(scope="module")
+def reference_params(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """Final parameters of an uninterrupted run, same seed and layout."""
+    tmp = tmp_path_factory.mktemp("reference")
+    result = run(tmp, [*TRAIN, "--final-params-out", str(tmp / "params.npz")])
+    assert result.succeeded, result.format_timeline()
+    assert result.events_named("fresh_start")
+    return load(tmp / "params.npz")
+
+
+def assert_same_params(path: Path, reference: dict[str, np.ndarray]) -> None:
+    params = load(path)
+    assert sorted(params) == sorted(reference)
+    # Exact equality: the resumed run replays the same compiled program on the same inputs, and
+    # gloo's reductions over a fixed set of ranks run in a fixed order, so nothing may drift.
+    for name, value in reference.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
+
+
+def test_failure_restarts_everyone_and_resume_is_exact(
+    tmp_path: Path, reference_params: dict[str, np.ndarray]
+) -> None:
+    out = tmp_path / "params.npz"
+    result = run(
+        tmp_path,
+        [*TRAIN, "--final-params-out", str(out)],
+        max_restarts=2,
+        fail_process=3,
+        fail_at_step=12,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
+    assert result.succeeded, result.format_timeline()
+    first, second = result.attempts
+    assert first.first_failure == (3, exitcodes.EXIT_INJECTED_FAILURE)
+    assert all(code is not None for code in first.exit_codes.values())  # survivors were stopped
+    assert second.exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    restored = result.events_named("restored", attempt=1)
+    assert sorted(e["process"] for e in restored) == [0, 1, 2, 3]
+    assert {e["step"] for e in restored} == {10}  # last checkpoint before the crash at 12
+    assert all(e["attempt"] == 1 for e in restored)
+    assert "restored from step 10" in result.format_timeline()
+    assert_same_params(out, reference_params)
+
+
+def test_preemption_checkpoints_on_every_process_and_resume_is_exact(
+    tmp_path: Path, reference_params: dict[str, np.ndarray]
+) -> None:
+    out = tmp_path / "params.npz"
+    result = run(
+        tmp_path,
+        [*TRAIN, "--checkpoint_every", "1000", "--final-params-out", str(out)],
+        max_restarts=1,
+        preempt_process=1,
+        preempt_at_step=7,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
+    assert result.succeeded, result.format_timeline()
+    preempted = result.events_named("preempted", attempt=0)
+    # SIGTERM reached one process; JAX's sync protocol stopped all four at the same step.
+    assert sorted(e["process"] for e in preempted) == [0, 1, 2, 3]
+    steps = {e["step"] for e in preempted}
+    assert len(steps) == 1 and steps.pop() >= 7
+    assert set(result.attempts[0].exit_codes.values()) <= {exitcodes.EXIT_PREEMPTED, -15, -9}
+    restored = result.events_named("restored", attempt=1)
+    assert {e["step"] for e in restored} == {preempted[0]["step"]}
+    assert_same_params(out, reference_params)

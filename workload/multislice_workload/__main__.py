@@ -1,0 +1,18 @@
+"""``python -m multislice_workload {shardings,train} [flags]``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from multislice_workload.cli import main
+
+if __name__ == "__main__":
+    code = main()
+    if code != 0:
+        # Skip interpreter shutdown: jax.distributed's atexit hook waits at a barrier for every
+        # process, and after a one-sided failure the others never arrive; the pod must end now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,545 @@
+"""Local multislice launcher: S slices x H hosts as S x H processes on this machine.
+
+Stands in for GKE + JobSet when there is no TPU: every process gets exactly the environment the
+operator injects (with 127.0.0.1 for every host), JAX runs on CPU with D forced host devices per
+process, and the JobSet failure policy is reproduced: when any process fails, all of them are
+stopped and restarted together with MULTISLICE_RESTART_ATTEMPT incremented, up to --max-restarts,
+except after exit 42 (fatal configuration error), which is never retried.
+
+    python -m multislice_workload.local --slices 2 --hosts-per-slice 2 --devices-per-host 2 \\
+        --max-restarts 2 --fail-process 3 --fail-at-step 12 --checkpoint-dir /tmp/ckpt \\
+        -- train --steps 30 --checkpoint_every 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from multislice_workload import env as contract
+from multislice_workload import exitcodes, logs
+
+LOCALHOST = "127.0.0.1"
+DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_GRACE_S = 3.0
+# Events worth a line in the timeline (from process 0 unless they concern one process).
+_TIMELINE_EVENTS = {"restored", "fresh_start", "preempted", "finished", "shardings_result"}
+_PER_PROCESS_EVENTS = {"injected_failure", "injected_preemption", "config_error", "crash"}
+
+
+@dataclasses.dataclass
+class ProcessRecord:
+    process_id: int
+    slice_id: int
+    worker_id: int
+    log_path: Path
+    exit_code: int | None = None
+
+
+@dataclasses.dataclass
+class AttemptResult:
+    attempt: int
+    processes: list[ProcessRecord]
+    outcome: str = "running"  # succeeded | failed | fatal | timeout
+    first_failure: tuple[int, int] | None = None  # (process id, exit code)
+    seconds: float = 0.0
+
+    @property
+    def exit_codes(self) -> dict[int, int | None]:
+        return {p.process_id: p.exit_code for p in self.processes}
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    exit_code: int
+    attempts: list[AttemptResult]
+    events: list[dict[str, Any]]
+    timeline: list[tuple[float, str]]
+    log_dir: Path
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == exitcodes.EXIT_OK
+
+    @property
+    def restarts(self) -> int:
+        return len(self.attempts) - 1
+
+    def events_named(self, name: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events
+            if e.get("event") == name and (attempt is None or e.get("launch_attempt") == attempt)
+        ]
+
+    def format_timeline(self) -> str:
+        lines = [f"{t:8.2f}s  {text}" for t, text in self.timeline]
+        return "\n".join(["timeline:", *lines])
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    slices: int
+    hosts_per_slice: int
+    devices_per_host: int
+
+    @property
+    def processes(self) -> int:
+        return self.slices * self.hosts_per_slice
+
+    def identity(self, process_id: int) -> tuple[int, int]:
+        """(slice id, worker id) for a process id (slice id x hosts per slice + worker id)."""
+        return divmod(process_id, self.hosts_per_slice)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCALHOST, 0))
+        return int(s.getsockname()[1])
+
+
+def default_parallelism(layout: Layout) -> contract.Parallelism:
+    # The overview's recommendation: FSDP inside a slice, pure data parallelism across slices.
+    return contract.Parallelism(
+        ici_fsdp=layout.hosts_per_slice * layout.devices_per_host, dcn_data=layout.slices
+    )
+
+
+def check_layout(layout: Layout, extra_env: Mapping[str, str]) -> None:
+    """An env read back from the apiserver must describe the layout we are about to start."""
+    expected = {
+        contract.NUM_SLICES: layout.slices,
+        contract.HOSTS_PER_SLICE: layout.hosts_per_slice,
+        contract.CHIPS_PER_HOST: layout.devices_per_host,
+    }
+    wrong = [
+        f"{name}={extra_env[name]} but the launcher starts {value}"
+        for name, value in expected.items()
+        if name in extra_env and str(extra_env[name]).strip() != str(value)
+    ]
+    if wrong:
+        raise ValueError("extra_env disagrees with the local layout: " + "; ".join(wrong))
+
+
+def _xla_flags(existing: str, devices: int) -> str:
+    kept = [f for f in existing.split() if not f.startswith("--xla_force_host_platform_device")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
+def process_env(
+    layout: Layout,
+    process_id: int,
+    *,
+    attempt: int,
+    jax_port: int,
+    parallelism: contract.Parallelism,
+    job_name: str,
+    checkpoint_dir: str | None,
+    extra_env: Mapping[str, str],
+    faults: Mapping[str, str],
+    base_env: Mapping[str, str],
+) -> dict[str, str]:
+    """Contract defaults, then the caller's overrides, then what only the launcher can know."""
+    slice_id, worker_id = layout.identity(process_id)
+    hosts = [LOCALHOST] * layout.hosts_per_slice
+    defaults = contract.build_contract_env(
+        num_slices=layout.slices,
+        hosts_per_slice=layout.hosts_per_slice,
+        chips_per_host=layout.devices_per_host,
+        slice_id=slice_id,
+        worker_id=worker_id,
+        parallelism=parallelism,
+        worker_hostnames=hosts,
+        coordinator_host=LOCALHOST,
+        jax_port=jax_port,
+        accelerator="cpu",
+        job_name=job_name,
+        checkpoint_dir=checkpoint_dir,
+    )
+    # Nothing of the parent's contract leaks in: a stale variable would silently win.
+    inherited = {k: v for k, v in base_env.items() if k not in contract.CONTRACT_VARIABLES}
+    for name in contract.FAULT_VARIABLES:
+        inherited.pop(name, None)
+    forced = {
+        contract.SLICE_ID: str(slice_id),
+        contract.WORKER_ID: str(worker_id),
+        contract.MEGASCALE_COORDINATOR: LOCALHOST,
+        contract.WORKER_HOSTNAMES: ",".join(hosts),
+        contract.JAX_COORDINATOR: f"{LOCALHOST}:{jax_port}",
+        contract.RESTART_ATTEMPT: str(attempt),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": _xla_flags(base_env.get("XLA_FLAGS", ""), layout.devices_per_host),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return {
+        **inherited,
+        **defaults,
+        **{k: str(v) for k, v in extra_env.items()},
+        **forced,
+        **faults,
+    }
+
+
+class _Run:
+    """State of one launch: clock, timeline and the events parsed from every process."""
+
+    def __init__(self, layout: Layout, log_dir: Path, echo: TextIO | None) -> None:
+        self.layout = layout
+        self.log_dir = log_dir
+        self.echo = echo
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.events: list[dict[str, Any]] = []
+        self.timeline: list[tuple[float, str]] = []
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.timeline.append((time.monotonic() - self.start, text))
+
+    def pump(self, proc: subprocess.Popen[str], record: ProcessRecord, attempt: int) -> None:
+        """Copy one process's output to its log file (and the console), collecting events."""
+        prefix = f"[a{attempt} s{record.slice_id}/h{record.worker_id}] "
+        assert proc.stdout is not None
+        with record.log_path.open("w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                if self.echo is not None:
+                    with self.lock:  # whole lines from concurrent processes
+                        self.echo.write(prefix + line)
+                event = logs.parse_line(line)
+                if event is not None:
+                    self._collect(event, record, attempt)
+
+    def _collect(self, event: dict[str, Any], record: ProcessRecord, attempt: int) -> None:
+        event = {**event, "launch_process": record.process_id, "launch_attempt": attempt}
+        with self.lock:
+            self.events.append(event)
+        name = event["event"]
+        who = f"attempt {attempt}: process {record.process_id}"
+        if name in _PER_PROCESS_EVENTS or (name in _TIMELINE_EVENTS and record.process_id == 0):
+            self.note(f"{who}: {_event_text(event)}")
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    name = event["event"]
+    if name == "shardings_result":
+        return (
+            f"shardings {event['tflops_per_device']:.4f} TFLOP/s per device over "
+            f"{event['global_devices']} devices, MFU {100 * event['mfu']:.1f}%"
+        )
+    detail = event.get("message") or event.get("error")
+    if detail:
+        return f"{name}: {detail}"
+    return f"{name} at step {event['step']}" if "step" in event else name
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    labels = {
+        exitcodes.EXIT_CONFIG_ERROR: "fatal configuration error",
+        exitcodes.EXIT_PREEMPTED: "preempted, checkpoint saved",
+        exitcodes.EXIT_INJECTED_FAILURE: "injected failure",
+        exitcodes.EXIT_CRASH: "crash",
+    }
+    return f"exited {code}" + (f" ({labels[code]})" if code in labels else "")
+
+
+def _stop(procs: Sequence[subprocess.Popen[str]], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after the grace period: what the kubelet does to a deleted pod."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in alive:
+        if p.poll() is None:
+            p.kill()
+    for p in alive:
+        p.wait()
+
+
+def _run_attempt(
+    run: _Run,
+    attempt: int,
+    envs: list[dict[str, str]],
+    command: list[str],
+    deadline: float,
+    grace_s: float,
+) -> AttemptResult:
+    layout = run.layout
+    records = [
+        ProcessRecord(i, *layout.identity(i), run.log_dir / f"attempt{attempt}-process{i}.log")
+        for i in range(layout.processes)
+    ]
+    result = AttemptResult(attempt, records)
+    procs: list[subprocess.Popen[str]] = []
+    pumps: list[threading.Thread] = []
+    started = time.monotonic()
+    try:
+        for record, env in zip(records, envs, strict=True):
+            proc = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            procs.append(proc)
+            pump = threading.Thread(target=run.pump, args=(proc, record, attempt), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        run.note(f"attempt {attempt}: started {len(procs)} processes")
+        _watch(run, result, _Exits(procs), deadline, grace_s)
+    finally:
+        _stop(procs, grace_s=0)  # never leave a process behind, whatever happened above
+        for pump in pumps:
+            pump.join(timeout=5)
+    for record, proc in zip(records, procs, strict=True):
+        record.exit_code = proc.returncode
+    result.seconds = time.monotonic() - started
+    return result
+
+
+class _Exits:
+    """Exit order of the processes, as it happened.
+
+    When one process crashes its peers fail right after it (a collective loses a member), often
+    within one polling interval; a waiter thread per process timestamps each exit so the failure
+    blamed is the first one, not the lowest process id.
+    """
+
+    def __init__(self, procs: list[subprocess.Popen[str]]) -> None:
+        self.procs = procs
+        self._lock = threading.Lock()
+        self._order: list[int] = []
+        for index, proc in enumerate(procs):
+            threading.Thread(target=self._wait, args=(index, proc), daemon=True).start()
+
+    def _wait(self, index: int, proc: subprocess.Popen[str]) -> None:
+        proc.wait()
+        with self._lock:
+            self._order.append(index)
+
+    def exited(self) -> list[tuple[int, int]]:
+        """(process id, exit code) in exit order."""
+        with self._lock:
+            order = list(self._order)
+        return [(i, int(self.procs[i].returncode)) for i in order]
+
+
+def _watch(
+    run: _Run,
+    result: AttemptResult,
+    exits: _Exits,
+    deadline: float,
+    grace_s: float,
+) -> None:
+    """Wait until all processes succeed, one fails (then stop the rest) or time runs out."""
+    procs = exits.procs
+    while True:
+        exited = exits.exited()
+        failed = [(i, code) for i, code in exited if code != 0]
+        if failed:
+            process_id, code = failed[0]
+            result.first_failure = (process_id, code)
+            result.outcome = "fatal" if code == exitcodes.EXIT_CONFIG_ERROR else "failed"
+            run.note(f"attempt {result.attempt}: process {process_id} {_describe_exit(code)}")
+            survivors = len(procs) - len(exited)
+            if survivors:
+                run.note(f"attempt {result.attempt}: stopping {survivors} other processes")
+            _stop(procs, grace_s)
+            return
+        if len(exited) == len(procs):
+            result.outcome = "succeeded"
+            run.note(f"attempt {result.attempt}: all {len(procs)} processes exited 0")
+            return
+        if time.monotonic() > deadline:
+            result.outcome = "timeout"
+            run.note(f"attempt {result.attempt}: timed out, stopping every process")
+            _stop(procs, grace_s)
+            return
+        time.sleep(0.05)
+
+
+def launch(
+    slices: int,
+    hosts_per_slice: int,
+    devices_per_host: int = 1,
+    *,
+    args: Sequence[str],
+    extra_env: Mapping[str, str] | None = None,
+    max_restarts: int = 0,
+    fail_process: int | None = None,
+    fail_at_step: int | None = None,
+    preempt_process: int | None = None,
+    preempt_at_step: int | None = None,
+    checkpoint_dir: str | None = None,
+    parallelism: contract.Parallelism | None = None,
+    job_name: str = "local",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    grace_s: float = DEFAULT_GRACE_S,
+    log_dir: str | None = None,
+    echo: TextIO | None = None,
+    python: str = sys.executable,
+) -> LaunchResult:
+    """Run `python -m multislice_workload *args` on every process, restarting like a JobSet.
+
+    `extra_env` overrides contract variables for every process (e.g. an environment read back from
+    the apiserver); identity and addresses stay the launcher's own. Raises ValueError when
+    `extra_env` describes another layout than slices x hosts x devices.
+    """
+    layout = Layout(slices, hosts_per_slice, devices_per_host)
+    extra = dict(extra_env or {})
+    check_layout(layout, extra)
+    faults = _faults(layout, fail_process, fail_at_step, preempt_process, preempt_at_step)
+    logs_path = Path(log_dir or tempfile.mkdtemp(prefix="multislice-local-"))
+    logs_path.mkdir(parents=True, exist_ok=True)
+    run = _Run(layout, logs_path, echo)
+    run.note(
+        f"job {job_name}: {slices} slices x {hosts_per_slice} hosts x {devices_per_host} devices,"
+        f" max {max_restarts} restarts, logs in {logs_path}"
+    )
+    command = [python, "-m", "multislice_workload", *args]
+    ckpt = os.path.abspath(checkpoint_dir) if checkpoint_dir else None
+    deadline = time.monotonic() + timeout_s
+    attempts: list[AttemptResult] = []
+    for attempt in range(max_restarts + 1):
+        port = free_port()
+        envs = [
+            process_env(
+                layout,
+                i,
+                attempt=attempt,
+                jax_port=port,
+                parallelism=parallelism or default_parallelism(layout),
+                job_name=job_name,
+                checkpoint_dir=ckpt,
+                extra_env=extra,
+                # Injected faults model one-off events: only the first attempt sees them.
+                faults=faults.get(i, {}) if attempt == 0 else {},
+                base_env=os.environ,
+            )
+            for i in range(layout.processes)
+        ]
+        result = _run_attempt(run, attempt, envs, command, deadline, grace_s)
+        attempts.append(result)
+        if result.outcome in ("succeeded", "fatal", "timeout"):
+            break
+        if attempt < max_restarts:
+            run.note(f"restarting all processes (restart {attempt + 1} of {max_restarts})")
+    code = _final_code(attempts[-1])
+    run.note(f"result: {attempts[-1].outcome}, exit {code}, {len(attempts) - 1} restarts")
+    return LaunchResult(code, attempts, run.events, run.timeline, logs_path)
+
+
+def _faults(
+    layout: Layout,
+    fail_process: int | None,
+    fail_at_step: int | None,
+    preempt_process: int | None,
+    preempt_at_step: int | None,
+) -> dict[int, dict[str, str]]:
+    """Per-process fault variables; both halves of each (process, step) pair must be given."""
+    out: dict[int, dict[str, str]] = {}
+    pairs = (
+        ("fail", fail_process, fail_at_step, contract.FAIL_AT_STEP),
+        ("preempt", preempt_process, preempt_at_step, contract.PREEMPT_AT_STEP),
+    )
+    for label, process, step, variable in pairs:
+        if (process is None) != (step is None):
+            raise ValueError(f"{label}_process and {label}_at_step go together")
+        if process is None or step is None:
+            continue
+        if not 0 <= process < layout.processes:
+            raise ValueError(f"{label}_process {process} is not in 0..{layout.processes - 1}")
+        out.setdefault(process, {})[variable] = str(step)
+    return out
+
+
+def _final_code(last: AttemptResult) -> int:
+    if last.outcome == "succeeded":
+        return exitcodes.EXIT_OK
+    if last.outcome == "timeout":
+        return 124
+    assert last.first_failure is not None
+    code = last.first_failure[1]
+    return code if code > 0 else 128 - code
+
+
+# --- Command line. --------------------------------------------------------------------------------
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--env expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m multislice_workload.local",
+        description=__doc__.splitlines()[0],
+        usage="%(prog)s --slices S --hosts-per-slice H [options] -- {shardings,train} [flags]",
+    )
+    p.add_argument("--slices", type=int, required=True)
+    p.add_argument("--hosts-per-slice", type=int, required=True)
+    p.add_argument("--devices-per-host", type=int, default=1)
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--fail-process", type=int, default=None)
+    p.add_argument("--fail-at-step", type=int, default=None)
+    p.add_argument("--preempt-process", type=int, default=None)
+    p.add_argument("--preempt-at-step", type=int, default=None)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--job-name", default="local")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="SIGTERM to SIGKILL, s")
+    p.add_argument("--log-dir", default=None)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--quiet", action="store_true", help="do not echo process output")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    opts = build_parser().parse_args(argv[:split])
+    workload_args = argv[split + 1 :]
+    if not workload_args:
+        build_parser().error("give the workload command after --, e.g. -- train --steps 20")
+    result = launch(
+        opts.slices,
+        opts.hosts_per_slice,
+        opts.devices_per_host,
+        args=workload_args,
+        extra_env=_parse_env(opts.env),
+        max_restarts=opts.max_restarts,
+        fail_process=opts.fail_process,
+        fail_at_step=opts.fail_at_step,
+        preempt_process=opts.preempt_process,
+        preempt_at_step=opts.preempt_at_step,
+        checkpoint_dir=opts.checkpoint_dir,
+        job_name=opts.job_name,
+        timeout_s=opts.timeout,
+        grace_s=opts.grace,
+        log_dir=opts.log_dir,
+        echo=None if opts.quiet else sys.stdout,
+    )
+    print(result.format_timeline())
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

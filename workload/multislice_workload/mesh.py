@@ -1,0 +1,141 @@
+"""Device mesh from the injected ICI and DCN parallelism.
+
+Axes are ordered by increasing communication intensity, as `mesh_utils` expects:
+``pipeline`` (DCN only), ``data``, ``fsdp``, ``tensor``. Each axis of the hybrid mesh is the ICI
+size times the DCN size, with the DCN factor outermost, so that within one slice only ICI links are
+used and traffic between slices is confined to the axes that have a DCN factor.
+
+On TPU the runtime tags every device with ``slice_index``. CPU and GPU devices have no such tag;
+there we group processes into slices the way the operator numbers them
+(process id = slice id x hosts per slice + worker id) and hand the same function tagged proxies, so
+both paths go through `mesh_utils.create_hybrid_device_mesh`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from multislice_workload.env import ConfigError, Parallelism
+
+MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
+# Axes the batch dimension is split over. This workload has no micro-batch pipeline schedule, so
+# the DCN pipeline axis carries whole batches: it acts as one more data-parallel axis.
+BATCH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp")
+
+
+def ici_shape(p: Parallelism) -> tuple[int, ...]:
+    return (1, p.ici_data, p.ici_fsdp, p.ici_tensor)
+
+
+def dcn_shape(p: Parallelism) -> tuple[int, ...]:
+    return (p.dcn_pipeline, p.dcn_data, p.dcn_fsdp, p.dcn_tensor)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SliceTagged:
+    """A device plus the slice it belongs to, for platforms whose devices carry no slice_index."""
+
+    device: Any
+    slice_index: int
+
+    @property
+    def platform(self) -> str:
+        return str(self.device.platform)
+
+    @property
+    def device_kind(self) -> str:
+        return str(self.device.device_kind)
+
+    @property
+    def process_index(self) -> int:
+        return int(self.device.process_index)
+
+    @property
+    def id(self) -> int:
+        return int(self.device.id)
+
+
+def has_native_slices(devices: Sequence[Any]) -> bool:
+    """Only the TPU runtime knows real slices. Distributed CPU devices do carry a slice_index,
+    but it is 0 for every process, so off TPU the attribute cannot be trusted."""
+    return all(d.platform == "tpu" and getattr(d, "slice_index", None) is not None for d in devices)
+
+
+def _tag_by_process(devices: Sequence[Any], hosts_per_slice: int) -> list[_SliceTagged]:
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return [_SliceTagged(d, d.process_index // hosts_per_slice) for d in ordered]
+
+
+def check_device_count(num_devices: int, num_slices: int, chips_per_slice: int) -> None:
+    """The seed's `len(jax.devices())` check: every chip of every slice must be visible."""
+    expected = num_slices * chips_per_slice
+    if num_devices != expected:
+        raise ConfigError(
+            f"JAX sees {num_devices} devices but the job has {num_slices} slices x "
+            f"{chips_per_slice} chips = {expected}; a host or slice did not join"
+        )
+
+
+def device_array(
+    devices: Sequence[Any],
+    parallelism: Parallelism,
+    *,
+    num_slices: int,
+    chips_per_slice: int,
+    hosts_per_slice: int,
+) -> np.ndarray:
+    """Devices arranged as a (pipeline, data, fsdp, tensor) array. Raises ConfigError."""
+    from jax.experimental import mesh_utils  # here so env-only users never import JAX
+
+    check_device_count(len(devices), num_slices, chips_per_slice)
+    parallelism.check(num_slices, chips_per_slice)
+    native = has_native_slices(devices)
+    candidates: Sequence[Any] = devices if native else _tag_by_process(devices, hosts_per_slice)
+    try:
+        arranged = mesh_utils.create_hybrid_device_mesh(
+            ici_shape(parallelism), dcn_shape(parallelism), devices=candidates
+        )
+    except (ValueError, AssertionError, NotImplementedError) as err:
+        raise ConfigError(f"cannot build the device mesh: {err}") from err
+    if native:
+        return arranged
+    return np.vectorize(lambda t: t.device, otypes=[object])(arranged)
+
+
+def build_mesh(
+    parallelism: Parallelism,
+    *,
+    num_slices: int,
+    chips_per_slice: int,
+    hosts_per_slice: int,
+    devices: Sequence[Any] | None = None,
+) -> Any:
+    """The jax.sharding.Mesh over all global devices."""
+    import jax
+
+    devices = list(jax.devices()) if devices is None else list(devices)
+    arranged = device_array(
+        devices,
+        parallelism,
+        num_slices=num_slices,
+        chips_per_slice=chips_per_slice,
+        hosts_per_slice=hosts_per_slice,
+    )
+    return jax.sharding.Mesh(arranged, MESH_AXES)
+
+
+def slice_layout(arranged: np.ndarray, hosts_per_slice: int) -> list[list[int]]:
+    """For logs and tests: the slice of each device, flattened per (pipeline x data) row."""
+
+    native = has_native_slices(list(arranged.flat))
+
+    def slice_of(d: Any) -> int:
+        return int(d.slice_index) if native else int(d.process_index) // hosts_per_slice
+
+    slices = np.vectorize(slice_of, otypes=[int])(arranged)
+    rows = int(np.prod(arranged.shape[:2]))
+    return [[int(s) for s in row] for row in slices.reshape(rows, -1)]
