@@ -44,6 +44,7 @@ SLICE_RUNNING = "Running"
 SLICE_SUCCEEDED = "Succeeded"
 SLICE_FAILED = "Failed"
 SLICE_RELEASING = "Releasing"
+SLICE_REPAIRING = "Repairing"
 
 
 # ---------------------------------------------------------------- observed state (plain data)
@@ -215,11 +216,16 @@ def _slice_ready(s: SliceObservation, hosts: int) -> bool:
     return s.pool_status in (RUNNING, RECONCILING) and s.ready_hosts >= hosts and not s.foreign
 
 
-def _slice_lost(s: SliceObservation) -> bool:
-    """Capacity that was there is gone: pool broken or deleted, or its nodes disappeared."""
+def _slice_lost(s: SliceObservation, before: str | None) -> bool:
+    """Capacity that was there is gone: pool broken or deleted, or its nodes disappeared.
+
+    A pool that is RUNNING without Ready nodes is only lost if its nodes were seen Ready before
+    (`before`, the slice's last phase): a fresh pool's nodes take a moment to register.
+    """
     if s.foreign or s.pool_status in (ERROR, ABSENT, STOPPING):
         return True
-    return s.pool_status in (RUNNING, RUNNING_WITH_ERROR) and s.ready_hosts == 0
+    had_nodes = before in (SLICE_READY, SLICE_RUNNING, SLICE_REPAIRING)
+    return s.pool_status in (RUNNING, RUNNING_WITH_ERROR) and s.ready_hosts == 0 and had_nodes
 
 
 # ---------------------------------------------------------------- the decision
@@ -245,6 +251,7 @@ class _Ctx:
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.requeue: float | None = None
+        self.repairing: set[int] = set()
 
     def cond(self, ctype: str, status: str, reason: str, message: str) -> None:
         set_condition(
@@ -646,7 +653,7 @@ def _gang_failed(ctx: _Ctx, plan: Plan, err: PoolError) -> None:
 def _repair(ctx: _Ctx, plan: Plan) -> bool:
     """The JobSet exists: replace the pool of any slice that lost its capacity, that slice only."""
     hosts = plan.shape.hosts
-    lost = [s for s in ctx.obs.slices if _slice_lost(s)]
+    lost = [s for s in ctx.obs.slices if _slice_lost(s, _old_slice(ctx, s.index).get("phase"))]
     broken = tuple(s.pool for s in lost if s.pool and s.pool_status not in (ABSENT, STOPPING))
     if broken:
         ctx.actions.append(DeletePools(tuple(p for p in broken if p)))
@@ -661,8 +668,8 @@ def _repair(ctx: _Ctx, plan: Plan) -> bool:
             if s.error
             else ("nodes gone" if s.pool_status in (RUNNING, RUNNING_WITH_ERROR) else s.pool_status)
         )
-        prev = _old_slice(ctx, s.index)
-        if prev.get("phase") not in (SLICE_PROVISIONING, SLICE_PENDING):
+        ctx.repairing.add(s.index)
+        if _old_slice(ctx, s.index).get("phase") != SLICE_REPAIRING:
             ctx.events.append(
                 Event(
                     "Warning",
@@ -719,6 +726,8 @@ def _slice_phase(
         return SLICE_FAILED
     if s is None:
         return SLICE_PENDING
+    if i in ctx.repairing:
+        return SLICE_REPAIRING
     if phase == Phase.SUSPENDED.value and s.pool_status != ABSENT:
         return SLICE_RELEASING
     if ctx.obs.succeeded_pods.get(i, 0) >= hosts:

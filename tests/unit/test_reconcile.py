@@ -345,14 +345,29 @@ def test_lost_slice_replaced_alone():
         slices=pools(RUNNING, RUNNING, ready=[4, 0]),
         jobset=JobSetObservation(ready_jobs=1, restarts=1),
     )
-    d = run(old={"phase": "Running", "restarts": 1}, obs=obs)
+    before = [{"index": i, "phase": "Running"} for i in range(2)]
+    d = run(old={"phase": "Running", "restarts": 1, "slices": before}, obs=obs)
     _, p = spec_and_plan()
     assert d.actions == [DeletePools((p.node_pools[1].name,))]
     assert d.status["phase"] == "Restarting"
-    assert "SliceLost" in reasons(d)
+    assert d.status["slices"][1]["phase"] == "Repairing"
+    assert reasons(d).count("SliceLost") == 1
     obs.slices = pools(RUNNING, ABSENT)
     d2 = run(old=d.status, obs=obs)
     assert d2.actions == [CreatePools((1,))]
+    assert "SliceLost" not in reasons(d2)  # announced once per loss
+
+
+def test_fresh_pool_without_nodes_yet_is_not_lost():
+    obs = Observed(
+        now=NOW,
+        slices=pools(RUNNING, RUNNING, ready=[4, 0]),
+        jobset=JobSetObservation(ready_jobs=1, restarts=1),
+    )
+    before = [{"index": 0, "phase": "Running"}, {"index": 1, "phase": "Provisioning"}]
+    d = run(old={"phase": "Restarting", "restarts": 1, "slices": before}, obs=obs)
+    assert d.actions == []
+    assert "SliceLost" not in reasons(d)
 
 
 def test_finished_releases_pools_unless_kept():

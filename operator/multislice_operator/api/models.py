@@ -254,7 +254,8 @@ class SliceStatus(_Model):
     ready_hosts: int = Field(default=0, description="Hosts whose nodes are Ready.")
     phase: str = Field(
         default="Pending",
-        description="Pending, Provisioning, Ready, Running, Succeeded, Failed or Releasing.",
+        description="Pending, Provisioning, Ready, Running, Repairing, Succeeded, Failed or "
+        "Releasing.",
     )
     message: str | None = None
 
