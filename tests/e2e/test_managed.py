@@ -11,7 +11,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_operator.api import models
-from multislice_operator.local.gke_sim import Faults
 from multislice_operator.local.harness import wait_for
 from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION
 from multislice_operator.local.stack import LocalStack, StackOptions
