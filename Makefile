@@ -37,6 +37,11 @@ cluster-up: install bins
 cluster-down: install
 	$(BIN)/python -m multislice_operator.local.controlplane down --profile $(PROFILE)
 
+# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete, KEEP=1 to stay up.
+SCENARIO ?= restart
+demo: install bins
+	$(BIN)/multislice-operator demo --scenario $(SCENARIO) $(if $(KEEP),--keep,) $(DEMO_ARGS)
+
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
 

@@ -45,6 +45,7 @@ SLICE_SUCCEEDED = "Succeeded"
 SLICE_FAILED = "Failed"
 SLICE_RELEASING = "Releasing"
 SLICE_REPAIRING = "Repairing"
+RELEASING_NOTE = " (releasing node pools)"
 
 
 # ---------------------------------------------------------------- observed state (plain data)
@@ -363,11 +364,12 @@ def _release(ctx: _Ctx, plan: Plan) -> bool:
 
 def _finished(ctx: _Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     phase = Phase(ctx.old["phase"])
-    ctx.phase(phase, ctx.old.get("message") or phase.value)
+    message = (ctx.old.get("message") or phase.value).split(RELEASING_NOTE)[0]
+    ctx.phase(phase, message)
     keep = phase == Phase.SUCCEEDED and spec.provisioning.keep_node_pools
     released = True if keep else _release(ctx, plan)
     if not released:
-        ctx.status["message"] = f"{ctx.status['message']} (releasing node pools)"
+        ctx.status["message"] = f"{ctx.status['message']}{RELEASING_NOTE}"
     ttl = spec.ttl_seconds_after_finished
     done = parse_time(ctx.old.get("completionTime"))
     if ttl is not None and done is not None and released:
@@ -474,9 +476,13 @@ def _last_failure(ctx: _Ctx) -> str:
 
 def _count_restarts(ctx: _Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> None:
     before = int(ctx.old.get("restarts") or 0)
+    seen = _last_failure(ctx).removeprefix("; last failure: ")
+    if seen:
+        # The failed pod is deleted by the restart; keep what it said for the event and users.
+        ctx.status["lastFailure"] = seen
     if js.restarts > before:
         ctx.status["restarts"] = js.restarts
-        cause = _last_failure(ctx).removeprefix("; last failure: ") or "a slice failed"
+        cause = ctx.status.get("lastFailure") or "a slice failed"
         ctx.events.append(
             Event(
                 "Warning",
@@ -490,17 +496,20 @@ def _count_restarts(ctx: _Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -
 
 
 def _running_phase(ctx: _Ctx, plan: Plan, js: JobSetObservation, capacity_ready: bool) -> None:
-    if js.ready_jobs >= plan.slices and capacity_ready:
+    # A slice that already finished counts as running: slices rarely finish in the same second.
+    up = js.ready_jobs + js.succeeded_jobs
+    if up >= plan.slices and capacity_ready:
         ctx.cond(SLICES_READY, "True", "AllSlicesRunning", f"{plan.slices}/{plan.slices} running")
         if "runningTime" not in ctx.status:
             ctx.status["runningTime"] = iso(ctx.now)
         ctx.phase(Phase.RUNNING, f"{plan.slices}/{plan.slices} slices running")
         return
-    message = f"{js.ready_jobs}/{plan.slices} slices running"
+    message = f"{up}/{plan.slices} slices running"
     ctx.cond(SLICES_READY, "False", "SlicesStarting", message)
     was_running = "runningTime" in ctx.status
     if js.restarts > 0 or not capacity_ready or was_running:
-        ctx.phase(Phase.RESTARTING, f"restarting all slices (restart {js.restarts}): {message}")
+        attempt = f"restart {js.restarts}" if js.restarts else "a slice stopped"
+        ctx.phase(Phase.RESTARTING, f"restarting all slices ({attempt}): {message}")
     else:
         ctx.phase(Phase.STARTING, message)
 

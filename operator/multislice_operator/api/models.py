@@ -280,6 +280,9 @@ class MultisliceJobStatus(_Model):
     next_attempt_time: str | None = Field(
         default=None, description="When the next gang provisioning attempt starts (backoff)."
     )
+    last_failure: str | None = Field(
+        default=None, description="The most recent pod failure seen: pod, exit code, reason."
+    )
     attempt_start_time: str | None = Field(
         default=None, description="When the current gang provisioning attempt started."
     )

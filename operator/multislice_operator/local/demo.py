@@ -1,0 +1,386 @@
+"""`multislice-operator demo`: the whole story on one machine, narrated.
+
+Builds what is missing, starts the local default (a real control plane with kwok TPU nodes, the
+GKE API simulator and the operator), applies a MultisliceJob, drives one scenario, shows the job
+live and a timeline at the end, checks the outcome, and cleans everything up (Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator.api import models
+from multislice_operator.local.gke_sim import Faults
+from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION, fail_pod
+from multislice_operator.local.stack import LocalStack, StackOptions
+from multislice_operator.plan import load_job, node_pool_name, plan_job
+
+NAMESPACE = "demo"
+JOB = "llm-v5e"
+RETRYABLE_EXIT = 17
+FATAL_EXIT = 42
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    expect_phase: str | None  # None: the job is deleted
+    expect_restarts: int = 0
+    run: str = "8s"  # how long each pod runs (kwok)
+    faults: Faults = field(default_factory=Faults)
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario(
+            "restart",
+            "one slice's pod fails with a retryable code; all slices restart",
+            "Succeeded",
+            1,
+        ),
+        Scenario(
+            "stockout",
+            "one slice hits a stockout; the gang rolls back and retries",
+            "Succeeded",
+            0,
+            faults=Faults(stockout_next=1),
+        ),
+        Scenario(
+            "preemption",
+            "one spot slice is preempted; its pool is replaced, all restart",
+            "Succeeded",
+            1,
+            run="12s",
+        ),
+        Scenario(
+            "fatal", "a pod exits with a non-retryable code; the job fails", "Failed", 0, run="1h"
+        ),
+        Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
+    )
+}
+
+
+class Narrator:
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.t0 = out, time.monotonic()
+        self.marks: list[tuple[float, str]] = []
+
+    def say(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", file=self.out, flush=True)
+
+    def mark(self, what: str) -> None:
+        self.marks.append((time.monotonic() - self.t0, what))
+
+
+def demo_job(scenario: Scenario) -> dict[str, Any]:
+    example = Path(__file__).resolve().parents[3] / "examples" / "v5e-16x2-fsdp.yaml"
+    import yaml
+
+    body: dict[str, Any] = yaml.safe_load(example.read_text())
+    body["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    spec = body["spec"]
+    spec.pop("checkpoint", None)
+    if scenario.name == "preemption":
+        spec["capacity"] = {"type": "Spot"}
+    template = spec["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
+        scenario.run
+    )
+    return copy.deepcopy(body)
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace, out: TextIO = sys.stdout) -> None:
+        self.args = args
+        self.scenario = SCENARIOS[args.scenario]
+        self.n = Narrator(out)
+        self.stack: LocalStack | None = None
+        self.seen_events: set[str] = set()
+        self.last_line = ""
+        self.injected = False
+
+    # -- the story -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        s = self.scenario
+        self.n.say(f"scenario '{s.name}': {s.summary}")
+        from multislice_operator.local.controlplane import ensure_binaries
+
+        self.n.say("checking the control-plane binaries (the first build takes ~10 minutes)")
+        ensure_binaries()
+        self.n.mark("binaries ready")
+        options = StackOptions(
+            op_latency_s=self.args.pool_latency,
+            faults=s.faults,
+            operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
+        )
+        self.stack = LocalStack(options)
+        self.stack.start(progress=self.n.say)
+        assert self.stack.cp is not None
+        self.n.say(f"control-plane state in {self.stack.cp.workdir}")
+        self.n.mark("local cluster, GKE simulator and operator up")
+        body = demo_job(s)
+        self.apply(body)
+        outcome = self.watch(body)
+        self.timeline()
+        ok = self.check(outcome)
+        if self.args.keep:
+            self.keep()
+        return 0 if ok else 1
+
+    def apply(self, body: dict[str, Any]) -> None:
+        assert self.stack is not None
+        core = client.CoreV1Api(self.stack.api)
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        plan = plan_job(load_job(body))
+        self.n.say(
+            f"applying MultisliceJob {NAMESPACE}/{JOB}: {plan.slices} x {plan.shape.accelerator} "
+            f"({plan.shape.hosts} hosts each, {plan.total_chips} chips), "
+            f"{plan.capacity}, DCN {plan.advice.verdict}"
+        )
+        client.CustomObjectsApi(self.stack.api).create_namespaced_custom_object(
+            models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, body
+        )
+        self.n.mark("job applied")
+
+    def status(self) -> dict[str, Any] | None:
+        assert self.stack is not None
+        try:
+            obj = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        st: dict[str, Any] = obj.get("status") or {}
+        return st
+
+    def watch(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        deadline = time.monotonic() + self.args.timeout
+        last_phase = None
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st is None:
+                self.n.say("the job is gone")
+                return None
+            self.show(st)
+            self.events()
+            phase = st.get("phase")
+            if phase != last_phase:
+                self.n.mark(f"phase {phase}")
+                last_phase = phase
+            self.inject(st)
+            if phase in models.TERMINAL_PHASES and self.released():
+                return st
+            time.sleep(0.5)
+        self.n.say(f"timed out after {self.args.timeout:.0f}s")
+        return self.status()
+
+    def show(self, st: dict[str, Any]) -> None:
+        slices = "  ".join(
+            f"[{s['index']}] {s.get('nodePool', '-')} {s.get('readyHosts', 0)}/{s['hosts']} "
+            f"{s.get('phase')}"
+            for s in st.get("slices", [])
+        )
+        line = (
+            f"{st.get('phase', 'New'):<12} restarts={st.get('restarts', 0)}  {slices}\n"
+            f"{'':>10}{st.get('message', '')}"
+        )
+        if line != self.last_line:
+            self.n.say(line)
+            self.last_line = line
+
+    def events(self) -> None:
+        assert self.stack is not None
+        items = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={JOB}")
+            .items
+        )
+        for e in sorted(items, key=lambda e: str(e.last_timestamp or e.event_time or "")):
+            key = e.metadata.uid
+            if key in self.seen_events:
+                continue
+            self.seen_events.add(key)
+            source = (
+                "operator"
+                if e.source and e.source.component == "multislice-operator"
+                else ("jobset")
+            )
+            self.n.say(f"  event {e.type:<7} {e.reason} ({source}): {e.message}")
+            if e.reason in (
+                "GangRolledBack",
+                "GangProvisioned",
+                "SliceLost",
+                "RestartingAllSlices",
+            ):
+                self.n.mark(e.reason)
+
+    # -- scenario actions ------------------------------------------------------------------
+
+    def inject(self, st: dict[str, Any]) -> None:
+        if self.injected:
+            return
+        assert self.stack is not None and self.stack.sim is not None
+        name = self.scenario.name
+        if name == "delete" and st.get("phase") == "Provisioning":
+            self.injected = True
+            self.n.say("deleting the job while its node pools are being created")
+            self.n.mark("delete requested")
+            client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
+                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+            )
+        elif st.get("phase") == "Running" and name in ("restart", "fatal", "preemption"):
+            self.injected = True
+            if name == "preemption":
+                pool = node_pool_name(NAMESPACE, JOB, 1)
+                self.n.say(f"preempting spot node pool {pool} (slice 1): its nodes disappear")
+                self.stack.sim.preempt(pool, recreate_after_s=None)
+                self.n.mark("slice 1 preempted")
+                return
+            pod = self.victim()
+            code = RETRYABLE_EXIT if name == "restart" else FATAL_EXIT
+            kind = "retryable" if name == "restart" else "non-retryable"
+            self.n.say(f"making pod {pod} (slice 1) exit with {kind} code {code}")
+            fail_pod(self.stack.api, NAMESPACE, pod, code)
+            self.n.mark(f"pod failed with exit {code}")
+
+    def victim(self) -> str:
+        assert self.stack is not None
+        pods = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_pod(NAMESPACE, label_selector="jobset.sigs.k8s.io/job-index=1")
+            .items
+        )
+        return sorted(p.metadata.name for p in pods)[0]
+
+    def released(self) -> bool:
+        assert self.stack is not None and self.stack.sim is not None
+        return not self.stack.sim.pools()
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def timeline(self) -> None:
+        self.n.say("timeline:")
+        prev = 0.0
+        for t, what in self.n.marks:
+            self.n.say(f"  {t:7.1f}s  (+{t - prev:5.1f}s)  {what}")
+            prev = t
+
+    def check(self, st: dict[str, Any] | None) -> bool:
+        assert self.stack is not None and self.stack.sim is not None
+        s = self.scenario
+        problems = []
+        if s.expect_phase is None:
+            if st is not None:
+                problems.append("the job still exists")
+        elif st is None:
+            problems.append("the job disappeared")
+        else:
+            if st.get("phase") != s.expect_phase:
+                problems.append(f"phase {st.get('phase')}, expected {s.expect_phase}")
+            if int(st.get("restarts") or 0) < s.expect_restarts:
+                problems.append(f"restarts {st.get('restarts')}, expected {s.expect_restarts}")
+        pools = self.stack.sim.pools()
+        if pools:
+            problems.append(f"node pools left: {', '.join(pools)}")
+        nodes = self.fake_nodes()
+        if nodes:
+            problems.append(f"fake TPU nodes left: {len(nodes)}")
+        if problems:
+            self.n.say("OUTCOME NOT REACHED: " + "; ".join(problems))
+            return False
+        outcome = s.expect_phase or "deleted"
+        self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
+        return True
+
+    def fake_nodes(self) -> list[str]:
+        assert self.stack is not None
+
+        def names() -> list[str]:
+            items = (
+                client.CoreV1Api(self.stack.api)
+                .list_node(  # type: ignore[union-attr]
+                    label_selector="cloud.google.com/gke-nodepool"
+                )
+                .items
+            )
+            return [n.metadata.name for n in items]
+
+        deadline = time.monotonic() + 20
+        while names() and time.monotonic() < deadline:  # node deletion trails the pool's
+            time.sleep(0.5)
+        return names()
+
+    def keep(self) -> None:
+        assert self.stack is not None and self.stack.cp is not None and self.stack.op is not None
+        self.n.say("--keep: the cluster stays up until Ctrl-C")
+        self.n.say(f"  export KUBECONFIG={self.stack.cp.kubeconfig}")
+        self.n.say("  kubectl get msj -A ; kubectl describe msj -n demo")
+        self.n.say(f"  operator metrics: {self.stack.op.metrics_url}")
+        self.n.say(f"  GKE simulator: {self.stack.sim.url if self.stack.sim else '-'}/_sim/state")
+        while True:
+            time.sleep(3600)
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.n.say("stopping every process the demo started")
+            self.stack.stop()
+            self.stack = None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="restart",
+        help="; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values()),
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the cluster running (kubeconfig printed) until Ctrl-C",
+    )
+    p.add_argument(
+        "--pool-latency",
+        type=float,
+        default=2.0,
+        help="simulated seconds for a node-pool create/delete",
+    )
+    p.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
+
+
+def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    demo = Demo(args, out)
+
+    def interrupted(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous: Callable[..., Any] | int | None = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return demo.run()
+    except KeyboardInterrupt:
+        demo.n.say("interrupted")
+        return 130
+    finally:
+        demo.stop()
+        signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
