@@ -70,3 +70,12 @@ def test_demo_scenario(scenario, must_see):
     for needle in must_see:
         assert needle in out, f"{needle!r} missing:\n{out[-3000:]}"
     assert "timeline:" in out
+
+
+def test_demo_runs_the_real_workload_with_the_injected_environment():
+    code, out = run_demo("restart", "--run-workload")
+    assert code == 0, out[-4000:]
+    assert "MEGASCALE_NUM_SLICES=2" in out  # read back from a JobSet pod
+    assert re.search(r"workload: exit 0, [1-9] restart\(s\), restored from step [1-9]", out), out[
+        -3000:
+    ]

@@ -86,7 +86,7 @@ class Narrator:
         self.marks.append((time.monotonic() - self.t0, what))
 
 
-def demo_job(scenario: Scenario) -> dict[str, Any]:
+def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
     example = Path(__file__).resolve().parents[3] / "examples" / "v5e-16x2-fsdp.yaml"
     import yaml
 
@@ -96,6 +96,10 @@ def demo_job(scenario: Scenario) -> dict[str, Any]:
     spec.pop("checkpoint", None)
     if scenario.name == "preemption":
         spec["capacity"] = {"type": "Spot"}
+    if run_workload:
+        # Real JAX runs here on CPU, one process per host: single-host slices keep it to two.
+        spec.update(accelerator="v5litepod-4", topology="2x2")
+        spec["parallelism"] = {"ici": {"fsdp": 4}, "dcn": {"data": 2}}
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run
@@ -112,6 +116,7 @@ class Demo:
         self.seen_events: set[str] = set()
         self.last_line = ""
         self.injected = False
+        self.workload: Any = None  # the background launcher thread's result holder
 
     # -- the story -------------------------------------------------------------------------
 
@@ -133,11 +138,13 @@ class Demo:
         assert self.stack.cp is not None
         self.n.say(f"control-plane state in {self.stack.cp.workdir}")
         self.n.mark("local cluster, GKE simulator and operator up")
-        body = demo_job(s)
+        body = demo_job(s, self.args.run_workload)
         self.apply(body)
         outcome = self.watch(body)
         self.timeline()
         ok = self.check(outcome)
+        if self.workload is not None:
+            ok = self.workload_result() and ok
         if self.args.keep:
             self.keep()
         return 0 if ok else 1
@@ -238,6 +245,8 @@ class Demo:
     # -- scenario actions ------------------------------------------------------------------
 
     def inject(self, st: dict[str, Any]) -> None:
+        if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
+            self.start_workload()
         if self.injected:
             return
         assert self.stack is not None and self.stack.sim is not None
@@ -276,6 +285,97 @@ class Demo:
     def released(self) -> bool:
         assert self.stack is not None and self.stack.sim is not None
         return not self.stack.sim.pools()
+
+    # -- the real workload (--run-workload) --------------------------------------------------
+
+    def pod_env(self) -> dict[str, str]:
+        """The environment the operator injected, as one of the JobSet's pods would see it."""
+        assert self.stack is not None
+        pods = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_pod(NAMESPACE, label_selector=f"multislice.dev/job-name={JOB}")
+            .items
+        )
+        pod = sorted(pods, key=lambda p: p.metadata.name)[0]
+        meta = {
+            "metadata.name": pod.metadata.name,
+            **{
+                f"metadata.annotations['{k}']": v
+                for k, v in (pod.metadata.annotations or {}).items()
+            },
+            **{f"metadata.labels['{k}']": v for k, v in (pod.metadata.labels or {}).items()},
+        }
+        env: dict[str, str] = {}
+        for var in pod.spec.containers[0].env or []:
+            if var.value is not None:
+                env[var.name] = var.value
+            elif var.value_from and var.value_from.field_ref:
+                env[var.name] = meta.get(var.value_from.field_ref.field_path, "")
+        return env
+
+    def start_workload(self) -> None:
+        import threading
+
+        from multislice_workload.local import launch
+
+        env = self.pod_env()
+        slices, hosts = int(env["MEGASCALE_NUM_SLICES"]), int(env["MULTISLICE_HOSTS_PER_SLICE"])
+        chips = int(env["MULTISLICE_CHIPS_PER_HOST"])
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("MEGASCALE"))
+        self.n.say(f"--run-workload: real JAX training with the injected environment ({shown})")
+        self.n.say(
+            f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
+            " crashes at step 25 and every process restarts from the last checkpoint"
+        )
+        holder: dict[str, Any] = {}
+        ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
+
+        def work() -> None:
+            try:
+                holder["result"] = launch(
+                    slices,
+                    hosts,
+                    chips,
+                    args=[
+                        "train",
+                        "--steps",
+                        "40",
+                        "--checkpoint_every",
+                        "10",
+                        "--log_every",
+                        "10",
+                    ],
+                    extra_env=env,
+                    max_restarts=3,
+                    fail_process=slices * hosts - 1,
+                    fail_at_step=25,
+                    checkpoint_dir=ckpt,
+                    job_name=JOB,
+                    echo=self.n.out,
+                )
+            except Exception as exc:  # reported at the end, the story goes on
+                holder["error"] = exc
+
+        thread = threading.Thread(target=work, name="workload", daemon=True)
+        self.workload = (thread, holder)
+        thread.start()
+        self.n.mark("workload started")
+
+    def workload_result(self) -> bool:
+        thread, holder = self.workload
+        thread.join(timeout=self.args.timeout)
+        result = holder.get("result")
+        if result is None:
+            self.n.say(f"workload did not finish: {holder.get('error', 'timeout')}")
+            return False
+        restored = [e.get("step") for e in result.events_named("restored")]
+        for t, what in result.timeline:
+            self.n.say(f"  workload {t:6.1f}s  {what}")
+        self.n.say(
+            f"workload: exit {result.exit_code}, {result.restarts} restart(s), "
+            f"restored from step {restored[-1] if restored else '-'}; logs in {result.log_dir}"
+        )
+        return bool(result.succeeded and result.restarts >= 1 and restored)
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -367,6 +467,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="simulated seconds for a node-pool create/delete",
     )
     p.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
+    p.add_argument(
+        "--run-workload",
+        action="store_true",
+        help="also run the real JAX workload locally with the environment the operator injected",
+    )
 
 
 def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
