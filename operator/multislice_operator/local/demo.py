@@ -151,7 +151,7 @@ class Demo:
 
     def apply(self, body: dict[str, Any]) -> None:
         assert self.stack is not None
-        core = client.CoreV1Api(self.stack.api)
+        core: Any = client.CoreV1Api(self.stack.api)  # plain dicts in
         try:
             core.create_namespace({"metadata": {"name": NAMESPACE}})
         except ApiException as exc:
@@ -171,7 +171,7 @@ class Demo:
     def status(self) -> dict[str, Any] | None:
         assert self.stack is not None
         try:
-            obj = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+            obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
                 models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
             )
         except ApiException as exc:
@@ -224,7 +224,7 @@ class Demo:
             .items
         )
         for e in sorted(items, key=lambda e: str(e.last_timestamp or e.event_time or "")):
-            key = e.metadata.uid
+            key = str(e.metadata.uid)
             if key in self.seen_events:
                 continue
             self.seen_events.add(key)
@@ -275,12 +275,11 @@ class Demo:
 
     def victim(self) -> str:
         assert self.stack is not None
-        pods = (
-            client.CoreV1Api(self.stack.api)
-            .list_namespaced_pod(NAMESPACE, label_selector="jobset.sigs.k8s.io/job-index=1")
-            .items
-        )
-        return sorted(p.metadata.name for p in pods)[0]
+        core = client.CoreV1Api(self.stack.api)
+        pods: list[Any] = core.list_namespaced_pod(
+            NAMESPACE, label_selector="jobset.sigs.k8s.io/job-index=1"
+        ).items
+        return str(sorted(str(p.metadata.name) for p in pods)[0])
 
     def released(self) -> bool:
         assert self.stack is not None and self.stack.sim is not None
@@ -291,12 +290,11 @@ class Demo:
     def pod_env(self) -> dict[str, str]:
         """The environment the operator injected, as one of the JobSet's pods would see it."""
         assert self.stack is not None
-        pods = (
-            client.CoreV1Api(self.stack.api)
-            .list_namespaced_pod(NAMESPACE, label_selector=f"multislice.dev/job-name={JOB}")
-            .items
-        )
-        pod = sorted(pods, key=lambda p: p.metadata.name)[0]
+        core = client.CoreV1Api(self.stack.api)
+        pods: list[Any] = core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"multislice.dev/job-name={JOB}"
+        ).items
+        pod = sorted(pods, key=lambda p: str(p.metadata.name))[0]
         meta = {
             "metadata.name": pod.metadata.name,
             **{
@@ -416,15 +414,11 @@ class Demo:
     def fake_nodes(self) -> list[str]:
         assert self.stack is not None
 
+        core = client.CoreV1Api(self.stack.api)
+
         def names() -> list[str]:
-            items = (
-                client.CoreV1Api(self.stack.api)
-                .list_node(  # type: ignore[union-attr]
-                    label_selector="cloud.google.com/gke-nodepool"
-                )
-                .items
-            )
-            return [n.metadata.name for n in items]
+            items: list[Any] = core.list_node(label_selector="cloud.google.com/gke-nodepool").items
+            return [str(n.metadata.name) for n in items]
 
         deadline = time.monotonic() + 20
         while names() and time.monotonic() < deadline:  # node deletion trails the pool's

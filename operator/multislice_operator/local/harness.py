@@ -39,7 +39,7 @@ def wait_for(
 ) -> T:
     """Poll `check` until it returns something truthy; raise with `what` (and details) if not."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = check()
         if last:
@@ -51,7 +51,7 @@ def wait_for(
 
 def install_crds(api: client.ApiClient, jobset_crd: Path | None = None) -> None:
     """Apply the MultisliceJob CRD (and the JobSet CRD, for the api profile) and wait for them."""
-    ext = client.ApiextensionsV1Api(api)
+    ext: Any = client.ApiextensionsV1Api(api)  # plain dicts in, typed models out
     crds = [generate_crd()]
     if jobset_crd is not None:
         crds.append(yaml.safe_load(jobset_crd.read_text()))
@@ -84,8 +84,11 @@ class OperatorProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        namespaces: list[str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
+        # Watching only some namespaces keeps concurrent operators on one apiserver apart.
+        self.namespaces = list(namespaces or [])
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.extra_args = list(extra_args or [])
@@ -103,7 +106,7 @@ class OperatorProcess:
             "-m",
             "multislice_operator.cli",
             "run",
-            "--all-namespaces",
+            *([a for ns in self.namespaces for a in ("-n", ns)] or ["--all-namespaces"]),
             "--metrics-port",
             str(self.metrics_port),
             "--liveness",

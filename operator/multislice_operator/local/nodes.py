@@ -125,10 +125,10 @@ def shut_down_pods(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list
     pod garbage collector removes them much later, which no real TPU VM does.
     """
     api = _api(api_client_or_kubeconfig)
-    nodes = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
+    nodes: list[Any] = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
     failed = []
     for node in nodes:
-        pods = api.list_pod_for_all_namespaces(
+        pods: list[Any] = api.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node.metadata.name}"
         ).items
         for pod in pods:
