@@ -312,3 +312,23 @@ def test_orphaned_pools_are_collected(env):
         interval=0.5,
         on_timeout=lambda: stack.op.log_tail(30),
     )
+
+
+def test_suspend_releases_capacity_and_resume_reprovisions(env):
+    stack, ns = env
+    create(stack, ns, job("pause", run="1h"))
+    wait_phase(stack, ns, "pause", "Running")
+    custom(stack).patch_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": True}}
+    )
+    wait_phase(stack, ns, "pause", "Suspended")
+    wait_for(lambda: no_pools(stack, ns, "pause"), 30, "pools released while suspended")
+    js = custom(stack).get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "pause"
+    )
+    assert js["spec"]["suspend"] is True
+    custom(stack).patch_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": False}}
+    )
+    wait_phase(stack, ns, "pause", "Running", 120)
+    assert len(pools_of(stack, ns, "pause")) == 2

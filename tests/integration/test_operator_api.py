@@ -272,3 +272,52 @@ def test_no_writes_when_idle(cluster: Cluster):
 
     time.sleep(5)  # more than two resync periods
     assert cluster.get("idle")["metadata"]["resourceVersion"] == first
+
+
+def test_ttl_deletes_finished_job(cluster: Cluster):
+    cluster.create(job("ttl", ttlSecondsAfterFinished=2))
+    cluster.phase("ttl", "Starting")
+    cluster.jobset_status(
+        "ttl",
+        {
+            "terminalState": "Completed",
+            "conditions": [
+                {
+                    "type": "Completed",
+                    "status": "True",
+                    "reason": "AllJobsCompleted",
+                    "message": "done",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        },
+    )
+    cluster.phase("ttl", "Succeeded")
+
+    def deleted() -> bool:
+        try:
+            cluster.get("ttl")
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(deleted, 30, "job deleted after ttlSecondsAfterFinished")
+
+
+def test_metrics_endpoint(cluster: Cluster):
+    import urllib.request
+
+    cluster.create(job("metrics"))
+    cluster.phase("metrics", "Starting")
+    with urllib.request.urlopen(cluster.op.metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    for name in (
+        'multislice_reconcile_total{result="success"}',
+        "multislice_reconcile_time_seconds_bucket",
+        'multislice_jobs{phase="Starting"}',
+        "multislice_restarts_total",
+        "multislice_provisioning_duration_seconds",
+        "multislice_time_to_running_seconds",
+        "multislice_slice_failures_total",
+    ):
+        assert name in text, name

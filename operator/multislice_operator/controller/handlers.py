@@ -60,6 +60,15 @@ FINALIZER = "multislice.dev/cleanup"
 # Test-only fault point: exit right after creating a JobSet, before the status is written.
 CRASH_POINT_ENV = "MSJ_CRASH_POINT"
 
+# Events that mean a slice failed, by the metric's reason label.
+SLICE_FAILURE_REASONS = {
+    "RestartingAllSlices": "pod_failure",
+    "SliceLost": "capacity_lost",
+    "GangRolledBack": "gang_rollback",
+}
+for _reason in SLICE_FAILURE_REASONS.values():
+    metrics.SLICE_FAILURES_TOTAL.labels(_reason)  # exported at 0 before the first failure
+
 ProvisionerFactory = Callable[[Settings], Provisioner | None]
 
 
@@ -446,6 +455,8 @@ async def _write(rt: Runtime, body: dict[str, Any], old: dict[str, Any], d: Deci
     if patch is not None:
         await rt.kube.patch_job_status(ns, name, patch)
     for event in d.events:
+        if event.reason in SLICE_FAILURE_REASONS:
+            metrics.SLICE_FAILURES_TOTAL.labels(SLICE_FAILURE_REASONS[event.reason]).inc()
         log.info(
             "event job=%s/%s type=%s reason=%s %s",
             ns,
