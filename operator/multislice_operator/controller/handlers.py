@@ -9,7 +9,6 @@ operator was down when the job was deleted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -234,11 +233,20 @@ async def reconcile_loop(
         while not stopped:
             wake.clear()
             delay = await reconcile_once(rt, body, jobset_index, pod_index, node_index)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=delay)
+            await _sleep_until(wake, stopped, delay)
             await asyncio.sleep(0.05)  # let a burst of watch events land before the next look
     finally:
         rt.wakeups.pop((namespace, name), None)
+
+
+async def _sleep_until(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+    """Sleep until poked, stopped (the job is being deleted) or the resync delay passes."""
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _store(index: Mapping[Any, Any], key: Any) -> list[Any]:
