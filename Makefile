@@ -47,3 +47,8 @@ crd: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# API reference generated from the models (tests/unit/test_docs.py fails when it is stale).
+.PHONY: docs
+docs: install
+	$(BIN)/python -m multislice_operator.api.docs > docs/api.md

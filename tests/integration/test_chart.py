@@ -1,0 +1,693 @@
+"""The Helm chart: lint, render, schema, server-side dry-run on the real apiserver, `kubectl
+explain`, and RBAC proven by running the operator as the chart's ServiceAccount through a whole
+Existing-mode lifecycle (and failing it with one verb removed)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_operator import __version__
+from multislice_operator.api import models
+from multislice_operator.api.crd import generate_crd
+from multislice_operator.local.controlplane import ControlPlane, bin_dir
+from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
+from multislice_operator.local.nodes import delete_nodes, register_tpu_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "multislice-operator"
+KUBE_VERSION = "1.34.0"  # the local helm is not version-stamped; say what the chart targets
+JS = ("jobset.x-k8s.io", "v1alpha2")
+
+CUSTOM_VALUES: dict[str, Any] = {
+    "replicaCount": 2,
+    "image": {"repository": "registry.example/msj/operator", "tag": "1.2.3"},
+    "serviceAccount": {"gcpServiceAccount": "msj-operator@my-proj.iam.gserviceaccount.com"},
+    "watchNamespaces": ["team-a", "team-b"],
+    "gke": {
+        "project": "my-proj",
+        "location": "us-central2",
+        "cluster": "tpu",
+        "nodeLocations": ["us-central2-b"],
+    },
+    "operator": {"logLevel": "debug", "logFormat": "text", "resyncSeconds": 5},
+    "metrics": {"port": 9100, "service": {"port": 9100}, "serviceMonitor": {"enabled": True}},
+    "liveness": {"port": 8081},
+    "nodeSelector": {"pool": "system"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "value": "60"}],
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(bin_dir() / "helm"), *args], capture_output=True, text=True, timeout=60
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def values_file(tmp_path: Path, values: dict[str, Any]) -> str:
+    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def render(
+    tmp_path: Path,
+    values: dict[str, Any] | None = None,
+    release: str = "multislice-operator",
+    namespace: str = "msj-system",
+) -> list[dict[str, Any]]:
+    out = helm(
+        "template",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+        "-f",
+        values_file(tmp_path, values or {}),
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = by_kind(docs, kind)
+    return doc
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(docs)["env"]}
+
+
+def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in one(docs, "ClusterRole")["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def kubectl(
+    cp: ControlPlane, *args: str, stdin: str | None = None, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig or cp.kubeconfig)}
+    return subprocess.run(
+        [str(bin_dir() / "kubectl"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+# ---------------------------------------------------------------- lint, render, schema
+
+BASE_RULES = {
+    ("multislice.dev", "multislicejobs", "list"),
+    ("multislice.dev", "multislicejobs", "watch"),
+    ("multislice.dev", "multislicejobs", "patch"),
+    ("multislice.dev", "multislicejobs", "delete"),
+    ("multislice.dev", "multislicejobs/status", "patch"),
+    ("multislice.dev", "multislicejobs/finalizers", "update"),
+    ("jobset.x-k8s.io", "jobsets", "get"),
+    ("jobset.x-k8s.io", "jobsets", "list"),
+    ("jobset.x-k8s.io", "jobsets", "watch"),
+    ("jobset.x-k8s.io", "jobsets", "create"),
+    ("jobset.x-k8s.io", "jobsets", "patch"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "events", "create"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM_VALUES], ids=["default", "custom"])
+def test_lint(tmp_path: Path, values: dict[str, Any]) -> None:
+    result = helm(
+        "lint",
+        "--strict",
+        "--kube-version",
+        KUBE_VERSION,
+        str(CHART),
+        "-f",
+        values_file(tmp_path, values),
+    )
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_chart_versions_follow_the_operator() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+
+
+def test_chart_crd_is_the_generated_one() -> None:
+    shipped = (CHART / "crds" / "multislice.dev_multislicejobs.yaml").read_text()
+    assert shipped == (ROOT / "crds" / "multislice.dev_multislicejobs.yaml").read_text()
+    assert yaml.safe_load(shipped) == generate_crd()
+
+
+def test_default_render(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "multislice-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container(docs)
+    assert (
+        c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
+    )
+    assert "args" not in c  # one replica: standalone, no peering
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8000, "healthz": 8080}
+    env = env_of(docs)
+    assert env["MSJ_LIVENESS"] == "http://0.0.0.0:8080/healthz"
+    assert "MSJ_NAMESPACES" not in env and "MSJ_GKE_PROJECT" not in env
+    assert one(docs, "Service")["spec"]["ports"][0]["port"] == 8000
+    assert "annotations" not in one(docs, "ServiceAccount")["metadata"]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "multislice-operator", "namespace": "msj-system"}
+    ]
+    assert rules_of(docs) == BASE_RULES
+
+
+def test_custom_render(tmp_path: Path) -> None:
+    docs = render(tmp_path, CUSTOM_VALUES, release="ml")
+    c = container(docs)
+    assert c["image"] == "registry.example/msj/operator:1.2.3"
+    assert c["args"] == ["--peering", "ml-multislice-operator"]
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    peerings = by_kind(docs, "KopfPeering")
+    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings} == {
+        ("team-a", "ml-multislice-operator"),
+        ("team-b", "ml-multislice-operator"),
+    }
+    sa = one(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": "msj-operator@my-proj.iam.gserviceaccount.com"
+    }
+    assert rules_of(docs) == BASE_RULES | {
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+        *(
+            (group, "kopfpeerings", verb)
+            for group in ("kopf.dev", "zalando.org")
+            for verb in ("get", "list", "watch", "patch")
+        ),
+    }
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert one(docs, "Service")["spec"]["ports"][0]["port"] == 9100
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"][0]["key"] == "dedicated"
+    names = [e["name"] for e in c["env"]]
+    assert len(names) == len(set(names))
+    assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
+
+
+def test_cluster_wide_peering(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"replicaCount": 3})
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "multislice-operator"
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules_of(docs)
+    assert not any(r[1] == "namespaces" for r in rules_of(docs))
+
+
+def test_rendered_env_is_what_the_operator_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's MSJ_* names and flags are the ones settings.py reads (flags win)."""
+    from multislice_operator.cli import build_parser
+    from multislice_operator.settings import from_args
+
+    docs = render(tmp_path, CUSTOM_VALUES, release="ml")
+    for name, value in env_of(docs).items():
+        monkeypatch.setenv(name, value)
+    settings = from_args(build_parser().parse_args(["run", *container(docs)["args"]]))
+    assert settings.namespaces == ["team-a", "team-b"]
+    assert (settings.gke_project, settings.gke_location, settings.gke_cluster) == (
+        "my-proj",
+        "us-central2",
+        "tpu",
+    )
+    assert settings.gke_node_locations == ["us-central2-b"]
+    assert settings.verbose is True and settings.log_format == "text"
+    assert settings.metrics_port == 9100
+    assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    assert settings.resync_seconds == 5 and settings.gc_interval_seconds == 60
+    assert settings.peering == "ml-multislice-operator"
+
+
+def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
+    for values in ({}, CUSTOM_VALUES, {"replicaCount": 2}):
+        for group, resource, verb in rules_of(render(tmp_path, values)):
+            assert "*" not in (group, resource, verb)
+            assert resource not in ("secrets", "configmaps", "serviceaccounts/token")
+            assert verb not in ("escalate", "bind", "impersonate", "deletecollection")
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"replicaCount": "two"}, "/replicaCount"),
+        ({"operator": {"logFormat": "xml"}}, "/operator/logFormat"),
+        ({"operator": {"logLevel": "trace"}}, "/operator/logLevel"),
+        ({"metrics": {"port": 70000}}, "/metrics/port"),
+        ({"gke": {"nodeLocations": "us-central2-b"}}, "/gke/nodeLocations"),
+        ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+        ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "gcpServiceAccount"),
+        ({"metric": {"port": 1}}, "'metric' not allowed"),
+        ({"image": {"repository": ""}}, "/image/repository"),
+        ({"extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "value": 60}]}, "/extraEnv/0/value"),
+    ],
+)
+def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_peering_refuses_namespace_globs(tmp_path: Path) -> None:
+    values = {"replicaCount": 2, "watchNamespaces": ["team-*"]}
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0 and "glob" in result.stderr
+
+
+# ---------------------------------------------------------------- against the real apiserver
+
+
+@pytest.fixture(scope="module")
+def api(kube_api: ControlPlane) -> Iterator[client.ApiClient]:
+    api_client = kube_api.api_client()
+    install_crds(api_client, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+    peerings = kubectl(
+        kube_api, "apply", "--server-side", "-f", str(CHART / "crds" / "kopf-peerings.yaml")
+    )
+    assert peerings.returncode == 0, peerings.stderr
+    yield api_client
+    api_client.close()
+
+
+@pytest.mark.parametrize("values", [{}, CUSTOM_VALUES], ids=["default", "custom"])
+def test_manifests_pass_server_side_dry_run(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, tmp_path: Path, values: Any
+) -> None:
+    release_ns = namespace(kube_api, "msj-chart")
+    values = copy.deepcopy(values)
+    if values.get("watchNamespaces"):  # KopfPeerings live in the watched namespaces
+        values["watchNamespaces"] = [namespace(kube_api, "team") for _ in range(2)]
+    docs = render(tmp_path, values, namespace=release_ns)
+    # ServiceMonitor needs the Prometheus Operator's CRD, which this apiserver lacks.
+    applied = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    result = kubectl(
+        kube_api,
+        "apply", "--server-side", "--dry-run=server", "--field-manager=chart-test", "-f", "-",
+        stdin=yaml.safe_dump_all(applied),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for doc in applied:
+        assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
+
+
+def test_kubectl_explain(api: client.ApiClient, kube_api: ControlPlane) -> None:
+    spec = kubectl(kube_api, "explain", "multislicejob.spec")
+    assert spec.returncode == 0, spec.stderr
+    text = " ".join(spec.stdout.split())  # kubectl wraps descriptions
+    for needle in (
+        "identical TPU slices, provisioned all or none",  # the spec's own description
+        "Cloud TPU accelerator type of every slice",
+        "Number of identical slices (1-256)",
+        "Suspend the job",
+    ):
+        assert needle in text, spec.stdout
+    tree = kubectl(kube_api, "explain", "multislicejob.spec", "--recursive")
+    assert tree.returncode == 0, tree.stderr
+    for field in ("nonRetryableExitCodes", "globalBatchTokens", "timeoutSeconds", "reservation"):
+        assert field in tree.stdout
+    nested = kubectl(kube_api, "explain", "msj.spec.failurePolicy.maxRestarts")
+    assert "Restarts of all slices allowed before the job fails" in " ".join(nested.stdout.split())
+
+
+# ---------------------------------------------------------------- RBAC: enough and no more
+
+
+class Rbac:
+    """The chart's ServiceAccount, ClusterRole and binding, created for real, then removed."""
+
+    def __init__(self, cp: ControlPlane, api_client: client.ApiClient, tmp_path: Path) -> None:
+        self.cp, self.api_client, self.tmp_path = cp, api_client, tmp_path
+        self.cluster_scoped: list[tuple[str, str]] = []
+
+    def install(self, ns: str, drop: tuple[str, str, str] | None = None) -> Path:
+        """Apply the rendered RBAC (minus one verb) and return a kubeconfig acting as the SA."""
+        release = f"r-{uuid.uuid4().hex[:6]}"  # cluster-scoped names must not collide
+        # The SA name as installed by default; the user name must fit a certificate CN (64).
+        values = {"watchNamespaces": [ns], "serviceAccount": {"name": "multislice-operator"}}
+        docs = render(self.tmp_path, values, release=release, namespace=ns)
+        objs = [
+            d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+        ]
+        role = next(d for d in objs if d["kind"] == "ClusterRole")
+        if drop is not None:  # the same grants, one rule per verb, minus one
+            granted = rules_of(docs)
+            assert drop in granted
+            role["rules"] = [
+                {"apiGroups": [g], "resources": [r], "verbs": [v]}
+                for g, r, v in sorted(granted - {drop})
+            ]
+        result = kubectl(self.cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+        assert result.returncode == 0, result.stderr
+        name = role["metadata"]["name"]
+        self.cluster_scoped += [("clusterroles", name), ("clusterrolebindings", name)]
+        sa = next(d for d in objs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+        written = self.cp.user_kubeconfig(
+            f"system:serviceaccount:{ns}:{sa}",
+            ("system:serviceaccounts", f"system:serviceaccounts:{ns}"),
+        )
+        # Its file name holds the user name's colons, and KUBECONFIG is a colon-separated list.
+        path = self.tmp_path / f"kubeconfig-{release}"
+        path.write_text(written.read_text())
+        return path
+
+    def cleanup(self) -> None:
+        for kind, name in self.cluster_scoped:
+            kubectl(self.cp, "delete", kind, name, "--ignore-not-found")
+
+
+@pytest.fixture
+def rbac(api: client.ApiClient, kube_api: ControlPlane, tmp_path: Path) -> Iterator[Rbac]:
+    r = Rbac(kube_api, api, tmp_path)
+    yield r
+    r.cleanup()
+
+
+POOLS = ("chart-v4-0", "chart-v4-1")
+
+
+@pytest.fixture(scope="module")
+def v4_pools(api: client.ApiClient) -> Iterator[None]:
+    """Two Ready v4-16 node pools (2 hosts each): Existing-mode capacity no other test matches."""
+    core = client.CoreV1Api(api)
+    for pool in POOLS:
+        for name in register_tpu_nodes(api, pool, 2, "tpu-v4-podslice", "2x2x2", 4):
+            core.patch_node_status(
+                name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+            )
+    yield
+    for pool in POOLS:
+        delete_nodes(api, pool)
+
+
+def job(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "accelerator": "v4-16",
+            "slices": 2,
+            "provisioning": {"mode": "Existing"},
+            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class Jobs:
+    def __init__(self, api_client: client.ApiClient, ns: str, op: OperatorProcess) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.ns, self.op = ns, op
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, body
+        )
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def patch(self, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, name, patch
+        )
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, name
+        )
+
+    def jobset(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                *JS, self.ns, "jobsets", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def jobset_status(self, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            *JS, self.ns, "jobsets", name, {"status": status}
+        )
+
+    def phase(self, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            got = self.get(name)
+            return got if got and (got.get("status") or {}).get("phase") == phase else None
+
+        return wait_for(
+            check,
+            timeout,
+            f"{name} phase {phase}",
+            on_timeout=lambda: f"{self.get(name)}\noperator log:\n{self.op.log_tail(40)}",
+        )
+
+    def gone(self, name: str, timeout: float = 30) -> None:
+        wait_for(
+            lambda: self.get(name) is None, timeout, f"{name} deleted", on_timeout=self.op.log_tail
+        )
+
+    def reasons(self, name: str) -> set[str]:
+        events = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={name}"
+        ).items
+        return {e.reason for e in events}
+
+
+def rj_status(ready: int = 0, active: int = 0, succeeded: int = 0) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "slice",
+            "ready": ready,
+            "active": active,
+            "succeeded": succeeded,
+            "failed": 0,
+            "suspended": 0,
+        }
+    ]
+
+
+COMPLETED = {
+    "terminalState": "Completed",
+    "conditions": [
+        {
+            "type": "Completed",
+            "status": "True",
+            "reason": "AllJobsCompleted",
+            "message": "done",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ],
+    "replicatedJobsStatus": rj_status(succeeded=2),
+}
+
+
+def refused(log: str) -> bool:
+    """The apiserver said no: an ApiException (403) or kopf's "Not enough permissions"."""
+    lowered = log.lower()
+    return any(s in lowered for s in ("(403)", "status=403", "forbidden", "not enough permissions"))
+
+
+def start_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
+    return OperatorProcess(
+        kubeconfig,
+        ["--resync-seconds", "2"],
+        namespaces=[ns],
+        log_path=tmp_path / "operator.log",
+    ).start()
+
+
+def test_chart_rbac_is_enough_for_a_whole_lifecycle(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    tmp_path: Path,
+) -> None:
+    ns = namespace(kube_api, "msj-rbac")
+    op = start_operator(rbac.install(ns), ns, tmp_path)
+    try:
+        jobs = Jobs(api, ns, op)
+        # create -> JobSet (jobsets create, status patch, finalizer patch, events create)
+        jobs.create(job("life"))
+        jobs.phase("life", "Starting")
+        js = wait_for(lambda: jobs.jobset("life"), 10, "JobSet created")
+        assert js["metadata"]["ownerReferences"][0]["name"] == "life"
+        # suspend and resume (jobsets patch)
+        jobs.patch("life", {"spec": {"suspend": True}})
+        jobs.phase("life", "Suspended")
+        wait_for(lambda: (jobs.jobset("life") or {})["spec"]["suspend"], 10, "JobSet suspended")
+        jobs.patch("life", {"spec": {"suspend": False}})
+        wait_for(
+            lambda: (jobs.jobset("life") or {})["spec"]["suspend"] is False, 10, "JobSet resumed"
+        )
+        # Running -> Succeeded (jobsets list/watch feed the index)
+        jobs.jobset_status("life", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+        jobs.phase("life", "Running")
+        jobs.jobset_status("life", COMPLETED)
+        jobs.phase("life", "Succeeded")
+        assert {"Starting", "Suspended", "Running", "Succeeded"} <= jobs.reasons("life")
+        # delete completes: kopf removes its finalizer (multislicejobs patch)
+        jobs.delete("life")
+        jobs.gone("life")
+
+        # ttlSecondsAfterFinished: the operator deletes the job itself (multislicejobs delete)
+        jobs.create(job("ttl", ttlSecondsAfterFinished=0))
+        jobs.phase("ttl", "Starting")
+        jobs.jobset_status("ttl", COMPLETED)
+        jobs.gone("ttl")
+
+        # A JobSet of the same name that is not ours: 409, read back (jobsets get), Failed.
+        stranger = {
+            "apiVersion": "/".join(JS),
+            "kind": "JobSet",
+            "metadata": {"name": "taken"},
+            "spec": {"replicatedJobs": []},
+        }
+        jobs.custom.create_namespaced_custom_object(*JS, ns, "jobsets", stranger)
+        jobs.create(job("taken"))
+        failed = jobs.phase("taken", "Failed")
+        assert "not owned by this job" in failed["status"]["message"]
+        jobs.delete("taken")  # leave no finalizer behind for the next test module's operator
+        jobs.gone("taken")
+    finally:
+        op.stop()
+    assert not refused(op.log_path.read_text()), op.log_path.read_text()
+
+
+def _no_jobset(jobs: Jobs, name: str) -> None:
+    assert jobs.jobset(name) is None
+
+
+def _no_status(jobs: Jobs, name: str) -> None:
+    assert not (jobs.get(name) or {}).get("status")
+
+
+def _no_events(jobs: Jobs, name: str) -> None:
+    assert jobs.reasons(name) == set()
+
+
+@pytest.mark.parametrize(
+    ("drop", "broken"),
+    [
+        (("jobset.x-k8s.io", "jobsets", "create"), _no_jobset),
+        (("multislice.dev", "multislicejobs/status", "patch"), _no_status),
+        (("", "nodes", "list"), _no_jobset),  # Existing node pools are invisible
+        (("", "events", "create"), _no_events),
+    ],
+    ids=["jobsets-create", "status-patch", "nodes-list", "events-create"],
+)
+def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    tmp_path: Path,
+    drop: tuple[str, str, str],
+    broken: Any,
+) -> None:
+    """No more than needed: drop one verb and the same lifecycle breaks at its first step."""
+    ns = namespace(kube_api, "msj-minus")
+    op = start_operator(rbac.install(ns, drop=drop), ns, tmp_path)
+    jobs = Jobs(api, ns, op)
+    try:
+        jobs.create(job("minus"))
+        wait_for(
+            lambda: refused(op.log_tail(200)),
+            30,
+            f"the operator to be refused {drop}",
+            on_timeout=op.log_tail,
+        )
+        broken(jobs, "minus")
+        assert (jobs.get("minus") or {}).get("status", {}).get("phase") != "Running"
+        jobs.delete("minus")  # while the operator runs, so that it lifts its finalizer
+        jobs.gone("minus")
+    finally:
+        op.stop()

@@ -1,0 +1,72 @@
+"""Every manifest in examples/ is valid through the same path as `multislice-operator plan`, and
+together they cover the seed's scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from multislice_operator.api.models import KIND
+from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.render import render_jobset
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in FILES:
+        docs += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def plans() -> dict[str, Plan]:
+    return {name: plan_job(load_job(doc)) for name, doc in documents()}
+
+
+@pytest.mark.parametrize(("name", "doc"), documents(), ids=[n for n, _ in documents()])
+def test_example_plans_and_renders(name: str, doc: dict[str, Any]) -> None:
+    assert doc["kind"] == KIND
+    job = load_job(doc)
+    plan = plan_job(job)  # raises SpecError naming the field on any problem
+    assert plan.advice.verdict == "ok", f"{name}: {plan.advice.message}"
+    jobset = render_jobset(plan, job.spec, job.metadata.labels)
+    assert jobset["spec"]["replicatedJobs"][0]["replicas"] == plan.slices
+
+
+def test_names_are_unique() -> None:
+    # tests/integration/test_crd_admission.py creates them all in one namespace.
+    names = [doc["metadata"]["name"] for _, doc in documents()]
+    assert len(names) == len(set(names))
+
+
+def test_seed_scenarios_are_covered() -> None:
+    by_file = plans()
+    v4 = by_file["v4-16x4-data.yaml"]
+    assert (v4.shape.accelerator, v4.slices, v4.parallelism.dcn_data) == ("v4-16", 4, 4)
+    # The seed's v4 numbers: more than two slices need > 352,000 tokens per slice, ~700k with
+    # the margin; the example clears both.
+    assert v4.advice.hardware_intensity == 22_000
+    assert v4.advice.min_tokens_per_slice == 352_000
+    assert v4.advice.recommended_tokens_per_slice == 704_000
+    assert (v4.advice.tokens_per_slice or 0) >= 704_000
+    assert by_file["v5e-16x2-fsdp.yaml"].parallelism.ici_fsdp == 16
+    spot = by_file["v5e-16x2-spot.yaml"]
+    assert spot.capacity == "Spot" and all(p.spot for p in spot.node_pools)
+    reserved = by_file["v5p-32x2-reservation.yaml"]
+    assert reserved.capacity == "Reserved"
+    assert {p.reservation for p in reserved.node_pools} == {"tpu-v5p-reservation"}
+    existing = by_file["v6e-16x2-existing.yaml"]
+    assert not existing.managed and existing.node_pools == []
+
+
+def test_cli_validates_every_example(capsys: pytest.CaptureFixture[str]) -> None:
+    from multislice_operator.cli import main
+
+    for path in FILES:
+        assert main(["validate", "-f", str(path)]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.count("valid (") == len(documents())
