@@ -46,6 +46,7 @@ SLICE_FAILED = "Failed"
 SLICE_RELEASING = "Releasing"
 SLICE_REPAIRING = "Repairing"
 RELEASING_NOTE = " (releasing node pools)"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 # ---------------------------------------------------------------- observed state (plain data)
@@ -424,7 +425,10 @@ def _active(ctx: _Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     ctx.status["jobSet"] = plan.name
     _count_restarts(ctx, spec, js)
     if js.suspended:
-        if ready:
+        queue = ctx.meta.labels.get(KUEUE_QUEUE_LABEL)
+        if queue:  # Kueue owns the JobSet's suspend flag: it unsuspends on admission
+            ctx.phase(Phase.PENDING, f"queued in Kueue queue {queue}: waiting for admission")
+        elif ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
         return

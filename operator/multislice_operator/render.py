@@ -197,7 +197,8 @@ def render_jobset(
             "annotations": {EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL_LABEL},
         },
         "spec": {
-            "suspend": spec.suspend,
+            # Kueue admits suspended JobSets: a queued job starts suspended and Kueue resumes it.
+            "suspend": spec.suspend or bool(queue),
             "failurePolicy": failure_policy,
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB]},
             "network": {"enableDNSHostnames": True, "subdomain": plan.name},

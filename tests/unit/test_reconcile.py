@@ -413,3 +413,13 @@ def test_decide_is_deterministic():
     obs = Observed(now=NOW, slices=pools(RUNNING, ERROR))
     old = {"phase": "Provisioning", "provisioningAttempts": 2, "attemptStartTime": iso(NOW)}
     assert run(old=old, obs=obs).status == run(old=old, obs=obs).status
+
+
+def test_kueue_owns_the_suspend_flag():
+    meta = JobMeta("ns", "job", "uid-1", 1, labels={"kueue.x-k8s.io/queue-name": "tpu-queue"})
+    s, p = spec_and_plan(provisioning={"mode": "Existing"})
+    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True))
+    d = decide(meta, s, p, None, {"phase": "Starting"}, obs, CFG)
+    assert d.actions == []
+    assert d.status["phase"] == "Pending"
+    assert "tpu-queue" in d.status["message"]

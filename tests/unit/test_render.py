@@ -79,6 +79,7 @@ def test_jobset_shape():
     ]
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["slice"]}
     assert js["spec"]["network"]["enableDNSHostnames"] is True
+    assert js["spec"]["suspend"] is True  # queued in Kueue: it starts suspended
 
 
 def test_pod_gets_tpu_parts():

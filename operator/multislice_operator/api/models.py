@@ -237,18 +237,24 @@ TERMINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 class Condition(_Model):
     """A Kubernetes-style condition."""
 
-    type: str
+    type: str = Field(
+        description="Validated, Provisioned, SlicesReady, DCNBound, Completed or Failed."
+    )
     status: str = Field(description="True, False or Unknown.")
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    reason: str = Field(default="", description="Why, in one CamelCase word.")
+    message: str = Field(default="", description="What happened and what to do, for people.")
+    last_transition_time: str | None = Field(
+        default=None, description="When the status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this condition describes."
+    )
 
 
 class SliceStatus(_Model):
     """The state of one slice."""
 
-    index: int
+    index: int = Field(description="Slice index, as MEGASCALE_SLICE_ID.")
     node_pool: str | None = Field(default=None, description="The slice's GKE node pool.")
     hosts: int = Field(description="Hosts (Kubernetes nodes) the slice needs.")
     ready_hosts: int = Field(default=0, description="Hosts whose nodes are Ready.")
@@ -257,22 +263,30 @@ class SliceStatus(_Model):
         description="Pending, Provisioning, Ready, Running, Repairing, Succeeded, Failed or "
         "Releasing.",
     )
-    message: str | None = None
+    message: str | None = Field(default=None, description="The slice's last cloud error.")
 
 
 class MultisliceJobStatus(_Model):
     """Observed state, written by the operator only."""
 
-    phase: Phase | None = None
+    phase: Phase | None = Field(
+        default=None,
+        description="Pending, Provisioning, Starting, Running, Restarting, Succeeded, Failed or "
+        "Suspended.",
+    )
     message: str | None = Field(default=None, description="One line on what happens now.")
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this status describes."
+    )
     slices: list[SliceStatus] = Field(default_factory=list)
     restarts: int = Field(default=0, description="Times all slices were restarted.")
     conditions: list[Condition] = Field(default_factory=list)
     job_set: str | None = Field(default=None, description="Name of the JobSet that runs the job.")
-    start_time: str | None = None
-    completion_time: str | None = None
-    total_chips: int | None = None
+    start_time: str | None = Field(default=None, description="When the job became active.")
+    completion_time: str | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    total_chips: int | None = Field(default=None, description="Chips over all slices.")
     ready_slices: str | None = Field(default=None, description="Ready slices, as 'ready/total'.")
     provisioning_attempts: int | None = Field(
         default=None, description="Gang provisioning attempts so far (Managed mode)."

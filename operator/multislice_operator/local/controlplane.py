@@ -26,6 +26,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -389,7 +390,8 @@ class ControlPlane:
         if self._ca is None:
             raise ControlPlaneError("control plane not started")
         cert, key = self._ca.issue(user, groups)
-        path = self.workdir / f"kubeconfig-{user}"
+        # KUBECONFIG is a colon-separated list: keep ':' (service-account users) out of the name.
+        path = self.workdir / f"kubeconfig-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)}"
         path.write_text(_kubeconfig(self.server, self._ca.pem, cert, key, user))
         return path
 
