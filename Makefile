@@ -38,9 +38,12 @@ cluster-down: install
 	$(BIN)/python -m multislice_operator.local.controlplane down --profile $(PROFILE)
 
 # The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete, KEEP=1 to stay up.
+# CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).
 SCENARIO ?= restart
+CLUSTER ?= local
 demo: install bins
-	$(BIN)/multislice-operator demo --scenario $(SCENARIO) $(if $(KEEP),--keep,) $(DEMO_ARGS)
+	$(BIN)/multislice-operator demo --scenario $(SCENARIO) --cluster $(CLUSTER) \
+		$(if $(KEEP),--keep,) $(DEMO_ARGS)
 
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml

@@ -129,6 +129,7 @@ class Demo:
         ensure_binaries()
         self.n.mark("binaries ready")
         options = StackOptions(
+            cluster=self.args.cluster,
             op_latency_s=self.args.pool_latency,
             faults=s.faults,
             operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
@@ -461,6 +462,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="simulated seconds for a node-pool create/delete",
     )
     p.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
+    p.add_argument(
+        "--cluster",
+        choices=["local", "kind"],
+        default="local",
+        help="local: the control plane built from Go modules (default); kind: needs Docker",
+    )
     p.add_argument(
         "--run-workload",
         action="store_true",

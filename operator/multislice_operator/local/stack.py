@@ -15,6 +15,7 @@ from typing import Any
 from multislice_operator.local.controlplane import ControlPlane, bin_dir
 from multislice_operator.local.gke_sim import Faults, GkeSimulator, KubeNodeRegistrar, SimConfig
 from multislice_operator.local.harness import OperatorProcess, install_crds
+from multislice_operator.local.kind import KindControlPlane
 
 PROJECT, LOCATION, CLUSTER, ZONE = (
     "local-project",
@@ -27,6 +28,7 @@ PROJECT, LOCATION, CLUSTER, ZONE = (
 @dataclass
 class StackOptions:
     profile: str = "cluster"
+    cluster: str = "local"  # local (built from Go modules) | kind (needs Docker)
     op_latency_s: float = 1.0
     resync_seconds: float = 1.0
     backoff_base_seconds: float = 2.0
@@ -45,7 +47,7 @@ class LocalStack:
     ) -> None:
         self.options = options or StackOptions()
         self._own_cp = control_plane is None
-        self.cp: ControlPlane | None = control_plane
+        self.cp: ControlPlane | KindControlPlane | None = control_plane
         self.sim: GkeSimulator | None = None
         self.op: OperatorProcess | None = None
         self._api: Any = None
@@ -60,7 +62,10 @@ class LocalStack:
     def start(self, progress: Any = None) -> LocalStack:
         say = progress or (lambda _msg: None)
         try:
-            if self.cp is None:
+            if self.cp is None and self.options.cluster == "kind":
+                say("creating a kind cluster and installing JobSet (CLUSTER=kind)")
+                self.cp = KindControlPlane().start()
+            elif self.cp is None:
                 say(f"starting the local Kubernetes ({self.options.profile} profile)")
                 self.cp = ControlPlane(self.options.profile).start()
             jobset_crd = bin_dir() / "jobset.x-k8s.io_jobsets.yaml"
