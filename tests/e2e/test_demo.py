@@ -27,7 +27,7 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def run_demo(scenario: str) -> tuple[int, str]:
+def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
     proc = subprocess.run(
         [
             sys.executable,
@@ -38,6 +38,7 @@ def run_demo(scenario: str) -> tuple[int, str]:
             scenario,
             "--pool-latency",
             "1.5",
+            *extra,
         ],
         capture_output=True,
         text=True,
