@@ -45,6 +45,11 @@ demo: install bins
 	$(BIN)/multislice-operator demo --scenario $(SCENARIO) --cluster $(CLUSTER) \
 		$(if $(KEEP),--keep,) $(DEMO_ARGS)
 
+# Operator benchmarks against local control planes (docs/benchmarks.md), then the workload's.
+# BENCH_ARGS="--quick" for a few minutes; "--skip-workload", "--only reconcile,gang".
+bench: install bins
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
 

@@ -36,6 +36,9 @@ class Settings:
     resync_seconds: float = 10.0  # timer: level-based resync even without events
     gc_interval_seconds: float = 300.0  # orphaned node-pool sweep
     peering: str | None = None  # kopf peering name for standby replicas; None: standalone
+    # Among peers the highest priority works and the others stand by; equal priorities all pause,
+    # so each replica gets its own (random unless set).
+    peering_priority: int | None = None
     backoff_base_seconds: float = 30.0
     backoff_max_seconds: float = 600.0
 
@@ -101,6 +104,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=float(_env("BACKOFF_BASE_SECONDS", "30") or 30),
     )
     p.add_argument("--peering", default=_env("PEERING"), help="kopf peering name (HA standby)")
+    p.add_argument(
+        "--peering-priority",
+        type=int,
+        default=int(_env("PEERING_PRIORITY") or 0) or None,
+        help="this replica's peering priority (default: random, so exactly one replica works)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> Settings:
@@ -120,4 +129,5 @@ def from_args(args: argparse.Namespace) -> Settings:
         gc_interval_seconds=args.gc_interval_seconds,
         backoff_base_seconds=args.backoff_base_seconds,
         peering=args.peering,
+        peering_priority=args.peering_priority,
     )

@@ -83,8 +83,11 @@ class Kube:
             {"spec": {"suspend": suspend}},
         )
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await self._run(
+    async def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status; return the job as the apiserver has it after the patch."""
+        updated: dict[str, Any] = await self._run(
             self.custom.patch_namespaced_custom_object_status,
             models.GROUP,
             models.VERSION,
@@ -93,6 +96,7 @@ class Kube:
             name,
             {"status": status},
         )
+        return updated
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:

@@ -1,0 +1,1 @@
+"""Operator benchmarks (not tests): `make bench` or `python -m benchmarks.run --help`."""

@@ -1,0 +1,341 @@
+"""What every benchmark shares: clients, fake Ready nodes, watches, apiserver request counts,
+process footprint, percentiles, tables and the JSON results under benchmarks/results/."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+from multislice_operator.api import models
+from multislice_operator.local.controlplane import ControlPlane
+from multislice_operator.local.nodes import tpu_node_manifest
+
+RESULTS = Path(__file__).resolve().parent / "results"
+JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+MSJ = (models.GROUP, models.VERSION, models.PLURAL)
+WORKERS = 16  # client threads, the same for the operator runs and their baselines
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY"})
+READ_VERBS = frozenset({"GET", "LIST", "WATCH", "WATCHLIST"})
+# Resources the operator touches; the apiserver's own bookkeeping (leases...) is left out.
+OPERATOR_RESOURCES = frozenset(
+    {
+        "multislicejobs",
+        "multislicejobs/status",
+        "jobsets",
+        "jobsets/status",
+        "events",
+        "pods",
+        "nodes",
+    }
+)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+# ---------------------------------------------------------------- clients and objects
+
+
+def admin_client(cp: ControlPlane, pool_size: int = 32) -> client.ApiClient:
+    """An admin client whose connection pool fits WORKERS threads (the default keeps 10)."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
+    cfg.connection_pool_maxsize = pool_size
+    return client.ApiClient(cfg)
+
+
+def create_namespace(api: client.ApiClient, name: str) -> str:
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+    return name
+
+
+def job_body(
+    name: str,
+    accelerator: str = "v5litepod-16",
+    slices: int = 2,
+    mode: str = "Existing",
+    template: dict[str, Any] | None = None,
+    max_restarts: int = 3,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "accelerator": accelerator,
+            "slices": slices,
+            "provisioning": {"mode": mode},
+            "failurePolicy": {"maxRestarts": max_restarts},
+            "template": template
+            or {"spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]}},
+        },
+    }
+
+
+def ready_node(
+    name: str,
+    pool: str,
+    accelerator_label: str,
+    topology: str,
+    chips_per_host: int,
+    extra_labels: dict[str, str] | None = None,
+    spot: bool = False,
+) -> dict[str, Any]:
+    """A fake GKE TPU node created Ready (the api profile has no kwok to mark it Ready; the
+    apiserver keeps a node's status given at creation)."""
+    body = tpu_node_manifest(
+        name, pool, accelerator_label, topology, chips_per_host, extra_labels, spot
+    )
+    body["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return body
+
+
+def ready_pools(
+    api: client.ApiClient,
+    prefix: str,
+    pools: int,
+    hosts: int,
+    accelerator_label: str = "tpu-v5-lite-podslice",
+    topology: str = "4x4",
+    chips_per_host: int = 4,
+    extra_labels: dict[str, str] | None = None,
+) -> list[str]:
+    """Existing node pools `<prefix>-<p>` of `hosts` Ready nodes each."""
+    core = client.CoreV1Api(api)
+    names: list[str] = []
+    for p in range(pools):
+        pool = f"{prefix}-{p}"
+        for i in range(hosts):
+            body = ready_node(
+                f"{pool}-{i}", pool, accelerator_label, topology, chips_per_host, extra_labels
+            )
+            core.create_node(body)  # type: ignore[arg-type]
+            names.append(body["metadata"]["name"])
+    return names
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS) -> list[R]:
+    with ThreadPoolExecutor(workers, thread_name_prefix="bench") as pool:
+        return list(pool.map(fn, items))
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# ---------------------------------------------------------------- apiserver request counts
+
+_METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def request_counts(api: client.ApiClient) -> Counter[tuple[str, str]]:
+    """apiserver_request_total summed by (verb, resource[/subresource]); GET /metrics as admin."""
+    resp = api.call_api("GET", f"{api.configuration.host}/metrics")
+    resp.read()  # type: ignore[no-untyped-call]
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in (resp.data or b"").decode().splitlines():
+        m = _METRIC.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m["labels"]))
+        resource = labels.get("resource", "")
+        if not resource:
+            continue  # /readyz, /metrics, discovery
+        if labels.get("subresource"):
+            resource = f"{resource}/{labels['subresource']}"
+        counts[(labels.get("verb", ""), resource)] += int(float(m["value"]))
+    return counts
+
+
+def count_diff(after: Counter[tuple[str, str]], before: Counter[tuple[str, str]]) -> dict[str, int]:
+    """'VERB resource' -> requests between the two scrapes (non-zero only)."""
+    out = {f"{v} {r}": after[(v, r)] - before.get((v, r), 0) for (v, r) in after}
+    return {k: n for k, n in sorted(out.items()) if n}
+
+
+def writes(diff: dict[str, int], resources: frozenset[str] = OPERATOR_RESOURCES) -> int:
+    return sum(
+        n for k, n in diff.items() if k.split()[0] in WRITE_VERBS and k.split()[1] in resources
+    )
+
+
+def reads(diff: dict[str, int], resources: frozenset[str] = OPERATOR_RESOURCES) -> int:
+    """GET and LIST requests (a WATCH is counted when it ends, so it is left out here)."""
+    return sum(
+        n for k, n in diff.items() if k.split()[0] in {"GET", "LIST"} and k.split()[1] in resources
+    )
+
+
+def settle(api: client.ApiClient, quiet_s: float = 2.0, timeout: float = 30.0) -> float:
+    """Wait until no write reaches the apiserver for `quiet_s`; return the time waited."""
+    start = time.monotonic()
+    last, last_change = writes(count_diff(request_counts(api), Counter())), time.monotonic()
+    while time.monotonic() - start < timeout:
+        time.sleep(0.5)
+        now = writes(count_diff(request_counts(api), Counter()))
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            break
+    return time.monotonic() - start
+
+
+# ---------------------------------------------------------------- process footprint
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and every live descendant (from /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory (VmRSS) of the process and its descendants, MiB."""
+    total_kib = 0
+    for p in process_tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kib / 1024
+
+
+def cpu_seconds(pid: int, tree: bool = True) -> float:
+    """utime + stime of the process (and, with `tree`, its live descendants), seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in process_tree(pid) if tree else [pid]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / ticks
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between start() and stop()."""
+
+    def __init__(self, pids: dict[str, int], tree: frozenset[str] = frozenset()) -> None:
+        self.pids, self.tree = dict(pids), tree
+        self.start_s: dict[str, float] = {}
+        self.wall = 0.0
+
+    def _now(self) -> dict[str, float]:
+        return {k: cpu_seconds(p, k in self.tree) for k, p in self.pids.items()}
+
+    def start(self) -> CpuMeter:
+        self.start_s, self.wall = self._now(), time.monotonic()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        now = self._now()
+        out = {k: round(now[k] - self.start_s[k], 2) for k in now}
+        out["wall"] = round(time.monotonic() - self.wall, 2)
+        return out
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+# ---------------------------------------------------------------- statistics and output
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+        "mean": sum(values) / len(values) if values else float("nan"),
+    }
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    out = [f"\n== {title}", line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    text = "\n".join(out)
+    print(text, flush=True)
+    return text
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def save(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2) + "\n")
+    print(f"-> {path.relative_to(RESULTS.parent.parent)}", flush=True)
+    return path
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)

@@ -1,0 +1,226 @@
+"""Benchmark 4: the operator's footprint at idle with 0, 100 and 1000 jobs, and the API requests
+one job's lifecycle costs.
+
+Each size gets a fresh `api`-profile control plane and operator (default settings: resync 10 s).
+The jobs (Existing mode, Ready node pools) are created and reconciled to Starting; then, with
+nothing changing, over an idle window:
+
+* resident memory: VmRSS of the operator process and its descendants (/proc/<pid>/status);
+* CPU: utime + stime over the window (/proc/<pid>/stat), as a percentage of one core;
+* API requests the operator makes: apiserver_request_total diffed over the window (the watches
+  the benchmark holds were opened before the window; nothing else talks to the apiserver).
+
+Lifecycle (at 100 jobs): create -> Starting -> Running -> Succeeded -> deleted, driven the way the
+integration tests drive it (the JobSet status is patched: there is no JobSet controller in the
+api profile). Requests counted from before the creates to after the last job is gone, less the
+driver's own (one create, two JobSet status patches and one delete per job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from benchmarks.common import (
+    JOBSET,
+    MSJ,
+    WORKERS,
+    admin_client,
+    count_diff,
+    cpu_seconds,
+    create_namespace,
+    job_body,
+    parallel,
+    reads,
+    ready_pools,
+    request_counts,
+    rss_mib,
+    save,
+    say,
+    settle,
+    table,
+    threads_of,
+    writes,
+)
+from benchmarks.watcher import Spec, Watcher
+from multislice_operator.local.controlplane import ControlPlane, bin_dir
+from multislice_operator.local.harness import OperatorProcess, install_crds
+
+NAMESPACE = "fp"
+RUNNING = {"replicatedJobsStatus": [{"name": "slice", "ready": 2, "active": 2, "succeeded": 0,
+                                     "failed": 0, "suspended": 0}]}  # fmt: skip
+COMPLETED = {
+    "terminalState": "Completed",
+    "conditions": [
+        {
+            "type": "Completed",
+            "status": "True",
+            "reason": "AllJobsCompleted",
+            "message": "done",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ],
+    "replicatedJobsStatus": [{"name": "slice", "ready": 0, "active": 0, "succeeded": 2,
+                              "failed": 0, "suspended": 0}],
+}  # fmt: skip
+
+
+def names(n: int) -> list[str]:
+    return [f"job-{i:05d}" for i in range(n)]
+
+
+def idle_window(api: client.ApiClient, pid: int, seconds: float) -> dict[str, Any]:
+    settle(api, quiet_s=2.0)
+    before, cpu0 = request_counts(api), cpu_seconds(pid)
+    time.sleep(seconds)
+    diff = count_diff(request_counts(api), before)
+    cpu = cpu_seconds(pid) - cpu0
+    return {
+        "seconds": seconds,
+        "rss_mib": rss_mib(pid),
+        "threads": threads_of(pid),
+        "cpu_percent": 100 * cpu / seconds,
+        "writes_per_min": writes(diff) * 60 / seconds,
+        "reads_per_min": reads(diff) * 60 / seconds,
+        "requests": diff,
+    }
+
+
+def lifecycle(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: float) -> None:
+    custom = client.CustomObjectsApi(api)
+
+    def status(patch: dict[str, Any]) -> Any:
+        return lambda name: custom.patch_namespaced_custom_object_status(
+            *JOBSET[:2], NAMESPACE, JOBSET[2], name, {"status": patch}
+        )
+
+    w.add("running", Spec(MSJ, NAMESPACE, "phase", ["Running"]))
+    w.add("succeeded", Spec(MSJ, NAMESPACE, "phase", ["Succeeded"]))
+    w.add("gone", Spec(MSJ, NAMESPACE, "deleted"))
+    parallel(status(RUNNING), jobs)
+    w.wait("running", jobs, timeout=timeout)
+    parallel(status(COMPLETED), jobs)
+    w.wait("succeeded", jobs, timeout=timeout)
+    parallel(
+        lambda name: custom.delete_namespaced_custom_object(*MSJ[:2], NAMESPACE, MSJ[2], name),
+        jobs,
+    )
+    w.wait("gone", jobs, timeout=timeout)
+
+
+def run_size(
+    n: int,
+    idle_s: float,
+    with_lifecycle: bool,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-footprint-{n}.log"
+    timeout = 120 + n * 0.5
+    with ControlPlane("api") as cp:
+        api = admin_client(cp)
+        install_crds(api, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+        ready_pools(api, "pool", 2, 4)
+        create_namespace(api, NAMESPACE)
+        op = OperatorProcess(cp.kubeconfig, [], env=env, log_path=log)
+        op.start()
+        try:
+            assert op.proc is not None
+            pid = op.proc.pid
+            custom = client.CustomObjectsApi(api)
+            out: dict[str, Any] = {"jobs": n}
+            with Watcher(cp.kubeconfig) as w:
+                w.add("settled", Spec(MSJ, NAMESPACE, "phase", ["Starting"]))
+                w.add("js", Spec(JOBSET, NAMESPACE))
+                jobs = names(n)
+                before = request_counts(api)
+                parallel(
+                    lambda name: custom.create_namespaced_custom_object(
+                        *MSJ[:2], NAMESPACE, MSJ[2], job_body(name)
+                    ),
+                    jobs,
+                    WORKERS,
+                )
+                if jobs:
+                    w.wait("settled", jobs, timeout=timeout)
+                    w.wait("js", jobs, timeout=timeout)
+                time.sleep(3)  # the reconcile that follows the JobSet's creation
+                out["idle"] = idle_window(api, pid, idle_s)
+                if with_lifecycle and jobs:
+                    lifecycle(api, w, jobs, timeout)
+                    settle(api)
+                    diff = count_diff(request_counts(api), before)
+                    driver = {"POST multislicejobs": n, "PATCH jobsets/status": 2 * n,
+                              "DELETE multislicejobs": n}  # fmt: skip
+                    mine = {k: v - driver.get(k, 0) for k, v in diff.items()}
+                    out["lifecycle"] = {
+                        "jobs": n,
+                        "requests_per_job": {k: v / n for k, v in mine.items() if v},
+                        "writes_per_job": writes(mine) / n,
+                        "reads_per_job": reads(mine) / n,
+                    }
+        finally:
+            op.stop()
+            api.close()  # type: ignore[no-untyped-call]
+    out["operator_log"] = str(log)
+    return out
+
+
+def run(
+    sizes: list[int], idle_s: float, lifecycle_at: int = 100, log_dir: Path | None = None
+) -> dict[str, Any]:
+    results, rows = [], []
+    for n in sizes:
+        say(f"footprint: {n} jobs (idle window {idle_s:g}s)")
+        res = run_size(n, idle_s, n == lifecycle_at, log_dir)
+        results.append(res)
+        idle = res["idle"]
+        rows.append(
+            [
+                n,
+                idle["rss_mib"],
+                idle["cpu_percent"],
+                idle["writes_per_min"],
+                idle["writes_per_min"] / n if n else 0.0,
+                idle["reads_per_min"],
+                idle["threads"],
+            ]
+        )
+    text = table(
+        f"Footprint at idle (window {idle_s:g}s, resync 10s)",
+        ["jobs", "RSS MiB", "CPU %", "writes/min", "writes/min/job", "reads/min", "threads"],
+        rows,
+    )
+    life = next((r["lifecycle"] for r in results if "lifecycle" in r), None)
+    if life:
+        text += "\n" + table(
+            f"API requests per job lifecycle (create -> Running -> Succeeded -> deleted, "
+            f"{life['jobs']} jobs)",
+            ["request", "per job"],
+            [[k, v] for k, v in sorted(life["requests_per_job"].items())]
+            + [
+                ["= writes", life["writes_per_job"]],
+                ["= reads (GET, LIST)", life["reads_per_job"]],
+            ],
+        )
+    out = {"idle_seconds": idle_s, "results": results, "table": text}
+    save("footprint", out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--sizes", default="0,100,1000")
+    p.add_argument("--idle", type=float, default=60.0)
+    args = p.parse_args(argv)
+    run([int(s) for s in args.sizes.split(",")], args.idle)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

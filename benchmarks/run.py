@@ -1,0 +1,261 @@
+"""`make bench`: every operator benchmark, then the scale curve and the targets.
+
+    python -m benchmarks.run [--quick] [--only reconcile,gang,restart,footprint]
+                             [--skip-workload] [--log-dir DIR]
+
+Each benchmark prints its table and writes benchmarks/results/<name>.json; this writes
+benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
+benchmarks/results/summary.json (the targets). --quick uses smaller sizes (a few minutes); the
+full run takes about 15 minutes on a 2-core machine. The workload benchmark
+(benchmarks/workload_shardings.py) runs last unless --skip-workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import footprint, gang, reconcile, restart
+from benchmarks.common import save, say, table
+
+BENCHMARKS = ("reconcile", "gang", "restart", "footprint")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    reconcile: list[int]
+    gang: list[int]
+    restart: list[int]
+    restart_reps: int
+    footprint: list[int]
+    idle_s: float
+
+
+QUICK = Sizes([10, 100], [1, 8, 64], [2], 3, [0, 100], 20.0)
+FULL = Sizes([10, 100, 1000], [1, 8, 64, 256], [2, 8], 7, [0, 100, 1000], 60.0)
+BEND = 1.5  # a marginal cost this many times the previous one is where a curve bends
+FLAT = 0.25  # the largest size costing less than this much more than the smallest: flat
+
+
+def curve(
+    name: str, unit: str, points: Sequence[tuple[int, float]], per: str, baseline: float = 0.0
+) -> dict[str, Any]:
+    """How `points` (size, measure) grow: the marginal cost per unit of size between neighbours,
+    and whether it stays flat (linear growth) or where it bends."""
+    pts = sorted(points)
+    marginal = []
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        marginal.append({"from": x0, "to": x1, f"{per}": (y1 - y0) / (x1 - x0)})
+    verdict = "too few sizes to tell"
+    if len(pts) >= 2 and pts[0][1] > 0 and (pts[-1][1] - pts[0][1]) / pts[0][1] < FLAT:
+        verdict = (
+            f"nearly flat: {pts[-1][0]} costs {pts[-1][1] / pts[0][1]:.2f}x what {pts[0][0]} does"
+        )
+    elif len(marginal) >= 2:
+        steps = list(itertools.pairwise(marginal))
+        bends = [(a, b) for a, b in steps if a[per] > 0 and b[per] > BEND * a[per]]
+        if bends:
+            a, b = bends[0]
+            verdict = (
+                f"super-linear: the cost per {unit} grows {b[per] / a[per]:.1f}x from "
+                f"{a['from']}-{a['to']} to {b['from']}-{b['to']} (it bends after {a['to']})"
+            )
+        elif all(a[per] > 0 and b[per] < a[per] / BEND for a, b in steps):
+            verdict = (
+                f"sub-linear: the cost per {unit} falls with size (fixed costs amortized); "
+                f"{marginal[-1][per]:.3g} per {unit} at the largest step"
+            )
+        else:
+            verdict = f"linear: the cost per {unit} stays within {BEND}x across sizes"
+    return {"measure": name, "unit": unit, "points": pts, "marginal": marginal, "verdict": verdict}
+
+
+def scale(results: dict[str, Any]) -> dict[str, Any]:
+    curves = []
+    if "reconcile" in results:
+        rs = results["reconcile"]["results"]
+        curves.append(
+            curve(
+                "reconcile: operator time to Starting (s)",
+                "job",
+                [(r["n"], r["operator"]["total_s"]) for r in rs],
+                "s_per_job",
+            )
+        )
+        curves.append(
+            curve(
+                "reconcile: baseline time (s)",
+                "job",
+                [(r["n"], r["baseline"]["total_s"]) for r in rs],
+                "s_per_job",
+            )
+        )
+        curves.append(
+            curve(
+                "reconcile: operator CPU (s)",
+                "job",
+                [(r["n"], r["operator"]["cpu_s"]["operator"]) for r in rs],
+                "s_per_job",
+            )
+        )
+    if "gang" in results:
+        best: dict[int, float] = {}
+        for r in results["gang"]["results"]:
+            best[r["slices"]] = min(best.get(r["slices"], float("inf")), r["ready_s"])
+        curves.append(
+            curve(
+                "gang: create -> all slices ready (s)", "slice", list(best.items()), "s_per_slice"
+            )
+        )
+    if "restart" in results:
+        rs = results["restart"]["results"]
+        curves.append(
+            curve(
+                "restart: with operator, new pods created (s)",
+                "slice",
+                [(r["slices"], r["operator"]["created_s"]) for r in rs],
+                "s_per_slice",
+            )
+        )
+    if "footprint" in results:
+        rs = results["footprint"]["results"]
+        curves.append(
+            curve(
+                "footprint: RSS at idle (MiB)",
+                "job",
+                [(r["jobs"], r["idle"]["rss_mib"]) for r in rs],
+                "mib_per_job",
+            )
+        )
+        curves.append(
+            curve(
+                "footprint: CPU at idle (% of a core)",
+                "job",
+                [(r["jobs"], r["idle"]["cpu_percent"]) for r in rs],
+                "percent_per_job",
+            )
+        )
+    rows = []
+    for c in curves:
+        per = next(k for k in c["marginal"][0] if k not in ("from", "to")) if c["marginal"] else ""
+        steps = ", ".join(
+            f"{m['from']}->{m['to']}: {m[per] * (1000 if 's_per' in per else 1):.3g}"
+            for m in c["marginal"]
+        )
+        unit = f"ms/{c['unit']}" if "s_per" in per else per.replace("_", " ")
+        rows.append([c["measure"], f"{steps} ({unit})", c["verdict"]])
+    text = table(
+        "Scale curve: marginal cost per unit of size", ["measure", "steps", "growth"], rows
+    )
+    return {"curves": curves, "table": text}
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, goal: str, ok: bool | None, note: str) -> None:
+        out.append({"target": name, "value": value, "goal": goal, "met": ok, "note": note})
+
+    if "reconcile" in results:
+        big = max(results["reconcile"]["results"], key=lambda r: r["n"])
+        add(
+            f"reconcile {big['n']} jobs vs baseline",
+            big["ratio"],
+            "<= 1.5x (at 1000 jobs)",
+            big["ratio"] <= 1.5 if big["n"] >= 1000 else None,
+            f"operator {big['operator']['total_s']:.1f}s, "
+            f"baseline {big['baseline']['total_s']:.1f}s",
+        )
+    if "gang" in results:
+        big = max(results["gang"]["results"], key=lambda r: r["slices"])
+        add(
+            f"gang {big['slices']} slices vs one slice",
+            big["ratio_to_one_slice"],
+            "<= 1.2x (at 256 slices)",
+            big["ratio_to_one_slice"] <= 1.2 if big["slices"] >= 256 else None,
+            f"{big['ready_s']:.2f}s vs {results['gang']['one_slice_s']:.2f}s",
+        )
+    if "footprint" in results:
+        for r in results["footprint"]["results"]:
+            if r["jobs"] == 100:
+                v = r["idle"]["writes_per_min"] / 100
+                add("idle writes per minute per job (100 jobs)", v, "0", v == 0, "")
+            if r["jobs"] == max(x["jobs"] for x in results["footprint"]["results"]):
+                v = r["idle"]["rss_mib"]
+                add(
+                    f"RSS at {r['jobs']} jobs (MiB)",
+                    v,
+                    "< 150 MiB (at 1000 jobs)",
+                    v < 150 if r["jobs"] >= 1000 else None,
+                    "",
+                )
+    rows = [
+        [
+            t["target"],
+            "-" if t["value"] is None else f"{t['value']:.3g}",
+            t["goal"],
+            {True: "met", False: "MISSED", None: "n/a (quick)"}[t["met"]],
+            t["note"],
+        ]
+        for t in out
+    ]
+    text = table("Targets", ["target", "value", "goal", "status", "note"], rows)
+    return {"targets": out, "table": text}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller sizes: a few minutes")
+    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")
+    p.add_argument("--skip-workload", action="store_true", help="skip workload_shardings.py")
+    p.add_argument("--log-dir", type=Path, default=None, help="operator logs (default: a tmp dir)")
+    args = p.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    only = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = set(only) - set(BENCHMARKS) - {"workload"}
+    if unknown:
+        p.error(f"unknown benchmarks: {sorted(unknown)}; choose from {BENCHMARKS}")
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="msj-bench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    say(f"{'quick' if args.quick else 'full'} run; operator logs in {log_dir}")
+    started = time.monotonic()
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "reconcile": lambda: reconcile.run(cfg.reconcile, log_dir=log_dir),
+        "gang": lambda: gang.run(cfg.gang, log_dir=log_dir),
+        "restart": lambda: restart.run(cfg.restart, cfg.restart_reps, log_dir=log_dir),
+        "footprint": lambda: footprint.run(cfg.footprint, cfg.idle_s, log_dir=log_dir),
+    }
+    results: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in BENCHMARKS:
+        if name not in only:
+            continue
+        try:
+            results[name] = runners[name]()
+        except Exception as exc:  # one failing benchmark must not lose the others' figures
+            failed.append(name)
+            say(f"{name} FAILED: {type(exc).__name__}: {exc}")
+    curves = scale(results)
+    goals = targets(results)
+    save("scale", {"quick": args.quick, **curves})
+    save("summary", {"quick": args.quick, "failed": failed, **goals})
+    if not args.skip_workload and ("workload" in only or args.only == ",".join(BENCHMARKS)):
+        wl = Path(__file__).with_name("workload_shardings.py")
+        extra = ["--steps", "5", "--repeats", "1"] if args.quick else []
+        say("workload shardings benchmark")
+        if subprocess.run([sys.executable, str(wl), *extra], check=False).returncode != 0:
+            failed.append("workload")
+    say(f"done in {time.monotonic() - started:.0f}s" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
