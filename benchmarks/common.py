@@ -253,20 +253,31 @@ class CpuMeter:
     def __init__(self, pids: dict[str, int], tree: frozenset[str] = frozenset()) -> None:
         self.pids, self.tree = dict(pids), tree
         self.start_s: dict[str, float] = {}
-        self.wall = 0.0
+        self.wall = self.busy = 0.0
 
     def _now(self) -> dict[str, float]:
         return {k: cpu_seconds(p, k in self.tree) for k, p in self.pids.items()}
 
     def start(self) -> CpuMeter:
-        self.start_s, self.wall = self._now(), time.monotonic()
+        self.start_s, self.wall, self.busy = self._now(), time.monotonic(), machine_busy_s()
         return self
 
     def stop(self) -> dict[str, float]:
+        """CPU seconds per named process, `wall`, and `others`: CPU the rest of the machine used
+        meanwhile (other users of a shared machine), which slows whatever was measured."""
         now = self._now()
         out = {k: round(now[k] - self.start_s[k], 2) for k in now}
+        busy = machine_busy_s() - self.busy
         out["wall"] = round(time.monotonic() - self.wall, 2)
+        out["others"] = round(max(0.0, busy - sum(out[k] for k in now)), 2)
         return out
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores; /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def threads_of(pid: int) -> int:

@@ -128,8 +128,8 @@ def run_size(
         ready_pools(api, "pool", 2, 4)
         create_namespace(api, NAMESPACE)
         op = OperatorProcess(cp.kubeconfig, [], env=env, log_path=log)
-        op.start()
         try:
+            op.start()
             assert op.proc is not None
             pid = op.proc.pid
             custom = client.CustomObjectsApi(api)

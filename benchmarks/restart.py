@@ -128,8 +128,8 @@ def run_size(slices: int, reps: int, log_dir: Path | None = None) -> dict[str, A
             base = measure(api, w, "base", slices, reps, operator=False)
             say(f"restart S={slices}: with the operator")
             op = OperatorProcess(cp.kubeconfig, [], log_path=log)
-            op.start()
             try:
+                op.start()
                 custom.create_namespaced_custom_object(
                     *MSJ[:2], "op", MSJ[2], body_for("op", slices)
                 )

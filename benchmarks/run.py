@@ -107,9 +107,7 @@ def scale(results: dict[str, Any]) -> dict[str, Any]:
             )
         )
     if "gang" in results:
-        best: dict[int, float] = {}
-        for r in results["gang"]["results"]:
-            best[r["slices"]] = min(best.get(r["slices"], float("inf")), r["ready_s"])
+        best = {int(k): v["ready_s"] for k, v in results["gang"]["best"].items()}
         curves.append(
             curve(
                 "gang: create -> all slices ready (s)", "slice", list(best.items()), "s_per_slice"
@@ -175,7 +173,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             f"baseline {big['baseline']['total_s']:.1f}s",
         )
     if "gang" in results:
-        big = max(results["gang"]["results"], key=lambda r: r["slices"])
+        big = max(results["gang"]["best"].values(), key=lambda r: r["slices"])
         add(
             f"gang {big['slices']} slices vs one slice",
             big["ratio_to_one_slice"],
