@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import http.server
-import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -497,30 +497,14 @@ def test_regional_cluster_needs_node_locations(sim: GkeSimulator) -> None:
     prov.close()
 
 
-def _api_binaries() -> Any:
-    """The binary dir when etcd and kube-apiserver are built (no build is started here)."""
-    from multislice_operator.local.controlplane import ControlPlaneError, bin_dir
-
-    try:
-        directory = bin_dir()
-    except (ControlPlaneError, OSError, subprocess.CalledProcessError):
-        return None
-    ready = all((directory / b).is_file() for b in ("etcd", "kube-apiserver"))
-    return directory if ready else None
-
-
-def test_kube_registrar_registers_gke_like_nodes() -> None:
+def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
     """Pools become fake GKE TPU nodes in a real kube-apiserver, and go with their pool."""
-    binaries = _api_binaries()
-    if binaries is None:
-        pytest.skip("etcd/kube-apiserver not built (hack/build-bins.sh)")
     from kubernetes import client as kube
 
-    from multislice_operator.local.controlplane import ControlPlane
     from multislice_operator.local.gke_sim import KubeNodeRegistrar
 
-    with ControlPlane("api", binaries=binaries) as cp:
-        api_client = cp.api_client()
+    # The session's api control plane (conftest builds the binaries when missing).
+    with contextlib.closing(kube_api.api_client()) as api_client:
         core = kube.CoreV1Api(api_client)
         config = SimConfig(op_latency_s=LATENCY)
         with GkeSimulator(config, registrar=KubeNodeRegistrar(api_client)) as sim:
