@@ -28,7 +28,6 @@ ARG KUBERNETES_VERSION=37.0.2
 ARG PROMETHEUS_CLIENT_VERSION=0.26.0
 ARG GOOGLE_CLOUD_CONTAINER_VERSION=2.67.0
 ARG GOOGLE_CLOUD_TPU_VERSION=1.28.0
-ARG CRYPTOGRAPHY_VERSION=50.0.2
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -44,8 +43,7 @@ RUN pip install --only-binary=:all: \
       "kubernetes==${KUBERNETES_VERSION}" \
       "prometheus-client==${PROMETHEUS_CLIENT_VERSION}" \
       "google-cloud-container==${GOOGLE_CLOUD_CONTAINER_VERSION}" \
-      "google-cloud-tpu==${GOOGLE_CLOUD_TPU_VERSION}" \
-      "cryptography==${CRYPTOGRAPHY_VERSION}"
+      "google-cloud-tpu==${GOOGLE_CLOUD_TPU_VERSION}"
 
 # The package alone; `pip check` fails the build if a pin above drifted from pyproject.toml.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \

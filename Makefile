@@ -9,21 +9,21 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml workload/pyproject.toml
+$(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -e './workload[test]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test]'
 	@touch $(STAMP)
 
 test: install
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check operator workload tests benchmarks
+	$(BIN)/ruff check operator local workload tests benchmarks
 	$(BIN)/mypy
 
 fmt: install
-	$(BIN)/ruff format operator workload tests benchmarks
+	$(BIN)/ruff format operator local workload tests benchmarks
 
 # Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster.
 PROFILE ?= cluster
@@ -32,17 +32,17 @@ bins:
 	hack/build-bins.sh
 
 cluster-up: install bins
-	$(BIN)/python -m multislice_operator.local.controlplane up --profile $(PROFILE) --detach
+	$(BIN)/python -m multislice_local.controlplane up --profile $(PROFILE) --detach
 
 cluster-down: install
-	$(BIN)/python -m multislice_operator.local.controlplane down --profile $(PROFILE)
+	$(BIN)/python -m multislice_local.controlplane down --profile $(PROFILE)
 
 # The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete, KEEP=1 to stay up.
 # CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).
 SCENARIO ?= restart
 CLUSTER ?= local
 demo: install bins
-	$(BIN)/multislice-operator demo --scenario $(SCENARIO) --cluster $(CLUSTER) \
+	$(BIN)/multislice-local demo --scenario $(SCENARIO) --cluster $(CLUSTER) \
 		$(if $(KEEP),--keep,) $(DEMO_ARGS)
 
 # Operator benchmarks against local control planes (docs/benchmarks.md), then the workload's.

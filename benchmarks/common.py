@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 
+from multislice_local.controlplane import ControlPlane
+from multislice_local.nodes import tpu_node_manifest
 from multislice_operator.api import models
-from multislice_operator.local.controlplane import ControlPlane
-from multislice_operator.local.nodes import tpu_node_manifest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")

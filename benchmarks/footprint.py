@@ -48,8 +48,8 @@ from benchmarks.common import (
     writes,
 )
 from benchmarks.watcher import Spec, Watcher
-from multislice_operator.local.controlplane import ControlPlane, bin_dir
-from multislice_operator.local.harness import OperatorProcess, install_crds
+from multislice_local.controlplane import ControlPlane, bin_dir
+from multislice_local.harness import OperatorProcess, install_crds
 
 NAMESPACE = "fp"
 RUNNING = {"replicatedJobsStatus": [{"name": "slice", "ready": 2, "active": 2, "succeeded": 0,

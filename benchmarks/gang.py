@@ -45,20 +45,35 @@ from benchmarks.common import (
     table,
 )
 from benchmarks.watcher import Spec, Watcher
-from multislice_operator.local.controlplane import ControlPlane, bin_dir
-from multislice_operator.local.gke_sim import GkeSimulator, NodeGroup, SimConfig
-from multislice_operator.local.harness import OperatorProcess, install_crds
-from multislice_operator.local.stack import CLUSTER, LOCATION, PROJECT, ZONE
-from multislice_operator.plan import (
-    GKE_ACCELERATOR_LABEL,
-    GKE_NODEPOOL_LABEL,
-    GKE_SPOT_LABEL,
-    GKE_TOPOLOGY_LABEL,
+from multislice_local.controlplane import (
+    ControlPlane,
+    bin_dir,
 )
+from multislice_local.gke_sim import (
+    GkeSimulator,
+    NodeGroup,
+    SimConfig,
+)
+from multislice_local.harness import (
+    OperatorProcess,
+    install_crds,
+)
+from multislice_local.stack import (
+    CLUSTER,
+    LOCATION,
+    PROJECT,
+    ZONE,
+)
+from multislice_operator import keys
 
 NAMESPACE = "gang"
 ACCELERATOR = "v5litepod-4"  # one host of 4 chips per slice
-_GKE_LABELS = {GKE_NODEPOOL_LABEL, GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, GKE_SPOT_LABEL}
+_GKE_LABELS = {
+    keys.GKE_NODEPOOL,
+    keys.GKE_TPU_ACCELERATOR,
+    keys.GKE_TPU_TOPOLOGY,
+    keys.GKE_SPOT,
+}
 
 
 class ReadyNodeRegistrar:
@@ -98,7 +113,7 @@ class ReadyNodeRegistrar:
             self.ready_at[group.pool] = time.monotonic()
 
     def unregister(self, pool: str) -> None:
-        nodes = self.core.list_node(label_selector=f"{GKE_NODEPOOL_LABEL}={pool}").items
+        nodes = self.core.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool}").items
         for node in nodes:
             if node.metadata is not None and node.metadata.name:
                 self.core.delete_node(node.metadata.name)

@@ -54,10 +54,12 @@ from benchmarks.common import (
     writes,
 )
 from benchmarks.watcher import Spec, Watcher
-from multislice_operator.local.controlplane import ControlPlane, bin_dir
-from multislice_operator.local.harness import OperatorProcess, install_crds
+from multislice_local.controlplane import ControlPlane, bin_dir
+from multislice_local.harness import OperatorProcess, install_crds
 from multislice_operator.plan import load_job, plan_job
-from multislice_operator.provisioning.base import RUNNING
+from multislice_operator.provisioning.base import (
+    PoolState,
+)
 from multislice_operator.reconcile import DecideConfig, JobMeta, Observed, SliceObservation, decide
 from multislice_operator.render import render_jobset
 
@@ -147,7 +149,10 @@ def baseline_work(n: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         job = load_job(body)
         plan = plan_job(job)
         jobset = render_jobset(plan, job.spec, job.metadata.labels)
-        slices = [SliceObservation(i, f"pool-{i}", RUNNING, plan.shape.hosts) for i in range(POOLS)]
+        slices = [
+            SliceObservation(i, f"pool-{i}", PoolState.READY, plan.shape.hosts)
+            for i in range(POOLS)
+        ]
         obs = Observed(now=now, slices=slices, existing_pools_found=POOLS)
         decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, {}, obs,
                           DecideConfig())  # fmt: skip

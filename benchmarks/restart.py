@@ -37,9 +37,9 @@ from benchmarks.common import (
     table,
 )
 from benchmarks.watcher import Spec, Watcher
-from multislice_operator.local.controlplane import ControlPlane
-from multislice_operator.local.harness import OperatorProcess, install_crds
-from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION, fail_pod, register_tpu_nodes
+from multislice_local.controlplane import ControlPlane
+from multislice_local.harness import OperatorProcess, install_crds
+from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod, register_tpu_nodes
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.render import render_jobset
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: real local Kubernetes control planes (multislice_operator.local).
+"""Shared fixtures: real local Kubernetes control planes (multislice_local).
 
 * ``kube_api``: session-scoped :class:`ControlPlane` of the ``api`` profile (etcd + apiserver).
 * ``kube_cluster``: session-scoped ``cluster`` profile (plus controller-manager, scheduler, kwok,
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from multislice_operator.local.controlplane import ControlPlane, ensure_binaries
-from multislice_operator.local.nodes import delete_nodes, register_tpu_nodes
+from multislice_local.controlplane import ControlPlane, ensure_binaries
+from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 _CONTROL_PLANE_FIXTURES = {"kube_api", "kube_cluster"}
 

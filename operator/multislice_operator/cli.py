@@ -174,12 +174,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from multislice_operator.local.demo import run_demo
-
-    return run_demo(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multislice-operator",
@@ -204,14 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     p.set_defaults(func=cmd_crd)
-
-    p = sub.add_parser(
-        "demo", help="the local default: a simulated GKE multislice cluster, narrated end to end"
-    )
-    from multislice_operator.local.demo import add_arguments as add_demo_arguments
-
-    add_demo_arguments(p)
-    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run the operator (kopf)")
     from multislice_operator.settings import add_run_arguments

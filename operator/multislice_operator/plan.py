@@ -13,7 +13,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from multislice_operator import advisor, catalog, parallelism
+from multislice_operator import (
+    advisor,
+    catalog,
+    keys,
+    parallelism,
+)
 from multislice_operator.api.models import (
     API_VERSION,
     KIND,
@@ -22,22 +27,13 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     ProvisioningMode,
 )
-from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.errors import (
+    FieldError,
+    SpecError,
+)
 
 # Labels and annotations the operator owns.
-LABEL_PREFIX = "multislice.dev"
-LABEL_JOB_NAME = f"{LABEL_PREFIX}/job-name"
-LABEL_JOB_NAMESPACE = f"{LABEL_PREFIX}/job-namespace"
-LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
-LABEL_JOB_KEY = f"{LABEL_PREFIX}/job-key"
-LABEL_SLICE = f"{LABEL_PREFIX}/slice"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "multislice-operator"
 
-GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-GKE_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
 
 NODE_POOL_NAME_MAX = 40
 # JobSet names pods `<jobset>-slice-<i>-<j>` and hostnames must fit a DNS label (63).
@@ -299,11 +295,11 @@ def _node_pools(
     for i in range(spec.slices):
         pool = node_pool_name(namespace, name, i)
         labels = {
-            LABEL_JOB_KEY: job_key(namespace, name),
-            LABEL_JOB_NAME: name,
-            LABEL_JOB_NAMESPACE: namespace,
-            LABEL_SLICE: str(i),
-            LABEL_MANAGED_BY: MANAGED_BY,
+            keys.JOB_KEY: job_key(namespace, name),
+            keys.JOB_NAME: name,
+            keys.JOB_NAMESPACE: namespace,
+            keys.SLICE: str(i),
+            keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
         }
         pools.append(
             NodePoolSpec(

@@ -14,18 +14,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from multislice_operator.api.models import MultisliceJobSpec, Phase
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import Plan
+from multislice_operator import keys
+from multislice_operator.api.models import (
+    MultisliceJobSpec,
+    Phase,
+)
+from multislice_operator.errors import (
+    SpecError,
+)
+from multislice_operator.plan import (
+    Plan,
+)
 from multislice_operator.provisioning.base import (
-    ABSENT,
-    ERROR,
-    PROVISIONING,
-    RECONCILING,
-    RUNNING,
-    RUNNING_WITH_ERROR,
-    STOPPING,
     PoolError,
+    PoolState,
 )
 
 # Condition types.
@@ -46,7 +48,6 @@ SLICE_FAILED = "Failed"
 SLICE_RELEASING = "Releasing"
 SLICE_REPAIRING = "Repairing"
 RELEASING_NOTE = " (releasing node pools)"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 # ---------------------------------------------------------------- observed state (plain data)
@@ -58,7 +59,7 @@ class SliceObservation:
 
     index: int
     pool: str | None
-    pool_status: str = ABSENT
+    pool_status: str = PoolState.ABSENT
     ready_hosts: int = 0
     error: PoolError | None = None
     foreign: bool = False  # a pool with our name but another owner uid (a previous incarnation)
@@ -215,19 +216,25 @@ def backoff_seconds(uid: str, attempt: int, cfg: DecideConfig) -> float:
 
 
 def _slice_ready(s: SliceObservation, hosts: int) -> bool:
-    return s.pool_status in (RUNNING, RECONCILING) and s.ready_hosts >= hosts and not s.foreign
+    return (
+        s.pool_status in (PoolState.READY, PoolState.UPDATING)
+        and s.ready_hosts >= hosts
+        and not s.foreign
+    )
 
 
 def _slice_lost(s: SliceObservation, before: str | None) -> bool:
     """Capacity that was there is gone: pool broken or deleted, or its nodes disappeared.
 
-    A pool that is RUNNING without Ready nodes is only lost if its nodes were seen Ready before
+    A pool that is READY without Ready nodes is only lost if its nodes were seen Ready before
     (`before`, the slice's last phase): a fresh pool's nodes take a moment to register.
     """
-    if s.foreign or s.pool_status in (ERROR, ABSENT, STOPPING):
+    if s.foreign or s.pool_status in (PoolState.FAILED, PoolState.ABSENT, PoolState.DELETING):
         return True
     had_nodes = before in (SLICE_READY, SLICE_RUNNING, SLICE_REPAIRING)
-    return s.pool_status in (RUNNING, RUNNING_WITH_ERROR) and s.ready_hosts == 0 and had_nodes
+    return (
+        s.pool_status in (PoolState.READY, PoolState.DEGRADED) and s.ready_hosts == 0 and had_nodes
+    )
 
 
 # ---------------------------------------------------------------- the decision
@@ -347,7 +354,11 @@ def _dcn_condition(ctx: _Ctx, plan: Plan) -> None:
 
 def _pools_present(ctx: _Ctx) -> list[str]:
     """Pools that exist and are not already going away (deleting them again is harmless)."""
-    return [s.pool for s in ctx.obs.slices if s.pool and s.pool_status not in (ABSENT, STOPPING)]
+    return [
+        s.pool
+        for s in ctx.obs.slices
+        if s.pool and s.pool_status not in (PoolState.ABSENT, PoolState.DELETING)
+    ]
 
 
 def _release(ctx: _Ctx, plan: Plan) -> bool:
@@ -357,7 +368,7 @@ def _release(ctx: _Ctx, plan: Plan) -> bool:
     present = [p for p in _pools_present(ctx) if p]
     if present:
         ctx.actions.append(DeletePools(tuple(present)))
-    remaining = [s for s in ctx.obs.slices if s.pool_status != ABSENT]
+    remaining = [s for s in ctx.obs.slices if s.pool_status != PoolState.ABSENT]
     if remaining:
         ctx.requeue_in(ctx.cfg.resync_seconds / 2)
     return not remaining
@@ -425,7 +436,7 @@ def _active(ctx: _Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     ctx.status["jobSet"] = plan.name
     _count_restarts(ctx, spec, js)
     if js.suspended:
-        queue = ctx.meta.labels.get(KUEUE_QUEUE_LABEL)
+        queue = ctx.meta.labels.get(keys.KUEUE_QUEUE_NAME)
         if queue:  # Kueue owns the JobSet's suspend flag: it unsuspends on admission
             ctx.phase(Phase.PENDING, f"queued in Kueue queue {queue}: waiting for admission")
         elif ready:
@@ -571,7 +582,7 @@ def _gang(ctx: _Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
         ctx.phase(Phase.PROVISIONING, _retry_message(ctx, ctx.old.get("nextAttemptTime")))
         ctx.requeue_in(wait)
         return False
-    failed = [s for s in slices if s.error is not None or s.pool_status == ERROR]
+    failed = [s for s in slices if s.error is not None or s.pool_status == PoolState.FAILED]
     started = parse_time(ctx.old.get("attemptStartTime"))
     timeout = spec.provisioning.timeout_seconds
     if failed:
@@ -607,12 +618,16 @@ def _retry_message(ctx: _Ctx, next_at: str | None) -> str:
 def _advance_gang(ctx: _Ctx, plan: Plan, started: datetime | None) -> None:
     hosts = plan.shape.hosts
     foreign = [
-        s.pool for s in ctx.obs.slices if s.foreign and s.pool_status not in (ABSENT, STOPPING)
+        s.pool
+        for s in ctx.obs.slices
+        if s.foreign and s.pool_status not in (PoolState.ABSENT, PoolState.DELETING)
     ]
     if foreign:
         ctx.actions.append(DeletePools(tuple(p for p in foreign if p)))
     creatable = tuple(
-        s.index for s in ctx.obs.slices if s.pool_status == ABSENT and not s.operation_pending
+        s.index
+        for s in ctx.obs.slices
+        if s.pool_status == PoolState.ABSENT and not s.operation_pending
     )
     if creatable:
         ctx.actions.append(CreatePools(creatable))
@@ -667,11 +682,17 @@ def _repair(ctx: _Ctx, plan: Plan) -> bool:
     """The JobSet exists: replace the pool of any slice that lost its capacity, that slice only."""
     hosts = plan.shape.hosts
     lost = [s for s in ctx.obs.slices if _slice_lost(s, _old_slice(ctx, s.index).get("phase"))]
-    broken = tuple(s.pool for s in lost if s.pool and s.pool_status not in (ABSENT, STOPPING))
+    broken = tuple(
+        s.pool
+        for s in lost
+        if s.pool and s.pool_status not in (PoolState.ABSENT, PoolState.DELETING)
+    )
     if broken:
         ctx.actions.append(DeletePools(tuple(p for p in broken if p)))
     absent = tuple(
-        s.index for s in ctx.obs.slices if s.pool_status == ABSENT and not s.operation_pending
+        s.index
+        for s in ctx.obs.slices
+        if s.pool_status == PoolState.ABSENT and not s.operation_pending
     )
     if absent:
         ctx.actions.append(CreatePools(absent))
@@ -679,7 +700,11 @@ def _repair(ctx: _Ctx, plan: Plan) -> bool:
         why = (
             s.error.code
             if s.error
-            else ("nodes gone" if s.pool_status in (RUNNING, RUNNING_WITH_ERROR) else s.pool_status)
+            else (
+                "nodes gone"
+                if s.pool_status in (PoolState.READY, PoolState.DEGRADED)
+                else s.pool_status
+            )
         )
         ctx.repairing.add(s.index)
         if _old_slice(ctx, s.index).get("phase") != SLICE_REPAIRING:
@@ -741,14 +766,14 @@ def _slice_phase(
         return SLICE_PENDING
     if i in ctx.repairing:
         return SLICE_REPAIRING
-    if phase == Phase.SUSPENDED.value and s.pool_status != ABSENT:
+    if phase == Phase.SUSPENDED.value and s.pool_status != PoolState.ABSENT:
         return SLICE_RELEASING
     if ctx.obs.succeeded_pods.get(i, 0) >= hosts:
         return SLICE_SUCCEEDED
     if _slice_ready(s, hosts):
         return SLICE_RUNNING if ctx.obs.running_pods.get(i, 0) >= hosts else SLICE_READY
-    if s.pool_status in (PROVISIONING, RECONCILING) or s.operation_pending:
+    if s.pool_status in (PoolState.CREATING, PoolState.UPDATING) or s.operation_pending:
         return SLICE_PROVISIONING
-    if s.error is not None or s.pool_status == ERROR:
+    if s.error is not None or s.pool_status == PoolState.FAILED:
         return SLICE_FAILED
     return SLICE_PENDING

@@ -9,29 +9,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from multislice_operator.api.models import MultisliceJobSpec
+from multislice_operator import keys
+from multislice_operator.api.models import (
+    MultisliceJobSpec,
+)
 from multislice_operator.plan import (
-    GKE_ACCELERATOR_LABEL,
-    GKE_TOPOLOGY_LABEL,
-    LABEL_JOB_KEY,
-    LABEL_JOB_NAME,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
     REPLICATED_JOB,
     Plan,
 )
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
-EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-TPU_RESOURCE = "google.com/tpu"
 
 # JobSet / Job metadata the environment reads through the downward API.
-JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
-RESTART_ATTEMPT_ANNOTATION = "jobset.sigs.k8s.io/restart-attempt"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 MEGASCALE_PORT = 8080
 JAX_COORDINATOR_PORT = 8476
@@ -56,12 +46,15 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
     name, shape, par = plan.name, plan.shape, plan.parallelism
     env: list[dict[str, Any]] = [
         {"name": "MEGASCALE_NUM_SLICES", "value": str(plan.slices)},
-        {"name": "MEGASCALE_SLICE_ID", **_field(f"metadata.annotations['{JOB_INDEX_ANNOTATION}']")},
+        {
+            "name": "MEGASCALE_SLICE_ID",
+            **_field(f"metadata.annotations['{keys.JOBSET_JOB_INDEX}']"),
+        },
         {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator_host(name)},
         {"name": "MEGASCALE_PORT", "value": str(MEGASCALE_PORT)},
         {
             "name": "TPU_WORKER_ID",
-            **_field(f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"),
+            **_field(f"metadata.annotations['{keys.JOB_COMPLETION_INDEX}']"),
         },
         {
             "name": "TPU_WORKER_HOSTNAMES",
@@ -79,7 +72,7 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
         {"name": "MULTISLICE_CHIPS_PER_SLICE", "value": str(shape.chips)},
         {
             "name": "MULTISLICE_RESTART_ATTEMPT",
-            **_field(f"metadata.annotations['{RESTART_ATTEMPT_ANNOTATION}']"),
+            **_field(f"metadata.annotations['{keys.JOBSET_RESTART_ATTEMPT}']"),
         },
         {"name": "MULTISLICE_ICI_DATA", "value": str(par.ici_data)},
         {"name": "MULTISLICE_ICI_FSDP", "value": str(par.ici_fsdp)},
@@ -104,7 +97,7 @@ def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[
 
 
 def job_labels(plan: Plan) -> dict[str, str]:
-    return {LABEL_JOB_NAME: plan.name, LABEL_MANAGED_BY: MANAGED_BY}
+    return {keys.JOB_NAME: plan.name, keys.MANAGED_BY: keys.MANAGED_BY_VALUE}
 
 
 def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
@@ -115,15 +108,15 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     pod = template["spec"]
     pod["restartPolicy"] = "Never"
     selector = dict(pod.get("nodeSelector") or {})
-    selector[GKE_ACCELERATOR_LABEL] = plan.shape.generation.gke_accelerator
-    selector[GKE_TOPOLOGY_LABEL] = plan.shape.topology
+    selector[keys.GKE_TPU_ACCELERATOR] = plan.shape.generation.gke_accelerator
+    selector[keys.GKE_TPU_TOPOLOGY] = plan.shape.topology
     if plan.managed:
         # Only this job's own node pools; Existing mode relies on exclusive placement instead.
-        selector[LABEL_JOB_KEY] = plan.job_key
+        selector[keys.JOB_KEY] = plan.job_key
     pod["nodeSelector"] = selector
     tolerations = list(pod.get("tolerations") or [])
-    if not any(t.get("key") == TPU_RESOURCE for t in tolerations):
-        tolerations.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if not any(t.get("key") == keys.TPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": keys.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     pod["tolerations"] = tolerations
     containers = pod["containers"]
     tpu = containers[0]
@@ -131,7 +124,7 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     resources = tpu.setdefault("resources", {}) or {}
     tpu["resources"] = resources
     for kind in ("requests", "limits"):
-        resources[kind] = {**(resources.get(kind) or {}), TPU_RESOURCE: chips}
+        resources[kind] = {**(resources.get(kind) or {}), keys.TPU_RESOURCE: chips}
     ports = list(tpu.get("ports") or [])
     known = {p.get("containerPort") for p in ports}
     for port, pname in ((MEGASCALE_PORT, "megascale"), (JAX_COORDINATOR_PORT, "jax-coord")):
@@ -147,9 +140,9 @@ def render_jobset(
 ) -> dict[str, Any]:
     """The JobSet for a plan: one replicatedJob `slice` with one Job per slice."""
     labels = job_labels(plan)
-    queue = (job_meta_labels or {}).get(KUEUE_QUEUE_LABEL)
+    queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
-        labels[KUEUE_QUEUE_LABEL] = queue
+        labels[keys.KUEUE_QUEUE_NAME] = queue
     hosts = plan.shape.hosts
     job_spec: dict[str, Any] = {
         "parallelism": hosts,
@@ -194,7 +187,7 @@ def render_jobset(
             "name": plan.name,
             "namespace": plan.namespace,
             "labels": labels,
-            "annotations": {EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL_LABEL},
+            "annotations": {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL},
         },
         "spec": {
             # Kueue admits suspended JobSets: a queued job starts suspended and Kueue resumes it.

@@ -32,7 +32,7 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
         [
             sys.executable,
             "-m",
-            "multislice_operator.cli",
+            "multislice_local.cli",
             "demo",
             "--scenario",
             scenario,

@@ -10,13 +10,15 @@ from typing import Any
 
 from kubernetes import client
 
-from multislice_operator.local.controlplane import ControlPlane
-from multislice_operator.local.nodes import (
+from multislice_local.controlplane import (
+    ControlPlane,
+)
+from multislice_local.nodes import (
     FAIL_EXIT_CODE_ANNOTATION,
-    NODEPOOL_LABEL,
     RUN_DURATION_ANNOTATION,
     fail_pod,
 )
+from multislice_operator import keys
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 ACCELERATOR, TOPOLOGY, CHIPS_PER_HOST = "tpu-v5-lite-podslice", "2x4", 4
@@ -52,7 +54,7 @@ def _jobset(name: str, slices: int, isolation: str, run_duration: str) -> dict[s
         "kind": "JobSet",
         "metadata": {
             "name": name,
-            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": NODEPOOL_LABEL},
+            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": keys.GKE_NODEPOOL},
         },
         "spec": {
             "failurePolicy": {
@@ -155,7 +157,7 @@ class _Env:
 
     def node_pool(self, node_name: str) -> str:
         labels = self.core.read_node(node_name).metadata.labels  # type: ignore[union-attr]
-        return str(labels[NODEPOOL_LABEL])
+        return str(labels[keys.GKE_NODEPOOL])
 
 
 def test_jobset_completes_with_exclusive_node_pools(
@@ -191,9 +193,9 @@ def test_jobset_completes_with_exclusive_node_pools(
         if index == "0":
             anti = pod.spec.affinity.pod_anti_affinity  # type: ignore[union-attr]
             terms = anti.required_during_scheduling_ignored_during_execution  # type: ignore[union-attr]
-            assert [t.topology_key for t in terms] == [NODEPOOL_LABEL]
+            assert [t.topology_key for t in terms] == [keys.GKE_NODEPOOL]
         else:
-            assert pod.spec.node_selector[NODEPOOL_LABEL] == env.node_pool(pod.spec.node_name)  # type: ignore[union-attr,index,arg-type]
+            assert pod.spec.node_selector[keys.GKE_NODEPOOL] == env.node_pool(pod.spec.node_name)  # type: ignore[union-attr,index,arg-type]
 
 
 def test_retryable_failure_restarts_every_job(

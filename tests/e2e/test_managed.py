@@ -10,10 +10,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.harness import wait_for
+from multislice_local.nodes import RUN_DURATION_ANNOTATION
+from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.api import models
-from multislice_operator.local.harness import wait_for
-from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION
-from multislice_operator.local.stack import LocalStack, StackOptions
 from multislice_operator.plan import node_pool_name
 
 

@@ -9,9 +9,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod
 from multislice_operator.api import models
-from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
-from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION, fail_pod
 
 ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
 

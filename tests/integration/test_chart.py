@@ -17,12 +17,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.controlplane import ControlPlane, bin_dir
+from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.nodes import delete_nodes, register_tpu_nodes
 from multislice_operator import __version__
 from multislice_operator.api import models
 from multislice_operator.api.crd import generate_crd
-from multislice_operator.local.controlplane import ControlPlane, bin_dir
-from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
-from multislice_operator.local.nodes import delete_nodes, register_tpu_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "multislice-operator"

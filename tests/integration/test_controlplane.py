@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from multislice_operator.local.controlplane import ControlPlane, ControlPlaneError, bin_dir
+from multislice_local.controlplane import ControlPlane, ControlPlaneError, bin_dir
 
 # The apiserver is built with ldflags stamping this version (hack/build-bins.sh).
 KUBE_VERSION = "v1.34.4"

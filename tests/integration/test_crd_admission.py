@@ -10,8 +10,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.harness import install_crds
 from multislice_operator.api import models
-from multislice_operator.local.harness import install_crds
 
 ROOT = Path(__file__).resolve().parents[2]
 

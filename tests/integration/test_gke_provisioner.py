@@ -14,17 +14,19 @@ from typing import Any, TypeVar
 import pytest
 from google.api_core import exceptions as gexc
 
-from multislice_operator.local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
+from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_operator.plan import Plan, load_job, make_plan
 from multislice_operator.provisioning.base import (
-    ABSENT,
-    ERROR,
-    PROVISIONING,
-    RUNNING,
-    STOPPING,
     GangObservation,
+    PoolState,
 )
 from multislice_operator.provisioning.gke import (
+    GkeProvisioner,
+    OwnedPool,
+    RetryPolicy,
+    read_gke_metadata,
+)
+from multislice_operator.provisioning.gke_errors import (
     CODE_CLUSTER_BUSY,
     CODE_INVALID_MACHINE_TYPE,
     CODE_NOT_FOUND,
@@ -34,14 +36,10 @@ from multislice_operator.provisioning.gke import (
     CODE_RATE_LIMITED,
     CODE_STOCKOUT,
     CODE_UNAVAILABLE,
-    GkeProvisioner,
-    OwnedPool,
-    RetryPolicy,
-    build_node_pool,
     classify_exception,
     classify_message,
-    read_gke_metadata,
 )
+from multislice_operator.provisioning.gke_requests import build_node_pool
 
 T = TypeVar("T")
 PROJECT, ZONE, CLUSTER = "proj", "us-east5-b", "local"
@@ -119,17 +117,17 @@ def test_gang_create_all_running_with_specs_on_the_wire(
     sim: GkeSimulator, prov: GkeProvisioner, registrar: InMemoryRegistrar
 ) -> None:
     plan = plan_of(topology="4x4", capacity={"type": "Spot"})
-    sim.configure(op_latency_s=0.8)  # observe PROVISIONING before it ends, even under load
+    sim.configure(op_latency_s=0.8)  # observe PoolState.CREATING before it ends, even under load
 
     async def scenario() -> GangObservation:
         first = await prov.observe(plan)
-        assert {p.status for p in first.pools.values()} == {ABSENT}
+        assert {p.status for p in first.pools.values()} == {PoolState.ABSENT}
         result = await prov.create(plan, plan.node_pools, UID)
         assert result.errors == []
         provisioning = await prov.observe(plan)
-        assert {p.status for p in provisioning.pools.values()} == {PROVISIONING}
+        assert {p.status for p in provisioning.pools.values()} == {PoolState.CREATING}
         assert all(p.operation_pending for p in provisioning.pools.values())
-        return await until(prov, plan, {RUNNING})
+        return await until(prov, plan, {PoolState.READY})
 
     obs = run(scenario())
     assert sim.counters()["peakConcurrentOperations"] == 3  # created concurrently
@@ -220,13 +218,13 @@ def test_delete_missing_is_success_and_delete_reaches_absent(
     async def scenario() -> None:
         assert (await prov.delete(plan, [p.name for p in plan.node_pools])).errors == []
         await prov.create(plan, plan.node_pools, UID)
-        await until(prov, plan, {RUNNING})
+        await until(prov, plan, {PoolState.READY})
         assert (await prov.delete(plan, [p.name for p in plan.node_pools])).errors == []
         stopping = await prov.observe(plan)
-        assert {p.status for p in stopping.pools.values()} == {STOPPING}
-        # A second delete while STOPPING ("currently deleting") is success too.
+        assert {p.status for p in stopping.pools.values()} == {PoolState.DELETING}
+        # A second delete while PoolState.DELETING ("currently deleting") is success too.
         assert (await prov.delete(plan, [plan.node_pools[0].name])).errors == []
-        await until(prov, plan, {ABSENT})
+        await until(prov, plan, {PoolState.ABSENT})
 
     run(scenario())
     assert registrar.node_count() == 0
@@ -242,7 +240,7 @@ def test_delete_while_creating_is_retried_until_accepted(
     async def scenario() -> None:
         await prov.create(plan, plan.node_pools, UID)
         assert (await prov.delete(plan, [plan.node_pools[0].name])).errors == []
-        await until(prov, plan, {ABSENT})
+        await until(prov, plan, {PoolState.ABSENT})
 
     run(scenario())
     assert sim.counters()["calls"]["delete_node_pool"] >= 2
@@ -256,10 +254,10 @@ def test_stockout_on_one_create_surfaces_on_observe(
 
     async def scenario() -> GangObservation:
         assert (await prov.create(plan, plan.node_pools, UID)).errors == []
-        return await until(prov, plan, {RUNNING, ERROR})
+        return await until(prov, plan, {PoolState.READY, PoolState.FAILED})
 
     obs = run(scenario())
-    failed = [p for p in obs.pools.values() if p.status == ERROR]
+    failed = [p for p in obs.pools.values() if p.status == PoolState.FAILED]
     assert len(failed) == 1 and failed[0].error is not None
     assert (failed[0].error.code, failed[0].error.permanent) == (CODE_STOCKOUT, False)
     assert failed[0].error.slice_index == failed[0].slice_index
@@ -281,7 +279,7 @@ def test_failed_creates_rolled_back_still_surface_via_operations(
         return await prov.observe(plan)
 
     obs = run(scenario())
-    assert {p.status for p in obs.pools.values()} == {ABSENT}
+    assert {p.status for p in obs.pools.values()} == {PoolState.ABSENT}
     assert [e.code for e in obs.errors] == [CODE_QUOTA, CODE_QUOTA]
     assert sim.counters()["calls"]["list_operations"] == 1  # two ops: one list call
 
@@ -295,7 +293,7 @@ def test_fresh_provisioner_observes_same_state(
 
     async def scenario() -> tuple[GangObservation, GangObservation]:
         await first.create(plan, plan.node_pools, UID)
-        before = await until(first, plan, {RUNNING, ERROR})
+        before = await until(first, plan, {PoolState.READY, PoolState.FAILED})
         restarted = make_prov()  # operator restart: empty operation cache
         return before, await restarted.observe(plan)
 
@@ -318,7 +316,7 @@ def test_429_and_5xx_are_retried_then_succeed(sim: GkeSimulator, prov: GkeProvis
     assert counters["responses"]["429"] == 2 and counters["responses"]["503"] == 1
     sim.set_faults(http_5xx_next=2, http_5xx_status=500)
     obs = run(prov.observe(plan))
-    assert obs.errors == [] and obs.pools[plan.node_pools[0].name].status != ABSENT
+    assert obs.errors == [] and obs.pools[plan.node_pools[0].name].status != PoolState.ABSENT
 
 
 def test_transient_errors_reported_after_bounded_retries(
@@ -363,7 +361,7 @@ def test_incompatible_operation_conflict_is_retried(
 
     async def scenario() -> None:
         assert (await prov.create(plan, plan.node_pools, UID)).errors == []
-        await until(prov, plan, {RUNNING})
+        await until(prov, plan, {PoolState.READY})
 
     run(scenario())
     counters = sim.counters()
@@ -415,9 +413,9 @@ def test_list_owned_finds_orphans(sim: GkeSimulator, prov: GkeProvisioner) -> No
         if isinstance(p, OwnedPool)
     }
     assert found == {
-        (one.node_pools[0].name, "uid-1", "team-a", "one", 0, RUNNING),
-        (one.node_pools[1].name, "uid-1", "team-a", "one", 1, RUNNING),
-        (two.node_pools[0].name, "uid-2", "team-a", "two", 0, RUNNING),
+        (one.node_pools[0].name, "uid-1", "team-a", "one", 0, PoolState.READY),
+        (one.node_pools[1].name, "uid-1", "team-a", "one", 1, PoolState.READY),
+        (two.node_pools[0].name, "uid-2", "team-a", "two", 0, PoolState.READY),
     }
 
 
@@ -501,7 +499,7 @@ def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
     """Pools become fake GKE TPU nodes in a real kube-apiserver, and go with their pool."""
     from kubernetes import client as kube
 
-    from multislice_operator.local.gke_sim import KubeNodeRegistrar
+    from multislice_local.gke_sim import KubeNodeRegistrar
 
     # The session's api control plane (conftest builds the binaries when missing).
     with contextlib.closing(kube_api.api_client()) as api_client:
@@ -513,7 +511,7 @@ def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
 
             async def scenario() -> None:
                 await prov.create(plan, plan.node_pools, UID)
-                await until(prov, plan, {RUNNING})
+                await until(prov, plan, {PoolState.READY})
 
             run(scenario())
             pool = plan.node_pools[1].name
@@ -530,7 +528,7 @@ def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
 
             async def teardown() -> None:
                 await prov.delete(plan, [p.name for p in plan.node_pools])
-                await until(prov, plan, {ABSENT})
+                await until(prov, plan, {PoolState.ABSENT})
 
             run(teardown())
             prov.close()

@@ -65,7 +65,8 @@ def builder_copy_sources() -> list[str]:
 
 def test_dockerfile_pins_match_pyproject() -> None:
     pins = pyproject_pins()
-    assert {"kopf", "kubernetes", "cryptography"} <= pins.keys()
+    assert {"kopf", "kubernetes"} <= pins.keys()
+    assert "cryptography" not in pins, "cryptography is local tooling (certificates), not runtime"
     assert dockerfile_pins() == pins
 
 
@@ -165,9 +166,9 @@ def test_wheel_holds_every_module_and_the_package_data(wheel: Path) -> None:
         if p.suffix in (".py", ".yaml", ".typed") and "__pycache__" not in p.parts
     }
     assert sources - names == set()
-    assert "multislice_operator/local/kwok/stages.yaml" in names
     assert "multislice_operator/py.typed" in names
-    assert not any(n.startswith(("tests/", "workload/")) for n in names)
+    # The product ships the product: local tooling (control plane, simulator, demo) stays out.
+    assert not any(n.startswith(("tests/", "workload/", "multislice_local/")) for n in names)
 
 
 def test_wheel_requires_exactly_the_pins(wheel: Path) -> None:
@@ -229,8 +230,8 @@ def test_installed_package_imports_its_runtime_and_data(installed: Path) -> None
     code = (
         "import multislice_operator, multislice_operator.controller.handlers, "
         "multislice_operator.provisioning.gke\n"
-        "from multislice_operator.local.controlplane import kwok_stages_yaml\n"
-        "assert b'kind: Stage' in kwok_stages_yaml()\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('multislice_local') is None, 'local tooling shipped'\n"
         "print(multislice_operator.__file__)"
     )
     before = set(installed.rglob("*"))

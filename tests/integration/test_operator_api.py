@@ -9,10 +9,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.controlplane import bin_dir
+from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.nodes import register_tpu_nodes
 from multislice_operator.api import models
-from multislice_operator.local.controlplane import bin_dir
-from multislice_operator.local.harness import OperatorProcess, install_crds, wait_for
-from multislice_operator.local.nodes import register_tpu_nodes
 
 JS = ("jobset.x-k8s.io", "v1alpha2")
 

@@ -17,7 +17,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import container_v1, tpu_v2
 from google.cloud.container_v1.types import cluster_service as cs
 
-from multislice_operator.local.gke_sim import (
+from multislice_local.gke_sim import (
     Faults,
     GkeSimulator,
     InMemoryRegistrar,
@@ -359,7 +359,7 @@ def test_cli_prints_url_and_serves() -> None:
         [
             sys.executable,
             "-m",
-            "multislice_operator.local.gke_sim",
+            "multislice_local.gke_sim",
             "--port",
             "0",
             "--op-latency",

@@ -2,8 +2,8 @@
 
 import pytest
 
-from multislice_operator.local.controlplane import ControlPlaneError
-from multislice_operator.local.kind import KindControlPlane, missing_tools
+from multislice_local.controlplane import ControlPlaneError
+from multislice_local.kind import KindControlPlane, missing_tools
 
 
 def test_kind_without_docker_fails_clearly(monkeypatch, tmp_path):
@@ -14,7 +14,7 @@ def test_kind_without_docker_fails_clearly(monkeypatch, tmp_path):
 
 
 def test_demo_accepts_cluster_kind():
-    from multislice_operator.cli import build_parser
+    from multislice_local.cli import build_parser
 
     args = build_parser().parse_args(["demo", "--cluster", "kind", "--scenario", "fatal"])
     assert (args.cluster, args.scenario) == ("kind", "fatal")

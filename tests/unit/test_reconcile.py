@@ -9,12 +9,8 @@ import pytest
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import (
-    ABSENT,
-    ERROR,
-    PROVISIONING,
-    RUNNING,
-    STOPPING,
     PoolError,
+    PoolState,
 )
 from multislice_operator.reconcile import (
     CreateJobSet,
@@ -64,14 +60,14 @@ def pools(*states, ready=None, errors=None):
     _, p = spec_and_plan()
     out = []
     for i, state in enumerate(states):
-        hosts = ready[i] if ready else (4 if state == RUNNING else 0)
+        hosts = ready[i] if ready else (4 if state == PoolState.READY else 0)
         err = (errors or {}).get(i)
         out.append(SliceObservation(i, p.node_pools[i].name, state, hosts, err))
     return out
 
 
 def existing(ready_pools: int):
-    return [SliceObservation(i, f"pool-{i}", RUNNING, 4) for i in range(ready_pools)]
+    return [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(ready_pools)]
 
 
 def kinds(decision):
@@ -222,7 +218,7 @@ def test_managed_without_provisioner_waits_with_reason():
 
 
 def test_gang_creates_every_pool_together():
-    d = run(obs=Observed(now=NOW, slices=pools(ABSENT, ABSENT)))
+    d = run(obs=Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT)))
     assert d.actions == [CreatePools((0, 1))]
     assert d.status["phase"] == "Provisioning"
     assert d.status["provisioningAttempts"] == 1
@@ -232,7 +228,10 @@ def test_gang_creates_every_pool_together():
 def test_gang_waits_while_provisioning():
     old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
     d = run(
-        old=old, obs=Observed(now=NOW + timedelta(seconds=5), slices=pools(RUNNING, PROVISIONING))
+        old=old,
+        obs=Observed(
+            now=NOW + timedelta(seconds=5), slices=pools(PoolState.READY, PoolState.CREATING)
+        ),
     )
     assert d.actions == []
     assert d.status["provisioningAttempts"] == 1
@@ -243,7 +242,7 @@ def test_gang_waits_while_provisioning():
 
 def test_gang_ready_creates_jobset():
     old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
-    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, RUNNING)))
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.READY)))
     assert d.actions == [CreateJobSet()]
     assert "attemptStartTime" not in d.status
     assert "GangProvisioned" in reasons(d)
@@ -252,14 +251,21 @@ def test_gang_ready_creates_jobset():
 
 def test_running_pool_without_ready_nodes_is_not_ready():
     old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
-    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, RUNNING, ready=[4, 2])))
+    d = run(
+        old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.READY, ready=[4, 2]))
+    )
     assert CreateJobSet() not in d.actions
 
 
 def test_stockout_rolls_back_the_whole_gang():
     stockout = PoolError(1, "p1", "GCE_STOCKOUT", "no capacity in zone", False)
     old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
-    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, ERROR, errors={1: stockout})))
+    d = run(
+        old=old,
+        obs=Observed(
+            now=NOW, slices=pools(PoolState.READY, PoolState.FAILED, errors={1: stockout})
+        ),
+    )
     (delete,) = d.actions
     assert isinstance(delete, DeletePools) and len(delete.pools) == 2
     assert "GangRolledBack" in reasons(d)
@@ -272,14 +278,19 @@ def test_stockout_rolls_back_the_whole_gang():
     assert cond["Provisioned"]["reason"] == "GangSliceFailed"
     # During the backoff nothing is created; leftovers are deleted.
     later = run(
-        old=d.status, obs=Observed(now=NOW + timedelta(seconds=5), slices=pools(STOPPING, ABSENT))
+        old=d.status,
+        obs=Observed(
+            now=NOW + timedelta(seconds=5), slices=pools(PoolState.DELETING, PoolState.ABSENT)
+        ),
     )
     assert later.actions == []
     assert later.status["phase"] == "Provisioning"
     # After the backoff, a new attempt creates the whole gang again.
     retry = run(
         old=later.status,
-        obs=Observed(now=NOW + timedelta(seconds=wait + 1), slices=pools(ABSENT, ABSENT)),
+        obs=Observed(
+            now=NOW + timedelta(seconds=wait + 1), slices=pools(PoolState.ABSENT, PoolState.ABSENT)
+        ),
     )
     assert retry.actions == [CreatePools((0, 1))]
     assert retry.status["provisioningAttempts"] == 2
@@ -297,7 +308,7 @@ def test_timeout_rolls_back():
         "provisioningAttempts": 1,
         "attemptStartTime": iso(NOW - timedelta(seconds=1801)),
     }
-    d = run(old=old, obs=Observed(now=NOW, slices=pools(RUNNING, PROVISIONING)))
+    d = run(old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.CREATING)))
     assert isinstance(d.actions[0], DeletePools)
     cond = {c["type"]: c for c in d.status["conditions"]}
     assert cond["Provisioned"]["reason"] == "GangTimeout"
@@ -308,7 +319,7 @@ def test_permanent_error_fails_job_and_releases():
     bad = PoolError(0, "p0", "INVALID_ARGUMENT", "unknown machine type", True)
     d = run(
         old={"phase": "Provisioning"},
-        obs=Observed(now=NOW, slices=pools(ERROR, RUNNING, errors={0: bad})),
+        obs=Observed(now=NOW, slices=pools(PoolState.FAILED, PoolState.READY, errors={0: bad})),
     )
     assert d.status["phase"] == "Failed"
     assert isinstance(d.actions[0], DeletePools)
@@ -317,7 +328,11 @@ def test_permanent_error_fails_job_and_releases():
 
 def test_accelerator_not_offered_fails_fast():
     offered = PoolError(None, "-", "NOT_OFFERED", "v5litepod-16 is not offered in zone z", True)
-    d = run(obs=Observed(now=NOW, slices=pools(ABSENT, ABSENT), offered_error=offered))
+    d = run(
+        obs=Observed(
+            now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT), offered_error=offered
+        )
+    )
     assert d.status["phase"] == "Failed"
     assert CreatePools((0, 1)) not in d.actions
 
@@ -327,8 +342,8 @@ def test_foreign_pool_deleted_before_create():
     obs = Observed(
         now=NOW,
         slices=[
-            SliceObservation(0, p.node_pools[0].name, RUNNING, 4, foreign=True),
-            SliceObservation(1, p.node_pools[1].name, ABSENT),
+            SliceObservation(0, p.node_pools[0].name, PoolState.READY, 4, foreign=True),
+            SliceObservation(1, p.node_pools[1].name, PoolState.ABSENT),
         ],
     )
     d = run(obs=obs)
@@ -342,7 +357,7 @@ def test_foreign_pool_deleted_before_create():
 def test_lost_slice_replaced_alone():
     obs = Observed(
         now=NOW,
-        slices=pools(RUNNING, RUNNING, ready=[4, 0]),
+        slices=pools(PoolState.READY, PoolState.READY, ready=[4, 0]),
         jobset=JobSetObservation(ready_jobs=1, restarts=1),
     )
     before = [{"index": i, "phase": "Running"} for i in range(2)]
@@ -352,7 +367,7 @@ def test_lost_slice_replaced_alone():
     assert d.status["phase"] == "Restarting"
     assert d.status["slices"][1]["phase"] == "Repairing"
     assert reasons(d).count("SliceLost") == 1
-    obs.slices = pools(RUNNING, ABSENT)
+    obs.slices = pools(PoolState.READY, PoolState.ABSENT)
     d2 = run(old=d.status, obs=obs)
     assert d2.actions == [CreatePools((1,))]
     assert "SliceLost" not in reasons(d2)  # announced once per loss
@@ -361,7 +376,7 @@ def test_lost_slice_replaced_alone():
 def test_fresh_pool_without_nodes_yet_is_not_lost():
     obs = Observed(
         now=NOW,
-        slices=pools(RUNNING, RUNNING, ready=[4, 0]),
+        slices=pools(PoolState.READY, PoolState.READY, ready=[4, 0]),
         jobset=JobSetObservation(ready_jobs=1, restarts=1),
     )
     before = [{"index": 0, "phase": "Running"}, {"index": 1, "phase": "Provisioning"}]
@@ -371,7 +386,7 @@ def test_fresh_pool_without_nodes_yet_is_not_lost():
 
 
 def test_finished_releases_pools_unless_kept():
-    obs = Observed(now=NOW, slices=pools(RUNNING, RUNNING))
+    obs = Observed(now=NOW, slices=pools(PoolState.READY, PoolState.READY))
     d = run(old={"phase": "Succeeded", "completionTime": iso(NOW)}, obs=obs)
     assert isinstance(d.actions[0], DeletePools)
     kept = run(
@@ -389,7 +404,11 @@ def test_finished_releases_pools_unless_kept():
 
 
 def test_suspend_releases_capacity():
-    obs = Observed(now=NOW, slices=pools(RUNNING, RUNNING), jobset=JobSetObservation(ready_jobs=2))
+    obs = Observed(
+        now=NOW,
+        slices=pools(PoolState.READY, PoolState.READY),
+        jobset=JobSetObservation(ready_jobs=2),
+    )
     d = run(old={"phase": "Running"}, obs=obs, suspend=True)
     assert d.actions[0] == SetJobSetSuspend(True)
     assert isinstance(d.actions[1], DeletePools)
@@ -397,7 +416,7 @@ def test_suspend_releases_capacity():
 
 
 def test_ttl_deletes_after_delay():
-    obs = Observed(now=NOW, slices=pools(ABSENT, ABSENT))
+    obs = Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT))
     done = iso(NOW - timedelta(seconds=30))
     early = run(
         old={"phase": "Succeeded", "completionTime": done}, obs=obs, ttlSecondsAfterFinished=60
@@ -410,7 +429,7 @@ def test_ttl_deletes_after_delay():
 
 
 def test_decide_is_deterministic():
-    obs = Observed(now=NOW, slices=pools(RUNNING, ERROR))
+    obs = Observed(now=NOW, slices=pools(PoolState.READY, PoolState.FAILED))
     old = {"phase": "Provisioning", "provisioningAttempts": 2, "attemptStartTime": iso(NOW)}
     assert run(old=old, obs=obs).status == run(old=old, obs=obs).status
 

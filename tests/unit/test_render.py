@@ -1,9 +1,11 @@
 import copy
 
-from multislice_operator.plan import load_job, plan_job
+from multislice_operator import keys
+from multislice_operator.plan import (
+    load_job,
+    plan_job,
+)
 from multislice_operator.render import (
-    JOB_INDEX_ANNOTATION,
-    RESTART_ATTEMPT_ANNOTATION,
     coordinator_host,
     render_jobset,
 )
@@ -112,10 +114,10 @@ def test_env_contract_and_user_wins():
         == "llm-slice-0-0.llm"
     )
     assert by["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-        f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"
+        f"metadata.annotations['{keys.JOBSET_JOB_INDEX}']"
     )
     assert by["MULTISLICE_RESTART_ATTEMPT"]["valueFrom"]["fieldRef"]["fieldPath"].endswith(
-        f"['{RESTART_ATTEMPT_ANNOTATION}']"
+        f"['{keys.JOBSET_RESTART_ATTEMPT}']"
     )
     hosts = by["TPU_WORKER_HOSTNAMES"]["value"].split(",")
     assert hosts[0] == "llm-slice-$(MEGASCALE_SLICE_ID)-0.llm" and len(hosts) == 4

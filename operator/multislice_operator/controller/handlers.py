@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import os
 import random
 import sys
 import time
@@ -22,22 +21,34 @@ from typing import Any
 
 import kopf
 
-from multislice_operator import metrics
-from multislice_operator.api import models
-from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import Kube, load_api_client, owner_reference
-from multislice_operator.errors import SpecError
+from multislice_operator import (
+    keys,
+    metrics,
+)
+from multislice_operator.api import (
+    models,
+)
+from multislice_operator.controller import (
+    observe as ob,
+)
+from multislice_operator.controller.kube import (
+    Kube,
+    load_api_client,
+    owner_reference,
+)
+from multislice_operator.errors import (
+    SpecError,
+)
 from multislice_operator.plan import (
-    GKE_NODEPOOL_LABEL,
-    LABEL_JOB_NAME,
-    LABEL_JOB_NAMESPACE,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
     Plan,
     load_job,
     plan_job,
 )
-from multislice_operator.provisioning.base import ABSENT, STOPPING, PoolError, Provisioner
+from multislice_operator.provisioning.base import (
+    PoolError,
+    PoolState,
+    Provisioner,
+)
 from multislice_operator.reconcile import (
     CreateJobSet,
     CreatePools,
@@ -51,16 +62,17 @@ from multislice_operator.reconcile import (
     decide,
     parse_time,
 )
-from multislice_operator.render import render_jobset
-from multislice_operator.settings import Settings
+from multislice_operator.render import (
+    render_jobset,
+)
+from multislice_operator.settings import (
+    Settings,
+)
 
 log = logging.getLogger("multislice_operator")
 
 MSJ = (models.GROUP, models.VERSION, models.PLURAL)
 JOBSETS = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
-FINALIZER = "multislice.dev/cleanup"
-# Test-only fault point: exit right after creating a JobSet, before the status is written.
-CRASH_POINT_ENV = "MSJ_CRASH_POINT"
 MEMORY_TRIM_SECONDS = 10.0
 
 # Events that mean a slice failed, by the metric's reason label.
@@ -135,7 +147,7 @@ _SETTINGS: Settings | None = None
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global RUNTIME
     ours = _SETTINGS or Settings()
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = keys.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="multislice.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="multislice.dev", key="last-handled-configuration"
@@ -213,38 +225,38 @@ async def _trim_loop(trim: Callable[[], object]) -> None:
 # from such a thread does not wake the event loop. These only summarize and poke: no I/O.
 
 
-@kopf.index(*JOBSETS, labels={LABEL_MANAGED_BY: MANAGED_BY})
+@kopf.index(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
 async def jobset_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): ob.summarize_jobset(body)}
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
+@kopf.index("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
 async def pod_index(
     namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB_NAME]): ob.summarize_pod(body)}
+    return {(namespace, labels[keys.JOB_NAME]): ob.summarize_pod(body)}
 
 
-@kopf.index("", "v1", "nodes", labels={GKE_NODEPOOL_LABEL: kopf.PRESENT})
+@kopf.index("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
 async def node_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {labels[GKE_NODEPOOL_LABEL]: ob.summarize_node(body)}
+    return {labels[keys.GKE_NODEPOOL]: ob.summarize_node(body)}
 
 
-@kopf.on.event(*JOBSETS, labels={LABEL_MANAGED_BY: MANAGED_BY})
+@kopf.on.event(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
 async def jobset_event(namespace: str, name: str, **_: Any) -> None:
     runtime().poke(namespace, name)
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
 async def pod_event(namespace: str, labels: kopf.Labels, **_: Any) -> None:
-    runtime().poke(namespace, labels[LABEL_JOB_NAME])
+    runtime().poke(namespace, labels[keys.JOB_NAME])
 
 
-@kopf.on.event("", "v1", "nodes", labels={GKE_NODEPOOL_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
 async def node_event(labels: kopf.Labels, **_: Any) -> None:
     rt = runtime()
-    if LABEL_JOB_NAMESPACE in labels and LABEL_JOB_NAME in labels:
-        rt.poke(labels[LABEL_JOB_NAMESPACE], labels[LABEL_JOB_NAME])
+    if keys.JOB_NAMESPACE in labels and keys.JOB_NAME in labels:
+        rt.poke(labels[keys.JOB_NAMESPACE], labels[keys.JOB_NAME])
     else:  # an Existing-mode node pool may be what some job waits for
         rt.poke_all()
 
@@ -450,7 +462,7 @@ async def _reconcile(
         decision = decide(meta, job.spec, plan, None, old, obs, rt.cfg)
         await _act(rt, body, job, plan, decision)
     terminal = decision.status.get("phase") in models.TERMINAL_PHASES
-    if plan.managed and terminal and all(s.pool_status == ABSENT for s in obs.slices):
+    if plan.managed and terminal and all(s.pool_status == PoolState.ABSENT for s in obs.slices):
         rt.released.add(meta.uid)
     await _write(rt, body, old, decision)
     return decision
@@ -468,9 +480,6 @@ async def _act(
             pools = [p for p in plan.node_pools if p.slice_index in action.slices]
             result = await rt.provisioner.create(plan, pools, meta.get("uid", ""))
             _count("create", result.errors)
-            if os.environ.get(CRASH_POINT_ENV) == "after-pool-create":
-                log.error("crash point reached: exiting after creating node pools")
-                os._exit(3)
             permanent += result.permanent
             for err in result.errors:
                 if not err.permanent:
@@ -500,9 +509,6 @@ async def _create_jobset(rt: Runtime, body: dict[str, Any], job: Any, plan: Plan
     created = await rt.kube.create_jobset(jobset)
     if created:
         log.info("jobset created job=%s/%s", meta["namespace"], meta["name"])
-        if os.environ.get(CRASH_POINT_ENV) == "after-jobset-create":
-            log.error("crash point reached: exiting before the status write")
-            os._exit(3)
         return
     existing = await rt.kube.get_jobset(meta["namespace"], meta["name"])
     if existing is not None:
@@ -587,11 +593,11 @@ async def on_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> Non
     gang = await rt.provisioner.observe(plan)
     if not gang.complete:
         raise kopf.TemporaryError("cannot read node pools yet; retrying", delay=5)
-    present = [n for n, p in gang.pools.items() if p.status != ABSENT]
+    present = [n for n, p in gang.pools.items() if p.status != PoolState.ABSENT]
     if not present:
         log.info("node pools released job=%s/%s", namespace, name)
         return
-    deletable = [n for n in present if gang.pools[n].status != STOPPING]
+    deletable = [n for n in present if gang.pools[n].status != PoolState.DELETING]
     if deletable:
         await rt.provisioner.delete(plan, deletable)
         await rt.kube.post_event(
@@ -629,7 +635,7 @@ async def collect_orphans(rt: Runtime) -> list[str]:
     orphans = []
     for pool in pools:
         ns, name = getattr(pool, "namespace", None), getattr(pool, "job_name", None)
-        if ns is None or name is None or pool.status in (ABSENT, STOPPING):
+        if ns is None or name is None or pool.status in (PoolState.ABSENT, PoolState.DELETING):
             continue
         uid = jobs.get((ns, name))
         if uid is None or (pool.owner_uid and uid != pool.owner_uid):

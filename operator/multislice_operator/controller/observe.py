@@ -10,28 +10,22 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from multislice_operator import keys
 from multislice_operator.plan import (
-    GKE_ACCELERATOR_LABEL,
-    GKE_NODEPOOL_LABEL,
-    GKE_TOPOLOGY_LABEL,
-    LABEL_JOB_KEY,
-    LABEL_JOB_NAME,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
     REPLICATED_JOB,
     Plan,
 )
-from multislice_operator.provisioning.base import ABSENT, RUNNING, GangObservation, PoolError
+from multislice_operator.provisioning.base import (
+    GangObservation,
+    PoolError,
+    PoolState,
+)
 from multislice_operator.reconcile import (
     JobSetObservation,
     Observed,
     PodFailure,
     SliceObservation,
 )
-
-JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
-
 
 # ---------------------------------------------------------------- index summaries
 
@@ -61,8 +55,8 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "ready": ready,
         "active": active,
         "succeeded": succeeded,
-        "owned": labels.get(LABEL_MANAGED_BY) == MANAGED_BY,
-        "jobName": labels.get(LABEL_JOB_NAME),
+        "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
+        "jobName": labels.get(keys.JOB_NAME),
     }
 
 
@@ -82,8 +76,8 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     )
     return {
         "pod": meta.get("name", ""),
-        "slice": _int(labels.get(JOB_INDEX_LABEL)),
-        "attempt": _int(labels.get(RESTART_ATTEMPT_LABEL)) or 0,
+        "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
+        "attempt": _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
         "phase": status.get("phase", "Pending"),
         "ready": ready,
         "exitCode": exit_code,
@@ -104,9 +98,9 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
-        "accelerator": labels.get(GKE_ACCELERATOR_LABEL),
-        "topology": labels.get(GKE_TOPOLOGY_LABEL),
-        "jobKey": labels.get(LABEL_JOB_KEY),
+        "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
+        "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
+        "jobKey": labels.get(keys.JOB_KEY),
         "labels": dict(labels),
     }
 
@@ -168,8 +162,8 @@ def managed_slices(
     out = []
     for spec in plan.node_pools:
         pool = gang.pools.get(spec.name)
-        if pool is None or pool.status == ABSENT:
-            out.append(SliceObservation(spec.slice_index, spec.name, ABSENT))
+        if pool is None or pool.status == PoolState.ABSENT:
+            out.append(SliceObservation(spec.slice_index, spec.name, PoolState.ABSENT))
             continue
         foreign = bool(pool.owner_uid and uid and pool.owner_uid != uid)
         out.append(
@@ -206,7 +200,8 @@ def existing_slices(
     # Ready pools first, so `slices` of them are enough.
     matching.sort(key=lambda p: (p[1] < plan.shape.hosts, p[0]))
     slices = [
-        SliceObservation(i, pool, RUNNING, ready) for i, (pool, ready) in enumerate(matching)
+        SliceObservation(i, pool, PoolState.READY, ready)
+        for i, (pool, ready) in enumerate(matching)
     ][: plan.slices]
     return slices, len(matching)
 
@@ -242,4 +237,4 @@ def observe(
     return obs
 
 
-__all__ = ["GKE_NODEPOOL_LABEL", "observe"]
+__all__ = ["observe"]

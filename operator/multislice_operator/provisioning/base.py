@@ -9,18 +9,25 @@ and return, and the next observation shows the progress.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from multislice_operator.plan import NodePoolSpec, Plan
 
-# Pool status values, as GKE names them, plus ABSENT for a pool that does not exist.
-ABSENT = "ABSENT"
-PROVISIONING = "PROVISIONING"
-RUNNING = "RUNNING"
-RUNNING_WITH_ERROR = "RUNNING_WITH_ERROR"
-RECONCILING = "RECONCILING"
-STOPPING = "STOPPING"
-ERROR = "ERROR"
+
+class PoolState(StrEnum):
+    """A slice's capacity as the core sees it, whoever provides it. Each provisioner maps its
+    cloud's own states onto these (the GKE adapter: PROVISIONING -> CREATING, RUNNING -> READY,
+    RUNNING_WITH_ERROR -> DEGRADED, RECONCILING -> UPDATING, STOPPING -> DELETING, ERROR ->
+    FAILED)."""
+
+    ABSENT = "Absent"  # does not exist
+    CREATING = "Creating"
+    READY = "Ready"  # its nodes can run pods (once registered)
+    DEGRADED = "Degraded"  # running, but the cloud reports an error on it
+    UPDATING = "Updating"  # running while the cloud changes it (upgrade, repair)
+    DELETING = "Deleting"
+    FAILED = "Failed"
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class PoolObservation:
 
     name: str
     slice_index: int | None
-    status: str  # one of the constants above
+    status: PoolState
     node_count: int = 0
     owner_uid: str | None = None  # from the pool's labels; None when absent
     error: PoolError | None = None  # set when the pool (or its create operation) failed

@@ -49,206 +49,56 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import requests
-from google.api_core import exceptions as gexc
-from google.auth import exceptions as auth_exc
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import container_v1, tpu_v2
 from google.cloud.container_v1.types import cluster_service as cs
 
+from multislice_operator import keys
 from multislice_operator.plan import (
-    LABEL_JOB_KEY,
-    LABEL_JOB_NAME,
-    LABEL_JOB_NAMESPACE,
-    LABEL_JOB_UID,
-    LABEL_MANAGED_BY,
-    LABEL_SLICE,
-    MANAGED_BY,
     NodePoolSpec,
     Plan,
 )
 from multislice_operator.provisioning.base import (
-    ABSENT,
-    ERROR,
-    PROVISIONING,
-    RECONCILING,
-    RUNNING,
-    RUNNING_WITH_ERROR,
-    STOPPING,
     ActionResult,
     GangObservation,
     PoolError,
     PoolObservation,
+    PoolState,
+)
+from multislice_operator.provisioning.gke_errors import (
+    CODE_ALREADY_EXISTS,
+    CODE_CONFLICT,
+    CODE_NAME_TAKEN,
+    CODE_NOT_FOUND,
+    CODE_NOT_OFFERED,
+    CODE_OWNED_BY_OTHER,
+    DELETING_RE,
+    Classified,
+    classify_exception,
+    classify_message,
+)
+from multislice_operator.provisioning.gke_requests import (
+    RL_JOB_UID,
+    RL_MANAGED_BY,
+    RL_SLICE,
+    build_node_pool,
+    gce_label_value,
 )
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# GCE resource labels (lowercase [a-z0-9_-], <= 63): the owner job, readable without Kubernetes.
-RL_MANAGED_BY = "managed-by"
-RL_JOB_NAMESPACE = "multislice-job-namespace"
-RL_JOB_NAME = "multislice-job-name"
-RL_JOB_UID = "multislice-job-uid"
-RL_JOB_KEY = "multislice-job-key"
-RL_SLICE = "multislice-slice"
-RESERVATION_KEY = "compute.googleapis.com/reservation-name"
-TPU_TAINT_KEY = "google.com/tpu"
-
-# PoolError codes this module produces (besides the cloud's own GCE_* ones).
-CODE_STOCKOUT = "GCE_STOCKOUT"
-CODE_QUOTA = "GCE_QUOTA_EXCEEDED"
-CODE_RATE_LIMITED = "RATE_LIMITED"  # 429: API rate quota
-CODE_CLUSTER_BUSY = "CLUSTER_BUSY"  # "incompatible operation", "currently creating ..."
-CODE_UNAVAILABLE = "UNAVAILABLE"  # 5xx, timeouts, connection errors
-CODE_UNAUTHENTICATED = "UNAUTHENTICATED"  # token refresh failures (Workload Identity hiccups)
-CODE_INVALID = "INVALID_ARGUMENT"
-CODE_INVALID_MACHINE_TYPE = "INVALID_MACHINE_TYPE"
-CODE_RESERVATION = "RESERVATION_UNUSABLE"
-CODE_PERMISSION = "PERMISSION_DENIED"
-CODE_NOT_FOUND = "NOT_FOUND"  # the cluster or location does not exist
-CODE_ALREADY_EXISTS = "ALREADY_EXISTS"
-CODE_FAILED_PRECONDITION = "FAILED_PRECONDITION"
-CODE_CONFLICT = "CONFLICT"
-CODE_OWNED_BY_OTHER = "OWNED_BY_OTHER_JOB"  # same name, another job's uid: delete it first
-CODE_NAME_TAKEN = "NAME_TAKEN"  # same name, not created by this operator: never touched
-CODE_NOT_OFFERED = "ACCELERATOR_NOT_OFFERED"
-CODE_POOL_ERROR = "NODE_POOL_ERROR"  # an ERROR pool whose message says nothing more specific
-CODE_UNKNOWN = "UNKNOWN"
-
-_STATUS = {
-    "PROVISIONING": PROVISIONING,
-    "RUNNING": RUNNING,
-    "RUNNING_WITH_ERROR": RUNNING_WITH_ERROR,
-    "RECONCILING": RECONCILING,
-    "STOPPING": STOPPING,
-    "ERROR": ERROR,
+# GKE's NodePool.Status names -> the core's provider-neutral state.
+_STATE = {
+    "PROVISIONING": PoolState.CREATING,
+    "RUNNING": PoolState.READY,
+    "RUNNING_WITH_ERROR": PoolState.DEGRADED,
+    "RECONCILING": PoolState.UPDATING,
+    "STOPPING": PoolState.DELETING,
+    "ERROR": PoolState.FAILED,
 }
 
-_BUSY_RE = re.compile(
-    r"incompatible operation|is currently (creating|deleting|upgrading|updating|repairing|"
-    r"reconciling|resizing)|please wait and try again|too many operations|"
-    r"currently being (created|deleted|updated|repaired)",
-    re.IGNORECASE,
-)
-_DELETING_RE = re.compile(r"is currently deleting", re.IGNORECASE)
-_STOCKOUT_RE = re.compile(
-    r"GCE_STOCKOUT|ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|stockout|"
-    r"resource pool exhausted",
-    re.IGNORECASE,
-)
-_QUOTA_RE = re.compile(
-    r"GCE_QUOTA_EXCEEDED|QUOTA_EXCEEDED|quota '[^']*' exceeded|insufficient quota|"
-    r"exceeded quota",
-    re.IGNORECASE,
-)
-_MACHINE_RE = re.compile(
-    r"invalid machine type|machine type \S+ (does not exist|is not supported|is not available)|"
-    r"machine type '[^']*' does not exist",
-    re.IGNORECASE,
-)
-_RESERVATION_RE = re.compile(
-    r"reservation\b.*\b(not found|does not exist|incompatible|not compatible|cannot be used)",
-    re.IGNORECASE,
-)
-_PERMISSION_RE = re.compile(r"permission|forbidden|not authorized", re.IGNORECASE)
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
-_GCE_LABEL_RE = re.compile(r"[^a-z0-9_-]")
-
-
-# --------------------------------------------------------------------------------------------
-# Error classification
-
-
-@dataclass(frozen=True)
-class Classified:
-    """What an exception means for the caller."""
-
-    code: str
-    message: str
-    permanent: bool  # retrying cannot help
-    retry_now: bool  # worth an in-process retry within seconds
-
-    def pool_error(
-        self, spec_or_name: NodePoolSpec | str, slice_index: int | None = None
-    ) -> PoolError:
-        if isinstance(spec_or_name, NodePoolSpec):
-            return PoolError(
-                spec_or_name.slice_index, spec_or_name.name, self.code, self.message, self.permanent
-            )
-        return PoolError(slice_index, spec_or_name, self.code, self.message, self.permanent)
-
-
-def _rpc_status(exc: gexc.GoogleAPICallError) -> str:
-    """The canonical status (``FAILED_PRECONDITION``...) of an API error, REST or gRPC."""
-    grpc_code = getattr(exc, "grpc_status_code", None)
-    if grpc_code is not None:
-        return str(getattr(grpc_code, "name", grpc_code))
-    response = getattr(exc, "response", None)
-    try:
-        status = response.json()["error"]["status"] if response is not None else ""
-    except (ValueError, KeyError, TypeError, AttributeError):
-        status = ""
-    return str(status or "")
-
-
-def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bool]:
-    """(code, permanent) of a failed operation's or an ERROR pool's message."""
-    if _STOCKOUT_RE.search(message):
-        return CODE_STOCKOUT, False
-    if _QUOTA_RE.search(message):
-        return CODE_QUOTA, False
-    if _MACHINE_RE.search(message):
-        return CODE_INVALID_MACHINE_TYPE, True
-    if _RESERVATION_RE.search(message):
-        return CODE_RESERVATION, True
-    if rpc_code == 3:  # google.rpc.Code INVALID_ARGUMENT
-        return CODE_INVALID, True
-    if rpc_code == 7 or (rpc_code is None and _PERMISSION_RE.search(message)):
-        return CODE_PERMISSION, True
-    return CODE_POOL_ERROR, False
-
-
-def classify_exception(exc: BaseException) -> Classified:
-    """Map an exception from a client call to a code, permanence and in-process retryability."""
-    if not isinstance(exc, gexc.GoogleAPICallError):
-        return _classify_non_api(exc)
-    message = str(exc.message or exc)
-    status = _rpc_status(exc)
-    if isinstance(exc, gexc.Conflict | gexc.AlreadyExists):
-        if status == "ALREADY_EXISTS" or "already exists" in message.lower():
-            return Classified(CODE_ALREADY_EXISTS, message, False, False)
-        return Classified(CODE_CONFLICT, message, False, True)
-    if _BUSY_RE.search(message):
-        return Classified(CODE_CLUSTER_BUSY, message, False, True)
-    if isinstance(exc, gexc.TooManyRequests | gexc.ResourceExhausted):
-        return Classified(CODE_RATE_LIMITED, message, False, True)
-    if isinstance(exc, gexc.ServerError | gexc.DeadlineExceeded | gexc.ServiceUnavailable):
-        return Classified(CODE_UNAVAILABLE, message, False, True)
-    code, _ = classify_message(message)
-    if code in (CODE_STOCKOUT, CODE_QUOTA):
-        return Classified(code, message, False, False)
-    if isinstance(exc, gexc.Unauthorized):
-        return Classified(CODE_UNAUTHENTICATED, message, False, True)
-    if isinstance(exc, gexc.Forbidden):
-        return Classified(CODE_PERMISSION, message, True, False)
-    if isinstance(exc, gexc.NotFound):
-        return Classified(CODE_NOT_FOUND, message, True, False)
-    if status == "FAILED_PRECONDITION" or isinstance(exc, gexc.FailedPrecondition):
-        return Classified(CODE_FAILED_PRECONDITION, message, False, False)
-    if isinstance(exc, gexc.ClientError):
-        if code in (CODE_INVALID_MACHINE_TYPE, CODE_RESERVATION):
-            return Classified(code, message, True, False)
-        return Classified(CODE_INVALID, message, True, False)
-    return Classified(CODE_UNKNOWN, message, False, False)
-
-
-def _classify_non_api(exc: BaseException) -> Classified:
-    message = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, auth_exc.RefreshError | auth_exc.TransportError):
-        return Classified(CODE_UNAUTHENTICATED, message, False, True)
-    if isinstance(exc, requests.exceptions.RequestException | OSError | TimeoutError):
-        return Classified(CODE_UNAVAILABLE, message, False, True)
-    return Classified(CODE_UNKNOWN, message, False, False)
-
 
 # --------------------------------------------------------------------------------------------
 # Retry policy, metadata server, settings
@@ -314,76 +164,6 @@ def read_gke_metadata(host: str | None = None, timeout_s: float = 2.0) -> GkeMet
         location=get("instance/attributes/cluster-location"),
         zone=zone,
     )
-
-
-def gce_label_value(value: str) -> str:
-    """A GCE resource label value: lowercase [a-z0-9_-], at most 63 characters."""
-    return _GCE_LABEL_RE.sub("-", value.lower())[:63]
-
-
-# --------------------------------------------------------------------------------------------
-# Node pool messages
-
-
-def build_node_pool(
-    plan: Plan,
-    spec: NodePoolSpec,
-    owner_uid: str,
-    node_locations: list[str],
-    tpu_taint: bool = False,
-) -> cs.NodePool:
-    """The GKE NodePool for one slice, as create_node_pool sends it."""
-    labels = dict(spec.node_labels)
-    labels[LABEL_JOB_UID] = owner_uid
-    config = cs.NodeConfig(
-        machine_type=spec.machine_type,
-        labels=labels,
-        resource_labels=_resource_labels(plan, spec, owner_uid),
-        spot=spec.spot,
-    )
-    affinity = _reservation_affinity(spec.reservation)
-    if affinity is not None:
-        config.reservation_affinity = affinity
-    if tpu_taint and spec.gke_accelerator:
-        config.taints = [
-            cs.NodeTaint(key=TPU_TAINT_KEY, value="present", effect=cs.NodeTaint.Effect.NO_SCHEDULE)
-        ]
-    pool = cs.NodePool(
-        name=spec.name,
-        initial_node_count=spec.node_count,
-        locations=list(node_locations),
-        config=config,
-        management=cs.NodeManagement(auto_repair=True, auto_upgrade=False),
-    )
-    if spec.tpu_topology:
-        pool.placement_policy = cs.NodePool.PlacementPolicy(
-            type_=cs.NodePool.PlacementPolicy.Type.COMPACT, tpu_topology=spec.tpu_topology
-        )
-    return pool
-
-
-def _reservation_affinity(reservation: str | None) -> cs.ReservationAffinity | None:
-    kind = cs.ReservationAffinity.Type
-    if reservation is None:
-        return None
-    if reservation == "":
-        return cs.ReservationAffinity(consume_reservation_type=kind.ANY_RESERVATION)
-    return cs.ReservationAffinity(
-        consume_reservation_type=kind.SPECIFIC_RESERVATION,
-        key=RESERVATION_KEY,
-        values=[reservation],
-    )
-
-
-def _resource_labels(plan: Plan, spec: NodePoolSpec, owner_uid: str) -> dict[str, str]:
-    return {
-        RL_MANAGED_BY: gce_label_value(MANAGED_BY),
-        RL_JOB_NAMESPACE: gce_label_value(plan.namespace),
-        RL_JOB_NAME: gce_label_value(plan.name),
-        RL_JOB_UID: gce_label_value(owner_uid),
-        RL_JOB_KEY: gce_label_value(plan.job_key),
-        RL_SLICE: str(spec.slice_index),
-    }
 
 
 @dataclass(frozen=True)
@@ -655,15 +435,15 @@ class GkeProvisioner:
                 )
             return c.pool_error(spec)
         labels = dict(existing.config.labels)
-        owner = labels.get(LABEL_JOB_UID) or existing.config.resource_labels.get(RL_JOB_UID)
+        owner = labels.get(keys.JOB_UID) or existing.config.resource_labels.get(RL_JOB_UID)
         managed = _is_managed(existing)
         if not managed:
             return PoolError(
                 spec.slice_index,
                 spec.name,
                 CODE_NAME_TAKEN,
-                f"a node pool named {spec.name} exists and was not created by {MANAGED_BY}; "
-                "rename the job or delete that pool",
+                f"a node pool named {spec.name} exists and was not created by "
+                f"{keys.MANAGED_BY_VALUE}; rename the job or delete that pool",
                 True,
             )
         if owner and owner != owner_uid:
@@ -706,7 +486,7 @@ class GkeProvisioner:
         )
 
         def deleting(c: Classified) -> bool:
-            return bool(_DELETING_RE.search(c.message))
+            return bool(DELETING_RE.search(c.message))
 
         try:
             op = await self._call("delete_node_pool", call, name, give_up=deleting)
@@ -765,7 +545,11 @@ class GkeProvisioner:
             error = record.error if record is not None else None
             pending = record is not None and not record.done
             return PoolObservation(
-                spec.name, spec.slice_index, ABSENT, error=error, operation_pending=pending
+                spec.name,
+                spec.slice_index,
+                PoolState.ABSENT,
+                error=error,
+                operation_pending=pending,
             )
         return _map_pool(pool, spec.slice_index, record)
 
@@ -777,10 +561,10 @@ class GkeProvisioner:
             if record is None or record.done or record.kind != "create":
                 continue
             pool = listed.get(spec.name)
-            status = pool.status.name if pool is not None else ABSENT
-            if status == RUNNING:
+            status = pool.status.name if pool is not None else "ABSENT"  # GKE's names
+            if status == "RUNNING":
                 self._ops.pop(spec.name, None)  # nothing left to learn from it
-            elif status in (ABSENT, ERROR, RUNNING_WITH_ERROR):
+            elif status in ("ABSENT", "ERROR", "RUNNING_WITH_ERROR"):
                 wanted[spec.name] = record
         if not wanted:
             return
@@ -884,9 +668,9 @@ class GkeProvisioner:
             owned.append(
                 OwnedPool(
                     **{f: getattr(base, f) for f in PoolObservation.__dataclass_fields__},
-                    namespace=labels.get(LABEL_JOB_NAMESPACE),
-                    job_name=labels.get(LABEL_JOB_NAME),
-                    job_key=labels.get(LABEL_JOB_KEY),
+                    namespace=labels.get(keys.JOB_NAMESPACE),
+                    job_name=labels.get(keys.JOB_NAME),
+                    job_key=labels.get(keys.JOB_KEY),
                     machine_type=pool.config.machine_type,
                     locations=tuple(pool.locations),
                 )
@@ -928,33 +712,34 @@ def _widen_connection_pool(client: Any, size: int) -> None:
 def _is_managed(pool: cs.NodePool) -> bool:
     labels = pool.config.labels
     resource = pool.config.resource_labels
-    return labels.get(LABEL_MANAGED_BY) == MANAGED_BY or resource.get(RL_MANAGED_BY) == (
-        gce_label_value(MANAGED_BY)
+    return labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE or resource.get(RL_MANAGED_BY) == (
+        gce_label_value(keys.MANAGED_BY_VALUE)
     )
 
 
 def _slice_of(pool: cs.NodePool) -> int | None:
-    raw = pool.config.labels.get(LABEL_SLICE) or pool.config.resource_labels.get(RL_SLICE)
+    raw = pool.config.labels.get(keys.SLICE) or pool.config.resource_labels.get(RL_SLICE)
     return int(raw) if raw and raw.isdigit() else None
 
 
 def _map_pool(
     pool: cs.NodePool, slice_index: int | None, record: _OpRecord | None
 ) -> PoolObservation:
-    status = _STATUS.get(pool.status.name, RECONCILING)
+    status = _STATE.get(pool.status.name, PoolState.UPDATING)
     error: PoolError | None = None
-    if status in (ERROR, RUNNING_WITH_ERROR):
+    if status in (PoolState.FAILED, PoolState.DEGRADED):
         if record is not None and record.error is not None:
             error = record.error
         else:
-            message = pool.status_message or f"node pool is {status} (GKE gave no message)"
+            gke_status = pool.status.name
+            message = pool.status_message or f"node pool is {gke_status} (GKE gave no message)"
             code, permanent = classify_message(message)
             error = PoolError(slice_index, pool.name, code, message, permanent)
-    elif record is not None and record.error is not None and status == PROVISIONING:
+    elif record is not None and record.error is not None and status == PoolState.CREATING:
         error = record.error
     labels = pool.config.labels
-    owner = labels.get(LABEL_JOB_UID) or pool.config.resource_labels.get(RL_JOB_UID)
-    pending = status in (PROVISIONING, STOPPING, RECONCILING) or (
+    owner = labels.get(keys.JOB_UID) or pool.config.resource_labels.get(RL_JOB_UID)
+    pending = status in (PoolState.CREATING, PoolState.DELETING, PoolState.UPDATING) or (
         record is not None and not record.done
     )
     return PoolObservation(
@@ -994,15 +779,10 @@ def _describe_offered(wanted: str, types: frozenset[str]) -> str:
 
 
 __all__ = [
-    "Classified",
     "GkeMetadata",
     "GkeProvisioner",
     "MetadataError",
     "OwnedPool",
     "RetryPolicy",
-    "build_node_pool",
-    "classify_exception",
-    "classify_message",
-    "gce_label_value",
     "read_gke_metadata",
 ]

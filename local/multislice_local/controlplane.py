@@ -4,15 +4,15 @@ Two profiles:
 
 * ``api``: etcd + kube-apiserver (TLS, client-certificate auth, RBAC), as envtest runs them.
 * ``cluster``: ``api`` plus kube-controller-manager, kube-scheduler, the kwok controller (fake
-  nodes and pod phases, see :mod:`multislice_operator.local.nodes`) and the JobSet controller with
+  nodes and pod phases, see :mod:`multislice_local.nodes`) and the JobSet controller with
   its webhooks served on 127.0.0.1.
 
 Binaries come from ``hack/build-bins.sh`` (built from pinned Go modules into a versioned cache).
 
 CLI::
 
-    python -m multislice_operator.local.controlplane up --profile cluster [--detach]
-    python -m multislice_operator.local.controlplane down --profile cluster
+    python -m multislice_local.controlplane up --profile cluster [--detach]
+    python -m multislice_local.controlplane down --profile cluster
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from multislice_operator import keys
 
 PROFILES = ("api", "cluster")
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -683,9 +685,7 @@ class ControlPlane:
                 if path.endswith("-v1-pod"):
                     # As the module's kustomize patches do: only JobSet pods go to the webhook.
                     hook["objectSelector"] = {
-                        "matchExpressions": [
-                            {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}
-                        ]
+                        "matchExpressions": [{"key": keys.JOBSET_NAME, "operator": "Exists"}]
                     }
             plural = (
                 "mutatingwebhookconfigurations"
@@ -789,7 +789,7 @@ def _terminate(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 def kwok_stages_yaml() -> bytes:
     """The kwok Stage documents (default pod stages plus run-duration and failure injection)."""
-    return (resources.files("multislice_operator.local") / "kwok" / "stages.yaml").read_bytes()
+    return (resources.files("multislice_local") / "kwok" / "stages.yaml").read_bytes()
 
 
 @atexit.register
@@ -866,7 +866,7 @@ def _detach(args: argparse.Namespace, workdir: Path) -> int:
             [
                 sys.executable,
                 "-m",
-                "multislice_operator.local.controlplane",
+                "multislice_local.controlplane",
                 "up",
                 f"--profile={args.profile}",
             ],
@@ -912,7 +912,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m multislice_operator.local.controlplane")
+    parser = argparse.ArgumentParser(prog="python -m multislice_local.controlplane")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a local control plane and wait for Ctrl-C or `down`")
     up.add_argument("--profile", choices=PROFILES, default="cluster")

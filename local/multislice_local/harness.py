@@ -18,6 +18,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.crashpoints import CRASH_POINT_ENV
 from multislice_operator.api.crd import generate_crd
 
 T = TypeVar("T")
@@ -101,10 +102,16 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, wait: bool = True) -> OperatorProcess:
+        # A crash point (tests) runs the same operator with its adapters wrapped.
+        entry = (
+            "multislice_local.crashpoints"
+            if CRASH_POINT_ENV in self.env
+            else ("multislice_operator.cli")
+        )
         argv = [
             sys.executable,
             "-m",
-            "multislice_operator.cli",
+            entry,
             "run",
             *([a for ns in self.namespaces for a in ("-n", ns)] or ["--all-namespaces"]),
             "--metrics-port",

@@ -1,7 +1,7 @@
 """Fake GKE TPU nodes served by kwok in the ``cluster`` profile.
 
 Nodes are ordinary Node objects carrying the kwok annotation; the kwok controller started by
-:class:`~multislice_operator.local.controlplane.ControlPlane` marks them Ready, keeps their leases
+:class:`~multislice_local.controlplane.ControlPlane` marks them Ready, keeps their leases
 fresh and drives the phases of pods bound to them (see ``kwok/stages.yaml``).
 
 Pod failure injection (kwok Stage ``pod-fail``): annotate a pod, at creation through its template
@@ -20,16 +20,12 @@ from typing import Any
 
 from kubernetes import client, config
 
-from multislice_operator.local.controlplane import (
+from multislice_local.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
 )
+from multislice_operator import keys
 
-NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-SPOT_LABEL = "cloud.google.com/gke-spot"
-TPU_RESOURCE = "google.com/tpu"
 FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
 FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"
 RUN_DURATION_ANNOTATION = "multislice.dev/run-duration"
@@ -55,19 +51,19 @@ def tpu_node_manifest(
 ) -> dict[str, Any]:
     """A Node shaped like a GKE TPU VM: pool/accelerator/topology labels, TPU taint, chips."""
     labels = {
-        NODEPOOL_LABEL: pool_name,
-        ACCELERATOR_LABEL: accelerator_label,
-        TOPOLOGY_LABEL: topology,
+        keys.GKE_NODEPOOL: pool_name,
+        keys.GKE_TPU_ACCELERATOR: accelerator_label,
+        keys.GKE_TPU_TOPOLOGY: topology,
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
     }
     if spot:
-        labels[SPOT_LABEL] = "true"
+        labels[keys.GKE_SPOT] = "true"
     labels.update(extra_labels or {})
     resources = {
-        TPU_RESOURCE: str(chips_per_host),
+        keys.TPU_RESOURCE: str(chips_per_host),
         "cpu": "200",
         "memory": "400Gi",
         "pods": "110",
@@ -85,7 +81,7 @@ def tpu_node_manifest(
             },
         },
         "spec": {
-            "taints": [{"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}],
+            "taints": [{"key": keys.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}],
         },
         # kwok's node-initialize stage keeps capacity/allocatable given at creation.
         "status": {"capacity": resources, "allocatable": dict(resources)},
@@ -125,7 +121,7 @@ def shut_down_pods(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list
     pod garbage collector removes them much later, which no real TPU VM does.
     """
     api = _api(api_client_or_kubeconfig)
-    nodes: list[Any] = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
+    nodes: list[Any] = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
     failed = []
     for node in nodes:
         pods: list[Any] = api.list_pod_for_all_namespaces(
@@ -186,7 +182,7 @@ def delete_nodes(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list[s
     Pods bound to them are then removed by the controller-manager's pod garbage collector.
     """
     api = _api(api_client_or_kubeconfig)
-    nodes = api.list_node(label_selector=f"{NODEPOOL_LABEL}={pool_name}").items
+    nodes = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
     names = [str(node.metadata.name) for node in nodes if node.metadata]
     for name in names:
         api.delete_node(name)

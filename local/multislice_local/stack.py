@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multislice_operator.local.controlplane import ControlPlane, bin_dir
-from multislice_operator.local.gke_sim import Faults, GkeSimulator, KubeNodeRegistrar, SimConfig
-from multislice_operator.local.harness import OperatorProcess, install_crds
-from multislice_operator.local.kind import KindControlPlane
+from multislice_local.controlplane import ControlPlane, bin_dir
+from multislice_local.gke_sim import Faults, GkeSimulator, KubeNodeRegistrar, SimConfig
+from multislice_local.harness import OperatorProcess, install_crds
+from multislice_local.kind import KindControlPlane
 
 PROJECT, LOCATION, CLUSTER, ZONE = (
     "local-project",

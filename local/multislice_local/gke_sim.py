@@ -48,9 +48,9 @@ Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/coun
 ``POST /_sim/pools/NAME/preempt`` (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break``
 (``{"message": "..."}``). Names are looked up across clusters.
 
-CLI: ``python -m multislice_operator.local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
+CLI: ``python -m multislice_local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
 as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
-get kwok fake TPU nodes in that cluster (see :mod:`multislice_operator.local.nodes`).
+get kwok fake TPU nodes in that cluster (see :mod:`multislice_local.nodes`).
 """
 
 from __future__ import annotations
@@ -80,12 +80,9 @@ from urllib.parse import urlsplit
 from google.cloud.container_v1.types import cluster_service
 from google.protobuf import json_format
 
-from multislice_operator import catalog
-from multislice_operator.plan import (
-    GKE_ACCELERATOR_LABEL,
-    GKE_NODEPOOL_LABEL,
-    GKE_SPOT_LABEL,
-    GKE_TOPOLOGY_LABEL,
+from multislice_operator import (
+    catalog,
+    keys,
 )
 
 log = logging.getLogger(__name__)
@@ -207,7 +204,7 @@ class KubeNodeRegistrar:
         self._target = api_client_or_kubeconfig
 
     def register(self, group: NodeGroup) -> None:
-        from multislice_operator.local import nodes
+        from multislice_local import nodes
 
         if group.accelerator_label is None or group.topology is None:
             log.info("gke-sim skipping nodes of non-TPU pool pool=%s", group.pool)
@@ -225,13 +222,18 @@ class KubeNodeRegistrar:
         )
 
     def unregister(self, pool: str) -> None:
-        from multislice_operator.local import nodes
+        from multislice_local import nodes
 
         nodes.shut_down_pods(self._target, pool)  # as GKE's graceful node shutdown does
         nodes.delete_nodes(self._target, pool)
 
 
-_GKE_NODE_LABELS = {GKE_NODEPOOL_LABEL, GKE_ACCELERATOR_LABEL, GKE_TOPOLOGY_LABEL, GKE_SPOT_LABEL}
+_GKE_NODE_LABELS = {
+    keys.GKE_NODEPOOL,
+    keys.GKE_TPU_ACCELERATOR,
+    keys.GKE_TPU_TOPOLOGY,
+    keys.GKE_SPOT,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1011,11 +1013,11 @@ def _node_group(pool: _Pool) -> NodeGroup:
     count = int(pool.spec.get("initialNodeCount", 0)) * len(zones)
     user = {str(k): str(v) for k, v in config.get("labels", {}).items()}
     labels = dict(user)
-    labels[GKE_NODEPOOL_LABEL] = pool.name
+    labels[keys.GKE_NODEPOOL] = pool.name
     labels[ZONE_LABEL] = zones[0]
     spot = bool(config.get("spot") or config.get("preemptible"))
     if spot:
-        labels[GKE_SPOT_LABEL] = "true"
+        labels[keys.GKE_SPOT] = "true"
     tpu = TPU_MACHINES.get(machine)
     accelerator = topology = None
     chips = 0
@@ -1024,8 +1026,8 @@ def _node_group(pool: _Pool) -> NodeGroup:
         topology = pool.spec.get("placementPolicy", {}).get("tpuTopology") or (
             tpu.single_host_topology()
         )
-        labels[GKE_ACCELERATOR_LABEL] = accelerator
-        labels[GKE_TOPOLOGY_LABEL] = topology
+        labels[keys.GKE_TPU_ACCELERATOR] = accelerator
+        labels[keys.GKE_TPU_TOPOLOGY] = topology
     return NodeGroup(
         pool=pool.name,
         count=count,
@@ -1127,7 +1129,7 @@ def _parse_offered(items: list[str]) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m multislice_operator.local.gke_sim",
+        prog="python -m multislice_local.gke_sim",
         description="Local GKE node-pool + Cloud TPU API simulator (prints its URL).",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -21,10 +21,11 @@ from typing import Any, TextIO
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.gke_sim import Faults
+from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod
+from multislice_local.stack import LocalStack, StackOptions
+from multislice_operator import keys
 from multislice_operator.api import models
-from multislice_operator.local.gke_sim import Faults
-from multislice_operator.local.nodes import RUN_DURATION_ANNOTATION, fail_pod
-from multislice_operator.local.stack import LocalStack, StackOptions
 from multislice_operator.plan import load_job, node_pool_name, plan_job
 
 NAMESPACE = "demo"
@@ -123,7 +124,7 @@ class Demo:
     def run(self) -> int:
         s = self.scenario
         self.n.say(f"scenario '{s.name}': {s.summary}")
-        from multislice_operator.local.controlplane import ensure_binaries
+        from multislice_local.controlplane import ensure_binaries
 
         self.n.say("checking the control-plane binaries (the first build takes ~10 minutes)")
         ensure_binaries()
@@ -418,7 +419,7 @@ class Demo:
         core = client.CoreV1Api(self.stack.api)
 
         def names() -> list[str]:
-            items: list[Any] = core.list_node(label_selector="cloud.google.com/gke-nodepool").items
+            items: list[Any] = core.list_node(label_selector=keys.GKE_NODEPOOL).items
             return [str(n.metadata.name) for n in items]
 
         deadline = time.monotonic() + 20

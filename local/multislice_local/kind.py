@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from multislice_operator.local.controlplane import (
+from multislice_local.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
     ControlPlaneError,

@@ -1,0 +1,40 @@
+"""Every label, annotation, taint and resource key the operator reads or writes: one home each.
+
+Ours live under ``multislice.dev/``; the others belong to Kubernetes, JobSet, Kueue and GKE and are
+named here exactly as their owners spell them (facts.md sections 2, 4 and 5).
+"""
+
+from __future__ import annotations
+
+# ---- ours (multislice.dev)
+PREFIX = "multislice.dev"
+JOB_NAME = f"{PREFIX}/job-name"
+JOB_NAMESPACE = f"{PREFIX}/job-namespace"
+JOB_UID = f"{PREFIX}/job-uid"
+JOB_KEY = f"{PREFIX}/job-key"
+SLICE = f"{PREFIX}/slice"
+# Node labels may not use the kubernetes.io / k8s.io namespaces (GKE and the kubelet refuse
+# them), so node pools say who manages them under our own prefix.
+NODE_MANAGED_BY = f"{PREFIX}/managed-by"
+FINALIZER = f"{PREFIX}/cleanup"
+
+# ---- Kubernetes (objects other than nodes)
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "multislice-operator"
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+# ---- JobSet (labels and annotations it sets on Jobs and Pods)
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+
+# ---- Kueue
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
+# ---- GKE (node labels GKE sets; the TPU resource and taint)
+GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
+GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT = "cloud.google.com/gke-spot"
+TPU_RESOURCE = "google.com/tpu"  # extended resource and taint key (GKE adds the taint itself)

@@ -1,0 +1,162 @@
+"""What a GKE API error means: a code, whether retrying can help, and whether to retry at once.
+
+The part of the GKE adapter that changes most: GKE's wording is matched here, and only here, with
+each pattern's source. Pure: no I/O, no client calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import requests
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+
+from multislice_operator.plan import NodePoolSpec
+from multislice_operator.provisioning.base import PoolError
+
+# PoolError codes this module produces (besides the cloud's own GCE_* ones).
+CODE_STOCKOUT = "GCE_STOCKOUT"
+CODE_QUOTA = "GCE_QUOTA_EXCEEDED"
+CODE_RATE_LIMITED = "RATE_LIMITED"  # 429: API rate quota
+CODE_CLUSTER_BUSY = "CLUSTER_BUSY"  # "incompatible operation", "currently creating ..."
+CODE_UNAVAILABLE = "UNAVAILABLE"  # 5xx, timeouts, connection errors
+CODE_UNAUTHENTICATED = "UNAUTHENTICATED"  # token refresh failures (Workload Identity hiccups)
+CODE_INVALID = "INVALID_ARGUMENT"
+CODE_INVALID_MACHINE_TYPE = "INVALID_MACHINE_TYPE"
+CODE_RESERVATION = "RESERVATION_UNUSABLE"
+CODE_PERMISSION = "PERMISSION_DENIED"
+CODE_NOT_FOUND = "NOT_FOUND"  # the cluster or location does not exist
+CODE_ALREADY_EXISTS = "ALREADY_EXISTS"
+CODE_FAILED_PRECONDITION = "FAILED_PRECONDITION"
+CODE_CONFLICT = "CONFLICT"
+CODE_OWNED_BY_OTHER = "OWNED_BY_OTHER_JOB"  # same name, another job's uid: delete it first
+CODE_NAME_TAKEN = "NAME_TAKEN"  # same name, not created by this operator: never touched
+CODE_NOT_OFFERED = "ACCELERATOR_NOT_OFFERED"
+CODE_POOL_ERROR = "NODE_POOL_ERROR"  # an ERROR pool whose message says nothing more specific
+CODE_UNKNOWN = "UNKNOWN"
+
+_BUSY_RE = re.compile(
+    r"incompatible operation|is currently (creating|deleting|upgrading|updating|repairing|"
+    r"reconciling|resizing)|please wait and try again|too many operations|"
+    r"currently being (created|deleted|updated|repaired)",
+    re.IGNORECASE,
+)
+DELETING_RE = re.compile(r"is currently deleting", re.IGNORECASE)
+_STOCKOUT_RE = re.compile(
+    r"GCE_STOCKOUT|ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|stockout|"
+    r"resource pool exhausted",
+    re.IGNORECASE,
+)
+_QUOTA_RE = re.compile(
+    r"GCE_QUOTA_EXCEEDED|QUOTA_EXCEEDED|quota '[^']*' exceeded|insufficient quota|"
+    r"exceeded quota",
+    re.IGNORECASE,
+)
+_MACHINE_RE = re.compile(
+    r"invalid machine type|machine type \S+ (does not exist|is not supported|is not available)|"
+    r"machine type '[^']*' does not exist",
+    re.IGNORECASE,
+)
+_RESERVATION_RE = re.compile(
+    r"reservation\b.*\b(not found|does not exist|incompatible|not compatible|cannot be used)",
+    re.IGNORECASE,
+)
+_PERMISSION_RE = re.compile(r"permission|forbidden|not authorized", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------------------------
+# Error classification
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What an exception means for the caller."""
+
+    code: str
+    message: str
+    permanent: bool  # retrying cannot help
+    retry_now: bool  # worth an in-process retry within seconds
+
+    def pool_error(
+        self, spec_or_name: NodePoolSpec | str, slice_index: int | None = None
+    ) -> PoolError:
+        if isinstance(spec_or_name, NodePoolSpec):
+            return PoolError(
+                spec_or_name.slice_index, spec_or_name.name, self.code, self.message, self.permanent
+            )
+        return PoolError(slice_index, spec_or_name, self.code, self.message, self.permanent)
+
+
+def _rpc_status(exc: gexc.GoogleAPICallError) -> str:
+    """The canonical status (``FAILED_PRECONDITION``...) of an API error, REST or gRPC."""
+    grpc_code = getattr(exc, "grpc_status_code", None)
+    if grpc_code is not None:
+        return str(getattr(grpc_code, "name", grpc_code))
+    response = getattr(exc, "response", None)
+    try:
+        status = response.json()["error"]["status"] if response is not None else ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        status = ""
+    return str(status or "")
+
+
+def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bool]:
+    """(code, permanent) of a failed operation's or an ERROR pool's message."""
+    if _STOCKOUT_RE.search(message):
+        return CODE_STOCKOUT, False
+    if _QUOTA_RE.search(message):
+        return CODE_QUOTA, False
+    if _MACHINE_RE.search(message):
+        return CODE_INVALID_MACHINE_TYPE, True
+    if _RESERVATION_RE.search(message):
+        return CODE_RESERVATION, True
+    if rpc_code == 3:  # google.rpc.Code INVALID_ARGUMENT
+        return CODE_INVALID, True
+    if rpc_code == 7 or (rpc_code is None and _PERMISSION_RE.search(message)):
+        return CODE_PERMISSION, True
+    return CODE_POOL_ERROR, False
+
+
+def classify_exception(exc: BaseException) -> Classified:
+    """Map an exception from a client call to a code, permanence and in-process retryability."""
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        return _classify_non_api(exc)
+    message = str(exc.message or exc)
+    status = _rpc_status(exc)
+    if isinstance(exc, gexc.Conflict | gexc.AlreadyExists):
+        if status == "ALREADY_EXISTS" or "already exists" in message.lower():
+            return Classified(CODE_ALREADY_EXISTS, message, False, False)
+        return Classified(CODE_CONFLICT, message, False, True)
+    if _BUSY_RE.search(message):
+        return Classified(CODE_CLUSTER_BUSY, message, False, True)
+    if isinstance(exc, gexc.TooManyRequests | gexc.ResourceExhausted):
+        return Classified(CODE_RATE_LIMITED, message, False, True)
+    if isinstance(exc, gexc.ServerError | gexc.DeadlineExceeded | gexc.ServiceUnavailable):
+        return Classified(CODE_UNAVAILABLE, message, False, True)
+    code, _ = classify_message(message)
+    if code in (CODE_STOCKOUT, CODE_QUOTA):
+        return Classified(code, message, False, False)
+    if isinstance(exc, gexc.Unauthorized):
+        return Classified(CODE_UNAUTHENTICATED, message, False, True)
+    if isinstance(exc, gexc.Forbidden):
+        return Classified(CODE_PERMISSION, message, True, False)
+    if isinstance(exc, gexc.NotFound):
+        return Classified(CODE_NOT_FOUND, message, True, False)
+    if status == "FAILED_PRECONDITION" or isinstance(exc, gexc.FailedPrecondition):
+        return Classified(CODE_FAILED_PRECONDITION, message, False, False)
+    if isinstance(exc, gexc.ClientError):
+        if code in (CODE_INVALID_MACHINE_TYPE, CODE_RESERVATION):
+            return Classified(code, message, True, False)
+        return Classified(CODE_INVALID, message, True, False)
+    return Classified(CODE_UNKNOWN, message, False, False)
+
+
+def _classify_non_api(exc: BaseException) -> Classified:
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, auth_exc.RefreshError | auth_exc.TransportError):
+        return Classified(CODE_UNAUTHENTICATED, message, False, True)
+    if isinstance(exc, requests.exceptions.RequestException | OSError | TimeoutError):
+        return Classified(CODE_UNAVAILABLE, message, False, True)
+    return Classified(CODE_UNKNOWN, message, False, False)
