@@ -60,3 +60,4 @@ clean:
 .PHONY: docs
 docs: install
 	$(BIN)/python -m multislice_operator.api.docs > docs/api.md
+	$(BIN)/python -m multislice_operator.settings docs/install.md

@@ -54,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from multislice_operator import keys
 
 PROFILES = ("api", "cluster")
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-bins.sh"
 BINARIES = (
     "etcd",
@@ -380,6 +380,16 @@ class ControlPlane:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def client_env(self, kubeconfig: Path | None = None) -> dict[str, str]:
+        """Environment for kubectl/helm against this control plane. Each control plane gets its
+        own discovery cache: kubectl keys $HOME/.kube/cache by host:port, and a port reused by a
+        later control plane would otherwise read a stale list of resources."""
+        return {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+            "KUBECACHEDIR": str(self.workdir / "kube-cache"),
+        }
 
     def api_client(self) -> Any:
         """A kubernetes.client.ApiClient authenticated as the admin."""

@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+
+class JobPhases(Collector):
+    """`multislice_jobs{phase}` computed at scrape time from the jobs the operator knows now, so
+    a deleted job simply stops counting (a gauge moved by inc/dec drifts when a dec is missed)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[Any, str] = {}
+
+    def set(self, key: Any, phase: str | None) -> None:
+        if phase:
+            self.phases[key] = phase
+        else:
+            self.phases.pop(key, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("multislice_jobs", "MultisliceJobs by phase.", labels=["phase"])
+        counts: dict[str, int] = {}
+        for phase in self.phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, n in sorted(counts.items()):
+            family.add_metric([phase], n)
+        yield family
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("multislice_jobs", "MultisliceJobs by phase.", labels=["phase"])
+
+
+JOBS = JobPhases()
+REGISTRY.register(JOBS)
 
 RECONCILE_TOTAL = Counter(
     "multislice_reconcile_total",
@@ -18,7 +53,6 @@ RECONCILE_TIME = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
-JOBS = Gauge("multislice_jobs", "MultisliceJobs by phase.", ["phase"], registry=REGISTRY)
 RESTARTS_TOTAL = Counter(
     "multislice_restarts_total",
     "Restarts of all slices (one per JobSet restart observed).",
@@ -38,7 +72,7 @@ PROVISIONING_DURATION = Histogram(
 )
 TIME_TO_RUNNING = Histogram(
     "multislice_time_to_running_seconds",
-    "From job creation to all slices running.",
+    "From the job becoming active (status.startTime) to all slices first running.",
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
     registry=REGISTRY,
 )
@@ -55,7 +89,7 @@ ORPHANS_DELETED_TOTAL = Counter(
 )
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on all interfaces (0 disables)."""
+def serve(port: int, address: str = "127.0.0.1") -> None:
+    """Serve /metrics on `address` (0.0.0.0: every interface); port 0 disables it."""
     if port:
-        start_http_server(port, registry=REGISTRY)
+        start_http_server(port, addr=address, registry=REGISTRY)

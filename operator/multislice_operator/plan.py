@@ -22,6 +22,7 @@ from multislice_operator import (
 from multislice_operator.api.models import (
     API_VERSION,
     KIND,
+    SPEC_RULES,
     CapacityType,
     MultisliceJob,
     MultisliceJobSpec,
@@ -184,9 +185,8 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         spec.accelerator,
     )
     errors += par_errors
-    errors += _check_capacity(spec)
+    errors += _check_rules(spec, {e.path for e in errors})
     errors += _check_template(spec.template)
-    errors += _check_exit_codes(spec.failure_policy.non_retryable_exit_codes)
     errors += _check_name(name, spec.slices, shape.hosts)
     if errors:
         raise SpecError(errors)
@@ -214,17 +214,13 @@ def plan_job(job: MultisliceJob) -> Plan:
     return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
 
 
-def _check_capacity(spec: MultisliceJobSpec) -> list[FieldError]:
-    cap = spec.capacity
-    if cap.reservation and cap.type != CapacityType.RESERVED.value:
-        return [
-            FieldError(
-                "spec.capacity.reservation",
-                f"only valid with type: Reserved (type is {cap.type}); set type: Reserved or "
-                "remove the reservation",
-            )
-        ]
-    return []
+def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:
+    """The model's cross-field rules (the CRD enforces the same ones at admission)."""
+    return [
+        FieldError(rule.field, rule.message.removeprefix(f"{rule.field}: "))
+        for rule in SPEC_RULES
+        if not rule.holds(spec) and rule.field not in reported
+    ]
 
 
 def _check_template(template: dict[str, Any]) -> list[FieldError]:
@@ -255,18 +251,6 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
             )
         )
     return errors
-
-
-def _check_exit_codes(codes: list[int]) -> list[FieldError]:
-    bad = [c for c in codes if not 1 <= c <= 255]
-    if bad:
-        return [
-            FieldError(
-                "spec.failurePolicy.nonRetryableExitCodes",
-                f"exit codes must be 1-255, got {bad}",
-            )
-        ]
-    return []
 
 
 def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:

@@ -1,133 +1,186 @@
-"""Operator settings from flags and environment variables (flags win).
+"""Operator settings: the one place each setting, its default, flag and environment variable live.
 
-Every setting has an environment variable `MSJ_<NAME>` so the Helm chart can set it without
-rewriting the command line.
+Every field of :class:`Settings` is a command-line flag ``--name-with-dashes`` and an environment
+variable ``MSJ_NAME_IN_CAPS`` (flags win), both derived from the field here, so the Helm chart, the
+docs and the parser cannot drift from the defaults (tests/unit/test_settings.py checks the chart).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "MSJ_"
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"MSJ_{name}", default)
-
-
-def _env_list(name: str) -> list[str]:
-    raw = _env(name) or ""
-    return [v.strip() for v in raw.split(",") if v.strip()]
+def _opt(
+    help: str,
+    default: Any = None,
+    *,
+    flag: str | None = None,
+    env: str | None = None,
+    **extra: Any,
+) -> Any:
+    """A setting: its help text, default and (rarely) a flag or variable name of its own."""
+    meta = {"help": help, "flag": flag, "env": env, **extra}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class Settings:
-    namespaces: list[str] = field(default_factory=list)  # empty: all namespaces
-    gke_project: str | None = None
-    gke_location: str | None = None
-    gke_cluster: str | None = None
-    gke_node_locations: list[str] = field(default_factory=list)
-    gke_endpoint: str | None = None  # e.g. http://127.0.0.1:PORT for the local simulator
-    gke_from_metadata: bool = False
-    metrics_port: int = 8000
-    liveness_endpoint: str | None = None
-    log_format: str = "text"  # text | json
-    verbose: bool = False
-    resync_seconds: float = 10.0  # timer: level-based resync even without events
-    gc_interval_seconds: float = 300.0  # orphaned node-pool sweep
-    peering: str | None = None  # kopf peering name for standby replicas; None: standalone
-    # Among peers the highest priority works and the others stand by; equal priorities all pause,
-    # so each replica gets its own (random unless set).
-    peering_priority: int | None = None
-    backoff_base_seconds: float = 30.0
-    backoff_max_seconds: float = 600.0
+    namespaces: list[str] = _opt(  # noqa: RUF009 - _opt returns a field()
+        "namespace to watch (repeatable, globs allowed); default: every namespace",
+        [],
+        flag="namespace",
+    )
+    gke_project: str | None = _opt(
+        "GKE project of the cluster whose node pools the operator manages"
+    )
+    gke_location: str | None = _opt("the cluster's location (region or zone)")
+    gke_cluster: str | None = _opt("the cluster's name")
+    gke_node_locations: list[str] = _opt(  # noqa: RUF009
+        "zone for TPU node pools (repeatable; a slice lives in one zone)",
+        [],
+        flag="gke-node-location",
+    )
+    gke_endpoint: str | None = _opt(
+        "GKE API endpoint override (the local simulator); default: Google's"
+    )
+    gke_from_metadata: bool = _opt(
+        "read project, location and cluster from the GKE metadata server", False
+    )
+    metrics_port: int = _opt("port of the Prometheus /metrics endpoint (0 disables it)", 8000)
+    metrics_bind_address: str = _opt(
+        "address the metrics endpoint binds (0.0.0.0: every interface, for scraping)", "127.0.0.1"
+    )
+    liveness_endpoint: str | None = _opt(
+        "kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+        flag="liveness",
+        env="LIVENESS",
+    )
+    log_format: str = _opt("log format", "text", choices=["text", "json"])
+    verbose: bool = _opt("debug logging", False)
+    resync_seconds: float = _opt("level-based resync of every job, even without events", 10.0)
+    workers: int = _opt("jobs reconciled concurrently", 16)
+    gc_interval_seconds: float = _opt(
+        "sweep for node pools whose job no longer exists (0 disables it)", 300.0
+    )
+    backoff_base_seconds: float = _opt("first gang-provisioning retry delay (doubles)", 30.0)
+    backoff_max_seconds: float = _opt("longest gang-provisioning retry delay", 600.0)
+    leader_elect: bool = _opt(
+        "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
+    )
+    leader_election_namespace: str | None = _opt(
+        "namespace of the Lease; default: the operator pod's namespace"
+    )
+    leader_election_name: str = _opt("name of the Lease", "multislice-operator")
 
     @property
     def gke_configured(self) -> bool:
         return bool(self.gke_project and self.gke_location and self.gke_cluster)
 
 
+def _fields() -> list[dataclasses.Field[Any]]:
+    return list(dataclasses.fields(Settings))
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str:
+    return "--" + (f.metadata.get("flag") or f.name.replace("_", "-"))
+
+
+def env_of(f: dataclasses.Field[Any]) -> str:
+    return ENV_PREFIX + (f.metadata.get("env") or f.name.upper())
+
+
+def _kind(f: dataclasses.Field[Any]) -> str:
+    return str(f.type).replace(" ", "").split("|")[0]
+
+
+def _from_env(f: dataclasses.Field[Any]) -> Any:
+    raw = os.environ.get(env_of(f))
+    if raw is None:
+        return None
+    kind = _kind(f)
+    if kind == "list[str]":
+        return [v.strip() for v in raw.split(",") if v.strip()]
+    if kind == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    return raw
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        dest="namespaces",
-        default=None,
-        help="namespace to watch (repeatable, globs allowed); env MSJ_NAMESPACES (comma list)",
-    )
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
-    )
-    p.add_argument("-v", "--verbose", action="store_true", default=_env("VERBOSE") == "1")
-    p.add_argument("--log-format", choices=["text", "json"], default=_env("LOG_FORMAT", "text"))
+    """One flag per setting; defaults stay None so from_args can tell flag, env and default."""
+    for f in _fields():
+        kind = _kind(f)
+        help_text = f"{f.metadata['help']} (env {env_of(f)})"
+        names = [flag_of(f)]
+        if f.name == "namespaces":
+            names = ["-n", *names]
+        if kind == "bool":
+            p.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
+        elif kind == "list[str]":
+            p.add_argument(*names, dest=f.name, action="append", default=None, help=help_text)
+        else:
+            conv = {"int": int, "float": float}.get(kind, str)
+            p.add_argument(
+                *names,
+                dest=f.name,
+                type=conv,
+                default=None,
+                choices=f.metadata.get("choices"),
+                help=help_text,
+            )
     p.add_argument(
-        "--liveness",
-        default=_env("LIVENESS"),
-        metavar="URL",
-        help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
     )
-    p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8000") or 8000))
-    p.add_argument("--gke-project", default=_env("GKE_PROJECT"))
-    p.add_argument("--gke-location", default=_env("GKE_LOCATION"))
-    p.add_argument("--gke-cluster", default=_env("GKE_CLUSTER"))
-    p.add_argument(
-        "--gke-node-location",
-        action="append",
-        dest="gke_node_locations",
-        default=None,
-        help="zone for TPU node pools (repeatable); env MSJ_GKE_NODE_LOCATIONS",
-    )
-    p.add_argument(
-        "--gke-endpoint",
-        default=_env("GKE_ENDPOINT"),
-        help="GKE API endpoint override (the local simulator); default: Google's",
-    )
-    p.add_argument(
-        "--gke-from-metadata",
-        action="store_true",
-        default=_env("GKE_FROM_METADATA") == "1",
-        help="read project, location and cluster from the GKE metadata server",
-    )
-    p.add_argument(
-        "--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "10") or 10)
-    )
-    p.add_argument(
-        "--gc-interval-seconds",
-        type=float,
-        default=float(_env("GC_INTERVAL_SECONDS", "300") or 300),
-    )
-    p.add_argument(
-        "--backoff-base-seconds",
-        type=float,
-        default=float(_env("BACKOFF_BASE_SECONDS", "30") or 30),
-    )
-    p.add_argument("--peering", default=_env("PEERING"), help="kopf peering name (HA standby)")
-    p.add_argument(
-        "--peering-priority",
-        type=int,
-        default=int(_env("PEERING_PRIORITY") or 0) or None,
-        help="this replica's peering priority (default: random, so exactly one replica works)",
-    )
+    p.add_argument("-v", dest="verbose", action="store_true", default=None, help="--verbose")
 
 
 def from_args(args: argparse.Namespace) -> Settings:
-    return Settings(
-        namespaces=list(args.namespaces or _env_list("NAMESPACES")),
-        gke_project=args.gke_project,
-        gke_location=args.gke_location,
-        gke_cluster=args.gke_cluster,
-        gke_node_locations=list(args.gke_node_locations or _env_list("GKE_NODE_LOCATIONS")),
-        gke_endpoint=args.gke_endpoint,
-        gke_from_metadata=args.gke_from_metadata,
-        metrics_port=args.metrics_port,
-        liveness_endpoint=args.liveness,
-        log_format=args.log_format,
-        verbose=args.verbose,
-        resync_seconds=args.resync_seconds,
-        gc_interval_seconds=args.gc_interval_seconds,
-        backoff_base_seconds=args.backoff_base_seconds,
-        peering=args.peering,
-        peering_priority=args.peering_priority,
-    )
+    """Flags win over MSJ_* environment variables, which win over the defaults above."""
+    values: dict[str, Any] = {}
+    for f in _fields():
+        given = getattr(args, f.name, None)
+        if given is None:
+            given = _from_env(f)
+        if given is not None:
+            values[f.name] = given
+    return Settings(**values)
+
+
+def _shown(value: Any) -> str:
+    if value in (None, [], ""):
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    """The settings table of docs/install.md, generated from this module (tests keep it fresh)."""
+    rows = ["| Variable | Flag | Default | Meaning |", "|---|---|---|---|"]
+    for f in _fields():
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        flag = f"`{flag_of(f)}`" + (" (repeatable)" if _kind(f) == "list[str]" else "")
+        rows.append(f"| `{env_of(f)}` | {flag} | {_shown(default)} | {f.metadata['help']} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # `make docs`: rewrite the table in docs/install.md
+    import re
+    import sys
+    from pathlib import Path
+
+    path = Path(sys.argv[1])
+    begin, end = "(make docs) -->\n", "<!-- end of settings table -->"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    path.write_text(pattern.sub(lambda _: begin + settings_table() + end, path.read_text()))

@@ -5,7 +5,6 @@ Existing-mode lifecycle (and failing it with one verb removed)."""
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -106,9 +105,12 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) granted, by the ClusterRole and any Role."""
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
     return {
         (group, resource, verb)
-        for rule in one(docs, "ClusterRole")["rules"]
+        for role in roles
+        for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
@@ -118,7 +120,7 @@ def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 def kubectl(
     cp: ControlPlane, *args: str, stdin: str | None = None, kubeconfig: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig or cp.kubeconfig)}
+    env = cp.client_env(kubeconfig)
     return subprocess.run(
         [str(bin_dir() / "kubectl"), *args],
         input=stdin,
@@ -199,7 +201,9 @@ def test_default_render(tmp_path: Path) -> None:
     assert (
         c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
     )
-    assert "args" not in c  # one replica: standalone, no peering
+    assert "args" not in c
+    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no Lease, no leader election
+    assert env_of(docs)["MSJ_METRICS_BIND_ADDRESS"] == "0.0.0.0"  # scraped from the Service
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
@@ -221,13 +225,18 @@ def test_custom_render(tmp_path: Path) -> None:
     docs = render(tmp_path, CUSTOM_VALUES, release="ml")
     c = container(docs)
     assert c["image"] == "registry.example/msj/operator:1.2.3"
-    assert c["args"] == ["--peering", "ml-multislice-operator"]
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
-    peerings = by_kind(docs, "KopfPeering")
-    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings} == {
-        ("team-a", "ml-multislice-operator"),
-        ("team-b", "ml-multislice-operator"),
-    }
+    assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "ml-multislice-operator"
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == "msj-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
     sa = one(docs, "ServiceAccount")
     assert sa["metadata"]["annotations"] == {
         "iam.gke.io/gcp-service-account": "msj-operator@my-proj.iam.gserviceaccount.com"
@@ -235,11 +244,9 @@ def test_custom_render(tmp_path: Path) -> None:
     assert rules_of(docs) == BASE_RULES | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
-        *(
-            (group, "kopfpeerings", verb)
-            for group in ("kopf.dev", "zalando.org")
-            for verb in ("get", "list", "watch", "patch")
-        ),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
     }
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
@@ -252,11 +259,11 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
-def test_cluster_wide_peering(tmp_path: Path) -> None:
+def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
     docs = render(tmp_path, {"replicaCount": 3})
-    (peering,) = by_kind(docs, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "multislice-operator"
-    assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules_of(docs)
+    assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
+    assert one(docs, "RoleBinding")["roleRef"]["name"] == "multislice-operator-leader-election"
     assert not any(r[1] == "namespaces" for r in rules_of(docs))
 
 
@@ -270,7 +277,7 @@ def test_rendered_env_is_what_the_operator_reads(
     docs = render(tmp_path, CUSTOM_VALUES, release="ml")
     for name, value in env_of(docs).items():
         monkeypatch.setenv(name, value)
-    settings = from_args(build_parser().parse_args(["run", *container(docs)["args"]]))
+    settings = from_args(build_parser().parse_args(["run", *container(docs).get("args", [])]))
     assert settings.namespaces == ["team-a", "team-b"]
     assert (settings.gke_project, settings.gke_location, settings.gke_cluster) == (
         "my-proj",
@@ -282,7 +289,9 @@ def test_rendered_env_is_what_the_operator_reads(
     assert settings.metrics_port == 9100
     assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
     assert settings.resync_seconds == 5 and settings.gc_interval_seconds == 60
-    assert settings.peering == "ml-multislice-operator"
+    assert settings.leader_elect is True
+    assert settings.leader_election_name == "ml-multislice-operator"
+    assert settings.metrics_bind_address == "0.0.0.0"
 
 
 def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
@@ -317,15 +326,6 @@ def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needl
     assert needle in result.stderr, result.stderr
 
 
-def test_peering_refuses_namespace_globs(tmp_path: Path) -> None:
-    values = {"replicaCount": 2, "watchNamespaces": ["team-*"]}
-    result = helm(
-        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
-        "-f", values_file(tmp_path, values), check=False,
-    )  # fmt: skip
-    assert result.returncode != 0 and "glob" in result.stderr
-
-
 # ---------------------------------------------------------------- against the real apiserver
 
 
@@ -333,10 +333,6 @@ def test_peering_refuses_namespace_globs(tmp_path: Path) -> None:
 def api(kube_api: ControlPlane) -> Iterator[client.ApiClient]:
     api_client = kube_api.api_client()
     install_crds(api_client, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
-    peerings = kubectl(
-        kube_api, "apply", "--server-side", "-f", str(CHART / "crds" / "kopf-peerings.yaml")
-    )
-    assert peerings.returncode == 0, peerings.stderr
     yield api_client
     api_client.close()
 

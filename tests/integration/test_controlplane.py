@@ -143,3 +143,24 @@ def test_failed_start_reports_log_tail_and_cleans_up(tmp_path: Path) -> None:
         cp.start(timeout=30)
     assert "etcd exited with code 3" in str(err.value)
     assert cp.pids == {}
+
+
+def test_kubectl_keeps_its_discovery_cache_per_control_plane(kube_api: ControlPlane) -> None:
+    """kubectl keys $HOME/.kube/cache by host:port: a control plane that reuses a port of an
+    earlier one read that one's stale resource list (the old flaky `kubectl explain`). Each
+    control plane's client environment points kubectl at a cache of its own."""
+    import subprocess
+
+    env = kube_api.client_env()
+    cache = Path(env["KUBECACHEDIR"])
+    assert cache.is_relative_to(kube_api.workdir)
+    out = subprocess.run(
+        [str(bin_dir() / "kubectl"), "api-resources", "-o", "name"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    port = kube_api.server.rsplit(":", 1)[1]
+    assert any(p.name.endswith(f"_{port}") for p in (cache / "discovery").iterdir())

@@ -65,8 +65,10 @@ def builder_copy_sources() -> list[str]:
 
 def test_dockerfile_pins_match_pyproject() -> None:
     pins = pyproject_pins()
-    assert {"kopf", "kubernetes"} <= pins.keys()
-    assert "cryptography" not in pins, "cryptography is local tooling (certificates), not runtime"
+    assert "kopf" in pins
+    # Local tooling, not runtime: certificates for the local control plane, and the Kubernetes
+    # client (the operator rides on kopf's own async client; ~30 MiB less resident).
+    assert not {"cryptography", "kubernetes"} & pins.keys()
     assert dockerfile_pins() == pins
 
 
@@ -220,7 +222,7 @@ def _run(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_entrypoint_runs_from_the_installed_wheel(installed: Path) -> None:
     result = _run(installed, str(installed / "bin" / "multislice-operator"), "run", "--help")
     assert result.returncode == 0, result.stderr
-    assert "--liveness" in result.stdout and "--peering" in result.stdout
+    assert "--liveness" in result.stdout and "--leader-elect" in result.stdout
     crd = _run(installed, str(installed / "bin" / "multislice-operator"), "crd")
     assert crd.returncode == 0, crd.stderr
     assert crd.stdout == (ROOT / "crds" / "multislice.dev_multislicejobs.yaml").read_text()

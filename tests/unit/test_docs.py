@@ -4,6 +4,7 @@ table covers every name the code defines (env contract, metrics, condition reaso
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from multislice_operator.api import docs, models
 from multislice_operator.cli import build_parser
 from multislice_operator.plan import make_plan
 from multislice_operator.render import FATAL_RULE, contract_env
+from multislice_operator.settings import Settings, env_of, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -63,7 +65,14 @@ def test_metrics_reference_matches_the_registry() -> None:
 
 
 def _reasons_written_by_decide() -> set[str]:
-    tree = ast.parse((PKG / "reconcile.py").read_text())
+    tree = ast.Module(
+        body=[
+            n
+            for p in sorted((PKG / "reconcile").glob("*.py"))
+            for n in ast.parse(p.read_text()).body
+        ],
+        type_ignores=[],
+    )
     reasons: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -73,8 +82,8 @@ def _reasons_written_by_decide() -> set[str]:
             reasons.add(node.args[2].value)
         if fn == "_rollback" and isinstance(node.args[2], ast.Constant):
             reasons.add(f"Gang{node.args[2].value}")  # ctx.cond(..., f"Gang{reason}", ...)
-        if fn == "_complete" and isinstance(node.args[3], ast.Constant):
-            reasons.add(node.args[3].value)
+        if fn == "complete" and isinstance(node.args[2], ast.Constant):
+            reasons.add(node.args[2].value)
     for node in ast.walk(tree):  # the DCN reasons live in a dict literal
         if isinstance(node, ast.FunctionDef) and node.name == "_dcn_condition":
             reasons |= {
@@ -88,18 +97,9 @@ def _reasons_written_by_decide() -> set[str]:
 
 
 def test_troubleshooting_covers_every_condition_and_reason() -> None:
-    from multislice_operator import reconcile
-
     text = read("troubleshooting.md")
-    for ctype in (
-        reconcile.VALIDATED,
-        reconcile.PROVISIONED,
-        reconcile.SLICES_READY,
-        reconcile.DCN_BOUND,
-        reconcile.COMPLETED,
-        reconcile.FAILED,
-    ):
-        assert f"`{ctype}`" in text, ctype
+    for ctype in models.ConditionType:
+        assert f"`{ctype.value}`" in text, ctype
     reasons = _reasons_written_by_decide()
     assert {"GangSliceFailed", "GangTimeout", "BatchTooSmall", "WaitingForNodePools"} <= reasons
     for reason in reasons:
@@ -110,22 +110,24 @@ def test_troubleshooting_covers_every_condition_and_reason() -> None:
 
 
 def test_every_event_reason_is_documented() -> None:
-    sources = [PKG / "reconcile.py", PKG / "controller" / "handlers.py"]
+    sources = [*(PKG / "reconcile").glob("*.py"), *(PKG / "controller").glob("*.py")]
     events = set()
     for source in sources:
-        events |= set(re.findall(r'Event\(\s*"(?:Normal|Warning)",\s*"(\w+)"', source.read_text()))
         events |= set(re.findall(r'"(?:Normal|Warning)",\s*"(\w+)",', source.read_text()))
-    assert {"RestartingAllSlices", "GangRolledBack", "SliceLost", "ReleasingNodePools"} <= events
+    assert {"RestartingAllSlices", "GangRolledBack", "SliceLost", "GangProvisioned"} <= events
     corpus = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
     for reason in events:
         assert f"`{reason}`" in corpus, reason
 
 
+def test_install_settings_table_is_generated_from_settings() -> None:
+    assert settings_table() in read("install.md"), "run make docs"
+
+
 def test_install_documents_every_setting_and_flag() -> None:
     text = read("install.md")
-    settings = (PKG / "settings.py").read_text()
-    for name in re.findall(r'_env(?:_list)?\("([A-Z_]+)"', settings):
-        assert f"`MSJ_{name}`" in text, name
+    for f in dataclasses.fields(Settings):
+        assert f"`{env_of(f)}`" in text, env_of(f)
     run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     for action in run._actions:
         long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
@@ -134,8 +136,7 @@ def test_install_documents_every_setting_and_flag() -> None:
 
 
 def test_chart_sets_only_variables_the_operator_reads() -> None:
-    settings = (PKG / "settings.py").read_text()
-    read_by_operator = {f"MSJ_{n}" for n in re.findall(r'_env(?:_list)?\("([A-Z_]+)"', settings)}
+    read_by_operator = {env_of(f) for f in dataclasses.fields(Settings)}
     templates = "\n".join(
         p.read_text() for p in (ROOT / "charts" / "multislice-operator" / "templates").iterdir()
     )

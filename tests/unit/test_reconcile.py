@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import (
@@ -13,6 +14,7 @@ from multislice_operator.provisioning.base import (
     PoolState,
 )
 from multislice_operator.reconcile import (
+    AddFinalizer,
     CreateJobSet,
     CreatePools,
     DecideConfig,
@@ -22,16 +24,16 @@ from multislice_operator.reconcile import (
     JobSetObservation,
     Observed,
     PodFailure,
+    RemoveFinalizer,
     SetJobSetSuspend,
     SliceObservation,
     backoff_seconds,
     decide,
-    iso,
 )
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10)
-META = JobMeta("ns", "job", "uid-1", 1)
+META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 
 
 def spec_and_plan(**spec):
@@ -50,9 +52,22 @@ def spec_and_plan(**spec):
     return job.spec, plan_job(job)
 
 
-def run(old=None, obs=None, now=NOW, **spec):
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_status(old):
+    return old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
+
+
+def st(decision):
+    """The status as written to the apiserver (camelCase, no nulls)."""
+    return decision.status.to_dict()
+
+
+def run(old=None, obs=None, now=NOW, meta=META, **spec):
     s, p = spec_and_plan(**spec)
-    return decide(META, s, p, None, old or {}, obs or Observed(now=now), CFG)
+    return decide(meta, s, p, None, as_status(old), obs or Observed(now=now), CFG)
 
 
 def pools(*states, ready=None, errors=None):
@@ -83,9 +98,9 @@ def reasons(decision):
 
 def test_invalid_spec_fails_with_field_path():
     err = SpecError([FieldError("spec.parallelism.ici", "product 2 != 16")])
-    d = decide(META, None, None, err, {}, Observed(now=NOW), CFG)
-    assert d.status["phase"] == "Failed"
-    cond = {c["type"]: c for c in d.status["conditions"]}
+    d = decide(META, None, None, err, None, Observed(now=NOW), CFG)
+    assert st(d)["phase"] == "Failed"
+    cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["Validated"]["status"] == "False"
     assert "spec.parallelism.ici" in cond["Validated"]["message"]
     assert d.actions == []
@@ -97,7 +112,7 @@ def test_dcn_advice_condition():
         provisioning={"mode": "Existing"},
         training={"globalBatchTokens": 1000},
     )
-    cond = {c["type"]: c for c in d.status["conditions"]}
+    cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["DCNBound"]["status"] == "True"
     assert cond["DCNBound"]["reason"] == "BatchTooSmall"
 
@@ -110,8 +125,8 @@ def test_existing_waits_for_pools():
         obs=Observed(now=NOW, slices=existing(1), existing_pools_found=1),
         provisioning={"mode": "Existing"},
     )
-    assert d.status["phase"] == "Pending"
-    assert "1 ready of 1 found" in d.status["message"]
+    assert st(d)["phase"] == "Pending"
+    assert "1 ready of 1 found" in st(d)["message"]
     assert d.actions == []
     assert d.requeue_after == CFG.resync_seconds
 
@@ -119,8 +134,8 @@ def test_existing_waits_for_pools():
 def test_existing_ready_creates_jobset():
     d = run(obs=Observed(now=NOW, slices=existing(2)), provisioning={"mode": "Existing"})
     assert kinds(d) == ["CreateJobSet"]
-    assert d.status["phase"] == "Starting"
-    assert d.status["jobSet"] == "job"
+    assert st(d)["phase"] == "Starting"
+    assert st(d)["jobSet"] == "job"
     assert reasons(d) == ["Starting"]
 
 
@@ -140,7 +155,7 @@ def test_jobset_drives_phase(js, phase):
         old={"phase": "Starting"},
         provisioning={"mode": "Existing"},
     )
-    assert d.status["phase"] == phase
+    assert st(d)["phase"] == phase
     assert CreateJobSet() not in d.actions
 
 
@@ -152,7 +167,7 @@ def test_restart_counted_once_with_cause():
         pod_failures=[PodFailure("job-slice-1-0-abc", 1, 17, "Error", 1)],
     )
     d = run(old={"phase": "Running", "restarts": 1}, obs=obs, provisioning={"mode": "Existing"})
-    assert d.status["restarts"] == 2
+    assert st(d)["restarts"] == 2
     restart = [e for e in d.events if e.reason == "RestartingAllSlices"]
     assert len(restart) == 1
     assert "job-slice-1-0-abc" in restart[0].message and "17" in restart[0].message
@@ -168,9 +183,9 @@ def test_non_retryable_failure_names_pod_and_code():
         pod_failures=[PodFailure("job-slice-0-1-x", 0, 42, "Error", 0)],
     )
     d = run(old={"phase": "Running"}, obs=obs, provisioning={"mode": "Existing"})
-    assert d.status["phase"] == "Failed"
-    assert "job-slice-0-1-x" in d.status["message"] and "42" in d.status["message"]
-    assert d.status["completionTime"] == iso(NOW)
+    assert st(d)["phase"] == "Failed"
+    assert "job-slice-0-1-x" in st(d)["message"] and "42" in st(d)["message"]
+    assert st(d)["completionTime"] == iso(NOW)
 
 
 def test_max_restarts_message():
@@ -185,25 +200,25 @@ def test_max_restarts_message():
         provisioning={"mode": "Existing"},
         failurePolicy={"maxRestarts": 3},
     )
-    assert "maxRestarts" in d.status["message"]
+    assert "maxRestarts" in st(d)["message"]
 
 
 def test_suspend_and_resume_existing():
     obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(ready_jobs=2))
     d = run(old={"phase": "Running"}, obs=obs, provisioning={"mode": "Existing"}, suspend=True)
-    assert d.status["phase"] == "Suspended"
+    assert st(d)["phase"] == "Suspended"
     assert d.actions == [SetJobSetSuspend(True)]
     obs.jobset = JobSetObservation(suspended=True)
     d = run(old=d.status, obs=obs, provisioning={"mode": "Existing"})
     assert d.actions == [SetJobSetSuspend(False)]
-    assert d.status["phase"] == "Starting"
+    assert st(d)["phase"] == "Starting"
 
 
 def test_stranger_jobset_is_not_touched():
     obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(owned=False))
     d = run(obs=obs, provisioning={"mode": "Existing"})
-    assert d.status["phase"] == "Failed"
-    assert "not owned" in d.status["message"]
+    assert st(d)["phase"] == "Failed"
+    assert "not owned" in st(d)["message"]
     assert d.actions == []
 
 
@@ -211,18 +226,19 @@ def test_stranger_jobset_is_not_touched():
 
 
 def test_managed_without_provisioner_waits_with_reason():
-    d = run(obs=Observed(now=NOW, provisioner_error="no GKE cluster configured"))
-    assert d.status["phase"] == "Pending"
-    cond = {c["type"]: c for c in d.status["conditions"]}
+    d = run(obs=Observed(now=NOW, provisioner_configured=False))
+    assert st(d)["phase"] == "Pending"
+    cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["Provisioned"]["reason"] == "ProvisionerNotConfigured"
+    assert "--gke-cluster" in st(d)["message"] and "mode: Existing" in st(d)["message"]
 
 
 def test_gang_creates_every_pool_together():
     d = run(obs=Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT)))
     assert d.actions == [CreatePools((0, 1))]
-    assert d.status["phase"] == "Provisioning"
-    assert d.status["provisioningAttempts"] == 1
-    assert d.status["attemptStartTime"] == iso(NOW)
+    assert st(d)["phase"] == "Provisioning"
+    assert st(d)["provisioningAttempts"] == 1
+    assert st(d)["attemptStartTime"] == iso(NOW)
 
 
 def test_gang_waits_while_provisioning():
@@ -234,10 +250,10 @@ def test_gang_waits_while_provisioning():
         ),
     )
     assert d.actions == []
-    assert d.status["provisioningAttempts"] == 1
-    assert "1/2 ready" in d.status["message"]
-    assert d.status["slices"][0]["phase"] == "Ready"
-    assert d.status["slices"][1]["phase"] == "Provisioning"
+    assert st(d)["provisioningAttempts"] == 1
+    assert "1/2 ready" in st(d)["message"]
+    assert st(d)["slices"][0]["phase"] == "Ready"
+    assert st(d)["slices"][1]["phase"] == "Provisioning"
 
 
 def test_gang_ready_creates_jobset():
@@ -246,7 +262,7 @@ def test_gang_ready_creates_jobset():
     assert d.actions == [CreateJobSet()]
     assert "attemptStartTime" not in d.status
     assert "GangProvisioned" in reasons(d)
-    assert d.status["readySlices"] == "2/2"
+    assert st(d)["readySlices"] == "2/2"
 
 
 def test_running_pool_without_ready_nodes_is_not_ready():
@@ -272,9 +288,9 @@ def test_stockout_rolls_back_the_whole_gang():
     msg = next(e.message for e in d.events if e.reason == "GangRolledBack")
     assert "slice 1" in msg and "GCE_STOCKOUT" in msg
     wait = backoff_seconds("uid-1", 1, CFG)
-    assert d.status["nextAttemptTime"] == iso(NOW + timedelta(seconds=wait))
+    assert st(d)["nextAttemptTime"] == iso(NOW + timedelta(seconds=wait))
     assert 24 <= wait <= 36
-    cond = {c["type"]: c for c in d.status["conditions"]}
+    cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["Provisioned"]["reason"] == "GangSliceFailed"
     # During the backoff nothing is created; leftovers are deleted.
     later = run(
@@ -284,7 +300,7 @@ def test_stockout_rolls_back_the_whole_gang():
         ),
     )
     assert later.actions == []
-    assert later.status["phase"] == "Provisioning"
+    assert st(later)["phase"] == "Provisioning"
     # After the backoff, a new attempt creates the whole gang again.
     retry = run(
         old=later.status,
@@ -293,7 +309,7 @@ def test_stockout_rolls_back_the_whole_gang():
         ),
     )
     assert retry.actions == [CreatePools((0, 1))]
-    assert retry.status["provisioningAttempts"] == 2
+    assert st(retry)["provisioningAttempts"] == 2
 
 
 def test_backoff_grows_and_is_capped():
@@ -310,7 +326,7 @@ def test_timeout_rolls_back():
     }
     d = run(old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.CREATING)))
     assert isinstance(d.actions[0], DeletePools)
-    cond = {c["type"]: c for c in d.status["conditions"]}
+    cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["Provisioned"]["reason"] == "GangTimeout"
     assert "slices 1 not ready" in cond["Provisioned"]["message"]
 
@@ -321,9 +337,9 @@ def test_permanent_error_fails_job_and_releases():
         old={"phase": "Provisioning"},
         obs=Observed(now=NOW, slices=pools(PoolState.FAILED, PoolState.READY, errors={0: bad})),
     )
-    assert d.status["phase"] == "Failed"
+    assert st(d)["phase"] == "Failed"
     assert isinstance(d.actions[0], DeletePools)
-    assert "INVALID_ARGUMENT" in d.status["message"]
+    assert "INVALID_ARGUMENT" in st(d)["message"]
 
 
 def test_accelerator_not_offered_fails_fast():
@@ -333,7 +349,7 @@ def test_accelerator_not_offered_fails_fast():
             now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT), offered_error=offered
         )
     )
-    assert d.status["phase"] == "Failed"
+    assert st(d)["phase"] == "Failed"
     assert CreatePools((0, 1)) not in d.actions
 
 
@@ -360,12 +376,12 @@ def test_lost_slice_replaced_alone():
         slices=pools(PoolState.READY, PoolState.READY, ready=[4, 0]),
         jobset=JobSetObservation(ready_jobs=1, restarts=1),
     )
-    before = [{"index": i, "phase": "Running"} for i in range(2)]
+    before = [{"index": i, "phase": "Running", "hosts": 4, "seenReady": True} for i in range(2)]
     d = run(old={"phase": "Running", "restarts": 1, "slices": before}, obs=obs)
     _, p = spec_and_plan()
     assert d.actions == [DeletePools((p.node_pools[1].name,))]
-    assert d.status["phase"] == "Restarting"
-    assert d.status["slices"][1]["phase"] == "Repairing"
+    assert st(d)["phase"] == "Restarting"
+    assert st(d)["slices"][1]["phase"] == "Repairing"
     assert reasons(d).count("SliceLost") == 1
     obs.slices = pools(PoolState.READY, PoolState.ABSENT)
     d2 = run(old=d.status, obs=obs)
@@ -412,7 +428,7 @@ def test_suspend_releases_capacity():
     d = run(old={"phase": "Running"}, obs=obs, suspend=True)
     assert d.actions[0] == SetJobSetSuspend(True)
     assert isinstance(d.actions[1], DeletePools)
-    assert d.status["phase"] == "Suspended"
+    assert st(d)["phase"] == "Suspended"
 
 
 def test_ttl_deletes_after_delay():
@@ -438,7 +454,99 @@ def test_kueue_owns_the_suspend_flag():
     meta = JobMeta("ns", "job", "uid-1", 1, labels={"kueue.x-k8s.io/queue-name": "tpu-queue"})
     s, p = spec_and_plan(provisioning={"mode": "Existing"})
     obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True))
-    d = decide(meta, s, p, None, {"phase": "Starting"}, obs, CFG)
+    d = decide(meta, s, p, None, as_status({"phase": "Starting"}), obs, CFG)
     assert d.actions == []
-    assert d.status["phase"] == "Pending"
-    assert "tpu-queue" in d.status["message"]
+    assert st(d)["phase"] == "Pending"
+    assert "tpu-queue" in st(d)["message"]
+
+
+# ---------------------------------------------------------------- the shell's old decisions
+
+
+def test_a_managed_job_gets_its_finalizer_before_any_pool():
+    fresh = JobMeta("ns", "job", "uid-1", 1)  # no finalizer yet
+    d = run(obs=Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT)), meta=fresh)
+    assert d.actions == [AddFinalizer(), CreatePools((0, 1))]
+
+
+def test_an_existing_mode_job_needs_no_finalizer():
+    fresh = JobMeta("ns", "job", "uid-1", 1)
+    d = run(
+        obs=Observed(now=NOW, slices=existing(2)), provisioning={"mode": "Existing"}, meta=fresh
+    )
+    assert d.actions == [CreateJobSet()]
+
+
+def test_deleting_releases_every_pool_then_removes_the_finalizer():
+    deleting = JobMeta("ns", "job", "uid-1", 1, deleting=True, has_finalizer=True)
+    _, p = spec_and_plan()
+    obs = Observed(now=NOW, slices=pools(PoolState.READY, PoolState.DELETING))
+    d = run(old={"phase": "Running"}, obs=obs, meta=deleting)
+    assert d.actions == [DeletePools((p.node_pools[0].name,))]
+    assert "releasing 2 node pools" in st(d)["message"]
+    gone = run(
+        old=d.status,
+        obs=Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT)),
+        meta=deleting,
+    )
+    assert gone.actions == [RemoveFinalizer()]
+
+
+def test_creating_the_jobset_costs_one_status_write():
+    """The pass that creates the JobSet writes the status the next pass (JobSet seen, nothing
+    running yet) computes, so that pass writes nothing."""
+    first = run(obs=Observed(now=NOW, slices=existing(2)), provisioning={"mode": "Existing"})
+    assert kinds(first) == ["CreateJobSet"]
+    seen = Observed(now=NOW + timedelta(seconds=1), slices=existing(2), jobset=JobSetObservation())
+    second = run(old=first.status, obs=seen, provisioning={"mode": "Existing"})
+    assert second.actions == [] and second.events == []
+    assert st(second) == st(first)
+
+
+def test_terminal_message_comes_from_the_condition_not_the_old_message():
+    failed = run(
+        obs=Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(failed=True)),
+        old={"phase": "Running"},
+        provisioning={"mode": "Existing"},
+    )
+    tampered = failed.status.model_copy(deep=True)
+    tampered.message = "something else entirely (releasing node pools)"
+    again = run(old=tampered, obs=Observed(now=NOW), provisioning={"mode": "Existing"})
+    assert st(again)["message"] == st(failed)["message"]
+
+
+def test_offered_error_only_matters_before_the_first_pool():
+    not_offered = PoolError(None, "", "ACCELERATOR_NOT_OFFERED", "v5litepod-16 not offered", True)
+    before = run(
+        obs=Observed(
+            now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT), offered_error=not_offered
+        )
+    )
+    assert st(before)["phase"] == "Failed"
+    running = Observed(
+        now=NOW,
+        slices=pools(PoolState.READY, PoolState.READY),
+        jobset=JobSetObservation(ready_jobs=2),
+        offered_error=not_offered,
+    )
+    assert st(run(old={"phase": "Running"}, obs=running))["phase"] == "Running"
+
+
+def test_a_refused_create_of_an_absent_pool_belongs_to_its_attempt():
+    quota = PoolError(0, "p", "GCE_QUOTA_EXCEEDED", "Insufficient regional quota", False)
+    obs = Observed(now=NOW, slices=pools(PoolState.ABSENT, PoolState.ABSENT, errors={0: quota}))
+    during = run(
+        old={"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)},
+        obs=obs,
+    )
+    assert reasons(during) == ["GangRolledBack"]
+    after_backoff = run(old={"phase": "Provisioning", "provisioningAttempts": 1}, obs=obs)
+    assert after_backoff.actions == [CreatePools((0, 1))]
+    assert st(after_backoff)["provisioningAttempts"] == 2
+
+
+def test_status_with_unreadable_fields_is_read_leniently():
+    status = MultisliceJobStatus.from_dict(
+        {"phase": "Running", "restarts": "many", "startTime": "yesterday", "future": 1}
+    )
+    assert status.phase == "Running" and status.restarts == 0 and status.start_time is None

@@ -1,4 +1,4 @@
-{{/* Names, labels and the peering name shared by every template. */}}
+{{/* Names, labels and the leader-election switch shared by every template. */}}
 
 {{- define "multislice-operator.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
@@ -42,11 +42,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* Peering only matters with standby replicas; one replica runs standalone. */}}
-{{- define "multislice-operator.peering" -}}
-{{- if gt (int .Values.replicaCount) 1 }}
-{{- default (include "multislice-operator.fullname" .) .Values.peering.name }}
-{{- end }}
+{{/* Leader election only matters with standby replicas; one replica needs no Lease. */}}
+{{- define "multislice-operator.leaderElect" -}}
+{{- if gt (int .Values.replicaCount) 1 }}true{{- end }}
 {{- end }}
 
 {{- define "multislice-operator.image" -}}

@@ -39,22 +39,6 @@ SPEC_RULES: list[dict[str, str]] = [
     },
 ]
 
-FIELD_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
-    ("parallelism", "dcn"): [
-        {
-            "rule": "!has(self.tensor) || self.tensor == 1",
-            "message": "spec.parallelism.dcn.tensor must be 1: DCN bandwidth between slices is "
-            "far too low for tensor parallelism; use spec.parallelism.ici.tensor instead",
-        }
-    ],
-    ("capacity",): [
-        {
-            "rule": "!has(self.reservation) || (has(self.type) && self.type == 'Reserved')",
-            "message": "spec.capacity.reservation is only valid with type: Reserved",
-        }
-    ],
-}
-
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Accelerator", "type": "string", "jsonPath": ".spec.accelerator"},
@@ -125,11 +109,13 @@ def spec_schema() -> dict[str, Any]:
                 "message": f"spec.{name} is immutable; delete and recreate the job to change it",
             }
         )
-    for path, rules in FIELD_RULES.items():
+    for rule in models.SPEC_RULES:  # stated once in the model, with their Python twin
         node = schema
-        for part in path:
+        for part in rule.path:
             node = node["properties"][part]
-        node.setdefault("x-kubernetes-validations", []).extend(rules)
+        node.setdefault("x-kubernetes-validations", []).append(
+            {"rule": rule.cel, "message": rule.message}
+        )
     schema["x-kubernetes-validations"] = list(SPEC_RULES)
     return schema
 

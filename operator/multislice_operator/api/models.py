@@ -6,10 +6,13 @@ The CRD's openAPIV3Schema is generated from these models (api/crd.py); descripti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from multislice_operator.catalog import ACCELERATOR_PATTERN
@@ -23,6 +26,7 @@ SINGULAR = "multislicejob"
 SHORT_NAMES = ["msj"]
 
 DEFAULT_NON_RETRYABLE_EXIT_CODES = [42]
+EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
 
 
 class _Model(BaseModel):
@@ -173,7 +177,9 @@ class FailurePolicy(_Model):
             "Exit codes of the workload container that fail the job at once instead of "
             "restarting (1-255). Default [42], the workload's configuration-error code."
         ),
-        json_schema_extra={"items": {"type": "integer", "minimum": 1, "maximum": 255}},
+        json_schema_extra={
+            "items": {"type": "integer", "minimum": EXIT_CODE_MIN, "maximum": EXIT_CODE_MAX}
+        },
     )
 
 
@@ -220,6 +226,50 @@ class MultisliceJobSpec(_Model):
     )
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule, stated once: its CEL expression (enforced by the apiserver at
+    admission, on the schema node at `path` under spec) and the same rule in Python (checked by
+    the plan, so `validate` and the operator report it together with every other error)."""
+
+    path: tuple[str, ...]  # schema node under spec the CEL rule sits on; () is spec itself
+    field: str  # the field the error names, as spec.<...>
+    cel: str
+    message: str
+    holds: Callable[[MultisliceJobSpec], bool]
+
+
+SPEC_RULES: list[Rule] = [
+    Rule(
+        path=("parallelism", "dcn"),
+        field="spec.parallelism.dcn.tensor",
+        cel="!has(self.tensor) || self.tensor == 1",
+        message="spec.parallelism.dcn.tensor must be 1: DCN bandwidth between slices is far too "
+        "low for tensor parallelism; use spec.parallelism.ici.tensor instead",
+        holds=lambda s: s.parallelism.dcn.tensor in (None, 1),
+    ),
+    Rule(
+        path=("capacity",),
+        field="spec.capacity.reservation",
+        cel="!has(self.reservation) || (has(self.type) && self.type == 'Reserved')",
+        message="spec.capacity.reservation is only valid with type: Reserved; set type: Reserved "
+        "or remove the reservation",
+        holds=lambda s: not s.capacity.reservation or s.capacity.type == CapacityType.RESERVED,
+    ),
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.nonRetryableExitCodes",
+        cel=f"!has(self.nonRetryableExitCodes) || self.nonRetryableExitCodes.all(c, "
+        f"c >= {EXIT_CODE_MIN} && c <= {EXIT_CODE_MAX})",
+        message=f"spec.failurePolicy.nonRetryableExitCodes: exit codes must be "
+        f"{EXIT_CODE_MIN}-{EXIT_CODE_MAX}",
+        holds=lambda s: all(
+            EXIT_CODE_MIN <= c <= EXIT_CODE_MAX for c in s.failure_policy.non_retryable_exit_codes
+        ),
+    ),
+]
+
+
 class Phase(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"
@@ -230,8 +280,32 @@ class Phase(StrEnum):
     FAILED = "Failed"
     SUSPENDED = "Suspended"
 
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
 
 TERMINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+
+
+class ConditionType(StrEnum):
+    VALIDATED = "Validated"
+    PROVISIONED = "Provisioned"
+    SLICES_READY = "SlicesReady"
+    DCN_BOUND = "DCNBound"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class SlicePhase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    RUNNING = "Running"
+    REPAIRING = "Repairing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    RELEASING = "Releasing"
 
 
 class Condition(_Model):
@@ -243,7 +317,7 @@ class Condition(_Model):
     status: str = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in one CamelCase word.")
     message: str = Field(default="", description="What happened and what to do, for people.")
-    last_transition_time: str | None = Field(
+    last_transition_time: datetime | None = Field(
         default=None, description="When the status last changed."
     )
     observed_generation: int | None = Field(
@@ -258,16 +332,35 @@ class SliceStatus(_Model):
     node_pool: str | None = Field(default=None, description="The slice's GKE node pool.")
     hosts: int = Field(description="Hosts (Kubernetes nodes) the slice needs.")
     ready_hosts: int = Field(default=0, description="Hosts whose nodes are Ready.")
-    phase: str = Field(
-        default="Pending",
+    phase: SlicePhase = Field(
+        default=SlicePhase.PENDING,
         description="Pending, Provisioning, Ready, Running, Repairing, Succeeded, Failed or "
         "Releasing.",
     )
     message: str | None = Field(default=None, description="The slice's last cloud error.")
+    seen_ready: bool = Field(
+        default=False,
+        description="Every host of this slice has been Ready since its node pool was created: "
+        "losing them now is a slice loss, not nodes still registering.",
+    )
+    lost_time: datetime | None = Field(
+        default=None,
+        description="When this slice was seen to lose its capacity; cleared once it is ready "
+        "again.",
+    )
+
+
+class PodFailureStatus(_Model):
+    """A pod failure the operator saw (the pod itself is deleted by the restart)."""
+
+    pod: str = Field(description="The failed pod.")
+    slice: int | None = Field(default=None, description="Its slice index.")
+    exit_code: int | None = Field(default=None, description="The TPU container's exit code.")
+    reason: str = Field(default="", description="The container's or pod's reason.")
 
 
 class MultisliceJobStatus(_Model):
-    """Observed state, written by the operator only."""
+    """Observed state, written by the operator only: what it observes, and what it must remember."""
 
     phase: Phase | None = Field(
         default=None,
@@ -282,8 +375,8 @@ class MultisliceJobStatus(_Model):
     restarts: int = Field(default=0, description="Times all slices were restarted.")
     conditions: list[Condition] = Field(default_factory=list)
     job_set: str | None = Field(default=None, description="Name of the JobSet that runs the job.")
-    start_time: str | None = Field(default=None, description="When the job became active.")
-    completion_time: str | None = Field(
+    start_time: datetime | None = Field(default=None, description="When the job became active.")
+    completion_time: datetime | None = Field(
         default=None, description="When the job succeeded or failed."
     )
     total_chips: int | None = Field(default=None, description="Chips over all slices.")
@@ -291,21 +384,47 @@ class MultisliceJobStatus(_Model):
     provisioning_attempts: int | None = Field(
         default=None, description="Gang provisioning attempts so far (Managed mode)."
     )
-    next_attempt_time: str | None = Field(
+    next_attempt_time: datetime | None = Field(
         default=None, description="When the next gang provisioning attempt starts (backoff)."
     )
-    last_failure: str | None = Field(
-        default=None, description="The most recent pod failure seen: pod, exit code, reason."
+    last_failure: PodFailureStatus | None = Field(
+        default=None, description="The most recent pod failure seen: pod, slice, exit code, reason."
     )
-    attempt_start_time: str | None = Field(
+    attempt_start_time: datetime | None = Field(
         default=None, description="When the current gang provisioning attempt started."
     )
-    provisioned_time: str | None = Field(
+    provisioned_time: datetime | None = Field(
         default=None, description="When every slice was last provisioned and ready."
     )
-    running_time: str | None = Field(
+    running_time: datetime | None = Field(
         default=None, description="When every slice was first seen running."
     )
+
+    def condition(self, ctype: ConditionType | str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype), None)
+
+    def slice(self, index: int) -> SliceStatus | None:
+        return next((s for s in self.slices if s.index == index), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the apiserver stores it: camelCase, no nulls."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> MultisliceJobStatus:
+        """Read a stored status leniently: a field written by another version (or by hand) that
+        does not parse is dropped, never a crash."""
+        if not data:
+            return cls()
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            kept = {k: v for k, v in data.items() if k not in bad}
+            try:
+                return cls.model_validate(kept)
+            except ValidationError:
+                return cls()
 
 
 class ObjectMeta(BaseModel):

@@ -1,153 +1,226 @@
-"""Thin Kubernetes adapter: each method is one API call named for the act, off the event loop."""
+"""Thin Kubernetes adapter: each method is one API call named for the act, all async.
+
+It rides on kopf's own API client (the session, credentials and re-authentication kopf already
+keeps for its watches), so the operator needs neither the `kubernetes` package (~30 MiB resident)
+nor a thread per call. kopf's client is internal API: kopf is pinned exactly (pyproject.toml), and
+every method here is exercised against a real apiserver by the integration tests.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import urllib.parse
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+import kopf
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
 
 from multislice_operator.api import models
 
 log = logging.getLogger("multislice_operator.kube")
 
-JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
+MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
+LEASES = "/apis/coordination.k8s.io/v1"
 COMPONENT = "multislice-operator"
+# kopf retries a failed call (5xx, 429, 403 during upgrades) after each of these delays; ours are
+# short because the work queue backs the job off after that, without holding a worker.
+BACKOFFS = (0.5, 1.0, 2.0)
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+
+ApiError = kopf_errors.APIError
+NotFound = kopf_errors.APINotFoundError
+Conflict = kopf_errors.APIConflictError
+Invalid = kopf_errors.APIUnprocessableEntityError
+ClientError = kopf_errors.APIClientError
 
 
-def load_api_client(pool_size: int = 32) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    cfg.connection_pool_maxsize = pool_size
-    return client.ApiClient(cfg)
+def _q(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
+    """The operator's writes and the few reads that watches do not cover."""
 
-    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    def __init__(self, settings: kopf.OperatorSettings) -> None:
+        self.settings = settings
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        payload: object | None = None,
+        headers: dict[str, str] | None = None,
+        backoffs: tuple[float, ...] = BACKOFFS,
+    ) -> Any:
+        response = await kopf_api.request(
+            method,
+            url,
+            payload=payload,
+            headers=headers,
+            backoffs=backoffs,
+            settings=self.settings,
+            logger=log,
+        )
+        async with response:
+            return await response.json()
+
+    # -- JobSets -------------------------------------------------------------------------------
 
     async def create_jobset(self, body: dict[str, Any]) -> bool:
         """Create the JobSet; False when one of that name exists already (idempotent)."""
         ns = body["metadata"]["namespace"]
         try:
-            await self._run(
-                self.custom.create_namespaced_custom_object,
-                JOBSET_GROUP,
-                JOBSET_VERSION,
-                ns,
-                JOBSET_PLURAL,
-                body,
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+            await self._call("post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets", payload=body)
+        except Conflict:
+            return False
         return True
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = await self._run(
-                self.custom.get_namespaced_custom_object,
-                JOBSET_GROUP,
-                JOBSET_VERSION,
-                namespace,
-                JOBSET_PLURAL,
-                name,
+            obj: dict[str, Any] = await self._call(
+                "get", f"{JOBSETS}/namespaces/{_q(namespace)}/jobsets/{_q(name)}"
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
         return obj
 
     async def set_jobset_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        await self._run(
-            self.custom.patch_namespaced_custom_object,
-            JOBSET_GROUP,
-            JOBSET_VERSION,
-            namespace,
-            JOBSET_PLURAL,
-            name,
-            {"spec": {"suspend": suspend}},
+        await self._call(
+            "patch",
+            f"{JOBSETS}/namespaces/{_q(namespace)}/jobsets/{_q(name)}",
+            payload={"spec": {"suspend": suspend}},
+            headers=MERGE_PATCH,
         )
+
+    # -- MultisliceJobs ------------------------------------------------------------------------
+
+    def _job_url(self, namespace: str, name: str, sub: str = "") -> str:
+        return f"{MSJ}/namespaces/{_q(namespace)}/{models.PLURAL}/{_q(name)}{sub}"
 
     async def patch_job_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
         """Merge-patch the status; return the job as the apiserver has it after the patch."""
-        updated: dict[str, Any] = await self._run(
-            self.custom.patch_namespaced_custom_object_status,
-            models.GROUP,
-            models.VERSION,
-            namespace,
-            models.PLURAL,
-            name,
-            {"status": status},
+        updated: dict[str, Any] = await self._call(
+            "patch",
+            self._job_url(namespace, name, "/status"),
+            payload={"status": status},
+            headers=MERGE_PATCH,
         )
         return updated
 
+    async def add_finalizer(self, job: dict[str, Any], finalizer: str) -> dict[str, Any]:
+        """Append our finalizer, guarded by the resourceVersion read (409 if it moved)."""
+        meta = job["metadata"]
+        current = list(meta.get("finalizers") or [])
+        if finalizer in current:
+            return job
+        updated: dict[str, Any] = await self._call(
+            "patch",
+            self._job_url(meta["namespace"], meta["name"]),
+            payload={
+                "metadata": {
+                    "finalizers": [*current, finalizer],
+                    "resourceVersion": meta.get("resourceVersion"),
+                }
+            },
+            headers=MERGE_PATCH,
+        )
+        return updated
+
+    async def remove_finalizer(self, job: dict[str, Any], finalizer: str) -> None:
+        """Remove our finalizer only: a JSON patch that tests the entry it removes."""
+        meta = job["metadata"]
+        current = list(meta.get("finalizers") or [])
+        if finalizer not in current:
+            return
+        i = current.index(finalizer)
+        try:
+            await self._call(
+                "patch",
+                self._job_url(meta["namespace"], meta["name"]),
+                payload=[
+                    {"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
+                    {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+                ],
+                headers=JSON_PATCH,
+            )
+        except NotFound:
+            return
+
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
-            await self._run(
-                self.custom.delete_namespaced_custom_object,
-                models.GROUP,
-                models.VERSION,
-                namespace,
-                models.PLURAL,
-                name,
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+            await self._call("delete", self._job_url(namespace, name))
+        except NotFound:
+            return
 
     async def list_jobs(self) -> list[dict[str, Any]]:
-        result = await self._run(
-            self.custom.list_cluster_custom_object, models.GROUP, models.VERSION, models.PLURAL
-        )
+        result = await self._call("get", f"{MSJ}/{models.PLURAL}")
         items: list[dict[str, Any]] = result.get("items", [])
         return items
+
+    # -- events --------------------------------------------------------------------------------
 
     async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the MultisliceJob (what `kubectl describe msj` shows)."""
         meta = job.get("metadata") or {}
-        now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{meta.get('name', 'msj')}.", namespace=meta.get("namespace")
-            ),
-            involved_object=client.V1ObjectReference(
-                api_version=models.API_VERSION,
-                kind=models.KIND,
-                name=meta.get("name"),
-                namespace=meta.get("namespace"),
-                uid=meta.get("uid"),
-            ),
-            type=type_,
-            reason=reason,
-            message=message[:1024],
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component=COMPONENT),
-            reporting_component=COMPONENT,
-            reporting_instance=COMPONENT,
-        )
+        ns = meta.get("namespace") or "default"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'msj')}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "name": meta.get("name"),
+                "namespace": ns,
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+        }
         try:
-            await self._run(self.core.create_namespaced_event, meta.get("namespace"), event)
-        except ApiException as exc:  # events are best effort; never fail a reconcile on them
+            await self._call(
+                "post", f"/api/v1/namespaces/{_q(ns)}/events", payload=event, backoffs=()
+            )
+        except ApiError as exc:  # events are best effort; never fail a reconcile on them
             log.warning("event not posted reason=%s status=%s", reason, exc.status)
+
+    # -- leases (leader election) ----------------------------------------------------------------
+
+    def _lease_url(self, namespace: str, name: str = "") -> str:
+        base = f"{LEASES}/namespaces/{_q(namespace)}/leases"
+        return f"{base}/{_q(name)}" if name else base
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = await self._call("get", self._lease_url(namespace, name))
+        except NotFound:
+            return None
+        return lease
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = await self._call("post", self._lease_url(namespace), payload=body)
+        return created
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the resourceVersion read: a 409 means someone else wrote it first."""
+        replaced: dict[str, Any] = await self._call(
+            "put", self._lease_url(namespace, body["metadata"]["name"]), payload=body
+        )
+        return replaced
 
 
 def owner_reference(job: dict[str, Any]) -> dict[str, Any]:

@@ -70,8 +70,9 @@ def run_operator(args: argparse.Namespace) -> int:
             kopf.operator(
                 clusterwide=not namespaces,
                 namespaces=namespaces,
-                standalone=settings.peering is None,
-                peering_name=settings.peering,
+                # High availability is a coordination.k8s.io Lease (--leader-elect), not kopf's
+                # peering: kopf never pauses, every replica watches, one reconciles.
+                standalone=True,
                 liveness_endpoint=settings.liveness_endpoint,
             )
         )

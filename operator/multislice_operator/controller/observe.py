@@ -105,6 +105,17 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def items(index: Mapping[Any, Any], key: Any) -> list[Any]:
+    """Everything a kopf index holds under `key` (kopf keeps a store of values per key)."""
+    store = index.get(key)
+    return list(store) if store is not None else []
+
+
+def first(index: Mapping[Any, Any], key: Any) -> Any:
+    found = items(index, key)
+    return found[0] if found else None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -162,15 +173,26 @@ def managed_slices(
     out = []
     for spec in plan.node_pools:
         pool = gang.pools.get(spec.name)
-        if pool is None or pool.status == PoolState.ABSENT:
+        if pool is None:
             out.append(SliceObservation(spec.slice_index, spec.name, PoolState.ABSENT))
+            continue
+        if pool.status == PoolState.ABSENT:  # a refused or failed create is still worth knowing
+            out.append(
+                SliceObservation(
+                    spec.slice_index,
+                    spec.name,
+                    PoolState.ABSENT,
+                    error=pool.error,
+                    operation_pending=pool.operation_pending,
+                )
+            )
             continue
         foreign = bool(pool.owner_uid and uid and pool.owner_uid != uid)
         out.append(
             SliceObservation(
                 index=spec.slice_index,
                 pool=spec.name,
-                pool_status=pool.status,
+                pool_state=pool.status,
                 ready_hosts=ready_by_pool.get(spec.name, 0),
                 error=pool.error,
                 foreign=foreign,
@@ -214,7 +236,7 @@ def observe(
     pods: Iterable[dict[str, Any]],
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
     gang: GangObservation | None,
-    provisioner_error: str | None = None,
+    provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
     node_selector: Mapping[str, str] | None = None,
 ) -> Observed:
@@ -226,7 +248,7 @@ def observe(
         pod_failures=failures,
         running_pods=running,
         succeeded_pods=succeeded,
-        provisioner_error=provisioner_error,
+        provisioner_configured=provisioner_configured,
         offered_error=offered_error,
     )
     if plan.managed:

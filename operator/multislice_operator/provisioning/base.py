@@ -82,8 +82,10 @@ class ActionResult:
 class Provisioner(Protocol):
     """Makes a plan's node pools exist or not. Implemented by provisioning.gke (Managed)."""
 
-    async def observe(self, plan: Plan) -> GangObservation:
-        """State of every pool the plan names (ABSENT ones included)."""
+    async def observe(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
+        """State of every pool the plan names (ABSENT ones included), from a listing of the
+        cloud at most `max_age` seconds old (shared by every job) and never older than this
+        provisioner's own last create or delete."""
         ...
 
     async def create(self, plan: Plan, pools: list[NodePoolSpec], owner_uid: str) -> ActionResult:
@@ -102,6 +104,6 @@ class Provisioner(Protocol):
         """Delete pools known only by name (orphans found by the garbage collector)."""
         ...
 
-    async def list_owned(self) -> list[PoolObservation]:
+    async def list_owned(self, max_age: float = 0.0) -> list[PoolObservation]:
         """Every pool labelled as created by this operator (for the garbage collector)."""
         ...

@@ -72,6 +72,8 @@ from multislice_operator.provisioning.gke_errors import (
     CODE_NOT_FOUND,
     CODE_NOT_OFFERED,
     CODE_OWNED_BY_OTHER,
+    CODE_QUOTA,
+    CODE_STOCKOUT,
     DELETING_RE,
     Classified,
     classify_exception,
@@ -247,6 +249,15 @@ class GkeProvisioner:
         self._max_concurrency = max_concurrency
         _widen_connection_pool(self._client, max_concurrency)
         self._ops: dict[str, _OpRecord] = {}  # by pool name
+        # Create refusals worth a gang rollback (permanent, or capacity: quota and stockout),
+        # by pool name, until the pool is created again or deleted: what observe() reports.
+        self._refused: dict[str, PoolError] = {}
+        # One list_node_pools shared by every job: (monotonic time it was asked, the pools).
+        self._listing: tuple[float, list[cs.NodePool]] | None = None
+        self._listing_task: asyncio.Task[list[cs.NodePool]] | None = None
+        self._listing_task_started = 0.0
+        self._mutated_at = 0.0  # last create/delete this process started: older listings are stale
+        self.list_calls = 0
         self._offered: dict[str, tuple[float, frozenset[str]]] = {}  # zone -> (expiry, types)
 
     # -- construction helpers -------------------------------------------------------------------
@@ -359,7 +370,28 @@ class GkeProvisioner:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _list_pools(self) -> list[cs.NodePool]:
+    async def _list_pools(self, max_age: float = 0.0) -> list[cs.NodePool]:
+        """The cluster's pools, from a listing at most `max_age` seconds old and newer than our
+        own last create/delete; concurrent callers share one call (single flight)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        oldest = max(now - max_age, self._mutated_at)
+        if self._listing is not None and self._listing[0] >= oldest and max_age > 0:
+            return self._listing[1]
+        task = self._listing_task
+        if task is None or task.done() or self._listing_task_started < oldest:
+            self._listing_task_started = now
+            task = self._listing_task = asyncio.ensure_future(self._fetch_pools(now))
+        return await asyncio.shield(task)
+
+    async def _fetch_pools(self, asked: float) -> list[cs.NodePool]:
+        self.list_calls += 1
+        pools = await self._list_pools_now()
+        if self._listing is None or self._listing[0] <= asked:
+            self._listing = (asked, pools)
+        return pools
+
+    async def _list_pools_now(self) -> list[cs.NodePool]:
         response = await self._call(
             "list_node_pools",
             functools.partial(
@@ -384,6 +416,14 @@ class GkeProvisioner:
         return ActionResult(errors=[e for e in errors if e is not None])
 
     async def _create_one(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
+        err = await self._create(plan, spec, owner_uid)
+        if err is not None and (err.permanent or err.code in (CODE_STOCKOUT, CODE_QUOTA)):
+            self._refused[spec.name] = err  # observed as the slice's error (no second decide)
+        return err
+
+    async def _create(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
+        self._refused.pop(spec.name, None)
+        self._mutated_at = asyncio.get_running_loop().time()
         pool = build_node_pool(plan, spec, owner_uid, self.node_locations, self.tpu_taint)
         call = functools.partial(
             self._client.create_node_pool,
@@ -478,6 +518,8 @@ class GkeProvisioner:
         return ActionResult(errors=[e for e in errors if e is not None])
 
     async def _delete_one(self, name: str, slice_index: int | None) -> PoolError | None:
+        self._refused.pop(name, None)
+        self._mutated_at = asyncio.get_running_loop().time()
         call = functools.partial(
             self._client.delete_node_pool,
             name=self.pool_path(name),
@@ -513,7 +555,7 @@ class GkeProvisioner:
 
     # -- Provisioner: observe -------------------------------------------------------------------
 
-    async def observe(self, plan: Plan) -> GangObservation:
+    async def observe(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
         """One ``list_node_pools`` call mapped to every pool of the plan (ABSENT when missing).
 
         When the list call fails, ``pools`` is empty and ``errors`` holds the failure: the state
@@ -521,7 +563,7 @@ class GkeProvisioner:
         """
         obs = GangObservation()
         try:
-            listed = {p.name: p for p in await self._list_pools()}
+            listed = {p.name: p for p in await self._list_pools(max_age)}
         except Exception as exc:
             c = classify_exception(exc)
             self._log_failure("observe", plan, "", c)
@@ -542,7 +584,7 @@ class GkeProvisioner:
             if record is not None and record.kind == "delete":
                 self._ops.pop(spec.name, None)  # the delete finished
                 record = None
-            error = record.error if record is not None else None
+            error = record.error if record is not None else self._refused.get(spec.name)
             pending = record is not None and not record.done
             return PoolObservation(
                 spec.name,
@@ -652,12 +694,12 @@ class GkeProvisioner:
 
     # -- Provisioner: list_owned ----------------------------------------------------------------
 
-    async def list_owned(self) -> list[PoolObservation]:
+    async def list_owned(self, max_age: float = 0.0) -> list[PoolObservation]:
         """Every pool of the cluster labelled managed-by this operator, as :class:`OwnedPool`.
 
         Raises the client's exception when the list call fails (the GC retries next round).
         """
-        pools = await self._list_pools()
+        pools = await self._list_pools(max_age)
         owned: list[PoolObservation] = []
         for pool in pools:
             if not _is_managed(pool):

@@ -1,0 +1,193 @@
+"""One reconcile pass for one job: observe -> decide (pure) -> apply -> write the status.
+
+Nothing here decides: what to do, and what to say, is decide()'s. This module reads the world into
+plain observations, hands the actions to their appliers and writes the status decide() returned,
+only when it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from multislice_operator import keys, metrics
+from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.controller import appliers
+from multislice_operator.controller import observe as ob
+from multislice_operator.controller.runtime import JobKey, Runtime
+from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.reconcile import Decision, JobMeta, Observed, decide
+
+log = logging.getLogger("multislice_operator")
+
+# Events that mean a slice failed, by the metric's reason label.
+SLICE_FAILURE_REASONS = {
+    "RestartingAllSlices": "pod_failure",
+    "SliceLost": "capacity_lost",
+    "GangRolledBack": "gang_rollback",
+}
+for _reason in SLICE_FAILURE_REASONS.values():
+    metrics.SLICE_FAILURES_TOTAL.labels(_reason)  # exported at 0 before the first failure
+
+ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
+
+
+class ObservationError(RuntimeError):
+    """The cloud could not be read; act on nothing and look again shortly."""
+
+
+@dataclass
+class Parsed:
+    job: Any
+    plan: Plan | None
+    error: SpecError | None
+
+
+def parse(body: dict[str, Any]) -> Parsed:
+    try:
+        job = load_job(body)
+        return Parsed(job, plan_job(job), None)
+    except SpecError as exc:
+        return Parsed(None, None, exc)
+    except Exception as exc:  # a body no model can read still gets a status, not a crash
+        return Parsed(None, None, SpecError([FieldError("spec", str(exc))]))
+
+
+def job_meta(body: dict[str, Any]) -> JobMeta:
+    meta = body.get("metadata") or {}
+    created = meta.get("creationTimestamp")
+    return JobMeta(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        creation_time=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
+        labels=dict(meta.get("labels") or {}),
+        deleting=bool(meta.get("deletionTimestamp")),
+        has_finalizer=keys.FINALIZER in (meta.get("finalizers") or []),
+    )
+
+
+async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) -> Observed:
+    gang, offered = None, None
+    configured = rt.provisioner is not None
+    if plan.managed and rt.provisioner is not None:
+        gang = await rt.provisioner.observe(plan, max_age=rt.cfg.resync_seconds)
+        if not gang.complete:
+            raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
+        offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
+    jobset = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
+    template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return ob.observe(
+        plan,
+        (body.get("metadata") or {}).get("uid", ""),
+        datetime.now(UTC),
+        jobset,
+        ob.items(rt.indexes.pods, key),
+        rt.indexes.nodes,
+        gang,
+        provisioner_configured=configured,
+        offered_error=offered,
+        node_selector=template.get("nodeSelector") or {},
+    )
+
+
+async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
+    """One pass; the delay before the next (None: nothing left to look at). Never raises."""
+    body = rt.store.get(key)
+    if body is None:
+        return None
+    started = time.perf_counter()
+    try:
+        decision = await _reconcile(rt, key, body)
+    except ObservationError as exc:
+        delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2.0**errors)
+        log.warning("observe failed job=%s/%s retry_in=%.0fs error=%s", *key, delay, exc)
+        metrics.RECONCILE_TOTAL.labels("error").inc()
+        return -delay  # negative: an error delay, the caller counts consecutive errors
+    except Exception as exc:  # the operator must keep serving every other job
+        delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2.0**errors)
+        log.exception("reconcile failed job=%s/%s retry_in=%.0fs error=%s", *key, delay, exc)
+        metrics.RECONCILE_TOTAL.labels("error").inc()
+        return -delay
+    finally:
+        metrics.RECONCILE_TIME.observe(time.perf_counter() - started)
+    metrics.RECONCILE_TOTAL.labels("requeue" if decision.requeue_after else "success").inc()
+    if decision.requeue_after is not None:
+        return decision.requeue_after
+    terminal = decision.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    return rt.cfg.resync_seconds * (6 if terminal else 1)
+
+
+async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision:
+    parsed = parse(body)
+    meta = job_meta(body)
+    raw_old = dict(body.get("status") or {})
+    old = MultisliceJobStatus.from_dict(raw_old)
+    if parsed.plan is None:
+        obs = Observed(now=datetime.now(UTC))
+        decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
+    else:
+        obs = await observe(rt, key, body, parsed.plan)
+        decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
+    target = appliers.Target(body, parsed.job, parsed.plan) if parsed.plan else None
+    if target is not None:
+        await appliers.apply(rt, target, decision.actions)
+        body = target.body
+    elif decision.actions:  # an invalid job being deleted: only the finalizer can go
+        await rt.kube.remove_finalizer(body, keys.FINALIZER)
+    if meta.deleting and not meta.has_finalizer:
+        return decision  # going away with nothing of ours attached: nothing to write
+    await _write(rt, key, body, raw_old, decision)
+    _track(rt, key, parsed.plan, decision)
+    return decision
+
+
+def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """A merge patch turning old into new (None deletes a key); None when nothing changed."""
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch.update({k: None for k in old if k not in new})
+    return patch or None
+
+
+async def _write(
+    rt: Runtime, key: JobKey, body: dict[str, Any], old: dict[str, Any], d: Decision
+) -> None:
+    new = d.status.to_dict()
+    patch = status_patch(old, new)
+    if patch is not None:
+        updated = await rt.kube.patch_job_status(key[0], key[1], patch)
+        (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
+        rt.store.put(updated)
+    for event in d.events:
+        if event.reason in SLICE_FAILURE_REASONS:
+            metrics.SLICE_FAILURES_TOTAL.labels(SLICE_FAILURE_REASONS[event.reason]).inc()
+        log.info(
+            "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
+        )
+        await rt.kube.post_event(body, event.type, event.reason, event.message)
+    _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+
+
+def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
+    """Existing-mode jobs waiting for node pools are woken by node events of their shape."""
+    waiting = plan is not None and not plan.managed and d.status.phase == Phase.PENDING
+    shape = (plan.shape.generation.gke_accelerator, plan.shape.topology) if plan else None
+    rt.wait_for_nodes(key, shape if waiting else None)
+
+
+def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobStatus) -> None:
+    metrics.JOBS.set(key, str(new.phase) if new.phase else None)
+    added = new.restarts - old.restarts
+    if added > 0:
+        metrics.RESTARTS_TOTAL.inc(added)
+    if new.provisioned_time and new.provisioned_time != old.provisioned_time and new.start_time:
+        metrics.PROVISIONING_DURATION.observe(
+            (new.provisioned_time - new.start_time).total_seconds()
+        )
+    if new.running_time and not old.running_time and new.start_time:
+        metrics.TIME_TO_RUNNING.observe((new.running_time - new.start_time).total_seconds())

@@ -1,0 +1,84 @@
+"""A work queue of job keys, as client-go's: deduplicated, delayed adds, one worker per key.
+
+Watch events add a key now; a reconcile's requeue adds it later. A key is never processed by two
+workers at once: added while in flight, it is marked dirty and goes back in line when the worker
+is done. Memory is one entry per job, whatever the number of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self) -> None:
+        self._due: dict[K, float] = {}  # queued keys -> when they may be processed
+        self._heap: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+        self._processing: set[K] = set()
+        self._dirty: dict[K, float] = {}  # added while processing -> earliest due time
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def add(self, key: K, delay: float = 0.0) -> None:
+        """Process `key` after `delay` seconds, or sooner if it is already due sooner."""
+        if self._closed:
+            return
+        due = asyncio.get_running_loop().time() + max(delay, 0.0)
+        if key in self._processing:
+            self._dirty[key] = min(due, self._dirty.get(key, due))
+            return
+        if key in self._due and self._due[key] <= due:
+            return
+        self._due[key] = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._changed.set()
+
+    def forget(self, key: K) -> None:
+        """The job is gone: drop any pending work for it (stale heap entries are skipped)."""
+        self._due.pop(key, None)
+        self._dirty.pop(key, None)
+
+    async def get(self) -> K:
+        """The next due key; the caller must call done(key) afterwards."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._heap:
+                due, _, key = self._heap[0]
+                if self._due.get(key) != due:  # superseded by an earlier add, or forgotten
+                    heapq.heappop(self._heap)
+                    continue
+                wait = due - loop.time()
+                if wait > 0:
+                    break
+                heapq.heappop(self._heap)
+                del self._due[key]
+                self._processing.add(key)
+                return key
+            if self._closed:
+                raise asyncio.CancelledError
+            self._changed.clear()
+            timeout = (self._heap[0][0] - loop.time()) if self._heap else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        due = self._dirty.pop(key, None)
+        if due is not None:
+            delay = due - asyncio.get_running_loop().time()
+            self.add(key, delay)
+
+    def close(self) -> None:
+        self._closed = True
+        self._changed.set()

@@ -1,0 +1,50 @@
+"""The reconcile brain: decide() and the plain data it reads and returns (all pure).
+
+Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
+``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
+``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices).
+"""
+
+from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
+from multislice_operator.reconcile.flow import decide
+from multislice_operator.reconcile.types import (
+    Action,
+    AddFinalizer,
+    CreateJobSet,
+    CreatePools,
+    DecideConfig,
+    Decision,
+    DeleteJob,
+    DeletePools,
+    Event,
+    JobMeta,
+    JobSetObservation,
+    Observed,
+    PodFailure,
+    RemoveFinalizer,
+    SetJobSetSuspend,
+    SliceObservation,
+)
+
+__all__ = [
+    "Action",
+    "AddFinalizer",
+    "CreateJobSet",
+    "CreatePools",
+    "DecideConfig",
+    "Decision",
+    "DeleteJob",
+    "DeletePools",
+    "Event",
+    "JobMeta",
+    "JobSetObservation",
+    "Observed",
+    "PodFailure",
+    "RemoveFinalizer",
+    "SetJobSetSuspend",
+    "SliceObservation",
+    "at_second",
+    "backoff_seconds",
+    "decide",
+    "set_condition",
+]

@@ -1,0 +1,71 @@
+"""status.slices: one entry per slice, from the observation and the phase just decided."""
+
+from __future__ import annotations
+
+from multislice_operator.api.models import Phase, SlicePhase, SliceStatus
+from multislice_operator.plan import Plan
+from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile.capacity import slice_ready
+from multislice_operator.reconcile.context import Ctx
+from multislice_operator.reconcile.types import SliceObservation
+
+UP = (SlicePhase.READY, SlicePhase.RUNNING, SlicePhase.SUCCEEDED)
+
+
+def slice_statuses(ctx: Ctx, plan: Plan) -> None:
+    hosts = plan.shape.hosts
+    by_index = {s.index: s for s in ctx.obs.slices}
+    out = []
+    for i in range(plan.slices):
+        s = by_index.get(i)
+        entry = SliceStatus(index=i, hosts=hosts)
+        if s is not None:
+            entry.node_pool = s.pool
+            entry.ready_hosts = min(s.ready_hosts, hosts)
+            if s.error is not None:
+                entry.message = f"{s.error.code}: {s.error.message}"
+        entry.phase = _slice_phase(ctx, s, i, hosts)
+        _remember(ctx, entry, s, hosts)
+        out.append(entry)
+    ctx.status.slices = out
+    ready = sum(1 for e in out if e.phase in UP)
+    ctx.status.ready_slices = f"{ready}/{plan.slices}"
+
+
+def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: int) -> None:
+    """The per-slice memory: nodes seen Ready since the pool was created, and when it was lost."""
+    old = ctx.old.slice(entry.index)
+    if s is None or s.pool_state in (PoolState.ABSENT, PoolState.CREATING) or s.foreign:
+        entry.seen_ready = False
+    else:
+        entry.seen_ready = slice_ready(s, hosts) or bool(old and old.seen_ready)
+    if entry.index in ctx.repairing:
+        entry.lost_time = (old.lost_time if old else None) or ctx.now
+    elif s is not None and slice_ready(s, hosts):
+        entry.lost_time = None
+    else:
+        entry.lost_time = old.lost_time if old else None
+
+
+def _slice_phase(ctx: Ctx, s: SliceObservation | None, i: int, hosts: int) -> SlicePhase:
+    phase = ctx.status.phase
+    if phase == Phase.SUCCEEDED:
+        return SlicePhase.SUCCEEDED
+    if phase == Phase.FAILED:
+        return SlicePhase.FAILED
+    if s is None:
+        return SlicePhase.PENDING
+    if i in ctx.repairing:
+        return SlicePhase.REPAIRING
+    if phase == Phase.SUSPENDED and s.pool_state != PoolState.ABSENT:
+        return SlicePhase.RELEASING
+    if ctx.obs.succeeded_pods.get(i, 0) >= hosts:
+        return SlicePhase.SUCCEEDED
+    if slice_ready(s, hosts):
+        running = ctx.obs.running_pods.get(i, 0) >= hosts
+        return SlicePhase.RUNNING if running else SlicePhase.READY
+    if s.pool_state in (PoolState.CREATING, PoolState.UPDATING) or s.operation_pending:
+        return SlicePhase.PROVISIONING
+    if s.error is not None or s.pool_state == PoolState.FAILED:
+        return SlicePhase.FAILED
+    return SlicePhase.PENDING
