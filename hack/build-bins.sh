@@ -2,7 +2,7 @@
 # Build the local control-plane binaries from pinned Go modules into a versioned cache outside the
 # clone. Builds only what is missing, so a warm run is a no-op.
 #
-#   hack/build-bins.sh             build what is missing, print progress per binary
+#   hack/build-bins.sh             build what is missing, print one progress line per component
 #   hack/build-bins.sh --print-dir print the cache dir for the pinned versions and exit
 #   hack/build-bins.sh --force     rebuild everything
 #
@@ -49,19 +49,41 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   KUBE_LDFLAGS+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
+# The go command's own chatter (go: downloading ..., compiler output) goes to one log per
+# component under $LOGS; its tail is printed only when that step fails.
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+TOTAL=9 # components below, for the [n/TOTAL] progress prefix
+step=0
 built=0
-# build <name> <tools dir> <package> <ldflags>
+
+fail() { # <name> <log>
+  echo "build-bins: $1 FAILED; last lines of $2:" >&2
+  tail -n 40 "$2" >&2
+  exit 1
+}
+
+moddir() { # <tools dir> <module path>
+  local log="$LOGS/go-list.log"
+  (cd "$TOOLS/$1" && go list -m -f '{{.Dir}}' "$2") 2>>"$log" || fail "go list -m $2" "$log"
+}
+
+# build <name> <tools dir> <package> <ldflags> [extra go build flags...]
 build() {
   local name="$1" dir="$2" pkg="$3" ldflags="$4"
+  shift 4
+  step=$((step + 1))
+  local tag="[$step/$TOTAL] $name"
   if [[ $FORCE == 0 && -x "$OUT/$name" ]]; then
-    echo "build-bins: $name up to date"
+    echo "build-bins: $tag up to date"
     return
   fi
-  echo "build-bins: building $name ($pkg) ..."
-  local start=$SECONDS tmp="$OUT/.$name.tmp.$$"
-  (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" -o "$tmp" "$pkg")
+  echo "build-bins: $tag building ($pkg) ..."
+  local start=$SECONDS tmp="$OUT/.$name.tmp.$$" log="$LOGS/$name.log"
+  (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$tmp" "$pkg") >"$log" 2>&1 ||
+    { rm -f "$tmp"; fail "$name" "$log"; }
   mv -f "$tmp" "$OUT/$name" # atomic: a half-built binary never looks warm
-  echo "build-bins: built $name in $((SECONDS - start))s"
+  echo "build-bins: $tag built in $((SECONDS - start))s"
   built=$((built + 1))
 }
 
@@ -77,16 +99,27 @@ build jobset-controller jobset sigs.k8s.io/jobset \
 build helm helm helm.sh/helm/v3/cmd/helm \
   "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 
-# The JobSet CRD and webhook manifests ship with the module; copy them next to the binary.
-copy_manifest() { # <path under config/components> <name in the cache dir>
-  [[ $FORCE == 0 && -f "$OUT/$2" ]] && return
-  local dir
-  dir="$(cd "$TOOLS/jobset" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)"
-  install -m 0644 "$dir/config/components/$1" "$OUT/$2"
-  echo "build-bins: copied $2"
+# The CRD and webhook manifests ship with the JobSet module; copy them next to the
+# binaries. Each file is written to a tmp name and moved into place, like the binaries.
+# copy_manifest <tools dir> <module path> <name in the cache dir> <file under config/components>...
+# (several files are concatenated into one multi-document YAML)
+copy_manifest() {
+  local dir="$1" mod="$2" name="$3"
+  shift 3
+  [[ $FORCE == 0 && -f "$OUT/$name" ]] && return
+  local src f tmp="$OUT/.$name.tmp.$$"
+  src="$(moddir "$dir" "$mod")"
+  : >"$tmp"
+  for f in "$@"; do
+    [[ -s "$tmp" ]] && echo "---" >>"$tmp"
+    cat "$src/config/components/$f" >>"$tmp"
+  done
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$OUT/$name"
+  echo "build-bins: copied $name ($# file(s) from $mod)"
 }
-copy_manifest crd/bases/jobset.x-k8s.io_jobsets.yaml jobset.x-k8s.io_jobsets.yaml
-copy_manifest webhook/manifests.yaml jobset-webhook-manifests.yaml
+copy_manifest jobset sigs.k8s.io/jobset jobset.x-k8s.io_jobsets.yaml crd/bases/jobset.x-k8s.io_jobsets.yaml
+copy_manifest jobset sigs.k8s.io/jobset jobset-webhook-manifests.yaml webhook/manifests.yaml
 
 printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
   "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" > "$OUT/VERSIONS"
