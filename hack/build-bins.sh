@@ -144,7 +144,8 @@ copy_manifest() {
   src="$(moddir "$dir" "$mod")"
   : >"$tmp"
   for f in "$@"; do
-    [[ -s "$tmp" ]] && echo "---" >>"$tmp"
+    # One "---" between documents (the CRD files already start with one).
+    [[ -s "$tmp" && "$(head -n 1 "$src/config/components/$f")" != "---" ]] && echo "---" >>"$tmp"
     cat "$src/config/components/$f" >>"$tmp"
   done
   chmod 0644 "$tmp"
