@@ -2,7 +2,7 @@
 # Build the local control-plane binaries from pinned Go modules into a versioned cache outside the
 # clone. Builds only what is missing, so a warm run is a no-op.
 #
-#   hack/build-bins.sh             build what is missing, print progress per binary
+#   hack/build-bins.sh             build what is missing, print one progress line per component
 #   hack/build-bins.sh --print-dir print the cache dir for the pinned versions and exit
 #   hack/build-bins.sh --force     rebuild everything
 #
@@ -21,11 +21,12 @@ ETCD_VERSION="$(modver kube go.etcd.io/etcd/server/v3)"
 JOBSET_VERSION="$(modver jobset sigs.k8s.io/jobset)"
 KWOK_VERSION="$(modver kwok sigs.k8s.io/kwok)"
 HELM_VERSION="$(modver helm helm.sh/helm/v3)"
-for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION; do
+KUEUE_VERSION="$(modver kueue sigs.k8s.io/kueue)"
+for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION KUEUE_VERSION; do
   [[ -n "${!v}" ]] || { echo "build-bins: cannot read $v from hack/tools/*/go.mod" >&2; exit 1; }
 done
 
-KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_jobset-${JOBSET_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_jobset-${JOBSET_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kueue-${KUEUE_VERSION}"
 ROOT="${MULTISLICE_BIN_CACHE:-$HOME/.cache/multislice-operator/bin}"
 OUT="$ROOT/$KEY"
 
@@ -49,19 +50,41 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   KUBE_LDFLAGS+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
+# The go command's own chatter (go: downloading ..., compiler output) goes to one log per
+# component under $LOGS; its tail is printed only when that step fails.
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+TOTAL=10 # components below, for the [n/TOTAL] progress prefix
+step=0
 built=0
-# build <name> <tools dir> <package> <ldflags>
+
+fail() { # <name> <log>
+  echo "build-bins: $1 FAILED; last lines of $2:" >&2
+  tail -n 40 "$2" >&2
+  exit 1
+}
+
+moddir() { # <tools dir> <module path>
+  local log="$LOGS/go-list.log"
+  (cd "$TOOLS/$1" && go list -m -f '{{.Dir}}' "$2") 2>>"$log" || fail "go list -m $2" "$log"
+}
+
+# build <name> <tools dir> <package> <ldflags> [extra go build flags...]
 build() {
   local name="$1" dir="$2" pkg="$3" ldflags="$4"
+  shift 4
+  step=$((step + 1))
+  local tag="[$step/$TOTAL] $name"
   if [[ $FORCE == 0 && -x "$OUT/$name" ]]; then
-    echo "build-bins: $name up to date"
+    echo "build-bins: $tag up to date"
     return
   fi
-  echo "build-bins: building $name ($pkg) ..."
-  local start=$SECONDS tmp="$OUT/.$name.tmp.$$"
-  (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" -o "$tmp" "$pkg")
+  echo "build-bins: $tag building ($pkg) ..."
+  local start=$SECONDS tmp="$OUT/.$name.tmp.$$" log="$LOGS/$name.log"
+  (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$tmp" "$pkg") >"$log" 2>&1 ||
+    { rm -f "$tmp"; fail "$name" "$log"; }
   mv -f "$tmp" "$OUT/$name" # atomic: a half-built binary never looks warm
-  echo "build-bins: built $name in $((SECONDS - start))s"
+  echo "build-bins: $tag built in $((SECONDS - start))s"
   built=$((built + 1))
 }
 
@@ -74,20 +97,73 @@ build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.
 build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 build jobset-controller jobset sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
+# Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
+# management is off, as it is for a local process). The go command may not overlay files in the
+# module cache, so the overlay adds upstream's cmd/kueue (one file, importing only public
+# packages) to our tools module as ./cmd/kueue with that one path made overridable by
+# KUEUE_METRICS_CERT_DIR. Nothing is written into the clone. See
+# hack/tools/kueue/overlay/metrics_cert_dir.go.in.
+kueue_overlay() { # <dir for the overlay files>; prints the -overlay flag
+  local src main pin='metricsCertPath := "/etc/kueue/metrics/certs"' pkg="$TOOLS/kueue/cmd/kueue"
+  src="$(moddir kueue sigs.k8s.io/kueue)"
+  main="$src/cmd/kueue/main.go"
+  if [[ "$(ls "$src/cmd/kueue")" != main.go || "$(grep -cF "$pin" "$main")" != 1 ]]; then
+    echo "build-bins: $src/cmd/kueue is no longer one main.go with one '$pin';" \
+      "update the kueue overlay in hack/build-bins.sh" >&2
+    exit 1
+  fi
+  sed "s|$pin|metricsCertPath := localMetricsCertDir()|" "$main" >"$1/main.go"
+  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go"
+  printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$pkg/main.go" "$1/main.go" \
+    "$pkg/zz_metrics_cert_dir.go" "$1/metrics_cert_dir.go" >"$1/overlay.json"
+  echo "-overlay=$1/overlay.json"
+}
+# -mod=readonly: with -mod=mod the go command would rewrite tools/kueue/go.mod to list the
+# overlaid package's imports as direct requirements.
+KUEUE_FLAGS=()
+if [[ $FORCE == 1 || ! -x "$OUT/kueue-controller" ]]; then
+  KUEUE_OVERLAY_DIR="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
+  trap 'rm -rf "$KUEUE_OVERLAY_DIR"' EXIT
+  KUEUE_FLAGS=("$(kueue_overlay "$KUEUE_OVERLAY_DIR")" -mod=readonly)
+fi
+build kueue-controller kueue ./cmd/kueue \
+  "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+  ${KUEUE_FLAGS[@]+"${KUEUE_FLAGS[@]}"}
 build helm helm helm.sh/helm/v3/cmd/helm \
   "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 
-# The JobSet CRD and webhook manifests ship with the module; copy them next to the binary.
-copy_manifest() { # <path under config/components> <name in the cache dir>
-  [[ $FORCE == 0 && -f "$OUT/$2" ]] && return
-  local dir
-  dir="$(cd "$TOOLS/jobset" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)"
-  install -m 0644 "$dir/config/components/$1" "$OUT/$2"
-  echo "build-bins: copied $2"
+# CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
+# binaries. Each file is written to a tmp name and moved into place, like the binaries.
+# copy_manifest <tools dir> <module path> <name in the cache dir> <file under config/components>...
+# (several files are concatenated into one multi-document YAML)
+copy_manifest() {
+  local dir="$1" mod="$2" name="$3"
+  shift 3
+  [[ $FORCE == 0 && -f "$OUT/$name" ]] && return
+  local src f tmp="$OUT/.$name.tmp.$$"
+  src="$(moddir "$dir" "$mod")"
+  : >"$tmp"
+  for f in "$@"; do
+    # One "---" between documents (the CRD files already start with one).
+    [[ -s "$tmp" && "$(head -n 1 "$src/config/components/$f")" != "---" ]] && echo "---" >>"$tmp"
+    cat "$src/config/components/$f" >>"$tmp"
+  done
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$OUT/$name"
+  echo "build-bins: copied $name ($# file(s) from $mod)"
 }
-copy_manifest crd/bases/jobset.x-k8s.io_jobsets.yaml jobset.x-k8s.io_jobsets.yaml
-copy_manifest webhook/manifests.yaml jobset-webhook-manifests.yaml
+copy_manifest jobset sigs.k8s.io/jobset jobset.x-k8s.io_jobsets.yaml crd/bases/jobset.x-k8s.io_jobsets.yaml
+copy_manifest jobset sigs.k8s.io/jobset jobset-webhook-manifests.yaml webhook/manifests.yaml
+KUEUE_CRDS=()
+if [[ $FORCE == 1 || ! -f "$OUT/kueue-crds.yaml" ]]; then
+  KUEUE_SRC="$(moddir kueue sigs.k8s.io/kueue)"
+  for f in "$KUEUE_SRC"/config/components/crd/bases/*.yaml; do
+    KUEUE_CRDS+=("crd/bases/${f##*/}")
+  done
+fi
+copy_manifest kueue sigs.k8s.io/kueue kueue-crds.yaml ${KUEUE_CRDS[@]+"${KUEUE_CRDS[@]}"}
+copy_manifest kueue sigs.k8s.io/kueue kueue-webhook-manifests.yaml webhook/manifests.yaml
 
 printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
-  "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" > "$OUT/VERSIONS"
+  "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" > "$OUT/VERSIONS"
 echo "build-bins: $built built; binaries in $OUT"
