@@ -88,7 +88,7 @@ class Narrator:
 
 
 def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
-    example = Path(__file__).resolve().parents[3] / "examples" / "v5e-16x2-fsdp.yaml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "v5e-16x2-fsdp.yaml"
     import yaml
 
     body: dict[str, Any] = yaml.safe_load(example.read_text())
