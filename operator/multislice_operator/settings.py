@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the GKE client library loads only where GKE is used
+    from multislice_operator.provisioning.gke_requests import NodeOptions
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -29,6 +33,10 @@ class Settings:
     gke_node_locations: list[str] = field(default_factory=list)
     gke_endpoint: str | None = None  # e.g. http://127.0.0.1:PORT for the local simulator
     gke_from_metadata: bool = False
+    # How TPU nodes reach Google APIs (provisioning.gke_requests.NodeOptions).
+    gke_workload_identity: bool = False
+    gke_node_service_account: str | None = None
+    gke_node_scopes: list[str] = field(default_factory=list)  # empty: the default for the mode
     metrics_port: int = 8000
     liveness_endpoint: str | None = None
     log_format: str = "text"  # text | json
@@ -45,6 +53,15 @@ class Settings:
     @property
     def gke_configured(self) -> bool:
         return bool(self.gke_project and self.gke_location and self.gke_cluster)
+
+    def node_options(self) -> NodeOptions:
+        from multislice_operator.provisioning.gke_requests import NodeOptions
+
+        return NodeOptions(
+            workload_identity=self.gke_workload_identity,
+            service_account=self.gke_node_service_account or None,
+            oauth_scopes=tuple(self.gke_node_scopes) if self.gke_node_scopes else None,
+        )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,16 +86,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
     p.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8000") or 8000))
-    p.add_argument("--gke-project", default=_env("GKE_PROJECT"))
-    p.add_argument("--gke-location", default=_env("GKE_LOCATION"))
-    p.add_argument("--gke-cluster", default=_env("GKE_CLUSTER"))
-    p.add_argument(
-        "--gke-node-location",
-        action="append",
-        dest="gke_node_locations",
-        default=None,
-        help="zone for TPU node pools (repeatable); env MSJ_GKE_NODE_LOCATIONS",
-    )
+    add_gke_arguments(p)
     p.add_argument(
         "--gke-endpoint",
         default=_env("GKE_ENDPOINT"),
@@ -112,13 +120,59 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_gke_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that decide what the operator asks GKE for (shared by run and render)."""
+    p.add_argument("--gke-project", default=_env("GKE_PROJECT"))
+    p.add_argument("--gke-location", default=_env("GKE_LOCATION"))
+    p.add_argument("--gke-cluster", default=_env("GKE_CLUSTER"))
+    p.add_argument(
+        "--gke-node-location",
+        action="append",
+        dest="gke_node_locations",
+        default=None,
+        help="zone for TPU node pools (repeatable); env MSJ_GKE_NODE_LOCATIONS",
+    )
+    p.add_argument(
+        "--gke-workload-identity",
+        action="store_true",
+        default=_env("GKE_WORKLOAD_IDENTITY") == "1",
+        help="the cluster uses Workload Identity: TPU nodes get workloadMetadataConfig "
+        "GKE_METADATA and GKE's default scopes (else storage-full,gke-default,cloud-platform)",
+    )
+    p.add_argument(
+        "--gke-node-service-account",
+        default=_env("GKE_NODE_SERVICE_ACCOUNT"),
+        metavar="EMAIL",
+        help="service account of the TPU nodes (default: the Compute Engine default one)",
+    )
+    p.add_argument(
+        "--gke-node-scope",
+        action="append",
+        dest="gke_node_scopes",
+        default=None,
+        metavar="URL",
+        help="OAuth scope of the TPU nodes (repeatable; replaces the default); "
+        "env MSJ_GKE_NODE_SCOPES",
+    )
+
+
+def gke_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The Settings fields add_gke_arguments defines, from parsed arguments."""
+    return {
+        "gke_project": args.gke_project,
+        "gke_location": args.gke_location,
+        "gke_cluster": args.gke_cluster,
+        "gke_node_locations": list(args.gke_node_locations or _env_list("GKE_NODE_LOCATIONS")),
+        "gke_workload_identity": args.gke_workload_identity,
+        "gke_node_service_account": args.gke_node_service_account,
+        "gke_node_scopes": list(args.gke_node_scopes or _env_list("GKE_NODE_SCOPES")),
+    }
+
+
 def from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         namespaces=list(args.namespaces or _env_list("NAMESPACES")),
-        gke_project=args.gke_project,
-        gke_location=args.gke_location,
-        gke_cluster=args.gke_cluster,
-        gke_node_locations=list(args.gke_node_locations or _env_list("GKE_NODE_LOCATIONS")),
+        **gke_settings(args),  # type: ignore[arg-type]
         gke_endpoint=args.gke_endpoint,
         gke_from_metadata=args.gke_from_metadata,
         metrics_port=args.metrics_port,
