@@ -245,7 +245,9 @@ class GkeProvisioner:
         self.call_timeout_s = call_timeout_s
         self.offered_ttl_s = offered_ttl_s
         self.tpu_taint = tpu_taint
-        self.node = node or NodeOptions(tpu_taint=tpu_taint)
+        self.node = replace(
+            node or NodeOptions(), tpu_taint=tpu_taint or bool(node and node.tpu_taint)
+        )
         self._client_args: dict[str, Any] = {
             "credentials": credentials,
             "transport": transport,
