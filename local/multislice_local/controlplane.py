@@ -54,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from multislice_operator import keys
 
 PROFILES = ("api", "cluster")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # local/multislice_local/ -> the checkout
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-bins.sh"
 BINARIES = (
     "etcd",

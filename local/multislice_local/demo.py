@@ -98,9 +98,10 @@ def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
     if scenario.name == "preemption":
         spec["capacity"] = {"type": "Spot"}
     if run_workload:
-        # Real JAX runs here on CPU, one process per host: single-host slices keep it to two.
-        spec.update(accelerator="v5litepod-4", topology="2x2")
-        spec["parallelism"] = {"ici": {"fsdp": 4}, "dcn": {"data": 2}}
+        # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
+        # (Multislice needs them) keep it to four.
+        spec.update(accelerator="v5litepod-8", topology="2x4")
+        spec["parallelism"] = {"ici": {"fsdp": 8}, "dcn": {"data": 2}}
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run

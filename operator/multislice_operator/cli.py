@@ -143,10 +143,17 @@ def format_plan(plan: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Dry-run placeholders for what only the running operator knows.
+PLACEHOLDER_PROJECT, PLACEHOLDER_LOCATION, PLACEHOLDER_CLUSTER = "PROJECT", "LOCATION", "CLUSTER"
+PLACEHOLDER_ZONE, PLACEHOLDER_UID = "ZONE", "JOB_UID"
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from multislice_operator.plan import load_job, plan_job
     from multislice_operator.render import render_jobset
 
+    if args.gke_requests:
+        return render_gke_requests(args)
     rendered, status = [], EXIT_OK
     for obj in _jobs(args.file):
         try:
@@ -157,6 +164,51 @@ def cmd_render(args: argparse.Namespace) -> int:
             status = EXIT_INVALID
     if rendered:
         print(yaml.safe_dump_all(rendered, sort_keys=False), end="")
+    return status
+
+
+def render_gke_requests(args: argparse.Namespace) -> int:
+    """Print the CreateNodePoolRequests the operator will send, as JSON (`terraform plan`)."""
+    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.provisioning.gke import resolve_node_locations
+    from multislice_operator.provisioning.gke_requests import cluster_path, create_requests
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    location = settings.gke_location or PLACEHOLDER_LOCATION
+    try:
+        zones = resolve_node_locations(location, settings.gke_node_locations)
+    except ValueError:
+        if settings.gke_location:  # a real region without a zone: the operator refuses it too
+            raise InputError(
+                f"--gke-location {location} is a region: give --gke-node-location (one zone)"
+            ) from None
+        zones = [PLACEHOLDER_ZONE]
+    parent = cluster_path(
+        settings.gke_project or PLACEHOLDER_PROJECT,
+        location,
+        settings.gke_cluster or PLACEHOLDER_CLUSTER,
+    )
+    requests: list[dict[str, Any]] = []
+    status = EXIT_OK
+    for obj in _jobs(args.file):
+        try:
+            job = load_job(obj)
+            plan = plan_job(job)
+        except SpecError as exc:
+            _print_errors(obj, exc, sys.stderr)
+            status = EXIT_INVALID
+            continue
+        if not plan.managed:
+            print(
+                f"{_label(obj)}: provisioning mode Existing: no node pool requests", file=sys.stderr
+            )
+            continue
+        uid = job.metadata.uid or PLACEHOLDER_UID
+        requests += create_requests(
+            plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
+        )
+    print(json.dumps(requests, indent=2))
     return status
 
 
@@ -192,8 +244,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("render", help="print the JobSet the operator would create, as YAML")
+    p = sub.add_parser(
+        "render",
+        help="print the JobSet the operator would create, as YAML (--gke-requests: the GKE "
+        "CreateNodePoolRequests, as JSON)",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    p.add_argument(
+        "--gke-requests",
+        action="store_true",
+        help="print the CreateNodePoolRequest of every slice as sent on the wire (REST JSON: "
+        "parent and nodePool), with the same --gke-* flags as run; placeholders when omitted",
+    )
+    p.add_argument(
+        "--enum-names",
+        action="store_true",
+        help="with --gke-requests: enums by name instead of the integers sent on the wire",
+    )
+    from multislice_operator.settings import add_gke_arguments
+
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("crd", help="print the generated CustomResourceDefinition")

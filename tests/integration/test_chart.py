@@ -38,6 +38,11 @@ CUSTOM_VALUES: dict[str, Any] = {
         "location": "us-central2",
         "cluster": "tpu",
         "nodeLocations": ["us-central2-b"],
+        "nodes": {
+            "workloadIdentity": True,
+            "serviceAccount": "tpu-nodes@my-proj.iam.gserviceaccount.com",
+            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        },
     },
     "operator": {"logLevel": "debug", "logFormat": "text", "resyncSeconds": 5},
     "metrics": {"port": 9100, "service": {"port": 9100}, "serviceMonitor": {"enabled": True}},
@@ -285,6 +290,11 @@ def test_rendered_env_is_what_the_operator_reads(
         "tpu",
     )
     assert settings.gke_node_locations == ["us-central2-b"]
+    node = settings.node_options()
+    assert node.workload_identity and node.service_account == (
+        "tpu-nodes@my-proj.iam.gserviceaccount.com"
+    )
+    assert node.oauth_scopes == ("https://www.googleapis.com/auth/cloud-platform",)
     assert settings.verbose is True and settings.log_format == "text"
     assert settings.metrics_port == 9100
     assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
@@ -310,6 +320,8 @@ def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
         ({"operator": {"logLevel": "trace"}}, "/operator/logLevel"),
         ({"metrics": {"port": 70000}}, "/metrics/port"),
         ({"gke": {"nodeLocations": "us-central2-b"}}, "/gke/nodeLocations"),
+        ({"gke": {"nodes": {"oauthScopes": ["storage-full"]}}}, "/gke/nodes/oauthScopes/0"),
+        ({"gke": {"nodes": {"workloadIdentity": "yes"}}}, "/gke/nodes/workloadIdentity"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
         ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "gcpServiceAccount"),
         ({"metric": {"port": 1}}, "'metric' not allowed"),

@@ -26,6 +26,11 @@ shows the same descriptions.
 A MultisliceJob has `apiVersion`, `kind`, `metadata` (a standard ObjectMeta: the name becomes the
 JobSet's and, with the namespace, the node pools' names), a required [`spec`](#spec) written by
 you, and a [`status`](#status) written by the operator only.
+
+`metadata.name` must be what JobSet's webhook accepts: a DNS-1035 label (a lowercase letter, then
+lowercase letters, digits and `-`), short enough that the longest pod name,
+`<name>-slice-<slices-1>-<hosts-1>-xxxxx`, fits 63 characters (47 characters for 2 slices of 4
+hosts). The apiserver refuses other names; `multislice-operator validate` gives the limit for a job.
 """
 
 

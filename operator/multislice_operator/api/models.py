@@ -27,6 +27,12 @@ SHORT_NAMES = ["msj"]
 
 DEFAULT_NON_RETRYABLE_EXIT_CODES = [42]
 EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
+# Compute Engine names (RFC 1035, <= 63) and project ids (6-30 characters); a shared reservation
+# is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources").
+_GCE_NAME = r"([a-z]|[a-z][-a-z0-9]{0,61}[a-z0-9])"
+_PROJECT_ID = r"[a-z][-a-z0-9]{4,28}[a-z0-9]"
+RESERVATION_PATTERN = rf"^({_GCE_NAME}|projects/{_PROJECT_ID}/reservations/{_GCE_NAME})$"
+RESERVATION_MAX = len("projects/") + 30 + len("/reservations/") + 63
 
 
 class _Model(BaseModel):
@@ -62,10 +68,12 @@ class Capacity(_Model):
     )
     reservation: str | None = Field(
         default=None,
-        max_length=63,
+        max_length=RESERVATION_MAX,
+        pattern=RESERVATION_PATTERN,
         description=(
-            "Name of a specific reservation to consume (type Reserved only). Empty with Reserved "
-            "means any matching reservation."
+            "The reservation to consume (required with type Reserved, invalid otherwise): a name "
+            "in the node pools' project, or projects/PROJECT/reservations/NAME for a shared "
+            "reservation owned by another project."
         ),
     )
 
@@ -188,6 +196,7 @@ class MultisliceJobSpec(_Model):
 
     accelerator: str = Field(
         pattern=ACCELERATOR_PATTERN,
+        max_length=32,
         description=(
             "Cloud TPU accelerator type of every slice: v4-N or v5p-N (N counts TensorCores, two "
             "per chip), v5litepod-N or v6e-N (N counts chips). e.g. v5litepod-16."
@@ -221,7 +230,10 @@ class MultisliceJobSpec(_Model):
         description=(
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
-            "toleration and the multislice environment."
+            "toleration and the multislice environment. Pods run with hostNetwork: true and "
+            "dnsPolicy: ClusterFirstWithHostNet (DCN traffic over the hosts' NICs, as GKE's "
+            "Multislice example and xpk do) unless the template sets hostNetwork itself: "
+            "hostNetwork: false opts out."
         ),
     )
 
@@ -255,6 +267,17 @@ SPEC_RULES: list[Rule] = [
         message="spec.capacity.reservation is only valid with type: Reserved; set type: Reserved "
         "or remove the reservation",
         holds=lambda s: not s.capacity.reservation or s.capacity.type == CapacityType.RESERVED,
+    ),
+    Rule(
+        path=("capacity",),
+        field="spec.capacity.reservation",
+        cel="!has(self.type) || self.type != 'Reserved' || has(self.reservation)",
+        # Without a name GKE consumes any matching reservation and falls back to on-demand
+        # capacity: not what "Reserved" promises, so refuse it rather than do it.
+        message="spec.capacity.reservation is required with type: Reserved: name the reservation "
+        "(RESERVATION, or projects/PROJECT/reservations/RESERVATION for a shared one); without a "
+        "name the slices could land on on-demand capacity; use type: OnDemand for that",
+        holds=lambda s: s.capacity.type != CapacityType.RESERVED or bool(s.capacity.reservation),
     ),
     Rule(
         path=("failurePolicy",),
