@@ -47,6 +47,20 @@ class Parsed:
     error: SpecError | None
 
 
+def parse_cached(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Parsed:
+    """parse(), once per spec generation (and labels): a resync or a status echo re-plans
+    nothing."""
+    meta = body.get("metadata") or {}
+    labels = tuple(sorted((meta.get("labels") or {}).items()))
+    version = (meta.get("uid"), meta.get("generation"), labels)
+    cached = rt.parsed.get(key)
+    if cached is not None and cached[0] == version and isinstance(cached[1], Parsed):
+        return cached[1]
+    parsed = parse(body)
+    rt.parsed[key] = (version, parsed)
+    return parsed
+
+
 def parse(body: dict[str, Any]) -> Parsed:
     try:
         job = load_job(body)
@@ -124,7 +138,7 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
 
 
 async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision:
-    parsed = parse(body)
+    parsed = parse_cached(rt, key, body)
     meta = job_meta(body)
     raw_old = dict(body.get("status") or {})
     old = MultisliceJobStatus.from_dict(raw_old)

@@ -30,15 +30,18 @@ class JobStore:
 
     bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
 
-    def put(self, body: Mapping[str, Any]) -> None:
+    def put(self, body: Mapping[str, Any]) -> bool:
+        """Keep `body` unless the copy held is as new; True when it is news (not our own write
+        coming back through the watch, nor an older event)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         current = self.bodies.get(key)
         if current is not None:
             same = (current.get("metadata") or {}).get("uid") == meta.get("uid")
-            if same and resource_version(current) > resource_version(body):
-                return
+            if same and resource_version(current) >= resource_version(body) > 0:
+                return False
         self.bodies[key] = dict(body)
+        return True
 
     def get(self, key: JobKey) -> dict[str, Any] | None:
         return self.bodies.get(key)
@@ -71,10 +74,14 @@ class Runtime:
     # wakes only the jobs it could help.
     waiting_for_nodes: dict[tuple[str, str], set[JobKey]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # The last parse of each job's spec, by (uid, generation, labels): see reconciler.parse_cached.
+    parsed: dict[JobKey, tuple[Any, Any]] = field(default_factory=dict)
 
-    def poke(self, namespace: str | None, name: str | None) -> None:
+    def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
+        """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
+        of 256 pods) costs one pass, not one per event."""
         if namespace and name and (namespace, name) in self.store.bodies:
-            self.queue.add((namespace, name))
+            self.queue.add((namespace, name), batch)
 
     def wait_for_nodes(self, key: JobKey, shape: tuple[str, str] | None) -> None:
         for waiting in self.waiting_for_nodes.values():
@@ -86,4 +93,5 @@ class Runtime:
         self.store.remove(key)
         self.queue.forget(key)
         self.strangers.pop(key, None)
+        self.parsed.pop(key, None)
         self.wait_for_nodes(key, None)
