@@ -719,3 +719,24 @@ def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
             prov.close()
             assert core.list_node(label_selector="multislice.dev/job-uid").items == []
         api_client.close()
+
+
+def test_availability_answers_expire_and_failures_are_not_remembered(sim: GkeSimulator) -> None:
+    """Issue 13: the operator used to keep one availability answer per type forever, so one
+    transient failure disabled the check and one "not offered" failed every later job until a
+    restart. Now the provisioner alone caches answers, successes only, for offered_ttl_s."""
+    short = GkeProvisioner.from_endpoint(
+        sim.url, PROJECT, ZONE, CLUSTER, retry=FAST_RETRY, offered_ttl_s=0.3
+    )
+    try:
+        sim.set_faults(http_5xx_next=100, http_fault_methods=["list_accelerator_types"])
+        assert run(short.check_offered(plan_of())) is None  # unknown: never blocks
+        sim.clear_faults()
+        sim.set_offered(ZONE, ["v5p-8"])
+        not_offered = run(short.check_offered(plan_of()))
+        assert not_offered is not None and not_offered.code == CODE_NOT_OFFERED  # asked again
+        sim.set_offered(ZONE, ["v5p-8", "v5litepod-16"])
+        time.sleep(0.5)  # past offered_ttl_s: the "not offered" answer expires
+        assert run(short.check_offered(plan_of())) is None
+    finally:
+        short.close()
