@@ -192,7 +192,7 @@ async def job_event(type: str, namespace: str, name: str, body: kopf.Body, **_: 
     key = (namespace, name)
     if type == "DELETED":
         rt.forget(key)
-        metrics.JOBS.set(key, None)
+        metrics.forget_job(key)
         return
     raw = dict(body)
     (raw.get("metadata") or {}).pop("managedFields", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller.kube import Kube
@@ -71,6 +72,11 @@ class Runtime:
     # wakes only the jobs it could help.
     waiting_for_nodes: dict[tuple[str, str], set[JobKey]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Goodput: the jobs this process has completed a pass of (it watches them since), and when
+    # the previous operator was last known alive (its heartbeat): a job's first pass here was
+    # blind since then, and that time is charged to the state it sees.
+    watched: set[JobKey] = field(default_factory=set)
+    previous_alive: datetime | None = None
 
     def poke(self, namespace: str | None, name: str | None) -> None:
         if namespace and name and (namespace, name) in self.store.bodies:
@@ -87,3 +93,7 @@ class Runtime:
         self.queue.forget(key)
         self.strangers.pop(key, None)
         self.wait_for_nodes(key, None)
+        self.watched.discard(key)
+
+    def blind_since(self, key: JobKey) -> datetime | None:
+        return None if key in self.watched else self.previous_alive
