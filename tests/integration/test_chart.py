@@ -157,6 +157,11 @@ BASE_RULES = {
     ("", "events", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    # The Role in the release namespace: the heartbeat Lease always, leader election with
+    # replicas.
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
 }
 
 
@@ -191,6 +196,8 @@ def test_default_render(tmp_path: Path) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -207,7 +214,10 @@ def test_default_render(tmp_path: Path) -> None:
         c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
     )
     assert "args" not in c
-    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no Lease, no leader election
+    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no leader election
+    # ... but the heartbeat Lease, per release.
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "multislice-operator"
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert env_of(docs)["MSJ_METRICS_BIND_ADDRESS"] == "0.0.0.0"  # scraped from the Service
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -249,9 +259,6 @@ def test_custom_render(tmp_path: Path) -> None:
     assert rules_of(docs) == BASE_RULES | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
-        ("coordination.k8s.io", "leases", "get"),
-        ("coordination.k8s.io", "leases", "create"),
-        ("coordination.k8s.io", "leases", "update"),
     }
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
@@ -405,16 +412,22 @@ class Rbac:
         # The SA name as installed by default; the user name must fit a certificate CN (64).
         values = {"watchNamespaces": [ns], "serviceAccount": {"name": "multislice-operator"}}
         docs = render(self.tmp_path, values, release=release, namespace=ns)
-        objs = [
-            d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-        ]
+        kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+        objs = [d for d in docs if d["kind"] in kinds]
         role = next(d for d in objs if d["kind"] == "ClusterRole")
         if drop is not None:  # the same grants, one rule per verb, minus one
             granted = rules_of(docs)
             assert drop in granted
+            leases = next(d for d in objs if d["kind"] == "Role")
+            leases["rules"] = [
+                {"apiGroups": [g], "resources": [r], "verbs": [v]}
+                for g, r, v in sorted(granted - {drop})
+                if r == "leases"
+            ]
             role["rules"] = [
                 {"apiGroups": [g], "resources": [r], "verbs": [v]}
                 for g, r, v in sorted(granted - {drop})
+                if r != "leases"
             ]
         result = kubectl(self.cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
         assert result.returncode == 0, result.stderr
@@ -584,7 +597,8 @@ def refused(log: str) -> bool:
 def start_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        ["--resync-seconds", "2"],
+        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        ["--resync-seconds", "2", "--leader-election-namespace", ns],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()

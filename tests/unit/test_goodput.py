@@ -493,3 +493,44 @@ def test_a_lost_slice_is_repairing_time_with_its_pool_held():
     assert (s.goodput.state, s.goodput.held_chips) == ("repairing", 16)
     assert s.goodput.seconds.running == 60 and s.goodput.chip_seconds.running == 60 * 32
 
+
+# ---------------------------------------------------------------- the heartbeat
+
+
+class FakeLeases:
+    def __init__(self, lease=None, refuse=False) -> None:
+        self.lease, self.refuse, self.writes = lease, refuse, 0
+
+    async def get_lease(self, namespace, name):
+        if self.refuse:
+            raise OSError("forbidden")
+        return self.lease
+
+    async def create_lease(self, namespace, body):
+        return await self.replace_lease(namespace, body)
+
+    async def replace_lease(self, namespace, body):
+        if self.refuse:
+            raise OSError("forbidden")
+        self.writes += 1
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+        return self.lease
+
+
+def test_heartbeat_reads_the_previous_operator_then_renews_as_itself():
+    import asyncio
+
+    from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
+
+    cfg = HeartbeatConfig("ns", "msj-heartbeat", "me")
+    old = {
+        "metadata": {"name": "msj-heartbeat"},
+        "spec": {"holderIdentity": "them", "renewTime": "2026-11-30T12:00:00.000000Z"},
+    }
+    kube = FakeLeases(old)
+    hb = Heartbeat(kube, cfg)  # type: ignore[arg-type]
+    assert asyncio.run(hb.start()) == T0
+    assert kube.lease["spec"]["holderIdentity"] == "me" and kube.writes == 1
+    assert asyncio.run(Heartbeat(kube, cfg).start()) is None  # its own: no outage to charge
+    refused = Heartbeat(FakeLeases(old, refuse=True), cfg)  # type: ignore[arg-type]
+    assert asyncio.run(refused.start()) is None and refused.failing
