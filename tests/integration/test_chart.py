@@ -5,6 +5,7 @@ Existing-mode lifecycle (and failing it with one verb removed)."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -45,7 +46,12 @@ CUSTOM_VALUES: dict[str, Any] = {
         },
     },
     "operator": {"logLevel": "debug", "logFormat": "text", "resyncSeconds": 5},
-    "metrics": {"port": 9100, "service": {"port": 9100}, "serviceMonitor": {"enabled": True}},
+    "metrics": {
+        "port": 9100,
+        "service": {"port": 9100},
+        "serviceMonitor": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
+    },
     "liveness": {"port": 8081},
     "nodeSelector": {"pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
@@ -262,6 +268,7 @@ def test_custom_render(tmp_path: Path) -> None:
     }
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the jobs' namespace label
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 9100
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
@@ -269,6 +276,29 @@ def test_custom_render(tmp_path: Path) -> None:
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names))
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
+
+
+def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
+    """Labelled as kube-prometheus-stack's Grafana sidecar finds dashboards (its values:
+    grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1")."""
+    assert not by_kind(render(tmp_path), "ConfigMap")  # opt-in
+    docs = render(tmp_path, {"metrics": {"grafanaDashboard": {"enabled": True}}})
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "msj-system"
+    board = json.loads(cm["data"]["multislice-goodput.json"])
+    assert board == json.loads((CHART / "dashboards" / "goodput.json").read_text())
+    custom = {
+        "enabled": True,
+        "namespace": "monitoring",
+        "label": "dashboards.example/grafana",
+        "labelValue": "yes",
+        "annotations": {"grafana_folder": "TPU"},
+    }
+    cm = one(render(tmp_path, {"metrics": {"grafanaDashboard": custom}}), "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["dashboards.example/grafana"] == "yes"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "TPU"}
 
 
 def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
