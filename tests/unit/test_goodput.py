@@ -534,3 +534,53 @@ def test_heartbeat_reads_the_previous_operator_then_renews_as_itself():
     assert asyncio.run(Heartbeat(kube, cfg).start()) is None  # its own: no outage to charge
     refused = Heartbeat(FakeLeases(old, refuse=True), cfg)  # type: ignore[arg-type]
     assert asyncio.run(refused.start()) is None and refused.failing
+
+
+def test_the_status_patch_deletes_keys_gone_from_nested_objects():
+    """A merge patch merges objects: goodput.state must be sent as null when the job finished."""
+    from multislice_operator.controller.reconciler import status_patch
+
+    old = {"phase": "Running", "goodput": {"state": "running", "since": "t1", "heldChips": 32}}
+    new = {"phase": "Succeeded", "goodput": {"since": "t2", "heldChips": 0}}
+    patch = status_patch(old, new)
+    assert patch == {
+        "phase": "Succeeded",
+        "goodput": {"since": "t2", "heldChips": 0, "state": None},
+    }
+    assert status_patch(new, new) is None
+    assert status_patch({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
+    assert status_patch({"a": 1}, {"a": {"b": 1}}) == {"a": {"b": 1}}
+
+
+def test_resuming_a_managed_job_is_provisioning_time():
+    """Resuming re-creates the pools released while suspended: Provisioning, not a pass without
+    a phase (which would have left the time to no state)."""
+    job = load_job(
+        {
+            "apiVersion": "multislice.dev/v1alpha1",
+            "kind": "MultisliceJob",
+            "metadata": {"name": "job", "namespace": "ns"},
+            "spec": {
+                "accelerator": "v5litepod-16",
+                "slices": 2,
+                "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+            },
+        }
+    )
+    plan = plan_job(job)
+    names = [p.name for p in plan.node_pools]
+    old = MultisliceJobStatus.from_dict(
+        {
+            "phase": "Suspended",
+            "goodput": {"state": "suspended", "since": "2026-11-30T12:00:00Z", "heldChips": 0},
+        }
+    )
+    obs = Observed(
+        now=at(30),
+        slices=[SliceObservation(i, n, PoolState.ABSENT) for i, n in enumerate(names)],
+        jobset=JobSetObservation(suspended=True),
+    )
+    d = decide(META, job.spec, plan, None, old, obs, CFG)
+    assert d.status.phase == "Provisioning" and "resuming" in (d.status.message or "")
+    assert d.status.goodput is not None and d.status.goodput.state == "provisioning"
+    assert d.status.goodput.seconds.suspended == 30

@@ -153,8 +153,17 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch turning old into new (None deletes a key); None when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    """A merge patch turning old into new (None deletes a key); None when nothing changed.
+
+    Objects are patched key by key (RFC 7386 merges them): a key gone from a nested object, such
+    as goodput.state once a job finished, must be sent as None or the stored one stays."""
+    patch: dict[str, Any] = {}
+    for k, v in new.items():
+        was = old.get(k)
+        if was == v:
+            continue
+        nested = isinstance(v, dict) and isinstance(was, dict)
+        patch[k] = (status_patch(was, v) or {}) if nested else v
     patch.update({k: None for k in old if k not in new})
     return patch or None
 
