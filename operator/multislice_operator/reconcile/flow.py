@@ -194,5 +194,9 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
         elif ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
+        elif ctx.status.phase is None:  # resuming: the capacity released while suspended first
+            cond = ctx.status.condition(ConditionType.PROVISIONED)
+            waiting = cond.message if cond and cond.message else "waiting for capacity"
+            ctx.phase(Phase.PROVISIONING if plan.managed else Phase.PENDING, f"resuming: {waiting}")
         return
     running_phase(ctx, plan, js, ready)

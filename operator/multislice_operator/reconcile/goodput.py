@@ -267,6 +267,8 @@ def held_chips(ctx: Ctx, plan: Plan | None, state: GoodputState | None) -> int:
 
 def account(ctx: Ctx, plan: Plan | None) -> None:
     """Called once per decide(), after the phase and status.slices are decided."""
+    if ctx.status.phase is None:  # no phase decided: nothing says the state changed
+        return
     state = accounting_state(ctx.status.phase, bool(ctx.repairing))
     g = advance(
         ctx.status.goodput,  # a copy of the old one: returned as is when nothing changed
