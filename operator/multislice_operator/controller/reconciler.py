@@ -162,8 +162,10 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | N
         was = old.get(k)
         if was == v:
             continue
-        nested = isinstance(v, dict) and isinstance(was, dict)
-        patch[k] = (status_patch(was, v) or {}) if nested else v
+        if isinstance(v, dict) and isinstance(was, dict):
+            patch[k] = status_patch(was, v) or {}
+        else:
+            patch[k] = v
     patch.update({k: None for k in old if k not in new})
     return patch or None
 
