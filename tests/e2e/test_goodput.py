@@ -163,6 +163,33 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
         env={**os.environ, "KUBECONFIG": str(stack.cp.kubeconfig)},
     ).stdout  # fmt: skip
     assert "20 steps lost" in text and "restarts: 1 (workload 1)" in text
+    # Metrics: the job's goodput gauge is the status' figure, and goes with the job.
+    series = f'multislice_job_goodput_ratio{{name="restart",namespace="{ns}"}}'
+    assert scrape(stack).get(series) == g["chipGoodput"]
+    phases = scrape(stack)
+    custom(stack).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "restart"
+    )
+
+    def without_the_job() -> dict[str, float] | None:
+        metrics = scrape(stack)
+        return metrics if series not in metrics else None
+
+    gone = wait_for(without_the_job, 60, "the job's series gone")
+    key = 'multislice_jobs{phase="Succeeded"}'
+    assert gone.get(key, 0) == phases[key] - 1  # deleted jobs stop counting
+
+
+def scrape(stack) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(stack.op.metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def heartbeat(stack) -> datetime:
