@@ -2,13 +2,15 @@
 
 Builds what is missing, starts the local default (a real control plane with kwok TPU nodes, the
 GKE API simulator and the operator), applies a MultisliceJob, drives one scenario, shows the job
-live and a timeline at the end, checks the outcome, and cleans everything up (Ctrl-C included).
+live and a timeline at the end, checks the outcome, shows where the job's TPU time went (the
+goodput breakdown of `multislice-operator status`), and cleans everything up (Ctrl-C included).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import signal
 import sys
 import tempfile
@@ -32,6 +34,7 @@ NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
 FATAL_EXIT = 42
+LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class Demo:
         outcome = self.watch(body)
         self.timeline()
         ok = self.check(outcome)
+        self.goodput()
         if self.workload is not None:
             ok = self.workload_result() and ok
         if self.args.keep:
@@ -273,7 +277,15 @@ class Demo:
             code = RETRYABLE_EXIT if name == "restart" else FATAL_EXIT
             kind = "retryable" if name == "restart" else "non-retryable"
             self.n.say(f"making pod {pod} (slice 1) exit with {kind} code {code}")
-            fail_pod(self.stack.api, NAMESPACE, pod, code)
+            message = None
+            if name == "restart":  # what the workload writes on exit (its termination message)
+                said = {"v": 1, "reason": "crash", "exitCode": code, **LAST_STEPS}
+                message = json.dumps(said)
+                self.n.say(
+                    f"  its termination message: last step {LAST_STEPS['step']}, last checkpoint "
+                    f"at step {LAST_STEPS['checkpointStep']}"
+                )
+            fail_pod(self.stack.api, NAMESPACE, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
 
     def victim(self) -> str:
@@ -413,6 +425,26 @@ class Demo:
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def goodput(self) -> None:
+        """The end of the story: where the job's TPU time went, as `multislice-operator status`
+        shows it."""
+        assert self.stack is not None
+        try:
+            obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.n.say("goodput: the job was deleted, and its status with it")
+            return
+        from rich.console import Console
+
+        from multislice_operator import view
+
+        self.n.say(f"where the TPU time went (multislice-operator status {JOB} -n {NAMESPACE}):")
+        view.render(view.view(obj, view.now_utc()), Console(file=self.n.out, highlight=False))
 
     def fake_nodes(self) -> list[str]:
         assert self.stack is not None

@@ -1,4 +1,4 @@
-"""The `multislice-operator` command: validate, plan, render, crd, run.
+"""The `multislice-operator` command: validate, plan, render, crd, status, run.
 
 Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
 and a non-zero exit, never a traceback.
@@ -219,6 +219,43 @@ def cmd_crd(_: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """One job: phase and why, slices, restarts, where its time went, the next retry."""
+    from datetime import datetime
+
+    from multislice_operator import view
+
+    if args.file:
+        docs = _read_documents(args.file)
+        obj = next(
+            (d for d in docs if isinstance(d, dict) and d.get("kind") == "MultisliceJob"), None
+        )
+        if obj is None:
+            raise InputError(f"{args.file}: no MultisliceJob found")
+    else:
+        if not args.name:
+            raise InputError("give the job's NAME (or -f FILE)")
+        try:
+            obj = view.fetch_job(
+                args.name, args.namespace, args.kubectl, args.context, args.kubeconfig
+            )
+        except view.FetchError as exc:
+            raise InputError(str(exc)) from None
+    now = datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+    data = view.view(obj, now)
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    try:
+        from rich.console import Console
+    except ImportError:
+        raise InputError(
+            "the status view needs rich: pip install 'multislice-operator[cli]' (or use -o json)"
+        ) from None
+    view.render(data, Console(highlight=False))
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from multislice_operator.controller.main import run_operator
 
@@ -226,9 +263,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="multislice-operator",
+        prog=prog,
         description="Run Cloud TPU Multislice training on GKE: validate, plan and render "
         "MultisliceJobs, or run the operator.",
     )
@@ -269,6 +306,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     p.set_defaults(func=cmd_crd)
 
+    p = sub.add_parser(
+        "status",
+        help="one job as a person reads it: phase and why, slices, restarts, where its TPU time "
+        "went (goodput), a timeline, the next retry",
+    )
+    p.add_argument("name", nargs="?", help="the MultisliceJob's name")
+    p.add_argument("-n", "--namespace", help="its namespace (default: kubectl's)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument("-f", "--file", help="read the job from a file (kubectl get -o json/yaml)")
+    p.add_argument("--kubectl", default="kubectl", help="the kubectl to read the job with")
+    p.add_argument("--context", help="kubeconfig context (passed to kubectl)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (passed to kubectl)")
+    p.add_argument("--now", help=argparse.SUPPRESS)  # tests: a fixed 'now' (ISO 8601)
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("run", help="run the operator (kopf)")
     from multislice_operator.settings import add_run_arguments
 
@@ -277,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
@@ -293,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-__all__ = ["FieldError", "main"]
+def kubectl_main() -> int:
+    """`kubectl msj ...`: kubectl runs an executable named kubectl-msj found on PATH."""
+    return main(prog="kubectl msj")
+
+
+__all__ = ["FieldError", "kubectl_main", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

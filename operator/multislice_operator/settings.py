@@ -93,9 +93,13 @@ class Settings:
         "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
     )
     leader_election_namespace: str | None = _opt(
-        "namespace of the Lease; default: the operator pod's namespace"
+        "namespace of the Leases (leader election, and the heartbeat NAME-heartbeat that "
+        "goodput reads after a restart); default: the operator pod's namespace"
     )
-    leader_election_name: str = _opt("name of the Lease", "multislice-operator")
+    leader_election_name: str = _opt(
+        "name of the leader-election Lease (the heartbeat Lease is NAME-heartbeat)",
+        "multislice-operator",
+    )
 
     @property
     def gke_configured(self) -> bool:

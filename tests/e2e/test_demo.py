@@ -56,7 +56,7 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("scenario", "must_see"),
     [
-        ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned"]),
+        ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"]),
         ("stockout", ["GangRolledBack", "GCE_STOCKOUT"]),
         ("preemption", ["SliceLost", "preempting spot node pool"]),
         ("fatal", ["exited with non-retryable code 42"]),
@@ -71,6 +71,11 @@ def test_demo_scenario(scenario, must_see):
     for needle in must_see:
         assert needle in out, f"{needle!r} missing:\n{out[-3000:]}"
     assert "timeline:" in out
+    if scenario != "delete":  # it ends with where the job's TPU time went
+        assert re.search(r"goodput  \S+ since creation", out), out[-3000:]
+        assert "chip goodput" in out
+    else:
+        assert "the job was deleted, and its status with it" in out
 
 
 def test_demo_runs_the_real_workload_with_the_injected_environment():

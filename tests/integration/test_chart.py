@@ -5,6 +5,7 @@ Existing-mode lifecycle (and failing it with one verb removed)."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -45,7 +46,12 @@ CUSTOM_VALUES: dict[str, Any] = {
         },
     },
     "operator": {"logLevel": "debug", "logFormat": "text", "resyncSeconds": 5},
-    "metrics": {"port": 9100, "service": {"port": 9100}, "serviceMonitor": {"enabled": True}},
+    "metrics": {
+        "port": 9100,
+        "service": {"port": 9100},
+        "serviceMonitor": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
+    },
     "liveness": {"port": 8081},
     "nodeSelector": {"pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
@@ -157,6 +163,11 @@ BASE_RULES = {
     ("", "events", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    # The Role in the release namespace: the heartbeat Lease always, leader election with
+    # replicas.
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
 }
 
 
@@ -191,6 +202,8 @@ def test_default_render(tmp_path: Path) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -207,7 +220,10 @@ def test_default_render(tmp_path: Path) -> None:
         c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
     )
     assert "args" not in c
-    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no Lease, no leader election
+    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no leader election
+    # ... but the heartbeat Lease, per release.
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "multislice-operator"
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert env_of(docs)["MSJ_METRICS_BIND_ADDRESS"] == "0.0.0.0"  # scraped from the Service
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -249,12 +265,10 @@ def test_custom_render(tmp_path: Path) -> None:
     assert rules_of(docs) == BASE_RULES | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
-        ("coordination.k8s.io", "leases", "get"),
-        ("coordination.k8s.io", "leases", "create"),
-        ("coordination.k8s.io", "leases", "update"),
     }
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the jobs' namespace label
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 9100
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
@@ -262,6 +276,29 @@ def test_custom_render(tmp_path: Path) -> None:
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names))
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
+
+
+def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
+    """Labelled as kube-prometheus-stack's Grafana sidecar finds dashboards (its values:
+    grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1")."""
+    assert not by_kind(render(tmp_path), "ConfigMap")  # opt-in
+    docs = render(tmp_path, {"metrics": {"grafanaDashboard": {"enabled": True}}})
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "msj-system"
+    board = json.loads(cm["data"]["multislice-goodput.json"])
+    assert board == json.loads((CHART / "dashboards" / "goodput.json").read_text())
+    custom = {
+        "enabled": True,
+        "namespace": "monitoring",
+        "label": "dashboards.example/grafana",
+        "labelValue": "yes",
+        "annotations": {"grafana_folder": "TPU"},
+    }
+    cm = one(render(tmp_path, {"metrics": {"grafanaDashboard": custom}}), "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["dashboards.example/grafana"] == "yes"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "TPU"}
 
 
 def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
@@ -405,16 +442,22 @@ class Rbac:
         # The SA name as installed by default; the user name must fit a certificate CN (64).
         values = {"watchNamespaces": [ns], "serviceAccount": {"name": "multislice-operator"}}
         docs = render(self.tmp_path, values, release=release, namespace=ns)
-        objs = [
-            d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-        ]
+        kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+        objs = [d for d in docs if d["kind"] in kinds]
         role = next(d for d in objs if d["kind"] == "ClusterRole")
         if drop is not None:  # the same grants, one rule per verb, minus one
             granted = rules_of(docs)
             assert drop in granted
+            leases = next(d for d in objs if d["kind"] == "Role")
+            leases["rules"] = [
+                {"apiGroups": [g], "resources": [r], "verbs": [v]}
+                for g, r, v in sorted(granted - {drop})
+                if r == "leases"
+            ]
             role["rules"] = [
                 {"apiGroups": [g], "resources": [r], "verbs": [v]}
                 for g, r, v in sorted(granted - {drop})
+                if r != "leases"
             ]
         result = kubectl(self.cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
         assert result.returncode == 0, result.stderr
@@ -584,7 +627,8 @@ def refused(log: str) -> bool:
 def start_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        ["--resync-seconds", "2"],
+        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        ["--resync-seconds", "2", "--leader-election-namespace", ns],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()

@@ -380,6 +380,152 @@ class PodFailureStatus(_Model):
     slice: int | None = Field(default=None, description="Its slice index.")
     exit_code: int | None = Field(default=None, description="The TPU container's exit code.")
     reason: str = Field(default="", description="The container's or pod's reason.")
+    restart_attempt: int | None = Field(
+        default=None,
+        description="The JobSet restart attempt the pod belonged to (0 before the first restart).",
+    )
+    step: int | None = Field(
+        default=None,
+        description="The last training step the workload completed, from its termination message.",
+    )
+    checkpoint_step: int | None = Field(
+        default=None,
+        description="The step of the workload's last durable checkpoint, from its termination "
+        "message.",
+    )
+
+
+class GoodputState(StrEnum):
+    """Where a job's time goes: every second since creation is in exactly one of these (or the
+    clock has stopped: the job finished)."""
+
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    REPAIRING = "repairing"
+    SUSPENDED = "suspended"
+
+
+class StateSeconds(_Model):
+    """A total per accounting state (seconds, or chip-seconds)."""
+
+    queued: int = Field(
+        default=0, ge=0, description="Waiting for capacity or admission (phase Pending)."
+    )
+    provisioning: int = Field(
+        default=0, ge=0, description="Creating node pools, rollbacks and backoff included."
+    )
+    starting: int = Field(default=0, ge=0, description="Capacity ready, slices not all running.")
+    running: int = Field(default=0, ge=0, description="Every slice running: the goodput.")
+    restarting: int = Field(default=0, ge=0, description="Restarting all slices after a failure.")
+    repairing: int = Field(
+        default=0, ge=0, description="Replacing the node pool of a slice that lost its capacity."
+    )
+    suspended: int = Field(default=0, ge=0, description="spec.suspend set.")
+
+    def get(self, state: GoodputState | str) -> int:
+        value: int = getattr(self, GoodputState(state).value)
+        return value
+
+    def add(self, state: GoodputState | str, amount: int) -> None:
+        name = GoodputState(state).value
+        setattr(self, name, getattr(self, name) + max(0, amount))
+
+    def total(self) -> int:
+        return sum(self.get(s) for s in GoodputState)
+
+
+class GoodputSegment(_Model):
+    """One entry of the timeline: the job entered `state` at `since`."""
+
+    state: GoodputState = Field(description="The accounting state entered.")
+    since: datetime = Field(description="When.")
+
+
+GOODPUT_TIMELINE_MAX = 32
+
+
+class GoodputStatus(_Model):
+    """Where every second and every chip-second of the job went, since its creation.
+
+    Totals cover the closed states only, up to `since`; the current state has run from `since`
+    to now (the CLI and the metrics add it). Written only when the state or the chips held change,
+    so an idle job costs no status write."""
+
+    state: GoodputState | None = Field(
+        default=None,
+        description="The current accounting state; unset once the job finished (the clock "
+        "stopped).",
+    )
+    since: datetime | None = Field(
+        default=None,
+        description="When the current state began; every total below is as of this time.",
+    )
+    held_chips: int = Field(
+        default=0,
+        ge=0,
+        description="TPU chips held since `since`: chips of the slices whose node pools exist "
+        "(Managed), or of every slice while the JobSet runs on existing pools (Existing).",
+    )
+    seconds: StateSeconds = Field(
+        default_factory=StateSeconds, description="Wall-clock seconds spent in each state."
+    )
+    chip_seconds: StateSeconds = Field(
+        default_factory=StateSeconds,
+        description="Chip-seconds held in each state; `running` is the productive part.",
+    )
+    admitted_time: datetime | None = Field(
+        default=None, description="When the job first left `queued`."
+    )
+    chip_goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Running chip-seconds / held chip-seconds, as of `since`.",
+    )
+    wall_goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Running seconds / seconds since admission, as of `since`.",
+    )
+    lost_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Training steps thrown away by restarts (last step - last checkpoint step, "
+        "from the workload's termination messages), over the restarts where it is known.",
+    )
+    timeline: list[GoodputSegment] = Field(
+        default_factory=list,
+        max_length=GOODPUT_TIMELINE_MAX,
+        description=f"The last {GOODPUT_TIMELINE_MAX} state changes, oldest first.",
+    )
+
+
+class RestartStatus(_Model):
+    """The most recent restart of all slices: why, what it cost, how long it took."""
+
+    restart: int = Field(description="Which restart (status.restarts once it happened).")
+    cause: str = Field(
+        default="unknown",
+        description="Why: workload (a pod of the workload failed) or unknown.",
+    )
+    time: datetime | None = Field(
+        default=None, description="When the slices stopped running (the failure, as observed)."
+    )
+    lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Steps lost: the failed workload's last step - its last checkpoint step; "
+        "unset when no termination message said.",
+    )
+    recovery_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="From `time` to every slice running again; unset until then.",
+    )
 
 
 class MultisliceJobStatus(_Model):
@@ -421,6 +567,13 @@ class MultisliceJobStatus(_Model):
     )
     running_time: datetime | None = Field(
         default=None, description="When every slice was first seen running."
+    )
+    goodput: GoodputStatus | None = Field(
+        default=None,
+        description="Where the job's time and chips went, by state, since its creation.",
+    )
+    last_restart: RestartStatus | None = Field(
+        default=None, description="The most recent restart: cause, steps lost, recovery time."
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

@@ -26,6 +26,8 @@ from multislice_operator import keys, metrics
 from multislice_operator.api import models
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop
+from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
+from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
@@ -124,17 +126,37 @@ async def _run(rt: Runtime) -> None:
         await elector.leading.wait()
     if rt.provisioner is not None and rt.settings.gc_interval_seconds > 0:
         rt.tasks.append(asyncio.create_task(gc_loop(rt)))
+    # Before any pass: when the previous operator was last alive (goodput's blind time).
+    heartbeat = Heartbeat(rt.kube, _heartbeat_config(rt.settings))
+    rt.previous_alive = await heartbeat.start()
+    rt.tasks.append(asyncio.create_task(heartbeat.run()))
     workers = [asyncio.create_task(_worker(rt)) for _ in range(max(1, rt.settings.workers))]
     rt.tasks.extend(workers)
 
 
-def _lease_config(s: Settings) -> LeaseConfig:
+def _lease_namespace(s: Settings) -> str:
     namespace = s.leader_election_namespace
     if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
             namespace = f.read().strip()
-    identity = f"{socket.gethostname()}_{os.getpid()}"
-    return LeaseConfig(namespace or "default", s.leader_election_name, identity)
+    return namespace or "default"
+
+
+def _identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _lease_config(s: Settings) -> LeaseConfig:
+    return LeaseConfig(_lease_namespace(s), s.leader_election_name, _identity())
+
+
+def _heartbeat_config(s: Settings) -> HeartbeatConfig:
+    return HeartbeatConfig(
+        _lease_namespace(s),
+        s.leader_election_name + HEARTBEAT_SUFFIX,
+        _identity(),
+        interval_seconds=min(max(s.resync_seconds, 1.0), 30.0),
+    )
 
 
 async def _exit_when_lost(elector: LeaderElector) -> None:
@@ -196,7 +218,7 @@ async def job_event(type: str, namespace: str, name: str, body: kopf.Body, **_: 
     key = (namespace, name)
     if type == "DELETED":
         rt.forget(key)
-        metrics.JOBS.set(key, None)
+        metrics.forget_job(key)
         return
     raw = dict(body)
     (raw.get("metadata") or {}).pop("managedFields", None)

@@ -26,6 +26,7 @@ from multislice_operator.reconcile import (
     PodFailure,
     SliceObservation,
 )
+from multislice_operator.reconcile.goodput import parse_termination_message
 
 # ---------------------------------------------------------------- index summaries
 
@@ -65,10 +66,13 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
     exit_code, reason = None, status.get("reason") or ""
+    step = checkpoint_step = None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
+            # Where the run stood (contract section 2); only the two numbers are kept.
+            step, checkpoint_step = parse_termination_message(term.get("message"))
             break
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -82,6 +86,8 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "ready": ready,
         "exitCode": exit_code,
         "reason": reason,
+        "step": step,
+        "checkpointStep": checkpoint_step,
         "deleting": bool(meta.get("deletionTimestamp")),
     }
 
@@ -156,7 +162,15 @@ def pod_observations(
     for p in pods:
         if p["phase"] == "Failed" or (p["exitCode"] is not None and p["phase"] != "Succeeded"):
             failures.append(
-                PodFailure(p["pod"], p["slice"], p["exitCode"], p["reason"], p["attempt"])
+                PodFailure(
+                    p["pod"],
+                    p["slice"],
+                    p["exitCode"],
+                    p["reason"],
+                    p["attempt"],
+                    step=p.get("step"),
+                    checkpoint_step=p.get("checkpointStep"),
+                )
             )
         if p["attempt"] != attempt or p["slice"] is None or p["deleting"]:
             continue
@@ -239,11 +253,13 @@ def observe(
     provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
     node_selector: Mapping[str, str] | None = None,
+    blind_since: datetime | None = None,
 ) -> Observed:
     js = jobset_observation(jobset)
     failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
     obs = Observed(
         now=now,
+        blind_since=blind_since,
         jobset=js,
         pod_failures=failures,
         running_pods=running,

@@ -20,7 +20,7 @@ from multislice_operator.controller import observe as ob
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.reconcile import Decision, JobMeta, Observed, decide
+from multislice_operator.reconcile import Decision, JobMeta, Observed, decide, goodput
 
 log = logging.getLogger("multislice_operator")
 
@@ -32,6 +32,8 @@ SLICE_FAILURE_REASONS = {
 }
 for _reason in SLICE_FAILURE_REASONS.values():
     metrics.SLICE_FAILURES_TOTAL.labels(_reason)  # exported at 0 before the first failure
+for _cause in (goodput.CAUSE_WORKLOAD, goodput.CAUSE_UNKNOWN):
+    metrics.RESTARTS_TOTAL.labels(_cause)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
 
@@ -107,6 +109,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         provisioner_configured=configured,
         offered_error=offered,
         node_selector=template.get("nodeSelector") or {},
+        blind_since=rt.blind_since(key),
     )
 
 
@@ -143,7 +146,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     raw_old = dict(body.get("status") or {})
     old = MultisliceJobStatus.from_dict(raw_old)
     if parsed.plan is None:
-        obs = Observed(now=datetime.now(UTC))
+        obs = Observed(now=datetime.now(UTC), blind_since=rt.blind_since(key))
         decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
     else:
         obs = await observe(rt, key, body, parsed.plan)
@@ -158,12 +161,25 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         return decision  # going away with nothing of ours attached: nothing to write
     await _write(rt, key, body, raw_old, decision)
     _track(rt, key, parsed.plan, decision)
+    rt.watched.add(key)
+    _record_goodput(key, meta, decision.status, obs.now)
     return decision
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch turning old into new (None deletes a key); None when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    """A merge patch turning old into new (None deletes a key); None when nothing changed.
+
+    Objects are patched key by key (RFC 7386 merges them): a key gone from a nested object, such
+    as goodput.state once a job finished, must be sent as None or the stored one stays."""
+    patch: dict[str, Any] = {}
+    for k, v in new.items():
+        was = old.get(k)
+        if was == v:
+            continue
+        if isinstance(v, dict) and isinstance(was, dict):
+            patch[k] = status_patch(was, v) or {}
+        else:
+            patch[k] = v
     patch.update({k: None for k in old if k not in new})
     return patch or None
 
@@ -198,10 +214,43 @@ def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobSta
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
     added = new.restarts - old.restarts
     if added > 0:
-        metrics.RESTARTS_TOTAL.inc(added)
+        cause = new.last_restart.cause if new.last_restart else goodput.CAUSE_UNKNOWN
+        metrics.RESTARTS_TOTAL.labels(cause).inc(added)
+    if (new.provisioning_attempts or 0) > (old.provisioning_attempts or 0):
+        metrics.GANG_ATTEMPTS_TOTAL.inc(
+            (new.provisioning_attempts or 0) - (old.provisioning_attempts or 0)
+        )
+    restart, was = new.last_restart, old.last_restart
+    if restart is not None:
+        first_seen = was is None or was.restart != restart.restart
+        if first_seen and restart.lost_steps is not None:
+            metrics.RESTART_LOST_STEPS.observe(restart.lost_steps)
+        if restart.recovery_seconds is not None and (
+            first_seen or (was is not None and was.recovery_seconds is None)
+        ):
+            metrics.RESTART_RECOVERY.observe(restart.recovery_seconds)
     if new.provisioned_time and new.provisioned_time != old.provisioned_time and new.start_time:
         metrics.PROVISIONING_DURATION.observe(
             (new.provisioned_time - new.start_time).total_seconds()
         )
     if new.running_time and not old.running_time and new.start_time:
         metrics.TIME_TO_RUNNING.observe((new.running_time - new.start_time).total_seconds())
+
+
+def _record_goodput(key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime) -> None:
+    """The goodput metrics, live as of this pass (the status holds them as of the last change)."""
+    if st.goodput is None:
+        return
+    view = goodput.live(st.goodput, now)
+    per_slice = (st.total_chips or 0) // max(1, len(st.slices))
+    pools = view.held_chips // per_slice if per_slice else 0
+    created = meta.creation_time
+    fresh = created is not None and created.timestamp() >= int(metrics.PROCESS_START)
+    metrics.GOODPUT.update(
+        key,
+        view.seconds,
+        view.chip_seconds,
+        (view.chip_goodput, view.wall_goodput),
+        (view.held_chips, pools),
+        from_zero=fresh,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller.kube import Kube
@@ -76,6 +77,11 @@ class Runtime:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     # The last parse of each job's spec, by (uid, generation, labels): see reconciler.parse_cached.
     parsed: dict[JobKey, tuple[Any, Any]] = field(default_factory=dict)
+    # Goodput: the jobs this process has completed a pass of (it watches them since), and when
+    # the previous operator was last known alive (its heartbeat): a job's first pass here was
+    # blind since then, and that time is charged to the state it sees.
+    watched: set[JobKey] = field(default_factory=set)
+    previous_alive: datetime | None = None
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
@@ -95,3 +101,7 @@ class Runtime:
         self.strangers.pop(key, None)
         self.parsed.pop(key, None)
         self.wait_for_nodes(key, None)
+        self.watched.discard(key)
+
+    def blind_since(self, key: JobKey) -> datetime | None:
+        return None if key in self.watched else self.previous_alive

@@ -21,6 +21,7 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile import goodput
 from multislice_operator.reconcile.capacity import capacity_ready, release
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.running import (
@@ -59,6 +60,7 @@ def decide(
     ctx = Ctx(meta, old_status or MultisliceJobStatus(), obs, cfg or DecideConfig())
     if spec_error is not None or spec is None or plan is None:
         _invalid(ctx, spec_error)
+        goodput.account(ctx, None)
         return ctx.decision()
     ctx.cond(ConditionType.VALIDATED, "True", "Valid", f"{plan.slices} x {plan.shape.accelerator}")
     ctx.status.total_chips = plan.total_chips
@@ -74,6 +76,7 @@ def decide(
             ctx.actions.append(AddFinalizer())  # before any pool can exist
         _active(ctx, spec, plan)
     slice_statuses(ctx, plan)
+    goodput.account(ctx, plan)
     return ctx.decision()
 
 
@@ -191,5 +194,9 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
         elif ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
+        elif ctx.status.phase is None:  # resuming: the capacity released while suspended first
+            cond = ctx.status.condition(ConditionType.PROVISIONED)
+            waiting = cond.message if cond and cond.message else "waiting for capacity"
+            ctx.phase(Phase.PROVISIONING if plan.managed else Phase.PENDING, f"resuming: {waiting}")
         return
     running_phase(ctx, plan, js, ready)

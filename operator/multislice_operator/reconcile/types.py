@@ -31,6 +31,9 @@ class PodFailure:
     exit_code: int | None
     reason: str = ""
     restart_attempt: int = 0
+    # From the workload's termination message (contract section 2), when it wrote one.
+    step: int | None = None
+    checkpoint_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class Observed:
     offered_error: PoolError | None = None
     provisioner_configured: bool = True  # Managed mode needs a GKE cluster configured
     existing_pools_found: int = 0  # Existing mode: matching pools seen, ready or not
+    # The operator could not watch this job from this time until now: it was not running (the
+    # previous operator's last heartbeat, on the first pass after an operator restart). Goodput
+    # charges that time to the state seen now. None: the operator was watching all along.
+    blind_since: datetime | None = None
 
 
 @dataclass(frozen=True)
