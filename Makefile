@@ -25,7 +25,7 @@ lint: install
 fmt: install
 	$(BIN)/ruff format operator local workload tests benchmarks
 
-# Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster.
+# Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster|kueue.
 PROFILE ?= cluster
 
 bins:
