@@ -15,7 +15,7 @@ from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.controller import appliers
+from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
@@ -82,7 +82,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
     jobset = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return ob.observe(
+    observed = ob.observe(
         plan,
         (body.get("metadata") or {}).get("uid", ""),
         datetime.now(UTC),
@@ -94,6 +94,10 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         offered_error=offered,
         node_selector=template.get("nodeSelector") or {},
     )
+    queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
+    if queue:
+        observed.queue = kueue.queue_observation(rt, key, queue)
+    return observed
 
 
 async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:

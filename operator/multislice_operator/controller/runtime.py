@@ -54,6 +54,10 @@ class Indexes:
     jobsets: Mapping[Any, Any]
     pods: Mapping[Any, Any]
     nodes: Mapping[Any, Any]
+    # Kueue's (with --kueue only): see controller/kueue.py.
+    workloads: Mapping[Any, Any] = field(default_factory=dict)
+    local_queues: Mapping[Any, Any] = field(default_factory=dict)
+    admission_checks: Mapping[Any, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Runtime:
     # wakes only the jobs it could help.
     waiting_for_nodes: dict[tuple[str, str], set[JobKey]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
+    kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def poke(self, namespace: str | None, name: str | None) -> None:
         if namespace and name and (namespace, name) in self.store.bodies:
