@@ -214,9 +214,10 @@ class QuotaWitness:
     api: client.ApiClient
     creates: list[Create] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _inner: Any = None
 
     def install(self) -> QuotaWitness:
-        inner = self.sim.handle
+        inner = self._inner = self.sim.handle
 
         def handle(method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
             if method == "POST" and path.endswith("/nodePools"):
@@ -226,6 +227,11 @@ class QuotaWitness:
 
         self.sim.handle = handle
         return self
+
+    def uninstall(self) -> None:
+        if self._inner is not None:
+            self.sim.handle = self._inner
+            self._inner = None
 
     def _witness(self, body: bytes) -> None:
         try:

@@ -417,9 +417,7 @@ def test_existing_mode_quota_only_runs_once_kueue_resumes_it():
 
 
 def test_managed_quota_only_provisions_after_admission():
-    admitted = obs(
-        wl(None, admitted=True), slices=absent(), jobset=JobSetObservation(created=NOW)
-    )
+    admitted = obs(wl(None, admitted=True), slices=absent(), jobset=JobSetObservation(created=NOW))
     d = run(obs=admitted)
     assert d.actions == [CreatePools((0, 1))]
     waiting = run(obs=obs(wl(None), slices=absent()))
