@@ -185,6 +185,10 @@ def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
     done = env.phase("c", "Succeeded")
     assert done["queue"]["admissionCheck"] == queues.CHECK
     wl = env.workload("c")
+    (pod_set,) = wl["spec"]["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == ("slice", 8)  # 4 hosts x 2 slices
+    (assigned,) = wl["status"]["admission"]["podSetAssignments"]
+    assert assigned["resourceUsage"]["google.com/tpu"] == str(CHIPS)  # 4 chips x 4 x 2
     (check,) = wl["status"]["admissionChecks"]
     assert check["state"] == "Ready"
     assert check["podSetUpdates"][0]["nodeSelector"] == {keys.JOB_KEY: env_plan_key(env, "c")}
@@ -295,3 +299,25 @@ def test_operator_killed_while_the_check_is_pending_or_provisioning_converges(en
     env.phase("crash", "Succeeded")
     wait_for(lambda: not env.pools("crash"), 30, "pools released")
     assert env.witness.without_quota() == []
+
+
+def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, stack):
+    from multislice_local.nodes import fail_pod
+
+    env.queue(64)
+    env.create("flaky", run="10s")
+    env.phase("flaky", "Running")
+    wl_before = env.workload("flaky")
+    pods = env.core.list_namespaced_pod(env.ns, label_selector="jobset.sigs.k8s.io/job-index=1")
+    victim = sorted(p.metadata.name for p in pods.items)[0]
+    fail_pod(stack.api, env.ns, victim, 17)  # retryable: the JobSet restarts all slices
+    wait_for(lambda: env.status("flaky").get("restarts") == 1, 60, "a restart of all slices",
+             on_timeout=env.dump)  # fmt: skip
+    done = env.phase("flaky", "Succeeded", 120)
+    assert done["restarts"] == 1
+    assert done["queue"]["preemptions"] == 0 and "lastEviction" not in done["queue"]
+    assert done["provisioningAttempts"] == 1  # the same gang throughout
+    wl = env.workload("flaky")
+    assert wl["metadata"]["uid"] == wl_before["metadata"]["uid"]
+    assert not (wl["status"].get("schedulingStats") or {}).get("evictions")  # never requeued
+    assert len(env.witness.for_job(f"{env.ns}/flaky")) == 2
