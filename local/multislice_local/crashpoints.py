@@ -5,6 +5,8 @@ SIGKILL would, right after a chosen side effect and before the status write that
 
 * ``after-pool-create``: after the provisioner accepted node-pool creates.
 * ``after-jobset-create``: after the apiserver created the JobSet.
+* ``after-check-write``: after the apiserver took a write of the operator's AdmissionCheck state
+  on a Workload (Kueue mode).
 
 Usage: ``MSJ_CRASH_POINT=after-pool-create python -m multislice_local.crashpoints run ...``.
 """
@@ -52,6 +54,12 @@ def install(point: str) -> None:
 
         Kube.create_jobset = _crash_after(  # type: ignore[method-assign,assignment]
             point, Kube.create_jobset, bool
+        )
+    elif point == "after-check-write":
+        from multislice_operator.controller.kube import Kube
+
+        Kube.patch_workload_checks = _crash_after(  # type: ignore[method-assign,assignment]
+            point, Kube.patch_workload_checks, lambda _: True
         )
     else:
         raise SystemExit(f"unknown {CRASH_POINT_ENV} {point!r}")

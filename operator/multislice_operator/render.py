@@ -151,6 +151,10 @@ def render_jobset(
     queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
         labels[keys.KUEUE_QUEUE_NAME] = queue
+        # Kueue reads the Workload's priority from the job's label (a WorkloadPriorityClass).
+        priority = (job_meta_labels or {}).get(keys.KUEUE_PRIORITY_CLASS)
+        if priority:
+            labels[keys.KUEUE_PRIORITY_CLASS] = priority
     hosts = plan.shape.hosts
     job_spec: dict[str, Any] = {
         "parallelism": hosts,

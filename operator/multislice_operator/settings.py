@@ -89,6 +89,16 @@ class Settings:
     )
     backoff_base_seconds: float = _opt("first gang-provisioning retry delay (doubles)", 30.0)
     backoff_max_seconds: float = _opt("longest gang-provisioning retry delay", 600.0)
+    kueue: bool = _opt(
+        "watch Kueue Workloads, LocalQueues and AdmissionChecks (kueue.x-k8s.io/v1beta2): run "
+        "the multislice.dev/gang-provisioning admission check for jobs that name a queue",
+        False,
+    )
+    kueue_workload_wait_seconds: float = _opt(
+        "how long a queued job's JobSet may go without a Kueue Workload before its status says "
+        "that none exists",
+        60.0,
+    )
     leader_elect: bool = _opt(
         "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
     )

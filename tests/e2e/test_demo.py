@@ -61,6 +61,15 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
         ("preemption", ["SliceLost", "preempting spot node pool"]),
         ("fatal", ["exited with non-retryable code 42"]),
         ("delete", ["deleting the job while its node pools are being created", "the job is gone"]),
+        (
+            "queue",
+            [
+                "insufficient unused quota for google.com/tpu",
+                "the job held 0 node pools while queued",
+                "admission check multislice-gang=Ready",
+                "Admitted by clusterQueue team-a",
+            ],
+        ),
     ],
 )
 def test_demo_scenario(scenario, must_see):

@@ -436,11 +436,18 @@ class Rbac:
         self.cp, self.api_client, self.tmp_path = cp, api_client, tmp_path
         self.cluster_scoped: list[tuple[str, str]] = []
 
-    def install(self, ns: str, drop: tuple[str, str, str] | None = None) -> Path:
+    def install(
+        self, ns: str, drop: tuple[str, str, str] | None = None, kueue: bool = False
+    ) -> Path:
         """Apply the rendered RBAC (minus one verb) and return a kubeconfig acting as the SA."""
         release = f"r-{uuid.uuid4().hex[:6]}"  # cluster-scoped names must not collide
         # The SA name as installed by default; the user name must fit a certificate CN (64).
-        values = {"watchNamespaces": [ns], "serviceAccount": {"name": "multislice-operator"}}
+        values: dict[str, Any] = {
+            "watchNamespaces": [ns],
+            "serviceAccount": {"name": "multislice-operator"},
+        }
+        if kueue:
+            values["kueue"] = {"enabled": True}
         docs = render(self.tmp_path, values, release=release, namespace=ns)
         kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
         objs = [d for d in docs if d["kind"] in kinds]
@@ -743,3 +750,225 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
         jobs.gone("minus")
     finally:
         op.stop()
+
+
+# ---------------------------------------------------------------- RBAC with Kueue (kueue.enabled)
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+KUEUE_RULES = {
+    ("kueue.x-k8s.io", "workloads", "list"),
+    ("kueue.x-k8s.io", "workloads", "watch"),
+    ("kueue.x-k8s.io", "localqueues", "list"),
+    ("kueue.x-k8s.io", "localqueues", "watch"),
+    ("kueue.x-k8s.io", "admissionchecks", "list"),
+    ("kueue.x-k8s.io", "admissionchecks", "watch"),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+}
+
+
+def test_kueue_values_add_exactly_the_kueue_rules_and_the_admission_check(tmp_path: Path) -> None:
+    values = {"kueue": {"enabled": True, "admissionCheck": {"create": True, "name": "gang"}}}
+    docs = render(tmp_path, values)
+    assert rules_of(docs) == BASE_RULES | KUEUE_RULES
+    assert env_of(docs)["MSJ_KUEUE"] == "1"
+    check = one(docs, "AdmissionCheck")
+    assert check["metadata"]["name"] == "gang"
+    assert check["spec"] == {"controllerName": "multislice.dev/gang-provisioning"}
+    assert "MSJ_KUEUE" not in env_of(render(tmp_path)) and not by_kind(
+        render(tmp_path), "AdmissionCheck"
+    )
+
+
+@pytest.fixture(scope="module")
+def kueue_crds(api: client.ApiClient, kube_api: ControlPlane) -> None:
+    """Kueue's CRDs without its controller: the test plays Kueue (v1beta2 only, no conversion)."""
+    ext: Any = client.ApiextensionsV1Api(api)
+    for crd in yaml.safe_load_all((bin_dir() / "kueue-crds.yaml").read_text()):
+        if not crd:
+            continue
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    for name in ("workloads", "localqueues", "admissionchecks"):
+        wait_for(
+            lambda n=name: any(
+                c.type == "Established" and c.status == "True"
+                for c in ext.read_custom_resource_definition(
+                    f"{n}.kueue.x-k8s.io"
+                ).status.conditions
+                or []
+            ),
+            30,
+            f"{name} CRD",
+        )
+
+
+def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
+    return OperatorProcess(
+        kubeconfig,
+        ["--resync-seconds", "2", "--kueue", "--kueue-workload-wait-seconds", "600"],
+        namespaces=[ns],
+        log_path=tmp_path / "operator.log",
+    ).start()
+
+
+class PlayKueue:
+    """The Kueue controller's writes, done by the test as the admin."""
+
+    def __init__(self, api_client: client.ApiClient, ns: str, check: str) -> None:
+        self.custom: Any = client.CustomObjectsApi(api_client)
+        self.ns, self.check = ns, check
+
+    def setup(self) -> None:
+        self.custom.create_cluster_custom_object(*KUEUE, "admissionchecks", {
+            "apiVersion": "/".join(KUEUE), "kind": "AdmissionCheck",
+            "metadata": {"name": self.check},
+            "spec": {"controllerName": "multislice.dev/gang-provisioning"},
+        })  # fmt: skip
+        self.custom.create_namespaced_custom_object(*KUEUE, self.ns, "localqueues", {
+            "apiVersion": "/".join(KUEUE), "kind": "LocalQueue",
+            "metadata": {"name": "lq"}, "spec": {"clusterQueue": "cq"},
+        })  # fmt: skip
+
+    def teardown(self) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(*KUEUE, "admissionchecks", self.check)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def active(self) -> bool:
+        ac = self.custom.get_cluster_custom_object(*KUEUE, "admissionchecks", self.check)
+        conds = (ac.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+    def workload_for(self, jobset: dict[str, Any]) -> str:
+        """The Workload Kueue makes for a JobSet, with quota reserved and our check Pending."""
+        name = f"jobset-{jobset['metadata']['name']}-abcde"
+        self.custom.create_namespaced_custom_object(*KUEUE, self.ns, "workloads", {
+            "apiVersion": "/".join(KUEUE), "kind": "Workload",
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "name": jobset["metadata"]["name"], "uid": jobset["metadata"]["uid"],
+                "controller": True}]},
+            "spec": {"queueName": "lq", "podSets": [{"name": "slice", "count": 4, "template": {
+                "spec": {"containers": [{"name": "c", "image": "i"}]}}}]},
+        })  # fmt: skip
+        now = "2026-12-01T00:00:00Z"
+        self.custom.patch_namespaced_custom_object_status(*KUEUE, self.ns, "workloads", name, {
+            "status": {
+                "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                    {"name": "slice", "count": 4, "flavors": {"google.com/tpu": "tpu"},
+                     "resourceUsage": {"google.com/tpu": "16"}}]},
+                "conditions": [{"type": "QuotaReserved", "status": "True",
+                                "reason": "QuotaReserved", "lastTransitionTime": now,
+                                "message": "Quota reserved in ClusterQueue cq"}],
+                "admissionChecks": [{"name": self.check, "state": "Pending", "message": "",
+                                     "lastTransitionTime": now, "retryCount": 2}],
+            }
+        })  # fmt: skip
+        return name
+
+    def check_state(self, workload: str) -> dict[str, Any]:
+        wl = self.custom.get_namespaced_custom_object(*KUEUE, self.ns, "workloads", workload)
+        (state,) = wl["status"]["admissionChecks"]
+        found: dict[str, Any] = state
+        return found
+
+
+def queued_job(name: str) -> dict[str, Any]:
+    body = job(name)
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq"}
+    return body
+
+
+def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    kueue_crds: None,
+    tmp_path: Path,
+) -> None:
+    ns = namespace(kube_api, "msj-kueue")
+    kueue = PlayKueue(api, ns, f"gang-{ns}")
+    kueue.setup()
+    op = start_kueue_operator(rbac.install(ns, kueue=True), ns, tmp_path)
+    try:
+        jobs = Jobs(api, ns, op)
+        wait_for(kueue.active, 20, "AdmissionCheck Active (admissionchecks/status patch)",
+                 on_timeout=op.log_tail)  # fmt: skip
+        jobs.create(queued_job("q"))
+        queued = jobs.phase("q", "Queued")
+        assert queued["status"]["queue"]["clusterQueue"] == "cq"  # localqueues list/watch
+        js = wait_for(lambda: jobs.jobset("q"), 10, "JobSet created")
+        assert js["spec"]["suspend"] is True
+        workload = kueue.workload_for(js)
+        # Existing mode: nothing to provision, the check goes Ready (workloads/status patch).
+        ready = wait_for(
+            lambda: kueue.check_state(workload)["state"] == "Ready" and kueue.check_state(workload),
+            20,
+            "check Ready",
+            on_timeout=op.log_tail,
+        )
+        assert ready["retryCount"] == 2  # kept as Kueue wrote it
+        jobs.phase("q", "Starting")
+        # Kueue admits: it resumes the JobSet; the job runs and succeeds.
+        jobs.custom.patch_namespaced_custom_object(
+            *JS, ns, "jobsets", "q", {"spec": {"suspend": False}}
+        )
+        jobs.jobset_status("q", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+        jobs.phase("q", "Running")
+        jobs.jobset_status("q", COMPLETED)
+        jobs.phase("q", "Succeeded")
+        jobs.delete("q")
+        jobs.gone("q")
+    finally:
+        op.stop()
+        kueue.teardown()
+    assert not refused(op.log_path.read_text()), op.log_path.read_text()
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [
+        ("kueue.x-k8s.io", "workloads/status", "patch"),
+        ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+    ],
+    ids=["workloads-status-patch", "admissionchecks-status-patch"],
+)
+def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    kueue_crds: None,
+    tmp_path: Path,
+    drop: tuple[str, str, str],
+) -> None:
+    ns = namespace(kube_api, "msj-kminus")
+    kueue = PlayKueue(api, ns, f"gang-{ns}")
+    kueue.setup()
+    op = start_kueue_operator(rbac.install(ns, drop=drop, kueue=True), ns, tmp_path)
+    try:
+        jobs = Jobs(api, ns, op)
+        jobs.create(queued_job("m"))
+        jobs.phase("m", "Queued")
+        js = wait_for(lambda: jobs.jobset("m"), 10, "JobSet created")
+        workload = kueue.workload_for(js)
+        wait_for(lambda: refused(op.log_tail(200)), 30, f"the operator to be refused {drop}",
+                 on_timeout=op.log_tail)  # fmt: skip
+        if drop[1] == "workloads/status":
+            assert kueue.check_state(workload)["state"] == "Pending"
+        else:
+            assert not kueue.active()
+        jobs.delete("m")
+        jobs.gone("m")
+    finally:
+        op.stop()
+        kueue.teardown()

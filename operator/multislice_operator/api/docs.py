@@ -133,10 +133,14 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
 def _phases() -> list[str]:
     meaning = {
         models.Phase.PENDING: "waiting: invalid capacity, no provisioner, or Existing node pools "
-        "not ready",
+        "not ready, or (a job naming a queue) no Kueue Workload exists for it",
+        models.Phase.QUEUED: "waiting in Kueue (label kueue.x-k8s.io/queue-name): for its "
+        "Workload, for quota, or handed back after a Retry; no node pool exists "
+        "(`status.queue` says where and why)",
         models.Phase.PROVISIONING: "creating the slices' node pools as a gang (Managed mode), or "
         "waiting out the backoff after a rollback",
-        models.Phase.STARTING: "every slice is ready; the JobSet is created and its pods start",
+        models.Phase.STARTING: "every slice is ready; the JobSet is created (or, queued, waits "
+        "for Kueue to admit and resume it) and its pods start",
         models.Phase.RUNNING: "every slice's Job is ready",
         models.Phase.RESTARTING: "all slices restart after a failure, from the last checkpoint",
         models.Phase.SUCCEEDED: "the JobSet completed (terminal)",

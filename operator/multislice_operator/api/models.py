@@ -295,6 +295,7 @@ SPEC_RULES: list[Rule] = [
 
 class Phase(StrEnum):
     PENDING = "Pending"
+    QUEUED = "Queued"
     PROVISIONING = "Provisioning"
     STARTING = "Starting"
     RUNNING = "Running"
@@ -318,6 +319,7 @@ class ConditionType(StrEnum):
     DCN_BOUND = "DCNBound"
     COMPLETED = "Completed"
     FAILED = "Failed"
+    ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
 
 
 class SlicePhase(StrEnum):
@@ -335,7 +337,8 @@ class Condition(_Model):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Validated, Provisioned, SlicesReady, DCNBound, Completed or Failed."
+        description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed or Admitted "
+        "(Kueue; only for jobs that name a queue)."
     )
     status: str = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in one CamelCase word.")
@@ -528,13 +531,59 @@ class RestartStatus(_Model):
     )
 
 
+class EvictionStatus(_Model):
+    """The last time Kueue took the job's quota back (preemption, reclaim, a Retry check)."""
+
+    reason: str = Field(description="Kueue's eviction reason, e.g. Preempted or AdmissionCheck.")
+    message: str = Field(default="", description="Kueue's message.")
+    preempted_by: str | None = Field(
+        default=None,
+        description="namespace/name of the job whose Workload preempted this one, when Kueue "
+        "names it.",
+    )
+    time: datetime | None = Field(default=None, description="When Kueue evicted the Workload.")
+
+
+class QueueStatus(_Model):
+    """Where a job that names a Kueue queue (label kueue.x-k8s.io/queue-name) waits, and why."""
+
+    local_queue: str = Field(description="The LocalQueue named by the job's label.")
+    cluster_queue: str | None = Field(
+        default=None, description="The ClusterQueue behind it (the LocalQueue's spec)."
+    )
+    workload: str | None = Field(default=None, description="Kueue's Workload for the JobSet.")
+    admission_check: str | None = Field(
+        default=None,
+        description="The Workload's AdmissionCheck run by this operator (controllerName "
+        "multislice.dev/gang-provisioning); unset: its ClusterQueue lists none (quota only).",
+    )
+    check_state: str | None = Field(
+        default=None, description="That check's state: Pending, Ready, Retry or Rejected."
+    )
+    retry_count: int | None = Field(
+        default=None, description="Kueue's count of Retry states of that check."
+    )
+    pending_workloads: int | None = Field(
+        default=None,
+        description="Workloads pending in the LocalQueue (Kueue's count). A position in the "
+        "queue is only served by Kueue's visibility API, which the operator does not query.",
+    )
+    message: str | None = Field(
+        default=None, description="Kueue's latest word on why the Workload waits."
+    )
+    preemptions: int = Field(
+        default=0, description="Times Kueue preempted the job after it held quota."
+    )
+    last_eviction: EvictionStatus | None = Field(default=None)
+
+
 class MultisliceJobStatus(_Model):
     """Observed state, written by the operator only: what it observes, and what it must remember."""
 
     phase: Phase | None = Field(
         default=None,
-        description="Pending, Provisioning, Starting, Running, Restarting, Succeeded, Failed or "
-        "Suspended.",
+        description="Pending, Queued (waiting in Kueue), Provisioning, Starting, Running, "
+        "Restarting, Succeeded, Failed or Suspended.",
     )
     message: str | None = Field(default=None, description="One line on what happens now.")
     observed_generation: int | None = Field(
@@ -574,6 +623,9 @@ class MultisliceJobStatus(_Model):
     )
     last_restart: RestartStatus | None = Field(
         default=None, description="The most recent restart: cause, steps lost, recovery time."
+    )
+    queue: QueueStatus | None = Field(
+        default=None, description="Kueue: only for jobs with the kueue.x-k8s.io/queue-name label."
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

@@ -24,6 +24,7 @@ import kopf
 
 from multislice_operator import keys, metrics
 from multislice_operator.api import models
+from multislice_operator.controller import kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop
 from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
@@ -59,6 +60,8 @@ def configure(settings: Settings, factory: ProvisionerFactory | None) -> None:
     global PROVISIONER_FACTORY, _SETTINGS
     _SETTINGS = settings
     PROVISIONER_FACTORY = factory
+    if settings.kueue:
+        _watch_kueue()
 
 
 def runtime() -> Runtime:
@@ -76,7 +79,7 @@ async def startup(
     jobset_index: kopf.Index[Any, Any],
     pod_index: kopf.Index[Any, Any],
     node_index: kopf.Index[Any, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     global RUNTIME
     ours = _SETTINGS or Settings()
@@ -92,8 +95,17 @@ async def startup(
             backoff_base_seconds=ours.backoff_base_seconds,
             backoff_max_seconds=ours.backoff_max_seconds,
             resync_seconds=ours.resync_seconds,
+            kueue_workload_wait_seconds=ours.kueue_workload_wait_seconds,
         ),
-        indexes=Indexes(jobsets=jobset_index, pods=pod_index, nodes=node_index),
+        indexes=Indexes(
+            jobsets=jobset_index,
+            pods=pod_index,
+            nodes=node_index,
+            # Present only with --kueue (an empty index is falsy: no `or` here).
+            workloads=kwargs.get("workload_index", {}),
+            local_queues=kwargs.get("local_queue_index", {}),
+            admission_checks=kwargs.get("admission_check_index", {}),
+        ),
     )
     metrics.serve(ours.metrics_port, ours.metrics_bind_address)
     rt.tasks.append(asyncio.create_task(_run(rt)))
@@ -101,11 +113,12 @@ async def startup(
     if trim is not None:
         rt.tasks.append(asyncio.create_task(_trim_loop(trim)))
     log.info(
-        "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s",
+        "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s kueue=%s",
         ",".join(ours.namespaces) or "*",
         type(provisioner).__name__ if provisioner else "none",
         ours.workers,
         ours.leader_elect,
+        ours.kueue,
     )
 
 
@@ -130,6 +143,8 @@ async def _run(rt: Runtime) -> None:
     heartbeat = Heartbeat(rt.kube, _heartbeat_config(rt.settings))
     rt.previous_alive = await heartbeat.start()
     rt.tasks.append(asyncio.create_task(heartbeat.run()))
+    if rt.settings.kueue:
+        rt.tasks.append(asyncio.create_task(kueue.activation_loop(rt)))
     workers = [asyncio.create_task(_worker(rt)) for _ in range(max(1, rt.settings.workers))]
     rt.tasks.extend(workers)
 
@@ -263,3 +278,47 @@ async def node_event(labels: kopf.Labels, **_: Any) -> None:
     shape = (labels.get(keys.GKE_TPU_ACCELERATOR, ""), labels.get(keys.GKE_TPU_TOPOLOGY, ""))
     for key in list(rt.waiting_for_nodes.get(shape, ())):
         rt.poke(*key, batch=DEPENDENT_EVENT_BATCH_SECONDS)
+
+
+# ---------------------------------------------------------------- Kueue (--kueue only)
+#
+# Registered by configure() before kopf starts, so that an operator without --kueue neither
+# watches Kueue's resources nor needs RBAC for them. kopf starts these watches when Kueue's CRDs
+# appear (it follows CRDs), so an operator started before Kueue picks it up.
+
+
+async def workload_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return kueue.summarize_workload(body)
+
+
+async def local_queue_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): kueue.summarize_local_queue(body)}
+
+
+async def admission_check_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: kueue.summarize_admission_check(body)}
+
+
+async def workload_event(namespace: str, body: kopf.Body, **_: Any) -> None:
+    for owner in body.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("kind") == "JobSet":  # the JobSet has its job's name
+            runtime().poke(namespace, owner.get("name"))
+
+
+async def admission_check_event(**_: Any) -> None:
+    rt = runtime()
+    rt.kueue_checks_changed.set()
+    for key, body in list(rt.store.bodies.items()):  # which checks are ours may have changed
+        if keys.KUEUE_QUEUE_NAME in ((body.get("metadata") or {}).get("labels") or {}):
+            rt.queue.add(key)
+
+
+def _watch_kueue() -> None:
+    registry = kopf.get_default_registry()
+    if any(h.id == "workload_index" for h in registry._indexing.get_all_handlers()):
+        return  # configured twice in one process (tests)
+    kopf.index(*kueue.WORKLOADS)(workload_index)
+    kopf.index(*kueue.LOCAL_QUEUES)(local_queue_index)
+    kopf.index(*kueue.ADMISSION_CHECKS)(admission_check_index)
+    kopf.on.event(*kueue.WORKLOADS)(workload_event)
+    kopf.on.event(*kueue.ADMISSION_CHECKS)(admission_check_event)

@@ -58,6 +58,7 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "succeeded": succeeded,
         "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "jobName": labels.get(keys.JOB_NAME),
+        "created": (body.get("metadata") or {}).get("creationTimestamp"),
     }
 
 
@@ -122,6 +123,15 @@ def first(index: Mapping[Any, Any], key: Any) -> Any:
     return found[0] if found else None
 
 
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -150,6 +160,7 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         active_jobs=summary["active"],
         succeeded_jobs=summary["succeeded"],
         owned=summary["owned"],
+        created=_time(summary.get("created")),
     )
 
 

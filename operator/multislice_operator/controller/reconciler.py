@@ -15,8 +15,9 @@ from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.controller import appliers
+from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
+from multislice_operator.controller.kube import NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
@@ -98,7 +99,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
     jobset = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return ob.observe(
+    observed = ob.observe(
         plan,
         (body.get("metadata") or {}).get("uid", ""),
         datetime.now(UTC),
@@ -111,6 +112,10 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         node_selector=template.get("nodeSelector") or {},
         blind_since=rt.blind_since(key),
     )
+    queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
+    if queue:
+        observed.queue = kueue.queue_observation(rt, key, queue)
+    return observed
 
 
 async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
@@ -190,7 +195,10 @@ async def _write(
     new = d.status.to_dict()
     patch = status_patch(old, new)
     if patch is not None:
-        updated = await rt.kube.patch_job_status(key[0], key[1], patch)
+        try:
+            updated = await rt.kube.patch_job_status(key[0], key[1], patch)
+        except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
+            return
         (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
         rt.store.put(updated)
     for event in d.events:

@@ -58,6 +58,10 @@ class Indexes:
     jobsets: Mapping[Any, Any]
     pods: Mapping[Any, Any]
     nodes: Mapping[Any, Any]
+    # Kueue's (with --kueue only): see controller/kueue.py.
+    workloads: Mapping[Any, Any] = field(default_factory=dict)
+    local_queues: Mapping[Any, Any] = field(default_factory=dict)
+    admission_checks: Mapping[Any, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +86,8 @@ class Runtime:
     # blind since then, and that time is charged to the state it sees.
     watched: set[JobKey] = field(default_factory=set)
     previous_alive: datetime | None = None
+    # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
+    kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart

@@ -2,7 +2,8 @@
 
 Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
 ``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
-``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices).
+``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices), ``queue`` (Kueue:
+quota first, then the gang, through this operator's AdmissionCheck).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
@@ -10,6 +11,9 @@ from multislice_operator.reconcile.flow import decide
 from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
+    AdmissionCheckObservation,
+    CheckObservation,
+    CheckState,
     CreateJobSet,
     CreatePools,
     DecideConfig,
@@ -21,14 +25,22 @@ from multislice_operator.reconcile.types import (
     JobSetObservation,
     Observed,
     PodFailure,
+    PodSetUpdate,
+    QueueObservation,
     RemoveFinalizer,
+    SetAdmissionCheckActive,
+    SetAdmissionCheckState,
     SetJobSetSuspend,
     SliceObservation,
+    WorkloadObservation,
 )
 
 __all__ = [
     "Action",
     "AddFinalizer",
+    "AdmissionCheckObservation",
+    "CheckObservation",
+    "CheckState",
     "CreateJobSet",
     "CreatePools",
     "DecideConfig",
@@ -40,9 +52,14 @@ __all__ = [
     "JobSetObservation",
     "Observed",
     "PodFailure",
+    "PodSetUpdate",
+    "QueueObservation",
     "RemoveFinalizer",
+    "SetAdmissionCheckActive",
+    "SetAdmissionCheckState",
     "SetJobSetSuspend",
     "SliceObservation",
+    "WorkloadObservation",
     "at_second",
     "backoff_seconds",
     "decide",

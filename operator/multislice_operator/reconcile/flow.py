@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from multislice_operator import keys
 from multislice_operator.api.models import (
     ConditionType,
     MultisliceJobSpec,
@@ -22,6 +21,7 @@ from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile import goodput
+from multislice_operator.reconcile import queue as kueue
 from multislice_operator.reconcile.capacity import capacity_ready, release
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.running import (
@@ -129,6 +129,8 @@ def _terminal_message(ctx: Ctx, phase: Phase) -> str:
 def _finished(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     phase = Phase(ctx.old.phase or Phase.FAILED)
     message = _terminal_message(ctx, phase)
+    if kueue.queue_name(ctx):
+        kueue.finished(ctx)
     keep = phase == Phase.SUCCEEDED and spec.provisioning.keep_node_pools
     released = True if keep else release(ctx, plan)
     ctx.phase(phase, message if released else f"{message}{RELEASING_NOTE}")
@@ -173,6 +175,10 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     if js is not None and js.failed:
         complete(ctx, Phase.FAILED, js.failure_reason or "JobSetFailed", why_failed(ctx, spec))
         return
+    queue = kueue.queue_name(ctx)
+    if queue:  # Kueue admits it: quota first, then the gang (reconcile/queue.py)
+        kueue.active(ctx, spec, plan, queue)
+        return
     # Existing pools are the JobSet's business once it runs; Managed pools are ours to repair.
     ready = capacity_ready(ctx, spec, plan) if plan.managed or js is None or js.suspended else True
     if ctx.status.phase == Phase.FAILED:
@@ -188,10 +194,7 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     ctx.status.job_set = plan.name
     count_restarts(ctx, spec, js)
     if js.suspended:
-        queue = ctx.meta.labels.get(keys.KUEUE_QUEUE_NAME)
-        if queue:  # Kueue owns the JobSet's suspend flag: it unsuspends on admission
-            ctx.phase(Phase.PENDING, f"queued in Kueue queue {queue}: waiting for admission")
-        elif ready:
+        if ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
         elif ctx.status.phase is None:  # resuming: the capacity released while suspended first

@@ -45,6 +45,7 @@ S = GoodputState
 # stops (the job finished). tests/unit/test_goodput.py fails for a phase missing from it.
 STATE_OF_PHASE: dict[str, GoodputState | None] = {
     Phase.PENDING.value: S.QUEUED,
+    Phase.QUEUED.value: S.QUEUED,
     Phase.PROVISIONING.value: S.PROVISIONING,
     Phase.STARTING.value: S.STARTING,
     Phase.RUNNING.value: S.RUNNING,
