@@ -809,7 +809,16 @@ def kueue_crds(api: client.ApiClient, kube_api: ControlPlane) -> None:
 def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        ["--resync-seconds", "2", "--kueue", "--kueue-workload-wait-seconds", "600"],
+        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        [
+            "--resync-seconds",
+            "2",
+            "--kueue",
+            "--kueue-workload-wait-seconds",
+            "600",
+            "--leader-election-namespace",
+            ns,
+        ],  # fmt: skip
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()

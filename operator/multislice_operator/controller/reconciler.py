@@ -165,6 +165,8 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     if meta.deleting and not meta.has_finalizer:
         return decision  # going away with nothing of ours attached: nothing to write
     await _write(rt, key, body, raw_old, decision)
+    if key not in rt.store.bodies:  # deleted while this pass ran: its series must not come back
+        return decision
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now)
@@ -208,7 +210,8 @@ async def _write(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
         await rt.kube.post_event(body, event.type, event.reason, event.message)
-    _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+    if key in rt.store.bodies:  # not deleted while this pass ran (its series would come back)
+        _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
