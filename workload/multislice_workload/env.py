@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
+from typing import TypedDict
 
 # --- Variable names (the contract). -------------------------------------------------------------
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
@@ -325,7 +326,16 @@ def _read_contract(reader: _Reader) -> WorkloadEnv:
     )
 
 
-def _optional_fields(reader: _Reader) -> dict[str, int | str | None]:
+class _OptionalFields(TypedDict):
+    fail_at_step: int | None
+    preempt_at_step: int | None
+    hang_at_step: int | None
+    restart_at_step: int | None
+    kill_in_save_at_step: int | None
+    podinfo_dir: str | None
+
+
+def _optional_fields(reader: _Reader) -> _OptionalFields:
     """Test hooks and the pod-info directory: the same in standalone and operator runs."""
     return {
         "fail_at_step": reader.optional_integer(FAIL_AT_STEP),

@@ -107,8 +107,9 @@ def device_array(
     except (ValueError, AssertionError, NotImplementedError) as err:
         raise ConfigError(f"cannot build the device mesh: {err}") from err
     if native:
-        return arranged
-    return np.vectorize(lambda t: t.device, otypes=[object])(arranged)
+        return np.asarray(arranged)
+    unwrapped: np.ndarray = np.vectorize(lambda t: t.device, otypes=[object])(arranged)
+    return unwrapped
 
 
 def build_mesh(

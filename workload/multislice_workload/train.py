@@ -252,7 +252,8 @@ class Trainer:
         return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, loss
 
     def step(self, state: dict[str, Any], tokens: Any) -> tuple[dict[str, Any], Any]:
-        return self.compiled(state, tokens)
+        out: tuple[dict[str, Any], Any] = self.compiled(state, tokens)
+        return out
 
     @property
     def bubble(self) -> float:
@@ -492,8 +493,10 @@ def restore_or_init(
     latest = checkpointer.latest_step()
     if latest is None:
         logs.emit("fresh_start", checkpoint_dir=checkpointer.directory)
-        return trainer.initial_state
+        fresh: dict[str, Any] = trainer.initial_state
+        return fresh
     start = time.perf_counter()
+    state: dict[str, Any]
     state, meta = checkpointer.restore(latest, trainer.initial_state, data.iterator)
     STATUS.step = STATUS.checkpoint_step = latest
     served = meta.get("checkpoint_request")
@@ -566,7 +569,7 @@ def write_final_params(cfg: TrainConfig, state: dict[str, Any]) -> None:
     gathered = multihost_utils.process_allgather(state["params"], tiled=True)
     if jax.process_index() != 0:
         return
-    flat = {
+    flat: dict[str, Any] = {
         "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
         for path, leaf in jax.tree_util.tree_flatten_with_path(gathered)[0]
     }
