@@ -128,8 +128,14 @@ def run_steps(t: train.Trainer, steps: int) -> tuple[list[float], dict[str, np.n
     return losses, {k: np.asarray(v) for k, v in flat(state["params"]).items()}
 
 
-def test_pipeline_over_two_stages_matches_no_pipeline() -> None:
-    staged = trainer((2, 1, 2, 1))  # dcn.pipeline = 2: 2 layers per stage
+@pytest.fixture(scope="module")
+def staged() -> train.Trainer:
+    return trainer((2, 1, 2, 1))  # dcn.pipeline = 2: 2 layers per stage, fsdp 2 in each
+
+
+def test_pipeline_over_two_stages_matches_no_pipeline_and_one_device(
+    staged: train.Trainer,
+) -> None:
     plain = trainer((1, 2, 2, 1))  # dcn.data = 2 instead, same devices
     assert (staged.stages, staged.microbatches) == (2, 4)
     assert staged.bubble == pytest.approx(1 / 5)
@@ -137,10 +143,27 @@ def test_pipeline_over_two_stages_matches_no_pipeline() -> None:
     assert "collective-permute" not in collectives(plain)
     staged_losses, staged_params = run_steps(staged, 3)
     plain_losses, plain_params = run_steps(plain, 3)
+    single_losses, _ = run_steps(trainer((1, 1, 1, 1)), 3)  # no sharding at all
     np.testing.assert_allclose(staged_losses, plain_losses, rtol=1e-5)
+    np.testing.assert_allclose(staged_losses, single_losses, rtol=1e-5)
     assert staged_losses[-1] < staged_losses[0]  # it trains
     for name, value in plain_params.items():
         np.testing.assert_allclose(staged_params[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_pipeline_dcn_traffic_is_what_the_operators_advisor_counts(staged: train.Trainer) -> None:
+    """The DCN advisor (operator) describes this program: per GPipe iteration, its activation
+    transfers between stages are collectives the size of one microbatch's local activations."""
+    from multislice_operator import advisor
+
+    rows = CFG.batch_size // staged.microbatches // 2  # per fsdp device
+    size = rows * CFG.seq_len * CFG.embed
+    transfers = 0
+    for line in staged.compiled.as_text().splitlines():
+        m = re.search(r"= f32\[([\d,]+)\]\S* (all-reduce|collective-permute)(?:-start)?\(", line)
+        if m and np.prod([int(d) for d in m.group(1).split(",")]) == size:
+            transfers += 1
+    assert transfers == advisor.PIPELINE_TRANSFERS
 
 
 def test_layers_must_split_over_the_stages() -> None:

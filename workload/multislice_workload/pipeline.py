@@ -91,7 +91,9 @@ def run_pipeline(
 
     held = constrain(jnp.zeros((stages, mb, seq, width), x.dtype), mesh, buffer_axes)
     outputs = jnp.zeros_like(xs)
+    # No checkpoint around an iteration: its layers already rematerialize, and a second level
+    # would run every forward a third time (and gather every FSDP weight a third time).
     (_, outputs), _ = jax.lax.scan(
-        jax.checkpoint(iteration), (held, outputs), jnp.arange(microbatches + stages - 1)
+        iteration, (held, outputs), jnp.arange(microbatches + stages - 1)
     )
     return outputs.swapaxes(0, 1).reshape(batch, seq, width)
