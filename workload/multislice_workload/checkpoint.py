@@ -38,6 +38,7 @@ class Checkpointer:
         self._last_saved: int | None = None
         self._durable: int | None = None
         self._pending: tuple[int, float] | None = None  # (step, start) of the save in flight
+        self._abandoned = False  # a wait timed out: the save in flight will never finish
         self._manager: Any = None
         if directory:
             import grain
@@ -148,10 +149,12 @@ class Checkpointer:
         waiter.start()
         waiter.join(timeout_s)
         if waiter.is_alive():
+            self._abandoned = True
             return False
         self._durable = self._last_saved
         return True
 
     def close(self) -> None:
-        if self._manager:
+        # Orbax's close waits for the save in flight, forever if a peer died during it.
+        if self._manager and not self._abandoned:
             self._manager.close()
