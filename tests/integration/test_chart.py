@@ -818,7 +818,7 @@ def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorP
             "600",
             "--leader-election-namespace",
             ns,
-        ],  # fmt: skip
+        ],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()
