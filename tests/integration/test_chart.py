@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -407,8 +408,23 @@ def test_manifests_pass_server_side_dry_run(
         assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
 
 
+def explain(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl explain`, once the apiserver publishes the CRD's OpenAPI v3 document.
+
+    The apiserver builds that document asynchronously after the CRD is established, so a first
+    explain can read "couldn't find resource" (seen in CI); only that answer is retried."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = kubectl(cp, "explain", *args)
+        if result.returncode == 0 or "couldn't find resource" not in result.stderr:
+            return result
+        if time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
 def test_kubectl_explain(api: client.ApiClient, kube_api: ControlPlane) -> None:
-    spec = kubectl(kube_api, "explain", "multislicejob.spec")
+    spec = explain(kube_api, "multislicejob.spec")
     assert spec.returncode == 0, spec.stderr
     text = " ".join(spec.stdout.split())  # kubectl wraps descriptions
     for needle in (
@@ -418,11 +434,11 @@ def test_kubectl_explain(api: client.ApiClient, kube_api: ControlPlane) -> None:
         "Suspend the job",
     ):
         assert needle in text, spec.stdout
-    tree = kubectl(kube_api, "explain", "multislicejob.spec", "--recursive")
+    tree = explain(kube_api, "multislicejob.spec", "--recursive")
     assert tree.returncode == 0, tree.stderr
     for field in ("nonRetryableExitCodes", "globalBatchTokens", "timeoutSeconds", "reservation"):
         assert field in tree.stdout
-    nested = kubectl(kube_api, "explain", "msj.spec.failurePolicy.maxRestarts")
+    nested = explain(kube_api, "msj.spec.failurePolicy.maxRestarts")
     assert "Restarts of all slices allowed before the job fails" in " ".join(nested.stdout.split())
 
 
