@@ -72,6 +72,11 @@ class Settings:
     )
     backoff_base_seconds: float = _opt("first gang-provisioning retry delay (doubles)", 30.0)
     backoff_max_seconds: float = _opt("longest gang-provisioning retry delay", 600.0)
+    node_not_ready_grace_seconds: float = _opt(
+        "how long a running slice's nodes may be NotReady (still there) before the slice counts "
+        "as lost and its node pool is replaced; shorter NotReady spells are only an event",
+        300.0,
+    )
     leader_elect: bool = _opt(
         "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
     )

@@ -71,11 +71,22 @@ def with_container(**fields: Any) -> dict[str, Any]:
     [
         (with_container(env="x"), "spec.template.spec.containers[0].env"),
         (with_container(resources="lots"), "spec.template.spec.containers[0].resources"),
+        (
+            with_container(resources={"requests": {"cpu": "lots"}}),
+            "spec.template.spec.containers[0].resources.requests.cpu",
+        ),
         (with_container(ports="8080"), "spec.template.spec.containers[0].ports"),
         (with_container(name=123), "spec.template.spec.containers[0].name"),
         (with_container(env=[{"name": "A", "value": 5}]), "containers[0].env[0].value"),
     ],
-    ids=["env-string", "resources-string", "ports-string", "name-number", "env-value-number"],
+    ids=[
+        "env-string",
+        "resources-string",
+        "quantity",
+        "ports-string",
+        "name-number",
+        "env-value-number",
+    ],
 )
 def test_malformed_template_refused_naming_the_field(api, namespace, kube_api, obj, needle):
     ns = namespace(kube_api, "tpl")

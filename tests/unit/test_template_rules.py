@@ -49,6 +49,10 @@ def container(**fields: Any) -> dict[str, Any]:
         (container(name=123), "spec.template.spec.containers[0].name: must be of type string"),
         (container(env=["A=1"]), "spec.template.spec.containers[0].env[0]: must be of type object"),
         (
+            container(resources={"requests": {"cpu": "lots"}}),
+            "spec.template.spec.containers[0].resources.requests.cpu: 'lots' is not a quantity",
+        ),
+        (
             container(resources={"requests": {"cpu": 1.5}}),
             "spec.template.spec.containers[0].resources.requests.cpu: must be an integer or a",
         ),

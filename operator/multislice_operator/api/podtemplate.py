@@ -13,6 +13,7 @@ above what a TPU pod uses.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from multislice_operator.errors import FieldError
@@ -67,7 +68,12 @@ def _map(values: dict[str, Any]) -> dict[str, Any]:
 
 
 _STRING: dict[str, Any] = {"type": "string"}
-_QUANTITY: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+# resource.Quantity as Kubernetes' own CRDs spell it (controller-gen): "lots" is refused here.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY: dict[str, Any] = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
 
 
 def _reserved_rule() -> dict[str, str]:
@@ -149,6 +155,8 @@ def _walk(node: dict[str, Any], value: Any, path: str, out: list[FieldError]) ->
     if node.get("x-kubernetes-int-or-string"):
         if _type_name(value) not in ("integer", "string"):
             out.append(FieldError(path, f"must be an integer or a string, got {_type_name(value)}"))
+        elif isinstance(value, str) and "pattern" in node and not re.match(node["pattern"], value):
+            out.append(FieldError(path, f"{value!r} is not a quantity (e.g. 4, 500m, 16Gi)"))
         return
     want = node.get("type")
     if want is not None and _type_name(value) != want:

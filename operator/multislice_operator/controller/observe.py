@@ -7,6 +7,7 @@ so memory stays small with thousands of jobs; `observe()` assembles them for one
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,10 +22,12 @@ from multislice_operator.provisioning.base import (
     PoolState,
 )
 from multislice_operator.reconcile import (
+    Admission,
     JobSetObservation,
     Observed,
     PodFailure,
     SliceObservation,
+    UnschedulablePod,
 )
 
 # ---------------------------------------------------------------- index summaries
@@ -57,6 +60,7 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "succeeded": succeeded,
         "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "jobName": labels.get(keys.JOB_NAME),
+        "deleting": bool((body.get("metadata") or {}).get("deletionTimestamp")),
     }
 
 
@@ -70,9 +74,11 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
             break
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conds.get("Ready") or {}).get("status") == "True"
+    scheduled = conds.get("PodScheduled") or {}
+    unschedulable = (
+        scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     )
     return {
         "pod": meta.get("name", ""),
@@ -83,6 +89,13 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "exitCode": exit_code,
         "reason": reason,
         "deleting": bool(meta.get("deletionTimestamp")),
+        # The scheduler's verdict, only while it cannot place the pod.
+        "unschedulable": (
+            (scheduled.get("lastTransitionTime") or meta.get("creationTimestamp") or "")
+            if unschedulable
+            else None
+        ),
+        "schedulerMessage": (scheduled.get("message") or "") if unschedulable else "",
     }
 
 
@@ -98,6 +111,7 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
+        "present": not meta.get("deletionTimestamp"),
         "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
@@ -130,6 +144,31 @@ def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[s
     return {str(pool): sum(1 for n in items if n["ready"]) for pool, items in nodes.items()}
 
 
+def present_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:
+    """Nodes that exist, Ready or not (a NotReady node is still the slice's VM)."""
+    return {
+        str(pool): sum(1 for n in items if n.get("present", True)) for pool, items in nodes.items()
+    }
+
+
+@dataclass(frozen=True)
+class PoolOwner:
+    """The job another pool of one of our pool's names belongs to (from the pool's labels)."""
+
+    job: str  # namespace/name
+    older: bool  # that job is live and was created before ours, or that cannot be told
+    gone: bool  # that job no longer exists (the sweep would delete the pool; so may we)
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | None:
     if summary is None:
         return None
@@ -144,7 +183,19 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         active_jobs=summary["active"],
         succeeded_jobs=summary["succeeded"],
         owned=summary["owned"],
+        deleting=bool(summary.get("deleting")),
     )
+
+
+def unschedulable_pods(pods: Iterable[dict[str, Any]], attempt: int) -> list[UnschedulablePod]:
+    """Pods of the current attempt that the scheduler says it cannot place."""
+    out = []
+    for p in pods:
+        since = _time(p.get("unschedulable"))
+        if since is None or p["attempt"] != attempt or p["deleting"] or p["phase"] != "Pending":
+            continue
+        out.append(UnschedulablePod(p["pod"], p["slice"], since, p.get("schedulerMessage") or ""))
+    return out
 
 
 def pod_observations(
@@ -168,7 +219,12 @@ def pod_observations(
 
 
 def managed_slices(
-    plan: Plan, gang: GangObservation, ready_by_pool: Mapping[str, int], uid: str
+    plan: Plan,
+    gang: GangObservation,
+    ready_by_pool: Mapping[str, int],
+    uid: str,
+    present_by_pool: Mapping[str, int] | None = None,
+    owners: Mapping[str, PoolOwner] | None = None,
 ) -> list[SliceObservation]:
     out = []
     for spec in plan.node_pools:
@@ -188,6 +244,10 @@ def managed_slices(
             )
             continue
         foreign = bool(pool.owner_uid and uid and pool.owner_uid != uid)
+        # A foreign pool of our name is ours to replace only when it is a previous incarnation of
+        # this job, or its job is gone; another live job's pool is never touched (a collision).
+        owner = (owners or {}).get(spec.name) if foreign else None
+        taken_by = owner.job if owner is not None and not owner.gone else None
         out.append(
             SliceObservation(
                 index=spec.slice_index,
@@ -195,8 +255,11 @@ def managed_slices(
                 pool_state=pool.status,
                 ready_hosts=ready_by_pool.get(spec.name, 0),
                 error=pool.error,
-                foreign=foreign,
+                foreign=foreign and taken_by is None,
                 operation_pending=pool.operation_pending,
+                present_hosts=(present_by_pool or {}).get(spec.name, 0),
+                taken_by=taken_by,
+                taken_by_older=owner.older if owner is not None else True,
             )
         )
     return out
@@ -239,9 +302,14 @@ def observe(
     provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
     node_selector: Mapping[str, str] | None = None,
+    admission: Admission | None = None,
+    strays: Mapping[str, PoolState] | None = None,
+    owners: Mapping[str, PoolOwner] | None = None,
 ) -> Observed:
     js = jobset_observation(jobset)
-    failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
+    pods = list(pods)
+    attempt = js.restarts if js else 0
+    failures, running, succeeded = pod_observations(pods, attempt)
     obs = Observed(
         now=now,
         jobset=js,
@@ -250,10 +318,20 @@ def observe(
         succeeded_pods=succeeded,
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
+        admission=admission,
+        unschedulable=unschedulable_pods(pods, attempt),
+        strays=dict(strays or {}),
     )
     if plan.managed:
         if gang is not None:
-            obs.slices = managed_slices(plan, gang, ready_nodes_by_pool(nodes), uid)
+            obs.slices = managed_slices(
+                plan,
+                gang,
+                ready_nodes_by_pool(nodes),
+                uid,
+                present_nodes_by_pool(nodes),
+                owners,
+            )
     else:
         obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
     return obs

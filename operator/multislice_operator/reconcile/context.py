@@ -79,6 +79,7 @@ class Ctx:
         self.events: list[Event] = []
         self.requeue: float | None = None
         self.repairing: set[int] = set()
+        self.not_ready: set[int] = set()  # slices NotReady within the grace period (a blip)
 
     def cond(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:
         set_condition(

@@ -21,7 +21,7 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile.capacity import capacity_ready, release
+from multislice_operator.reconcile.capacity import capacity_ready, release, strays
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.running import (
     complete,
@@ -36,11 +36,14 @@ from multislice_operator.reconcile.types import (
     DecideConfig,
     Decision,
     DeleteJob,
+    DeleteJobSet,
+    DeletePools,
     JobMeta,
     JobSetObservation,
     Observed,
     RemoveFinalizer,
     SetJobSetSuspend,
+    ValidateJobSet,
 )
 
 RELEASING_NOTE = " (releasing node pools)"
@@ -65,8 +68,11 @@ def decide(
     _dcn_condition(ctx, plan)
     if meta.deleting:
         _deleting(ctx, plan)
-    elif _finished_before(ctx.old):
+    elif _finished_before(ctx.old) and _world_agrees(ctx):
         _finished(ctx, spec, plan)
+    elif _finished_before(ctx.old):
+        _status_ignored(ctx)
+        _active(ctx, spec, plan)
     elif spec.suspend:
         _suspended(ctx, plan)
     else:
@@ -84,6 +90,30 @@ def _finished_before(old: MultisliceJobStatus) -> bool:
     return not (validated is not None and validated.status == "False")  # a fixed spec runs again
 
 
+def _world_agrees(ctx: Ctx) -> bool:
+    """A terminal status is only believed when the world shows the job ended: no JobSet of ours
+    runs (none, a stranger's, or one being deleted) or ours is terminal itself. Status is memory,
+    not a command: a phase written by hand never deletes the pools under running pods."""
+    js = ctx.obs.jobset
+    return js is None or not js.owned or js.completed or js.failed or js.deleting
+
+
+def _status_ignored(ctx: Ctx) -> None:
+    ctx.event(
+        "Warning",
+        "StatusIgnored",
+        f"status.phase says {ctx.old.phase} but the JobSet is still running: the operator does "
+        "not act on a status it did not derive from the world; the phase is recomputed",
+    )
+    # Forget the terminal memory that came with it, so the job is judged from the world again.
+    ctx.status.completion_time = None
+    ctx.status.conditions = [
+        c
+        for c in ctx.status.conditions
+        if c.type not in (ConditionType.COMPLETED, ConditionType.FAILED)
+    ]
+
+
 def _invalid(ctx: Ctx, error: SpecError | None) -> None:
     message = str(error) if error else "the spec could not be read"
     ctx.cond(ConditionType.VALIDATED, "False", "InvalidSpec", message)
@@ -91,8 +121,14 @@ def _invalid(ctx: Ctx, error: SpecError | None) -> None:
     ctx.phase(Phase.FAILED, f"invalid spec: {message}")
     if ctx.old.message != ctx.status.message and ctx.old.phase == Phase.FAILED:
         ctx.event("Warning", "InvalidSpec", message)
-    if ctx.meta.deleting and ctx.meta.has_finalizer:
-        ctx.actions.append(RemoveFinalizer())  # no plan: no pool name this job could own
+    # Without a plan the job's pools are still known by its uid (a spec that became invalid under
+    # a newer operator): they are released, and its JobSet stopped, like any failed job's.
+    js = ctx.obs.jobset
+    if js is not None and js.owned and not js.deleting:
+        ctx.actions.append(DeleteJobSet())
+    released = release(ctx, None)
+    if ctx.meta.deleting and ctx.meta.has_finalizer and released:
+        ctx.actions.append(RemoveFinalizer())
 
 
 def _dcn_condition(ctx: Ctx, plan: Plan) -> None:
@@ -146,6 +182,7 @@ def _suspended(ctx: Ctx, plan: Plan) -> None:
     released = release(ctx, plan)
     ctx.status.attempt_start_time = None
     ctx.status.next_attempt_time = None
+    ctx.status.capacity_ready_time = None
     ctx.cond(ConditionType.PROVISIONED, "False", "Suspended", "capacity released while suspended")
     ctx.cond(ConditionType.SLICES_READY, "False", "Suspended", "job is suspended")
     detail = "" if released else RELEASING_NOTE
@@ -155,6 +192,9 @@ def _suspended(ctx: Ctx, plan: Plan) -> None:
 def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     if ctx.status.start_time is None:
         ctx.status.start_time = ctx.now
+    unused = strays(ctx)  # labelled with our uid, named by no plan of ours: never needed
+    if unused:
+        ctx.actions.append(DeletePools(tuple(unused)))
     js = ctx.obs.jobset
     if js is not None and not js.owned:
         message = (
@@ -170,10 +210,15 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     if js is not None and js.failed:
         complete(ctx, Phase.FAILED, js.failure_reason or "JobSetFailed", why_failed(ctx, spec))
         return
+    if js is None and not _admitted(ctx, plan):
+        return
     # Existing pools are the JobSet's business once it runs; Managed pools are ours to repair.
     ready = capacity_ready(ctx, spec, plan) if plan.managed or js is None or js.suspended else True
     if ctx.status.phase == Phase.FAILED:
+        if js is not None and js.owned and not js.deleting:
+            ctx.actions.append(DeleteJobSet())  # no pods left waiting for released capacity
         return
+    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if ready else None
     if js is None:
         if ready:
             ctx.actions.append(CreateJobSet())
@@ -193,3 +238,52 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
         return
     running_phase(ctx, plan, js, ready)
+    if ready:
+        _unschedulable(ctx, spec, plan)
+
+
+def _admitted(ctx: Ctx, plan: Plan) -> bool:
+    """Before the first pool (and before the JobSet): the apiserver's own verdict on the JobSet
+    and its Jobs. True: go on; False: judged now (failed, or the question is asked)."""
+    verdict = ctx.obs.admission
+    if verdict is None:
+        ctx.actions.append(ValidateJobSet())
+        if ctx.old.phase is None:
+            ctx.phase(Phase.PENDING, "checking the JobSet with the apiserver (dry run)")
+        else:  # the question is asked again after a restart: nothing else changes
+            ctx.phase(Phase(ctx.old.phase), ctx.old.message or "")
+        ctx.requeue_in(ctx.cfg.resync_seconds)
+        return False
+    if not verdict.refused:
+        return True
+    message = (
+        f"the apiserver refuses the JobSet this job renders: {verdict.refused}; fix "
+        "spec.template and recreate the job"
+    )
+    released = release(ctx, plan)
+    ctx.cond(ConditionType.FAILED, "True", "JobSetRefused", message)
+    ctx.status.completion_time = ctx.now
+    ctx.phase(Phase.FAILED, message if released else f"{message}{RELEASING_NOTE}")
+    return False
+
+
+def _unschedulable(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
+    """Pods the scheduler cannot place while every slice's capacity is ready: past the deadline
+    the job fails with the scheduler's own reason, its JobSet is deleted and its pools released."""
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    ready_since = ctx.status.capacity_ready_time or ctx.now
+    for pod in sorted(ctx.obs.unschedulable, key=lambda p: (p.since, p.pod)):
+        waited = (ctx.now - max(pod.since, ready_since)).total_seconds()
+        if waited < timeout:
+            ctx.requeue_in(timeout - waited)
+            continue
+        where = f" (slice {pod.slice_index})" if pod.slice_index is not None else ""
+        message = (
+            f"pod {pod.pod}{where} could not be scheduled for {timeout}s while every slice's "
+            f"capacity was ready (spec.failurePolicy.unschedulableTimeoutSeconds); the scheduler "
+            f"says: {pod.message}"
+        )
+        complete(ctx, Phase.FAILED, "Unschedulable", message)
+        ctx.actions.append(DeleteJobSet())
+        release(ctx, plan)
+        return
