@@ -249,3 +249,50 @@ def test_unschedulable_pods_are_read_from_the_pod_scheduled_condition():
     assert got.slice_index == 1 and got.message == "0/8 nodes are available"
     assert got.since == datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
     assert ob.unschedulable_pods([ob.summarize_pod(pod)], 1) == []  # another attempt's pod
+
+
+# ---------------------------------------------------------------- the orphan sweep and Roles
+
+
+class Jobs:
+    def __init__(self) -> None:
+        self.asked: list[str | None] = []
+
+    async def list_jobs(self, namespace: str | None = None) -> list[dict]:
+        self.asked.append(namespace)
+        live = {"metadata": {"namespace": "team-a", "name": "live", "uid": "uid-live"}}
+        return [live] if namespace in (None, "team-a") else []
+
+
+class Pools:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def list_owned(self, max_age: float = 0.0) -> list[OwnedPool]:
+        def pool(name: str, ns: str, job: str, uid: str) -> OwnedPool:
+            return OwnedPool(name, 0, PoolState.READY, owner_uid=uid, namespace=ns, job_name=job)
+
+        return [
+            pool("msj-live-0", "team-a", "live", "uid-live"),
+            pool("msj-gone-0", "team-a", "gone", "uid-gone"),
+            pool("msj-other-0", "team-b", "other", "uid-other"),  # not ours to judge
+        ]
+
+    async def delete_named(self, names: list[str]) -> Any:
+        self.deleted += names
+        from multislice_operator.provisioning.base import ActionResult
+
+        return ActionResult()
+
+
+def test_the_sweep_lists_watched_namespaces_only_and_never_touches_the_others():
+    from multislice_operator.controller.gc import collect_orphans
+
+    rt = runtime(Pools(), Jobs())
+    rt.settings.namespaces = ["team-a"]
+    assert asyncio.run(collect_orphans(rt)) == ["msj-gone-0"]
+    assert rt.kube.asked == ["team-a"]  # a Role in team-a is enough
+    rt.settings.namespaces = ["team-a*"]  # a glob: one cluster-wide list (the ClusterRole)
+    rt.kube.asked = []
+    assert asyncio.run(collect_orphans(rt)) == ["msj-gone-0"]
+    assert rt.kube.asked == [None]

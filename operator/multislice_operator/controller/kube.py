@@ -184,8 +184,10 @@ class Kube:
         except NotFound:
             return
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
-        result = await self._call("get", f"{MSJ}/{models.PLURAL}")
+    async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every MultisliceJob, or those of one namespace (RBAC may grant only Roles)."""
+        where = f"/namespaces/{_q(namespace)}" if namespace else ""
+        result = await self._call("get", f"{MSJ}{where}/{models.PLURAL}")
         items: list[dict[str, Any]] = result.get("items", [])
         return items
 
