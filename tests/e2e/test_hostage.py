@@ -254,6 +254,25 @@ def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     delete(stack, ns, "nosched")
 
 
+def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
+    """Refused only when the Job controller creates them (Pod Security enforces on pods, not on
+    Jobs, so the dry run passes): no pod ever appears; the deadline still ends it."""
+    stack, ns = env
+    client.CoreV1Api(stack.api).patch_namespace(
+        ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    create(stack, ns, job("nopods", failurePolicy={"unschedulableTimeoutSeconds": 10}))
+    wait_for(lambda: len(pools_of(stack, ns, "nopods")) == 2, 60, "pools created")
+    st = wait_phase(stack, ns, "nopods", "Failed", 120)
+    assert "no pod of slice" in st["message"], st["message"]
+    assert "kubectl describe job nopods-slice-" in st["message"]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Failed"]["reason"] == "PodsNotCreated"
+    no_pools_left(stack, ns, "nopods")
+    wait_for(lambda: jobset(stack, ns, "nopods") is None, 30, "JobSet of the failed job deleted")
+    delete(stack, ns, "nopods")
+
+
 # ---------------------------------------------------------------- item 6: a spec over 256 KiB
 
 

@@ -332,3 +332,36 @@ def test_an_invalid_job_still_releases_its_pools_and_jobset():
     obs = Observed(now=NOW)
     d2 = decide(deleting, None, None, err, d.status, obs, CFG)
     assert d2.actions == [RemoveFinalizer()]
+
+
+def test_a_slice_without_any_pod_fails_after_the_deadline():
+    def obs(pods: dict[int, int]) -> Observed:
+        return Observed(
+            now=NOW,
+            slices=ready(4, 4),
+            jobset=JobSetObservation(ready_jobs=1, active_jobs=1),
+            admission=OK,
+            pods_by_slice=pods,
+        )
+
+    old = {**RUNNING, "capacityReadyTime": "2026-11-30T11:58:00Z"}  # 120 s ago
+    fresh = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 300})
+    assert fresh.status.phase != "Failed" and fresh.requeue_after == 180
+    late = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 100})
+    assert late.status.phase == "Failed" and cond(late, "Failed")["reason"] == "PodsNotCreated"
+    assert "kubectl describe job job-slice-1" in (late.status.message or "")
+    assert DeleteJobSet() in late.actions and DeletePools(tuple(POOL)) in late.actions
+    every = run(old=old, obs=obs({0: 4, 1: 4}), failurePolicy={"unschedulableTimeoutSeconds": 100})
+    assert every.status.phase != "Failed"
+
+
+def test_the_clock_does_not_run_while_a_queue_keeps_the_jobset_suspended():
+    queued = Observed(
+        now=NOW,
+        slices=ready(4, 4),
+        jobset=JobSetObservation(suspended=True),
+        admission=OK,
+        pods_by_slice={},
+    )
+    d = run(old=RUNNING, obs=queued)
+    assert d.status.capacity_ready_time is None

@@ -296,3 +296,26 @@ def test_the_sweep_lists_watched_namespaces_only_and_never_touches_the_others():
     rt.kube.asked = []
     assert asyncio.run(collect_orphans(rt)) == ["msj-gone-0"]
     assert rt.kube.asked == [None]
+
+
+# ---------------------------------------------------------------- the metrics bind address
+
+
+def _reachable(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex((host, port)) == 0
+
+
+def test_metrics_bind_the_configured_address_only():
+    from multislice_local.harness import free_port
+    from multislice_operator import metrics
+
+    assert Settings().metrics_bind_address == "127.0.0.1"  # local default: loopback
+    loopback, everywhere = free_port(), free_port()
+    metrics.serve(loopback, "127.0.0.1")
+    metrics.serve(everywhere, "0.0.0.0")  # the chart's value, for scraping
+    assert _reachable("127.0.0.1", loopback) and not _reachable("127.0.0.2", loopback)
+    assert _reachable("127.0.0.2", everywhere)

@@ -198,6 +198,15 @@ def unschedulable_pods(pods: Iterable[dict[str, Any]], attempt: int) -> list[Uns
     return out
 
 
+def pods_by_slice(pods: Iterable[dict[str, Any]], attempt: int) -> dict[int, int]:
+    """Pods of the current attempt that exist (any phase, not being deleted), per slice."""
+    out: dict[int, int] = {}
+    for p in pods:
+        if p["attempt"] == attempt and p["slice"] is not None and not p["deleting"]:
+            out[p["slice"]] = out.get(p["slice"], 0) + 1
+    return out
+
+
 def pod_observations(
     pods: Iterable[dict[str, Any]], attempt: int
 ) -> tuple[list[PodFailure], dict[int, int], dict[int, int]]:
@@ -320,6 +329,7 @@ def observe(
         offered_error=offered_error,
         admission=admission,
         unschedulable=unschedulable_pods(pods, attempt),
+        pods_by_slice=pods_by_slice(pods, attempt),
         strays=dict(strays or {}),
     )
     if plan.managed:

@@ -19,7 +19,7 @@ from multislice_operator.api.models import (
     Phase,
 )
 from multislice_operator.errors import SpecError
-from multislice_operator.plan import Plan
+from multislice_operator.plan import REPLICATED_JOB, Plan
 from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile.capacity import capacity_ready, release, strays
 from multislice_operator.reconcile.context import Ctx
@@ -218,7 +218,10 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
         if js is not None and js.owned and not js.deleting:
             ctx.actions.append(DeleteJobSet())  # no pods left waiting for released capacity
         return
-    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if ready else None
+    # The startup deadlines count from here: capacity ready and the JobSet free to run (a JobSet
+    # a queue keeps suspended has no pods to judge).
+    free = ready and not (js is not None and js.suspended)
+    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if free else None
     if js is None:
         if ready:
             ctx.actions.append(CreateJobSet())
@@ -238,8 +241,8 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
         return
     running_phase(ctx, plan, js, ready)
-    if ready:
-        _unschedulable(ctx, spec, plan)
+    if ready and not js.deleting and not _unschedulable(ctx, spec, plan):
+        _pods_not_created(ctx, spec, plan)
 
 
 def _admitted(ctx: Ctx, plan: Plan) -> bool:
@@ -267,7 +270,7 @@ def _admitted(ctx: Ctx, plan: Plan) -> bool:
     return False
 
 
-def _unschedulable(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
+def _unschedulable(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
     """Pods the scheduler cannot place while every slice's capacity is ready: past the deadline
     the job fails with the scheduler's own reason, its JobSet is deleted and its pools released."""
     timeout = spec.failure_policy.unschedulable_timeout_seconds
@@ -286,4 +289,34 @@ def _unschedulable(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
         complete(ctx, Phase.FAILED, "Unschedulable", message)
         ctx.actions.append(DeleteJobSet())
         release(ctx, plan)
-        return
+        return True
+    return False
+
+
+def _pods_not_created(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
+    """No pod at all for a slice, long after its capacity was ready: the apiserver refuses the
+    Job controller's pods (Pod Security, quota, a pod webhook: what no dry run of the Job sees).
+    The same deadline ends the job; the Job's FailedCreate event has the apiserver's words."""
+    pods = ctx.obs.pods_by_slice
+    ready_since = ctx.status.capacity_ready_time
+    if pods is None or ready_since is None:
+        return False
+    missing = [i for i in range(plan.slices) if not pods.get(i)]
+    if not missing:
+        return False
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    waited = (ctx.now - ready_since).total_seconds()
+    if waited < timeout:
+        ctx.requeue_in(timeout - waited)
+        return False
+    first = missing[0]
+    message = (
+        f"no pod of slice {first} was created within {timeout}s while every slice's capacity "
+        "was ready (spec.failurePolicy.unschedulableTimeoutSeconds): the apiserver refuses the "
+        f"Job controller's pods; `kubectl describe job {plan.name}-{REPLICATED_JOB}-{first}` "
+        "shows why (FailedCreate)"
+    )
+    complete(ctx, Phase.FAILED, "PodsNotCreated", message)
+    ctx.actions.append(DeleteJobSet())
+    release(ctx, plan)
+    return True

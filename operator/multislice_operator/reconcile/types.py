@@ -104,6 +104,8 @@ class Observed:
     # None: the rendered JobSet was not judged yet for this spec generation.
     admission: Admission | None = None
     unschedulable: list[UnschedulablePod] = field(default_factory=list)
+    # Pods of the current attempt per slice index, in any phase (None: not observed).
+    pods_by_slice: dict[int, int] | None = None
     # Pools labelled with this job's uid that its plan does not name (any other mode or shape,
     # an older naming): never used, always released. Name -> state.
     strays: dict[str, PoolState] = field(default_factory=dict)
