@@ -25,7 +25,7 @@ lint: install
 fmt: install
 	$(BIN)/ruff format operator local workload tests benchmarks
 
-# Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster.
+# Local Kubernetes built from Go modules (hack/README.md). PROFILE=api|cluster|kueue.
 PROFILE ?= cluster
 
 bins:
@@ -37,7 +37,7 @@ cluster-up: install bins
 cluster-down: install
 	$(BIN)/python -m multislice_local.controlplane down --profile $(PROFILE)
 
-# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete, KEEP=1 to stay up.
+# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue, KEEP=1 to stay up.
 # CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).
 SCENARIO ?= restart
 CLUSTER ?= local

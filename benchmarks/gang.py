@@ -1,15 +1,15 @@
 """Benchmark 2: gang provisioning of S slices (Managed mode) against one node pool's latency.
 
-One Managed MultisliceJob of S single-host slices (v5litepod-4: one node per slice, so 256 slices
-are 256 nodes) per fresh `api`-profile control plane, with the local GKE simulator at a fixed
-create latency (SimConfig.op_latency_s). Measured: client time just before the job's create
-request -> the watch sees the job's Provisioned condition True (every slice's pool RUNNING with
-its node Ready). The ideal is one pool's latency whatever S is, since a gang's pools are created
-concurrently; the ratio to S=1 measured in the same run is reported, and the ratio to the bare
-op latency.
+One Managed MultisliceJob of S slices (v5litepod-8: two 4-chip nodes per slice, the smallest shape
+Multislice allows, so 256 slices are 512 nodes) per fresh `api`-profile control plane, with the
+local GKE simulator at a fixed create latency (SimConfig.op_latency_s). Measured: client time
+just before the job's create request -> the watch sees the job's Provisioned condition True
+(every slice's pool RUNNING with its nodes Ready). The ideal is one pool's latency whatever S
+is, since a gang's pools are created concurrently; the ratio to S=1 measured in the same run is
+reported, and the ratio to the bare op latency.
 
 Why the `api` profile and not `cluster`: provisioning is the operator, the GKE API and node
-registration; the cluster profile would add kwok's heartbeats for up to 256 nodes, a scheduler and
+registration; the cluster profile would add kwok's heartbeats for up to 512 nodes, a scheduler and
 the JobSet controller competing for the same 2 cores without being part of what is measured. The
 simulator's nodes are registered by ReadyNodeRegistrar, created Ready in one call each (no kwok
 here), from a small thread pool, as GKE brings up a gang's VMs in parallel; the time the last node
@@ -67,7 +67,7 @@ from multislice_local.stack import (
 from multislice_operator import keys
 
 NAMESPACE = "gang"
-ACCELERATOR = "v5litepod-4"  # one host of 4 chips per slice
+ACCELERATOR = "v5litepod-8"  # two hosts of 4 chips per slice: the smallest multi-host shape
 _GKE_LABELS = {
     keys.GKE_NODEPOOL,
     keys.GKE_TPU_ACCELERATOR,

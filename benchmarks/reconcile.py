@@ -161,9 +161,9 @@ def baseline_work(n: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
             for i in range(POOLS)
         ]
         obs = Observed(now=now, slices=slices, existing_pools_found=POOLS, admission=Admission())
-        decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, {}, obs,
+        decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, None, obs,
                           DecideConfig())  # fmt: skip
-        status = {k: v for k, v in decision.status.items() if v is not None}
+        status = decision.status.to_dict()
         out[name] = (jobset, status)
     return out
 

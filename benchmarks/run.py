@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import footprint, gang, reconcile, restart
+from benchmarks import footprint, gang, gke_calls, reconcile, restart
 from benchmarks.common import save, say, table
 
-BENCHMARKS = ("reconcile", "gang", "restart", "footprint")
+BENCHMARKS = ("reconcile", "gang", "restart", "footprint", "gke_calls")
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,11 @@ class Sizes:
     restart_reps: int
     footprint: list[int]
     idle_s: float
+    gke_calls: list[int]
 
 
-QUICK = Sizes([10, 100], [1, 8, 64], [2], 3, [0, 100], 20.0)
-FULL = Sizes([10, 100, 1000], [1, 8, 64, 256], [2, 8], 7, [0, 100, 1000], 60.0)
+QUICK = Sizes([10, 100], [1, 8, 64], [2], 3, [0, 100], 20.0, [10])
+FULL = Sizes([10, 100, 1000], [1, 8, 64, 256], [2, 8, 64], 3, [0, 100, 1000], 60.0, [10, 100])
 BEND = 1.5  # a marginal cost this many times the previous one is where a curve bends
 FLAT = 0.25  # the largest size costing less than this much more than the smallest: flat
 
@@ -195,6 +196,24 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                     v < 150 if r["jobs"] >= 1000 else None,
                     "",
                 )
+    if "restart" in results:
+        big = max(results["restart"]["results"], key=lambda r: r["slices"])
+        add(
+            f"restart {big['slices']} slices x 4 hosts vs the JobSet controller alone",
+            big["ratio"],
+            "<= 1.1x (at 64 slices)",
+            big["ratio"] <= 1.1 if big["slices"] >= 64 else None,
+            f"{big['pods']} pods",
+        )
+    if "gke_calls" in results:
+        big = max(results["gke_calls"]["results"], key=lambda r: r["jobs"])
+        add(
+            f"list_node_pools per minute at {big['jobs']} idle Managed jobs",
+            big["list_node_pools_per_minute"],
+            f"<= {big['target_per_minute']:g} (one per resync)",
+            big["list_node_pools_per_minute"] <= big["target_per_minute"] * 1.05,
+            f"per-job polling would be {big['per_job_polling_per_minute']:g}",
+        )
     rows = [
         [
             t["target"],
@@ -230,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "gang": lambda: gang.run(cfg.gang, log_dir=log_dir),
         "restart": lambda: restart.run(cfg.restart, cfg.restart_reps, log_dir=log_dir),
         "footprint": lambda: footprint.run(cfg.footprint, cfg.idle_s, log_dir=log_dir),
+        "gke_calls": lambda: gke_calls.run(cfg.gke_calls, cfg.idle_s, 10.0, log_dir=log_dir),
     }
     results: dict[str, Any] = {}
     failed: list[str] = []

@@ -3,6 +3,7 @@
 * ``kube_api``: session-scoped :class:`ControlPlane` of the ``api`` profile (etcd + apiserver).
 * ``kube_cluster``: session-scoped ``cluster`` profile (plus controller-manager, scheduler, kwok,
   JobSet controller and webhooks).
+* ``kube_kueue``: session-scoped ``kueue`` profile (``cluster`` plus the Kueue controller).
 * ``kube_client(cp) -> kubernetes.client.ApiClient``: admin client for a control plane.
 * ``namespace(cp, prefix="t") -> str``: a fresh namespace, deleted after the test.
 * ``tpu_nodes(pool_name, count, accelerator_label, topology, chips_per_host, **kw) -> names``:
@@ -24,7 +25,7 @@ from kubernetes import client
 from multislice_local.controlplane import ControlPlane, ensure_binaries
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
-_CONTROL_PLANE_FIXTURES = {"kube_api", "kube_cluster"}
+_CONTROL_PLANE_FIXTURES = {"kube_api", "kube_cluster", "kube_kueue"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -57,6 +58,11 @@ def kube_api(request: pytest.FixtureRequest) -> ControlPlane:
 @pytest.fixture(scope="session")
 def kube_cluster(request: pytest.FixtureRequest) -> ControlPlane:
     return _control_plane(request, "cluster")
+
+
+@pytest.fixture(scope="session")
+def kube_kueue(request: pytest.FixtureRequest) -> ControlPlane:
+    return _control_plane(request, "kueue")
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ local health = {
   Running = "Healthy",
   Succeeded = "Healthy",
   Pending = "Progressing",
+  Queued = "Progressing", -- waiting in Kueue for quota (status.queue says where and why)
   Provisioning = "Progressing",
   Starting = "Progressing",
   Restarting = "Progressing",

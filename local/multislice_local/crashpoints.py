@@ -5,6 +5,8 @@ SIGKILL would, right after a chosen side effect and before the status write that
 
 * ``after-pool-create``: after the provisioner accepted node-pool creates.
 * ``after-jobset-create``: after the apiserver created the JobSet.
+* ``after-check-write``: after the apiserver took a write of the operator's AdmissionCheck state
+  on a Workload (Kueue mode).
 * ``after-dry-run``: after the apiserver judged a dry-run create (JobSet or Job), before the
   verdict is used.
 * ``after-pool-delete``: after the provisioner accepted node-pool deletes.
@@ -43,6 +45,7 @@ def _crash_after(point: str, method: AsyncMethod, happened: Callable[[Any], bool
     return wrapper
 
 
+# What the crash harness (benchmarks/chaos.py) arms; after-check-write needs Kueue.
 POINTS = (
     "after-pool-create",
     "after-jobset-create",
@@ -65,6 +68,12 @@ def install(point: str) -> None:
 
         Kube.create_jobset = _crash_after(  # type: ignore[method-assign,assignment]
             point, Kube.create_jobset, bool
+        )
+    elif point == "after-check-write":
+        from multislice_operator.controller.kube import Kube
+
+        Kube.patch_workload_checks = _crash_after(  # type: ignore[method-assign,assignment]
+            point, Kube.patch_workload_checks, lambda _: True
         )
     elif point == "after-dry-run":
         from multislice_operator.controller.kube import Kube

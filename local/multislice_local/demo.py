@@ -2,13 +2,15 @@
 
 Builds what is missing, starts the local default (a real control plane with kwok TPU nodes, the
 GKE API simulator and the operator), applies a MultisliceJob, drives one scenario, shows the job
-live and a timeline at the end, checks the outcome, and cleans everything up (Ctrl-C included).
+live and a timeline at the end, checks the outcome, shows where the job's TPU time went (the
+goodput breakdown of `multislice-operator status`), and cleans everything up (Ctrl-C included).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import signal
 import sys
 import tempfile
@@ -32,6 +34,7 @@ NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
 FATAL_EXIT = 42
+LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Scenario:
     expect_restarts: int = 0
     run: str = "8s"  # how long each pod runs (kwok)
     faults: Faults = field(default_factory=Faults)
+    kueue: bool = False  # the kueue profile, examples/kueue/queues.yaml, the job queued
 
 
 SCENARIOS = {
@@ -71,8 +75,20 @@ SCENARIOS = {
             "fatal", "a pod exits with a non-retryable code; the job fails", "Failed", 0, run="1h"
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
+        Scenario(
+            "queue",
+            "two teams share 64 chips through Kueue; the job waits Queued with zero node pools "
+            "until quota frees, then gets its gang and runs",
+            "Succeeded",
+            kueue=True,
+        ),
     )
 }
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# The queue scenario: examples/kueue/queues.yaml, plus team-a's LocalQueue in the demo namespace;
+# two other 32-chip jobs take both teams' quota first.
+TEAM_QUEUE = "team-a"
+OTHERS = (("team-b", "team-b", "team-b-train"), (NAMESPACE, TEAM_QUEUE, "team-a-first"))
 
 
 class Narrator:
@@ -98,13 +114,16 @@ def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
     if scenario.name == "preemption":
         spec["capacity"] = {"type": "Spot"}
     if run_workload:
-        # Real JAX runs here on CPU, one process per host: single-host slices keep it to two.
-        spec.update(accelerator="v5litepod-4", topology="2x2")
-        spec["parallelism"] = {"ici": {"fsdp": 4}, "dcn": {"data": 2}}
+        # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
+        # (Multislice needs them) keep it to four.
+        spec.update(accelerator="v5litepod-8", topology="2x4")
+        spec["parallelism"] = {"ici": {"fsdp": 8}, "dcn": {"data": 2}}
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run
     )
+    if scenario.kueue:
+        body["metadata"]["labels"] = {keys.KUEUE_QUEUE_NAME: TEAM_QUEUE}
     return copy.deepcopy(body)
 
 
@@ -118,6 +137,8 @@ class Demo:
         self.last_line = ""
         self.injected = False
         self.workload: Any = None  # the background launcher thread's result holder
+        self.queued_seen = False  # queue scenario: seen Queued, and never with a pool then
+        self.pools_while_queued: set[str] = set()
 
     # -- the story -------------------------------------------------------------------------
 
@@ -129,7 +150,11 @@ class Demo:
         self.n.say("checking the control-plane binaries (the first build takes ~10 minutes)")
         ensure_binaries()
         self.n.mark("binaries ready")
+        if s.kueue and self.args.cluster != "local":
+            self.n.say("the queue scenario runs on the local cluster only (its kueue profile)")
+            return 2
         options = StackOptions(
+            profile="kueue" if s.kueue else "cluster",
             cluster=self.args.cluster,
             op_latency_s=self.args.pool_latency,
             faults=s.faults,
@@ -140,11 +165,14 @@ class Demo:
         assert self.stack.cp is not None
         self.n.say(f"control-plane state in {self.stack.cp.workdir}")
         self.n.mark("local cluster, GKE simulator and operator up")
+        if s.kueue:
+            self.queues()
         body = demo_job(s, self.args.run_workload)
         self.apply(body)
         outcome = self.watch(body)
         self.timeline()
         ok = self.check(outcome)
+        self.goodput()
         if self.workload is not None:
             ok = self.workload_result() and ok
         if self.args.keep:
@@ -170,6 +198,65 @@ class Demo:
         )
         self.n.mark("job applied")
 
+    def queues(self) -> None:
+        """examples/kueue/queues.yaml, then two other jobs that take both teams' quota."""
+        assert self.stack is not None
+        from multislice_local import queues
+
+        objects = queues.load(EXAMPLES / "kueue" / "queues.yaml")
+        core: Any = client.CoreV1Api(self.stack.api)
+        for ns in [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] + [
+            NAMESPACE
+        ]:
+            try:
+                core.create_namespace({"metadata": {"name": ns}})
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        objects.append(queues.local_queue(NAMESPACE, TEAM_QUEUE, TEAM_QUEUE))
+        queues.apply(self.stack.api, objects)
+        for cq in ("team-a", "team-b"):
+            queues.wait_active(self.stack.api, cq)
+        self.n.say(
+            "applied examples/kueue/queues.yaml: ClusterQueues team-a and team-b (32 "
+            "google.com/tpu each, cohort tpu), AdmissionCheck multislice-gang (Active: set by "
+            "the operator), LocalQueues, WorkloadPriorityClasses"
+        )
+        self.n.mark("Kueue queues ready")
+        custom = client.CustomObjectsApi(self.stack.api)
+        for ns, queue, name in OTHERS:
+            other = demo_job(self.scenario)
+            other["metadata"] = {
+                "name": name,
+                "namespace": ns,
+                "labels": {keys.KUEUE_QUEUE_NAME: queue},
+            }
+            custom.create_namespaced_custom_object(
+                models.GROUP, models.VERSION, ns, models.PLURAL, other
+            )
+            self.n.say(f"submitted {ns}/{name} (32 chips) to LocalQueue {queue}")
+        deadline = time.monotonic() + self.args.timeout
+        while time.monotonic() < deadline:
+            phases = [self.status_of(ns, name).get("phase") for ns, _, name in OTHERS]
+            if all(p in ("Provisioning", "Starting", "Running") for p in phases):
+                break
+            time.sleep(0.5)
+        self.n.say("both teams' quota is in use: the next 32-chip job has to wait")
+        self.n.mark("both teams' quota in use")
+
+    def status_of(self, ns: str, name: str) -> dict[str, Any]:
+        assert self.stack is not None
+        try:
+            obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                models.GROUP, models.VERSION, ns, models.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        st: dict[str, Any] = obj.get("status") or {}
+        return st
+
     def status(self) -> dict[str, Any] | None:
         assert self.stack is not None
         try:
@@ -194,6 +281,9 @@ class Demo:
             self.show(st)
             self.events()
             phase = st.get("phase")
+            if self.scenario.kueue and phase == "Queued":
+                self.queued_seen = True
+                self.pools_while_queued |= set(self.job_pools())
             if phase != last_phase:
                 self.n.mark(f"phase {phase}")
                 last_phase = phase
@@ -214,6 +304,15 @@ class Demo:
             f"{st.get('phase', 'New'):<12} restarts={st.get('restarts', 0)}  {slices}\n"
             f"{'':>10}{st.get('message', '')}"
         )
+        q = st.get("queue")
+        if q:
+            check = q.get("admissionCheck")
+            line += (
+                f"\n{'':>10}queue: LocalQueue {q.get('localQueue')} -> ClusterQueue "
+                f"{q.get('clusterQueue') or '?'}, Workload {q.get('workload') or '-'}, "
+                + (f"admission check {check}={q.get('checkState')}" if check else "no check")
+                + f", node pools of the job: {len(self.job_pools())}"
+            )
         if line != self.last_line:
             self.n.say(line)
             self.last_line = line
@@ -237,6 +336,7 @@ class Demo:
             )
             self.n.say(f"  event {e.type:<7} {e.reason} ({source}): {e.message}")
             if e.reason in (
+                "Queued",
                 "GangRolledBack",
                 "GangProvisioned",
                 "SliceLost",
@@ -272,7 +372,15 @@ class Demo:
             code = RETRYABLE_EXIT if name == "restart" else FATAL_EXIT
             kind = "retryable" if name == "restart" else "non-retryable"
             self.n.say(f"making pod {pod} (slice 1) exit with {kind} code {code}")
-            fail_pod(self.stack.api, NAMESPACE, pod, code)
+            message = None
+            if name == "restart":  # what the workload writes on exit (its termination message)
+                said = {"v": 1, "reason": "crash", "exitCode": code, **LAST_STEPS}
+                message = json.dumps(said)
+                self.n.say(
+                    f"  its termination message: last step {LAST_STEPS['step']}, last checkpoint "
+                    f"at step {LAST_STEPS['checkpointStep']}"
+                )
+            fail_pod(self.stack.api, NAMESPACE, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
 
     def victim(self) -> str:
@@ -282,6 +390,11 @@ class Demo:
             NAMESPACE, label_selector="jobset.sigs.k8s.io/job-index=1"
         ).items
         return str(sorted(str(p.metadata.name) for p in pods)[0])
+
+    def job_pools(self) -> list[str]:
+        assert self.stack is not None and self.stack.sim is not None
+        prefix = node_pool_name(NAMESPACE, JOB, 0)[:-2]
+        return [p for p in self.stack.sim.pools() if p.startswith(prefix)]
 
     def released(self) -> bool:
         assert self.stack is not None and self.stack.sim is not None
@@ -406,12 +519,39 @@ class Demo:
         nodes = self.fake_nodes()
         if nodes:
             problems.append(f"fake TPU nodes left: {len(nodes)}")
+        if s.kueue:
+            if not self.queued_seen:
+                problems.append("the job was never seen Queued")
+            if self.pools_while_queued:
+                problems.append(f"node pools while Queued: {sorted(self.pools_while_queued)}")
+            else:
+                self.n.say("the job held 0 node pools while queued")
         if problems:
             self.n.say("OUTCOME NOT REACHED: " + "; ".join(problems))
             return False
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def goodput(self) -> None:
+        """The end of the story: where the job's TPU time went, as `multislice-operator status`
+        shows it."""
+        assert self.stack is not None
+        try:
+            obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.n.say("goodput: the job was deleted, and its status with it")
+            return
+        from rich.console import Console
+
+        from multislice_operator import view
+
+        self.n.say(f"where the TPU time went (multislice-operator status {JOB} -n {NAMESPACE}):")
+        view.render(view.view(obj, view.now_utc()), Console(file=self.n.out, highlight=False))
 
     def fake_nodes(self) -> list[str]:
         assert self.stack is not None

@@ -14,39 +14,58 @@ integers in requests, as strings in responses, errors as ``{"error": {code, mess
 * ``GET /v1/projects/P/locations/L/operations[/O]`` (list, get)
 * ``GET /v2/projects/P/locations/ZONE/acceleratorTypes`` (Cloud TPU v2; offered types per zone)
 
-Behaviour modelled on GKE:
+Behaviour modelled on GKE. The simulator is the project's only judge of GKE, so it is an
+adversary: whatever it accepts GKE accepts (where a rule is unconfirmed it refuses more, never
+less); each rule cites its public source where it is enforced (:meth:`GkeSimulator._validate`):
 
 * create returns a RUNNING ``CREATE_NODE_POOL`` operation at once; the pool lists as
   PROVISIONING; after ``op_latency_s`` its nodes are registered (see :class:`NodeRegistrar`) and
-  it turns RUNNING, or, for an injected stockout/quota failure, the operation ends DONE with an
-  error and the pool turns ERROR with a ``statusMessage`` (``GCE_STOCKOUT`` /
-  ``GCE_QUOTA_EXCEEDED``, "does not have enough resources"), holding no nodes, as GKE leaves it.
+  it turns RUNNING. An injected stockout/quota failure runs longer (``failed_create_latency_s``,
+  default 3 x ``op_latency_s``, as GKE's instance group keeps trying) and then ends DONE with an
+  error ("Not all instances running in IGM after ... Current errors: [GCE_STOCKOUT] ... does not
+  have enough resources", or ``GCE_QUOTA_EXCEEDED``), the pool ERROR with that
+  ``statusMessage`` and no nodes, as GKE leaves it.
+* synchronous validation (400 INVALID_ARGUMENT): pool name (RFC 1035, <= 40), node labels (no
+  ``kubernetes.io`` / ``k8s.io`` namespace, ``cloud.google.com`` is GKE's, label syntax), GCE
+  resource labels, ``management`` with auto-upgrade or auto-repair off in a release channel
+  (``SimConfig.release_channel``, REGULAR by default), ``GKE_METADATA`` without Workload
+  Identity on the cluster, OAuth scopes as URLs, specific reservations (a name or
+  ``projects/P/reservations/R``), known machine types, one zone per TPU pool, ``tpuTopology`` only
+  on multi-host pools, topology vs machine type (dimensions, the generation's shapes, node count).
+* a create over quota is refused at once: 403 PERMISSION_DENIED "Insufficient regional quota to
+  satisfy request: resource ..." (``quota_sync_next``); ``permission_denied_next`` gives a real
+  permission 403.
+* one operation per node pool, one cluster-level operation at a time: deleting a pool whose
+  create or delete runs is refused with 400 FAILED_PRECONDITION "Operation O is currently
+  creating (deleting) a node pool for cluster C. Please wait and try again once it is done." (it
+  names the operation, not the pool); during :meth:`GkeSimulator.start_cluster_upgrade` every
+  create and delete gets "Operation O is currently upgrading cluster C ...".
 * delete turns the pool STOPPING; after ``delete_latency_s`` its nodes go and the pool is gone.
-  Deleting a pool whose create is still running is refused with 400 FAILED_PRECONDITION
-  ("Operation ... is currently creating node pool ..."), as GKE does; deleting a pool already
-  STOPPING is refused with "... is currently deleting node pool ...".
-* validation GKE does synchronously: pool name (RFC 1035, <= 40 chars), GCE resource labels,
-  known machine types, one zone and a consistent node count for a multi-host TPU topology.
-* concurrent operations on a cluster are allowed unless ``max_concurrent_operations`` is set;
-  past it, create/delete answer 400 FAILED_PRECONDITION "Cluster is running incompatible
-  operation ..." (retry later).
+* concurrent operations on different pools are allowed unless ``max_concurrent_operations`` is
+  set (older clusters); past it, create/delete answer 400 FAILED_PRECONDITION: "Operation O is
+  currently deleting a node pool for cluster C" when a delete runs, else "Cluster is running
+  incompatible operation O".
 * spot preemption (:meth:`GkeSimulator.preempt`): the pool's nodes disappear while the pool stays
   RUNNING, as when GKE's managed instance group loses its VMs; the nodes come back after
   ``preempt_recreate_s`` (None: never, the operator must replace the pool).
   :meth:`GkeSimulator.break_pool` sets ERROR (and removes the nodes).
+* :meth:`GkeSimulator.received_creates` returns every CreateNodePoolRequest as received
+  (``parent`` from the URL, the JSON body), for comparing with the operator's dry run.
 
 Faults (settable in the constructor, with Python methods, over ``/_sim/faults`` or as CLI flags),
 see :class:`Faults`: ``stockout_next`` (next N creates), ``stockout_on_create`` (the k-th
-accepted creates, 1-based), ``stockout_zones``, ``quota_next``, ``http_429_next``,
-``http_5xx_next`` (any API call), ``invalid_machine_types`` (400 INVALID_ARGUMENT), and the
-latency / conflict knobs of :class:`SimConfig`.
+accepted creates, 1-based), ``stockout_zones``, ``quota_next``, ``quota_sync_next``,
+``permission_denied_next``, ``http_429_next``, ``http_5xx_next`` (any API call),
+``invalid_machine_types`` (400 INVALID_ARGUMENT), and the latency / conflict knobs of
+:class:`SimConfig`.
 
 Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/counters/reset``,
 ``POST /_sim/faults`` (merge the given fields), ``DELETE /_sim/faults`` (clear),
-``POST /_sim/config`` (``opLatencyS``, ``deleteLatencyS``, ``maxConcurrentOperations``,
-``preemptRecreateS``), ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``),
-``POST /_sim/pools/NAME/preempt`` (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break``
-(``{"message": "..."}``). Names are looked up across clusters.
+``POST /_sim/config`` (``opLatencyS``, ``failedCreateLatencyS``, ``deleteLatencyS``,
+``maxConcurrentOperations``, ``preemptRecreateS``, ``releaseChannel``, ``workloadIdentity``),
+``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
+(``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``). Names are
+looked up across clusters.
 
 CLI: ``python -m multislice_local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
 as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
@@ -84,6 +103,7 @@ from multislice_operator import (
     catalog,
     keys,
 )
+from multislice_operator.api import models
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +112,17 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 _POOL_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _GCE_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _GCE_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_K8S_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
+_USER_GKE_NODE_LABELS = {
+    "cloud.google.com/gke-tpu-ici-resiliency",
+    "cloud.google.com/gke-location-hint",
+}
+_DNS1123_SUBDOMAIN_RE = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_LABEL_NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_RESERVATION_RE = re.compile(models.RESERVATION_PATTERN)
 # Machine types that are not TPUs but that a cluster accepts (system pools in tests).
 _GENERIC_MACHINE_RE = re.compile(r"^(e2|n1|n2|n2d|c2|c3|t2d)-(standard|highmem|highcpu)-\d+$")
 _TPU_CONFIG_TYPES = {"v4": "V4", "v5litepod": "V5LITE_POD", "v5p": "V5P", "v6e": "V6E"}
@@ -242,7 +273,10 @@ _GKE_NODE_LABELS = {
 
 @dataclass
 class SimConfig:
-    op_latency_s: float = 1.5  # create: PROVISIONING -> RUNNING/ERROR
+    op_latency_s: float = 1.5  # create: PROVISIONING -> RUNNING
+    # A create that fails (stockout, quota) runs longer than one that succeeds, as GKE's managed
+    # instance group keeps retrying before it gives up; None: 3 x op_latency_s.
+    failed_create_latency_s: float | None = None
     delete_latency_s: float | None = None  # STOPPING -> gone; None: same as op_latency_s
     max_concurrent_operations: int | None = None  # per cluster; None: unlimited
     preempt_recreate_s: float | None = None  # nodes come back after a preemption; None: never
@@ -253,9 +287,18 @@ class SimConfig:
     # Offered accelerator types per zone; zones not listed offer default_offered (None: all).
     offered: dict[str, list[str]] = field(default_factory=dict)
     default_offered: list[str] | None = None
+    # The simulated cluster: its release channel (None: no channel) and whether Workload
+    # Identity is enabled (a workload pool), which node pool requests are checked against.
+    release_channel: str | None = "REGULAR"
+    workload_identity: bool = False
 
     def delete_latency(self) -> float:
         return self.op_latency_s if self.delete_latency_s is None else self.delete_latency_s
+
+    def failed_create_latency(self) -> float:
+        if self.failed_create_latency_s is None:
+            return 3 * self.op_latency_s
+        return self.failed_create_latency_s
 
 
 @dataclass
@@ -264,6 +307,9 @@ class Faults:
     stockout_on_create: list[int] = field(default_factory=list)  # k-th accepted creates (1-based)
     stockout_zones: list[str] = field(default_factory=list)  # every create in these zones
     quota_next: int = 0  # the next N accepted creates end in GCE_QUOTA_EXCEEDED
+    # The next N creates are refused at once with GKE's synchronous 403 quota answer.
+    quota_sync_next: int = 0
+    permission_denied_next: int = 0  # the next N creates: a real 403 permission error
     http_429_next: int = 0  # the next N API calls answer 429 RESOURCE_EXHAUSTED
     http_5xx_next: int = 0  # the next N API calls answer http_5xx_status
     http_5xx_status: int = 503
@@ -450,6 +496,8 @@ class GkeSimulator:
         self._injected: Counter[str] = Counter()
         self._ops_running: Counter[str] = Counter()  # by cluster
         self._peak_ops = 0
+        # Every CreateNodePoolRequest received, as on the wire: parent (the URL) + the JSON body.
+        self._received: list[dict[str, Any]] = []
         self._scheduler = _Scheduler()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -555,6 +603,27 @@ class GkeSimulator:
 
     def pool(self, name: str) -> dict[str, Any] | None:
         return self.pools().get(name)
+
+    def received_creates(self) -> list[dict[str, Any]]:
+        """Every create_node_pool request received, accepted or not: ``parent`` and the body."""
+        with self._lock:
+            received: list[dict[str, Any]] = json.loads(json.dumps(self._received))
+        return received
+
+    def start_cluster_upgrade(self, cluster: str, duration_s: float) -> str:
+        """Start an UPGRADE_MASTER operation on ``projects/P/locations/L/clusters/C``: node pool
+        creates and deletes are refused while it runs, as GKE refuses them. Returns its name."""
+        project, location = cluster.split("/")[1], cluster.split("/")[3]
+        with self._lock:
+            op = self._start_op(location, project, "UPGRADE_MASTER", cluster)
+
+        def finish() -> None:
+            with self._lock:
+                self._end_op(op)
+
+        self._scheduler.after(duration_s, finish)
+        log.info("gke-sim cluster upgrade started cluster=%s op=%s", cluster, op.name)
+        return op.name
 
     def state(self) -> dict[str, Any]:
         with self._lock:
@@ -669,12 +738,15 @@ class GkeSimulator:
         self, project: str, location: str, cluster: str, *, body: bytes
     ) -> dict[str, Any]:
         cluster_path = self._cluster(project, location, cluster)
+        self._received.append({"parent": cluster_path, **json.loads(body or b"{}")})
         spec = _parse_create(body)
         name = str(spec.get("name", ""))
         self._validate(spec, location)
+        self._refuse_if_faulted(spec, location, project)
         path = f"{cluster_path}/nodePools/{name}"
         if path in self._pools:
             raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}.")
+        self._check_cluster_operation(cluster_path)
         self._check_conflict(cluster_path)
         self._creates_accepted += 1
         pool = _Pool(cluster_path, name, spec)
@@ -685,7 +757,10 @@ class GkeSimulator:
         log.info(
             "gke-sim create accepted pool=%s op=%s failure=%s", name, op.name, op.failure or "-"
         )
-        self._scheduler.after(self.config.op_latency_s, lambda: self._finish_create(op.path))
+        latency = self.config.op_latency_s
+        if op.failure is not None:
+            latency = self.config.failed_create_latency()
+        self._scheduler.after(latency, lambda: self._finish_create(op.path))
         return op.to_json()
 
     def _api_list_node_pools(
@@ -704,12 +779,15 @@ class GkeSimulator:
         self, project: str, location: str, cluster: str, name: str, *, body: bytes
     ) -> dict[str, Any]:
         pool = self._get_pool(self._cluster(project, location, cluster), name)
+        self._check_cluster_operation(pool.cluster)
+        # One operation per node pool at a time (GKE "Troubleshoot concurrent operations"); the
+        # answer names the running operation, not the pool.
         running = self._ops.get(pool.op or "")
         if running is not None and running.status == "RUNNING":
             if running.op_type == "DELETE_NODE_POOL":
-                raise _busy(running, f"deleting node pool {name}")
+                raise _busy(running)
             if not self.config.allow_delete_while_creating:
-                raise _busy(running, f"creating node pool {name}")
+                raise _busy(running)
             self._end_op(running, error={"code": 1, "message": "Operation was cancelled."})
         self._check_conflict(pool.cluster)
         op = self._start_op(location, project, "DELETE_NODE_POOL", pool.path)
@@ -752,59 +830,125 @@ class GkeSimulator:
         return pool
 
     def _validate(self, spec: dict[str, Any], location: str) -> None:
+        """GKE's synchronous validation of a CreateNodePoolRequest: each refusal is 400
+        INVALID_ARGUMENT unless noted, with its public source; wording marked UNCONFIRMED is
+        ours where no public copy of GKE's message was found."""
         name = str(spec.get("name", ""))
+        # Node pool names: RFC 1035, at most 40 characters (GKE API reference, NodePool.name;
+        # facts.md section 6). Wording UNCONFIRMED.
         if not _POOL_NAME_RE.match(name):
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
+            raise _invalid(
                 f'Invalid node pool name "{name}": must be 1-40 lowercase letters, digits or '
-                "hyphens, start with a letter and not end with a hyphen.",
+                "hyphens, start with a letter and not end with a hyphen."
             )
         config = spec.get("config", {})
         machine = str(config.get("machineType", ""))
         if machine in self.faults.invalid_machine_types or not (
             machine in TPU_MACHINES or _GENERIC_MACHINE_RE.match(machine)
         ):
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
+            raise _invalid(
                 f"Invalid machine type \"{machine}\": Machine type '{machine}' does not exist in "
-                f"zone '{self._zones(spec, location)[0]}'.",
+                f"zone '{self._zones(spec, location)[0]}'."
             )
-        for key, value in config.get("resourceLabels", {}).items():
-            if not _GCE_LABEL_KEY_RE.match(key) or not _GCE_LABEL_VALUE_RE.match(str(value)):
-                raise ApiError(
-                    400,
-                    "INVALID_ARGUMENT",
-                    f"Invalid resource label {key}={value}: keys and values must be at most 63 "
-                    "lowercase letters, digits, '_' or '-' (keys start with a letter).",
-                )
+        _validate_node_labels(config.get("labels", {}))
+        _validate_resource_labels(config.get("resourceLabels", {}))
+        self._validate_management(spec.get("management"))
+        self._validate_identity(config)
+        _validate_reservation(config.get("reservationAffinity"))
         self._validate_tpu(spec, location, machine)
+
+    def _validate_management(self, management: dict[str, Any] | None) -> None:
+        # "Auto_upgrade cannot be false when release_channel REGULAR is set." (400 badRequest;
+        # GitHub nkoson/gke-tutorial#8, Percona-Lab/jenkins-pipelines#471 for RAPID) and GKE
+        # "Release channels": node auto-upgrade and auto-repair are enabled and cannot be
+        # disabled in a release channel. A request without `management` gets GKE's defaults
+        # (both on); proto3 JSON omits a false bool, so a sent `management` without
+        # `autoUpgrade` means false. The auto-repair wording is UNCONFIRMED.
+        channel = self.config.release_channel
+        if channel is None or management is None:
+            return
+        for key, label in (("autoUpgrade", "Auto_upgrade"), ("autoRepair", "Auto_repair")):
+            if not management.get(key):
+                raise _invalid(f"{label} cannot be false when release_channel {channel} is set.")
+
+    def _validate_identity(self, config: dict[str, Any]) -> None:
+        # GKE_METADATA needs a cluster with Workload Identity (a workload pool): GKE "Use
+        # Workload Identity Federation for GKE". Wording UNCONFIRMED.
+        mode = config.get("workloadMetadataConfig", {}).get("mode")
+        if mode == "GKE_METADATA" and not self.config.workload_identity:
+            raise _invalid(
+                "Workload Identity must be enabled on the cluster (workloadPool) to set "
+                "workloadMetadataConfig mode GKE_METADATA on a node pool."
+            )
+        # The API takes scope URLs; short names (storage-full, gke-default) are gcloud aliases.
+        # Wording UNCONFIRMED.
+        for scope in config.get("oauthScopes", []):
+            if not str(scope).startswith("https://www.googleapis.com/auth/"):
+                raise _invalid(f"Invalid OAuth scope {scope!r}: give the scope's full URL.")
 
     def _validate_tpu(self, spec: dict[str, Any], location: str, machine: str) -> None:
         topology = spec.get("placementPolicy", {}).get("tpuTopology")
-        if not topology:
-            return
         tpu = TPU_MACHINES.get(machine)
         if tpu is None:
-            raise ApiError(
-                400, "INVALID_ARGUMENT", f"tpuTopology needs a TPU machine type, not {machine}."
-            )
+            if topology:
+                raise _invalid(f"tpuTopology needs a TPU machine type, not {machine}.")
+            return
+        # One zone per TPU slice pool: a slice's VMs share one ICI domain (GKE "Deploy TPU
+        # workloads in GKE Standard": --node-locations takes the single zone; xpk passes one).
         if len(self._zones(spec, location)) != 1:
-            raise ApiError(400, "INVALID_ARGUMENT", "A TPU slice node pool must be in one zone.")
+            raise _invalid(f"A TPU node pool ({machine}) must be in one zone.")
+        if not topology:
+            return  # single-host slices: one VM each, any number of nodes
         dims = topology.split("x")
-        if len(dims) != tpu.dims() or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ApiError(
-                400, "INVALID_ARGUMENT", f"Invalid TPU topology {topology} for {machine}."
+        valid = tpu.generation.topologies if tpu.generation else ()
+        if (
+            len(dims) != tpu.dims()
+            or not all(d.isdigit() and int(d) > 0 for d in dims)
+            or (valid and topology not in valid)
+        ):
+            # Machine type vs topology: v4/v5p take 3D shapes, v5e/v6e 2D ones (GKE "Plan TPUs
+            # in GKE"; xpk system_characteristics.py). Wording UNCONFIRMED.
+            raise _invalid(f"Invalid TPU topology {topology} for machine type {machine}.")
+        chips = catalog.topology_chips(topology)
+        nodes, rest = divmod(chips, tpu.chips_per_host)
+        if rest or nodes <= 1:
+            # tpuTopology is for multi-host slice pools only: xpk src/xpk/core/nodepool.py
+            # ("--tpu-topology should not be set for single-host node pools"); ai-on-gke
+            # tpu-provisioner #965 ("tpuTopology being present will be rejected by the control
+            # plane" for a 1x1). Wording UNCONFIRMED.
+            raise _invalid(
+                f"TPU topology {topology} with machine type {machine} is a single-host slice: "
+                "tpuTopology is only valid for multi-host TPU slice node pools."
             )
-        nodes = catalog.topology_chips(topology) // tpu.chips_per_host
         if int(spec.get("initialNodeCount", 0)) != nodes:
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
+            raise _invalid(
                 f"Node pool with TPU topology {topology} and machine type {machine} needs "
-                f"initialNodeCount {nodes}, got {spec.get('initialNodeCount', 0)}.",
+                f"initialNodeCount {nodes}, got {spec.get('initialNodeCount', 0)}."
             )
+
+    def _refuse_if_faulted(self, spec: dict[str, Any], location: str, project: str) -> None:
+        f = self.faults
+        if f.quota_sync_next > 0:
+            f.quota_sync_next -= 1
+            self._injected["quotaSync"] += 1
+            raise ApiError(403, "PERMISSION_DENIED", _quota_message(spec, project))
+        if f.permission_denied_next > 0:
+            f.permission_denied_next -= 1
+            self._injected["permissionDenied"] += 1
+            raise ApiError(
+                403,
+                "PERMISSION_DENIED",
+                'Required "container.clusters.update" permission(s) for '
+                f'"projects/{project}/locations/{location}".',
+            )
+
+    def _check_cluster_operation(self, cluster_path: str) -> None:
+        # A cluster-level operation (an upgrade) blocks node pool operations: "Operation
+        # operation-... is currently upgrading cluster C. Please wait and try again once it is
+        # done." (400 failedPrecondition; terraform-provider-google#3650, #1643).
+        for op in self._ops.values():
+            if op.status == "RUNNING" and op.target == cluster_path:
+                raise _busy(op)
 
     @staticmethod
     def _zones(spec: dict[str, Any], location: str) -> list[str]:
@@ -820,6 +964,11 @@ class GkeSimulator:
             if o.status == "RUNNING" and o.target.startswith(cluster_path + "/")
         )
         self._injected["incompatibleOperation"] += 1
+        if busy.op_type == "DELETE_NODE_POOL":
+            # Names the cluster's running delete, whichever pool it deletes (GitHub
+            # hashicorp/terraform-provider-google#10366).
+            raise _busy(busy)
+        # rancher/gke-operator#509: "Cluster is running incompatible operation operation-...".
         raise ApiError(
             400,
             "FAILED_PRECONDITION",
@@ -979,13 +1128,112 @@ class GkeSimulator:
         return self._find(name).to_json()
 
 
-def _busy(op: _Operation, doing: str) -> ApiError:
+def _invalid(message: str) -> ApiError:
+    return ApiError(400, "INVALID_ARGUMENT", message)
+
+
+def _validate_node_labels(labels: dict[str, Any]) -> None:
+    for key, value in labels.items():
+        prefix, _, label = key.rpartition("/")
+        namespace = prefix.lower()
+        # Kubernetes' reserved namespaces: GKE refuses them as node labels ("Applying kubernetes
+        # label is not allowed", issue 12) and the kubelet refuses to start with them (kubernetes
+        # cmd/kubelet/app/options/options.go ValidateKubeletFlags: "unknown 'kubernetes.io' or
+        # 'k8s.io' labels specified with --node-labels").
+        if any(namespace == d or namespace.endswith("." + d) for d in _K8S_LABEL_DOMAINS):
+            raise _invalid(f"Applying kubernetes label is not allowed: {key}.")
+        # cloud.google.com/* node labels are GKE's own; the ones a user may set are those
+        # ai-on-gke tpu-provisioner sets (internal/cloud/gke.go). Wording UNCONFIRMED.
+        if namespace == "cloud.google.com" and key not in _USER_GKE_NODE_LABELS:
+            raise _invalid(f"Label {key} is reserved for GKE and cannot be set on a node pool.")
+        # Label syntax (Kubernetes "Labels and Selectors"; the kubelet checks IsQualifiedName and
+        # IsValidLabelValue). Wording UNCONFIRMED.
+        if (
+            (prefix and not _DNS1123_SUBDOMAIN_RE.match(prefix))
+            or not _LABEL_NAME_RE.match(label)
+            or not _LABEL_VALUE_RE.match(str(value))
+        ):
+            raise _invalid(f"Invalid node label {key}={value}.")
+
+
+def _validate_resource_labels(labels: dict[str, Any]) -> None:
+    # GCE resource labels: at most 64; keys [a-z][a-z0-9_-]{0,62}, values [a-z0-9_-]{0,63}
+    # (Compute Engine "Organize resources using labels", requirements; lowercase ASCII only
+    # here, stricter than GCE's international letters). Wording UNCONFIRMED.
+    if len(labels) > 64:
+        raise _invalid(f"Too many resource labels ({len(labels)}): at most 64.")
+    for key, value in labels.items():
+        if not _GCE_LABEL_KEY_RE.match(key) or not _GCE_LABEL_VALUE_RE.match(str(value)):
+            raise _invalid(
+                f"Invalid resource label {key}={value}: keys and values must be at most 63 "
+                "lowercase letters, digits, '_' or '-' (keys start with a letter)."
+            )
+
+
+def _validate_reservation(affinity: dict[str, Any] | None) -> None:
+    # SPECIFIC_RESERVATION names one reservation under compute.googleapis.com/reservation-name,
+    # by name or as projects/P/reservations/R for a shared one (GKE "Consume reserved zonal
+    # resources"; tpu-provisioner internal/cloud/gke.go). Wording UNCONFIRMED.
+    if not affinity or affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return
+    values = affinity.get("values", [])
+    if (
+        affinity.get("key") != "compute.googleapis.com/reservation-name"
+        or len(values) != 1
+        or not _RESERVATION_RE.match(str(values[0]))
+    ):
+        raise _invalid(
+            "SPECIFIC_RESERVATION needs key compute.googleapis.com/reservation-name and one "
+            f"value, a reservation name or projects/PROJECT/reservations/NAME; got {affinity}."
+        )
+
+
+_DOING = {
+    "CREATE_NODE_POOL": "creating a node pool for cluster",
+    "DELETE_NODE_POOL": "deleting a node pool for cluster",
+    "UPGRADE_MASTER": "upgrading cluster",
+}
+
+
+def _busy(op: _Operation) -> ApiError:
+    """GKE's answer while another operation runs: it names that operation and the cluster
+    ("Operation operation-... is currently deleting a node pool for cluster C. Please wait and
+    try again once it is done.", terraform-provider-google#10366; "... is currently upgrading
+    cluster C ...", #3650), never the pool the caller asked about."""
     cluster = op.target.split("/clusters/")[1].split("/")[0]
     return ApiError(
         400,
         "FAILED_PRECONDITION",
-        f"Operation {op.name} is currently {doing} for cluster {cluster}. Please wait and try "
-        "again once it is done.",
+        f"Operation {op.name} is currently {_DOING.get(op.op_type, 'operating on cluster')} "
+        f"{cluster}. Please wait and try again once it is done.",
+    )
+
+
+# Compute Engine quota metric per TPU machine family (UNCONFIRMED names; the wording around them
+# is GKE's, see _quota_message).
+_QUOTA_METRICS = {
+    "ct4p": "TPU_V4_PODSLICE",
+    "ct5lp": "TPU_LITE_PODSLICE_V5",
+    "ct5p": "TPU_V5P",
+    "ct6e": "TPU_V6E",
+    "tpu7x": "TPU7X",
+}
+
+
+def _quota_message(spec: dict[str, Any], project: str) -> str:
+    """GKE's synchronous 403 for a create over quota: "Insufficient regional quota to satisfy
+    request: resource "CPUS": request requires '72.0' and is short '48.0'. project has a quota of
+    '24.0' with '24.0' available. View and manage quotas at ..." (GitHub
+    kaiwaehner/hivemq-mqtt-tensorflow-kafka-realtime-iot-machine-learning-training-inference#48)."""
+    machine = str(spec.get("config", {}).get("machineType", ""))
+    tpu = TPU_MACHINES.get(machine)
+    chips = float(int(spec.get("initialNodeCount", 0)) * (tpu.chips_per_host if tpu else 1))
+    metric = _QUOTA_METRICS.get(machine.split("-")[0], "CPUS")
+    return (
+        f'Insufficient regional quota to satisfy request: resource "{metric}": request requires '
+        f"'{chips}' and is short '{chips}'. project has a quota of '0.0' with '0.0' available. "
+        "View and manage quotas at "
+        f"https://console.cloud.google.com/iam-admin/quotas?usage=USED&project={project}."
     )
 
 
@@ -999,10 +1247,14 @@ def _failure_message(failure: str, pool: _Pool, zone: str) -> str:
             f"'GCE_QUOTA_EXCEEDED' Message: 'Quota 'TPU_CHIPS' exceeded. Limit: 0.0 in region "
             f"{zone.rsplit('-', 1)[0]}.'"
         )
+    # The managed instance group gives up on a stockout: "Not all instances running in IGM after
+    # ... Current errors: [GCE_STOCKOUT]" (facts.md section 10; issue 12).
+    nodes = int(pool.spec.get("initialNodeCount", 0))
     return (
-        f"Google Compute Engine: Instance '{instance}' creation failed: Code: 'GCE_STOCKOUT' "
-        f"Message: 'The zone 'projects/{project}/zones/{zone}' does not have enough resources "
-        "available to fulfill the request. Try a different zone, or try again later.'"
+        f"Not all instances running in IGM after 1h0m0.5s. Expected {nodes}, running 0, "
+        f"transitioning {nodes}. Current errors: [GCE_STOCKOUT]: Instance '{instance}' creation "
+        f"failed: The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+        "available to fulfill the request. Try a different zone, or try again later."
     )
 
 
@@ -1150,6 +1402,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stockout-on-create", type=int, action="append", default=[])
     parser.add_argument("--stockout-zone", action="append", default=[])
     parser.add_argument("--quota-next", type=int, default=0)
+    parser.add_argument("--quota-sync-next", type=int, default=0, help="403 quota at create")
+    parser.add_argument("--failed-create-latency", type=float, default=None)
+    parser.add_argument(
+        "--release-channel", default="REGULAR", help="the cluster's channel; 'none' for none"
+    )
+    parser.add_argument("--workload-identity", action="store_true")
     parser.add_argument("--http-429-next", type=int, default=0)
     parser.add_argument("--http-5xx-next", type=int, default=0)
     parser.add_argument("--invalid-machine-type", action="append", default=[])
@@ -1163,12 +1421,16 @@ def main(argv: list[str] | None = None) -> int:
         preempt_recreate_s=args.preempt_recreate,
         clusters=args.cluster,
         offered=_parse_offered(args.offered),
+        failed_create_latency_s=args.failed_create_latency,
+        release_channel=None if args.release_channel.lower() == "none" else args.release_channel,
+        workload_identity=args.workload_identity,
     )
     faults = Faults(
         stockout_next=args.stockout_next,
         stockout_on_create=args.stockout_on_create,
         stockout_zones=args.stockout_zone,
         quota_next=args.quota_next,
+        quota_sync_next=args.quota_sync_next,
         http_429_next=args.http_429_next,
         http_5xx_next=args.http_5xx_next,
         invalid_machine_types=args.invalid_machine_type,

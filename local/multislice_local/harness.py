@@ -158,6 +158,14 @@ class OperatorProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
 
+    def kill(self) -> None:
+        """SIGKILL, as a node failure or an OOM kill would: no cleanup, no last word."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             text = self.log_path.read_text(errors="replace").splitlines()

@@ -7,7 +7,9 @@ fresh and drives the phases of pods bound to them (see ``kwok/stages.yaml``).
 Pod failure injection (kwok Stage ``pod-fail``): annotate a pod, at creation through its template
 or later by patching a running pod, with ``multislice.dev/fail-exit-code: "17"`` and its
 containers terminate with exit code 17 and the pod goes ``Failed`` (after
-``multislice.dev/fail-after``, default 1s). Job pods otherwise succeed after
+``multislice.dev/fail-after``, default 1s), their termination message
+``multislice.dev/fail-message`` when given (the workload's JSON, e.g.
+``{"step": 120, "checkpointStep": 100}``). Job pods otherwise succeed after
 ``multislice.dev/run-duration`` (Go duration, default ``3s``); set e.g. ``"1h"`` for pods that
 should keep running until a test makes them fail.
 
@@ -34,6 +36,7 @@ from multislice_operator import keys
 
 FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
 FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"
+FAIL_MESSAGE_ANNOTATION = "multislice.dev/fail-message"
 RUN_DURATION_ANNOTATION = "multislice.dev/run-duration"
 NOT_READY_ANNOTATION = "multislice.dev/not-ready"
 
@@ -215,14 +218,15 @@ def fail_pod(
     name: str,
     exit_code: int,
     after: str = "0s",
+    message: str | None = None,
 ) -> None:
-    """Make a running pod fail with ``exit_code`` (kwok ``pod-fail`` stage) after ``after``."""
+    """Make a running pod fail with ``exit_code`` (kwok ``pod-fail`` stage) after ``after``,
+    its containers' termination message ``message`` when given."""
     if exit_code == 0:
         raise ValueError("a failure needs a non-zero exit code")
     api = _api(api_client_or_kubeconfig)
-    patch = {
-        "metadata": {
-            "annotations": {FAIL_EXIT_CODE_ANNOTATION: str(exit_code), FAIL_AFTER_ANNOTATION: after}
-        }
-    }
+    annotations = {FAIL_EXIT_CODE_ANNOTATION: str(exit_code), FAIL_AFTER_ANNOTATION: after}
+    if message is not None:
+        annotations[FAIL_MESSAGE_ANNOTATION] = message
+    patch = {"metadata": {"annotations": annotations}}
     api.patch_namespaced_pod(name, namespace, patch)

@@ -37,6 +37,9 @@ class StackOptions:
     operator_env: dict[str, str] = field(default_factory=dict)
     operator_log: Path | None = None
     start_operator: bool = True
+    # The operator watches Kueue (--kueue); None: when the profile runs Kueue.
+    kueue: bool | None = None
+    kueue_workload_wait_seconds: float = 20.0
 
 
 class LocalStack:
@@ -104,6 +107,11 @@ class LocalStack:
             str(o.backoff_base_seconds),
             "--gc-interval-seconds",
             str(o.gc_interval_seconds),
+            *(
+                ["--kueue", "--kueue-workload-wait-seconds", str(o.kueue_workload_wait_seconds)]
+                if (o.profile == "kueue" if o.kueue is None else o.kueue)
+                else []
+            ),
         ]
 
     def start_operator(self, extra_env: dict[str, str] | None = None) -> OperatorProcess:

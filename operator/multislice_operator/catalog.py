@@ -6,11 +6,31 @@ knows about Kubernetes objects.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
 
 GBIT = 1e9
+
+
+def generate_3d_topologies(max_cubes: int, nondecreasing: bool = True) -> tuple[str, ...]:
+    """Every v4/v5p slice shape GKE and Cloud TPU accept, as xpk generates them.
+
+    Source: xpk ``src/xpk/core/system_characteristics.py`` ``generate_tpu_topologies``: the four
+    sub-cube shapes, then every AxBxC with A, B, C multiples of 4 up to 256 and at most
+    ``max_cubes`` 4x4x4 cubes (v4: 64 cubes, any axis order; v5p: 140 cubes, A <= B <= C).
+    """
+    shapes = ["2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+    for x in range(4, 257, 4):
+        for y in range(x if nondecreasing else 4, 257, 4):
+            if (x // 4) * (y // 4) > max_cubes:
+                break
+            for z in range(y if nondecreasing else 4, 257, 4):
+                if (x // 4) * (y // 4) * (z // 4) > max_cubes:
+                    break
+                shapes.append(f"{x}x{y}x{z}")
+    return tuple(shapes)
 
 
 @dataclass(frozen=True)
@@ -25,11 +45,17 @@ class Generation:
     hbm_bytes: int  # per chip
     dcn_bits_per_chip: float  # DCN bandwidth per chip, bit/s
     dims: int  # topology dimensions: 3 for v4/v5p, 2 for v5e/v6e
-    topologies: tuple[str, ...]  # valid slice shapes, smallest first
-    # Machine type by chips per VM; multi-host slices use the multi_host_chips_per_vm one.
+    topologies: tuple[str, ...]  # valid slice shapes
+    # Every GKE machine type of the generation, by chips per VM (the simulator accepts them all).
     machine_types: dict[int, str]
+    # Slice sizes (chips) served by one VM of that many chips; every other size is built from
+    # multi_host_chips_per_vm VMs, one Kubernetes node each. v5e/v6e 2x4 is deliberately not
+    # single-host (the 8t VM): xpk runs it as two 4t VMs so that it can be multisliced.
+    single_host_chips: tuple[int, ...]
     multi_host_chips_per_vm: int = 4
 
+
+_2D_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
 GENERATIONS: dict[str, Generation] = {
     g.prefix: g
@@ -43,21 +69,9 @@ GENERATIONS: dict[str, Generation] = {
             hbm_bytes=32 * 2**30,
             dcn_bits_per_chip=12.5 * GBIT,  # the seed: 50 Gbit/s per 4-chip host
             dims=3,
-            topologies=(
-                "2x2x1",
-                "2x2x2",
-                "2x2x4",
-                "2x4x4",
-                "4x4x4",
-                "4x4x8",
-                "4x8x8",
-                "8x8x8",
-                "8x8x12",
-                "8x8x16",
-                "8x16x16",
-                "16x16x16",
-            ),
+            topologies=generate_3d_topologies(64, nondecreasing=False),
             machine_types={4: "ct4p-hightpu-4t"},
+            single_host_chips=(4,),
         ),
         Generation(
             name="v5e",
@@ -68,8 +82,9 @@ GENERATIONS: dict[str, Generation] = {
             hbm_bytes=16 * 10**9,
             dcn_bits_per_chip=25 * GBIT,  # 2 x 100 Gbit/s per 8-chip physical host
             dims=2,
-            topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+            topologies=_2D_TOPOLOGIES,
             machine_types={1: "ct5lp-hightpu-1t", 4: "ct5lp-hightpu-4t", 8: "ct5lp-hightpu-8t"},
+            single_host_chips=(1, 4),
         ),
         Generation(
             name="v5p",
@@ -80,21 +95,9 @@ GENERATIONS: dict[str, Generation] = {
             hbm_bytes=95 * 2**30,
             dcn_bits_per_chip=50 * GBIT,
             dims=3,
-            topologies=(
-                "2x2x1",
-                "2x2x2",
-                "2x2x4",
-                "2x4x4",
-                "4x4x4",
-                "4x4x8",
-                "4x8x8",
-                "8x8x8",
-                "8x8x16",
-                "8x16x16",
-                "16x16x16",
-                "16x16x24",
-            ),
+            topologies=generate_3d_topologies(140),
             machine_types={4: "ct5p-hightpu-4t"},
+            single_host_chips=(4,),
         ),
         Generation(
             name="v6e",
@@ -105,8 +108,9 @@ GENERATIONS: dict[str, Generation] = {
             hbm_bytes=32 * 10**9,
             dcn_bits_per_chip=100 * GBIT,  # 4 x 200 Gbit/s per 8-chip physical host
             dims=2,
-            topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+            topologies=_2D_TOPOLOGIES,
             machine_types={1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"},
+            single_host_chips=(1, 4),
         ),
     )
 }
@@ -183,18 +187,51 @@ def parse_accelerator(accelerator: str) -> tuple[Generation, int]:
         )
     chips = number // gen.cores_per_chip
     if not topologies_for(gen, chips):
-        sizes = ", ".join(f"{prefix}-{n}" for n in valid_sizes(gen))
-        raise CatalogError(f"{accelerator!r} is not a {gen.name} slice size; valid: {sizes}")
+        raise CatalogError(
+            f"{accelerator!r} is not a {gen.name} slice size; valid: {_describe_sizes(gen, number)}"
+        )
     return gen, chips
 
 
+def _describe_sizes(gen: Generation, near: int) -> str:
+    """The first sizes, and the two nearest ``near`` when the list is long (v4/v5p have ~100)."""
+    sizes = valid_sizes(gen)
+    names = [f"{gen.prefix}-{n}" for n in sizes]
+    if len(names) <= 10:
+        return ", ".join(names)
+    below = [n for n in sizes if n < near][-1:]
+    above = [n for n in sizes if n > near][:1]
+    nearest = ", ".join(f"{gen.prefix}-{n}" for n in below + above)
+    return f"{', '.join(names[:6])}, ... {names[-1]} ({len(names)} sizes; nearest: {nearest})"
+
+
+def _by_chips(gen: Generation) -> dict[int, tuple[str, ...]]:
+    return _shapes_by_chips(gen.prefix)
+
+
+@functools.cache
+def _shapes_by_chips(prefix: str) -> dict[int, tuple[str, ...]]:
+    by: dict[int, list[str]] = {}
+    for t in GENERATIONS[prefix].topologies:
+        by.setdefault(topology_chips(t), []).append(t)
+    # The default shape first: the most cube-like (smallest longest side, then smallest sum of
+    # sides). This reproduces every default xpk lists for v4 and v5p (e.g. v5p-384 -> 4x4x12).
+    return {c: tuple(sorted(ts, key=_cubeness)) for c, ts in by.items()}
+
+
+def _cubeness(topology: str) -> tuple[int, int, tuple[int, ...]]:
+    dims = tuple(int(d) for d in topology.split("x"))
+    return max(dims), sum(dims), dims
+
+
 def topologies_for(gen: Generation, chips: int) -> list[str]:
-    return [t for t in gen.topologies if topology_chips(t) == chips]
+    """Valid shapes of ``chips`` chips, the default one first."""
+    return list(_by_chips(gen).get(chips, ()))
 
 
 def valid_sizes(gen: Generation) -> list[int]:
     """Accelerator-type numbers that exist for a generation, smallest first."""
-    return sorted({topology_chips(t) * gen.cores_per_chip for t in gen.topologies})
+    return sorted(c * gen.cores_per_chip for c in _by_chips(gen))
 
 
 def slice_shape(accelerator: str, topology: str | None = None) -> SliceShape:
@@ -204,9 +241,9 @@ def slice_shape(accelerator: str, topology: str | None = None) -> SliceShape:
     if topology is None:
         topology = valid[0]
     elif topology not in valid:
+        shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} shapes)" if len(valid) > 8 else "")
         raise TopologyError(
-            f"topology {topology!r} is not valid for {accelerator} ({chips} chips); "
-            f"valid: {', '.join(valid)}"
+            f"topology {topology!r} is not valid for {accelerator} ({chips} chips); valid: {shown}"
         )
     chips_per_host = _chips_per_host(gen, chips)
     return SliceShape(
@@ -220,9 +257,18 @@ def slice_shape(accelerator: str, topology: str | None = None) -> SliceShape:
     )
 
 
+def smallest_multi_host(gen: Generation) -> SliceShape:
+    """The smallest slice of a generation made of several VMs (what Multislice needs)."""
+    for size in valid_sizes(gen):
+        shape = slice_shape(f"{gen.prefix}-{size}")
+        if shape.multi_host:
+            return shape
+    raise AssertionError(f"{gen.name} has no multi-host shape")  # pragma: no cover
+
+
 def _chips_per_host(gen: Generation, chips: int) -> int:
-    # Single-host shapes use the VM that holds the whole slice (v5e/v6e 1t, 4t, 8t); anything
-    # larger is built from the generation's multi-host VM, one Kubernetes node each.
-    if chips in gen.machine_types:
+    # Single-host shapes use the VM that holds the whole slice (v5e/v6e 1t and 4t, v4/v5p 4t);
+    # anything larger is built from the generation's multi-host VM, one Kubernetes node each.
+    if chips in gen.single_host_chips:
         return chips
     return gen.multi_host_chips_per_vm

@@ -1,4 +1,4 @@
-"""The `multislice-operator` command: validate, plan, render, crd, run.
+"""The `multislice-operator` command: validate, plan, render, crd, status, run.
 
 Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
 and a non-zero exit, never a traceback.
@@ -143,10 +143,17 @@ def format_plan(plan: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Dry-run placeholders for what only the running operator knows.
+PLACEHOLDER_PROJECT, PLACEHOLDER_LOCATION, PLACEHOLDER_CLUSTER = "PROJECT", "LOCATION", "CLUSTER"
+PLACEHOLDER_ZONE, PLACEHOLDER_UID = "ZONE", "JOB_UID"
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from multislice_operator.plan import load_job, plan_job
     from multislice_operator.render import render_jobset
 
+    if args.gke_requests:
+        return render_gke_requests(args)
     rendered, status = [], EXIT_OK
     for obj in _jobs(args.file):
         try:
@@ -160,10 +167,92 @@ def cmd_render(args: argparse.Namespace) -> int:
     return status
 
 
+def render_gke_requests(args: argparse.Namespace) -> int:
+    """Print the CreateNodePoolRequests the operator will send, as JSON (`terraform plan`)."""
+    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.provisioning.gke import resolve_node_locations
+    from multislice_operator.provisioning.gke_requests import cluster_path, create_requests
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    location = settings.gke_location or PLACEHOLDER_LOCATION
+    try:
+        zones = resolve_node_locations(location, settings.gke_node_locations)
+    except ValueError:
+        if settings.gke_location:  # a real region without a zone: the operator refuses it too
+            raise InputError(
+                f"--gke-location {location} is a region: give --gke-node-location (one zone)"
+            ) from None
+        zones = [PLACEHOLDER_ZONE]
+    parent = cluster_path(
+        settings.gke_project or PLACEHOLDER_PROJECT,
+        location,
+        settings.gke_cluster or PLACEHOLDER_CLUSTER,
+    )
+    requests: list[dict[str, Any]] = []
+    status = EXIT_OK
+    for obj in _jobs(args.file):
+        try:
+            job = load_job(obj)
+            plan = plan_job(job)
+        except SpecError as exc:
+            _print_errors(obj, exc, sys.stderr)
+            status = EXIT_INVALID
+            continue
+        if not plan.managed:
+            print(
+                f"{_label(obj)}: provisioning mode Existing: no node pool requests", file=sys.stderr
+            )
+            continue
+        uid = job.metadata.uid or PLACEHOLDER_UID
+        requests += create_requests(
+            plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
+        )
+    print(json.dumps(requests, indent=2))
+    return status
+
+
 def cmd_crd(_: argparse.Namespace) -> int:
     from multislice_operator.api.crd import generate_crd
 
     print(yaml.safe_dump(generate_crd(), sort_keys=False, width=100), end="")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One job: phase and why, slices, restarts, where its time went, the next retry."""
+    from datetime import datetime
+
+    from multislice_operator import view
+
+    if args.file:
+        docs = _read_documents(args.file)
+        obj = next(
+            (d for d in docs if isinstance(d, dict) and d.get("kind") == "MultisliceJob"), None
+        )
+        if obj is None:
+            raise InputError(f"{args.file}: no MultisliceJob found")
+    else:
+        if not args.name:
+            raise InputError("give the job's NAME (or -f FILE)")
+        try:
+            obj = view.fetch_job(
+                args.name, args.namespace, args.kubectl, args.context, args.kubeconfig
+            )
+        except view.FetchError as exc:
+            raise InputError(str(exc)) from None
+    now = datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+    data = view.view(obj, now)
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    try:
+        from rich.console import Console
+    except ImportError:
+        raise InputError(
+            "the status view needs rich: pip install 'multislice-operator[cli]' (or use -o json)"
+        ) from None
+    view.render(data, Console(highlight=False))
     return EXIT_OK
 
 
@@ -174,9 +263,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="multislice-operator",
+        prog=prog,
         description="Run Cloud TPU Multislice training on GKE: validate, plan and render "
         "MultisliceJobs, or run the operator.",
     )
@@ -192,12 +281,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("render", help="print the JobSet the operator would create, as YAML")
+    p = sub.add_parser(
+        "render",
+        help="print the JobSet the operator would create, as YAML (--gke-requests: the GKE "
+        "CreateNodePoolRequests, as JSON)",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    p.add_argument(
+        "--gke-requests",
+        action="store_true",
+        help="print the CreateNodePoolRequest of every slice as sent on the wire (REST JSON: "
+        "parent and nodePool), with the same --gke-* flags as run; placeholders when omitted",
+    )
+    p.add_argument(
+        "--enum-names",
+        action="store_true",
+        help="with --gke-requests: enums by name instead of the integers sent on the wire",
+    )
+    from multislice_operator.settings import add_gke_arguments
+
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser(
+        "status",
+        help="one job as a person reads it: phase and why, slices, restarts, where its TPU time "
+        "went (goodput), a timeline, the next retry",
+    )
+    p.add_argument("name", nargs="?", help="the MultisliceJob's name")
+    p.add_argument("-n", "--namespace", help="its namespace (default: kubectl's)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument("-f", "--file", help="read the job from a file (kubectl get -o json/yaml)")
+    p.add_argument("--kubectl", default="kubectl", help="the kubectl to read the job with")
+    p.add_argument("--context", help="kubeconfig context (passed to kubectl)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (passed to kubectl)")
+    p.add_argument("--now", help=argparse.SUPPRESS)  # tests: a fixed 'now' (ISO 8601)
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run", help="run the operator (kopf)")
     from multislice_operator.settings import add_run_arguments
@@ -207,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
@@ -223,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-__all__ = ["FieldError", "main"]
+def kubectl_main() -> int:
+    """`kubectl msj ...`: kubectl runs an executable named kubectl-msj found on PATH."""
+    return main(prog="kubectl msj")
+
+
+__all__ = ["FieldError", "kubectl_main", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,8 +29,12 @@ JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 
-# ---- Kueue
+# ---- Kueue (v1beta2)
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass name
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # on a Workload: the uid of the job it is for
+# The AdmissionCheck controllerName this operator answers for (spec.controllerName).
+GANG_CHECK_CONTROLLER = f"{PREFIX}/gang-provisioning"
 
 # ---- GKE (node labels GKE sets; the TPU resource and taint)
 GKE_NODEPOOL = "cloud.google.com/gke-nodepool"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -55,7 +56,8 @@ RECONCILE_TIME = Histogram(
 )
 RESTARTS_TOTAL = Counter(
     "multislice_restarts_total",
-    "Restarts of all slices (one per JobSet restart observed).",
+    "Restarts of all slices (one per JobSet restart observed), by cause.",
+    ["cause"],
     registry=REGISTRY,
 )
 SLICE_FAILURES_TOTAL = Counter(
@@ -76,6 +78,116 @@ TIME_TO_RUNNING = Histogram(
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
     registry=REGISTRY,
 )
+GANG_ATTEMPTS_TOTAL = Counter(
+    "multislice_gang_attempts_total",
+    "Gang provisioning attempts started (Managed): every slice's node pool created together.",
+    registry=REGISTRY,
+)
+RESTART_RECOVERY = Histogram(
+    "multislice_restart_recovery_seconds",
+    "From the failure behind a restart to every slice running again.",
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
+    registry=REGISTRY,
+)
+RESTART_LOST_STEPS = Histogram(
+    "multislice_restart_lost_steps",
+    "Training steps a restart threw away (last step - last checkpoint step), where the "
+    "workload's termination message said.",
+    buckets=(0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+    registry=REGISTRY,
+)
+STATE_SECONDS = Counter(
+    "multislice_job_state_seconds_total",
+    "Seconds MultisliceJobs spent in each goodput state, summed over jobs.",
+    ["state"],
+    registry=REGISTRY,
+)
+STATE_CHIP_SECONDS = Counter(
+    "multislice_job_state_chip_seconds_total",
+    "TPU chip-seconds MultisliceJobs held in each goodput state, summed over jobs; "
+    "state=running is the productive part.",
+    ["state"],
+    registry=REGISTRY,
+)
+PROCESS_START = time.time()
+
+
+class JobGoodput(Collector):
+    """Per-job goodput gauges (labels namespace, name) as of each job's last pass, and the
+    by-state counters moved by what each pass added. A deleted job's gauges go with it."""
+
+    GAUGES = (
+        ("multislice_job_goodput_ratio", "Running chip-seconds / held chip-seconds, per job."),
+        (
+            "multislice_job_wall_goodput_ratio",
+            "Running seconds / seconds since the job was first admitted, per job.",
+        ),
+        ("multislice_job_held_chips", "TPU chips the job holds now (its node pools exist)."),
+        ("multislice_job_held_node_pools", "Node pools (slices) the job holds now."),
+    )
+
+    def __init__(self) -> None:
+        self.values: dict[Any, tuple[float | None, float | None, int, int]] = {}
+        self.counted: dict[Any, tuple[dict[str, int], dict[str, int]]] = {}
+
+    def update(
+        self,
+        key: Any,
+        seconds: Mapping[str, int],
+        chip_seconds: Mapping[str, int],
+        ratios: tuple[float | None, float | None],
+        held: tuple[int, int],
+        from_zero: bool,
+    ) -> None:
+        """`seconds` and `chip_seconds`: the job's live totals now. The counters move by what was
+        added since this process last counted the job; a job it meets for the first time counts
+        from zero only if it was created after the process started (Prometheus sees a restarted
+        operator's counters reset, as any counter's)."""
+        self.values[key] = (ratios[0], ratios[1], held[0], held[1])
+        before = self.counted.get(key)
+        if before is None:
+            before = ({}, {}) if from_zero else (dict(seconds), dict(chip_seconds))
+        for counter, now, prev in (
+            (STATE_SECONDS, seconds, before[0]),
+            (STATE_CHIP_SECONDS, chip_seconds, before[1]),
+        ):
+            for state, value in now.items():
+                if value > prev.get(state, 0):
+                    counter.labels(state).inc(value - prev.get(state, 0))
+        self.counted[key] = (
+            {k: max(v, before[0].get(k, 0)) for k, v in seconds.items()},
+            {k: max(v, before[1].get(k, 0)) for k, v in chip_seconds.items()},
+        )
+
+    def forget(self, key: Any) -> None:
+        self.values.pop(key, None)
+        self.counted.pop(key, None)
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(n, h, labels=["namespace", "name"]) for n, h in self.GAUGES]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        for key, values in sorted(self.values.items()):
+            for family, value in zip(families, values, strict=True):
+                if value is not None:
+                    family.add_metric([str(key[0]), str(key[1])], value)
+        yield from families
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+
+GOODPUT = JobGoodput()
+REGISTRY.register(GOODPUT)
+
+
+def forget_job(key: Any) -> None:
+    """A deleted job: every per-job series goes."""
+    JOBS.set(key, None)
+    GOODPUT.forget(key)
+
+
 GKE_CALLS_TOTAL = Counter(
     "multislice_gke_node_pool_actions_total",
     "Node-pool create/delete requests sent, by action and result.",

@@ -38,9 +38,13 @@ from multislice_operator.errors import (
 
 
 NODE_POOL_NAME_MAX = 40
-# JobSet names pods `<jobset>-slice-<i>-<j>` and hostnames must fit a DNS label (63).
 REPLICATED_JOB = "slice"
 DNS_LABEL_MAX = 63
+# JobSet v0.10.1's webhook (pkg/webhooks/jobset_webhook.go, ValidateCreate) refuses a JobSet
+# unless its subdomain (here: the job name) and its longest pod name,
+# `<jobset>-<replicatedJob>-<maxJobIndex>-<maxPodIndex>-abcde`, are DNS-1035 labels.
+POD_NAME_SUFFIX = "-abcde"
+DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class NodePoolSpec:
     tpu_topology: str | None  # placement COMPACT + tpu_topology for multi-host slices only
     gke_accelerator: str
     spot: bool
-    reservation: str | None  # None: no reservation; "": any reservation; else a specific one
+    reservation: str | None  # None: no reservation; else a name or projects/P/reservations/R
     node_labels: dict[str, str]
 
     def as_dict(self) -> dict[str, Any]:
@@ -189,6 +193,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     errors += _check_rules(spec, {e.path for e in errors})
     errors += _check_template(spec.template)
     errors += _check_name(name, spec.slices, shape.hosts)
+    errors += _check_multislice(spec, shape)
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
@@ -227,6 +232,22 @@ def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError
     return errors
 
 
+def _check_multislice(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> list[FieldError]:
+    if spec.slices == 1 or shape.multi_host:
+        return []
+    # GKE "Deploy TPU Multislice": Multislice only supports multi-host TPU slice node pools.
+    bigger = catalog.smallest_multi_host(shape.generation)
+    return [
+        FieldError(
+            "spec.slices",
+            f"{shape.accelerator} is a single-host slice ({shape.topology}, one "
+            f"{shape.machine_type} VM) and GKE Multislice only supports multi-host slices; use "
+            f"slices: 1, or the smallest multi-host shape accelerator: {bigger.accelerator} "
+            f"({bigger.topology}, {bigger.hosts} x {bigger.machine_type})",
+        )
+    ]
+
+
 def _check_template(template: dict[str, Any]) -> list[FieldError]:
     # The types the renderer merges into, as the CRD declares them (api/podtemplate.py): what
     # passes is always renderable. The apiserver judges the rest by a dry run before any pool.
@@ -262,28 +283,45 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
     return errors
 
 
+def longest_pod_name(name: str, slices: int, hosts: int) -> str:
+    """The longest pod name JobSet will generate for this job (its webhook checks this one)."""
+    return f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}{POD_NAME_SUFFIX}"
+
+
+def max_name_length(slices: int, hosts: int) -> int:
+    """The longest metadata.name a job of ``slices`` x ``hosts`` can have."""
+    return DNS_LABEL_MAX - len(longest_pod_name("", slices, hosts))
+
+
 def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:
-    # Pod hostnames are <name>-slice-<slice>-<host> and must fit one DNS label.
-    longest = f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}"
-    if len(longest) > DNS_LABEL_MAX:
-        room = DNS_LABEL_MAX - (len(longest) - len(name))
-        return [
+    errors = []
+    if not DNS1035_RE.match(name):
+        errors.append(
             FieldError(
                 "metadata.name",
-                f"too long for {slices} slices x {hosts} hosts: pod hostnames like {longest!r} "
-                f"exceed {DNS_LABEL_MAX} characters; use at most {room} characters",
+                f"{name!r} is not a DNS-1035 label: start with a lowercase letter, use only "
+                "lowercase letters, digits and '-', end with a letter or digit (JobSet names the "
+                "job's headless service after it)",
             )
-        ]
-    return []
+        )
+    longest = longest_pod_name(name, slices, hosts)
+    if len(longest) > DNS_LABEL_MAX:
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"too long for {slices} slices x {hosts} hosts: JobSet would name a pod "
+                f"{longest!r} ({len(longest)} characters, more than {DNS_LABEL_MAX}); use at "
+                f"most {max_name_length(slices, hosts)} characters",
+            )
+        )
+    return errors
 
 
 def _node_pools(
     spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str, name: str
 ) -> list[NodePoolSpec]:
     cap = spec.capacity
-    reservation = None
-    if cap.type == CapacityType.RESERVED.value:
-        reservation = cap.reservation or ""
+    reservation = cap.reservation if cap.type == CapacityType.RESERVED.value else None
     pools = []
     for i in range(spec.slices):
         pool = node_pool_name(namespace, name, i)
@@ -292,7 +330,7 @@ def _node_pools(
             keys.JOB_NAME: name,
             keys.JOB_NAMESPACE: namespace,
             keys.SLICE: str(i),
-            keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
+            keys.NODE_MANAGED_BY: keys.MANAGED_BY_VALUE,
         }
         pools.append(
             NodePoolSpec(

@@ -107,6 +107,14 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     meta["labels"] = {**(meta.get("labels") or {}), **job_labels(plan)}
     pod = template["spec"]
     pod["restartPolicy"] = "Never"
+    # DCN traffic goes over the hosts' NICs: GKE's Multislice example JobSet and xpk run TPU pods
+    # on the host network. A template that sets hostNetwork itself (false) opts out. The
+    # hostnames in the environment still resolve: JobSet's headless service publishes each pod's
+    # hostname.subdomain, and ClusterFirstWithHostNet keeps cluster DNS on the host network.
+    if pod.get("hostNetwork") is None:
+        pod["hostNetwork"] = True
+    if pod["hostNetwork"] and not pod.get("dnsPolicy"):
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     selector = dict(pod.get("nodeSelector") or {})
     selector[keys.GKE_TPU_ACCELERATOR] = plan.shape.generation.gke_accelerator
     selector[keys.GKE_TPU_TOPOLOGY] = plan.shape.topology
@@ -143,6 +151,10 @@ def render_jobset(
     queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
         labels[keys.KUEUE_QUEUE_NAME] = queue
+        # Kueue reads the Workload's priority from the job's label (a WorkloadPriorityClass).
+        priority = (job_meta_labels or {}).get(keys.KUEUE_PRIORITY_CLASS)
+        if priority:
+            labels[keys.KUEUE_PRIORITY_CLASS] = priority
     hosts = plan.shape.hosts
     job_spec: dict[str, Any] = {
         "parallelism": hosts,

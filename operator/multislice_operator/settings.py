@@ -11,7 +11,10 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the GKE client library loads only where GKE is used
+    from multislice_operator.provisioning.gke_requests import NodeOptions
 
 ENV_PREFIX = "MSJ_"
 
@@ -54,6 +57,20 @@ class Settings:
     gke_from_metadata: bool = _opt(
         "read project, location and cluster from the GKE metadata server", False
     )
+    # How TPU nodes reach Google APIs (provisioning.gke_requests.NodeOptions).
+    gke_workload_identity: bool = _opt(
+        "the cluster uses Workload Identity: TPU nodes get workloadMetadataConfig GKE_METADATA "
+        "and GKE's default scopes (else storage-full, gke-default, cloud-platform, as xpk)",
+        False,
+    )
+    gke_node_service_account: str | None = _opt(
+        "service account of the TPU nodes (default: the Compute Engine default one)"
+    )
+    gke_node_scopes: list[str] = _opt(  # noqa: RUF009
+        "OAuth scope of the TPU nodes (repeatable; replaces the default for the mode)",
+        [],
+        flag="gke-node-scope",
+    )
     metrics_port: int = _opt("port of the Prometheus /metrics endpoint (0 disables it)", 8000)
     metrics_bind_address: str = _opt(
         "address the metrics endpoint binds (0.0.0.0: every interface, for scraping)", "127.0.0.1"
@@ -77,17 +94,40 @@ class Settings:
         "as lost and its node pool is replaced; shorter NotReady spells are only an event",
         300.0,
     )
+    kueue: bool = _opt(
+        "watch Kueue Workloads, LocalQueues and AdmissionChecks (kueue.x-k8s.io/v1beta2): run "
+        "the multislice.dev/gang-provisioning admission check for jobs that name a queue",
+        False,
+    )
+    kueue_workload_wait_seconds: float = _opt(
+        "how long a queued job's JobSet may go without a Kueue Workload before its status says "
+        "that none exists",
+        60.0,
+    )
     leader_elect: bool = _opt(
         "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
     )
     leader_election_namespace: str | None = _opt(
-        "namespace of the Lease; default: the operator pod's namespace"
+        "namespace of the Leases (leader election, and the heartbeat NAME-heartbeat that "
+        "goodput reads after a restart); default: the operator pod's namespace"
     )
-    leader_election_name: str = _opt("name of the Lease", "multislice-operator")
+    leader_election_name: str = _opt(
+        "name of the leader-election Lease (the heartbeat Lease is NAME-heartbeat)",
+        "multislice-operator",
+    )
 
     @property
     def gke_configured(self) -> bool:
         return bool(self.gke_project and self.gke_location and self.gke_cluster)
+
+    def node_options(self) -> NodeOptions:
+        from multislice_operator.provisioning.gke_requests import NodeOptions
+
+        return NodeOptions(
+            workload_identity=self.gke_workload_identity,
+            service_account=self.gke_node_service_account or None,
+            oauth_scopes=tuple(self.gke_node_scopes) if self.gke_node_scopes else None,
+        )
 
 
 def _fields() -> list[dataclasses.Field[Any]]:
@@ -122,9 +162,39 @@ def _from_env(f: dataclasses.Field[Any]) -> Any:
     return raw
 
 
+# The settings that decide what the operator asks GKE for: shared by `run` and `render`.
+GKE_REQUEST_SETTINGS = (
+    "gke_project",
+    "gke_location",
+    "gke_cluster",
+    "gke_node_locations",
+    "gke_workload_identity",
+    "gke_node_service_account",
+    "gke_node_scopes",
+)
+
+
+def add_gke_arguments(p: argparse.ArgumentParser) -> None:
+    _add_arguments(p, [f for f in _fields() if f.name in GKE_REQUEST_SETTINGS])
+
+
+def gke_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The GKE request settings from parsed arguments (flags, then env, then defaults)."""
+    values = dataclasses.asdict(from_args(args))
+    return {k: values[k] for k in GKE_REQUEST_SETTINGS}
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per setting; defaults stay None so from_args can tell flag, env and default."""
-    for f in _fields():
+    _add_arguments(p, _fields())
+    p.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    p.add_argument("-v", dest="verbose", action="store_true", default=None, help="--verbose")
+
+
+def _add_arguments(p: argparse.ArgumentParser, fields: list[dataclasses.Field[Any]]) -> None:
+    for f in fields:
         kind = _kind(f)
         help_text = f"{f.metadata['help']} (env {env_of(f)})"
         names = [flag_of(f)]
@@ -144,10 +214,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                 choices=f.metadata.get("choices"),
                 help=help_text,
             )
-    p.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
-    )
-    p.add_argument("-v", dest="verbose", action="store_true", default=None, help="--verbose")
 
 
 def from_args(args: argparse.Namespace) -> Settings:

@@ -56,11 +56,20 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("scenario", "must_see"),
     [
-        ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned"]),
+        ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"]),
         ("stockout", ["GangRolledBack", "GCE_STOCKOUT"]),
         ("preemption", ["SliceLost", "preempting spot node pool"]),
         ("fatal", ["exited with non-retryable code 42"]),
         ("delete", ["deleting the job while its node pools are being created", "the job is gone"]),
+        (
+            "queue",
+            [
+                "insufficient unused quota for google.com/tpu",
+                "the job held 0 node pools while queued",
+                "admission check multislice-gang=Ready",
+                "Admitted by clusterQueue team-a",
+            ],
+        ),
     ],
 )
 def test_demo_scenario(scenario, must_see):
@@ -71,6 +80,11 @@ def test_demo_scenario(scenario, must_see):
     for needle in must_see:
         assert needle in out, f"{needle!r} missing:\n{out[-3000:]}"
     assert "timeline:" in out
+    if scenario != "delete":  # it ends with where the job's TPU time went
+        assert re.search(r"goodput  \S+ since creation", out), out[-3000:]
+        assert "chip goodput" in out
+    else:
+        assert "the job was deleted, and its status with it" in out
 
 
 def test_demo_runs_the_real_workload_with_the_injected_environment():

@@ -15,6 +15,7 @@ from multislice_local.controlplane import (
 )
 from multislice_local.nodes import (
     FAIL_EXIT_CODE_ANNOTATION,
+    FAIL_MESSAGE_ANNOTATION,
     RUN_DURATION_ANNOTATION,
     fail_pod,
 )
@@ -265,6 +266,9 @@ def test_kwok_stages_honour_run_and_fail_annotations(
 
     batch.create_namespaced_job(env.ns, job("ok", {RUN_DURATION_ANNOTATION: "1s"}))  # type: ignore[arg-type]
     batch.create_namespaced_job(env.ns, job("bad", {FAIL_EXIT_CODE_ANNOTATION: "42"}))  # type: ignore[arg-type]
+    said = '{"v": 1, "reason": "injected", "exitCode": 13, "step": 120, "checkpointStep": 100}'
+    told = {FAIL_EXIT_CODE_ANNOTATION: "13", FAIL_MESSAGE_ANNOTATION: said}
+    batch.create_namespaced_job(env.ns, job("told", told))  # type: ignore[arg-type]
 
     def pod_of(name: str, phase: str) -> client.V1Pod | None:
         pods = env.core.list_namespaced_pod(env.ns, label_selector=f"job-name={name}").items
@@ -274,6 +278,13 @@ def test_kwok_stages_honour_run_and_fail_annotations(
     assert ok.status.container_statuses[0].state.terminated.exit_code == 0
     bad = _wait("bad pod Failed", lambda: pod_of("bad", "Failed"))
     assert bad.status.container_statuses[0].state.terminated.exit_code == 42
+    assert bad.status.container_statuses[0].state.terminated.message == (
+        "injected failure, exit code 42"
+    )
+    # The termination message the workload would write, as the operator reads it.
+    told_pod = _wait("told pod Failed", lambda: pod_of("told", "Failed"))
+    term = told_pod.status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.message) == (13, said)
 
 
 def test_cluster_start_stop_leaves_no_process() -> None:

@@ -5,6 +5,7 @@ Existing-mode lifecycle (and failing it with one verb removed)."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -38,9 +39,19 @@ CUSTOM_VALUES: dict[str, Any] = {
         "location": "us-central2",
         "cluster": "tpu",
         "nodeLocations": ["us-central2-b"],
+        "nodes": {
+            "workloadIdentity": True,
+            "serviceAccount": "tpu-nodes@my-proj.iam.gserviceaccount.com",
+            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        },
     },
     "operator": {"logLevel": "debug", "logFormat": "text", "resyncSeconds": 5},
-    "metrics": {"port": 9100, "service": {"port": 9100}, "serviceMonitor": {"enabled": True}},
+    "metrics": {
+        "port": 9100,
+        "service": {"port": 9100},
+        "serviceMonitor": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
+    },
     "liveness": {"port": 8081},
     "nodeSelector": {"pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
@@ -154,6 +165,11 @@ BASE_RULES = {
     ("", "events", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    # The Role in the release namespace: the heartbeat Lease always, leader election with
+    # replicas.
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
 }
 
 
@@ -188,6 +204,8 @@ def test_default_render(tmp_path: Path) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -204,7 +222,10 @@ def test_default_render(tmp_path: Path) -> None:
         c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
     )
     assert "args" not in c
-    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no Lease, no leader election
+    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no leader election
+    # ... but the heartbeat Lease, per release.
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "multislice-operator"
+    assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert env_of(docs)["MSJ_METRICS_BIND_ADDRESS"] == "0.0.0.0"  # scraped from the Service
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -246,12 +267,10 @@ def test_custom_render(tmp_path: Path) -> None:
     assert rules_of(docs) == BASE_RULES | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
-        ("coordination.k8s.io", "leases", "get"),
-        ("coordination.k8s.io", "leases", "create"),
-        ("coordination.k8s.io", "leases", "update"),
     }
     monitor = one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the jobs' namespace label
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 9100
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
@@ -261,7 +280,9 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
-NAMESPACED = {r for r in BASE_RULES if r[1] not in ("nodes", "customresourcedefinitions")}
+CLUSTER_SCOPED = ("nodes", "customresourcedefinitions", "leases")  # leases: their own Role
+NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
+LEASES = {r for r in BASE_RULES if r[1] == "leases"}
 
 
 def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -272,7 +293,11 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     tmp_path: Path,
 ) -> None:
     docs = render(tmp_path, {"watchNamespaces": ["team-a", "team-b"]}, release="ml")
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in by_kind(docs, "Role")
+        if not r["metadata"]["name"].endswith("-leader-election")
+    }
     assert set(roles) == {"team-a", "team-b"}
     for ns, role in roles.items():
         assert grants(role) == NAMESPACED
@@ -283,14 +308,35 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
             "name": role["metadata"]["name"],
         }
         assert binding["subjects"][0]["namespace"] == "msj-system"
-    assert grants(one(docs, "ClusterRole")) == (BASE_RULES - NAMESPACED) | {
+    assert grants(one(docs, "ClusterRole")) == (BASE_RULES - NAMESPACED - LEASES) | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
     }
     # A glob cannot name a Role's namespace: then the ClusterRole grants it all, as before.
     globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
-    assert not by_kind(globbed, "Role")
+    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
     assert grants(one(globbed, "ClusterRole")) >= NAMESPACED
+def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
+    """Labelled as kube-prometheus-stack's Grafana sidecar finds dashboards (its values:
+    grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1")."""
+    assert not by_kind(render(tmp_path), "ConfigMap")  # opt-in
+    docs = render(tmp_path, {"metrics": {"grafanaDashboard": {"enabled": True}}})
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "msj-system"
+    board = json.loads(cm["data"]["multislice-goodput.json"])
+    assert board == json.loads((CHART / "dashboards" / "goodput.json").read_text())
+    custom = {
+        "enabled": True,
+        "namespace": "monitoring",
+        "label": "dashboards.example/grafana",
+        "labelValue": "yes",
+        "annotations": {"grafana_folder": "TPU"},
+    }
+    cm = one(render(tmp_path, {"metrics": {"grafanaDashboard": custom}}), "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["dashboards.example/grafana"] == "yes"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "TPU"}
 
 
 def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
@@ -319,6 +365,11 @@ def test_rendered_env_is_what_the_operator_reads(
         "tpu",
     )
     assert settings.gke_node_locations == ["us-central2-b"]
+    node = settings.node_options()
+    assert node.workload_identity and node.service_account == (
+        "tpu-nodes@my-proj.iam.gserviceaccount.com"
+    )
+    assert node.oauth_scopes == ("https://www.googleapis.com/auth/cloud-platform",)
     assert settings.verbose is True and settings.log_format == "text"
     assert settings.metrics_port == 9100
     assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
@@ -344,6 +395,8 @@ def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
         ({"operator": {"logLevel": "trace"}}, "/operator/logLevel"),
         ({"metrics": {"port": 70000}}, "/metrics/port"),
         ({"gke": {"nodeLocations": "us-central2-b"}}, "/gke/nodeLocations"),
+        ({"gke": {"nodes": {"oauthScopes": ["storage-full"]}}}, "/gke/nodes/oauthScopes/0"),
+        ({"gke": {"nodes": {"workloadIdentity": "yes"}}}, "/gke/nodes/workloadIdentity"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
         ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "gcpServiceAccount"),
         ({"metric": {"port": 1}}, "'metric' not allowed"),
@@ -421,11 +474,18 @@ class Rbac:
         self.cp, self.api_client, self.tmp_path = cp, api_client, tmp_path
         self.cluster_scoped: list[tuple[str, str]] = []
 
-    def install(self, ns: str, drop: tuple[str, str, str] | None = None) -> Path:
+    def install(
+        self, ns: str, drop: tuple[str, str, str] | None = None, kueue: bool = False
+    ) -> Path:
         """Apply the rendered RBAC (minus one verb) and return a kubeconfig acting as the SA."""
         release = f"r-{uuid.uuid4().hex[:6]}"  # cluster-scoped names must not collide
         # The SA name as installed by default; the user name must fit a certificate CN (64).
-        values = {"watchNamespaces": [ns], "serviceAccount": {"name": "multislice-operator"}}
+        values: dict[str, Any] = {
+            "watchNamespaces": [ns],
+            "serviceAccount": {"name": "multislice-operator"},
+        }
+        if kueue:
+            values["kueue"] = {"enabled": True}
         docs = render(self.tmp_path, values, release=release, namespace=ns)
         kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
         objs = [d for d in docs if d["kind"] in kinds]
@@ -606,7 +666,8 @@ def refused(log: str) -> bool:
 def start_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        ["--resync-seconds", "2"],
+        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        ["--resync-seconds", "2", "--leader-election-namespace", ns],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()
@@ -722,3 +783,234 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
         jobs.gone("minus")
     finally:
         op.stop()
+
+
+# ---------------------------------------------------------------- RBAC with Kueue (kueue.enabled)
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+KUEUE_RULES = {
+    ("kueue.x-k8s.io", "workloads", "list"),
+    ("kueue.x-k8s.io", "workloads", "watch"),
+    ("kueue.x-k8s.io", "localqueues", "list"),
+    ("kueue.x-k8s.io", "localqueues", "watch"),
+    ("kueue.x-k8s.io", "admissionchecks", "list"),
+    ("kueue.x-k8s.io", "admissionchecks", "watch"),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+}
+
+
+def test_kueue_values_add_exactly_the_kueue_rules_and_the_admission_check(tmp_path: Path) -> None:
+    values = {"kueue": {"enabled": True, "admissionCheck": {"create": True, "name": "gang"}}}
+    docs = render(tmp_path, values)
+    assert rules_of(docs) == BASE_RULES | KUEUE_RULES
+    assert env_of(docs)["MSJ_KUEUE"] == "1"
+    check = one(docs, "AdmissionCheck")
+    assert check["metadata"]["name"] == "gang"
+    assert check["spec"] == {"controllerName": "multislice.dev/gang-provisioning"}
+    assert "MSJ_KUEUE" not in env_of(render(tmp_path)) and not by_kind(
+        render(tmp_path), "AdmissionCheck"
+    )
+
+
+@pytest.fixture(scope="module")
+def kueue_crds(api: client.ApiClient, kube_api: ControlPlane) -> None:
+    """Kueue's CRDs without its controller: the test plays Kueue (v1beta2 only, no conversion)."""
+    ext: Any = client.ApiextensionsV1Api(api)
+    for crd in yaml.safe_load_all((bin_dir() / "kueue-crds.yaml").read_text()):
+        if not crd:
+            continue
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    for name in ("workloads", "localqueues", "admissionchecks"):
+        wait_for(
+            lambda n=name: any(
+                c.type == "Established" and c.status == "True"
+                for c in ext.read_custom_resource_definition(
+                    f"{n}.kueue.x-k8s.io"
+                ).status.conditions
+                or []
+            ),
+            30,
+            f"{name} CRD",
+        )
+
+
+def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
+    return OperatorProcess(
+        kubeconfig,
+        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        [
+            "--resync-seconds",
+            "2",
+            "--kueue",
+            "--kueue-workload-wait-seconds",
+            "600",
+            "--leader-election-namespace",
+            ns,
+        ],
+        namespaces=[ns],
+        log_path=tmp_path / "operator.log",
+    ).start()
+
+
+class PlayKueue:
+    """The Kueue controller's writes, done by the test as the admin."""
+
+    def __init__(self, api_client: client.ApiClient, ns: str, check: str) -> None:
+        self.custom: Any = client.CustomObjectsApi(api_client)
+        self.ns, self.check = ns, check
+
+    def setup(self) -> None:
+        self.custom.create_cluster_custom_object(*KUEUE, "admissionchecks", {
+            "apiVersion": "/".join(KUEUE), "kind": "AdmissionCheck",
+            "metadata": {"name": self.check},
+            "spec": {"controllerName": "multislice.dev/gang-provisioning"},
+        })  # fmt: skip
+        self.custom.create_namespaced_custom_object(*KUEUE, self.ns, "localqueues", {
+            "apiVersion": "/".join(KUEUE), "kind": "LocalQueue",
+            "metadata": {"name": "lq"}, "spec": {"clusterQueue": "cq"},
+        })  # fmt: skip
+
+    def teardown(self) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(*KUEUE, "admissionchecks", self.check)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def active(self) -> bool:
+        ac = self.custom.get_cluster_custom_object(*KUEUE, "admissionchecks", self.check)
+        conds = (ac.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+    def workload_for(self, jobset: dict[str, Any]) -> str:
+        """The Workload Kueue makes for a JobSet, with quota reserved and our check Pending."""
+        name = f"jobset-{jobset['metadata']['name']}-abcde"
+        self.custom.create_namespaced_custom_object(*KUEUE, self.ns, "workloads", {
+            "apiVersion": "/".join(KUEUE), "kind": "Workload",
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "name": jobset["metadata"]["name"], "uid": jobset["metadata"]["uid"],
+                "controller": True}]},
+            "spec": {"queueName": "lq", "podSets": [{"name": "slice", "count": 4, "template": {
+                "spec": {"containers": [{"name": "c", "image": "i"}]}}}]},
+        })  # fmt: skip
+        now = "2026-12-01T00:00:00Z"
+        self.custom.patch_namespaced_custom_object_status(*KUEUE, self.ns, "workloads", name, {
+            "status": {
+                "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                    {"name": "slice", "count": 4, "flavors": {"google.com/tpu": "tpu"},
+                     "resourceUsage": {"google.com/tpu": "16"}}]},
+                "conditions": [{"type": "QuotaReserved", "status": "True",
+                                "reason": "QuotaReserved", "lastTransitionTime": now,
+                                "message": "Quota reserved in ClusterQueue cq"}],
+                "admissionChecks": [{"name": self.check, "state": "Pending", "message": "",
+                                     "lastTransitionTime": now, "retryCount": 2}],
+            }
+        })  # fmt: skip
+        return name
+
+    def check_state(self, workload: str) -> dict[str, Any]:
+        wl = self.custom.get_namespaced_custom_object(*KUEUE, self.ns, "workloads", workload)
+        (state,) = wl["status"]["admissionChecks"]
+        found: dict[str, Any] = state
+        return found
+
+
+def queued_job(name: str) -> dict[str, Any]:
+    body = job(name)
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "lq"}
+    return body
+
+
+def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    kueue_crds: None,
+    tmp_path: Path,
+) -> None:
+    ns = namespace(kube_api, "msj-kueue")
+    kueue = PlayKueue(api, ns, f"gang-{ns}")
+    kueue.setup()
+    op = start_kueue_operator(rbac.install(ns, kueue=True), ns, tmp_path)
+    try:
+        jobs = Jobs(api, ns, op)
+        wait_for(kueue.active, 20, "AdmissionCheck Active (admissionchecks/status patch)",
+                 on_timeout=op.log_tail)  # fmt: skip
+        jobs.create(queued_job("q"))
+        queued = jobs.phase("q", "Queued")
+        assert queued["status"]["queue"]["clusterQueue"] == "cq"  # localqueues list/watch
+        js = wait_for(lambda: jobs.jobset("q"), 10, "JobSet created")
+        assert js["spec"]["suspend"] is True
+        workload = kueue.workload_for(js)
+        # Existing mode: nothing to provision, the check goes Ready (workloads/status patch).
+        ready = wait_for(
+            lambda: kueue.check_state(workload)["state"] == "Ready" and kueue.check_state(workload),
+            20,
+            "check Ready",
+            on_timeout=op.log_tail,
+        )
+        assert ready["retryCount"] == 2  # kept as Kueue wrote it
+        jobs.phase("q", "Starting")
+        # Kueue admits: it resumes the JobSet; the job runs and succeeds.
+        jobs.custom.patch_namespaced_custom_object(
+            *JS, ns, "jobsets", "q", {"spec": {"suspend": False}}
+        )
+        jobs.jobset_status("q", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
+        jobs.phase("q", "Running")
+        jobs.jobset_status("q", COMPLETED)
+        jobs.phase("q", "Succeeded")
+        jobs.delete("q")
+        jobs.gone("q")
+    finally:
+        op.stop()
+        kueue.teardown()
+    assert not refused(op.log_path.read_text()), op.log_path.read_text()
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [
+        ("kueue.x-k8s.io", "workloads/status", "patch"),
+        ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+    ],
+    ids=["workloads-status-patch", "admissionchecks-status-patch"],
+)
+def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    kueue_crds: None,
+    tmp_path: Path,
+    drop: tuple[str, str, str],
+) -> None:
+    ns = namespace(kube_api, "msj-kminus")
+    kueue = PlayKueue(api, ns, f"gang-{ns}")
+    kueue.setup()
+    op = start_kueue_operator(rbac.install(ns, drop=drop, kueue=True), ns, tmp_path)
+    try:
+        jobs = Jobs(api, ns, op)
+        jobs.create(queued_job("m"))
+        jobs.phase("m", "Queued")
+        js = wait_for(lambda: jobs.jobset("m"), 10, "JobSet created")
+        workload = kueue.workload_for(js)
+        wait_for(lambda: refused(op.log_tail(200)), 30, f"the operator to be refused {drop}",
+                 on_timeout=op.log_tail)  # fmt: skip
+        if drop[1] == "workloads/status":
+            assert kueue.check_state(workload)["state"] == "Pending"
+        else:
+            assert not kueue.active()
+        jobs.delete("m")
+        jobs.gone("m")
+    finally:
+        op.stop()
+        kueue.teardown()

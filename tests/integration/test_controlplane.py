@@ -164,3 +164,127 @@ def test_kubectl_keeps_its_discovery_cache_per_control_plane(kube_api: ControlPl
     assert out.returncode == 0, out.stderr
     port = kube_api.server.rsplit(":", 1)[1]
     assert any(p.name.endswith(f"_{port}") for p in (cache / "discovery").iterdir())
+
+
+# ---------------------------------------------------------------- profiles as component lists
+
+
+def test_each_profile_is_the_previous_one_plus_components() -> None:
+    from multislice_local.controlplane import BINARIES, COMPONENTS, PROFILES
+
+    api, cluster, kueue = PROFILES["api"], PROFILES["cluster"], PROFILES["kueue"]
+    assert [c.name for c in api] == ["etcd", "kube-apiserver"]
+    assert cluster[: len(api)] == api and kueue[: len(cluster)] == cluster
+    assert [c.name for c in kueue[len(cluster) :]] == ["kueue-controller"]
+    assert all(c.blocking for c in api)  # everything after them talks to the API server
+    assert len(COMPONENTS) == len(kueue)
+    for component in kueue:
+        assert component.binary in BINARIES
+        assert component.ready, f"{component.name} has no readiness check"
+
+
+KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
+
+
+def test_kueue_profile_serves_kueue_on_loopback_and_only_while_it_runs(tmp_path: Path) -> None:
+    """The kueue profile: CRDs whose conversion webhook is on 127.0.0.1, only Kueue's own and its
+    JobSet webhooks (not the Pod/Job ones), a queue-labelled JobSet suspended by Kueue's mutating
+    webhook; stopping Kueue first removes its webhooks, so JobSets can still be created."""
+    import subprocess
+
+    cp = ControlPlane("kueue")
+    try:
+        cp.start(timeout=240)
+        assert "kueue-controller" in cp.pids
+        api = cp.api_client()
+        ext = client.ApiextensionsV1Api(api)
+        converted = {
+            crd.spec.names.plural: crd.spec.conversion.webhook.client_config.url
+            for crd in ext.list_custom_resource_definition().items
+            if crd.spec.group == "kueue.x-k8s.io" and crd.spec.conversion.strategy == "Webhook"
+        }
+        assert set(converted) == {
+            "localqueues",
+            "clusterqueues",
+            "cohorts",
+            "workloads",
+            "multikueueclusters",
+        }
+        assert all(url.startswith("https://127.0.0.1:") for url in converted.values())
+        adm = client.AdmissionregistrationV1Api(api)
+        hooks = [
+            h.client_config.url
+            for cfg in (
+                *adm.list_mutating_webhook_configuration().items,
+                *adm.list_validating_webhook_configuration().items,
+            )
+            if cfg.metadata.name.startswith("kueue-")
+            for h in cfg.webhooks
+        ]
+        assert len(hooks) == 9, hooks
+        assert not [u for u in hooks if "-v1-pod" in u or "batch-v1-job" in u]
+        # v1beta1 reads go through the conversion webhook, which answers while Kueue runs.
+        custom = client.CustomObjectsApi(api)
+        custom.create_namespaced_custom_object(
+            *KUEUE_API,
+            "default",
+            "localqueues",
+            {
+                "apiVersion": "/".join(KUEUE_API),
+                "kind": "LocalQueue",
+                "metadata": {"name": "lq"},
+                "spec": {"clusterQueue": "cq"},
+            },
+        )
+        old = custom.get_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta1", "default", "localqueues", "lq"
+        )
+        assert old["spec"]["clusterQueue"] == "cq"
+
+        def jobset(name: str) -> dict:
+            return {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "slice",
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "containers": [{"name": "c", "image": "i"}],
+                                        }
+                                    }
+                                }
+                            },
+                        }
+                    ]
+                },
+            }
+
+        created = custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset("queued")
+        )
+        assert created["spec"]["suspend"] is True  # Kueue's mutating webhook
+        cp.stop_component("kueue-controller")
+        assert "kueue-controller" not in cp.pids
+        left = subprocess.run(
+            [str(bin_dir() / "kubectl"), "get", "mutatingwebhookconfigurations,"
+             "validatingwebhookconfigurations", "-o", "name"],
+            env=cp.client_env(), capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        assert "kueue" not in left and "jobset-" in left, left
+        # Kueue's webhooks are gone with it: a JobSet is admitted by JobSet's webhooks alone.
+        after = custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset("after-kueue")
+        )
+        assert after["metadata"]["name"] == "after-kueue"
+        api.close()
+        workdir = cp.workdir
+    finally:
+        cp.stop()
+    assert _processes_mentioning(str(workdir)) == []

@@ -106,3 +106,48 @@ def test_immutable_fields(api, namespace, kube_api):
     custom.patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "imm", {"spec": {"suspend": True}}
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "needle"),
+    [
+        # Issue 12, defect 4: names JobSet's webhook refuses, refused at admission instead.
+        ("1st-run", {}, "metadata.name"),
+        ("a.b", {}, "metadata.name"),
+        ("n" * 48, {}, "metadata.name is too long"),  # 2 x 4 hosts: 47 at most
+        ("n" * 46, {"accelerator": "v5p-256", "slices": 12}, "metadata.name is too long"),
+        # Defect 9: Reserved needs a reservation; the name is a GCE name or a shared one.
+        ("res", {"capacity": {"type": "Reserved"}}, "on-demand capacity"),
+        ("res", {"capacity": {"type": "Reserved", "reservation": "Bad_Res"}}, "reservation"),
+    ],
+)
+def test_names_and_reservations_refused_at_admission(
+    api, namespace, kube_api, name, change, needle
+):
+    ns = namespace(kube_api, "adm")
+    obj = copy.deepcopy(BASE)
+    obj["metadata"]["name"] = name
+    obj["spec"].update(change)
+    assert needle in rejection(api, ns, obj)
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("n" * 47, {}),  # exactly the longest a 2 x 4-host job may have
+        ("n" * 45, {"accelerator": "v5p-256", "slices": 12}),  # 12 x 32 hosts: 45 at most
+        (
+            "shared",
+            {"capacity": {"type": "Reserved", "reservation": "projects/owner-1/reservations/r"}},
+        ),
+    ],
+)
+def test_longest_names_and_shared_reservations_accepted(api, namespace, kube_api, name, change):
+    ns = namespace(kube_api, "adm")
+    obj = copy.deepcopy(BASE)
+    obj["metadata"]["name"] = name
+    obj["spec"].update(change)
+    create(api, ns, obj, dry_run="All")
+    from multislice_operator.plan import load_job, plan_job
+
+    plan_job(load_job({**obj, "metadata": {"name": name, "namespace": ns}}))  # the plan agrees

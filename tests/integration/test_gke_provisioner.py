@@ -32,6 +32,7 @@ from multislice_operator.provisioning.gke_errors import (
     CODE_NOT_FOUND,
     CODE_NOT_OFFERED,
     CODE_OWNED_BY_OTHER,
+    CODE_PERMISSION,
     CODE_QUOTA,
     CODE_RATE_LIMITED,
     CODE_STOCKOUT,
@@ -39,7 +40,7 @@ from multislice_operator.provisioning.gke_errors import (
     classify_exception,
     classify_message,
 )
-from multislice_operator.provisioning.gke_requests import build_node_pool
+from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
 
 T = TypeVar("T")
 PROJECT, ZONE, CLUSTER = "proj", "us-east5-b", "local"
@@ -139,12 +140,15 @@ def test_gang_create_all_running_with_specs_on_the_wire(
     assert wire is not None
     assert wire["initialNodeCount"] == 4 and wire["locations"] == [ZONE]
     assert wire["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
-    assert wire["management"] == {"autoRepair": True}  # autoUpgrade false: omitted on the wire
+    # Auto-upgrade stays on: clusters in a release channel refuse it off (issue 12, defect 2).
+    assert wire["management"] == {"autoRepair": True, "autoUpgrade": True}
     config = wire["config"]
     assert config["machineType"] == "ct5lp-hightpu-4t" and config["spot"] is True
     assert "reservationAffinity" not in config
     assert config["labels"]["multislice.dev/job-uid"] == UID
     assert config["labels"]["multislice.dev/slice"] == "1"
+    assert config["labels"]["multislice.dev/managed-by"] == "multislice-operator"
+    assert "devstorage.full_control" in " ".join(config["oauthScopes"])
     assert config["resourceLabels"] == {
         "managed-by": "multislice-operator",
         "multislice-job-namespace": "team-a",
@@ -163,7 +167,13 @@ def test_reservation_affinity_and_single_host_and_taint_option(
     sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
 ) -> None:
     specific = plan_of("a", capacity={"type": "Reserved", "reservation": "res-1"})
-    anyres = plan_of("b", accelerator="v6e-8", slices=1, capacity={"type": "Reserved"})
+    shared_name = "projects/owner-proj/reservations/res-2"
+    shared = plan_of(
+        "b",
+        accelerator="v6e-4",
+        slices=1,
+        capacity={"type": "Reserved", "reservation": shared_name},
+    )
     on_demand = plan_of("c", slices=1)
     wire = build_node_pool(specific, specific.node_pools[0], UID, [ZONE])
     assert wire.config.reservation_affinity.consume_reservation_type.name == (
@@ -177,7 +187,7 @@ def test_reservation_affinity_and_single_host_and_taint_option(
         ("google.com/tpu", "present", "NO_SCHEDULE")
     ]
     prov = make_prov()
-    for plan in (specific, anyres):
+    for plan in (specific, shared):
         assert run(prov.create(plan, plan.node_pools, UID)).errors == []
     pools = sim.pools()
     assert pools[specific.node_pools[0].name]["config"]["reservationAffinity"] == {
@@ -185,10 +195,10 @@ def test_reservation_affinity_and_single_host_and_taint_option(
         "key": "compute.googleapis.com/reservation-name",
         "values": ["res-1"],
     }
-    single = pools[anyres.node_pools[0].name]
-    assert single["config"]["reservationAffinity"] == {"consumeReservationType": "ANY_RESERVATION"}
+    single = pools[shared.node_pools[0].name]
+    assert single["config"]["reservationAffinity"]["values"] == [shared_name]
     assert "placementPolicy" not in single  # single-host: no COMPACT placement
-    assert single["config"]["machineType"] == "ct6e-standard-8t"
+    assert single["config"]["machineType"] == "ct6e-standard-4t"
 
 
 def test_create_is_idempotent_and_adopts(sim: GkeSimulator, prov: GkeProvisioner) -> None:
@@ -419,6 +429,179 @@ def test_list_owned_finds_orphans(sim: GkeSimulator, prov: GkeProvisioner) -> No
     }
 
 
+# ---------------------------------------------------------------- issue 12
+
+
+def test_quota_403_is_transient_names_quota_and_region_and_rolls_back(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    """Defect 3: GKE's synchronous 403 over quota is capacity: transient, shown by observe as
+    the slice's error (so decide rolls the gang back; decide scopes it to its attempt) until the
+    pool is created again, naming the quota and the region."""
+    plan = plan_of(slices=2)
+    sim.set_faults(quota_sync_next=1)
+
+    async def scenario() -> tuple[list[Any], GangObservation, GangObservation]:
+        errors = (await prov.create(plan, plan.node_pools, UID)).errors
+        first = await prov.observe(plan)
+        await prov.create(plan, plan.node_pools, UID)  # the next attempt: no fault left
+        return errors, first, await prov.observe(plan)
+
+    errors, first, second = run(scenario())
+    [err] = errors
+    assert (err.code, err.permanent) == (CODE_QUOTA, False)
+    assert err.message.startswith("insufficient quota TPU_LITE_PODSLICE_V5 in region us-east5: ")
+    assert first.errors == [err]  # the next observation shows the slice failed...
+    assert second.errors == []  # ...until the pool is created again
+    sim.set_faults(permission_denied_next=1)
+    other = plan_of("perm", slices=1)
+    [perm] = run(prov.create(other, other.node_pools, UID)).errors
+    assert (perm.code, perm.permanent) == (CODE_PERMISSION, True)  # a real permission error
+
+
+def test_quota_403_through_decide_rolls_back_with_backoff(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    from datetime import UTC, datetime
+
+    from multislice_operator.api.models import MultisliceJobStatus
+    from multislice_operator.reconcile import (
+        DecideConfig,
+        DeletePools,
+        JobMeta,
+        Observed,
+        SliceObservation,
+        decide,
+    )
+
+    obj = copy.deepcopy(BASE_JOB)
+    obj["spec"]["slices"] = 2
+    job = load_job(obj)
+    plan = make_plan(job.spec, "team-a", "llm")
+    sim.set_faults(quota_sync_next=1)
+
+    async def observe() -> GangObservation:
+        await prov.create(plan, plan.node_pools, UID)
+        return await prov.observe(plan)
+
+    obs = run(observe())
+    slices = [
+        SliceObservation(p.slice_index or 0, p.name, p.status, 0, p.error)
+        for p in obs.pools.values()
+    ]
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    old = MultisliceJobStatus(phase="Provisioning", provisioning_attempts=1, attempt_start_time=now)
+    d = decide(
+        JobMeta("team-a", "llm", UID, 1, has_finalizer=True),
+        job.spec,
+        plan,
+        None,
+        old,
+        Observed(now=now, slices=slices),
+        DecideConfig(),
+    )
+    status = d.status.to_dict()
+    assert status["phase"] == "Provisioning" and "nextAttemptTime" in status
+    assert any(isinstance(a, DeletePools) for a in d.actions)
+    provisioned = {c["type"]: c for c in status["conditions"]}["Provisioned"]
+    assert "TPU_LITE_PODSLICE_V5 in region us-east5" in provisioned["message"]
+
+
+def test_delete_refused_for_another_pools_delete_is_not_success(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    """Defect 6: "Operation ... is currently deleting a node pool for cluster C" names the
+    cluster's running operation; this pool is not being deleted."""
+    prov = make_prov(retry=RetryPolicy(attempts=2, initial_s=0.01, max_s=0.02))
+    plan = plan_of(slices=2)
+
+    async def scenario() -> list[Any]:
+        await prov.create(plan, plan.node_pools, UID)
+        await until(prov, plan, {PoolState.READY})
+        sim.configure(max_concurrent_operations=1, op_latency_s=2.0)
+        first, second = (p.name for p in plan.node_pools)
+        assert (await prov.delete(plan, [first])).errors == []
+        return (await prov.delete(plan, [second])).errors
+
+    [err] = run(scenario())
+    assert (err.code, err.permanent) == (CODE_CLUSTER_BUSY, False)
+    assert "currently deleting a node pool" in err.message
+    assert sim.pool(plan.node_pools[1].name)["status"] == "RUNNING"  # type: ignore[index]
+
+
+def test_create_waits_out_a_cluster_upgrade(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    plan = plan_of(slices=1)
+    sim.start_cluster_upgrade(f"projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}", 0.3)
+    prov = make_prov(retry=RetryPolicy(attempts=8, initial_s=0.1, max_s=0.2))
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    assert sim.counters()["responses"]["400"] >= 1
+
+
+def test_workload_identity_and_node_service_account(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner]
+) -> None:
+    """Defect 8: with Workload Identity the nodes get GKE_METADATA (refused by a cluster
+    without it, so a wrong setting fails the job, not its first checkpoint)."""
+    node = NodeOptions(workload_identity=True, service_account="tpu@proj.iam.gserviceaccount.com")
+    prov = make_prov(node=node)
+    plan = plan_of("wi", slices=1)
+    [err] = run(prov.create(plan, plan.node_pools, UID)).errors
+    assert err.permanent and "Workload Identity" in err.message
+    sim.configure(workload_identity=True)
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    config = sim.pool(plan.node_pools[0].name)["config"]  # type: ignore[index]
+    assert config["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert config["serviceAccount"] == "tpu@proj.iam.gserviceaccount.com"
+    assert "oauthScopes" not in config
+
+
+def test_dry_run_prints_exactly_what_the_simulator_receives(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner], tmp_path: Any, capsys: Any
+) -> None:
+    """`render --gke-requests` is the operator's `terraform plan`: the same bodies, byte for
+    byte once parsed, that the provisioner sends for the same job and settings."""
+    import json
+
+    import yaml
+
+    from multislice_operator.cli import main
+
+    obj = copy.deepcopy(BASE_JOB)
+    obj["metadata"]["uid"] = UID
+    obj["spec"]["capacity"] = {"type": "Spot"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    args = ["--gke-project", PROJECT, "--gke-location", ZONE, "--gke-cluster", CLUSTER]
+    args += ["--gke-node-service-account", "tpu@proj.iam.gserviceaccount.com"]
+    assert main(["render", "--gke-requests", "-f", str(path), *args]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    node = NodeOptions(service_account="tpu@proj.iam.gserviceaccount.com")
+    prov = make_prov(node=node)
+    job = load_job(obj)
+    plan = make_plan(job.spec, job.metadata.namespace, job.metadata.name)
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    received = sim.received_creates()
+    key = lambda r: r["nodePool"]["name"]  # noqa: E731 - created concurrently
+    assert sorted(received, key=key) == sorted(printed, key=key)
+    assert len(printed) == 3
+
+
+def test_gc_finds_pools_of_both_label_schemes() -> None:
+    from google.cloud.container_v1.types import cluster_service as cs
+
+    from multislice_operator.provisioning.gke import _is_managed
+
+    def pool(labels: dict[str, str], resource: dict[str, str] | None = None) -> cs.NodePool:
+        return cs.NodePool(config=cs.NodeConfig(labels=labels, resource_labels=resource or {}))
+
+    assert _is_managed(pool({"multislice.dev/managed-by": "multislice-operator"}))
+    assert _is_managed(pool({"app.kubernetes.io/managed-by": "multislice-operator"}))  # old
+    assert _is_managed(pool({}, {"managed-by": "multislice-operator"}))
+    assert not _is_managed(pool({"multislice.dev/managed-by": "someone-else"}))
+
+
 def test_classification_table() -> None:
     def exc(cls: type[gexc.GoogleAPICallError], msg: str) -> tuple[str, bool, bool]:
         c = classify_exception(cls(msg))
@@ -534,3 +717,24 @@ def test_kube_registrar_registers_gke_like_nodes(kube_api: Any) -> None:
             prov.close()
             assert core.list_node(label_selector="multislice.dev/job-uid").items == []
         api_client.close()
+
+
+def test_availability_answers_expire_and_failures_are_not_remembered(sim: GkeSimulator) -> None:
+    """Issue 13: the operator used to keep one availability answer per type forever, so one
+    transient failure disabled the check and one "not offered" failed every later job until a
+    restart. Now the provisioner alone caches answers, successes only, for offered_ttl_s."""
+    short = GkeProvisioner.from_endpoint(
+        sim.url, PROJECT, ZONE, CLUSTER, retry=FAST_RETRY, offered_ttl_s=0.3
+    )
+    try:
+        sim.set_faults(http_5xx_next=100, http_fault_methods=["list_accelerator_types"])
+        assert run(short.check_offered(plan_of())) is None  # unknown: never blocks
+        sim.clear_faults()
+        sim.set_offered(ZONE, ["v5p-8"])
+        not_offered = run(short.check_offered(plan_of()))
+        assert not_offered is not None and not_offered.code == CODE_NOT_OFFERED  # asked again
+        sim.set_offered(ZONE, ["v5p-8", "v5litepod-16"])
+        time.sleep(0.5)  # past offered_ttl_s: the "not offered" answer expires
+        assert run(short.check_offered(plan_of())) is None
+    finally:
+        short.close()

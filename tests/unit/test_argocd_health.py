@@ -43,6 +43,7 @@ def job(status: dict[str, Any] | None, generation: int = 1) -> dict[str, Any]:
         ("Running", "Healthy"),
         ("Succeeded", "Healthy"),
         ("Pending", "Progressing"),
+        ("Queued", "Progressing"),
         ("Provisioning", "Progressing"),
         ("Starting", "Progressing"),
         ("Restarting", "Progressing"),

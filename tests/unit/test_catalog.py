@@ -12,13 +12,19 @@ from multislice_operator import catalog
         ("v4-4096", 2048, 512, 4, "ct4p-hightpu-4t", "8x16x16"),
         ("v5litepod-1", 1, 1, 1, "ct5lp-hightpu-1t", "1x1"),
         ("v5litepod-4", 4, 1, 4, "ct5lp-hightpu-4t", "2x2"),
-        ("v5litepod-8", 8, 1, 8, "ct5lp-hightpu-8t", "2x4"),
+        # Two 4-chip VMs, as xpk runs it, so that it can be multisliced (issue 12, defect 5).
+        ("v5litepod-8", 8, 2, 4, "ct5lp-hightpu-4t", "2x4"),
         ("v5litepod-16", 16, 4, 4, "ct5lp-hightpu-4t", "4x4"),
         ("v5litepod-256", 256, 64, 4, "ct5lp-hightpu-4t", "16x16"),
         ("v5p-8", 4, 1, 4, "ct5p-hightpu-4t", "2x2x1"),
         ("v5p-64", 32, 8, 4, "ct5p-hightpu-4t", "2x4x4"),
         ("v5p-128", 64, 16, 4, "ct5p-hightpu-4t", "4x4x4"),
+        ("v5p-384", 192, 48, 4, "ct5p-hightpu-4t", "4x4x12"),
+        ("v5p-17920", 8960, 2240, 4, "ct5p-hightpu-4t", "16x20x28"),
+        ("v4-384", 192, 48, 4, "ct4p-hightpu-4t", "4x4x12"),
         ("v6e-1", 1, 1, 1, "ct6e-standard-1t", "1x1"),
+        ("v6e-4", 4, 1, 4, "ct6e-standard-4t", "2x2"),
+        ("v6e-8", 8, 2, 4, "ct6e-standard-4t", "2x4"),
         ("v6e-16", 16, 4, 4, "ct6e-standard-4t", "4x4"),
         ("v6e-256", 256, 64, 4, "ct6e-standard-4t", "16x16"),
     ],
@@ -82,3 +88,45 @@ def test_every_listed_topology_resolves():
             shape = catalog.slice_shape(f"{gen.prefix}-{size}")
             assert shape.chips * gen.cores_per_chip == size
             assert shape.hosts * shape.chips_per_host == shape.chips
+
+
+# Issue 12, defect 10: v4 and v5p accept every topology GKE and Cloud TPU accept, as xpk generates
+# them (system_characteristics.py generate_tpu_topologies), not a hand-picked subset.
+@pytest.mark.parametrize(
+    ("accelerator", "topology"),
+    [
+        ("v5p-384", "4x4x12"),
+        ("v5p-768", "4x8x12"),
+        ("v5p-768", "4x4x24"),
+        ("v5p-1152", "4x12x12"),
+        ("v5p-6912", "12x12x24"),
+        ("v5p-17920", "16x20x28"),
+        ("v4-384", "4x4x12"),
+        ("v4-256", "8x4x4"),  # v4 shapes may list their axes in any order
+        ("v4-8192", "4x4x256"),
+    ],
+)
+def test_v4_v5p_accept_generated_topologies(accelerator, topology):
+    shape = catalog.slice_shape(accelerator, topology)
+    assert shape.topology == topology
+    assert shape.hosts == shape.chips // 4
+
+
+def test_generated_sets_match_xpk_bounds():
+    v5p, v4 = catalog.GENERATIONS["v5p"], catalog.GENERATIONS["v4"]
+    # v5p: A <= B <= C, at most 140 4x4x4 cubes; v4: any order, at most 64 cubes.
+    assert "8x4x4" not in v5p.topologies and "8x4x4" in v4.topologies
+    assert "16x20x32" not in v5p.topologies  # 160 cubes
+    assert "4x4x260" not in v4.topologies  # sides stop at 256
+    assert catalog.valid_sizes(v5p)[-1] == 2 * 8960
+    with pytest.raises(catalog.TopologyError, match="valid: 4x4x12"):
+        catalog.slice_shape("v5p-384", "2x8x12")
+
+
+@pytest.mark.parametrize(
+    ("generation", "smallest"),
+    [("v4", "v4-16"), ("v5p", "v5p-16"), ("v5litepod", "v5litepod-8"), ("v6e", "v6e-8")],
+)
+def test_smallest_multi_host_shape(generation, smallest):
+    shape = catalog.smallest_multi_host(catalog.GENERATIONS[generation])
+    assert shape.accelerator == smallest and shape.multi_host

@@ -111,3 +111,40 @@ def test_installed_entry_point():
     assert exe, "make install must put the CLI into the venv"
     proc = subprocess.run([exe, "validate", "-f", str(EXAMPLE)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_render_gke_requests_placeholders_and_flags(capsys, monkeypatch):
+    # Issue 12: the dry run of what the operator asks GKE for, one request per slice.
+    for var in ("GKE_PROJECT", "GKE_LOCATION", "GKE_CLUSTER", "GKE_NODE_LOCATIONS"):
+        monkeypatch.delenv(f"MSJ_{var}", raising=False)
+    code, out, _ = run(capsys, "render", "--gke-requests", "-f", str(EXAMPLE))
+    assert code == 0
+    requests = json.loads(out)
+    assert [r["parent"] for r in requests] == [
+        "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
+    ] * 2
+    pool = requests[0]["nodePool"]
+    assert (
+        pool["locations"] == ["ZONE"]
+        and pool["config"]["labels"]["multislice.dev/job-uid"] == "JOB_UID"
+    )
+    assert pool["placementPolicy"] == {"type": 1, "tpuTopology": "4x4"}
+    flags = ["--gke-project", "p", "--gke-location", "us-east5-b", "--gke-cluster", "c"]
+    code, out, _ = run(
+        capsys,
+        "render",
+        "--gke-requests",
+        "--enum-names",
+        "--gke-workload-identity",
+        "-f",
+        str(EXAMPLE),
+        *flags,
+    )
+    pool = json.loads(out)[1]["nodePool"]
+    assert json.loads(out)[1]["parent"] == "projects/p/locations/us-east5-b/clusters/c"
+    assert pool["locations"] == ["us-east5-b"] and pool["placementPolicy"]["type"] == "COMPACT"
+    assert pool["config"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    code, _, err = run(
+        capsys, "render", "--gke-requests", "-f", str(EXAMPLE), "--gke-location", "us-east5"
+    )
+    assert code == 2 and "--gke-node-location" in err

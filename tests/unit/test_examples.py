@@ -70,3 +70,37 @@ def test_cli_validates_every_example(capsys: pytest.CaptureFixture[str]) -> None
     for path in FILES:
         assert main(["validate", "-f", str(path)]) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.count("valid (") == len(documents())
+
+
+def test_the_kueue_example_is_a_queued_job_whose_chips_fit_one_team_quota() -> None:
+    """examples/kueue/: the queue objects docs/kueue.md shows, and a job naming one of them."""
+    objs = [d for d in yaml.safe_load_all((ROOT / "examples/kueue/queues.yaml").read_text()) if d]
+    kinds = {d["kind"] for d in objs}
+    assert {"ResourceFlavor", "AdmissionCheck", "ClusterQueue", "LocalQueue",
+            "WorkloadPriorityClass"} <= kinds  # fmt: skip
+    (check,) = [d for d in objs if d["kind"] == "AdmissionCheck"]
+    assert check["spec"]["controllerName"] == "multislice.dev/gang-provisioning"
+    cqs = [d for d in objs if d["kind"] == "ClusterQueue"]
+    assert {cq["spec"]["cohortName"] for cq in cqs} == {"tpu"} and len(cqs) == 2
+    job = load_job(yaml.safe_load((ROOT / "examples/kueue/job.yaml").read_text()))
+    plan = plan_job(job)
+    quotas = [
+        r["nominalQuota"]
+        for cq in cqs
+        for g in cq["spec"]["resourceGroups"]
+        for f in g["flavors"]
+        for r in f["resources"]
+        if r["name"] == "google.com/tpu"
+    ]
+    assert quotas == [plan.total_chips] * 2
+    queues = {d["metadata"]["name"] for d in objs if d["kind"] == "LocalQueue"}
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] in queues
+    flavor = next(d for d in objs if d["kind"] == "ResourceFlavor")
+    jobset = render_jobset(plan, job.spec, job.metadata.labels)
+    selector = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "nodeSelector"
+    ]
+    for key, value in flavor["spec"]["nodeLabels"].items():  # Kueue would add these at admission
+        assert selector[key] == value
+    assert jobset["spec"]["suspend"] is True
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"

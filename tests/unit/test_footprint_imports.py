@@ -1,11 +1,19 @@
 """`run` starts lean: the CLI parser and the kopf handlers import neither the local tooling nor
-the Google client libraries (gRPC and friends weigh ~20 MiB); the GKE adapter loads only when a
-cluster is configured."""
+the Google client libraries (gRPC and friends weigh ~20 MiB), nor rich (the `status` view's, an
+optional extra the image does not install); the GKE adapter loads only when a cluster is
+configured."""
 
 import subprocess
 import sys
 
-HEAVY = ("multislice_local", "grpc", "google.cloud.container_v1", "google.cloud.tpu_v2", "jax")
+HEAVY = (
+    "multislice_local",
+    "grpc",
+    "google.cloud.container_v1",
+    "google.cloud.tpu_v2",
+    "jax",
+    "rich",  # the status view's terminal library (the cli extra): never in the operator
+)
 
 
 def test_run_parser_and_handlers_import_nothing_heavy():

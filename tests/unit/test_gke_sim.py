@@ -157,13 +157,14 @@ def test_delete_stopping_then_gone_and_nodes_removed(
 ) -> None:
     sim.configure(op_latency_s=0.8)  # long enough to act while operations run
     gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
-    with pytest.raises(gexc.BadRequest, match="currently creating node pool pool-a"):
+    # GKE names the running operation and the cluster, not the pool.
+    with pytest.raises(gexc.BadRequest, match="currently creating a node pool for cluster c"):
         gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
     assert sim.wait_idle()
     op = gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
     assert op.operation_type == cs.Operation.Type.DELETE_NODE_POOL
     assert gke.get_node_pool(name=f"{CLUSTER}/nodePools/pool-a").status.name == "STOPPING"
-    with pytest.raises(gexc.BadRequest, match="currently deleting node pool"):
+    with pytest.raises(gexc.BadRequest, match="currently deleting a node pool for cluster c"):
         gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
     assert sim.wait_idle()
     assert gke.list_node_pools(parent=CLUSTER).node_pools == []
@@ -196,6 +197,189 @@ def test_validation_errors_are_400(
     mutate(pool)
     with pytest.raises(gexc.BadRequest, match=match):
         gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+
+
+# ---------------------------------------------------------------- GKE's rules (issue 12)
+# Each refusal below is one rule of GkeSimulator._validate, with its public source there.
+
+
+def _shape(pool: cs.NodePool, machine: str, topology: str, nodes: int) -> None:
+    pool.config.machine_type = machine
+    pool.placement_policy.tpu_topology = topology
+    pool.initial_node_count = nodes
+
+
+def _label(key: str) -> Callable[[cs.NodePool], None]:
+    return lambda p: p.config.labels.update({key: "x"})
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (_label("app.kubernetes.io/managed-by"), "Applying kubernetes label is not allowed"),
+        (_label("node.k8s.io/x"), "Applying kubernetes label is not allowed"),
+        (_label("kubernetes.io/role"), "Applying kubernetes label is not allowed"),
+        (_label("cloud.google.com/gke-nodepool"), "reserved for GKE"),
+        (_label("bad key/x"), "Invalid node label"),
+        (lambda p: p.config.labels.update({"ok": "-bad-"}), "Invalid node label"),
+        (lambda p: p.config.labels.update({"ok": "v" * 64}), "Invalid node label"),
+        (lambda p: p.config.resource_labels.update({"Key": "v"}), "Invalid resource label"),
+        (
+            lambda p: p.config.resource_labels.update({f"k{i}": "v" for i in range(64)}),
+            "Too many resource labels",
+        ),
+        (
+            lambda p: setattr(p, "management", cs.NodeManagement(auto_repair=True)),
+            "Auto_upgrade cannot be false when release_channel REGULAR is set",
+        ),
+        (
+            lambda p: setattr(p, "management", cs.NodeManagement(auto_upgrade=True)),
+            "Auto_repair cannot be false",
+        ),
+        # tpuTopology on one VM: v5e 2x2 on a 4t, 2x4 on an 8t
+        (lambda p: _shape(p, "ct5lp-hightpu-4t", "2x2", 1), "single-host slice"),
+        (lambda p: _shape(p, "ct5lp-hightpu-8t", "2x4", 1), "single-host slice"),
+        (lambda p: _shape(p, "ct5lp-hightpu-4t", "4x4", 3), "needs initialNodeCount 4"),
+        (lambda p: setattr(p.placement_policy, "tpu_topology", "2x2x4"), "Invalid TPU topology"),
+        (lambda p: setattr(p.placement_policy, "tpu_topology", "4x2"), "Invalid TPU topology"),
+        (
+            lambda p: setattr(p.config, "machine_type", "ct5p-hightpu-4t"),
+            "Invalid TPU topology 4x4 for machine type ct5p-hightpu-4t",
+        ),
+        (lambda p: setattr(p.config, "machine_type", "n2-standard-8"), "needs a TPU machine type"),
+        (lambda p: p.config.oauth_scopes.append("storage-full"), "Invalid OAuth scope"),
+        (
+            lambda p: setattr(
+                p.config,
+                "workload_metadata_config",
+                cs.WorkloadMetadataConfig(mode=cs.WorkloadMetadataConfig.Mode.GKE_METADATA),
+            ),
+            "Workload Identity must be enabled",
+        ),
+        (
+            lambda p: setattr(
+                p.config,
+                "reservation_affinity",
+                cs.ReservationAffinity(
+                    consume_reservation_type=cs.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+                    key="compute.googleapis.com/reservation-name",
+                    values=["Bad_Name"],
+                ),
+            ),
+            "SPECIFIC_RESERVATION needs",
+        ),
+    ],
+)
+def test_gke_rules_refuse_through_the_client(
+    gke: container_v1.ClusterManagerClient, mutate: Callable[[cs.NodePool], Any], match: str
+) -> None:
+    pool = tpu_pool()
+    mutate(pool)
+    with pytest.raises(gexc.BadRequest, match=match) as err:
+        gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    assert err.value.response.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_one_zone_per_tpu_pool_even_single_host(gke: container_v1.ClusterManagerClient) -> None:
+    pool = tpu_pool("single", nodes=2, topology=None)
+    pool.locations.append("us-east5-a")
+    with pytest.raises(gexc.BadRequest, match="must be in one zone"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+
+
+def test_what_gke_accepts_is_accepted(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    # The same requests, made valid: management on, shared reservation, user-settable GKE label,
+    # single-host pools of several independent VMs, Workload Identity on a cluster that has it.
+    pool = tpu_pool("ok-a")
+    pool.management = cs.NodeManagement(auto_repair=True, auto_upgrade=True)
+    pool.config.labels["cloud.google.com/gke-tpu-ici-resiliency"] = "false"
+    pool.config.reservation_affinity = cs.ReservationAffinity(
+        consume_reservation_type=cs.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+        key="compute.googleapis.com/reservation-name",
+        values=["projects/owner-proj/reservations/tpu-res"],
+    )
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("ok-b", nodes=3, topology=None))
+    sim.configure(workload_identity=True, release_channel=None)
+    wi = tpu_pool("ok-c")
+    wi.management = cs.NodeManagement(auto_repair=False, auto_upgrade=False)  # no channel
+    wi.config.workload_metadata_config = cs.WorkloadMetadataConfig(
+        mode=cs.WorkloadMetadataConfig.Mode.GKE_METADATA
+    )
+    gke.create_node_pool(parent=CLUSTER, node_pool=wi)
+    assert sim.counters()["createsAccepted"] == 3
+
+
+def test_quota_is_a_synchronous_403(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    sim.set_faults(quota_sync_next=1, permission_denied_next=1)
+    with pytest.raises(
+        gexc.Forbidden, match="Insufficient regional quota to satisfy request"
+    ) as err:
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    body = err.value.response.json()["error"]
+    assert body["status"] == "PERMISSION_DENIED" and "TPU_LITE_PODSLICE_V5" in body["message"]
+    with pytest.raises(gexc.Forbidden, match="permission"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.pools() == {} and sim.counters()["createsAccepted"] == 0
+
+
+def test_stockout_runs_long_and_blocks_deletes_meanwhile(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    sim.configure(op_latency_s=0.1, failed_create_latency_s=1.0)
+    sim.set_faults(stockout_next=1)
+    op = gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.config.failed_create_latency() > sim.config.op_latency_s
+    with pytest.raises(gexc.BadRequest, match=f"Operation {op.name} is currently creating a node"):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    assert sim.wait_idle()
+    failed = gke.get_operation(name=f"{LOCATION}/operations/{op.name}")
+    assert failed.error.message.startswith("Not all instances running in IGM after")
+    assert "[GCE_STOCKOUT]" in failed.error.message
+    gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")  # accepted once the create ended
+
+
+def test_cluster_upgrade_makes_pool_operations_wait(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("before"))
+    assert sim.wait_idle()
+    upgrade = sim.start_cluster_upgrade(CLUSTER, duration_s=0.8)
+    with pytest.raises(
+        gexc.BadRequest, match=f"Operation {upgrade} is currently upgrading cluster c"
+    ):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    with pytest.raises(gexc.BadRequest, match="currently upgrading cluster"):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/before")
+    assert sim.wait_idle()
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+
+
+def test_serial_cluster_names_another_pools_delete(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    for name in ("p0", "p1"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool(name))
+    assert sim.wait_idle()
+    sim.configure(max_concurrent_operations=1, op_latency_s=0.8)
+    gke.delete_node_pool(name=f"{CLUSTER}/nodePools/p0")
+    with pytest.raises(gexc.BadRequest, match="is currently deleting a node pool for cluster c"):
+        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/p1")
+    assert sim.pool("p1")["status"] == "RUNNING"  # type: ignore[index]
+
+
+def test_received_creates_are_the_wire_bodies(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    pool = tpu_pool()
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    [received] = sim.received_creates()
+    assert received["parent"] == CLUSTER
+    assert received["nodePool"]["placementPolicy"] == {"type": 1, "tpuTopology": "4x4"}
 
 
 def test_unknown_cluster_is_404(registrar: InMemoryRegistrar) -> None:

@@ -52,7 +52,7 @@ def test_plan_of_the_seed_example():
 
 
 def test_single_host_pools_have_no_tpu_topology():
-    plan = plan_of(job(accelerator="v5litepod-8", slices=3))
+    plan = plan_of(job(accelerator="v5litepod-4", slices=1))
     assert all(p.tpu_topology is None for p in plan.node_pools)
     assert plan.shape.hosts == 1
 
@@ -61,7 +61,75 @@ def test_spot_and_reservation():
     assert plan_of(job(capacity={"type": "Spot"})).node_pools[0].spot is True
     res = plan_of(job(capacity={"type": "Reserved", "reservation": "r1"})).node_pools[0]
     assert res.reservation == "r1"
-    assert plan_of(job(capacity={"type": "Reserved"})).node_pools[0].reservation == ""
+
+
+# ---------------------------------------------------------------- issue 12
+
+
+def test_reserved_needs_a_reservation_and_accepts_shared_ones():
+    # Defect 9: without a name GKE would consume any reservation and fall back to on-demand.
+    errs = errors_of(job(capacity={"type": "Reserved"}))
+    assert "on-demand" in errs["spec.capacity.reservation"]
+    shared = "projects/owner-proj/reservations/tpu-res"
+    pool = plan_of(job(capacity={"type": "Reserved", "reservation": shared})).node_pools[0]
+    assert pool.reservation == shared
+    bad = errors_of(job(capacity={"type": "Reserved", "reservation": "projects/p/res/r"}))
+    assert "spec.capacity.reservation" in bad
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "suggested"),
+    [
+        ("v4-8", "v4-16"),
+        ("v5p-8", "v5p-16"),
+        ("v5litepod-1", "v5litepod-8"),
+        ("v5litepod-4", "v5litepod-8"),
+        ("v6e-1", "v6e-8"),
+        ("v6e-4", "v6e-8"),
+    ],
+)
+def test_multislice_needs_multi_host_slices(accelerator, suggested):
+    # Defect 5: GKE Multislice only supports multi-host TPU slice node pools.
+    errs = errors_of(job(accelerator=accelerator, slices=2))
+    assert "single-host" in errs["spec.slices"] and suggested in errs["spec.slices"]
+    assert plan_of(job(accelerator=accelerator, slices=1)).slices == 1
+    for mode in ("Managed", "Existing"):
+        assert "spec.slices" in errors_of(
+            job(accelerator=accelerator, slices=2, provisioning={"mode": mode})
+        )
+
+
+def test_v5e_and_v6e_8_are_multisliceable():
+    for accelerator, machine in (
+        ("v5litepod-8", "ct5lp-hightpu-4t"),
+        ("v6e-8", "ct6e-standard-4t"),
+    ):
+        plan = plan_of(job(accelerator=accelerator, slices=2))
+        assert [(p.node_count, p.machine_type, p.tpu_topology) for p in plan.node_pools] == [
+            (2, machine, "2x4")
+        ] * 2
+
+
+def test_name_jobset_would_refuse():
+    # Defect 4: JobSet's webhook wants `<name>-slice-<maxJob>-<maxPod>-abcde` <= 63 characters
+    # and a DNS-1035 name; a 50-character name with 2 slices x 4 hosts is 66 characters.
+    obj = job()
+    obj["metadata"]["name"] = "n" * 50
+    msg = errors_of(obj)["metadata.name"]
+    assert "use at most 47 characters" in msg and "2 slices x 4 hosts" in msg
+    obj["metadata"]["name"] = "n" * 47
+    assert plan_of(obj).name == "n" * 47
+    obj["metadata"]["name"] = "1st-run"
+    assert "DNS-1035" in errors_of(obj)["metadata.name"]
+
+
+def test_node_labels_stay_out_of_reserved_namespaces():
+    # Defect 1: GKE and the kubelet refuse kubernetes.io / k8s.io node labels; cloud.google.com
+    # belongs to GKE. Ownership goes to multislice.dev.
+    pool = plan_of(job()).node_pools[0]
+    for key in pool.node_labels:
+        assert key.startswith("multislice.dev/"), key
+    assert pool.node_labels["multislice.dev/managed-by"] == "multislice-operator"
 
 
 def test_existing_mode_has_no_pools():

@@ -464,8 +464,8 @@ def test_kueue_owns_the_suspend_flag():
     s, p = spec_and_plan(provisioning={"mode": "Existing"})
     obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True))
     d = decide(meta, s, p, None, as_status({"phase": "Starting"}), obs, CFG)
-    assert d.actions == []
-    assert st(d)["phase"] == "Pending"
+    assert d.actions == []  # a suspended JobSet that names a queue is resumed by Kueue, not us
+    assert st(d)["phase"] == "Queued"
     assert "tpu-queue" in st(d)["message"]
 
 

@@ -145,3 +145,26 @@ def test_existing_mode_selects_by_shape_only_and_render_is_pure():
     assert "multislice.dev/job-key" not in pod["spec"]["nodeSelector"]
     assert render(obj) == js
     assert OBJ["spec"]["template"]["spec"]["containers"][0].get("resources") is None
+
+
+def test_host_network_by_default_with_cluster_dns():
+    # Issue 12, defect 7: GKE's Multislice example JobSet and xpk run TPU pods on the host
+    # network (DCN over the hosts' NICs), with cluster DNS kept for the worker hostnames.
+    pod, env = env_of(render())
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    values = {e["name"]: e.get("value") for e in env}
+    assert values["MEGASCALE_COORDINATOR_ADDRESS"] == coordinator_host("llm") == "llm-slice-0-0.llm"
+    assert values["TPU_WORKER_HOSTNAMES"].split(",")[0] == "llm-slice-$(MEGASCALE_SLICE_ID)-0.llm"
+    ports = {p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert {8080, 8476} <= ports
+
+
+def test_host_network_opt_out_is_the_templates_own_field():
+    obj = copy.deepcopy(OBJ)
+    obj["spec"]["template"]["spec"]["hostNetwork"] = False
+    pod, _ = env_of(render(obj))
+    assert pod["spec"]["hostNetwork"] is False and "dnsPolicy" not in pod["spec"]
+    obj["spec"]["template"]["spec"].update(hostNetwork=True, dnsPolicy="Default")
+    pod, _ = env_of(render(obj))
+    assert pod["spec"]["dnsPolicy"] == "Default"

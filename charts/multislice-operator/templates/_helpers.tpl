@@ -88,4 +88,15 @@ in one Role per watched namespace. */}}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+# Kueue (--kueue): the Workload of each job's JobSet and the LocalQueue it names (its
+# ClusterQueue and pending count) are watched; the operator writes only its check's state on a
+# Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads", "localqueues"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from multislice_operator import catalog, plan
 from multislice_operator.api import models
 
 # Fields that shape the node pools or the JobSet: they cannot be added, changed or removed once
@@ -55,6 +56,57 @@ SPEC_RULES: list[dict[str, str]] = [
         "message": "spec.provisioning.mode is immutable; delete and recreate the job to change it",
     },
 ]
+
+
+def _hosts_expr() -> str:
+    """CEL for hosts per slice from spec.accelerator, generated from the catalog (the plan's
+    arithmetic: single-host sizes are one VM, anything else 4-chip VMs)."""
+    number = "int(self.spec.accelerator.split('-')[1])"
+    expr = "1"
+    for gen in reversed(list(catalog.GENERATIONS.values())):
+        chips = number if gen.cores_per_chip == 1 else f"({number} / {gen.cores_per_chip})"
+        singles = ", ".join(str(c) for c in gen.single_host_chips)
+        hosts = f"({chips} in [{singles}] ? 1 : {chips} / {gen.multi_host_chips_per_vm})"
+        expr = f"(self.spec.accelerator.startsWith('{gen.prefix}-') ? {hosts} : {expr})"
+    return expr
+
+
+# A CRD may constrain metadata.name (and generateName) only; JobSet's webhook needs the name to
+# be a DNS-1035 label (it becomes the JobSet's subdomain and headless service).
+METADATA_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "maxLength": plan.DNS_LABEL_MAX,
+            "pattern": plan.DNS1035_RE.pattern,
+            "description": "A DNS-1035 label (JobSet names pods and a headless service after "
+            "it): short enough for the longest pod name of this job's slices and hosts.",
+        }
+    },
+}
+
+
+def root_rules() -> list[dict[str, str]]:
+    """The metadata.name length JobSet's webhook enforces for this job's slices and hosts,
+    checked at admission instead of at the JobSet create (plan._check_name: the same rule for
+    `validate` and the operator)."""
+    hosts = _hosts_expr()
+    fixed = len(plan.longest_pod_name("", 1, 1)) - 2  # "-slice--" and "-abcde"
+    digits = "(size(string(self.spec.slices - 1)) + size(string(" + hosts + " - 1)))"
+    parsable = "self.spec.accelerator.matches('^[a-z0-9]+-[0-9]{1,6}$')"
+    room = f"({plan.DNS_LABEL_MAX} - {fixed} - {digits})"
+    return [
+        {
+            "rule": f"!has(self.spec) || !has(self.spec.slices) || !{parsable} || "
+            f"size(self.metadata.name) <= {room}",
+            "message": "metadata.name is too long for this job's slices and hosts: JobSet pod "
+            "names (NAME-slice-SLICE-HOST-xxxxx) must fit a DNS label of "
+            f"{plan.DNS_LABEL_MAX} characters; `multislice-operator validate` prints the longest "
+            "name allowed",
+        },
+    ]
+
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -170,10 +222,11 @@ def generate_crd() -> dict[str, Any]:
                             "identical Cloud TPU slices, provisioned all together or not at all, "
                             "restarting every slice from the last checkpoint when one fails.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": root_rules(),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": METADATA_SCHEMA,
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },

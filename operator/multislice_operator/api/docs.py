@@ -26,6 +26,11 @@ shows the same descriptions.
 A MultisliceJob has `apiVersion`, `kind`, `metadata` (a standard ObjectMeta: the name becomes the
 JobSet's and, with the namespace, the node pools' names), a required [`spec`](#spec) written by
 you, and a [`status`](#status) written by the operator only.
+
+`metadata.name` must be what JobSet's webhook accepts: a DNS-1035 label (a lowercase letter, then
+lowercase letters, digits and `-`), short enough that the longest pod name,
+`<name>-slice-<slices-1>-<hosts-1>-xxxxx`, fits 63 characters (47 characters for 2 slices of 4
+hosts). The apiserver refuses other names; `multislice-operator validate` gives the limit for a job.
 """
 
 
@@ -132,10 +137,14 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
 def _phases() -> list[str]:
     meaning = {
         models.Phase.PENDING: "waiting: invalid capacity, no provisioner, or Existing node pools "
-        "not ready",
+        "not ready, or (a job naming a queue) no Kueue Workload exists for it",
+        models.Phase.QUEUED: "waiting in Kueue (label kueue.x-k8s.io/queue-name): for its "
+        "Workload, for quota, or handed back after a Retry; no node pool exists "
+        "(`status.queue` says where and why)",
         models.Phase.PROVISIONING: "creating the slices' node pools as a gang (Managed mode), or "
         "waiting out the backoff after a rollback",
-        models.Phase.STARTING: "every slice is ready; the JobSet is created and its pods start",
+        models.Phase.STARTING: "every slice is ready; the JobSet is created (or, queued, waits "
+        "for Kueue to admit and resume it) and its pods start",
         models.Phase.RUNNING: "every slice's Job is ready",
         models.Phase.RESTARTING: "all slices restart after a failure, from the last checkpoint",
         models.Phase.SUCCEEDED: "the JobSet completed (terminal)",

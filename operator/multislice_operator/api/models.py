@@ -29,6 +29,12 @@ SHORT_NAMES = ["msj"]
 
 DEFAULT_NON_RETRYABLE_EXIT_CODES = [42]
 EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
+# Compute Engine names (RFC 1035, <= 63) and project ids (6-30 characters); a shared reservation
+# is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources").
+_GCE_NAME = r"([a-z]|[a-z][-a-z0-9]{0,61}[a-z0-9])"
+_PROJECT_ID = r"[a-z][-a-z0-9]{4,28}[a-z0-9]"
+RESERVATION_PATTERN = rf"^({_GCE_NAME}|projects/{_PROJECT_ID}/reservations/{_GCE_NAME})$"
+RESERVATION_MAX = len("projects/") + 30 + len("/reservations/") + 63
 
 
 class _Model(BaseModel):
@@ -64,10 +70,12 @@ class Capacity(_Model):
     )
     reservation: str | None = Field(
         default=None,
-        max_length=63,
+        max_length=RESERVATION_MAX,
+        pattern=RESERVATION_PATTERN,
         description=(
-            "Name of a specific reservation to consume (type Reserved only). Empty with Reserved "
-            "means any matching reservation."
+            "The reservation to consume (required with type Reserved, invalid otherwise): a name "
+            "in the node pools' project, or projects/PROJECT/reservations/NAME for a shared "
+            "reservation owned by another project."
         ),
     )
 
@@ -204,6 +212,7 @@ class MultisliceJobSpec(_Model):
 
     accelerator: str = Field(
         pattern=ACCELERATOR_PATTERN,
+        max_length=32,
         description=(
             "Cloud TPU accelerator type of every slice: v4-N or v5p-N (N counts TensorCores, two "
             "per chip), v5litepod-N or v6e-N (N counts chips). e.g. v5litepod-16."
@@ -238,8 +247,10 @@ class MultisliceJobSpec(_Model):
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
             "toleration and the multislice environment, whose variables no container may set. "
-            "The whole template is checked by the apiserver and the JobSet webhook (a dry run) "
-            "before any node pool is created."
+            "Pods run with hostNetwork: true and dnsPolicy: ClusterFirstWithHostNet (DCN traffic "
+            "over the hosts' NICs, as GKE's Multislice example and xpk do) unless the template "
+            "sets hostNetwork itself: hostNetwork: false opts out. The whole template is checked "
+            "by the apiserver and the JobSet webhook (a dry run) before any node pool is created."
         ),
         json_schema_extra=podtemplate.schema(),
     )
@@ -301,6 +312,17 @@ SPEC_RULES: list[Rule] = [
         holds=lambda s: not s.capacity.reservation or s.capacity.type == CapacityType.RESERVED,
     ),
     Rule(
+        path=("capacity",),
+        field="spec.capacity.reservation",
+        cel="!has(self.type) || self.type != 'Reserved' || has(self.reservation)",
+        # Without a name GKE consumes any matching reservation and falls back to on-demand
+        # capacity: not what "Reserved" promises, so refuse it rather than do it.
+        message="spec.capacity.reservation is required with type: Reserved: name the reservation "
+        "(RESERVATION, or projects/PROJECT/reservations/RESERVATION for a shared one); without a "
+        "name the slices could land on on-demand capacity; use type: OnDemand for that",
+        holds=lambda s: s.capacity.type != CapacityType.RESERVED or bool(s.capacity.reservation),
+    ),
+    Rule(
         path=("failurePolicy",),
         field="spec.failurePolicy.nonRetryableExitCodes",
         cel=f"!has(self.nonRetryableExitCodes) || self.nonRetryableExitCodes.all(c, "
@@ -337,6 +359,7 @@ SPEC_RULES: list[Rule] = [
 
 class Phase(StrEnum):
     PENDING = "Pending"
+    QUEUED = "Queued"
     PROVISIONING = "Provisioning"
     STARTING = "Starting"
     RUNNING = "Running"
@@ -360,6 +383,7 @@ class ConditionType(StrEnum):
     DCN_BOUND = "DCNBound"
     COMPLETED = "Completed"
     FAILED = "Failed"
+    ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
 
 
 class SlicePhase(StrEnum):
@@ -377,7 +401,8 @@ class Condition(_Model):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Validated, Provisioned, SlicesReady, DCNBound, Completed or Failed."
+        description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed or Admitted "
+        "(Kueue; only for jobs that name a queue)."
     )
     status: str = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in one CamelCase word.")
@@ -428,6 +453,198 @@ class PodFailureStatus(_Model):
     slice: int | None = Field(default=None, description="Its slice index.")
     exit_code: int | None = Field(default=None, description="The TPU container's exit code.")
     reason: str = Field(default="", description="The container's or pod's reason.")
+    restart_attempt: int | None = Field(
+        default=None,
+        description="The JobSet restart attempt the pod belonged to (0 before the first restart).",
+    )
+    step: int | None = Field(
+        default=None,
+        description="The last training step the workload completed, from its termination message.",
+    )
+    checkpoint_step: int | None = Field(
+        default=None,
+        description="The step of the workload's last durable checkpoint, from its termination "
+        "message.",
+    )
+
+
+class GoodputState(StrEnum):
+    """Where a job's time goes: every second since creation is in exactly one of these (or the
+    clock has stopped: the job finished)."""
+
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    REPAIRING = "repairing"
+    SUSPENDED = "suspended"
+
+
+class StateSeconds(_Model):
+    """A total per accounting state (seconds, or chip-seconds)."""
+
+    queued: int = Field(
+        default=0, ge=0, description="Waiting for capacity or admission (phase Pending)."
+    )
+    provisioning: int = Field(
+        default=0, ge=0, description="Creating node pools, rollbacks and backoff included."
+    )
+    starting: int = Field(default=0, ge=0, description="Capacity ready, slices not all running.")
+    running: int = Field(default=0, ge=0, description="Every slice running: the goodput.")
+    restarting: int = Field(default=0, ge=0, description="Restarting all slices after a failure.")
+    repairing: int = Field(
+        default=0, ge=0, description="Replacing the node pool of a slice that lost its capacity."
+    )
+    suspended: int = Field(default=0, ge=0, description="spec.suspend set.")
+
+    def get(self, state: GoodputState | str) -> int:
+        value: int = getattr(self, GoodputState(state).value)
+        return value
+
+    def add(self, state: GoodputState | str, amount: int) -> None:
+        name = GoodputState(state).value
+        setattr(self, name, getattr(self, name) + max(0, amount))
+
+    def total(self) -> int:
+        return sum(self.get(s) for s in GoodputState)
+
+
+class GoodputSegment(_Model):
+    """One entry of the timeline: the job entered `state` at `since`."""
+
+    state: GoodputState = Field(description="The accounting state entered.")
+    since: datetime = Field(description="When.")
+
+
+GOODPUT_TIMELINE_MAX = 32
+
+
+class GoodputStatus(_Model):
+    """Where every second and every chip-second of the job went, since its creation.
+
+    Totals cover the closed states only, up to `since`; the current state has run from `since`
+    to now (the CLI and the metrics add it). Written only when the state or the chips held change,
+    so an idle job costs no status write."""
+
+    state: GoodputState | None = Field(
+        default=None,
+        description="The current accounting state; unset once the job finished (the clock "
+        "stopped).",
+    )
+    since: datetime | None = Field(
+        default=None,
+        description="When the current state began; every total below is as of this time.",
+    )
+    held_chips: int = Field(
+        default=0,
+        ge=0,
+        description="TPU chips held since `since`: chips of the slices whose node pools exist "
+        "(Managed), or of every slice while the JobSet runs on existing pools (Existing).",
+    )
+    seconds: StateSeconds = Field(
+        default_factory=StateSeconds, description="Wall-clock seconds spent in each state."
+    )
+    chip_seconds: StateSeconds = Field(
+        default_factory=StateSeconds,
+        description="Chip-seconds held in each state; `running` is the productive part.",
+    )
+    admitted_time: datetime | None = Field(
+        default=None, description="When the job first left `queued`."
+    )
+    chip_goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Running chip-seconds / held chip-seconds, as of `since`.",
+    )
+    wall_goodput: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Running seconds / seconds since admission, as of `since`.",
+    )
+    lost_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Training steps thrown away by restarts (last step - last checkpoint step, "
+        "from the workload's termination messages), over the restarts where it is known.",
+    )
+    timeline: list[GoodputSegment] = Field(
+        default_factory=list,
+        max_length=GOODPUT_TIMELINE_MAX,
+        description=f"The last {GOODPUT_TIMELINE_MAX} state changes, oldest first.",
+    )
+
+
+class RestartStatus(_Model):
+    """The most recent restart of all slices: why, what it cost, how long it took."""
+
+    restart: int = Field(description="Which restart (status.restarts once it happened).")
+    cause: str = Field(
+        default="unknown",
+        description="Why: workload (a pod of the workload failed) or unknown.",
+    )
+    time: datetime | None = Field(
+        default=None, description="When the slices stopped running (the failure, as observed)."
+    )
+    lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Steps lost: the failed workload's last step - its last checkpoint step; "
+        "unset when no termination message said.",
+    )
+    recovery_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="From `time` to every slice running again; unset until then.",
+    )
+
+
+class EvictionStatus(_Model):
+    """The last time Kueue took the job's quota back (preemption, reclaim, a Retry check)."""
+
+    reason: str = Field(description="Kueue's eviction reason, e.g. Preempted or AdmissionCheck.")
+    message: str = Field(default="", description="Kueue's message.")
+    preempted_by: str | None = Field(
+        default=None,
+        description="namespace/name of the job whose Workload preempted this one, when Kueue "
+        "names it.",
+    )
+    time: datetime | None = Field(default=None, description="When Kueue evicted the Workload.")
+
+
+class QueueStatus(_Model):
+    """Where a job that names a Kueue queue (label kueue.x-k8s.io/queue-name) waits, and why."""
+
+    local_queue: str = Field(description="The LocalQueue named by the job's label.")
+    cluster_queue: str | None = Field(
+        default=None, description="The ClusterQueue behind it (the LocalQueue's spec)."
+    )
+    workload: str | None = Field(default=None, description="Kueue's Workload for the JobSet.")
+    admission_check: str | None = Field(
+        default=None,
+        description="The Workload's AdmissionCheck run by this operator (controllerName "
+        "multislice.dev/gang-provisioning); unset: its ClusterQueue lists none (quota only).",
+    )
+    check_state: str | None = Field(
+        default=None, description="That check's state: Pending, Ready, Retry or Rejected."
+    )
+    retry_count: int | None = Field(
+        default=None, description="Kueue's count of Retry states of that check."
+    )
+    pending_workloads: int | None = Field(
+        default=None,
+        description="Workloads pending in the LocalQueue (Kueue's count). A position in the "
+        "queue is only served by Kueue's visibility API, which the operator does not query.",
+    )
+    message: str | None = Field(
+        default=None, description="Kueue's latest word on why the Workload waits."
+    )
+    preemptions: int = Field(
+        default=0, description="Times Kueue preempted the job after it held quota."
+    )
+    last_eviction: EvictionStatus | None = Field(default=None)
 
 
 class MultisliceJobStatus(_Model):
@@ -435,8 +652,8 @@ class MultisliceJobStatus(_Model):
 
     phase: Phase | None = Field(
         default=None,
-        description="Pending, Provisioning, Starting, Running, Restarting, Succeeded, Failed or "
-        "Suspended.",
+        description="Pending, Queued (waiting in Kueue), Provisioning, Starting, Running, "
+        "Restarting, Succeeded, Failed or Suspended.",
     )
     message: str | None = Field(default=None, description="One line on what happens now.")
     observed_generation: int | None = Field(
@@ -474,6 +691,16 @@ class MultisliceJobStatus(_Model):
         default=None,
         description="Since when every slice's capacity has been ready without a break: "
         "spec.failurePolicy.unschedulableTimeoutSeconds counts from here at the earliest.",
+    )
+    goodput: GoodputStatus | None = Field(
+        default=None,
+        description="Where the job's time and chips went, by state, since its creation.",
+    )
+    last_restart: RestartStatus | None = Field(
+        default=None, description="The most recent restart: cause, steps lost, recovery time."
+    )
+    queue: QueueStatus | None = Field(
+        default=None, description="Kueue: only for jobs with the kueue.x-k8s.io/queue-name label."
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

@@ -124,6 +124,8 @@ def schema() -> dict[str, Any]:
                         "items": container,
                     },
                     "nodeSelector": _map(_STRING),
+                    "hostNetwork": {"type": "boolean"},
+                    "dnsPolicy": _STRING,
                     "tolerations": {"type": "array", "items": toleration},
                     "restartPolicy": _STRING,
                 }

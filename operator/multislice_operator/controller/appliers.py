@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJob
-from multislice_operator.controller import admission
+from multislice_operator.controller import admission, kueue
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import ApiError, owner_reference
+from multislice_operator.controller.kube import ApiError, Conflict, owner_reference
 from multislice_operator.controller.runtime import Runtime
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolError
@@ -31,9 +32,12 @@ from multislice_operator.reconcile import (
     DeleteJobSet,
     DeletePools,
     RemoveFinalizer,
+    SetAdmissionCheckActive,
+    SetAdmissionCheckState,
     SetJobSetSuspend,
     ValidateJobSet,
 )
+from multislice_operator.reconcile.types import CheckState
 from multislice_operator.render import render_jobset
 
 log = logging.getLogger("multislice_operator")
@@ -164,6 +168,78 @@ async def delete_job(rt: Runtime, t: Target, _: DeleteJob) -> None:
     await rt.kube.delete_job(t.namespace, t.name)
 
 
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheckState) -> None:
+    """Our check's state on the Workload decide() looked at; every other entry and field (the
+    other checks, retryCount) exactly as Kueue wrote them. Written against the resourceVersion
+    decided on: if the Workload moved since (Kueue evicted it, say), nothing is written and the
+    watch event of that change brings the next pass."""
+    summary = kueue.workload_summary(rt, t.namespace, t.name)
+    if summary is None or summary["name"] != a.workload:
+        return
+    if summary["resourceVersion"] != a.resource_version:
+        log.info("workload moved, check not written job=%s/%s", t.namespace, t.name)
+        return
+    checks = [dict(c) for c in summary["admissionChecks"]]
+    for entry in checks:
+        if entry.get("name") != a.check:
+            continue
+        if entry.get("state") != a.state:
+            entry["lastTransitionTime"] = _now()
+        entry["state"], entry["message"] = a.state, a.message
+        if a.pod_set_updates:
+            entry["podSetUpdates"] = [
+                {
+                    "name": u.name,
+                    **({"nodeSelector": dict(u.node_selector)} if u.node_selector else {}),
+                    **({"labels": dict(u.labels)} if u.labels else {}),
+                }
+                for u in a.pod_set_updates
+            ]
+        else:
+            entry.pop("podSetUpdates", None)
+        if a.state == CheckState.RETRY:
+            # Kueue v0.17.0 keeps the quota until requeueAt when a Retry carries it
+            # (reconcile/queue.py): a Retry of ours never does.
+            entry.pop("requeueAfterSeconds", None)
+    try:
+        await rt.kube.patch_workload_checks(t.namespace, a.workload, a.resource_version, checks)
+    except Conflict:
+        log.info("workload changed under us, check not written job=%s/%s", t.namespace, t.name)
+        return
+    log.info(
+        "admission check %s %s job=%s/%s: %s", a.check, a.state, t.namespace, t.name, a.message
+    )
+
+
+async def set_admission_check_active(rt: Runtime, a: SetAdmissionCheckActive) -> None:
+    ac = ob.first(rt.indexes.admission_checks, a.check)
+    if ac is None or ac["resourceVersion"] != a.resource_version:
+        return
+    conditions = [dict(c) for c in ac["conditions"] if c.get("type") != "Active"]
+    before: dict[str, Any] = next((c for c in ac["conditions"] if c.get("type") == "Active"), {})
+    conditions.append(
+        {
+            "type": "Active",
+            "status": "True",
+            "reason": "Active",
+            "message": a.message,
+            "observedGeneration": a.generation,
+            "lastTransitionTime": before.get("lastTransitionTime")
+            if before.get("status") == "True"
+            else _now(),
+        }
+    )
+    try:
+        await rt.kube.patch_admission_check_conditions(a.check, a.resource_version, conditions)
+    except Conflict:
+        return
+    log.info("admission check %s Active", a.check)
+
+
 APPLIERS: dict[type[Any], Applier] = {
     AddFinalizer: add_finalizer,
     RemoveFinalizer: remove_finalizer,
@@ -174,6 +250,7 @@ APPLIERS: dict[type[Any], Applier] = {
     DeleteJobSet: delete_jobset,
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,
+    SetAdmissionCheckState: set_admission_check_state,
 }
 
 

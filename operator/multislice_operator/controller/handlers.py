@@ -24,8 +24,11 @@ import kopf
 
 from multislice_operator import keys, metrics
 from multislice_operator.api import models
+from multislice_operator.controller import kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop
+from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
+from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
@@ -39,6 +42,10 @@ log = logging.getLogger("multislice_operator")
 MSJ = (models.GROUP, models.VERSION, models.PLURAL)
 JOBSETS = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 MEMORY_TRIM_SECONDS = 10.0
+# How long events of a job's JobSet, pods and nodes may wait to be handled together. A job's own
+# events are handled at once; a restart's hundreds of pod events would otherwise each cost a pass
+# and a status write while the JobSet controller needs the same two cores.
+DEPENDENT_EVENT_BATCH_SECONDS = 1.0
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 ProvisionerFactory = Callable[[Settings], Provisioner | None]
@@ -53,6 +60,8 @@ def configure(settings: Settings, factory: ProvisionerFactory | None) -> None:
     global PROVISIONER_FACTORY, _SETTINGS
     _SETTINGS = settings
     PROVISIONER_FACTORY = factory
+    if settings.kueue:
+        _watch_kueue()
 
 
 def runtime() -> Runtime:
@@ -70,7 +79,7 @@ async def startup(
     jobset_index: kopf.Index[Any, Any],
     pod_index: kopf.Index[Any, Any],
     node_index: kopf.Index[Any, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     global RUNTIME
     ours = _SETTINGS or Settings()
@@ -87,8 +96,17 @@ async def startup(
             backoff_max_seconds=ours.backoff_max_seconds,
             resync_seconds=ours.resync_seconds,
             not_ready_grace_seconds=ours.node_not_ready_grace_seconds,
+            kueue_workload_wait_seconds=ours.kueue_workload_wait_seconds,
         ),
-        indexes=Indexes(jobsets=jobset_index, pods=pod_index, nodes=node_index),
+        indexes=Indexes(
+            jobsets=jobset_index,
+            pods=pod_index,
+            nodes=node_index,
+            # Present only with --kueue (an empty index is falsy: no `or` here).
+            workloads=kwargs.get("workload_index", {}),
+            local_queues=kwargs.get("local_queue_index", {}),
+            admission_checks=kwargs.get("admission_check_index", {}),
+        ),
     )
     metrics.serve(ours.metrics_port, ours.metrics_bind_address)
     rt.tasks.append(asyncio.create_task(_run(rt)))
@@ -96,11 +114,12 @@ async def startup(
     if trim is not None:
         rt.tasks.append(asyncio.create_task(_trim_loop(trim)))
     log.info(
-        "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s",
+        "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s kueue=%s",
         ",".join(ours.namespaces) or "*",
         type(provisioner).__name__ if provisioner else "none",
         ours.workers,
         ours.leader_elect,
+        ours.kueue,
     )
 
 
@@ -121,17 +140,39 @@ async def _run(rt: Runtime) -> None:
         await elector.leading.wait()
     if rt.provisioner is not None and rt.settings.gc_interval_seconds > 0:
         rt.tasks.append(asyncio.create_task(gc_loop(rt)))
+    # Before any pass: when the previous operator was last alive (goodput's blind time).
+    heartbeat = Heartbeat(rt.kube, _heartbeat_config(rt.settings))
+    rt.previous_alive = await heartbeat.start()
+    rt.tasks.append(asyncio.create_task(heartbeat.run()))
+    if rt.settings.kueue:
+        rt.tasks.append(asyncio.create_task(kueue.activation_loop(rt)))
     workers = [asyncio.create_task(_worker(rt)) for _ in range(max(1, rt.settings.workers))]
     rt.tasks.extend(workers)
 
 
-def _lease_config(s: Settings) -> LeaseConfig:
+def _lease_namespace(s: Settings) -> str:
     namespace = s.leader_election_namespace
     if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
             namespace = f.read().strip()
-    identity = f"{socket.gethostname()}_{os.getpid()}"
-    return LeaseConfig(namespace or "default", s.leader_election_name, identity)
+    return namespace or "default"
+
+
+def _identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _lease_config(s: Settings) -> LeaseConfig:
+    return LeaseConfig(_lease_namespace(s), s.leader_election_name, _identity())
+
+
+def _heartbeat_config(s: Settings) -> HeartbeatConfig:
+    return HeartbeatConfig(
+        _lease_namespace(s),
+        s.leader_election_name + HEARTBEAT_SUFFIX,
+        _identity(),
+        interval_seconds=min(max(s.resync_seconds, 1.0), 30.0),
+    )
 
 
 async def _exit_when_lost(elector: LeaderElector) -> None:
@@ -192,12 +233,12 @@ async def job_event(type: str, namespace: str, name: str, body: kopf.Body, **_: 
     key = (namespace, name)
     if type == "DELETED":
         rt.forget(key)
-        metrics.JOBS.set(key, None)
+        metrics.forget_job(key)
         return
     raw = dict(body)
     (raw.get("metadata") or {}).pop("managedFields", None)
-    rt.store.put(raw)
-    rt.queue.add(key)
+    if rt.store.put(raw):  # our own status write echoed back needs no second look
+        rt.queue.add(key)
 
 
 @kopf.index(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
@@ -219,21 +260,65 @@ async def node_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any
 
 @kopf.on.event(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
 async def jobset_event(namespace: str, name: str, **_: Any) -> None:
-    runtime().poke(namespace, name)
+    runtime().poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS)
 
 
 @kopf.on.event("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
 async def pod_event(namespace: str, labels: kopf.Labels, **_: Any) -> None:
-    runtime().poke(namespace, labels[keys.JOB_NAME])
+    runtime().poke(namespace, labels[keys.JOB_NAME], DEPENDENT_EVENT_BATCH_SECONDS)
 
 
 @kopf.on.event("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
 async def node_event(labels: kopf.Labels, **_: Any) -> None:
     rt = runtime()
     if keys.JOB_NAMESPACE in labels and keys.JOB_NAME in labels:
-        rt.poke(labels[keys.JOB_NAMESPACE], labels[keys.JOB_NAME])
+        rt.poke(labels[keys.JOB_NAMESPACE], labels[keys.JOB_NAME], DEPENDENT_EVENT_BATCH_SECONDS)
         return
     # An Existing-mode node pool: wake only the jobs waiting for pools of this node's shape.
     shape = (labels.get(keys.GKE_TPU_ACCELERATOR, ""), labels.get(keys.GKE_TPU_TOPOLOGY, ""))
     for key in list(rt.waiting_for_nodes.get(shape, ())):
-        rt.poke(*key)
+        rt.poke(*key, batch=DEPENDENT_EVENT_BATCH_SECONDS)
+
+
+# ---------------------------------------------------------------- Kueue (--kueue only)
+#
+# Registered by configure() before kopf starts, so that an operator without --kueue neither
+# watches Kueue's resources nor needs RBAC for them. kopf starts these watches when Kueue's CRDs
+# appear (it follows CRDs), so an operator started before Kueue picks it up.
+
+
+async def workload_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return kueue.summarize_workload(body)
+
+
+async def local_queue_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): kueue.summarize_local_queue(body)}
+
+
+async def admission_check_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: kueue.summarize_admission_check(body)}
+
+
+async def workload_event(namespace: str, body: kopf.Body, **_: Any) -> None:
+    for owner in body.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("kind") == "JobSet":  # the JobSet has its job's name
+            runtime().poke(namespace, owner.get("name"))
+
+
+async def admission_check_event(**_: Any) -> None:
+    rt = runtime()
+    rt.kueue_checks_changed.set()
+    for key, body in list(rt.store.bodies.items()):  # which checks are ours may have changed
+        if keys.KUEUE_QUEUE_NAME in ((body.get("metadata") or {}).get("labels") or {}):
+            rt.queue.add(key)
+
+
+def _watch_kueue() -> None:
+    registry = kopf.get_default_registry()
+    if any(h.id == "workload_index" for h in registry._indexing.get_all_handlers()):
+        return  # configured twice in one process (tests)
+    kopf.index(*kueue.WORKLOADS)(workload_index)
+    kopf.index(*kueue.LOCAL_QUEUES)(local_queue_index)
+    kopf.index(*kueue.ADMISSION_CHECKS)(admission_check_index)
+    kopf.on.event(*kueue.WORKLOADS)(workload_event)
+    kopf.on.event(*kueue.ADMISSION_CHECKS)(admission_check_event)

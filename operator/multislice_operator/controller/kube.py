@@ -24,6 +24,7 @@ log = logging.getLogger("multislice_operator.kube")
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 COMPONENT = "multislice-operator"
 # kopf retries a failed call (5xx, 429, 403 during upgrades) after each of these delays; ours are
 # short because the work queue backs the job off after that, without holding a worker.
@@ -190,6 +191,36 @@ class Kube:
         result = await self._call("get", f"{MSJ}{where}/{models.PLURAL}")
         items: list[dict[str, Any]] = result.get("items", [])
         return items
+
+    # -- Kueue ---------------------------------------------------------------------------------
+
+    async def patch_workload_checks(
+        self, namespace: str, name: str, resource_version: str, checks: list[dict[str, Any]]
+    ) -> None:
+        """Replace status.admissionChecks, as of `resource_version` (409 if it moved since)."""
+        await self._call(
+            "patch",
+            f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}/status",
+            payload={
+                "metadata": {"resourceVersion": resource_version},
+                "status": {"admissionChecks": checks},
+            },
+            headers=MERGE_PATCH,
+        )
+
+    async def patch_admission_check_conditions(
+        self, name: str, resource_version: str, conditions: list[dict[str, Any]]
+    ) -> None:
+        """Replace an AdmissionCheck's status.conditions, as of `resource_version`."""
+        await self._call(
+            "patch",
+            f"{KUEUE}/admissionchecks/{_q(name)}/status",
+            payload={
+                "metadata": {"resourceVersion": resource_version},
+                "status": {"conditions": conditions},
+            },
+            headers=MERGE_PATCH,
+        )
 
     # -- events --------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ def make_provisioner(settings: Settings) -> Provisioner | None:
         cluster=settings.gke_cluster,
         node_locations=settings.gke_node_locations,
         endpoint=settings.gke_endpoint,
+        node=settings.node_options(),
     )
 
 

@@ -29,6 +29,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     UnschedulablePod,
 )
+from multislice_operator.reconcile.goodput import parse_termination_message
 
 # ---------------------------------------------------------------- index summaries
 
@@ -61,6 +62,7 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "jobName": labels.get(keys.JOB_NAME),
         "deleting": bool((body.get("metadata") or {}).get("deletionTimestamp")),
+        "created": (body.get("metadata") or {}).get("creationTimestamp"),
     }
 
 
@@ -69,10 +71,13 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
     exit_code, reason = None, status.get("reason") or ""
+    step = checkpoint_step = None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
+            # Where the run stood (contract section 2); only the two numbers are kept.
+            step, checkpoint_step = parse_termination_message(term.get("message"))
             break
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == "True"
@@ -88,6 +93,8 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "ready": ready,
         "exitCode": exit_code,
         "reason": reason,
+        "step": step,
+        "checkpointStep": checkpoint_step,
         "deleting": bool(meta.get("deletionTimestamp")),
         # The scheduler's verdict, only while it cannot place the pod.
         "unschedulable": (
@@ -130,6 +137,15 @@ def first(index: Mapping[Any, Any], key: Any) -> Any:
     return found[0] if found else None
 
 
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -160,15 +176,6 @@ class PoolOwner:
     gone: bool  # that job no longer exists (the sweep would delete the pool; so may we)
 
 
-def _time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | None:
     if summary is None:
         return None
@@ -184,6 +191,7 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         succeeded_jobs=summary["succeeded"],
         owned=summary["owned"],
         deleting=bool(summary.get("deleting")),
+        created=_time(summary.get("created")),
     )
 
 
@@ -216,7 +224,15 @@ def pod_observations(
     for p in pods:
         if p["phase"] == "Failed" or (p["exitCode"] is not None and p["phase"] != "Succeeded"):
             failures.append(
-                PodFailure(p["pod"], p["slice"], p["exitCode"], p["reason"], p["attempt"])
+                PodFailure(
+                    p["pod"],
+                    p["slice"],
+                    p["exitCode"],
+                    p["reason"],
+                    p["attempt"],
+                    step=p.get("step"),
+                    checkpoint_step=p.get("checkpointStep"),
+                )
             )
         if p["attempt"] != attempt or p["slice"] is None or p["deleting"]:
             continue
@@ -314,6 +330,7 @@ def observe(
     admission: Admission | None = None,
     strays: Mapping[str, PoolState] | None = None,
     owners: Mapping[str, PoolOwner] | None = None,
+    blind_since: datetime | None = None,
 ) -> Observed:
     js = jobset_observation(jobset)
     pods = list(pods)
@@ -321,6 +338,7 @@ def observe(
     failures, running, succeeded = pod_observations(pods, attempt)
     obs = Observed(
         now=now,
+        blind_since=blind_since,
         jobset=js,
         pod_failures=failures,
         running_pods=running,

@@ -16,14 +16,14 @@ from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.controller import appliers
+from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import ApiError
+from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
 from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile import Decision, JobMeta, Observed, decide
+from multislice_operator.reconcile import Decision, JobMeta, Observed, decide, goodput
 
 log = logging.getLogger("multislice_operator")
 
@@ -35,6 +35,8 @@ SLICE_FAILURE_REASONS = {
 }
 for _reason in SLICE_FAILURE_REASONS.values():
     metrics.SLICE_FAILURES_TOTAL.labels(_reason)  # exported at 0 before the first failure
+for _cause in (goodput.CAUSE_WORKLOAD, goodput.CAUSE_UNKNOWN):
+    metrics.RESTARTS_TOTAL.labels(_cause)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
 
@@ -48,6 +50,20 @@ class Parsed:
     job: Any
     plan: Plan | None
     error: SpecError | None
+
+
+def parse_cached(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Parsed:
+    """parse(), once per spec generation (and labels): a resync or a status echo re-plans
+    nothing."""
+    meta = body.get("metadata") or {}
+    labels = tuple(sorted((meta.get("labels") or {}).items()))
+    version = (meta.get("uid"), meta.get("generation"), labels)
+    cached = rt.parsed.get(key)
+    if cached is not None and cached[0] == version and isinstance(cached[1], Parsed):
+        return cached[1]
+    parsed = parse(body)
+    rt.parsed[key] = (version, parsed)
+    return parsed
 
 
 def parse(body: dict[str, Any]) -> Parsed:
@@ -146,7 +162,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
     strays, owners = await _ownership(rt, key, meta, plan)
     jobset = _jobset(rt, key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return ob.observe(
+    observed = ob.observe(
         plan,
         (body.get("metadata") or {}).get("uid", ""),
         datetime.now(UTC),
@@ -160,7 +176,12 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         admission=rt.admission_of(key, meta.uid, meta.generation),
         strays=strays,
         owners=owners,
+        blind_since=rt.blind_since(key),
     )
+    queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
+    if queue:
+        observed.queue = kueue.queue_observation(rt, key, queue)
+    return observed
 
 
 async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
@@ -202,7 +223,7 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
 
 
 async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision:
-    parsed = parse(body)
+    parsed = parse_cached(rt, key, body)
     meta = job_meta(body)
     raw_old = dict(body.get("status") or {})
     old = MultisliceJobStatus.from_dict(raw_old)
@@ -210,7 +231,9 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         # No plan, but the job's own pools (by uid) and JobSet are still known and released.
         strays, _ = await _ownership(rt, key, meta, None)
         js = ob.jobset_observation(_jobset(rt, key))
-        obs = Observed(now=datetime.now(UTC), strays=strays, jobset=js)
+        obs = Observed(
+            now=datetime.now(UTC), strays=strays, jobset=js, blind_since=rt.blind_since(key)
+        )
         decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
     else:
         obs = await observe(rt, key, body, parsed.plan)
@@ -221,13 +244,28 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     if meta.deleting and not meta.has_finalizer:
         return decision  # going away with nothing of ours attached: nothing to write
     await _write(rt, key, body, raw_old, decision)
+    if key not in rt.store.bodies:  # deleted while this pass ran: its series must not come back
+        return decision
     _track(rt, key, parsed.plan, decision)
+    rt.watched.add(key)
+    _record_goodput(key, meta, decision.status, obs.now)
     return decision
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch turning old into new (None deletes a key); None when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    """A merge patch turning old into new (None deletes a key); None when nothing changed.
+
+    Objects are patched key by key (RFC 7386 merges them): a key gone from a nested object, such
+    as goodput.state once a job finished, must be sent as None or the stored one stays."""
+    patch: dict[str, Any] = {}
+    for k, v in new.items():
+        was = old.get(k)
+        if was == v:
+            continue
+        if isinstance(v, dict) and isinstance(was, dict):
+            patch[k] = status_patch(was, v) or {}
+        else:
+            patch[k] = v
     patch.update({k: None for k in old if k not in new})
     return patch or None
 
@@ -238,7 +276,10 @@ async def _write(
     new = d.status.to_dict()
     patch = status_patch(old, new)
     if patch is not None:
-        updated = await rt.kube.patch_job_status(key[0], key[1], patch)
+        try:
+            updated = await rt.kube.patch_job_status(key[0], key[1], patch)
+        except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
+            return
         (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
         rt.store.put(updated)
     for event in d.events:
@@ -248,7 +289,8 @@ async def _write(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
         await rt.kube.post_event(body, event.type, event.reason, event.message)
-    _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+    if key in rt.store.bodies:  # not deleted while this pass ran (its series would come back)
+        _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
@@ -262,10 +304,43 @@ def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobSta
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
     added = new.restarts - old.restarts
     if added > 0:
-        metrics.RESTARTS_TOTAL.inc(added)
+        cause = new.last_restart.cause if new.last_restart else goodput.CAUSE_UNKNOWN
+        metrics.RESTARTS_TOTAL.labels(cause).inc(added)
+    if (new.provisioning_attempts or 0) > (old.provisioning_attempts or 0):
+        metrics.GANG_ATTEMPTS_TOTAL.inc(
+            (new.provisioning_attempts or 0) - (old.provisioning_attempts or 0)
+        )
+    restart, was = new.last_restart, old.last_restart
+    if restart is not None:
+        first_seen = was is None or was.restart != restart.restart
+        if first_seen and restart.lost_steps is not None:
+            metrics.RESTART_LOST_STEPS.observe(restart.lost_steps)
+        if restart.recovery_seconds is not None and (
+            first_seen or (was is not None and was.recovery_seconds is None)
+        ):
+            metrics.RESTART_RECOVERY.observe(restart.recovery_seconds)
     if new.provisioned_time and new.provisioned_time != old.provisioned_time and new.start_time:
         metrics.PROVISIONING_DURATION.observe(
             (new.provisioned_time - new.start_time).total_seconds()
         )
     if new.running_time and not old.running_time and new.start_time:
         metrics.TIME_TO_RUNNING.observe((new.running_time - new.start_time).total_seconds())
+
+
+def _record_goodput(key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime) -> None:
+    """The goodput metrics, live as of this pass (the status holds them as of the last change)."""
+    if st.goodput is None:
+        return
+    view = goodput.live(st.goodput, now)
+    per_slice = (st.total_chips or 0) // max(1, len(st.slices))
+    pools = view.held_chips // per_slice if per_slice else 0
+    created = meta.creation_time
+    fresh = created is not None and created.timestamp() >= int(metrics.PROCESS_START)
+    metrics.GOODPUT.update(
+        key,
+        view.seconds,
+        view.chip_seconds,
+        (view.chip_goodput, view.wall_goodput),
+        (view.held_chips, pools),
+        from_zero=fresh,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller.kube import Kube
@@ -30,15 +31,18 @@ class JobStore:
 
     bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
 
-    def put(self, body: Mapping[str, Any]) -> None:
+    def put(self, body: Mapping[str, Any]) -> bool:
+        """Keep `body` unless the copy held is as new; True when it is news (not our own write
+        coming back through the watch, nor an older event)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         current = self.bodies.get(key)
         if current is not None:
             same = (current.get("metadata") or {}).get("uid") == meta.get("uid")
-            if same and resource_version(current) > resource_version(body):
-                return
+            if same and resource_version(current) >= resource_version(body) > 0:
+                return False
         self.bodies[key] = dict(body)
+        return True
 
     def get(self, key: JobKey) -> dict[str, Any] | None:
         return self.bodies.get(key)
@@ -54,6 +58,10 @@ class Indexes:
     jobsets: Mapping[Any, Any]
     pods: Mapping[Any, Any]
     nodes: Mapping[Any, Any]
+    # Kueue's (with --kueue only): see controller/kueue.py.
+    workloads: Mapping[Any, Any] = field(default_factory=dict)
+    local_queues: Mapping[Any, Any] = field(default_factory=dict)
+    admission_checks: Mapping[Any, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,10 +86,21 @@ class Runtime:
     deleted_jobsets: set[JobKey] = field(default_factory=set)
     # Consecutive failed passes per job (shared by every worker): the exponential backoff.
     errors: dict[JobKey, int] = field(default_factory=dict)
+    # The last parse of each job's spec, by (uid, generation, labels): see reconciler.parse_cached.
+    parsed: dict[JobKey, tuple[Any, Any]] = field(default_factory=dict)
+    # Goodput: the jobs this process has completed a pass of (it watches them since), and when
+    # the previous operator was last known alive (its heartbeat): a job's first pass here was
+    # blind since then, and that time is charged to the state it sees.
+    watched: set[JobKey] = field(default_factory=set)
+    previous_alive: datetime | None = None
+    # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
+    kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def poke(self, namespace: str | None, name: str | None) -> None:
+    def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
+        """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
+        of 256 pods) costs one pass, not one per event."""
         if namespace and name and (namespace, name) in self.store.bodies:
-            self.queue.add((namespace, name))
+            self.queue.add((namespace, name), batch)
 
     def wait_for_nodes(self, key: JobKey, shape: tuple[str, str] | None) -> None:
         for waiting in self.waiting_for_nodes.values():
@@ -93,10 +112,15 @@ class Runtime:
         self.store.remove(key)
         self.queue.forget(key)
         self.strangers.pop(key, None)
+        self.parsed.pop(key, None)
         self.wait_for_nodes(key, None)
+        self.watched.discard(key)
         self.admission.pop(key, None)
         self.deleted_jobsets.discard(key)
         self.errors.pop(key, None)
+
+    def blind_since(self, key: JobKey) -> datetime | None:
+        return None if key in self.watched else self.previous_alive
 
     def admission_of(self, key: JobKey, uid: str, generation: int) -> Admission | None:
         known = self.admission.get(key)

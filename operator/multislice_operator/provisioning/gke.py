@@ -13,7 +13,8 @@ Rules it keeps:
   restart (empty memory) observation works from ``list_node_pools`` alone: an ERROR pool carries
   its ``statusMessage``. Level-based: nothing depends on having seen an event.
 * Idempotent: create of an existing pool adopts it when it is labelled with the same owner uid;
-  delete of a missing pool (or of one already being deleted) is success.
+  delete of a missing pool (or of one already STOPPING) is success. "Operation ... is currently
+  deleting a node pool for cluster C" alone is not: it names the cluster's running operation.
 * Every API call is retried in-process a few times (exponential backoff with jitter, see
   :class:`RetryPolicy`) on transient failures: 429 (over REST ``TooManyRequests``, which is NOT a
   ``ResourceExhausted``), 5xx, timeouts, connection errors, and "incompatible operation" /
@@ -21,10 +22,13 @@ Rules it keeps:
   failing after that is reported as a transient :class:`PoolError` for the caller to retry later.
 * Errors are classified permanent (retrying cannot help: invalid argument, unknown machine type,
   permission denied, missing cluster, missing reservation) or transient (everything else,
-  stockout and quota included: capacity comes back).
+  stockout and quota included: capacity comes back). GKE refuses a create over quota at once
+  (403 "Insufficient regional quota ..."): that slice then observes as failed once, naming the
+  quota and region, so the gang is rolled back and retried with backoff.
 
-Labels: every pool gets the plan's Kubernetes node labels plus ``multislice.dev/job-uid`` (on its
-nodes, and readable in ``config.labels`` through the GKE API), and GCE resource labels
+Labels: every pool gets the plan's node labels (``multislice.dev/*`` only: GKE refuses
+``kubernetes.io`` ones) plus ``multislice.dev/job-uid`` (on its nodes, and readable in
+``config.labels`` through the GKE API), and GCE resource labels
 (``managed-by``, ``multislice-job-namespace``, ``-name``, ``-uid``, ``-key``, ``multislice-slice``)
 so the owner is recoverable from GKE alone (:meth:`GkeProvisioner.list_owned`, for the GC).
 
@@ -45,7 +49,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import requests
@@ -78,12 +82,15 @@ from multislice_operator.provisioning.gke_errors import (
     Classified,
     classify_exception,
     classify_message,
+    describe_quota,
 )
 from multislice_operator.provisioning.gke_requests import (
     RL_JOB_UID,
     RL_MANAGED_BY,
     RL_SLICE,
+    NodeOptions,
     build_node_pool,
+    cluster_path,
     gce_label_value,
 )
 
@@ -220,13 +227,9 @@ class GkeProvisioner:
         max_concurrency: int = 32,
         offered_ttl_s: float = 600.0,
         tpu_taint: bool = False,
+        node: NodeOptions | None = None,
     ) -> None:
-        if not node_locations:
-            if not _ZONE_RE.match(location):
-                raise ValueError(
-                    f"cluster location {location!r} is a region: give node_locations (one zone)"
-                )
-            node_locations = [location]
+        node_locations = resolve_node_locations(location, node_locations)
         if len(node_locations) > 1:
             log.warning(
                 "gke several node locations for TPU slices locations=%s (a slice needs one zone)",
@@ -238,6 +241,9 @@ class GkeProvisioner:
         self.call_timeout_s = call_timeout_s
         self.offered_ttl_s = offered_ttl_s
         self.tpu_taint = tpu_taint
+        self.node = replace(
+            node or NodeOptions(), tpu_taint=tpu_taint or bool(node and node.tpu_taint)
+        )
         self._client_args: dict[str, Any] = {
             "credentials": credentials,
             "transport": transport,
@@ -328,7 +334,13 @@ class GkeProvisioner:
 
     @property
     def cluster_path(self) -> str:
-        return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+        return cluster_path(self.project, self.location, self.cluster)
+
+    @property
+    def region(self) -> str:
+        """The region of the node pools' zone (quota is regional)."""
+        zone = self.node_locations[0]
+        return zone.rsplit("-", 1)[0] if _ZONE_RE.match(zone) else zone
 
     def pool_path(self, name: str) -> str:
         return f"{self.cluster_path}/nodePools/{name}"
@@ -424,7 +436,7 @@ class GkeProvisioner:
     async def _create(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
         self._refused.pop(spec.name, None)
         self._mutated_at = asyncio.get_running_loop().time()
-        pool = build_node_pool(plan, spec, owner_uid, self.node_locations, self.tpu_taint)
+        pool = build_node_pool(plan, spec, owner_uid, self.node_locations, node=self.node)
         call = functools.partial(
             self._client.create_node_pool,
             parent=self.cluster_path,
@@ -438,7 +450,11 @@ class GkeProvisioner:
             c = classify_exception(exc)
             if c.code == CODE_ALREADY_EXISTS:
                 return await self._adopt(spec, owner_uid)
+            if c.code == CODE_QUOTA:  # which quota, and where: the status shows this message
+                c = replace(c, message=describe_quota(c.message, self.region))
             self._log_failure("create", plan, spec.name, c)
+            # Capacity (quota, stockout) and permanent refusals are remembered by _create_one:
+            # observe() reports them, decide() rolls the gang back (this attempt only).
             return c.pool_error(spec)
         self._ops[spec.name] = _OpRecord(self.operation_path(op.name), "create")
         log.info(
@@ -526,19 +542,15 @@ class GkeProvisioner:
             retry=None,
             timeout=self.call_timeout_s,
         )
-
-        def deleting(c: Classified) -> bool:
-            return bool(DELETING_RE.search(c.message))
-
         try:
-            op = await self._call("delete_node_pool", call, name, give_up=deleting)
+            op = await self._call("delete_node_pool", call, name)
         except Exception as exc:
             c = classify_exception(exc)
             if c.code == CODE_NOT_FOUND:
                 self._ops.pop(name, None)
                 log.info("gke delete pool=%s already gone", name)
                 return None
-            if deleting(c):
+            if DELETING_RE.search(c.message) and await self._being_deleted(name):
                 log.info("gke delete pool=%s already being deleted", name)
                 return None
             log.warning(
@@ -552,6 +564,22 @@ class GkeProvisioner:
         self._ops[name] = _OpRecord(self.operation_path(op.name), "delete")
         log.info("gke delete started pool=%s slice=%s op=%s", name, slice_index, op.name)
         return None
+
+    async def _being_deleted(self, name: str) -> bool:
+        """Whether this pool is gone or STOPPING. "Operation ... is currently deleting a node pool
+        for cluster C" names the cluster's running operation, which may be another pool's
+        delete (terraform-provider-google#10366): it proves nothing about this pool."""
+        call = functools.partial(
+            self._client.get_node_pool,
+            name=self.pool_path(name),
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            pool = await self._call("get_node_pool", call, name)
+        except Exception as exc:
+            return classify_exception(exc).code == CODE_NOT_FOUND
+        return bool(pool.status == cs.NodePool.Status.STOPPING)
 
     # -- Provisioner: observe -------------------------------------------------------------------
 
@@ -754,9 +782,24 @@ def _widen_connection_pool(client: Any, size: int) -> None:
 def _is_managed(pool: cs.NodePool) -> bool:
     labels = pool.config.labels
     resource = pool.config.resource_labels
-    return labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE or resource.get(RL_MANAGED_BY) == (
-        gce_label_value(keys.MANAGED_BY_VALUE)
+    return (
+        labels.get(keys.NODE_MANAGED_BY) == keys.MANAGED_BY_VALUE
+        # pools created before node labels left the kubernetes.io namespace
+        or labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE
+        or resource.get(RL_MANAGED_BY) == gce_label_value(keys.MANAGED_BY_VALUE)
     )
+
+
+def resolve_node_locations(location: str, node_locations: Iterable[str] | None) -> list[str]:
+    """The zones for TPU pools: as given, else a zonal cluster's own zone."""
+    zones = [z for z in (node_locations or []) if z]
+    if zones:
+        return zones
+    if not _ZONE_RE.match(location):
+        raise ValueError(
+            f"cluster location {location!r} is a region: give node_locations (one zone)"
+        )
+    return [location]
 
 
 def _slice_of(pool: cs.NodePool) -> int | None:

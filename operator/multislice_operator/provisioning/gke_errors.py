@@ -49,11 +49,20 @@ _STOCKOUT_RE = re.compile(
     r"resource pool exhausted",
     re.IGNORECASE,
 )
+# Create-time quota shortfall is a synchronous 403 PERMISSION_DENIED, not a permission problem:
+# "Insufficient regional quota to satisfy request: resource \"CPUS\": request requires '72.0'
+# and is short '48.0'. project has a quota of '24.0' ..." (GitHub issue
+# kaiwaehner/hivemq-mqtt-tensorflow-kafka-realtime-iot-machine-learning-training-inference#48),
+# "Insufficient project quota to satisfy request: resource
+# \"CPUS_ALL_REGIONS\" ..." (jarokaz/mlops-labs#58), older "... request for resource:
+# \"IN_USE_ADDRESSES\"" (kubeflow/kubeflow#842). Capacity: it comes back, so transient.
 _QUOTA_RE = re.compile(
-    r"GCE_QUOTA_EXCEEDED|QUOTA_EXCEEDED|quota '[^']*' exceeded|insufficient quota|"
-    r"exceeded quota",
+    r"GCE_QUOTA_EXCEEDED|QUOTA_EXCEEDED|quota '[^']*' exceeded|"
+    r"insufficient (regional |project |zonal )?quota|exceeded quota",
     re.IGNORECASE,
 )
+_QUOTA_RESOURCE_RE = re.compile(r"resource:?\s*\\?\"?([A-Za-z0-9_]+)")
+_QUOTA_SCOPE_RE = re.compile(r"insufficient (regional|project|zonal) quota", re.IGNORECASE)
 _MACHINE_RE = re.compile(
     r"invalid machine type|machine type \S+ (does not exist|is not supported|is not available)|"
     r"machine type '[^']*' does not exist",
@@ -100,6 +109,17 @@ def _rpc_status(exc: gexc.GoogleAPICallError) -> str:
     except (ValueError, KeyError, TypeError, AttributeError):
         status = ""
     return str(status or "")
+
+
+def describe_quota(message: str, region: str) -> str:
+    """A quota error's message, led by which quota and where ("TPU_V5E in region us-east5")."""
+    resource = _QUOTA_RESOURCE_RE.search(message)
+    scope = _QUOTA_SCOPE_RE.search(message)
+    what = resource.group(1) if resource else "quota"
+    where = (
+        "project-wide" if scope and scope.group(1).lower() == "project" else f"in region {region}"
+    )
+    return f"insufficient quota {what} {where}: {message}"
 
 
 def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bool]:

@@ -7,8 +7,11 @@ Pure: what the operator will ask GKE for follows from the plan alone, so the dry
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from google.cloud.container_v1.types import cluster_service as cs
+from google.protobuf import json_format
 
 from multislice_operator import keys
 from multislice_operator.plan import NodePoolSpec, Plan
@@ -22,6 +25,44 @@ RL_JOB_KEY = "multislice-job-key"
 RL_SLICE = "multislice-slice"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 _GCE_LABEL_RE = re.compile(r"[^a-z0-9_-]")
+
+# The scopes xpk gives TPU node pools (src/xpk/core/nodepool.py:
+# --scopes=storage-full,gke-default,cloud-platform), expanded as gcloud expands the aliases.
+# GKE's default scopes give read-only Cloud Storage: a job checkpointing to gs:// through the
+# node's service account would fail at its first save.
+XPK_NODE_SCOPES = (
+    "https://www.googleapis.com/auth/devstorage.full_control",  # storage-full
+    "https://www.googleapis.com/auth/devstorage.read_only",  # gke-default ...
+    "https://www.googleapis.com/auth/logging.write",
+    "https://www.googleapis.com/auth/monitoring",
+    "https://www.googleapis.com/auth/service.management.readonly",
+    "https://www.googleapis.com/auth/servicecontrol",
+    "https://www.googleapis.com/auth/trace.append",
+    "https://www.googleapis.com/auth/cloud-platform",  # cloud-platform
+)
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """How the operator's TPU nodes reach Google APIs (operator settings, not job fields).
+
+    ``workload_identity``: the cluster runs Workload Identity; pods use their own identity through
+    the GKE metadata server (``workloadMetadataConfig: GKE_METADATA``) and the node keeps GKE's
+    default scopes. Otherwise the node's service account is the pods' identity and gets
+    :data:`XPK_NODE_SCOPES`. ``oauth_scopes`` overrides either default; ``service_account`` names
+    the node service account (default: the Compute Engine default one). ``tpu_taint`` sends the
+    ``google.com/tpu`` taint explicitly (GKE adds it to TPU nodes itself).
+    """
+
+    workload_identity: bool = False
+    service_account: str | None = None
+    oauth_scopes: tuple[str, ...] | None = None
+    tpu_taint: bool = False
+
+    def scopes(self) -> tuple[str, ...]:
+        if self.oauth_scopes is not None:
+            return self.oauth_scopes
+        return () if self.workload_identity else XPK_NODE_SCOPES
 
 
 def gce_label_value(value: str) -> str:
@@ -39,8 +80,10 @@ def build_node_pool(
     owner_uid: str,
     node_locations: list[str],
     tpu_taint: bool = False,
+    node: NodeOptions | None = None,
 ) -> cs.NodePool:
     """The GKE NodePool for one slice, as create_node_pool sends it."""
+    node = node or NodeOptions(tpu_taint=tpu_taint)
     labels = dict(spec.node_labels)
     labels[keys.JOB_UID] = owner_uid
     config = cs.NodeConfig(
@@ -48,11 +91,18 @@ def build_node_pool(
         labels=labels,
         resource_labels=_resource_labels(plan, spec, owner_uid),
         spot=spec.spot,
+        oauth_scopes=list(node.scopes()),
     )
+    if node.service_account:
+        config.service_account = node.service_account
+    if node.workload_identity:
+        config.workload_metadata_config = cs.WorkloadMetadataConfig(
+            mode=cs.WorkloadMetadataConfig.Mode.GKE_METADATA
+        )
     affinity = _reservation_affinity(spec.reservation)
     if affinity is not None:
         config.reservation_affinity = affinity
-    if tpu_taint and spec.gke_accelerator:
+    if (tpu_taint or node.tpu_taint) and spec.gke_accelerator:
         config.taints = [
             cs.NodeTaint(
                 key=keys.TPU_RESOURCE, value="present", effect=cs.NodeTaint.Effect.NO_SCHEDULE
@@ -63,7 +113,10 @@ def build_node_pool(
         initial_node_count=spec.node_count,
         locations=list(node_locations),
         config=config,
-        management=cs.NodeManagement(auto_repair=True, auto_upgrade=False),
+        # Clusters in a release channel refuse auto-upgrade off ("Auto_upgrade cannot be false
+        # when release_channel REGULAR is set"); a pool lives only as long as its job, and an
+        # upgrade is a slice loss the job already survives.
+        management=cs.NodeManagement(auto_repair=True, auto_upgrade=True),
     )
     if spec.tpu_topology:
         pool.placement_policy = cs.NodePool.PlacementPolicy(
@@ -72,12 +125,43 @@ def build_node_pool(
     return pool
 
 
+def cluster_path(project: str, location: str, cluster: str) -> str:
+    return f"projects/{project}/locations/{location}/clusters/{cluster}"
+
+
+def create_request_json(parent: str, pool: cs.NodePool, enum_names: bool = False) -> dict[str, Any]:
+    """A CreateNodePoolRequest as the REST transport sends it: ``parent`` (in the URL path) and
+    the JSON body, enums as integers (``enum_names``: as names, for reading)."""
+    body = json_format.MessageToDict(
+        cs.CreateNodePoolRequest(node_pool=pool)._pb,
+        use_integers_for_enums=not enum_names,
+    )
+    return {"parent": parent, **body}
+
+
+def create_requests(
+    plan: Plan,
+    parent: str,
+    owner_uid: str,
+    node_locations: list[str],
+    node: NodeOptions | None = None,
+    enum_names: bool = False,
+) -> list[dict[str, Any]]:
+    """Every CreateNodePoolRequest of a plan, one per slice, as the provisioner sends them."""
+    return [
+        create_request_json(
+            parent, build_node_pool(plan, spec, owner_uid, node_locations, node=node), enum_names
+        )
+        for spec in plan.node_pools
+    ]
+
+
 def _reservation_affinity(reservation: str | None) -> cs.ReservationAffinity | None:
     kind = cs.ReservationAffinity.Type
-    if reservation is None:
+    if not reservation:
         return None
-    if reservation == "":
-        return cs.ReservationAffinity(consume_reservation_type=kind.ANY_RESERVATION)
+    # A bare name or projects/P/reservations/R (a shared reservation), under the same key
+    # (GKE "Consume reserved zonal resources"; ai-on-gke tpu-provisioner internal/cloud/gke.go).
     return cs.ReservationAffinity(
         consume_reservation_type=kind.SPECIFIC_RESERVATION,
         key=RESERVATION_KEY,

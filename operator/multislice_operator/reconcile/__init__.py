@@ -2,7 +2,8 @@
 
 Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
 ``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
-``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices).
+``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices), ``queue`` (Kueue:
+quota first, then the gang, through this operator's AdmissionCheck).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
@@ -11,6 +12,9 @@ from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
     Admission,
+    AdmissionCheckObservation,
+    CheckObservation,
+    CheckState,
     CreateJobSet,
     CreatePools,
     DecideConfig,
@@ -23,17 +27,25 @@ from multislice_operator.reconcile.types import (
     JobSetObservation,
     Observed,
     PodFailure,
+    PodSetUpdate,
+    QueueObservation,
     RemoveFinalizer,
+    SetAdmissionCheckActive,
+    SetAdmissionCheckState,
     SetJobSetSuspend,
     SliceObservation,
     UnschedulablePod,
     ValidateJobSet,
+    WorkloadObservation,
 )
 
 __all__ = [
     "Action",
     "AddFinalizer",
     "Admission",
+    "AdmissionCheckObservation",
+    "CheckObservation",
+    "CheckState",
     "CreateJobSet",
     "CreatePools",
     "DecideConfig",
@@ -46,11 +58,16 @@ __all__ = [
     "JobSetObservation",
     "Observed",
     "PodFailure",
+    "PodSetUpdate",
+    "QueueObservation",
     "RemoveFinalizer",
+    "SetAdmissionCheckActive",
+    "SetAdmissionCheckState",
     "SetJobSetSuspend",
     "SliceObservation",
     "UnschedulablePod",
     "ValidateJobSet",
+    "WorkloadObservation",
     "at_second",
     "backoff_seconds",
     "decide",

@@ -63,9 +63,14 @@ def _not_ready_for(ctx: Ctx, s: SliceObservation, hosts: int) -> float | None:
     return (ctx.now - since).total_seconds()
 
 
-def capacity_ready(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
+def capacity_ready(
+    ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, started: bool | None = None
+) -> bool:
+    """`started`: the gang is already up and its JobSet runs, so a lost slice is repaired alone;
+    otherwise all or none. Default: the JobSet exists. A queued job's JobSet exists (suspended)
+    before its gang: Kueue mode says which (reconcile/queue.py)."""
     if plan.managed:
-        return _gang(ctx, spec, plan)
+        return _gang(ctx, spec, plan, ctx.obs.jobset is not None if started is None else started)
     return _existing(ctx, plan)
 
 
@@ -92,7 +97,7 @@ def _existing(ctx: Ctx, plan: Plan) -> bool:
 # ---------------------------------------------------------------- Managed mode: the gang
 
 
-def _gang(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
+def _gang(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, gang_up: bool) -> bool:
     """All or none: every slice's pool is created together; any failure rolls the gang back."""
     obs, hosts = ctx.obs, plan.shape.hosts
     if not obs.provisioner_configured:
@@ -105,12 +110,12 @@ def _gang(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
         _name_taken(ctx, plan, taken[0])
         return False
     permanent = [s.error for s in obs.slices if s.error and s.error.permanent]
-    if obs.offered_error is not None and obs.jobset is None and not pools_present(ctx):
+    if obs.offered_error is not None and not gang_up and not pools_present(ctx):
         permanent.insert(0, obs.offered_error)  # only matters before the first pool exists
     if permanent:
         gang_failed(ctx, plan, permanent[0])
         return False
-    if obs.jobset is not None:
+    if gang_up:
         return _repair(ctx, plan)
     slices = obs.slices
     if len(slices) == plan.slices and all(slice_ready(s, hosts) for s in slices):
@@ -215,6 +220,7 @@ def _rollback(ctx: Ctx, plan: Plan, reason: str, message: str) -> None:
     full = f"{message}; deleting all {plan.slices} node pools of the gang"
     ctx.cond(PROVISIONED, "False", f"Gang{reason}", full)
     ctx.event("Warning", "GangRolledBack", f"attempt {attempts}: {full}; retry in {wait:.0f}s")
+    ctx.rolled_back = full
     ctx.phase(Phase.PROVISIONING, _retry_message(ctx))
     ctx.requeue_in(wait)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from multislice_operator import keys
 from multislice_operator.api.models import (
     ConditionType,
     MultisliceJobSpec,
@@ -21,6 +20,8 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import REPLICATED_JOB, Plan
 from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile import goodput
+from multislice_operator.reconcile import queue as kueue
 from multislice_operator.reconcile.capacity import capacity_ready, release, strays
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.running import (
@@ -62,6 +63,7 @@ def decide(
     ctx = Ctx(meta, old_status or MultisliceJobStatus(), obs, cfg or DecideConfig())
     if spec_error is not None or spec is None or plan is None:
         _invalid(ctx, spec_error)
+        goodput.account(ctx, None)
         return ctx.decision()
     ctx.cond(ConditionType.VALIDATED, "True", "Valid", f"{plan.slices} x {plan.shape.accelerator}")
     ctx.status.total_chips = plan.total_chips
@@ -80,6 +82,7 @@ def decide(
             ctx.actions.append(AddFinalizer())  # before any pool can exist
         _active(ctx, spec, plan)
     slice_statuses(ctx, plan)
+    goodput.account(ctx, plan)
     return ctx.decision()
 
 
@@ -91,11 +94,12 @@ def _finished_before(old: MultisliceJobStatus) -> bool:
 
 
 def _world_agrees(ctx: Ctx) -> bool:
-    """A terminal status is only believed when the world shows the job ended: no JobSet of ours
-    runs (none, a stranger's, or one being deleted) or ours is terminal itself. Status is memory,
-    not a command: a phase written by hand never deletes the pools under running pods."""
+    """A terminal status is only believed when the world shows that nothing of the job runs: no
+    JobSet of ours (none, a stranger's, one being deleted, one suspended: no pods) or ours is
+    terminal itself. Status is memory, not a command: a phase written by hand never deletes the
+    pools under running pods."""
     js = ctx.obs.jobset
-    return js is None or not js.owned or js.completed or js.failed or js.deleting
+    return js is None or not js.owned or js.completed or js.failed or js.deleting or js.suspended
 
 
 def _status_ignored(ctx: Ctx) -> None:
@@ -162,6 +166,8 @@ def _terminal_message(ctx: Ctx, phase: Phase) -> str:
 def _finished(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     phase = Phase(ctx.old.phase or Phase.FAILED)
     message = _terminal_message(ctx, phase)
+    if kueue.queue_name(ctx):
+        kueue.finished(ctx)
     keep = phase == Phase.SUCCEEDED and spec.provisioning.keep_node_pools
     released = True if keep else release(ctx, plan)
     ctx.phase(phase, message if released else f"{message}{RELEASING_NOTE}")
@@ -212,20 +218,27 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
         return
     if js is None and not _admitted(ctx, plan):
         return
+    queue = kueue.queue_name(ctx)
+    if queue:  # Kueue admits it: quota first, then the gang (reconcile/queue.py)
+        kueue.active(ctx, spec, plan, queue)
+        if js is not None and ctx.status.phase in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
+            provisioned = ctx.status.condition(ConditionType.PROVISIONED)
+            ready = not plan.managed or (provisioned is not None and provisioned.status == "True")
+            _startup_deadlines(ctx, spec, plan, js, ready)
+        else:
+            ctx.status.capacity_ready_time = None
+        return
     # Existing pools are the JobSet's business once it runs; Managed pools are ours to repair.
     ready = capacity_ready(ctx, spec, plan) if plan.managed or js is None or js.suspended else True
     if ctx.status.phase == Phase.FAILED:
         if js is not None and js.owned and not js.deleting:
             ctx.actions.append(DeleteJobSet())  # no pods left waiting for released capacity
         return
-    # The startup deadlines count from here: capacity ready and the JobSet free to run (a JobSet
-    # a queue keeps suspended has no pods to judge).
-    free = ready and not (js is not None and js.suspended)
-    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if free else None
     if js is None:
         if ready:
             ctx.actions.append(CreateJobSet())
             ctx.status.job_set = plan.name
+            ctx.status.capacity_ready_time = ctx.status.capacity_ready_time or ctx.now
             # Written as the next pass will see it (the JobSet, nothing running yet), so creating
             # the JobSet costs one status write, not two.
             running_phase(ctx, plan, JobSetObservation(), ready)
@@ -233,15 +246,27 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     ctx.status.job_set = plan.name
     count_restarts(ctx, spec, js)
     if js.suspended:
-        queue = ctx.meta.labels.get(keys.KUEUE_QUEUE_NAME)
-        if queue:  # Kueue owns the JobSet's suspend flag: it unsuspends on admission
-            ctx.phase(Phase.PENDING, f"queued in Kueue queue {queue}: waiting for admission")
-        elif ready:
+        ctx.status.capacity_ready_time = None  # no pod to judge until it runs
+        if ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
+        elif ctx.status.phase is None:  # resuming: the capacity released while suspended first
+            cond = ctx.status.condition(ConditionType.PROVISIONED)
+            waiting = cond.message if cond and cond.message else "waiting for capacity"
+            ctx.phase(Phase.PROVISIONING if plan.managed else Phase.PENDING, f"resuming: {waiting}")
         return
     running_phase(ctx, plan, js, ready)
-    if ready and not js.deleting and not _unschedulable(ctx, spec, plan):
+    _startup_deadlines(ctx, spec, plan, js, ready)
+
+
+def _startup_deadlines(
+    ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, js: JobSetObservation, ready: bool
+) -> None:
+    """A running JobSet whose pods cannot start: the clock counts from when every slice's
+    capacity was ready (a JobSet a queue keeps suspended has no pods to judge)."""
+    free = ready and not js.suspended and not js.deleting
+    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if free else None
+    if free and not _unschedulable(ctx, spec, plan):
         _pods_not_created(ctx, spec, plan)
 
 

@@ -48,7 +48,9 @@ def why_failed(ctx: Ctx, spec: MultisliceJobSpec) -> str:
 
 
 def latest_failure(failures: list[PodFailure]) -> PodFailure | None:
-    return max(failures, key=lambda f: (f.restart_attempt, f.pod)) if failures else None
+    # Of the latest attempt, a pod that said where the run stood (its termination message) first.
+    key = lambda f: (f.restart_attempt, f.step is not None, f.pod)  # noqa: E731
+    return max(failures, key=key) if failures else None
 
 
 def describe(f: PodFailureStatus) -> str:
@@ -62,7 +64,15 @@ def _last_failure_note(ctx: Ctx) -> str:
 
 
 def _record(f: PodFailure) -> PodFailureStatus:
-    return PodFailureStatus(pod=f.pod, slice=f.slice_index, exit_code=f.exit_code, reason=f.reason)
+    return PodFailureStatus(
+        pod=f.pod,
+        slice=f.slice_index,
+        exit_code=f.exit_code,
+        reason=f.reason,
+        restart_attempt=f.restart_attempt,
+        step=f.step,
+        checkpoint_step=f.checkpoint_step,
+    )
 
 
 def count_restarts(ctx: Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> None:

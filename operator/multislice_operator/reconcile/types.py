@@ -42,6 +42,9 @@ class PodFailure:
     exit_code: int | None
     reason: str = ""
     restart_attempt: int = 0
+    # From the workload's termination message (contract section 2), when it wrote one.
+    step: int | None = None
+    checkpoint_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class JobSetObservation:
     active_jobs: int = 0
     succeeded_jobs: int = 0
     owned: bool = True  # labelled/owned by this job; a stranger of the same name is not touched
+    created: datetime | None = None  # metadata.creationTimestamp
     deleting: bool = False  # being deleted (metadata.deletionTimestamp, or our own delete)
 
 
@@ -89,6 +93,68 @@ class JobMeta:
     has_finalizer: bool = False  # our finalizer is on the object
 
 
+class CheckState:
+    """AdmissionCheckState.state values (kueue.x-k8s.io/v1beta2)."""
+
+    PENDING = "Pending"
+    READY = "Ready"
+    RETRY = "Retry"
+    REJECTED = "Rejected"
+
+
+@dataclass(frozen=True)
+class CheckObservation:
+    """This operator's AdmissionCheck on a Workload (the CheckState entry)."""
+
+    name: str
+    state: str = CheckState.PENDING
+    message: str = ""
+    retry_count: int = 0
+
+
+@dataclass(frozen=True)
+class WorkloadObservation:
+    """Kueue's Workload for the job's JobSet, reduced to what the decision needs."""
+
+    name: str
+    resource_version: str = ""
+    active: bool = True  # spec.active
+    quota_reserved: bool = False  # QuotaReserved=True
+    admitted: bool = False  # Admitted=True
+    finished: bool = False  # Finished=True
+    cluster_queue: str | None = None  # status.admission.clusterQueue (with quota)
+    pending_reason: str = ""  # QuotaReserved=False: reason and message
+    pending_message: str = ""
+    evicted: bool = False  # Evicted=True
+    eviction_reason: str = ""
+    eviction_message: str = ""
+    eviction_time: datetime | None = None
+    preempted_by: str | None = None  # namespace/name of the preemptor's job, when Kueue names it
+    check: CheckObservation | None = None  # None: the ClusterQueue lists no check of ours
+
+
+@dataclass(frozen=True)
+class QueueObservation:
+    """For a job that names a queue: what Kueue says about it."""
+
+    local_queue: str
+    watching: bool = True  # the operator watches Kueue's objects (--kueue)
+    cluster_queue: str | None = None  # the LocalQueue's spec.clusterQueue, if it exists
+    pending_workloads: int | None = None  # the LocalQueue's status.pendingWorkloads
+    workload: WorkloadObservation | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionCheckObservation:
+    """An AdmissionCheck object whose spec.controllerName is this operator's."""
+
+    name: str
+    generation: int = 0
+    resource_version: str = ""
+    active: bool = False  # its Active condition is True
+    observed_generation: int | None = None  # of that condition
+
+
 @dataclass
 class Observed:
     now: datetime
@@ -109,6 +175,11 @@ class Observed:
     # Pools labelled with this job's uid that its plan does not name (any other mode or shape,
     # an older naming): never used, always released. Name -> state.
     strays: dict[str, PoolState] = field(default_factory=dict)
+    # The operator could not watch this job from this time until now: it was not running (the
+    # previous operator's last heartbeat, on the first pass after an operator restart). Goodput
+    # charges that time to the state seen now. None: the operator was watching all along.
+    blind_since: datetime | None = None
+    queue: QueueObservation | None = None  # only for a job with the queue-name label
 
 
 @dataclass(frozen=True)
@@ -117,6 +188,8 @@ class DecideConfig:
     backoff_max_seconds: float = 600.0
     resync_seconds: float = 10.0
     not_ready_grace_seconds: float = 300.0  # a slice NotReady this long (nodes there) is lost
+    # A queued job's JobSet without a Kueue Workload after this long: say that none exists.
+    kueue_workload_wait_seconds: float = 60.0
 
 
 # ---------------------------------------------------------------- actions
@@ -167,6 +240,38 @@ class DeleteJob:
     """The MultisliceJob itself (ttlSecondsAfterFinished)."""
 
 
+@dataclass(frozen=True)
+class PodSetUpdate:
+    """Applied by Kueue to a pod set's template at admission (AdmissionCheckState.podSetUpdates)."""
+
+    name: str
+    node_selector: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SetAdmissionCheckState:
+    """Write this operator's check on the Workload, as of the resourceVersion decided on (the
+    other checks, retryCount and requeueAfterSeconds are kept as Kueue wrote them)."""
+
+    workload: str
+    resource_version: str
+    check: str
+    state: str
+    message: str
+    pod_set_updates: tuple[PodSetUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class SetAdmissionCheckActive:
+    """The AdmissionCheck's Active condition: this operator runs its controllerName."""
+
+    check: str
+    resource_version: str
+    generation: int
+    message: str
+
+
 Action = (
     AddFinalizer
     | RemoveFinalizer
@@ -177,6 +282,7 @@ Action = (
     | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob
+    | SetAdmissionCheckState
 )
 
 

@@ -1,0 +1,323 @@
+"""Goodput accounting: where every second and chip-second of a job went, level-based and pure.
+
+status.goodput holds closed totals per state plus the current state and when it began (`since`).
+A pass changes it only when the state or the chips held change, so an idle job costs no status
+write; the live figure (the current state's time up to now) is computed when read, by the CLI
+and the metrics (`live`).
+
+A change is charged from the pass that sees it: the operator watches the job's JobSet, pods and
+nodes, so it sees a change within moments. Except after an operator restart: while no operator
+ran, nobody saw anything, so the time since the previous operator's last heartbeat
+(`Observed.blind_since`) is charged to the state the new operator sees when it comes back. A
+ten-minute outage is neither lost nor counted twice. Without a heartbeat to go by, the old state
+keeps the time up to now.
+
+The accounting starts at metadata.creationTimestamp, so the parts add up to the wall-clock time
+from creation to completion (or to now). A finished job's clock stops at completion.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from multislice_operator.api.models import (
+    GOODPUT_TIMELINE_MAX,
+    GoodputSegment,
+    GoodputState,
+    GoodputStatus,
+    Phase,
+    PodFailureStatus,
+    RestartStatus,
+    SlicePhase,
+    StateSeconds,
+)
+from multislice_operator.plan import Plan
+from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile.context import Ctx, at_second
+
+S = GoodputState
+
+# The one table from phase to accounting state: a new phase is one line here. None: the clock
+# stops (the job finished). tests/unit/test_goodput.py fails for a phase missing from it.
+STATE_OF_PHASE: dict[str, GoodputState | None] = {
+    Phase.PENDING.value: S.QUEUED,
+    Phase.QUEUED.value: S.QUEUED,
+    Phase.PROVISIONING.value: S.PROVISIONING,
+    Phase.STARTING.value: S.STARTING,
+    Phase.RUNNING.value: S.RUNNING,
+    Phase.RESTARTING.value: S.RESTARTING,
+    Phase.SUSPENDED.value: S.SUSPENDED,
+    Phase.SUCCEEDED.value: None,
+    Phase.FAILED.value: None,
+}
+# A slice being replaced overrides what the phase says (it is Restarting meanwhile).
+REPAIRABLE = (S.STARTING, S.RUNNING, S.RESTARTING)
+# Existing pools are not ours: the job holds their chips while its JobSet runs on them.
+EXISTING_HOLDS = (S.STARTING, S.RUNNING, S.RESTARTING, S.REPAIRING)
+RECOVERING = (S.RESTARTING, S.REPAIRING)
+
+CAUSE_WORKLOAD, CAUSE_UNKNOWN = "workload", "unknown"
+
+
+def accounting_state(phase: str | None, repairing: bool = False) -> GoodputState | None:
+    if phase is None:
+        return None
+    state = STATE_OF_PHASE[str(phase)]
+    if repairing and state in REPAIRABLE:
+        return S.REPAIRING
+    return state
+
+
+# ---------------------------------------------------------------- the accumulation (pure)
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
+
+
+def _ratios(g: GoodputStatus, seconds: StateSeconds, chips: StateSeconds, until: datetime) -> None:
+    g.chip_goodput = _ratio(chips.running, chips.total())
+    admitted = g.admitted_time
+    wall = int((until - admitted).total_seconds()) if admitted else 0
+    g.wall_goodput = _ratio(seconds.running, wall)
+
+
+def advance(
+    old: GoodputStatus | None,
+    state: GoodputState | None,
+    held_chips: int,
+    now: datetime,
+    created: datetime | None = None,
+    blind_since: datetime | None = None,
+) -> GoodputStatus | None:
+    """The accounting after a pass that observed `state` holding `held_chips` at `now`.
+
+    Returns `old` itself (unchanged) when nothing changed, so an idle job writes nothing."""
+    now = at_second(now)
+    if old is None or (old.state is None and old.since is None):
+        if state is None:
+            return old  # finished (or invalid) before anything was accounted
+        start = min(at_second(created), now) if created is not None else now
+        g = GoodputStatus(state=state, since=start, held_chips=held_chips)
+        g.timeline = [GoodputSegment(state=state, since=start)]
+        if state != S.QUEUED:
+            g.admitted_time = start
+        _ratios(g, g.seconds, g.chip_seconds, start)
+        return g
+    if old.state is None:  # the clock had stopped: a job that runs again starts from now
+        if state is None:
+            return old
+        g = old.model_copy(deep=True)
+        _open(g, state, held_chips, now)
+        return g
+    if state == old.state and held_chips == old.held_chips:
+        return old
+    assert old.since is not None
+    g = old.model_copy(deep=True)
+    # Seen now, so changed now; unless the operator was blind since some time: that time goes to
+    # what is seen now. A finished job has no state to charge: the old one keeps it.
+    split = now
+    if blind_since is not None and state is not None:
+        split = min(max(at_second(blind_since), old.since), now)
+    _close(g, split)
+    if state is None:
+        g.state, g.since, g.held_chips = None, now, 0
+        _ratios(g, g.seconds, g.chip_seconds, now)
+        return g
+    _open(g, state, held_chips, split)
+    return g
+
+
+def _close(g: GoodputStatus, until: datetime) -> None:
+    assert g.state is not None and g.since is not None
+    seconds = max(0, int((until - g.since).total_seconds()))
+    g.seconds.add(g.state, seconds)
+    g.chip_seconds.add(g.state, seconds * g.held_chips)
+
+
+def _open(g: GoodputStatus, state: GoodputState, held_chips: int, at: datetime) -> None:
+    changed = state != g.state
+    g.state, g.since, g.held_chips = state, at, held_chips
+    if g.admitted_time is None and state != S.QUEUED:
+        g.admitted_time = at
+    if changed:
+        g.timeline = [*g.timeline, GoodputSegment(state=state, since=at)][-GOODPUT_TIMELINE_MAX:]
+    _ratios(g, g.seconds, g.chip_seconds, at)
+
+
+# ---------------------------------------------------------------- reading it live
+
+
+@dataclass(frozen=True)
+class Live:
+    """The accounting at `now`: closed totals plus the current state's time so far."""
+
+    now: datetime
+    state: GoodputState | None
+    since: datetime | None
+    held_chips: int
+    seconds: dict[str, int]
+    chip_seconds: dict[str, int]
+    chip_goodput: float | None
+    wall_goodput: float | None
+    lost_steps: int
+
+    @property
+    def wall_seconds(self) -> int:
+        return sum(self.seconds.values())
+
+    @property
+    def held_chip_seconds(self) -> int:
+        return sum(self.chip_seconds.values())
+
+    @property
+    def running_chip_seconds(self) -> int:
+        return self.chip_seconds[S.RUNNING.value]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "asOf": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "state": self.state.value if self.state else None,
+            "since": self.since.strftime("%Y-%m-%dT%H:%M:%SZ") if self.since else None,
+            "heldChips": self.held_chips,
+            "seconds": dict(self.seconds),
+            "chipSeconds": dict(self.chip_seconds),
+            "wallSeconds": self.wall_seconds,
+            "heldChipSeconds": self.held_chip_seconds,
+            "runningChipSeconds": self.running_chip_seconds,
+            "chipGoodput": self.chip_goodput,
+            "wallGoodput": self.wall_goodput,
+            "lostSteps": self.lost_steps,
+        }
+
+
+def live(g: GoodputStatus | None, now: datetime) -> Live:
+    """The totals as of `now` (never before `since`): what the CLI shows and the metrics count."""
+    g = g or GoodputStatus()
+    seconds = g.seconds.model_copy()
+    chips = g.chip_seconds.model_copy()
+    until = now
+    if g.state is not None and g.since is not None:
+        until = max(now, g.since)
+        open_s = int((until - g.since).total_seconds())
+        seconds.add(g.state, open_s)
+        chips.add(g.state, open_s * g.held_chips)
+    elif g.since is not None:
+        until = g.since  # stopped: the totals are final
+    view = GoodputStatus(admitted_time=g.admitted_time)
+    _ratios(view, seconds, chips, until)
+    return Live(
+        now=until,
+        state=GoodputState(g.state) if g.state else None,
+        since=g.since,
+        held_chips=g.held_chips if g.state else 0,
+        seconds={s.value: seconds.get(s) for s in GoodputState},
+        chip_seconds={s.value: chips.get(s) for s in GoodputState},
+        chip_goodput=view.chip_goodput,
+        wall_goodput=view.wall_goodput,
+        lost_steps=g.lost_steps,
+    )
+
+
+# ---------------------------------------------------------------- steps lost (contract section 2)
+
+
+def parse_termination_message(text: str | None) -> tuple[int | None, int | None]:
+    """(step, checkpointStep) from the workload's termination message; (None, None) for anything
+    that is not the JSON object of the contract (FallbackToLogsOnError may put logs there)."""
+    if not text or not text.lstrip().startswith("{"):
+        return None, None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(data, Mapping):
+        return None, None
+    return _step(data.get("step")), _step(data.get("checkpointStep"))
+
+
+def _step(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def steps_lost(f: PodFailureStatus) -> int | None:
+    """last step - last checkpoint step (everything, without a checkpoint); None: not said."""
+    if f.step is None:
+        return None
+    return max(0, f.step - (f.checkpoint_step or 0))
+
+
+# ---------------------------------------------------------------- the hook in decide()
+
+
+def held_chips(ctx: Ctx, plan: Plan | None, state: GoodputState | None) -> int:
+    if plan is None or state is None:
+        return 0
+    if plan.managed:
+        held = sum(1 for s in ctx.obs.slices if s.pool_state != PoolState.ABSENT and not s.foreign)
+    else:
+        held = plan.slices if state in EXISTING_HOLDS else 0
+    return held * plan.shape.chips
+
+
+def account(ctx: Ctx, plan: Plan | None) -> None:
+    """Called once per decide(), after the phase and status.slices are decided."""
+    if ctx.status.phase is None:  # no phase decided: nothing says the state changed
+        return
+    state = accounting_state(ctx.status.phase, bool(ctx.repairing))
+    g = advance(
+        ctx.status.goodput,  # a copy of the old one: returned as is when nothing changed
+        state,
+        held_chips(ctx, plan, state),
+        ctx.now,
+        ctx.meta.creation_time,
+        ctx.obs.blind_since,
+    )
+    if g is None:
+        return
+    ctx.status.goodput = g
+    if ctx.status.restarts > ctx.old.restarts or ctx.status.last_restart is not None:
+        _restarts(ctx, g)
+
+
+def _restarts(ctx: Ctx, g: GoodputStatus) -> None:
+    """status.lastRestart: cause and steps lost when a restart is counted; recovery once every
+    slice runs again."""
+    last = ctx.status.last_restart
+    if ctx.status.restarts > ctx.old.restarts:
+        f = ctx.status.last_failure
+        # The failure that caused restart n was seen on a pod of attempt n-1; an older record
+        # belongs to an earlier restart and says nothing about this one.
+        known = f is not None and f.restart_attempt == ctx.status.restarts - 1
+        lost = steps_lost(f) if known and f is not None else None
+        cause = CAUSE_WORKLOAD if known and f is not None and f.exit_code else CAUSE_UNKNOWN
+        if g.state in RECOVERING and g.since is not None:
+            began = g.since  # when the slices stopped running, as accounted
+        else:  # stopped and recovered unseen (while the operator was down, or within a pass)
+            blind = ctx.obs.blind_since
+            began = min(at_second(blind), ctx.now) if blind is not None else ctx.now
+        last = RestartStatus(restart=ctx.status.restarts, cause=cause, time=began, lost_steps=lost)
+        g.lost_steps += lost or 0
+    if last is not None and last.recovery_seconds is None and _all_running(ctx, g):
+        old = ctx.old.goodput
+        opened_now = old is None or g.since != old.since or g.state != old.state
+        end = g.since if opened_now and g.since is not None else ctx.now
+        began = last.time or end
+        seconds = int((max(end, began) - began).total_seconds())
+        last = last.model_copy(update={"recovery_seconds": seconds})
+    ctx.status.last_restart = last
+
+
+def _all_running(ctx: Ctx, g: GoodputStatus) -> bool:
+    up = (SlicePhase.RUNNING.value, SlicePhase.SUCCEEDED.value)
+    return (
+        g.state == S.RUNNING
+        and bool(ctx.status.slices)
+        and all(s.phase in up for s in ctx.status.slices)
+    )

@@ -1,0 +1,301 @@
+"""`multislice-operator status NAME` (and `kubectl msj status NAME`): one job, for a person.
+
+The job is read with `kubectl get -o json`, so the view authenticates exactly as the user's kubectl
+does (kubeconfig, contexts, exec plugins such as gke-gcloud-auth-plugin) and the operator needs
+no Kubernetes client library. `view()` is the data (what `-o json` prints); `render()` draws it
+with rich, which is the optional `cli` extra and never imported by `run` or by `-o json`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import UTC, datetime
+from typing import Any
+
+from multislice_operator.api.models import (
+    PLURAL,
+    GoodputState,
+    MultisliceJobStatus,
+)
+from multislice_operator.reconcile.goodput import live
+
+RESOURCE = f"{PLURAL}.multislice.dev"
+# One colour per state, used by the bar, the table and the timeline alike.
+COLOURS = {
+    GoodputState.QUEUED.value: "grey58",
+    GoodputState.PROVISIONING.value: "dodger_blue2",
+    GoodputState.STARTING.value: "cyan",
+    GoodputState.RUNNING.value: "green3",
+    GoodputState.RESTARTING.value: "orange1",
+    GoodputState.REPAIRING.value: "red1",
+    GoodputState.SUSPENDED.value: "magenta",
+}
+BAR_WIDTH = 60
+
+
+class FetchError(Exception):
+    """kubectl could not give us the job."""
+
+
+def fetch_job(
+    name: str,
+    namespace: str | None = None,
+    kubectl: str = "kubectl",
+    context: str | None = None,
+    kubeconfig: str | None = None,
+) -> dict[str, Any]:
+    argv = [kubectl, "get", RESOURCE, name, "-o", "json"]
+    if namespace:
+        argv += ["-n", namespace]
+    if context:
+        argv += ["--context", context]
+    if kubeconfig:
+        argv += ["--kubeconfig", kubeconfig]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise FetchError(f"{kubectl}: not found; install kubectl or pass --kubectl") from None
+    except subprocess.TimeoutExpired:
+        raise FetchError(f"{' '.join(argv)}: no answer within 60s") from None
+    if out.returncode != 0:
+        raise FetchError(out.stderr.strip() or f"{' '.join(argv)} exited {out.returncode}")
+    obj: dict[str, Any] = json.loads(out.stdout)
+    return obj
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
+
+
+def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """Everything the view shows, as plain data: the status as read, the goodput live at `now`."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    raw = obj.get("status") or {}
+    st = MultisliceJobStatus.from_dict(raw)
+    g = live(st.goodput, now)
+    timeline = []
+    entries = st.goodput.timeline if st.goodput else []
+    for i, seg in enumerate(entries):
+        end = entries[i + 1].since if i + 1 < len(entries) else g.now
+        timeline.append(
+            {
+                "state": seg.state,
+                "since": _iso(seg.since),
+                "seconds": max(0, int((end - seg.since).total_seconds())),
+            }
+        )
+    by_cause = raw.get("restartsByCause")  # issue 15 adds it; shown as it comes
+    if not isinstance(by_cause, dict):
+        by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
+    return {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "accelerator": spec.get("accelerator"),
+        "slicesWanted": spec.get("slices"),
+        "totalChips": st.total_chips,
+        "phase": st.phase,
+        "message": st.message,
+        "readySlices": st.ready_slices,
+        "slices": [s.model_dump(by_alias=True, exclude_none=True, mode="json") for s in st.slices],
+        "restarts": st.restarts,
+        "restartsByCause": by_cause,
+        "lastRestart": st.last_restart.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.last_restart
+        else None,
+        "lastFailure": st.last_failure.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.last_failure
+        else None,
+        "provisioningAttempts": st.provisioning_attempts,
+        "nextAttemptTime": _iso(st.next_attempt_time),
+        "nextAttemptInSeconds": max(0, int((st.next_attempt_time - now).total_seconds()))
+        if st.next_attempt_time
+        else None,
+        "creationTimestamp": meta.get("creationTimestamp"),
+        "completionTime": _iso(st.completion_time),
+        "goodput": g.as_dict(),
+        "timeline": timeline,
+    }
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def percent(ratio: float | None) -> str:
+    return f"{ratio * 100:.1f}%" if ratio is not None else "-"
+
+
+def render(v: dict[str, Any], console: Any) -> None:
+    """Draw the view on a rich Console."""
+    from rich import box
+    from rich.bar import Bar
+    from rich.table import Table
+    from rich.text import Text
+
+    g = v["goodput"]
+    head = Text()
+    head.append(f"{v['namespace']}/{v['name']}", style="bold")
+    head.append(f"  {v['phase'] or 'New'}", style="bold " + _phase_style(v["phase"]))
+    if v["accelerator"]:
+        chips = f", {v['totalChips']} chips" if v["totalChips"] else ""
+        head.append(f"  {v['slicesWanted']} x {v['accelerator']}{chips}")
+    console.print(head)
+    if v["message"]:
+        console.print(Text(f"  {v['message']}"))
+
+    if v["slices"]:
+        table = Table(box=box.SIMPLE, title="slices", title_justify="left", pad_edge=False)
+        for col in ("slice", "node pool", "hosts ready", "phase", "message"):
+            table.add_column(col)
+        for s in v["slices"]:
+            table.add_row(
+                str(s["index"]),
+                s.get("nodePool") or "-",
+                f"{s.get('readyHosts', 0)}/{s['hosts']}",
+                s.get("phase", ""),
+                s.get("message") or "",
+            )
+        console.print(table)
+
+    restarts = Text(f"restarts: {v['restarts']}")
+    if v["restartsByCause"]:
+        causes = ", ".join(f"{k} {n}" for k, n in sorted(v["restartsByCause"].items()))
+        restarts.append(f" ({causes})")
+    console.print(restarts)
+    last = v["lastRestart"]
+    if last:
+        lost = last.get("lostSteps")
+        console.print(
+            f"  last: restart {last['restart']}, cause {last['cause']}, at "
+            f"{last.get('time', '-')}, "
+            f"{'unknown steps' if lost is None else f'{lost} steps'} lost, "
+            + (
+                f"recovered in {duration(last['recoverySeconds'])}"
+                if last.get("recoverySeconds") is not None
+                else "recovering"
+            )
+        )
+    failure = v["lastFailure"]
+    if failure:
+        code = failure.get("exitCode")
+        console.print(
+            f"  last failure: pod {failure['pod']}"
+            + (f" exit code {code}" if code is not None else "")
+            + (f" {failure['reason']}" if failure.get("reason") else "")
+        )
+
+    console.print()
+    wall = g["wallSeconds"]
+    title = Text("goodput", style="bold")
+    title.append(f"  {duration(wall)} since creation, as of {g['asOf']}")
+    console.print(title)
+    console.print(stacked_bar(g["seconds"], wall, BAR_WIDTH))
+    table = Table(box=box.SIMPLE, pad_edge=False)
+    for col, justify in (
+        ("state", "left"),
+        ("time", "right"),
+        ("share", "right"),
+        ("", "left"),
+        ("chip-hours", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for state in GoodputState:
+        secs = g["seconds"][state.value]
+        share = secs / wall if wall else 0.0
+        table.add_row(
+            Text(state.value, style=COLOURS[state.value]),
+            duration(secs),
+            percent(share),
+            Bar(size=1.0, begin=0.0, end=share, width=24, color=COLOURS[state.value]),
+            f"{g['chipSeconds'][state.value] / 3600:.2f}",
+        )
+    console.print(table)
+    console.print(
+        f"chip goodput {percent(g['chipGoodput'])} (running / held chip-seconds)   "
+        f"wall goodput {percent(g['wallGoodput'])} (running / time since admission)   "
+        f"steps lost {g['lostSteps']}"
+    )
+
+    if v["timeline"]:
+        console.print()
+        first, end = v["timeline"][0]["since"], g["asOf"]
+        console.print(Text("timeline", style="bold") + Text(f"  {first} -> {end}"))
+        strip = Text()
+        total = sum(seg["seconds"] for seg in v["timeline"]) or 1
+        for seg, width in zip(v["timeline"], _widths(v["timeline"], total), strict=True):
+            strip.append("█" * width, style=COLOURS[seg["state"]])
+        console.print(strip)
+        rows = Table(box=None, show_header=False, pad_edge=False)
+        for _ in range(3):
+            rows.add_column()
+        for seg in v["timeline"][-8:]:
+            rows.add_row(
+                seg["since"],
+                Text(seg["state"], style=COLOURS[seg["state"]]),
+                duration(seg["seconds"]),
+            )
+        console.print(rows)
+
+    if v["nextAttemptTime"]:
+        console.print(
+            f"next gang attempt at {v['nextAttemptTime']} "
+            f"(in {duration(v['nextAttemptInSeconds'])}, attempt "
+            f"{(v['provisioningAttempts'] or 0) + 1})"
+        )
+
+
+def stacked_bar(seconds: dict[str, int], wall: int, width: int) -> Any:
+    """One bar, each state's share of the time in its colour."""
+    from rich.text import Text
+
+    bar = Text()
+    if wall <= 0:
+        return bar
+    items: list[dict[str, Any]] = [
+        {"state": s, "seconds": seconds[s]} for s in seconds if seconds[s] > 0
+    ]
+    for item, w in zip(items, _widths(items, wall, width), strict=True):
+        bar.append("█" * w, style=COLOURS[item["state"]])
+    return bar
+
+
+def _widths(items: list[dict[str, Any]], total: int, width: int = BAR_WIDTH) -> list[int]:
+    """Cells per item, proportional (largest remainder), every non-empty item at least one."""
+    if total <= 0:
+        return [0] * len(items)
+    raw = [item["seconds"] * width / total for item in items]
+    cells = [
+        max(1, int(r)) if item["seconds"] > 0 else 0 for r, item in zip(raw, items, strict=True)
+    ]
+    left = width - sum(cells)
+    for k in sorted(range(len(items)), key=lambda k: raw[k] - int(raw[k]), reverse=True):
+        if left <= 0:
+            break
+        if items[k]["seconds"] > 0:
+            cells[k] += 1
+            left -= 1
+    return cells
+
+
+def _phase_style(phase: str | None) -> str:
+    return {
+        "Running": "green3",
+        "Succeeded": "green3",
+        "Failed": "red1",
+        "Restarting": "orange1",
+        "Suspended": "magenta",
+    }.get(phase or "", "")
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

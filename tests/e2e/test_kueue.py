@@ -1,0 +1,337 @@
+"""Kueue is the front door, with the real Kueue v0.17 controller (the ``kueue`` profile): quota
+first, then the gang through the operator's AdmissionCheck, then admission. The GKE simulator's
+pools become kwok TPU nodes; a witness looks at each job's Workload at every pool create."""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_local import queues
+from multislice_local.harness import wait_for
+from multislice_local.nodes import RUN_DURATION_ANNOTATION
+from multislice_local.stack import LocalStack, StackOptions
+from multislice_operator import keys
+from multislice_operator.api import models
+from multislice_operator.plan import node_pool_name
+
+FLAVOR = "tpu-v5e"
+CHIPS = 32  # v5litepod-16 x 2 slices
+
+
+@pytest.fixture(scope="module")
+def stack(kube_kueue, tmp_path_factory):
+    log = tmp_path_factory.mktemp("kueue") / "operator.log"
+    s = LocalStack(
+        StackOptions(profile="kueue", op_latency_s=1.0, operator_log=log),
+        control_plane=kube_kueue,
+    )
+    s.start()
+    queues.apply(s.api, [queues.resource_flavor(FLAVOR, "tpu-v5-lite-podslice"),
+                         queues.admission_check()])  # fmt: skip
+    yield s
+    s.stop()
+
+
+class Env:
+    """One test's namespaces, ClusterQueue and LocalQueues (named after the test)."""
+
+    def __init__(self, stack: LocalStack, ns: str) -> None:
+        self.stack, self.ns = stack, ns
+        self.custom = client.CustomObjectsApi(stack.api)
+        self.core = client.CoreV1Api(stack.api)
+        assert stack.sim is not None
+        self.sim = stack.sim
+        self.witness = queues.QuotaWitness(stack.sim, stack.api).install()
+        self.objects: list[dict[str, Any]] = []
+
+    def queue(self, chips: int = 64, **cq: Any) -> str:
+        """A ClusterQueue of `chips` google.com/tpu listing the check, and LocalQueue `lq`."""
+        name = f"cq-{self.ns}"
+        objs = [
+            queues.cluster_queue(name, chips, FLAVOR, **cq),
+            queues.local_queue(self.ns, "lq", name),
+        ]
+        queues.apply(self.stack.api, objs)
+        self.objects += objs
+        queues.wait_active(self.stack.api, name)
+        return name
+
+    def create(self, name: str, run: str = "6s", labels: dict[str, str] | None = None) -> None:
+        body = {
+            "apiVersion": models.API_VERSION,
+            "kind": models.KIND,
+            "metadata": {
+                "name": name,
+                "labels": {keys.KUEUE_QUEUE_NAME: "lq", **(labels or {})},
+            },
+            "spec": {
+                "accelerator": "v5litepod-16",
+                "slices": 2,
+                "failurePolicy": {"maxRestarts": 5},
+                "template": {
+                    "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
+                    "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
+                },
+            },
+        }
+        self.custom.create_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, copy.deepcopy(body)
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return obj.get("status") or {}
+
+    def phase(self, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            st = self.status(name)
+            if phase != "Failed" and st.get("phase") == "Failed":
+                raise AssertionError(f"{name} failed: {st}")
+            return st if st.get("phase") == phase else None
+
+        return wait_for(check, timeout, f"{name} {phase}", interval=0.3, on_timeout=self.dump)
+
+    def dump(self) -> str:
+        wls = {
+            n: {c["type"]: (c["status"], c.get("reason")) for c in
+                (w.get("status") or {}).get("conditions") or []}
+            for n, w in queues.workloads(self.stack.api, self.ns).items()
+        }  # fmt: skip
+        assert self.stack.op is not None
+        return f"workloads: {wls}\npools: {list(self.sim.pools())}\n{self.stack.op.log_tail(40)}"
+
+    def pools(self, name: str) -> list[str]:
+        prefix = node_pool_name(self.ns, name, 0)[:-2]
+        return [p for p in self.sim.pools() if p.startswith(prefix)]
+
+    def workload(self, name: str) -> dict[str, Any] | None:
+        return queues.workloads(self.stack.api, self.ns).get(name)
+
+    def events(self, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={name}"
+        ).items
+        return [f"{e.reason}: {e.message}" for e in items]
+
+    def cleanup(self) -> None:
+        for name in [
+            i["metadata"]["name"]
+            for i in self.custom.list_namespaced_custom_object(
+                models.GROUP, models.VERSION, self.ns, models.PLURAL
+            )["items"]
+        ]:
+            self.custom.delete_namespaced_custom_object(
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, name
+            )
+        wait_for(lambda: not self.custom.list_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL)["items"],
+            90, "jobs deleted", on_timeout=self.dump)  # fmt: skip
+        queues.delete(self.stack.api, self.objects)
+
+
+@pytest.fixture
+def env(stack, namespace, kube_kueue):
+    e = Env(stack, namespace(kube_kueue, f"q{uuid.uuid4().hex[:4]}"))
+    stack.sim.clear_faults()
+    yield e
+    e.cleanup()
+    e.witness.uninstall()
+    stack.sim.clear_faults()
+
+
+def quota_holders(env: Env) -> set[str]:
+    return {n for n, w in queues.workloads(env.stack.api, env.ns).items() if queues.holds_quota(w)}
+
+
+# ---------------------------------------------------------------- quota decides who gets TPUs
+
+
+def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
+    env.queue(64)
+    for name in ("a", "b", "c"):
+        env.create(name, run="8s" if name != "c" else "4s")
+        time.sleep(0.5)  # a, b, c in that order (StrictFIFO)
+    env.phase("a", "Running")
+    env.phase("b", "Running")
+    c = env.phase("c", "Queued", 30)
+    assert c["queue"]["clusterQueue"] == f"cq-{env.ns}"
+    assert "insufficient unused quota" in c["message"], c
+    assert env.pools("c") == []
+    js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
+                                                 "jobsets", "c")  # fmt: skip
+    assert js["spec"]["suspend"] is True
+    assert js["metadata"]["labels"][keys.KUEUE_QUEUE_NAME] == "lq"
+
+    # c stays Queued with zero pools while a and b hold all 64 chips: until a slice (a Job) of
+    # one of them succeeds, whose quota Kueue frees at once (ReclaimablePods, from JobSet status).
+    def holding_all() -> bool:
+        for n in "ab":
+            js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
+                                                         "jobsets", n)  # fmt: skip
+            if any(
+                r.get("succeeded")
+                for r in (js.get("status") or {}).get("replicatedJobsStatus") or []
+            ):
+                return False
+        return True
+
+    while True:
+        pools, phase = env.pools("c"), env.status("c").get("phase")
+        if not holding_all():  # looked at after the pools: they were taken while it held
+            break
+        assert pools == [] and phase == "Queued", env.dump()
+        time.sleep(0.3)
+    env.phase("c", "Running")
+    done = env.phase("c", "Succeeded")
+    assert done["queue"]["admissionCheck"] == queues.CHECK
+    wl = env.workload("c")
+    (pod_set,) = wl["spec"]["podSets"]
+    assert (pod_set["name"], pod_set["count"]) == ("slice", 8)  # 4 hosts x 2 slices
+    (assigned,) = wl["status"]["admission"]["podSetAssignments"]
+    assert assigned["resourceUsage"]["google.com/tpu"] == str(CHIPS)  # 4 chips x 4 x 2
+    (check,) = wl["status"]["admissionChecks"]
+    assert check["state"] == "Ready"
+    assert check["podSetUpdates"][0]["nodeSelector"] == {keys.JOB_KEY: env_plan_key(env, "c")}
+    env.phase("a", "Succeeded")
+    env.phase("b", "Succeeded")
+    wait_for(lambda: not any(env.pools(n) for n in "abc"), 30, "pools released")
+    assert env.witness.without_quota() == []
+    assert len(env.witness.creates) == 6  # one gang each, no retry
+
+
+def env_plan_key(env: Env, name: str) -> str:
+    from multislice_operator.plan import job_key
+
+    return job_key(env.ns, name)
+
+
+def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
+    """Retry (no requeueAfterSeconds): Kueue evicts at once and, in a StrictFIFO ClusterQueue,
+    orders the evicted Workload by its eviction time, so the job waiting behind it goes first."""
+    env.queue(64)
+    env.create("a", run="20s")  # holds its 32 chips throughout: c gets b's, not a's
+    env.phase("a", "Running")
+    env.sim.set_faults(stockout_next=1)
+    env.create("b", run="4s")
+    time.sleep(0.5)
+    env.create("c", run="4s")
+    env.phase("c", "Queued", 30)
+
+    def c_runs_while_b_waits() -> dict[str, Any] | None:
+        c, b = env.status("c"), env.status("b")
+        if c.get("phase") in ("Starting", "Running") and b.get("phase") == "Queued":
+            return b
+        return None
+
+    b = wait_for(c_runs_while_b_waits, 90, "c admitted while b waits", interval=0.3,
+                 on_timeout=env.dump)  # fmt: skip
+    assert env.pools("b") == [] or all(
+        p["status"] == "STOPPING" for n, p in env.sim.pools().items() if n in env.pools("b")
+    )
+    assert b["queue"]["lastEviction"]["reason"] == "AdmissionCheck"
+    (check,) = env.workload("b")["status"]["admissionChecks"]
+    # No requeueAfterSeconds on our Retry: with it Kueue v0.17.0 keeps the quota until requeueAt.
+    assert "requeueAfterSeconds" not in check and check["retryCount"] == 1, check
+    assert not (env.workload("b")["status"].get("requeueState") or {}).get("requeueAt")
+    assert any(e.startswith("GangRolledBack") and "GCE_STOCKOUT" in e for e in env.events("b"))
+    assert "b" not in quota_holders(env)
+    env.phase("c", "Succeeded")
+    done = env.phase("b", "Succeeded", 120)
+    assert done["provisioningAttempts"] == 2
+    assert done["queue"]["retryCount"] >= 1  # Kueue counted the Retry (retryCount kept)
+    env.phase("a", "Succeeded")
+    wait_for(lambda: not any(env.pools(n) for n in "abc"), 30, "no pool left", on_timeout=env.dump)
+    assert env.witness.without_quota() == []
+    assert len(env.witness.for_job(f"{env.ns}/b")) == 4  # two gangs of two, one at a time
+
+
+def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stack):
+    high, low = f"high-{env.ns}", f"low-{env.ns}"
+    classes = [queues.priority_class(high, 1000), queues.priority_class(low, 10)]
+    queues.apply(stack.api, classes)
+    env.objects += classes
+    env.queue(32, preemption={"withinClusterQueue": "LowerPriority"})
+    env.create("slow", run="12s", labels={keys.KUEUE_PRIORITY_CLASS: low})
+    running = env.phase("slow", "Running")
+    assert running["restarts"] == 0
+    env.create("urgent", run="4s", labels={keys.KUEUE_PRIORITY_CLASS: high})
+
+    def preempted() -> dict[str, Any] | None:
+        st = env.status("slow")
+        return st if (st.get("queue") or {}).get("preemptions") == 1 else None
+
+    st = wait_for(preempted, 60, "slow preempted", interval=0.3, on_timeout=env.dump)
+    assert st["queue"]["lastEviction"]["reason"] == "Preempted"
+    assert st["queue"]["lastEviction"]["preemptedBy"] == f"{env.ns}/urgent"
+    assert any(e.startswith("Preempted:") for e in env.events("slow"))
+    env.phase("slow", "Queued")
+    wait_for(lambda: env.pools("slow") == [], 30, "slow's pools released", on_timeout=env.dump)
+    env.phase("urgent", "Running")
+    env.phase("urgent", "Succeeded")
+    done = env.phase("slow", "Succeeded", 120)
+    assert done["restarts"] == 0  # a preemption is not a restart of all slices
+    assert done["queue"]["preemptions"] == 1
+    assert done["provisioningAttempts"] == 2  # a new gang after the preemption
+    js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
+                                                 "jobsets", "slow")  # fmt: skip
+    assert (js.get("status") or {}).get("restarts", 0) == 0
+    wait_for(lambda: not env.pools("slow"), 30, "no pool left")
+    # Never both gangs at once: the quota holds one job, and the witness saw creates only then.
+    assert env.witness.without_quota() == []
+
+
+@pytest.mark.parametrize("point", ["after-jobset-create", "after-pool-create", "after-check-write"])
+def test_operator_killed_while_the_check_is_pending_or_provisioning_converges(env, stack, point):
+    """Killed right after the JobSet (Kueue then reserves quota, check Pending, nobody acts),
+    after the gang's creates, or after the check was set Ready: one gang, no duplicate."""
+    env.queue(64)
+    stack.stop_operator()
+    op = stack.start_operator(extra_env={"MSJ_CRASH_POINT": point})
+    env.create("crash", run="4s")
+    assert op.wait_exit(90) == 3
+    if point == "after-jobset-create":
+        wait_for(lambda: queues.holds_quota(env.workload("crash")), 30, "quota reserved")
+        (check,) = env.workload("crash")["status"]["admissionChecks"]
+        assert check["state"] == "Pending" and env.pools("crash") == []
+    stack.start_operator()
+    env.phase("crash", "Running")
+    assert len(env.witness.for_job(f"{env.ns}/crash")) == 2  # one gang, never two
+    env.phase("crash", "Succeeded")
+    wait_for(lambda: not env.pools("crash"), 30, "pools released")
+    assert env.witness.without_quota() == []
+
+
+def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, stack):
+    from multislice_local.nodes import fail_pod
+
+    env.queue(64)
+    env.create("flaky", run="10s")
+    env.phase("flaky", "Running")
+    wl_before = env.workload("flaky")
+    pods = env.core.list_namespaced_pod(env.ns, label_selector="jobset.sigs.k8s.io/job-index=1")
+    victim = sorted(p.metadata.name for p in pods.items)[0]
+    fail_pod(stack.api, env.ns, victim, 17)  # retryable: the JobSet restarts all slices
+    wait_for(lambda: env.status("flaky").get("restarts") == 1, 60, "a restart of all slices",
+             on_timeout=env.dump)  # fmt: skip
+    done = env.phase("flaky", "Succeeded", 120)
+    assert done["restarts"] == 1
+    assert done["queue"]["preemptions"] == 0 and "lastEviction" not in done["queue"]
+    assert done["provisioningAttempts"] == 1  # the same gang throughout
+    wl = env.workload("flaky")
+    assert wl["metadata"]["uid"] == wl_before["metadata"]["uid"]
+    assert not (wl["status"].get("schedulingStats") or {}).get("evictions")  # never requeued
+    assert len(env.witness.for_job(f"{env.ns}/flaky")) == 2

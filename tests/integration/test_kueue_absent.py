@@ -1,0 +1,150 @@
+"""A job that names a Kueue queue where no Kueue runs (api profile: no Kueue CRDs, no controller):
+no Workload ever appears. The job must not sit forever claiming to be queued: after the bound its
+status and one event say plainly that no Kueue Workload exists, and it never holds a node pool
+(the GKE simulator, in memory, sees no create)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from multislice_local.controlplane import bin_dir
+from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
+from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
+from multislice_operator import keys
+from multislice_operator.api import models
+
+WAIT = 3.0  # --kueue-workload-wait-seconds
+
+
+@pytest.fixture(scope="module")
+def api(kube_api):
+    api_client = kube_api.api_client()
+    install_crds(api_client, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def sim():
+    with GkeSimulator(SimConfig(op_latency_s=0.2), registrar=InMemoryRegistrar()) as s:
+        yield s
+
+
+def operator(kube_api, sim, ns, tmp_path, *extra: str) -> OperatorProcess:
+    return OperatorProcess(
+        kube_api.kubeconfig,
+        [
+            "--resync-seconds", "1", "--gke-project", PROJECT, "--gke-location", LOCATION,
+            "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-endpoint", sim.url,
+            "--kueue-workload-wait-seconds", str(WAIT), *extra,
+        ],
+        namespaces=[ns],
+        log_path=tmp_path / "operator.log",
+    ).start()  # fmt: skip
+
+
+def job(name: str) -> dict:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name, "labels": {keys.KUEUE_QUEUE_NAME: "team-a"}},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "cause"),
+    [(["--kueue"], "Kueue is not installed"), ([], "does not watch Kueue (run it with --kueue")],
+    ids=["kueue-watched-not-installed", "operator-without-kueue"],
+)
+def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
+    kube_api, api, namespace, sim, tmp_path, flags, cause
+):
+    ns = namespace(kube_api, "noq")
+    op = operator(kube_api, sim, ns, tmp_path, *flags)
+    custom = client.CustomObjectsApi(api)
+    try:
+        custom.create_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, job("lonely")
+        )
+
+        def status() -> dict:
+            obj = custom.get_namespaced_custom_object(
+                models.GROUP, models.VERSION, ns, models.PLURAL, "lonely"
+            )
+            return obj.get("status") or {}
+
+        queued = wait_for(lambda: status().get("phase") == "Queued" and status(), 30, "Queued",
+                          on_timeout=op.log_tail)  # fmt: skip
+        assert queued["queue"]["localQueue"] == "team-a"
+        st = wait_for(
+            lambda: status().get("phase") == "Pending" and status(),
+            30,
+            "the status to say no Workload exists",
+            on_timeout=op.log_tail,
+        )
+        assert "no Kueue Workload exists for JobSet lonely" in st["message"], st
+        assert cause in st["message"], st
+        admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
+        assert (admitted["status"], admitted["reason"]) == ("False", "NoKueueWorkload")
+        js = custom.get_namespaced_custom_object(*JS, ns, "jobsets", "lonely")
+        assert js["spec"]["suspend"] is True  # nothing runs without Kueue's admission
+        assert js["metadata"]["labels"][keys.KUEUE_QUEUE_NAME] == "team-a"
+
+        def reasons() -> list[str]:
+            items = (
+                client.CoreV1Api(api)
+                .list_namespaced_event(ns, field_selector="involvedObject.name=lonely")
+                .items
+            )
+            return [e.reason for e in items]
+
+        wait_for(lambda: "NoKueueWorkload" in reasons(), 10, "the event")
+        # Several resyncs later: still one event, still no pool ever asked for.
+        wait_for(
+            lambda: int(op_metric(op, "multislice_reconcile_total")) > 10,
+            60,
+            "more reconciles",
+        )
+        assert reasons().count("NoKueueWorkload") == 1
+        assert sim.pools() == {}
+        assert sim.counters()["calls"].get("create_node_pool", 0) == 0
+        custom.delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, "lonely"
+        )
+        wait_for(
+            lambda: (
+                not custom.list_namespaced_custom_object(
+                    models.GROUP, models.VERSION, ns, models.PLURAL
+                )["items"]
+            ),
+            30,
+            "the job deleted (its finalizer lifted)",
+            on_timeout=op.log_tail,
+        )
+    finally:
+        op.stop()
+    # Up to the deletion, no error: kopf found no Kueue resource to watch and carried on.
+    log = op.log_path.read_text().split("finalizer removed")[0]
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
+JS = ("jobset.x-k8s.io", "v1alpha2")
+
+
+def op_metric(op: OperatorProcess, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )

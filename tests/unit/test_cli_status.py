@@ -1,0 +1,271 @@
+"""`multislice-operator status`: what it prints is what the status it read says, the goodput live
+at the time it was read."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from multislice_operator.cli import main
+from multislice_operator.plan import load_job, plan_job
+from multislice_operator.provisioning.base import PoolError, PoolState
+from multislice_operator.reconcile import (
+    Admission,
+    DecideConfig,
+    JobMeta,
+    JobSetObservation,
+    PodFailure,
+    SliceObservation,
+    decide,
+)
+from multislice_operator.reconcile import Observed as _Observed
+from multislice_operator.view import duration
+
+
+def Observed(**kw):
+    """An observation in which the apiserver already accepted the JobSet (the dry run before
+    any pool, issue 14): these tests are about what comes after."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
+
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig(resync_seconds=10)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def body(mode: str = "Existing") -> dict:
+    return {
+        "apiVersion": "multislice.dev/v1alpha1",
+        "kind": "MultisliceJob",
+        "metadata": {"name": "llm", "namespace": "team", "creationTimestamp": iso(T0)},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "provisioning": {"mode": mode},
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+        },
+    }
+
+
+def restarted_job() -> dict:
+    """A job the way decide() leaves it: started, ran, one pod failed at step 120 (checkpoint
+    100), all slices restarted and run again."""
+    obj = body()
+    job = load_job(obj)
+    plan = plan_job(job)
+    meta = JobMeta("team", "llm", "uid", 1, creation_time=T0)
+    slices = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
+    failed = PodFailure("llm-slice-1-0-a", 1, 13, "Error", 0, step=120, checkpoint_step=100)
+    run = {0: 4, 1: 4}
+    status = None
+    for t, js, failures, running in (
+        (5, None, [], {}),
+        (10, JobSetObservation(ready_jobs=2), [], run),
+        (100, JobSetObservation(ready_jobs=1), [failed], {0: 4}),
+        (105, JobSetObservation(restarts=1), [failed], {}),
+        (130, JobSetObservation(ready_jobs=2, restarts=1), [], run),
+    ):
+        obs = Observed(
+            now=at(t), slices=list(slices), jobset=js, pod_failures=failures, running_pods=running
+        )
+        status = decide(meta, job.spec, plan, None, status, obs, CFG).status
+    assert status is not None
+    obj["status"] = status.to_dict()
+    return obj
+
+
+def status_of(tmp_path: Path, obj: dict, now: datetime, *args: str, capsys=None) -> str:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(obj))
+    assert main(["status", "-f", str(path), "--now", iso(now), *args]) == 0
+    assert capsys is not None
+    return str(capsys.readouterr().out)
+
+
+def test_json_is_the_status_with_the_goodput_live(tmp_path, capsys):
+    obj = restarted_job()
+    st = obj["status"]
+    out = json.loads(status_of(tmp_path, obj, at(400), "-o", "json", capsys=capsys))
+    assert (out["phase"], out["restarts"], out["readySlices"]) == ("Running", 1, "2/2")
+    assert out["lastRestart"] == st["lastRestart"]
+    assert out["lastRestart"]["lostSteps"] == 20
+    assert out["lastRestart"]["recoverySeconds"] == 30
+    assert out["lastFailure"]["pod"] == "llm-slice-1-0-a"
+    assert out["restartsByCause"] == {"workload": 1}
+    g, stored = out["goodput"], st["goodput"]
+    # Closed states as stored; the current one from its `since` up to now.
+    assert (stored["state"], stored["since"]) == ("running", iso(at(130)))
+    for state, secs in stored["seconds"].items():
+        extra = 400 - 130 if state == stored["state"] else 0
+        assert g["seconds"][state] == secs + extra, state
+    assert g["wallSeconds"] == 400  # now - creationTimestamp
+    assert g["heldChipSeconds"] == sum(g["chipSeconds"].values()) == 400 * 32
+    assert g["chipGoodput"] == round(g["chipSeconds"]["running"] / (400 * 32), 4)
+    assert g["lostSteps"] == 20
+    assert [s["state"] for s in out["timeline"]] == ["starting", "running", "restarting", "running"]
+    assert sum(s["seconds"] for s in out["timeline"]) == 400
+    assert out["nextAttemptTime"] is None
+
+
+def test_text_shows_every_state_slices_restarts_and_timeline(tmp_path, capsys):
+    obj = restarted_job()
+    text = status_of(tmp_path, obj, at(400), capsys=capsys)
+    data = json.loads(status_of(tmp_path, obj, at(400), "-o", "json", capsys=capsys))
+    assert "team/llm" in text and "Running" in text and "2/2 slices running" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    for state, secs in data["goodput"]["seconds"].items():
+        assert rows[state][1] == duration(secs), (state, rows[state])
+    assert rows["running"][2] == f"{secs_share(data, 'running')}%"
+    for s in obj["status"]["slices"]:
+        assert any(
+            line.split()[:4] == [str(s["index"]), s["nodePool"], f"{s['readyHosts']}/4", s["phase"]]
+            for line in text.splitlines()
+        )
+    assert "restarts: 1 (workload 1)" in text
+    assert "20 steps lost" in text and "recovered in 30s" in text
+    assert "pod llm-slice-1-0-a exit code 13" in text
+    assert "steps lost 20" in text
+    assert f"chip goodput {data['goodput']['chipGoodput'] * 100:.1f}%" in text
+    lines = [line.split() for line in text.splitlines()]
+    for seg in data["timeline"]:
+        assert [seg["since"], seg["state"], duration(seg["seconds"])] in lines, seg
+
+
+def secs_share(data: dict, state: str) -> str:
+    g = data["goodput"]
+    return f"{g['seconds'][state] / g['wallSeconds'] * 100:.1f}"
+
+
+def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
+    obj = body("Managed")
+    job = load_job(obj)
+    plan = plan_job(job)
+    meta = JobMeta("team", "llm", "uid", 1, creation_time=T0, has_finalizer=True)
+    names = [p.name for p in plan.node_pools]
+    first = decide(
+        meta,
+        job.spec,
+        plan,
+        None,
+        None,
+        Observed(now=at(1), slices=[SliceObservation(i, n) for i, n in enumerate(names)]),
+        CFG,
+    ).status
+    stockout = PoolError(1, names[1], "GCE_STOCKOUT", "no capacity", False)
+    obs = Observed(
+        now=at(20),
+        slices=[
+            SliceObservation(0, names[0], PoolState.CREATING),
+            SliceObservation(1, names[1], PoolState.FAILED, error=stockout),
+        ],
+    )
+    st = decide(meta, job.spec, plan, None, first, obs, CFG).status
+    assert st.next_attempt_time is not None
+    obj["status"] = st.to_dict()
+    data = json.loads(status_of(tmp_path, obj, at(25), "-o", "json", capsys=capsys))
+    wait = int((st.next_attempt_time - at(25)).total_seconds())
+    assert data["nextAttemptTime"] == iso(st.next_attempt_time)
+    assert data["nextAttemptInSeconds"] == wait
+    assert data["goodput"]["seconds"]["provisioning"] == 25
+    # No pool until the pass at 20 saw them (one creating, one failed): both held since.
+    assert data["goodput"]["chipSeconds"]["provisioning"] == 5 * 32
+    text = status_of(tmp_path, obj, at(25), capsys=capsys)
+    assert (
+        f"next gang attempt at {iso(st.next_attempt_time)} (in {duration(wait)}, attempt 2)" in text
+    )
+
+
+def test_a_job_without_status_yet(tmp_path, capsys):
+    text = status_of(tmp_path, body(), at(3), capsys=capsys)
+    assert "team/llm  New" in text and "restarts: 0" in text
+
+
+def fake_kubectl(tmp_path: Path, obj: dict, code: int = 0) -> Path:
+    (tmp_path / "obj.json").write_text(json.dumps(obj))
+    script = tmp_path / "kubectl"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {tmp_path}/argv\n'
+        f"[ {code} -eq 0 ] || {{ echo 'Error from server (NotFound)' >&2; exit {code}; }}\n"
+        f"cat {tmp_path}/obj.json\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_reads_the_job_with_kubectl(tmp_path, capsys):
+    obj = restarted_job()
+    kubectl = fake_kubectl(tmp_path, obj)
+    argv = ["status", "llm", "-n", "team", "--kubectl", str(kubectl), "-o", "json"]
+    assert main([*argv, "--context", "prod", "--now", iso(at(400))]) == 0
+    assert json.loads(capsys.readouterr().out)["goodput"]["wallSeconds"] == 400
+    assert (tmp_path / "argv").read_text().split() == [
+        "get",
+        "multislicejobs.multislice.dev",
+        "llm",
+        "-o",
+        "json",
+        "-n",
+        "team",
+        "--context",
+        "prod",
+    ]
+
+
+def test_kubectl_errors_are_reported_not_raised(tmp_path, capsys):
+    kubectl = fake_kubectl(tmp_path, {}, code=1)
+    assert main(["status", "nope", "--kubectl", str(kubectl)]) == 2
+    assert "NotFound" in capsys.readouterr().err
+    assert main(["status", "nope", "--kubectl", str(tmp_path / "absent")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_json_needs_no_rich_and_text_says_how_to_get_it(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(restarted_job()))
+    code = (
+        "import sys\n"
+        "sys.modules['rich'] = None  # not installed\n"
+        "from multislice_operator.cli import main\n"
+        f"assert main(['status', '-f', {str(path)!r}, '-o', 'json']) == 0\n"
+        f"sys.exit(main(['status', '-f', {str(path)!r}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 2, out.stderr
+    assert "multislice-operator[cli]" in out.stderr
+    assert json.loads(out.stdout)["name"] == "llm"
+
+
+@pytest.mark.parametrize("entry", ["multislice-operator", "kubectl-msj"])
+def test_console_scripts_include_the_kubectl_plugin(entry, tmp_path):
+    exe = Path(sys.executable).parent / entry
+    assert exe.exists() and os.access(exe, os.X_OK)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(restarted_job()))
+    out = subprocess.run(
+        [str(exe), "status", "-f", str(path), "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(out.stdout)["lastRestart"]["lostSteps"] == 20
+    helped = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert ("kubectl msj" in helped.stdout) == (entry == "kubectl-msj")

@@ -1,0 +1,64 @@
+"""Metrics computed from what the operator knows now: deleted jobs drop out, counters only grow."""
+
+from __future__ import annotations
+
+from multislice_operator import metrics
+
+
+def sample(metric: str, **labels: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(metric, labels)
+
+
+def test_jobs_by_phase_forget_a_deleted_job():
+    metrics.JOBS.set(("t", "a"), "Running")
+    metrics.JOBS.set(("t", "b"), "Running")
+    metrics.JOBS.set(("t", "c"), "Pending")
+    before = sample("multislice_jobs", phase="Running") or 0
+    metrics.forget_job(("t", "a"))
+    assert sample("multislice_jobs", phase="Running") == before - 1
+    metrics.JOBS.set(("t", "c"), "Running")  # a phase change moves the job, never adds it
+    assert sample("multislice_jobs", phase="Running") == before
+    assert sample("multislice_jobs", phase="Pending") in (None, 0)
+    for key in (("t", "b"), ("t", "c")):
+        metrics.forget_job(key)
+
+
+def zeros(**values: int) -> dict[str, int]:
+    states = ("queued", "provisioning", "starting", "running", "restarting", "repairing")
+    return {s: values.get(s, 0) for s in (*states, "suspended")}
+
+
+def test_goodput_gauges_per_job_and_gone_with_it():
+    key = ("t", "gauged")
+    metrics.GOODPUT.update(key, zeros(), zeros(), (0.75, None), (32, 2), from_zero=True)
+    assert sample("multislice_job_goodput_ratio", namespace="t", name="gauged") == 0.75
+    assert sample("multislice_job_wall_goodput_ratio", namespace="t", name="gauged") is None
+    assert sample("multislice_job_held_chips", namespace="t", name="gauged") == 32
+    assert sample("multislice_job_held_node_pools", namespace="t", name="gauged") == 2
+    metrics.forget_job(key)
+    for metric in ("multislice_job_goodput_ratio", "multislice_job_held_chips"):
+        assert sample(metric, namespace="t", name="gauged") is None
+
+
+def test_state_counters_move_by_what_each_pass_added():
+    key = ("t", "counted")
+    run = "multislice_job_state_seconds_total"
+    chips = "multislice_job_state_chip_seconds_total"
+    r0 = sample(run, state="running") or 0
+    c0 = sample(chips, state="running") or 0
+    # A job found at startup: its past is not this process' to count.
+    metrics.GOODPUT.update(key, zeros(running=100), zeros(running=3200), (1, 1), (32, 2), False)
+    assert (sample(run, state="running") or 0) == r0
+    metrics.GOODPUT.update(key, zeros(running=130), zeros(running=4160), (1, 1), (32, 2), False)
+    assert sample(run, state="running") == r0 + 30
+    assert sample(chips, state="running") == c0 + 960
+    # Never backwards, even if a reading is behind the last one.
+    metrics.GOODPUT.update(key, zeros(running=120), zeros(running=4160), (1, 1), (32, 2), False)
+    assert sample(run, state="running") == r0 + 30
+    metrics.forget_job(key)
+    # A job created after the process started counts from zero.
+    new = ("t", "new")
+    q0 = sample(run, state="queued") or 0
+    metrics.GOODPUT.update(new, zeros(queued=4), zeros(), (None, None), (0, 0), from_zero=True)
+    assert sample(run, state="queued") == q0 + 4
+    metrics.forget_job(new)
