@@ -6,8 +6,8 @@
 Each benchmark prints its table and writes benchmarks/results/<name>.json; this writes
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
 benchmarks/results/summary.json (the targets). --quick uses smaller sizes (a few minutes); the
-full run takes about 15 minutes on a 2-core machine. The workload benchmark
-(benchmarks/workload_shardings.py) runs last unless --skip-workload.
+full run takes about 15 minutes on a 2-core machine. The workload benchmarks
+(benchmarks/workload_shardings.py, benchmarks/workload_lm.py) run last unless --skip-workload.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller sizes: a few minutes")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma list of benchmarks")
-    p.add_argument("--skip-workload", action="store_true", help="skip workload_shardings.py")
+    p.add_argument("--skip-workload", action="store_true", help="skip the workload benchmarks")
     p.add_argument("--log-dir", type=Path, default=None, help="operator logs (default: a tmp dir)")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -266,11 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     save("scale", {"quick": args.quick, **curves})
     save("summary", {"quick": args.quick, "failed": failed, **goals})
     if not args.skip_workload and ("workload" in only or args.only == ",".join(BENCHMARKS)):
-        wl = Path(__file__).with_name("workload_shardings.py")
-        extra = ["--steps", "5", "--repeats", "1"] if args.quick else []
-        say("workload shardings benchmark")
-        if subprocess.run([sys.executable, str(wl), *extra], check=False).returncode != 0:
-            failed.append("workload")
+        quick = {
+            "workload_shardings": ["--steps", "5", "--repeats", "1"],
+            "workload_lm": ["--steps", "6"],
+        }
+        for module, extra in quick.items():
+            say(f"{module} benchmark")
+            command = [sys.executable, "-m", f"benchmarks.{module}", *(extra if args.quick else [])]
+            if subprocess.run(command, check=False).returncode != 0:
+                failed.append(module)
     say(f"done in {time.monotonic() - started:.0f}s" + (f"; FAILED: {failed}" if failed else ""))
     return 1 if failed else 0
 

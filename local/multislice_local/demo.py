@@ -33,7 +33,7 @@ from multislice_operator.plan import load_job, node_pool_name, plan_job
 NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
-FATAL_EXIT = 42
+FATAL_EXIT = 78  # the workload's configuration error
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 
 

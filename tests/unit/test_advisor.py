@@ -54,3 +54,41 @@ def test_other_generations_use_their_own_numbers():
     v5e = advisor.hardware_intensity(catalog.slice_shape("v5litepod-16"))
     assert v6e == pytest.approx(918e12 / 100e9)
     assert v5e == pytest.approx(197e12 / 25e9)
+
+
+def test_fsdp_over_dcn_sends_two_gathers_and_a_reduce_scatter():
+    # The workload gathers each float32 weight twice (forward, recomputed forward) and
+    # reduce-scatters its gradient: 3 x 32 x (n - 1) / n bits per parameter.
+    assert advisor.fsdp_bits_per_parameter(1) == 0
+    assert advisor.fsdp_bits_per_parameter(2) == 48
+    assert advisor.fsdp_bits_per_parameter(4) == 96
+    shape = catalog.slice_shape("v4-16")
+    fsdp = advisor.advise(shape, 2, par_for(2, data=1, fsdp=2), 2 * 400_000)
+    assert fsdp.bits_per_parameter == 48
+    assert fsdp.min_tokens_per_slice == 264_000  # 22,000 x 48 / 4: more than data's 176,000
+    assert fsdp.verdict == "ok"
+    assert "all-gathered twice" in fsdp.traffic
+
+
+def test_data_with_fsdp_over_dcn_reduces_each_slices_share():
+    par = par_for(4, data=2, fsdp=2)
+    assert advisor.dcn_bits_per_parameter(par) == 32 / 2 + 48
+
+
+def test_pipeline_only_sends_activations_not_gradients():
+    shape = catalog.slice_shape("v4-16")
+    pipe = advisor.advise(shape, 2, par_for(2, data=1, pipeline=2), 2 * 100_000)
+    assert pipe.verdict == "ok" and pipe.bits_per_parameter == 0
+    # 22,000 FLOPs/bit x 7 transfers x 16 bits / (6 x 12 d^2 per layer): layers x d_model.
+    assert advisor.pipeline_min_layers_x_width(22_000) == 34_222
+    assert "activations cross every stage boundary" in pipe.message
+    assert "no gradient or weight traffic" in pipe.message and "34,222" in pipe.message
+    assert "pipeline x2" in pipe.traffic and "data" not in pipe.traffic
+
+
+def test_data_and_pipeline_traffic_add_up():
+    shape = catalog.slice_shape("v4-16")
+    both = advisor.advise(shape, 4, par_for(4, data=2, pipeline=2), 4 * 400_000)
+    assert both.bits_per_parameter == 32
+    assert both.traffic.startswith("data x2: an all-reduce") and "pipeline x2" in both.traffic
+    assert advisor.advise(shape, 1, par_for(1), None).traffic == "nothing: one slice"

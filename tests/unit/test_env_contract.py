@@ -20,8 +20,6 @@ from multislice_workload import env as contract
 
 FIELD = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
 REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-# Variables the workload reads that are only for local runs and tests, never rendered.
-LOCAL_ONLY = {contract.FAIL_AT_STEP, contract.PREEMPT_AT_STEP}
 
 
 def job(name: str, accelerator: str, slices: int, **spec: Any) -> dict[str, Any]:
@@ -97,16 +95,9 @@ def test_every_pod_reads_a_consistent_contract(
             assert got.jax_coordinator.split(":")[0] == got.megascale_coordinator
             assert got.checkpoint_dir == (obj.spec.checkpoint.directory or None)
     assert sorted(seen_ids) == list(range(plan.total_hosts))
-    read_by_workload = {
-        v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str) and v.isupper()
-    }
-    required = read_by_workload - LOCAL_ONLY - {contract.CHECKPOINT_DIR}
-    assert required <= rendered, (
-        f"the workload reads {sorted(required - rendered)} that render() never sets"
-    )
+    required = set(contract.REQUIRED_VARIABLES) | {contract.RESTART_ATTEMPT}
+    assert required <= rendered, f"the workload needs {sorted(required - rendered)} unrendered"
     ours = {n for n in rendered if n.startswith(("MEGASCALE_", "TPU_", "JAX_", "MULTISLICE_"))}
-    assert ours <= read_by_workload | {
-        "MULTISLICE_PODINFO_DIR",
-        "MULTISLICE_POD_NAME",
-        "MULTISLICE_POD_NAMESPACE",
-    }, f"render() sets {sorted(ours - read_by_workload)} that the workload never reads"
+    unknown = ours - set(contract.CONTRACT_VARIABLES)
+    assert not unknown, f"render() sets {sorted(unknown)} that the workload never reads"
+    assert not ours & set(contract.FAULT_VARIABLES)  # test hooks are never rendered

@@ -54,6 +54,10 @@ def test_contract_variable_names() -> None:
     assert set(contract.OPTIONAL_VARIABLES) == {
         "MULTISLICE_CHECKPOINT_DIR",
         "MULTISLICE_RESTART_ATTEMPT",
+        # contract.md section 5: rendered from the downward API, absent in local runs.
+        "MULTISLICE_PODINFO_DIR",
+        "MULTISLICE_POD_NAME",
+        "MULTISLICE_POD_NAMESPACE",
     }
 
 
@@ -69,6 +73,17 @@ def test_reads_operator_env() -> None:
     assert env.restart_attempt == 3
     assert env.parallelism == Parallelism(ici_fsdp=16, dcn_data=2)
     assert not env.standalone and env.distributed
+
+
+def test_podinfo_and_hooks_are_read_and_optional() -> None:
+    env = contract.from_environ(
+        operator_env(
+            **{contract.PODINFO_DIR: "/etc/multislice/podinfo", contract.HANG_AT_STEP: "7"}
+        )
+    )
+    assert env.podinfo_dir == "/etc/multislice/podinfo" and env.hang_at_step == 7
+    plain = contract.from_environ(operator_env())
+    assert plain.podinfo_dir is None and plain.hang_at_step is None
 
 
 def test_restart_attempt_defaults_to_zero() -> None:

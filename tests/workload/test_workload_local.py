@@ -1,12 +1,14 @@
 """The local launcher: S slices x H hosts as processes, restarted together like a JobSet.
 
 The multi-process tests run for real on CPU: 2 slices x 2 hosts x 2 devices = 4 processes that
-see 8 global devices through jax.distributed and gloo. The launcher kills every process it
-started before returning, whatever happens, so nothing outlives a test.
+see 8 global devices through jax.distributed and gloo (the hang test: 2 slices x 1 host as two
+pipeline stages). The launcher kills every process it started before returning, whatever
+happens, so nothing outlives a test.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +16,16 @@ import pytest
 
 from multislice_workload import env as contract
 from multislice_workload import exitcodes
+from multislice_workload.env import Parallelism
 from multislice_workload.local import LaunchResult, Layout, default_parallelism, launch, process_env
 
 SLICES, HOSTS, DEVICES = 2, 2, 2
-TRAIN = ["train", "--steps", "24", "--checkpoint_every", "5", "--log_every", "4"]
+TINY = [
+    "--batch_size", "8", "--seq_len", "16", "--embed", "16", "--heads", "2", "--head_dim", "8",
+    "--mlp", "32", "--num_layers", "2", "--data_threads", "1", "--peak_flops", "1e9",
+]  # fmt: skip
+TRAIN = ["train", *TINY, "--steps", "16", "--checkpoint_every", "5", "--log_every", "4"]
+REQUEST_ID = "maint-1733050000"
 
 
 def run(tmp: Path, args: list[str], **kwargs: object) -> LaunchResult:
@@ -54,6 +62,11 @@ def env_for(process_id: int, **kwargs: object) -> dict[str, str]:
         "extra_env": {},
         "faults": {},
         "base_env": {"PATH": "/bin", contract.SLICE_ID: "7", contract.FAIL_AT_STEP: "1"},
+        "pod": {
+            contract.PODINFO_DIR: "/logs/podinfo/process3",
+            contract.POD_NAME: "demo-slice-1-1",
+            contract.POD_NAMESPACE: "default",
+        },
     }
     options.update(kwargs)
     return process_env(layout, process_id, **options)  # type: ignore[arg-type]
@@ -84,6 +97,9 @@ def test_process_env_is_the_contract() -> None:
         "MULTISLICE_DCN_TENSOR": "1",
         "MULTISLICE_CHECKPOINT_DIR": "/ckpt",
         "MULTISLICE_RESTART_ATTEMPT": "1",
+        "MULTISLICE_PODINFO_DIR": "/logs/podinfo/process3",
+        "MULTISLICE_POD_NAME": "demo-slice-1-1",
+        "MULTISLICE_POD_NAMESPACE": "default",
     }
     assert env["JAX_PLATFORMS"] == "cpu"
     assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
@@ -112,10 +128,18 @@ def test_extra_env_for_another_layout_is_refused(tmp_path: Path) -> None:
         run(tmp_path, ["train"], extra_env={contract.NUM_SLICES: "4"})
 
 
-def test_no_restart_after_exit_42(tmp_path: Path) -> None:
+def test_no_restart_after_exit_78(tmp_path: Path) -> None:
     result = run(tmp_path, ["train", "--bogus"], max_restarts=3)
     assert result.exit_code == exitcodes.EXIT_CONFIG_ERROR
     assert len(result.attempts) == 1 and result.attempts[0].outcome == "fatal"
+    messages = result.termination_messages(0)
+    assert sorted(messages) == [0, 1, 2, 3]
+    failed = result.attempts[0].first_failure
+    assert failed is not None
+    first = messages[failed[0]]
+    assert first is not None and first["reason"] == "config_error"
+    # The others may have been stopped before they got that far; none says anything else.
+    assert all(m is None or m["reason"] == "config_error" for m in messages.values())
 
 
 # --- Real multi-process runs. ------------------------------------------------------------------
@@ -137,13 +161,47 @@ def test_shardings_sees_every_device_of_every_slice(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference_params(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    """Final parameters of an uninterrupted run, same seed and layout."""
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path]:
+    """An uninterrupted run, same seed and layout. Process 3 alone sees a checkpoint request
+    from the start (its kubelet refreshed first); saving changes nothing in the training."""
     tmp = tmp_path_factory.mktemp("reference")
-    result = run(tmp, [*TRAIN, "--final-params-out", str(tmp / "params.npz")])
+    result = run(
+        tmp,
+        [*TRAIN, "--final-params-out", str(tmp / "params.npz"), "--checkpoint_request_every", "3",
+         "--podinfo_poll_s", "0", "--keep_checkpoints", "10"],
+        checkpoint_dir=str(tmp / "ckpt"),
+        checkpoint_request=REQUEST_ID,
+        checkpoint_request_processes=[3],
+    )  # fmt: skip
     assert result.succeeded, result.format_timeline()
     assert result.events_named("fresh_start")
-    return load(tmp / "params.npz")
+    return result, tmp
+
+
+@pytest.fixture(scope="module")
+def reference_params(reference: tuple[LaunchResult, Path]) -> dict[str, np.ndarray]:
+    return load(reference[1] / "params.npz")
+
+
+def test_checkpoint_request_saves_at_one_agreed_step_on_every_process(
+    reference: tuple[LaunchResult, Path],
+) -> None:
+    result, tmp = reference
+    served = result.events_named("checkpoint_request_saved")
+    assert sorted(e["process"] for e in served) == [0, 1, 2, 3]
+    assert {(e["id"], e["step"]) for e in served} == {(REQUEST_ID, 3)}  # first exchange, step 3
+    assert (tmp / "ckpt" / "3" / "commit_success.txt").is_file()
+    meta = json.loads((tmp / "ckpt" / "3" / "meta" / "metadata").read_text())
+    assert meta["checkpoint_request"] == {"id": REQUEST_ID, "step": 3}
+    for message in result.termination_messages(0).values():
+        assert message is not None and message["reason"] == "finished"
+        assert message["checkpointRequest"] == {"id": REQUEST_ID, "step": 3}
+        assert (message["step"], message["checkpointStep"]) == (16, 16)
+    # No in-cluster credentials here: process 0's acknowledgement is skipped with one warning.
+    warnings = [
+        e for e in result.events_named("warning") if "acknowledgement skipped" in e["message"]
+    ]
+    assert [e["process"] for e in warnings] == [0]
 
 
 def assert_same_params(path: Path, reference: dict[str, np.ndarray]) -> None:
@@ -155,28 +213,31 @@ def assert_same_params(path: Path, reference: dict[str, np.ndarray]) -> None:
         np.testing.assert_array_equal(params[name], value, err_msg=name)
 
 
-def test_failure_restarts_everyone_and_resume_is_exact(
+def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint_exactly(
     tmp_path: Path, reference_params: dict[str, np.ndarray]
 ) -> None:
+    """Process 3 is SIGKILLed while the step-10 checkpoint is being written: step 10 never
+    commits, everyone restarts from step 5, and the end result is bit-identical."""
     out = tmp_path / "params.npz"
     result = run(
         tmp_path,
         [*TRAIN, "--final-params-out", str(out)],
         max_restarts=2,
-        fail_process=3,
-        fail_at_step=12,
+        faults={3: {contract.KILL_IN_SAVE_AT_STEP: "10"}},
         checkpoint_dir=str(tmp_path / "ckpt"),
     )
     assert result.succeeded, result.format_timeline()
     first, second = result.attempts
-    assert first.first_failure == (3, exitcodes.EXIT_INJECTED_FAILURE)
+    assert first.first_failure == (3, -9)
     assert all(code is not None for code in first.exit_codes.values())  # survivors were stopped
     assert second.exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    started = result.events_named("checkpoint_started", attempt=0)
+    assert {e["step"] for e in started if e["process"] == 3} == {5, 10}  # it died in save 10
     restored = result.events_named("restored", attempt=1)
     assert sorted(e["process"] for e in restored) == [0, 1, 2, 3]
-    assert {e["step"] for e in restored} == {10}  # last checkpoint before the crash at 12
-    assert all(e["attempt"] == 1 for e in restored)
-    assert "restored from step 10" in result.format_timeline()
+    assert {e["step"] for e in restored} == {5}  # the last complete checkpoint
+    assert all(e["attempt"] == 1 and e["data_state"] == {"next_index": 5} for e in restored)
+    assert "restored from step 5" in result.format_timeline()
     assert_same_params(out, reference_params)
 
 
@@ -202,3 +263,40 @@ def test_preemption_checkpoints_on_every_process_and_resume_is_exact(
     restored = result.events_named("restored", attempt=1)
     assert {e["step"] for e in restored} == {preempted[0]["step"]}
     assert_same_params(out, reference_params)
+    messages = result.termination_messages(0)
+    for process, code in result.attempts[0].exit_codes.items():
+        if code == exitcodes.EXIT_PREEMPTED:
+            message = messages[process]
+            assert message is not None and message["reason"] == "preempted"
+            assert message["checkpointStep"] == preempted[0]["step"]
+
+
+def test_a_hung_pipeline_stage_is_caught_by_every_watchdog(tmp_path: Path) -> None:
+    """Two slices as two pipeline stages; stage 1 stops in step 3. Stage 0 then waits in the
+    next collective-permute forever; both watchdogs fire at their 3 s cap and exit 75."""
+    result = launch(
+        2,
+        1,
+        2,
+        args=["train", *TINY, "--steps", "40", "--num_layers", "2", "--hang_timeout_s", "3",
+              "--hang_min_s", "0", "--log_every", "1"],
+        parallelism=Parallelism(ici_fsdp=2, dcn_pipeline=2),
+        faults={1: {contract.HANG_AT_STEP: "3"}},
+        log_dir=str(tmp_path / "logs"),
+        timeout_s=300,
+        grace_s=1,
+    )  # fmt: skip
+    print(result.format_timeline())
+    config = result.events_named("train_config")[0]
+    assert (config["stages"], config["microbatches"]) == (2, 4)  # 8 rows, 2 per fsdp shard
+    assert config["bubble_fraction"] == pytest.approx(1 / 5, abs=1e-4)
+    assert result.events_named("step")  # steps ran through the pipeline before the hang
+    assert result.attempts[0].first_failure is not None
+    assert result.attempts[0].first_failure[1] == exitcodes.EXIT_HANG
+    hangs = result.events_named("hang")
+    assert hangs and all(e["exit_code"] == 75 and e["step"] >= 3 for e in hangs)
+    messages = result.termination_messages(0)
+    for process, code in result.attempts[0].exit_codes.items():
+        if code == exitcodes.EXIT_HANG:
+            message = messages[process]
+            assert message is not None and message["reason"] == "hang"

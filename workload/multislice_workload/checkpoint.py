@@ -1,15 +1,25 @@
-"""Orbax checkpoints of the whole training state, on a local path or gs://.
+"""Orbax checkpoints of the training state, the data iterator and run metadata; async saves.
 
-Every process takes part in every save and restore: each writes the shards it holds, and the
-primary process commits the step only once all shards are written, so a crash mid-save leaves the
-previous step as the latest one. Saves are synchronous because the next step donates the state's
-buffers, and because a preemption exit must not race an unfinished write.
+One checkpoint holds three items: ``state`` (step, parameters, optimizer state: every process
+writes the shards it owns), ``data`` (each process's Grain iterator position, one JSON file per
+process, Grain's own Orbax handler) and ``meta`` (the last checkpoint request served, the corpus
+fingerprint). The primary process commits a step only after every process finished writing
+(the temporary directory is renamed), so a crash mid-save leaves the previous step the latest.
+
+Saves are asynchronous: `save` returns once the arrays are copied to host memory (Orbax 0.12.8
+copies every array before returning unless a device-host byte limit is set, none here), so the
+next step may donate the state's buffers while the files are written in the background. Every
+exit path waits for the write in flight (`wait`), and only a finished save counts as durable.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
+
+STATE, DATA, META = "state", "data", "meta"
 
 
 def _directory(path: str) -> Any:
@@ -26,46 +36,125 @@ class Checkpointer:
         self.directory = directory
         self.every = every
         self._last_saved: int | None = None
+        self._durable: int | None = None
+        self._pending: tuple[int, float] | None = None  # (step, start) of the save in flight
+        self._abandoned = False  # a wait timed out: the save in flight will never finish
         self._manager: Any = None
         if directory:
+            import grain
             import orbax.checkpoint as ocp
 
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=keep, create=True, enable_async_checkpointing=False
+                max_to_keep=keep,
+                create=True,
+                enable_async_checkpointing=True,
+                cleanup_tmp_directories=True,  # leftovers of saves killed half-way
             )
-            self._manager = ocp.CheckpointManager(_directory(directory), options=options)
+            self._manager = ocp.CheckpointManager(
+                _directory(directory),
+                options=options,
+                item_handlers={
+                    STATE: ocp.StandardCheckpointHandler(),
+                    DATA: grain.checkpoint.CheckpointHandler(),
+                    META: ocp.JsonCheckpointHandler(),
+                },
+            )
 
     @property
     def enabled(self) -> bool:
         return self._manager is not None
 
+    @property
+    def durable_step(self) -> int | None:
+        """The last step whose checkpoint is complete on storage."""
+        if self._manager is not None and not self._manager.is_saving_in_progress():
+            self._durable = self._last_saved
+        return self._durable
+
+    @property
+    def saving(self) -> bool:
+        """A save was started and not yet reported by `poll_finished`."""
+        return self._pending is not None
+
     def latest_step(self) -> int | None:
         return self._manager.latest_step() if self._manager else None
 
-    def restore(self, step: int, like: Any) -> Any:
-        """The state saved at `step`, with the shapes, dtypes and shardings of `like`."""
+    def restore(self, step: int, like: Any, data: Any) -> tuple[Any, dict[str, Any]]:
+        """The state saved at `step` (shapes, dtypes, shardings of `like`) and its metadata;
+        `data` (the iterator) is moved to where it was at that step."""
+        import grain
         import jax
         import orbax.checkpoint as ocp
 
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        self._last_saved = step
-        return restored
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE: ocp.args.StandardRestore(abstract),
+                    DATA: grain.checkpoint.CheckpointRestore(data),
+                    META: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        self._last_saved = self._durable = step
+        return restored[STATE], dict(restored[META] or {})
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, step: int, state: Any) -> bool:
-        """Save now (collective: every process must call it at the same step)."""
+    def save(self, step: int, state: Any, data: Any, meta: dict[str, Any]) -> float | None:
+        """Start saving (collective: every process calls it at the same step). Returns the
+        seconds it blocked, None when nothing was started (disabled, or already saved)."""
         if not self._manager or self._last_saved == step:
-            return False
+            return None
+        import grain
         import orbax.checkpoint as ocp
 
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self._manager.wait_until_finished()
+        start = time.perf_counter()
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE: ocp.args.StandardSave(state),
+                    DATA: grain.checkpoint.CheckpointSave(data),
+                    META: ocp.args.JsonSave(meta),
+                }
+            ),
+            force=True,
+        )
         self._last_saved = step
+        self._pending = (step, start)
+        return time.perf_counter() - start
+
+    def poll_finished(self) -> tuple[int, float] | None:
+        """Once per save, when it is complete: (step, seconds from its start to now)."""
+        if self._pending is None or self._manager.is_saving_in_progress():
+            return None
+        step, start = self._pending
+        self._pending = None
+        self._durable = step
+        return step, time.perf_counter() - start
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the save in flight is on storage; False if `timeout_s` passed first
+        (a peer died mid-save: that step never commits, the previous one stays the latest)."""
+        if not self._manager:
+            return True
+        if timeout_s is None:
+            self._manager.wait_until_finished()
+            self._durable = self._last_saved
+            return True
+        waiter = threading.Thread(target=self._manager.wait_until_finished, daemon=True)
+        waiter.start()
+        waiter.join(timeout_s)
+        if waiter.is_alive():
+            self._abandoned = True
+            return False
+        self._durable = self._last_saved
         return True
 
     def close(self) -> None:
-        if self._manager:
+        # Orbax's close waits for the save in flight, forever if a peer died during it.
+        if self._manager and not self._abandoned:
             self._manager.close()

@@ -1,8 +1,9 @@
 """Command line: ``python -m multislice_workload {shardings,train} [flags]``.
 
-Maps every outcome to the exit codes of `exitcodes`: configuration problems (bad environment,
-inconsistent variables, bad flags) to 42 so the operator does not retry them, anything unexpected
-to a retryable code.
+Maps every outcome to the exit codes of `exitcodes` and leaves the termination message
+(`termination.py`) on each: configuration problems (bad environment, inconsistent variables, bad
+flags) to 78 so the operator does not retry them, ``sys.exit(42)`` to a requested restart,
+anything unexpected to a retryable code.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from multislice_workload import exitcodes, logs, runtime, shardings, train
+from multislice_workload import exitcodes, logs, runtime, shardings, termination, train
 from multislice_workload.env import ConfigError, WorkloadEnv, from_environ
 
 Mode = Callable[[WorkloadEnv, argparse.Namespace], int]
 MODES: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Mode, str]] = {
     "shardings": (shardings.add_arguments, shardings.run, "sharding benchmark: TFLOP/s and MFU"),
-    "train": (train.add_arguments, train.run, "train an MLP with checkpoints and exact resume"),
+    "train": (train.add_arguments, train.run, "train the transformer LM, resumable exactly"),
 }
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a bad flag; the failure policy needs 42 (fatal, not retried)."""
+    """argparse exits 2 on a bad flag; the failure policy needs 78 (fatal, not retried)."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{self.prog}: {message}")
@@ -68,15 +69,29 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code, message = _outcome(argv)
+    termination.write(code, message)
+    logs.emit("exit", exit_code=code, reason=exitcodes.REASONS.get(code, "crash"))
+    return code
+
+
+def _outcome(argv: Sequence[str] | None) -> tuple[int, str]:
     try:
         code = run(argv)
     except ConfigError as err:
         logs.emit("config_error", message=str(err), exit_code=exitcodes.EXIT_CONFIG_ERROR)
         print(f"configuration error: {err}", file=sys.stderr)
-        return exitcodes.EXIT_CONFIG_ERROR
+        return exitcodes.EXIT_CONFIG_ERROR, str(err)
+    except SystemExit as err:  # sys.exit(42) from the program asks for a restart
+        code = err.code if isinstance(err.code, int) else exitcodes.EXIT_CRASH
+        return code, f"exit {code}"
     except Exception as err:  # any crash must still map to a retryable exit code
         traceback.print_exc()
         logs.emit("crash", error=repr(err), exit_code=exitcodes.EXIT_CRASH)
-        return exitcodes.EXIT_CRASH
-    logs.emit("exit", exit_code=code)
-    return code
+        return exitcodes.EXIT_CRASH, repr(err)
+    return code, _message(code)
+
+
+def _message(code: int) -> str:
+    step = termination.STATUS.step
+    return f"{exitcodes.REASONS.get(code, 'exit')} at step {step}" if step else ""

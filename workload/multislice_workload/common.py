@@ -18,6 +18,11 @@ def add_parallelism_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("parallelism (default: from MULTISLICE_ICI_*/DCN_*)")
     for name in PARALLELISM_FLAGS:
         group.add_argument(f"--{name}_parallelism", dest=name, type=int, default=None)
+    group.add_argument(
+        "--allow_split_physical_axes",
+        action="store_true",
+        help="let a mesh axis take part of a physical TPU axis (MaxText's flag)",
+    )
 
 
 def parallelism_from(args: argparse.Namespace, env: WorkloadEnv) -> Parallelism:
@@ -25,7 +30,9 @@ def parallelism_from(args: argparse.Namespace, env: WorkloadEnv) -> Parallelism:
     return env.parallelism.replace(**{name: getattr(args, name) for name in PARALLELISM_FLAGS})
 
 
-def make_mesh(env: WorkloadEnv, parallelism: Parallelism) -> Any:
+def make_mesh(
+    env: WorkloadEnv, parallelism: Parallelism, allow_split_physical_axes: bool = False
+) -> Any:
     """Build the global mesh and log it; ConfigError when devices or products do not add up."""
     import jax
 
@@ -34,6 +41,7 @@ def make_mesh(env: WorkloadEnv, parallelism: Parallelism) -> Any:
         num_slices=env.num_slices,
         chips_per_slice=env.chips_per_slice,
         hosts_per_slice=env.hosts_per_slice,
+        allow_split_physical_axes=allow_split_physical_axes,
     )
     logs.emit(
         "mesh",

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
+from typing import TypedDict
 
 # --- Variable names (the contract). -------------------------------------------------------------
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
@@ -37,11 +38,26 @@ DCN_DATA = "MULTISLICE_DCN_DATA"
 DCN_FSDP = "MULTISLICE_DCN_FSDP"
 DCN_PIPELINE = "MULTISLICE_DCN_PIPELINE"
 DCN_TENSOR = "MULTISLICE_DCN_TENSOR"
-# Not injected by the operator: test/demo hooks, honoured only on restart attempt 0. The first
-# crashes the process after step K; the second sends it SIGTERM after step K (a preemption).
+# Rendered by the operator from the downward API for checkpoints on demand (contract.md 3, 5);
+# absent in local runs, where the launcher may set them.
+PODINFO_DIR = "MULTISLICE_PODINFO_DIR"
+POD_NAME = "MULTISLICE_POD_NAME"
+POD_NAMESPACE = "MULTISLICE_POD_NAMESPACE"
+# Not injected by the operator: test/demo hooks, honoured only on restart attempt 0, each acting
+# after step K: crash (exit 13); SIGTERM to itself (a preemption); hang forever (the watchdog's
+# case); ask for a restart (exit 42); SIGKILL itself while a checkpoint of step K is being written.
 FAIL_AT_STEP = "MULTISLICE_FAIL_AT_STEP"
 PREEMPT_AT_STEP = "MULTISLICE_PREEMPT_AT_STEP"
-FAULT_VARIABLES: tuple[str, ...] = (FAIL_AT_STEP, PREEMPT_AT_STEP)
+HANG_AT_STEP = "MULTISLICE_HANG_AT_STEP"
+RESTART_AT_STEP = "MULTISLICE_RESTART_AT_STEP"
+KILL_IN_SAVE_AT_STEP = "MULTISLICE_KILL_IN_SAVE_AT_STEP"
+FAULT_VARIABLES: tuple[str, ...] = (
+    FAIL_AT_STEP,
+    PREEMPT_AT_STEP,
+    HANG_AT_STEP,
+    RESTART_AT_STEP,
+    KILL_IN_SAVE_AT_STEP,
+)
 
 PARALLELISM_VARIABLES: tuple[str, ...] = (
     ICI_DATA,
@@ -68,7 +84,13 @@ REQUIRED_VARIABLES: tuple[str, ...] = (
     JOB_NAME,
     *PARALLELISM_VARIABLES,
 )
-OPTIONAL_VARIABLES: tuple[str, ...] = (CHECKPOINT_DIR, RESTART_ATTEMPT)
+OPTIONAL_VARIABLES: tuple[str, ...] = (
+    CHECKPOINT_DIR,
+    RESTART_ATTEMPT,
+    PODINFO_DIR,
+    POD_NAME,
+    POD_NAMESPACE,
+)
 CONTRACT_VARIABLES: tuple[str, ...] = REQUIRED_VARIABLES + OPTIONAL_VARIABLES
 
 DEFAULT_MEGASCALE_PORT = 8080
@@ -76,7 +98,7 @@ DEFAULT_JAX_PORT = 8476
 
 
 class ConfigError(ValueError):
-    """Missing or inconsistent configuration. The program exits with EXIT_CONFIG_ERROR (42)."""
+    """Missing or inconsistent configuration. The program exits with EXIT_CONFIG_ERROR (78)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +173,10 @@ class WorkloadEnv:
     restart_attempt: int = 0
     fail_at_step: int | None = None
     preempt_at_step: int | None = None
+    hang_at_step: int | None = None
+    restart_at_step: int | None = None
+    kill_in_save_at_step: int | None = None
+    podinfo_dir: str | None = None
     # True when no contract variable was set: a developer running one process by hand.
     standalone: bool = False
 
@@ -296,9 +322,29 @@ def _read_contract(reader: _Reader) -> WorkloadEnv:
         parallelism=_read_parallelism(reader),
         checkpoint_dir=reader.environ.get(CHECKPOINT_DIR, "").strip() or None,
         restart_attempt=reader.integer(RESTART_ATTEMPT, default=0),
-        fail_at_step=reader.optional_integer(FAIL_AT_STEP),
-        preempt_at_step=reader.optional_integer(PREEMPT_AT_STEP),
+        **_optional_fields(reader),
     )
+
+
+class _OptionalFields(TypedDict):
+    fail_at_step: int | None
+    preempt_at_step: int | None
+    hang_at_step: int | None
+    restart_at_step: int | None
+    kill_in_save_at_step: int | None
+    podinfo_dir: str | None
+
+
+def _optional_fields(reader: _Reader) -> _OptionalFields:
+    """Test hooks and the pod-info directory: the same in standalone and operator runs."""
+    return {
+        "fail_at_step": reader.optional_integer(FAIL_AT_STEP),
+        "preempt_at_step": reader.optional_integer(PREEMPT_AT_STEP),
+        "hang_at_step": reader.optional_integer(HANG_AT_STEP),
+        "restart_at_step": reader.optional_integer(RESTART_AT_STEP),
+        "kill_in_save_at_step": reader.optional_integer(KILL_IN_SAVE_AT_STEP),
+        "podinfo_dir": reader.environ.get(PODINFO_DIR, "").strip() or None,
+    }
 
 
 def consistency_problems(env: WorkloadEnv) -> list[str]:
@@ -359,8 +405,7 @@ def _standalone(environ: Mapping[str, str], chips: int) -> WorkloadEnv:
         parallelism=_read_parallelism(reader, default_fsdp=chips),
         checkpoint_dir=environ.get(CHECKPOINT_DIR, "").strip() or None,
         restart_attempt=reader.integer(RESTART_ATTEMPT, default=0),
-        fail_at_step=reader.optional_integer(FAIL_AT_STEP),
-        preempt_at_step=reader.optional_integer(PREEMPT_AT_STEP),
+        **_optional_fields(reader),
         standalone=True,
     )
     if reader.problems:

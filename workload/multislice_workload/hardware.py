@@ -1,4 +1,10 @@
-"""Peak FLOP/s per device, the denominator of MFU."""
+"""Peak FLOP/s per device, the denominator of MFU.
+
+TPUs and GPUs get their catalogued dense bf16 peak; an accelerator this table does not know gets
+none (MFU is then not reported) rather than a guess. Timing a matmul would measure what the chip
+achieves, not what it could, and inflate MFU. Only the CPU, which has no catalogue figure, is
+measured: it is the denominator of the CPU benchmarks here.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,13 @@ _DEVICE_KIND_GENERATION: tuple[tuple[str, str], ...] = (
     ("tpu v4", "v4"),
 )
 
+# Dense (no sparsity) bf16 tensor-core peak, from NVIDIA's data sheets (SXM parts).
+GPU_PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("h200", 989e12),
+    ("h100", 989e12),
+    ("a100", 312e12),
+)
+
 
 def tpu_generation(device_kind: str, accelerator: str = "") -> str | None:
     kind = device_kind.strip().lower()
@@ -41,8 +54,13 @@ def catalog_peak(device_kind: str, accelerator: str = "") -> float | None:
     return TPU_PEAK_BF16_FLOPS.get(generation) if generation else None
 
 
+def gpu_peak(device_kind: str) -> float | None:
+    kind = device_kind.lower()
+    return next((peak for name, peak in GPU_PEAK_BF16_FLOPS if name in kind), None)
+
+
 def measure_matmul_peak(device: Any, dtype: Any, size: int = 1024, repeats: int = 5) -> float:
-    """Best observed FLOP/s of one square matmul on one device (CPU/GPU have no catalog figure).
+    """Best observed FLOP/s of one square matmul on one device (CPU: no catalogue figure).
 
     Best-of rather than mean: the peak is the capacity the benchmark is measured against, and
     the slow samples are the noise (other processes, frequency ramps).
@@ -60,3 +78,27 @@ def measure_matmul_peak(device: Any, dtype: Any, size: int = 1024, repeats: int 
         matmul(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
+
+
+def device_peak(override: float | None, accelerator: str, dtype: str) -> tuple[float | None, str]:
+    """(peak FLOP/s per device or None, where it came from)."""
+    import jax
+
+    if override:
+        return override, "flag"
+    device = jax.local_devices()[0]
+    if device.platform == "tpu":
+        peak = catalog_peak(device.device_kind, accelerator)
+        if peak is None:
+            return None, f"unknown TPU generation {device.device_kind!r}: no MFU (--peak_flops)"
+        return peak, f"catalog:{tpu_generation(device.device_kind, accelerator)}"
+    if device.platform == "gpu":
+        peak = gpu_peak(device.device_kind)
+        if peak is None:
+            return None, f"unknown GPU {device.device_kind!r}: no MFU (--peak_flops)"
+        return peak, f"catalog:{device.device_kind}"
+    # Forced host-platform CPU devices share one thread pool: a matmul on one of them already
+    # uses every core, so each device's share of the peak is the measured figure / local devices.
+    measured = measure_matmul_peak(device, dtype)
+    shared = jax.local_device_count()
+    return measured / shared, f"measured:{device.platform}:{dtype}/{shared}"

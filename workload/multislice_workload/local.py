@@ -4,7 +4,9 @@ Stands in for GKE + JobSet when there is no TPU: every process gets exactly the 
 operator injects (with 127.0.0.1 for every host), JAX runs on CPU with D forced host devices per
 process, and the JobSet failure policy is reproduced: when any process fails, all of them are
 stopped and restarted together with MULTISLICE_RESTART_ATTEMPT incremented, up to --max-restarts,
-except after exit 42 (fatal configuration error), which is never retried.
+except after exit 78 (fatal configuration error), which is never retried. Each process also gets
+what a pod would: a pod-info directory with an ``annotations`` file (the downward API volume; write
+a checkpoint request there) and a termination-message file, both under the log directory.
 
     python -m multislice_workload.local --slices 2 --hosts-per-slice 2 --devices-per-host 2 \\
         --max-restarts 2 --fail-process 3 --fail-at-step 12 --checkpoint-dir /tmp/ckpt \\
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -28,14 +31,23 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from multislice_workload import env as contract
-from multislice_workload import exitcodes, logs
+from multislice_workload import exitcodes, logs, podinfo, termination
 
 LOCALHOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_GRACE_S = 3.0
 # Events worth a line in the timeline (from process 0 unless they concern one process).
 _TIMELINE_EVENTS = {"restored", "fresh_start", "preempted", "finished", "shardings_result"}
-_PER_PROCESS_EVENTS = {"injected_failure", "injected_preemption", "config_error", "crash"}
+_PER_PROCESS_EVENTS = {
+    "injected_failure",
+    "injected_preemption",
+    "injected_hang",
+    "injected_kill_in_save",
+    "config_error",
+    "crash",
+    "hang",
+    "checkpoint_request_saved",
+}
 
 
 @dataclasses.dataclass
@@ -87,6 +99,14 @@ class LaunchResult:
         lines = [f"{t:8.2f}s  {text}" for t, text in self.timeline]
         return "\n".join(["timeline:", *lines])
 
+    def termination_messages(self, attempt: int) -> dict[int, dict[str, Any] | None]:
+        """Each process's termination message of one attempt (None: none written)."""
+        out: dict[int, dict[str, Any] | None] = {}
+        for record in self.attempts[attempt].processes:
+            path = termination_path(self.log_dir, attempt, record.process_id)
+            out[record.process_id] = json.loads(path.read_text()) if path.exists() else None
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -132,6 +152,33 @@ def check_layout(layout: Layout, extra_env: Mapping[str, str]) -> None:
         raise ValueError("extra_env disagrees with the local layout: " + "; ".join(wrong))
 
 
+def pod_name(job_name: str, layout: Layout, process_id: int) -> str:
+    """What JobSet would call the pod: <jobset>-<replicatedJob>-<slice>-<worker>."""
+    slice_id, worker_id = layout.identity(process_id)
+    return f"{job_name}-slice-{slice_id}-{worker_id}"
+
+
+def podinfo_path(log_dir: Path, process_id: int) -> Path:
+    """The stand-in for a pod's downward API volume (kept across attempts, like annotations)."""
+    return log_dir / "podinfo" / f"process{process_id}"
+
+
+def termination_path(log_dir: Path, attempt: int, process_id: int) -> Path:
+    return log_dir / "termination" / f"attempt{attempt}-process{process_id}.json"
+
+
+def request_checkpoint(log_dir: Path, request_id: str, processes: Sequence[int]) -> None:
+    """Put a checkpoint-request annotation into these processes' pod-info files, as the kubelet
+    would after ``kubectl annotate`` (hosts can see it at different times)."""
+    for process_id in processes:
+        directory = podinfo_path(log_dir, process_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        text = podinfo.format_annotations({podinfo.REQUEST_ANNOTATION: request_id})
+        tmp = directory / "annotations.tmp"
+        tmp.write_text(text)
+        tmp.replace(directory / podinfo.ANNOTATIONS_FILE)  # atomic, as the kubelet's swap
+
+
 def _xla_flags(existing: str, devices: int) -> str:
     kept = [f for f in existing.split() if not f.startswith("--xla_force_host_platform_device")]
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
@@ -149,8 +196,10 @@ def process_env(
     extra_env: Mapping[str, str],
     faults: Mapping[str, str],
     base_env: Mapping[str, str],
+    pod: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Contract defaults, then the caller's overrides, then what only the launcher can know."""
+    """Contract defaults, then the caller's overrides, then what only the launcher can know
+    (`pod`: the pod-info directory, pod name and namespace, termination-message path)."""
     slice_id, worker_id = layout.identity(process_id)
     hosts = [LOCALHOST] * layout.hosts_per_slice
     defaults = contract.build_contract_env(
@@ -182,11 +231,13 @@ def process_env(
         "XLA_FLAGS": _xla_flags(base_env.get("XLA_FLAGS", ""), layout.devices_per_host),
         "PYTHONUNBUFFERED": "1",
     }
+    inherited.pop(termination.TERMINATION_LOG_ENV, None)
     return {
         **inherited,
         **defaults,
         **{k: str(v) for k, v in extra_env.items()},
         **forced,
+        **(pod or {}),
         **faults,
     }
 
@@ -251,6 +302,8 @@ def _describe_exit(code: int) -> str:
         exitcodes.EXIT_CONFIG_ERROR: "fatal configuration error",
         exitcodes.EXIT_PREEMPTED: "preempted, checkpoint saved",
         exitcodes.EXIT_INJECTED_FAILURE: "injected failure",
+        exitcodes.EXIT_RESTART_REQUESTED: "restart requested",
+        exitcodes.EXIT_HANG: "hang watchdog",
         exitcodes.EXIT_CRASH: "crash",
     }
     return f"exited {code}" + (f" ({labels[code]})" if code in labels else "")
@@ -382,6 +435,9 @@ def launch(
     fail_at_step: int | None = None,
     preempt_process: int | None = None,
     preempt_at_step: int | None = None,
+    faults: Mapping[int, Mapping[str, str]] | None = None,
+    checkpoint_request: str | None = None,
+    checkpoint_request_processes: Sequence[int] | None = None,
     checkpoint_dir: str | None = None,
     parallelism: contract.Parallelism | None = None,
     job_name: str = "local",
@@ -394,15 +450,26 @@ def launch(
     """Run `python -m multislice_workload *args` on every process, restarting like a JobSet.
 
     `extra_env` overrides contract variables for every process (e.g. an environment read back from
-    the apiserver); identity and addresses stay the launcher's own. Raises ValueError when
-    `extra_env` describes another layout than slices x hosts x devices.
+    the apiserver); identity and addresses stay the launcher's own. `faults` adds test-hook
+    variables per process id (first attempt only), e.g. ``{1: {HANG_AT_STEP: "5"}}``.
+    `checkpoint_request` is written, before the start, into the pod-info annotations of
+    `checkpoint_request_processes` (default: all). Raises ValueError when `extra_env` describes
+    another layout than slices x hosts x devices.
     """
     layout = Layout(slices, hosts_per_slice, devices_per_host)
     extra = dict(extra_env or {})
     check_layout(layout, extra)
-    faults = _faults(layout, fail_process, fail_at_step, preempt_process, preempt_at_step)
+    injected = _faults(layout, fail_process, fail_at_step, preempt_process, preempt_at_step)
+    for process_id, variables in (faults or {}).items():
+        _check_process(layout, "fault", process_id)
+        injected.setdefault(process_id, {}).update(variables)
     logs_path = Path(log_dir or tempfile.mkdtemp(prefix="multislice-local-"))
     logs_path.mkdir(parents=True, exist_ok=True)
+    if checkpoint_request is not None:
+        targets = checkpoint_request_processes
+        request_checkpoint(
+            logs_path, checkpoint_request, range(layout.processes) if targets is None else targets
+        )
     run = _Run(layout, logs_path, echo)
     run.note(
         f"job {job_name}: {slices} slices x {hosts_per_slice} hosts x {devices_per_host} devices,"
@@ -425,8 +492,9 @@ def launch(
                 checkpoint_dir=ckpt,
                 extra_env=extra,
                 # Injected faults model one-off events: only the first attempt sees them.
-                faults=faults.get(i, {}) if attempt == 0 else {},
+                faults=injected.get(i, {}) if attempt == 0 else {},
                 base_env=os.environ,
+                pod=_pod_env(logs_path, layout, i, attempt, job_name),
             )
             for i in range(layout.processes)
         ]
@@ -439,6 +507,24 @@ def launch(
     code = _final_code(attempts[-1])
     run.note(f"result: {attempts[-1].outcome}, exit {code}, {len(attempts) - 1} restarts")
     return LaunchResult(code, attempts, run.events, run.timeline, logs_path)
+
+
+def _pod_env(
+    log_dir: Path, layout: Layout, process_id: int, attempt: int, job_name: str
+) -> dict[str, str]:
+    info = podinfo_path(log_dir, process_id)
+    info.mkdir(parents=True, exist_ok=True)
+    return {
+        contract.PODINFO_DIR: str(info),
+        contract.POD_NAME: pod_name(job_name, layout, process_id),
+        contract.POD_NAMESPACE: "default",
+        termination.TERMINATION_LOG_ENV: str(termination_path(log_dir, attempt, process_id)),
+    }
+
+
+def _check_process(layout: Layout, label: str, process: int) -> None:
+    if not 0 <= process < layout.processes:
+        raise ValueError(f"{label}_process {process} is not in 0..{layout.processes - 1}")
 
 
 def _faults(
@@ -459,8 +545,7 @@ def _faults(
             raise ValueError(f"{label}_process and {label}_at_step go together")
         if process is None or step is None:
             continue
-        if not 0 <= process < layout.processes:
-            raise ValueError(f"{label}_process {process} is not in 0..{layout.processes - 1}")
+        _check_process(layout, label, process)
         out.setdefault(process, {})[variable] = str(step)
     return out
 
@@ -502,6 +587,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--preempt-process", type=int, default=None)
     p.add_argument("--preempt-at-step", type=int, default=None)
+    p.add_argument("--hang-process", type=int, default=None)
+    p.add_argument("--hang-at-step", type=int, default=None)
+    p.add_argument(
+        "--checkpoint-request", default=None, metavar="ID", help="annotate before the start"
+    )
+    p.add_argument(
+        "--checkpoint-request-process",
+        type=int,
+        action="append",
+        default=None,
+        help="only these processes see the request (default: all)",
+    )
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--job-name", default="local")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
@@ -519,12 +616,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload_args = argv[split + 1 :]
     if not workload_args:
         build_parser().error("give the workload command after --, e.g. -- train --steps 20")
+    if (opts.hang_process is None) != (opts.hang_at_step is None):
+        build_parser().error("--hang-process and --hang-at-step go together")
+    hang: dict[int, dict[str, str]] = {}
+    if opts.hang_process is not None:
+        hang[opts.hang_process] = {contract.HANG_AT_STEP: str(opts.hang_at_step)}
     result = launch(
         opts.slices,
         opts.hosts_per_slice,
         opts.devices_per_host,
         args=workload_args,
         extra_env=_parse_env(opts.env),
+        faults=hang,
+        checkpoint_request=opts.checkpoint_request,
+        checkpoint_request_processes=opts.checkpoint_request_process,
         max_restarts=opts.max_restarts,
         fail_process=opts.fail_process,
         fail_at_step=opts.fail_at_step,

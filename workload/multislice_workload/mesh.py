@@ -22,9 +22,6 @@ import numpy as np
 from multislice_workload.env import ConfigError, Parallelism
 
 MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
-# Axes the batch dimension is split over. This workload has no micro-batch pipeline schedule, so
-# the DCN pipeline axis carries whole batches: it acts as one more data-parallel axis.
-BATCH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp")
 
 
 def ici_shape(p: Parallelism) -> tuple[int, ...]:
@@ -87,8 +84,13 @@ def device_array(
     num_slices: int,
     chips_per_slice: int,
     hosts_per_slice: int,
+    allow_split_physical_axes: bool = False,
 ) -> np.ndarray:
-    """Devices arranged as a (pipeline, data, fsdp, tensor) array. Raises ConfigError."""
+    """Devices arranged as a (pipeline, data, fsdp, tensor) array. Raises ConfigError.
+
+    `allow_split_physical_axes` is passed to `mesh_utils` as MaxText passes its flag of that name
+    (``maxtext_utils.create_device_mesh``): it lets a logical axis take part of a physical TPU
+    axis, for ICI shapes that do not follow the torus (e.g. tensor=2 on a 4-long axis)."""
     from jax.experimental import mesh_utils  # here so env-only users never import JAX
 
     check_device_count(len(devices), num_slices, chips_per_slice)
@@ -97,13 +99,17 @@ def device_array(
     candidates: Sequence[Any] = devices if native else _tag_by_process(devices, hosts_per_slice)
     try:
         arranged = mesh_utils.create_hybrid_device_mesh(
-            ici_shape(parallelism), dcn_shape(parallelism), devices=candidates
+            ici_shape(parallelism),
+            dcn_shape(parallelism),
+            devices=candidates,
+            allow_split_physical_axes=allow_split_physical_axes,
         )
     except (ValueError, AssertionError, NotImplementedError) as err:
         raise ConfigError(f"cannot build the device mesh: {err}") from err
     if native:
-        return arranged
-    return np.vectorize(lambda t: t.device, otypes=[object])(arranged)
+        return np.asarray(arranged)
+    unwrapped: np.ndarray = np.vectorize(lambda t: t.device, otypes=[object])(arranged)
+    return unwrapped
 
 
 def build_mesh(
@@ -113,6 +119,7 @@ def build_mesh(
     chips_per_slice: int,
     hosts_per_slice: int,
     devices: Sequence[Any] | None = None,
+    allow_split_physical_axes: bool = False,
 ) -> Any:
     """The jax.sharding.Mesh over all global devices."""
     import jax
@@ -124,6 +131,7 @@ def build_mesh(
         num_slices=num_slices,
         chips_per_slice=chips_per_slice,
         hosts_per_slice=hosts_per_slice,
+        allow_split_physical_axes=allow_split_physical_axes,
     )
     return jax.sharding.Mesh(arranged, MESH_AXES)
 

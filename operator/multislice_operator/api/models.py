@@ -27,7 +27,7 @@ PLURAL = "multislicejobs"
 SINGULAR = "multislicejob"
 SHORT_NAMES = ["msj"]
 
-DEFAULT_NON_RETRYABLE_EXIT_CODES = [42]
+DEFAULT_NON_RETRYABLE_EXIT_CODES = [78]  # the workload's configuration error (EX_CONFIG)
 EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
 # Compute Engine names (RFC 1035, <= 63) and project ids (6-30 characters); a shared reservation
 # is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources").
@@ -189,7 +189,8 @@ class FailurePolicy(_Model):
         max_length=255,
         description=(
             "Exit codes of the workload container that fail the job at once instead of "
-            "restarting (1-255). Default [42], the workload's configuration-error code."
+            "restarting (1-255). Default [78], the workload's configuration-error code (42 asks "
+            "for a restart, as in xpk)."
         ),
         json_schema_extra={
             "items": {"type": "integer", "minimum": EXIT_CODE_MIN, "maximum": EXIT_CODE_MAX}

@@ -1,0 +1,144 @@
+"""The workload's transformer LM on this machine's CPU: tokens/s and MFU at 1 and 2 slices, and
+the optimizer state each device holds with FSDP 1 vs 4.
+
+Not a test. Each "slice" is one host process with --devices CPU devices (local launcher, gloo
+between processes). Cases: 1 slice (ici_fsdp = devices); 2 slices with data parallelism over DCN
+(dcn_data=2); 2 slices as two pipeline stages (dcn_pipeline=2, GPipe, bubble logged). MFU is the
+workload's own: 6 x matmul parameters + attention FLOPs per token (PaLM's model FLOPs; the
+rematerialized forward is not counted) against peak / devices, the peak being this machine's
+single-process matmul peak (workload_common.py). Then two 1-slice runs with 4 devices, ici_fsdp=4
+vs ici_data=4, report the bytes of Adam state per device (expect about 1/4).
+
+    .venv/bin/python -m benchmarks.workload_lm [--devices 2] [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.workload_common import launch_case, load_average, machine, measure_peak
+from multislice_workload.env import Parallelism
+
+RESULTS = Path(__file__).resolve().parent / "results" / "workload_lm.json"
+
+
+def model_args(args: argparse.Namespace) -> list[str]:
+    return [
+        "train",
+        "--batch_size", str(args.batch_size),
+        "--seq_len", str(args.seq_len),
+        "--embed", str(args.embed),
+        "--heads", str(args.heads),
+        "--head_dim", str(args.embed // args.heads),
+        "--mlp", str(4 * args.embed),
+        "--num_layers", str(args.layers),
+        "--dtype", "float32",
+        "--hang_timeout_s", "0",
+    ]  # fmt: skip
+
+
+def run_case(
+    name: str, slices: int, parallelism: Parallelism, peak: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    devices = slices * args.devices
+    run_args = [*model_args(args), "--steps", str(args.steps)]
+    run_args += ["--log_every", str(args.steps // 3), "--peak_flops", str(peak / devices)]
+    result = launch_case(
+        slices,
+        args.devices,
+        run_args,
+        parallelism=parallelism,
+    )
+    config = result.events_named("train_config")[0]
+    # The first window holds the warm-up steps; the best later one is the least disturbed.
+    windows = result.events_named("step")[1:]
+    best = max(windows, key=lambda e: e["tokens_per_sec"])
+    return {
+        "case": name,
+        "slices": slices,
+        "global_devices": devices,
+        "parameters": config["parameters"],
+        "flops_per_token": config["flops_per_token"],
+        "stages": config["stages"],
+        "microbatches": config["microbatches"],
+        "bubble_fraction": config["bubble_fraction"],
+        "compile_seconds": config["compile_seconds"],
+        "step_seconds": best["step_seconds"],
+        "tokens_per_sec": best["tokens_per_sec"],
+        "tokens_per_sec_per_device": best["tokens_per_sec_per_device"],
+        "mfu": best["mfu"],
+        "final_loss": result.events_named("step")[-1]["loss"],
+    }
+
+
+def optimizer_bytes(fsdp: bool, args: argparse.Namespace) -> int:
+    devices = 4
+    layout = Parallelism(ici_fsdp=devices) if fsdp else Parallelism(ici_data=devices)
+    from multislice_workload.local import launch
+
+    result = launch(1, 1, devices, args=[*model_args(args), "--steps", "1"], parallelism=layout)
+    if not result.succeeded:
+        raise SystemExit(f"optimizer-state run failed: {result.format_timeline()}")
+    return int(result.events_named("train_config")[0]["opt_state_bytes_per_device"])
+
+
+def print_table(peak: float, rows: list[dict[str, Any]], fsdp1: int, fsdp4: int) -> None:
+    print(f"single-process float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    first = rows[0]
+    print(f"model: {first['parameters']:,} parameters, {first['flops_per_token']:,.0f} FLOPs/token")
+    header = f"{'case':<22} {'devices':>7} {'step s':>8} {'tokens/s':>9} {'/device':>8} {'MFU':>6}"
+    print(header + f" {'bubble':>6}")
+    for r in rows:
+        print(
+            f"{r['case']:<22} {r['global_devices']:>7} {r['step_seconds']:>8.3f} "
+            f"{r['tokens_per_sec']:>9.0f} {r['tokens_per_sec_per_device']:>8.0f} "
+            f"{100 * r['mfu']:>5.1f}% {r['bubble_fraction']:>6.3f}"
+        )
+    print(
+        f"Adam state per device: FSDP 1 {fsdp1 / 1e6:.2f} MB, FSDP 4 {fsdp4 / 1e6:.2f} MB "
+        f"(ratio {fsdp4 / fsdp1:.3f})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2, help="CPU devices per slice")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--batch_size", type=int, default=16, help="global, sequences")
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--embed", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args()
+
+    peak = measure_peak()
+    d = args.devices
+    rows = [
+        run_case("1 slice (fsdp)", 1, Parallelism(ici_fsdp=d), peak, args),
+        run_case("2 slices (dcn data)", 2, Parallelism(ici_fsdp=d, dcn_data=2), peak, args),
+        run_case("2 slices (dcn pipeline)", 2, Parallelism(ici_fsdp=d, dcn_pipeline=2), peak, args),
+    ]
+    fsdp1, fsdp4 = optimizer_bytes(False, args), optimizer_bytes(True, args)
+    print_table(peak, rows, fsdp1, fsdp4)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "workload_lm",
+        "machine": machine(),
+        "config": vars(args),
+        "single_process_matmul_peak_gflops": peak / 1e9,
+        "cases": rows,
+        "two_slices_tokens_per_sec_vs_one": rows[1]["tokens_per_sec"] / rows[0]["tokens_per_sec"],
+        "opt_state_bytes_per_device": {"fsdp_1": fsdp1, "fsdp_4": fsdp4, "ratio": fsdp4 / fsdp1},
+        "load_average_1m_at_end": load_average(),
+    }
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

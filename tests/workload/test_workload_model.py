@@ -1,0 +1,181 @@
+"""The LM's shardings, FSDP's reduce-scatter and the pipeline's equivalence, in this process on
+8 CPU devices (conftest.py), with a tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from multislice_workload import data, train
+from multislice_workload.mesh import MESH_AXES
+from multislice_workload.sharding import bytes_per_device
+
+CFG = train.TrainConfig(
+    steps=3,
+    batch_size=8,
+    seq_len=16,
+    embed=32,
+    heads=2,
+    head_dim=16,
+    mlp=64,
+    num_layers=4,
+    dtype="float32",
+    data_threads=0,
+)
+
+
+def mesh(pipeline: int, data_: int, fsdp: int, tensor: int) -> Any:
+    import jax
+
+    count = pipeline * data_ * fsdp * tensor
+    devices = np.array(jax.devices()[:count]).reshape(pipeline, data_, fsdp, tensor)
+    return jax.sharding.Mesh(devices, MESH_AXES)
+
+
+def trainer(shape: tuple[int, int, int, int], cfg: train.TrainConfig = CFG) -> train.Trainer:
+    m = mesh(*shape)
+    return train.Trainer(cfg, m, train.check_shapes(cfg, m))
+
+
+def spec(array: Any) -> tuple[Any, ...]:
+    return tuple(array.sharding.spec)
+
+
+# What each parameter's PartitionSpec must be, written out (not derived from the rules).
+EXPECTED = {
+    "embedding": ("tensor", "fsdp"),
+    "final_norm": (None,),
+    "unembed": ("fsdp", "tensor"),
+    "layers/attn_norm": ("pipeline", None),
+    "layers/mlp_norm": ("pipeline", None),
+    "layers/wq": ("pipeline", "fsdp", "tensor", None),
+    "layers/wk": ("pipeline", "fsdp", "tensor", None),
+    "layers/wv": ("pipeline", "fsdp", "tensor", None),
+    "layers/wo": ("pipeline", "tensor", None, "fsdp"),
+    "layers/wi": ("pipeline", "fsdp", "tensor"),
+    "layers/wo_mlp": ("pipeline", "tensor", "fsdp"),
+}
+
+
+def flat(tree: Any) -> dict[str, Any]:
+    import jax
+
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+@pytest.fixture(scope="module")
+def fsdp_tensor() -> train.Trainer:
+    return trainer((1, 1, 4, 2))
+
+
+def test_parameters_carry_their_partition_specs(fsdp_tensor: train.Trainer) -> None:
+    params = flat(fsdp_tensor.initial_state["params"])
+    assert sorted(params) == sorted(EXPECTED)
+    for name, array in params.items():
+        assert spec(array) == EXPECTED[name], name
+
+
+def test_optimizer_state_mirrors_the_parameter_specs(fsdp_tensor: train.Trainer) -> None:
+    opt = flat(fsdp_tensor.initial_state["opt_state"])
+    moments = {k: v for k, v in opt.items() if "/mu/" in k or "/nu/" in k}
+    assert len(moments) == 2 * len(EXPECTED)  # Adam's mu and nu, one per parameter
+    for name, array in moments.items():
+        param = name.split("/mu/")[-1].split("/nu/")[-1]
+        assert spec(array) == EXPECTED[param], name
+    for name, array in opt.items():
+        if name not in moments:  # step counts
+            assert array.ndim == 0 and array.sharding.is_fully_replicated, name
+    assert fsdp_tensor.initial_state["step"].sharding.is_fully_replicated
+
+
+def test_fsdp_4_holds_about_a_quarter_of_the_optimizer_state_per_device() -> None:
+    one = max(bytes_per_device(trainer((1, 1, 1, 1)).initial_state["opt_state"]).values())
+    four = max(bytes_per_device(trainer((1, 1, 4, 1)).initial_state["opt_state"]).values())
+    # Norm scales (replicated) keep it a little above 1/4.
+    assert 0.25 <= four / one < 0.27
+
+
+def collectives(t: train.Trainer) -> set[str]:
+    pattern = r"\b(all-gather|reduce-scatter|all-reduce|collective-permute)(?:-start)?\("
+    return set(re.findall(pattern, t.compiled.as_text()))
+
+
+def test_compiled_step_reduce_scatters_gradients_under_fsdp(fsdp_tensor: train.Trainer) -> None:
+    assert {"all-gather", "reduce-scatter"} <= collectives(fsdp_tensor)
+    text = fsdp_tensor.compiled.as_text()
+    # Every weight's gradient comes back through a reduce-scatter over the fsdp groups.
+    scatters = [line for line in text.splitlines() if re.search(r"reduce-scatter(-start)?\(", line)]
+    assert len(scatters) >= 8
+    assert "reduce-scatter" not in collectives(trainer((1, 4, 1, 1)))  # pure data parallelism
+
+
+def run_steps(t: train.Trainer, steps: int) -> tuple[list[float], dict[str, np.ndarray]]:
+    pipeline = data.DataPipeline(
+        data.DataConfig(CFG.batch_size, CFG.seq_len, CFG.seed, steps, threads=0),
+        t.batch_sharding,
+    )
+    state, losses = t.initial_state, []
+    for _ in range(steps):
+        state, loss = t.step(state, next(pipeline))
+        losses.append(float(loss))
+    return losses, {k: np.asarray(v) for k, v in flat(state["params"]).items()}
+
+
+@pytest.fixture(scope="module")
+def staged() -> train.Trainer:
+    return trainer((2, 1, 2, 1))  # dcn.pipeline = 2: 2 layers per stage, fsdp 2 in each
+
+
+def test_pipeline_over_two_stages_matches_no_pipeline_and_one_device(
+    staged: train.Trainer,
+) -> None:
+    plain = trainer((1, 2, 2, 1))  # dcn.data = 2 instead, same devices
+    assert (staged.stages, staged.microbatches) == (2, 4)
+    assert staged.bubble == pytest.approx(1 / 5)
+    assert "collective-permute" in collectives(staged)
+    assert "collective-permute" not in collectives(plain)
+    staged_losses, staged_params = run_steps(staged, 3)
+    plain_losses, plain_params = run_steps(plain, 3)
+    single_losses, _ = run_steps(trainer((1, 1, 1, 1)), 3)  # no sharding at all
+    np.testing.assert_allclose(staged_losses, plain_losses, rtol=1e-5)
+    np.testing.assert_allclose(staged_losses, single_losses, rtol=1e-5)
+    assert staged_losses[-1] < staged_losses[0]  # it trains
+    for name, value in plain_params.items():
+        np.testing.assert_allclose(staged_params[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_pipeline_dcn_traffic_is_what_the_operators_advisor_counts(staged: train.Trainer) -> None:
+    """The DCN advisor (operator) describes this program: per GPipe iteration, its activation
+    transfers between stages are collectives the size of one microbatch's local activations."""
+    from multislice_operator import advisor
+
+    rows = CFG.batch_size // staged.microbatches // 2  # per fsdp device
+    size = rows * CFG.seq_len * CFG.embed
+    transfers = 0
+    for line in staged.compiled.as_text().splitlines():
+        m = re.search(r"= f32\[([\d,]+)\]\S* (all-reduce|collective-permute)(?:-start)?\(", line)
+        if m and np.prod([int(d) for d in m.group(1).split(",")]) == size:
+            transfers += 1
+    assert transfers == advisor.PIPELINE_TRANSFERS
+
+
+def test_layers_must_split_over_the_stages() -> None:
+    from multislice_workload.env import ConfigError
+
+    cfg = dataclasses.replace(CFG, num_layers=3)
+    with pytest.raises(ConfigError, match="num_layers=3 is not divisible by 2 shards"):
+        train.check_shapes(cfg, mesh(2, 1, 2, 1))
+
+
+def test_flops_per_token_is_6n_plus_attention() -> None:
+    model = train.model_config(CFG)
+    n = 4 * (4 * 32 * 2 * 16 + 2 * 32 * 64) + 32 * 256
+    assert model.matmul_parameters() == n
+    assert model.flops_per_token() == 6 * n + 12 * 4 * 2 * 16 * 16

@@ -1,0 +1,95 @@
+"""The container termination message: one JSON object the operator reads from the pod status.
+
+Written on every exit the program controls (contract.md section 2): where the run stood (last
+step, last durable checkpoint, last checkpoint request served) and why it ended, so the operator
+can count the steps a restart lost without reading the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from multislice_workload.exitcodes import REASONS
+
+TERMINATION_LOG_ENV = "MULTISLICE_TERMINATION_LOG"
+KUBELET_PATH = Path("/dev/termination-log")
+MAX_BYTES = 4096  # the kubelet keeps at most this much of the file
+VERSION = 1
+
+
+@dataclasses.dataclass
+class RunStatus:
+    """What the termination message reports; the training loop keeps it current."""
+
+    step: int | None = None  # last completed training step
+    checkpoint_step: int | None = None  # last checkpoint known durable
+    checkpoint_request: dict[str, Any] | None = None  # {"id": ..., "step": ...}
+
+
+STATUS = RunStatus()
+
+
+def message_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(TERMINATION_LOG_ENV, "").strip()
+    if explicit:
+        return Path(explicit)
+    if KUBELET_PATH.exists() and os.access(KUBELET_PATH, os.W_OK):
+        return KUBELET_PATH
+    return None
+
+
+def render(exit_code: int, message: str, status: RunStatus, reason: str | None = None) -> str:
+    """The JSON text, `message` shortened so that the whole stays within MAX_BYTES."""
+    record: dict[str, Any] = {
+        "v": VERSION,
+        "reason": reason or REASONS.get(exit_code, "crash"),
+        "exitCode": exit_code,
+        "step": status.step,
+        "checkpointStep": status.checkpoint_step,
+    }
+    if status.checkpoint_request:
+        record["checkpointRequest"] = dict(status.checkpoint_request)
+
+    def dumped(text: str) -> str:
+        return _dump({**record, "message": text})
+
+    if len(dumped(message).encode()) <= MAX_BYTES:
+        return dumped(message)
+    low, high = 0, len(message)  # the longest prefix that fits (escaping can grow the text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(dumped(message[:mid]).encode()) <= MAX_BYTES:
+            low = mid
+        else:
+            high = mid - 1
+    return dumped(message[:low])
+
+
+def _dump(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), default=str)
+
+
+def write(
+    exit_code: int,
+    message: str = "",
+    *,
+    reason: str | None = None,
+    status: RunStatus | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path | None:
+    """Write the message; never raises (an exit path must not fail on its report)."""
+    path = message_path(environ)
+    if path is None:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(exit_code, message, status or STATUS, reason))
+    except OSError:
+        return None
+    return path
