@@ -60,7 +60,14 @@ from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import (
     PoolState,
 )
-from multislice_operator.reconcile import DecideConfig, JobMeta, Observed, SliceObservation, decide
+from multislice_operator.reconcile import (
+    Admission,
+    DecideConfig,
+    JobMeta,
+    Observed,
+    SliceObservation,
+    decide,
+)
 from multislice_operator.render import render_jobset
 
 NAMESPACE = "bench"
@@ -153,7 +160,7 @@ def baseline_work(n: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
             SliceObservation(i, f"pool-{i}", PoolState.READY, plan.shape.hosts)
             for i in range(POOLS)
         ]
-        obs = Observed(now=now, slices=slices, existing_pools_found=POOLS)
+        obs = Observed(now=now, slices=slices, existing_pools_found=POOLS, admission=Admission())
         decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, None, obs,
                           DecideConfig())  # fmt: skip
         status = decision.status.to_dict()

@@ -79,6 +79,7 @@ JOBSET_CRD_NAME = "jobsets.jobset.x-k8s.io"
 # kwok manages only nodes carrying this annotation (see nodes.py).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
+KWOK_NODE_LEASE_SECONDS = 40  # kubelet's default node lease duration
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 POD_CIDR = "10.64.0.1/16"
 
@@ -843,6 +844,10 @@ def _kwok_argv(cp: ControlPlane) -> list[str]:
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
         f"--server-address=127.0.0.1:{cp.port('kwok')}",
+        # Heartbeats through Leases, as kubelets do: without them kwok renews node status only
+        # every ~50 s and the node lifecycle controller marks every node Unknown for a moment,
+        # about once a minute (a NotReady flap no real TPU VM has).
+        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
         f"--cidr={POD_CIDR}",
         "--node-ip=10.63.0.1",
     ]

@@ -7,6 +7,10 @@ SIGKILL would, right after a chosen side effect and before the status write that
 * ``after-jobset-create``: after the apiserver created the JobSet.
 * ``after-check-write``: after the apiserver took a write of the operator's AdmissionCheck state
   on a Workload (Kueue mode).
+* ``after-dry-run``: after the apiserver judged a dry-run create (JobSet or Job), before the
+  verdict is used.
+* ``after-pool-delete``: after the provisioner accepted node-pool deletes.
+* ``after-jobset-delete``: after the apiserver deleted a JobSet (a job failed while it ran).
 
 Usage: ``MSJ_CRASH_POINT=after-pool-create python -m multislice_local.crashpoints run ...``.
 """
@@ -41,6 +45,16 @@ def _crash_after(point: str, method: AsyncMethod, happened: Callable[[Any], bool
     return wrapper
 
 
+# What the crash harness (benchmarks/chaos.py) arms; after-check-write needs Kueue.
+POINTS = (
+    "after-pool-create",
+    "after-jobset-create",
+    "after-dry-run",
+    "after-pool-delete",
+    "after-jobset-delete",
+)
+
+
 def install(point: str) -> None:
     """Wrap the adapter method that the crash point follows."""
     if point == "after-pool-create":
@@ -60,6 +74,24 @@ def install(point: str) -> None:
 
         Kube.patch_workload_checks = _crash_after(  # type: ignore[method-assign,assignment]
             point, Kube.patch_workload_checks, lambda _: True
+        )
+    elif point == "after-dry-run":
+        from multislice_operator.controller.kube import Kube
+
+        Kube.dry_run_create = _crash_after(  # type: ignore[method-assign,assignment]
+            point, Kube.dry_run_create, lambda _: True
+        )
+    elif point == "after-pool-delete":
+        from multislice_operator.provisioning.gke import GkeProvisioner
+
+        GkeProvisioner.delete = _crash_after(  # type: ignore[method-assign,assignment]
+            point, GkeProvisioner.delete, lambda _: True
+        )
+    elif point == "after-jobset-delete":
+        from multislice_operator.controller.kube import Kube
+
+        Kube.delete_jobset = _crash_after(  # type: ignore[method-assign,assignment]
+            point, Kube.delete_jobset, lambda _: True
         )
     else:
         raise SystemExit(f"unknown {CRASH_POINT_ENV} {point!r}")

@@ -12,6 +12,12 @@ containers terminate with exit code 17 and the pod goes ``Failed`` (after
 ``{"step": 120, "checkpointStep": 100}``). Job pods otherwise succeed after
 ``multislice.dev/run-duration`` (Go duration, default ``3s``); set e.g. ``"1h"`` for pods that
 should keep running until a test makes them fail.
+
+NotReady injection (kwok Stage ``node-not-ready``): annotate a node with
+``multislice.dev/not-ready: "true"`` (:func:`set_not_ready`) and its Ready condition goes False
+while the node object stays, as when a VM's kubelet stops answering for a while; remove the
+annotation and kwok makes it Ready again. Nodes hold Leases (kwok ``--node-lease-duration-seconds``)
+so they never flap NotReady on their own.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
 FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"
 FAIL_MESSAGE_ANNOTATION = "multislice.dev/fail-message"
 RUN_DURATION_ANNOTATION = "multislice.dev/run-duration"
+NOT_READY_ANNOTATION = "multislice.dev/not-ready"
 
 ClientLike = client.ApiClient | str | os.PathLike[str]
 
@@ -189,6 +196,19 @@ def delete_nodes(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list[s
     names = [str(node.metadata.name) for node in nodes if node.metadata]
     for name in names:
         api.delete_node(name)
+    return names
+
+
+def set_not_ready(
+    api_client_or_kubeconfig: ClientLike, pool_name: str, not_ready: bool = True
+) -> list[str]:
+    """Hold every node of ``pool_name`` NotReady (the nodes stay), or release them; return names."""
+    api = _api(api_client_or_kubeconfig)
+    nodes = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
+    value = "true" if not_ready else None
+    names = [str(n.metadata.name) for n in nodes if n.metadata]
+    for name in names:
+        api.patch_node(name, {"metadata": {"annotations": {NOT_READY_ANNOTATION: value}}})
     return names
 
 

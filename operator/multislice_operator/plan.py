@@ -19,6 +19,7 @@ from multislice_operator import (
     keys,
     parallelism,
 )
+from multislice_operator.api import podtemplate
 from multislice_operator.api.models import (
     API_VERSION,
     KIND,
@@ -221,11 +222,14 @@ def plan_job(job: MultisliceJob) -> Plan:
 
 def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:
     """The model's cross-field rules (the CRD enforces the same ones at admission)."""
-    return [
-        FieldError(rule.field, rule.message.removeprefix(f"{rule.field}: "))
-        for rule in SPEC_RULES
-        if not rule.holds(spec) and rule.field not in reported
-    ]
+    errors = []
+    for rule in SPEC_RULES:
+        if rule.field in reported or rule.holds(spec):
+            continue
+        text = rule.explain(spec) if rule.explain else rule.message
+        text = text.removeprefix(f"{rule.field}: ").removeprefix(f"{rule.field} ")
+        errors.append(FieldError(rule.field, text))
+    return errors
 
 
 def _check_multislice(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> list[FieldError]:
@@ -245,6 +249,11 @@ def _check_multislice(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> lis
 
 
 def _check_template(template: dict[str, Any]) -> list[FieldError]:
+    # The types the renderer merges into, as the CRD declares them (api/podtemplate.py): what
+    # passes is always renderable. The apiserver judges the rest by a dry run before any pool.
+    typed = podtemplate.check(template)
+    if typed:
+        return typed
     pod = template.get("spec")
     if not isinstance(pod, dict):
         return [FieldError("spec.template.spec", "required: a pod spec with containers")]

@@ -216,3 +216,45 @@ def render_jobset(
             ],
         },
     }
+
+
+def render_probe_job(jobset: dict[str, Any]) -> dict[str, Any]:
+    """The first Job the JobSet controller makes of `jobset` (slice 0), for a server-side dry run.
+
+    The JobSet's own schema and webhook do not judge the pod template's metadata or semantics
+    (label keys and values, annotation size, duplicate container names, quantities...); the Job's
+    validation does, and a Job the apiserver refuses would leave the JobSet with no pod at all.
+    Named, labelled and annotated as the JobSet controller does it (jobset v0.10.1), so that the
+    limits that depend on them (name and label lengths) are judged too.
+    """
+    name = jobset["metadata"]["name"]
+    (rjob,) = jobset["spec"]["replicatedJobs"]
+    job_name = f"{name}-{rjob['name']}-0"
+    ours = {
+        keys.JOBSET_NAME: name,
+        "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+        "jobset.sigs.k8s.io/replicatedjob-replicas": str(rjob["replicas"]),
+        keys.JOBSET_JOB_INDEX: "0",
+        "jobset.sigs.k8s.io/job-global-index": "0",
+        keys.JOBSET_RESTART_ATTEMPT: "0",
+    }
+    template = copy.deepcopy(rjob["template"])
+    spec = template["spec"]
+    pod_meta = spec["template"].setdefault("metadata", {})
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **ours}
+    pod_meta["annotations"] = {**(pod_meta.get("annotations") or {}), **ours}
+    if jobset["spec"].get("network", {}).get("enableDNSHostnames"):
+        spec["template"]["spec"]["subdomain"] = jobset["spec"]["network"]["subdomain"]
+    labels = {**(template.get("metadata") or {}).get("labels", {}), **ours}
+    labels.pop(keys.KUEUE_QUEUE_NAME, None)  # a probe, not a workload for a queue to admit
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name,
+            "namespace": jobset["metadata"]["namespace"],
+            "labels": labels,
+            "annotations": dict(ours),
+        },
+        "spec": spec,
+    }

@@ -89,6 +89,11 @@ class Settings:
     )
     backoff_base_seconds: float = _opt("first gang-provisioning retry delay (doubles)", 30.0)
     backoff_max_seconds: float = _opt("longest gang-provisioning retry delay", 600.0)
+    node_not_ready_grace_seconds: float = _opt(
+        "how long a running slice's nodes may be NotReady (still there) before the slice counts "
+        "as lost and its node pool is replaced; shorter NotReady spells are only an event",
+        300.0,
+    )
     kueue: bool = _opt(
         "watch Kueue Workloads, LocalQueues and AdmissionChecks (kueue.x-k8s.io/v1beta2): run "
         "the multislice.dev/gang-provisioning admission check for jobs that name a queue",

@@ -157,6 +157,8 @@ BASE_RULES = {
     ("jobset.x-k8s.io", "jobsets", "watch"),
     ("jobset.x-k8s.io", "jobsets", "create"),
     ("jobset.x-k8s.io", "jobsets", "patch"),
+    ("jobset.x-k8s.io", "jobsets", "delete"),
+    ("batch", "jobs", "create"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "nodes", "list"),
@@ -250,7 +252,7 @@ def test_custom_render(tmp_path: Path) -> None:
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "ml-multislice-operator"
-    role = one(docs, "Role")
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-election")]
     assert role["metadata"]["namespace"] == "msj-system"
     assert role["rules"] == [
         {
@@ -279,6 +281,42 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
+CLUSTER_SCOPED = ("nodes", "customresourcedefinitions", "leases")  # leases: their own Role
+NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
+LEASES = {r for r in BASE_RULES if r[1] == "leases"}
+
+
+def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return rules_of([role])
+
+
+def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_objects(
+    tmp_path: Path,
+) -> None:
+    docs = render(tmp_path, {"watchNamespaces": ["team-a", "team-b"]}, release="ml")
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in by_kind(docs, "Role")
+        if not r["metadata"]["name"].endswith("-leader-election")
+    }
+    assert set(roles) == {"team-a", "team-b"}
+    for ns, role in roles.items():
+        assert grants(role) == NAMESPACED
+        (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["namespace"] == ns]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"][0]["namespace"] == "msj-system"
+    assert grants(one(docs, "ClusterRole")) == (BASE_RULES - NAMESPACED - LEASES) | {
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
+    # A glob cannot name a Role's namespace: then the ClusterRole grants it all, as before.
+    globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
+    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
+    assert grants(one(globbed, "ClusterRole")) >= NAMESPACED
 def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
     """Labelled as kube-prometheus-stack's Grafana sidecar finds dashboards (its values:
     grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1")."""
@@ -468,20 +506,14 @@ class Rbac:
         kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
         objs = [d for d in docs if d["kind"] in kinds]
         role = next(d for d in objs if d["kind"] == "ClusterRole")
+        assert any(d["kind"] == "Role" for d in objs)  # namespaced grants: a Role in `ns`
         if drop is not None:  # the same grants, one rule per verb, minus one
-            granted = rules_of(docs)
-            assert drop in granted
-            leases = next(d for d in objs if d["kind"] == "Role")
-            leases["rules"] = [
-                {"apiGroups": [g], "resources": [r], "verbs": [v]}
-                for g, r, v in sorted(granted - {drop})
-                if r == "leases"
-            ]
-            role["rules"] = [
-                {"apiGroups": [g], "resources": [r], "verbs": [v]}
-                for g, r, v in sorted(granted - {drop})
-                if r != "leases"
-            ]
+            assert drop in rules_of(docs)
+            for each in (d for d in objs if d["kind"] in ("ClusterRole", "Role")):
+                each["rules"] = [
+                    {"apiGroups": [g], "resources": [r], "verbs": [v]}
+                    for g, r, v in sorted(rules_of([each]) - {drop})
+                ]
         result = kubectl(self.cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
         assert result.returncode == 0, result.stderr
         name = role["metadata"]["name"]
@@ -732,11 +764,12 @@ def _no_events(jobs: Jobs, name: str) -> None:
     ("drop", "broken"),
     [
         (("jobset.x-k8s.io", "jobsets", "create"), _no_jobset),
+        (("batch", "jobs", "create"), _no_jobset),  # the dry run of its Job: no verdict
         (("multislice.dev", "multislicejobs/status", "patch"), _no_status),
         (("", "nodes", "list"), _no_jobset),  # Existing node pools are invisible
         (("", "events", "create"), _no_events),
     ],
-    ids=["jobsets-create", "status-patch", "nodes-list", "events-create"],
+    ids=["jobsets-create", "jobs-create", "status-patch", "nodes-list", "events-create"],
 )
 def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
     api: client.ApiClient,

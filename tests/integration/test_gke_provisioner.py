@@ -466,6 +466,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
 
     from multislice_operator.api.models import MultisliceJobStatus
     from multislice_operator.reconcile import (
+        Admission,
         DecideConfig,
         DeletePools,
         JobMeta,
@@ -497,7 +498,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
         plan,
         None,
         old,
-        Observed(now=now, slices=slices),
+        Observed(now=now, slices=slices, admission=Admission()),  # the JobSet was accepted
         DecideConfig(),
     )
     status = d.status.to_dict()

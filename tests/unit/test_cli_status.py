@@ -17,15 +17,24 @@ from multislice_operator.cli import main
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolError, PoolState
 from multislice_operator.reconcile import (
+    Admission,
     DecideConfig,
     JobMeta,
     JobSetObservation,
-    Observed,
     PodFailure,
     SliceObservation,
     decide,
 )
+from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.view import duration
+
+
+def Observed(**kw):
+    """An observation in which the apiserver already accepted the JobSet (the dry run before
+    any pool, issue 14): these tests are about what comes after."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
+
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(resync_seconds=10)

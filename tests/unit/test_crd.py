@@ -43,6 +43,17 @@ def test_cel_rules_present():
     spec = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     dcn = spec["properties"]["parallelism"]["properties"]["dcn"]
     assert any("self.tensor == 1" in r["rule"] for r in dcn["x-kubernetes-validations"])
-    for field in ("accelerator", "slices", "template"):
-        rules = spec["properties"][field]["x-kubernetes-validations"]
-        assert {"rule": "self == oldSelf"}.items() <= rules[0].items()
+    # Immutability sits on spec, where both sides always have a value: absent -> present and
+    # present -> absent are changes too (a rule on the field itself would not run then).
+    rules = {r["rule"] for r in spec["x-kubernetes-validations"]}
+    for field in ("accelerator", "slices", "template", "capacity", "checkpoint", "failurePolicy"):
+        assert (
+            f"has(self.{field}) == has(oldSelf.{field}) && "
+            f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
+        ) in rules
+        own = spec["properties"][field].get("x-kubernetes-validations") or []
+        assert all("oldSelf" not in r["rule"] for r in own)
+    env = spec["properties"]["template"]["properties"]["spec"]["properties"]["containers"]
+    env_rule = env["items"]["properties"]["env"]["items"]["x-kubernetes-validations"][0]
+    assert "'MEGASCALE_NUM_SLICES'" in env_rule["rule"]
+    assert env_rule["messageExpression"].startswith("self.name + ")

@@ -42,7 +42,7 @@ def test_environment_contract_documents_every_variable() -> None:
         {
             "accelerator": "v5litepod-16",
             "slices": 2,
-            "checkpoint": {"directory": "gs://b/p"},
+            "checkpoint": {"directory": "gs://bkt/p"},
             "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
         }
     )

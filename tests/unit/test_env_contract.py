@@ -55,7 +55,7 @@ def pod_env(
 @pytest.mark.parametrize(
     ("accelerator", "slices", "spec"),
     [
-        ("v5litepod-16", 2, {"checkpoint": {"directory": "gs://b/run"}}),
+        ("v5litepod-16", 2, {"checkpoint": {"directory": "gs://bkt/run"}}),
         ("v4-16", 4, {"parallelism": {"ici": {"fsdp": 8}, "dcn": {"data": 2, "fsdp": 2}}}),
         ("v5p-32", 3, {"provisioning": {"mode": "Existing"}}),
     ],

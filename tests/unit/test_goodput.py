@@ -22,14 +22,15 @@ from multislice_operator.controller.observe import pod_observations, summarize_p
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile import (
+    Admission,
     DecideConfig,
     JobMeta,
     JobSetObservation,
-    Observed,
     PodFailure,
     SliceObservation,
     decide,
 )
+from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.reconcile.goodput import (
     STATE_OF_PHASE,
     accounting_state,
@@ -38,6 +39,14 @@ from multislice_operator.reconcile.goodput import (
     parse_termination_message,
     steps_lost,
 )
+
+
+def Observed(**kw):
+    """An observation in which the apiserver already accepted the JobSet (the dry run before
+    any pool, issue 14): these tests are about what comes after."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
+
 
 S = GoodputState
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)

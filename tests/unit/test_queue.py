@@ -12,6 +12,7 @@ from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
+    Admission,
     AdmissionCheckObservation,
     CheckObservation,
     CheckState,
@@ -21,7 +22,6 @@ from multislice_operator.reconcile import (
     DeletePools,
     JobMeta,
     JobSetObservation,
-    Observed,
     PodSetUpdate,
     QueueObservation,
     SetAdmissionCheckActive,
@@ -30,7 +30,16 @@ from multislice_operator.reconcile import (
     WorkloadObservation,
     decide,
 )
+from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.reconcile.queue import activate
+
+
+def Observed(**kw):
+    """An observation in which the apiserver already accepted the JobSet (the dry run before
+    any pool, issue 14): these tests are about what comes after."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
+
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(

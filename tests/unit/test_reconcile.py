@@ -15,6 +15,7 @@ from multislice_operator.provisioning.base import (
 )
 from multislice_operator.reconcile import (
     AddFinalizer,
+    Admission,
     CreateJobSet,
     CreatePools,
     DecideConfig,
@@ -22,7 +23,6 @@ from multislice_operator.reconcile import (
     DeletePools,
     JobMeta,
     JobSetObservation,
-    Observed,
     PodFailure,
     RemoveFinalizer,
     SetJobSetSuspend,
@@ -30,8 +30,17 @@ from multislice_operator.reconcile import (
     backoff_seconds,
     decide,
 )
+from multislice_operator.reconcile import Observed as _Observed
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def Observed(**kw):
+    """An observation in which the apiserver already accepted the JobSet (dry run): the tests
+    of admission itself pass `admission` explicitly."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
+
 CFG = DecideConfig(backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10)
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 

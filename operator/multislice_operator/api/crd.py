@@ -15,7 +15,11 @@ from pydantic import BaseModel
 from multislice_operator import catalog, plan
 from multislice_operator.api import models
 
-# Fields that cannot change once the job exists: changing them means a different job.
+# Fields that shape the node pools or the JobSet: they cannot be added, changed or removed once
+# the job exists (changing them means a different job). The rules sit on spec itself, where both
+# the old and the new object always have a value: a transition rule on the field would not run
+# when the field is absent on either side, and adding `capacity: {type: Spot}` to a job created
+# without capacity would slip through.
 IMMUTABLE = (
     "accelerator",
     "slices",
@@ -26,16 +30,29 @@ IMMUTABLE = (
     "failurePolicy",
 )
 
+def _unchanged(name: str) -> dict[str, str]:
+    return {
+        "rule": f"has(self.{name}) == has(oldSelf.{name}) && "
+        f"(!has(self.{name}) || self.{name} == oldSelf.{name})",
+        "message": f"spec.{name} is immutable (it cannot be added, changed or removed); delete "
+        "and recreate the job to change it",
+    }
+
+
+def _mode(side: str) -> str:
+    default = models.ProvisioningMode.MANAGED.value
+    return (
+        f"(has({side}.provisioning) && has({side}.provisioning.mode) ? "
+        f"{side}.provisioning.mode : '{default}')"
+    )
+
+
 SPEC_RULES: list[dict[str, str]] = [
+    _unchanged("topology"),
+    # provisioning also holds mutable fields: the mode is compared as it takes effect (absent
+    # means Managed), so adding `provisioning: {timeoutSeconds: 600}` stays allowed.
     {
-        "rule": "has(self.topology) == has(oldSelf.topology) && "
-        "(!has(self.topology) || self.topology == oldSelf.topology)",
-        "message": "spec.topology is immutable; delete and recreate the job to change it",
-    },
-    {
-        "rule": "!has(self.provisioning) || !has(oldSelf.provisioning) || "
-        "!has(self.provisioning.mode) || !has(oldSelf.provisioning.mode) || "
-        "self.provisioning.mode == oldSelf.provisioning.mode",
+        "rule": f"{_mode('self')} == {_mode('oldSelf')}",
         "message": "spec.provisioning.mode is immutable; delete and recreate the job to change it",
     },
 ]
@@ -153,22 +170,21 @@ def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     schema = _schema_of(models.MultisliceJobSpec)
-    for name in IMMUTABLE:
-        prop = schema["properties"][name]
-        prop.setdefault("x-kubernetes-validations", []).append(
-            {
-                "rule": "self == oldSelf",
-                "message": f"spec.{name} is immutable; delete and recreate the job to change it",
-            }
-        )
     for rule in models.SPEC_RULES:  # stated once in the model, with their Python twin
+        if not rule.cel:  # enforced by a rule inside its own schema (the pod template's)
+            continue
         node = schema
         for part in rule.path:
             node = node["properties"][part]
-        node.setdefault("x-kubernetes-validations", []).append(
-            {"rule": rule.cel, "message": rule.message}
-        )
-    schema["x-kubernetes-validations"] = list(SPEC_RULES)
+        validation = {"rule": rule.cel, "message": rule.message}
+        if rule.message_expression:
+            validation["messageExpression"] = rule.message_expression
+        node.setdefault("x-kubernetes-validations", []).append(validation)
+    schema["x-kubernetes-validations"] = [
+        *SPEC_RULES[:1],
+        *(_unchanged(name) for name in IMMUTABLE),
+        *SPEC_RULES[1:],
+    ]
     return schema
 
 

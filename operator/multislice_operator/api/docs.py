@@ -56,6 +56,8 @@ def _type(node: dict[str, Any], path: str) -> str:
             return f"[[]object](#{_anchor(path)})"
         return f"[]{_type(items, path)}"
     if kind == "object":
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            return "object (a pod template)" if "properties" in node else "object (free-form)"
         if "properties" in node:
             return f"[object](#{_anchor(path)})"
         return "object (free-form)"
@@ -105,7 +107,9 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
         target = prop
         if prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
             child, target = f"{child}[]", prop["items"]
-        if "properties" in target:
+        # A partly typed free-form object (the pod template) is one row: Kubernetes documents it.
+        typed = "properties" in target and not target.get("x-kubernetes-preserve-unknown-fields")
+        if typed:
             nested.append((child, target))
         default = "required" if name in required else ""
         if "default" in prop:
@@ -114,7 +118,7 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
         if child == "status.phase":
             text = ["Where the job is now: see [Phases](#phases)."]
         text += [f"Limits: {', '.join(limits)}." for limits in [_limits(prop)] if limits]
-        if "properties" not in target:  # an object's rules are listed in its own section
+        if not typed:  # an object's rules are listed in its own section
             text += [f"Rule: {rule}." for rule in _rules(prop)]
         out.append(
             f"| `{name}` | {_type(prop, child)} | {default} | "

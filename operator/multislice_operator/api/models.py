@@ -6,6 +6,7 @@ The CRD's openAPIV3Schema is generated from these models (api/crd.py); descripti
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from multislice_operator.api import podtemplate
 from multislice_operator.catalog import ACCELERATOR_PATTERN
 
 GROUP = "multislice.dev"
@@ -155,14 +157,18 @@ class Training(_Model):
     )
 
 
+CHECKPOINT_DIR_MAX = 1024
+
+
 class Checkpoint(_Model):
     """Where the workload saves and resumes checkpoints."""
 
     directory: str | None = Field(
         default=None,
         min_length=1,
-        description="Checkpoint directory (gs://bucket/path or a mounted path), handed to the "
-        "workload as MULTISLICE_CHECKPOINT_DIR.",
+        max_length=CHECKPOINT_DIR_MAX,
+        description="Checkpoint directory: gs://bucket/path or an absolute path of a mounted "
+        "volume (/...), handed to the workload as MULTISLICE_CHECKPOINT_DIR.",
     )
 
 
@@ -189,6 +195,16 @@ class FailurePolicy(_Model):
         json_schema_extra={
             "items": {"type": "integer", "minimum": EXIT_CODE_MIN, "maximum": EXIT_CODE_MAX}
         },
+    )
+    unschedulable_timeout_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=7 * 24 * 3600,
+        description=(
+            "How long a pod may stay unschedulable while every slice's capacity is ready before "
+            "the job fails with the scheduler's reason and releases its node pools (e.g. a "
+            "nodeSelector no node of the slices carries)."
+        ),
     )
 
 
@@ -231,11 +247,13 @@ class MultisliceJobSpec(_Model):
         description=(
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
-            "toleration and the multislice environment. Pods run with hostNetwork: true and "
-            "dnsPolicy: ClusterFirstWithHostNet (DCN traffic over the hosts' NICs, as GKE's "
-            "Multislice example and xpk do) unless the template sets hostNetwork itself: "
-            "hostNetwork: false opts out."
+            "toleration and the multislice environment, whose variables no container may set. "
+            "Pods run with hostNetwork: true and dnsPolicy: ClusterFirstWithHostNet (DCN traffic "
+            "over the hosts' NICs, as GKE's Multislice example and xpk do) unless the template "
+            "sets hostNetwork itself: hostNetwork: false opts out. The whole template is checked "
+            "by the apiserver and the JobSet webhook (a dry run) before any node pool is created."
         ),
+        json_schema_extra=podtemplate.schema(),
     )
 
 
@@ -250,6 +268,31 @@ class Rule:
     cel: str
     message: str
     holds: Callable[[MultisliceJobSpec], bool]
+    # The message from the value (CEL messageExpression, and its Python twin), when it must name
+    # what is wrong; `message` is then the apiserver's fallback.
+    message_expression: str | None = None
+    explain: Callable[[MultisliceJobSpec], str] | None = None
+
+
+# gs://BUCKET[/PATH] (bucket names as Cloud Storage allows them) or an absolute local path; never
+# "..", a control character (a newline splits the env value) or $(VAR), which Kubernetes expands.
+GCS_DIR_RE = r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$"
+CHECKPOINT_DIR_MESSAGE = (
+    "spec.checkpoint.directory must be gs://BUCKET/PATH or an absolute path of a mounted volume "
+    "(/...), without '..' segments, control characters (a newline) or $(VAR) references"
+)
+
+
+def checkpoint_dir_ok(directory: str | None) -> bool:
+    if directory is None:
+        return True
+    scheme_ok = bool(re.match(GCS_DIR_RE, directory)) or directory.startswith("/")
+    return (
+        scheme_ok
+        and "$(" not in directory
+        and not re.search(r"[\x00-\x1f\x7f]", directory)
+        and not re.search(r"(^|/)\.\.(/|$)", directory)
+    )
 
 
 SPEC_RULES: list[Rule] = [
@@ -290,6 +333,27 @@ SPEC_RULES: list[Rule] = [
         holds=lambda s: all(
             EXIT_CODE_MIN <= c <= EXIT_CODE_MAX for c in s.failure_policy.non_retryable_exit_codes
         ),
+    ),
+    Rule(
+        path=("checkpoint",),
+        field="spec.checkpoint.directory",
+        cel="!has(self.directory) || ((self.directory.matches('" + GCS_DIR_RE + "') || "
+        "self.directory.startsWith('/')) && !self.directory.contains('$(') && "
+        "!self.directory.matches('[[:cntrl:]]') && "
+        "!self.directory.matches('(^|/)[.][.](/|$)'))",
+        message=CHECKPOINT_DIR_MESSAGE,
+        holds=lambda s: checkpoint_dir_ok(s.checkpoint.directory),
+    ),
+    # The contract variables are refused at admission by the CEL rule on each env entry of the
+    # template (api/podtemplate.py); this is its Python twin, naming every variable at once.
+    Rule(
+        path=(),
+        field="spec.template.spec.containers[].env",
+        cel="",
+        message=f"sets contract variables: {podtemplate.RESERVED_ENV_MESSAGE}",
+        holds=lambda s: not podtemplate.reserved_env(s.template),
+        explain=lambda s: f"{', '.join(podtemplate.reserved_env(s.template))} "
+        f"{podtemplate.RESERVED_ENV_MESSAGE}",
     ),
 ]
 
@@ -374,6 +438,12 @@ class SliceStatus(_Model):
         default=None,
         description="When this slice was seen to lose its capacity; cleared once it is ready "
         "again.",
+    )
+    not_ready_time: datetime | None = Field(
+        default=None,
+        description="When this slice, once ready, was first seen with fewer Ready hosts than it "
+        "needs while its nodes are still there (a blip until the node NotReady grace period "
+        "passes); cleared once it is ready again.",
     )
 
 
@@ -617,6 +687,11 @@ class MultisliceJobStatus(_Model):
     )
     running_time: datetime | None = Field(
         default=None, description="When every slice was first seen running."
+    )
+    capacity_ready_time: datetime | None = Field(
+        default=None,
+        description="Since when every slice's capacity has been ready without a break: "
+        "spec.failurePolicy.unschedulableTimeoutSeconds counts from here at the earliest.",
     )
     goodput: GoodputStatus | None = Field(
         default=None,

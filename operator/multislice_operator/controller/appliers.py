@@ -16,23 +16,26 @@ from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJob
-from multislice_operator.controller import kueue
+from multislice_operator.controller import admission, kueue
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import Conflict, owner_reference
+from multislice_operator.controller.kube import ApiError, Conflict, owner_reference
 from multislice_operator.controller.runtime import Runtime
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolError
 from multislice_operator.reconcile import (
     Action,
     AddFinalizer,
+    Admission,
     CreateJobSet,
     CreatePools,
     DeleteJob,
+    DeleteJobSet,
     DeletePools,
     RemoveFinalizer,
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
     SetJobSetSuspend,
+    ValidateJobSet,
 )
 from multislice_operator.reconcile.types import CheckState
 from multislice_operator.render import render_jobset
@@ -42,11 +45,25 @@ log = logging.getLogger("multislice_operator")
 
 @dataclass
 class Target:
-    """The job an action is for: its body as last read, the parsed job and its plan."""
+    """The job an action is for: its body as last read, the parsed job and its plan (None for a
+    job whose spec no longer parses: only its pools and finalizer can be acted on)."""
 
     body: dict[str, Any]
-    job: MultisliceJob
-    plan: Plan
+    job: MultisliceJob | None
+    plan: Plan | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation") or 0)
+
+    def planned(self) -> tuple[MultisliceJob, Plan]:
+        if self.job is None or self.plan is None:  # decide() asks this of valid jobs only
+            raise RuntimeError(f"no plan for {self.namespace}/{self.name}")
+        return self.job, self.plan
 
     @property
     def namespace(self) -> str:
@@ -82,8 +99,9 @@ async def remove_finalizer(rt: Runtime, t: Target, _: RemoveFinalizer) -> None:
 async def create_pools(rt: Runtime, t: Target, action: CreatePools) -> None:
     if rt.provisioner is None:
         return
-    pools = [p for p in t.plan.node_pools if p.slice_index in action.slices]
-    result = await rt.provisioner.create(t.plan, pools, t.uid)
+    _, plan = t.planned()
+    pools = [p for p in plan.node_pools if p.slice_index in action.slices]
+    result = await rt.provisioner.create(plan, pools, t.uid)
     _count("create", result.errors)
     for err in result.errors:
         log.warning("create refused job=%s/%s %s", t.namespace, t.name, err)
@@ -92,14 +110,38 @@ async def create_pools(rt: Runtime, t: Target, action: CreatePools) -> None:
 async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     if rt.provisioner is None:
         return
-    result = await rt.provisioner.delete(t.plan, list(action.pools))
+    if t.plan is not None:
+        result = await rt.provisioner.delete(t.plan, list(action.pools))
+    else:
+        result = await rt.provisioner.delete_named(list(action.pools))
     _count("delete", result.errors)
 
 
-async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
-    jobset = render_jobset(t.plan, t.job.spec, t.job.metadata.labels)
+def _jobset(t: Target) -> dict[str, Any]:
+    job, plan = t.planned()
+    jobset = render_jobset(plan, job.spec, job.metadata.labels)
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
-    if await rt.kube.create_jobset(jobset):
+    return jobset
+
+
+async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
+    verdict = await admission.judge(rt.kube, _jobset(t))
+    rt.judged(t.key, t.uid, t.generation, verdict)
+    rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
+
+
+async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
+    try:
+        created = await rt.kube.create_jobset(_jobset(t))
+    except ApiError as exc:
+        refused = admission.refusal(exc)
+        if refused is None:
+            raise
+        log.warning("jobset create refused job=%s/%s: %s", t.namespace, t.name, refused)
+        rt.judged(t.key, t.uid, t.generation, Admission(refused=refused))
+        rt.queue.add(t.key)
+        return
+    if created:
         log.info("jobset created job=%s/%s", t.namespace, t.name)
         return
     existing = await rt.kube.get_jobset(t.namespace, t.name)
@@ -109,6 +151,12 @@ async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
             summary = ob.summarize_jobset(existing)
             summary["owned"] = False
             rt.strangers[(t.namespace, t.name)] = summary
+
+
+async def delete_jobset(rt: Runtime, t: Target, _: DeleteJobSet) -> None:
+    await rt.kube.delete_jobset(t.namespace, t.name)
+    rt.deleted_jobsets.add(t.key)
+    log.info("jobset deleted job=%s/%s", t.namespace, t.name)
 
 
 async def set_jobset_suspend(rt: Runtime, t: Target, action: SetJobSetSuspend) -> None:
@@ -198,6 +246,8 @@ APPLIERS: dict[type[Any], Applier] = {
     CreatePools: create_pools,
     DeletePools: delete_pools,
     CreateJobSet: create_jobset,
+    ValidateJobSet: validate_jobset,
+    DeleteJobSet: delete_jobset,
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,
     SetAdmissionCheckState: set_admission_check_state,

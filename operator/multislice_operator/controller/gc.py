@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 
 from multislice_operator import metrics
@@ -26,15 +27,25 @@ async def collect_orphans(rt: Runtime) -> list[str]:
     if rt.provisioner is None:
         return []
     # Read from the apiserver, not the watch: a job created a moment ago must not look gone.
+    # Watching named namespaces (the chart then grants Roles there only), list each of them; a
+    # pool of a namespace this operator does not watch is never its business (another install).
+    patterns = rt.settings.namespaces
+    exact = bool(patterns) and not any(c in p for p in patterns for c in "*?[")
+    listed = (
+        [await rt.kube.list_jobs(ns) for ns in patterns] if exact else [await rt.kube.list_jobs()]
+    )
     jobs = {
         (j["metadata"]["namespace"], j["metadata"]["name"]): j["metadata"].get("uid")
-        for j in await rt.kube.list_jobs()
+        for batch in listed
+        for j in batch
     }
     pools = await rt.provisioner.list_owned()
     orphans = []
     for pool in pools:
         ns, name = getattr(pool, "namespace", None), getattr(pool, "job_name", None)
         if ns is None or name is None or pool.status in (PoolState.ABSENT, PoolState.DELETING):
+            continue
+        if patterns and not any(fnmatch.fnmatch(ns, p) for p in patterns):
             continue
         uid = jobs.get((ns, name))
         if uid is None or (pool.owner_uid and uid != pool.owner_uid):

@@ -32,7 +32,7 @@ from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
-from multislice_operator.controller.runtime import Indexes, JobKey, Runtime
+from multislice_operator.controller.runtime import Indexes, Runtime
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
 from multislice_operator.settings import Settings
@@ -95,6 +95,7 @@ async def startup(
             backoff_base_seconds=ours.backoff_base_seconds,
             backoff_max_seconds=ours.backoff_max_seconds,
             resync_seconds=ours.resync_seconds,
+            not_ready_grace_seconds=ours.node_not_ready_grace_seconds,
             kueue_workload_wait_seconds=ours.kueue_workload_wait_seconds,
         ),
         indexes=Indexes(
@@ -182,21 +183,20 @@ async def _exit_when_lost(elector: LeaderElector) -> None:
 
 
 async def _worker(rt: Runtime) -> None:
-    errors: dict[JobKey, int] = {}
     while True:
         key = await rt.queue.get()
         try:
-            delay = await reconcile(rt, key, errors.get(key, 0))
+            delay = await reconcile(rt, key, rt.errors.get(key, 0))
         finally:
             rt.queue.done(key)
         if delay is None:
-            errors.pop(key, None)
+            rt.errors.pop(key, None)
             continue
-        if delay < 0:  # an error: back off per job, exponentially
-            errors[key] = errors.get(key, 0) + 1
+        if delay < 0:  # an error: back off per job (whichever worker runs it), exponentially
+            rt.errors[key] = rt.errors.get(key, 0) + 1
             delay = -delay
         else:
-            errors.pop(key, None)
+            rt.errors.pop(key, None)
         rt.queue.add(key, delay)
 
 

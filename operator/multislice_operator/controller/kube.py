@@ -89,6 +89,32 @@ class Kube:
             return None
         return obj
 
+    async def delete_jobset(self, namespace: str, name: str) -> None:
+        """Delete the JobSet now (its Jobs and pods go with it, background); gone is success."""
+        try:
+            await self._call(
+                "delete",
+                f"{JOBSETS}/namespaces/{_q(namespace)}/jobsets/{_q(name)}",
+                payload={"propagationPolicy": "Background"},
+            )
+        except NotFound:
+            return
+
+    async def dry_run_create(self, body: dict[str, Any]) -> None:
+        """Create `body` with ?dryRun=All: the apiserver validates, defaults and runs every
+        admission webhook (JobSet's included) and persists nothing. Raises the refusal. Not
+        retried here (a webhook's denial is a 403 that kopf would retry)."""
+        meta = body["metadata"]
+        group, _, version = str(body["apiVersion"]).rpartition("/")
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
+        await self._call(
+            "post",
+            f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All",
+            payload=body,
+            backoffs=(),
+        )
+
     async def set_jobset_suspend(self, namespace: str, name: str, suspend: bool) -> None:
         await self._call(
             "patch",
@@ -159,8 +185,10 @@ class Kube:
         except NotFound:
             return
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
-        result = await self._call("get", f"{MSJ}/{models.PLURAL}")
+    async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every MultisliceJob, or those of one namespace (RBAC may grant only Roles)."""
+        where = f"/namespaces/{_q(namespace)}" if namespace else ""
+        result = await self._call("get", f"{MSJ}{where}/{models.PLURAL}")
         items: list[dict[str, Any]] = result.get("items", [])
         return items
 

@@ -7,6 +7,7 @@ so memory stays small with thousands of jobs; `observe()` assembles them for one
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,10 +22,12 @@ from multislice_operator.provisioning.base import (
     PoolState,
 )
 from multislice_operator.reconcile import (
+    Admission,
     JobSetObservation,
     Observed,
     PodFailure,
     SliceObservation,
+    UnschedulablePod,
 )
 from multislice_operator.reconcile.goodput import parse_termination_message
 
@@ -58,6 +61,7 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "succeeded": succeeded,
         "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "jobName": labels.get(keys.JOB_NAME),
+        "deleting": bool((body.get("metadata") or {}).get("deletionTimestamp")),
         "created": (body.get("metadata") or {}).get("creationTimestamp"),
     }
 
@@ -75,9 +79,11 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             # Where the run stood (contract section 2); only the two numbers are kept.
             step, checkpoint_step = parse_termination_message(term.get("message"))
             break
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conds.get("Ready") or {}).get("status") == "True"
+    scheduled = conds.get("PodScheduled") or {}
+    unschedulable = (
+        scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     )
     return {
         "pod": meta.get("name", ""),
@@ -90,6 +96,13 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "step": step,
         "checkpointStep": checkpoint_step,
         "deleting": bool(meta.get("deletionTimestamp")),
+        # The scheduler's verdict, only while it cannot place the pod.
+        "unschedulable": (
+            (scheduled.get("lastTransitionTime") or meta.get("creationTimestamp") or "")
+            if unschedulable
+            else None
+        ),
+        "schedulerMessage": (scheduled.get("message") or "") if unschedulable else "",
     }
 
 
@@ -105,6 +118,7 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
+        "present": not meta.get("deletionTimestamp"),
         "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
@@ -146,6 +160,22 @@ def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[s
     return {str(pool): sum(1 for n in items if n["ready"]) for pool, items in nodes.items()}
 
 
+def present_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:
+    """Nodes that exist, Ready or not (a NotReady node is still the slice's VM)."""
+    return {
+        str(pool): sum(1 for n in items if n.get("present", True)) for pool, items in nodes.items()
+    }
+
+
+@dataclass(frozen=True)
+class PoolOwner:
+    """The job another pool of one of our pool's names belongs to (from the pool's labels)."""
+
+    job: str  # namespace/name
+    older: bool  # that job is live and was created before ours, or that cannot be told
+    gone: bool  # that job no longer exists (the sweep would delete the pool; so may we)
+
+
 def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | None:
     if summary is None:
         return None
@@ -160,8 +190,29 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         active_jobs=summary["active"],
         succeeded_jobs=summary["succeeded"],
         owned=summary["owned"],
+        deleting=bool(summary.get("deleting")),
         created=_time(summary.get("created")),
     )
+
+
+def unschedulable_pods(pods: Iterable[dict[str, Any]], attempt: int) -> list[UnschedulablePod]:
+    """Pods of the current attempt that the scheduler says it cannot place."""
+    out = []
+    for p in pods:
+        since = _time(p.get("unschedulable"))
+        if since is None or p["attempt"] != attempt or p["deleting"] or p["phase"] != "Pending":
+            continue
+        out.append(UnschedulablePod(p["pod"], p["slice"], since, p.get("schedulerMessage") or ""))
+    return out
+
+
+def pods_by_slice(pods: Iterable[dict[str, Any]], attempt: int) -> dict[int, int]:
+    """Pods of the current attempt that exist (any phase, not being deleted), per slice."""
+    out: dict[int, int] = {}
+    for p in pods:
+        if p["attempt"] == attempt and p["slice"] is not None and not p["deleting"]:
+            out[p["slice"]] = out.get(p["slice"], 0) + 1
+    return out
 
 
 def pod_observations(
@@ -193,7 +244,12 @@ def pod_observations(
 
 
 def managed_slices(
-    plan: Plan, gang: GangObservation, ready_by_pool: Mapping[str, int], uid: str
+    plan: Plan,
+    gang: GangObservation,
+    ready_by_pool: Mapping[str, int],
+    uid: str,
+    present_by_pool: Mapping[str, int] | None = None,
+    owners: Mapping[str, PoolOwner] | None = None,
 ) -> list[SliceObservation]:
     out = []
     for spec in plan.node_pools:
@@ -213,6 +269,10 @@ def managed_slices(
             )
             continue
         foreign = bool(pool.owner_uid and uid and pool.owner_uid != uid)
+        # A foreign pool of our name is ours to replace only when it is a previous incarnation of
+        # this job, or its job is gone; another live job's pool is never touched (a collision).
+        owner = (owners or {}).get(spec.name) if foreign else None
+        taken_by = owner.job if owner is not None and not owner.gone else None
         out.append(
             SliceObservation(
                 index=spec.slice_index,
@@ -220,8 +280,11 @@ def managed_slices(
                 pool_state=pool.status,
                 ready_hosts=ready_by_pool.get(spec.name, 0),
                 error=pool.error,
-                foreign=foreign,
+                foreign=foreign and taken_by is None,
                 operation_pending=pool.operation_pending,
+                present_hosts=(present_by_pool or {}).get(spec.name, 0),
+                taken_by=taken_by,
+                taken_by_older=owner.older if owner is not None else True,
             )
         )
     return out
@@ -264,10 +327,15 @@ def observe(
     provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
     node_selector: Mapping[str, str] | None = None,
+    admission: Admission | None = None,
+    strays: Mapping[str, PoolState] | None = None,
+    owners: Mapping[str, PoolOwner] | None = None,
     blind_since: datetime | None = None,
 ) -> Observed:
     js = jobset_observation(jobset)
-    failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
+    pods = list(pods)
+    attempt = js.restarts if js else 0
+    failures, running, succeeded = pod_observations(pods, attempt)
     obs = Observed(
         now=now,
         blind_since=blind_since,
@@ -277,10 +345,21 @@ def observe(
         succeeded_pods=succeeded,
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
+        admission=admission,
+        unschedulable=unschedulable_pods(pods, attempt),
+        pods_by_slice=pods_by_slice(pods, attempt),
+        strays=dict(strays or {}),
     )
     if plan.managed:
         if gang is not None:
-            obs.slices = managed_slices(plan, gang, ready_nodes_by_pool(nodes), uid)
+            obs.slices = managed_slices(
+                plan,
+                gang,
+                ready_nodes_by_pool(nodes),
+                uid,
+                present_nodes_by_pool(nodes),
+                owners,
+            )
     else:
         obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
     return obs

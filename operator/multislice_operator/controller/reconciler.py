@@ -7,6 +7,7 @@ only when it changed.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import time
 from dataclasses import dataclass
@@ -17,10 +18,11 @@ from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJobStatus, Phase
 from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import NotFound
+from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile import Decision, JobMeta, Observed, decide, goodput
 
 log = logging.getLogger("multislice_operator")
@@ -89,15 +91,76 @@ def job_meta(body: dict[str, Any]) -> JobMeta:
     )
 
 
+def _jobset(rt: Runtime, key: JobKey) -> dict[str, Any] | None:
+    jobset: dict[str, Any] | None = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
+    if jobset is None:
+        rt.deleted_jobsets.discard(key)
+    elif key in rt.deleted_jobsets:  # deleted by us; the watch has not caught up yet
+        jobset = {**jobset, "deleting": True}
+    return jobset
+
+
+def _watched(rt: Runtime, namespace: str | None) -> bool:
+    patterns = rt.settings.namespaces
+    return bool(namespace) and (
+        not patterns or any(fnmatch.fnmatch(str(namespace), p) for p in patterns)
+    )
+
+
+def _owner(rt: Runtime, key: JobKey, meta: JobMeta, pool: Any) -> ob.PoolOwner:
+    """Who a pool of one of our names belongs to, when its owner uid is not ours."""
+    ns, name = getattr(pool, "namespace", None), getattr(pool, "job_name", None)
+    job = f"{ns}/{name}"
+    if (ns, name) == key:  # a previous incarnation of this very job: ours to replace
+        return ob.PoolOwner(job, older=False, gone=True)
+    other = rt.store.get((ns, name)) if ns and name else None
+    other_meta = (other or {}).get("metadata") or {}
+    if other is None or not _watched(rt, ns):
+        return ob.PoolOwner(job, older=True, gone=False)  # cannot be told: never touched
+    if other_meta.get("uid") != pool.owner_uid:  # that job was recreated since: an orphan
+        return ob.PoolOwner(job, older=False, gone=True)
+    theirs = job_meta(other)
+    if theirs.creation_time is None or meta.creation_time is None:
+        return ob.PoolOwner(job, older=True, gone=False)
+    older = (theirs.creation_time, theirs.uid) <= (meta.creation_time, meta.uid)
+    return ob.PoolOwner(job, older=older, gone=False)
+
+
+async def _ownership(
+    rt: Runtime, key: JobKey, meta: JobMeta, plan: Plan | None
+) -> tuple[dict[str, PoolState], dict[str, ob.PoolOwner]]:
+    """Pools labelled with this job's uid that the plan does not name (strays, released), and
+    the owners of pools that have the plan's names but another owner (never deleted if live)."""
+    managed = plan is not None and plan.managed
+    if rt.provisioner is None or not (managed or meta.has_finalizer):
+        return {}, {}  # a job never Managed never had a pool
+    try:
+        owned = await rt.provisioner.list_owned(max_age=rt.cfg.resync_seconds)
+    except Exception as exc:  # the same shared listing observe() reads: unknown, not absent
+        raise ObservationError(f"node pools unknown: {exc}") from exc
+    names = {p.name for p in plan.node_pools} if plan is not None else set()
+    strays: dict[str, PoolState] = {}
+    owners: dict[str, ob.PoolOwner] = {}
+    for pool in owned:
+        if pool.name in names:
+            if pool.owner_uid and pool.owner_uid != meta.uid:
+                owners[pool.name] = _owner(rt, key, meta, pool)
+        elif pool.owner_uid and pool.owner_uid == meta.uid:
+            strays[pool.name] = pool.status
+    return strays, owners
+
+
 async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) -> Observed:
     gang, offered = None, None
     configured = rt.provisioner is not None
+    meta = job_meta(body)
     if plan.managed and rt.provisioner is not None:
         gang = await rt.provisioner.observe(plan, max_age=rt.cfg.resync_seconds)
         if not gang.complete:
             raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
-    jobset = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
+    strays, owners = await _ownership(rt, key, meta, plan)
+    jobset = _jobset(rt, key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
     observed = ob.observe(
         plan,
@@ -110,6 +173,9 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         provisioner_configured=configured,
         offered_error=offered,
         node_selector=template.get("nodeSelector") or {},
+        admission=rt.admission_of(key, meta.uid, meta.generation),
+        strays=strays,
+        owners=owners,
         blind_since=rt.blind_since(key),
     )
     queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
@@ -131,6 +197,17 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
         log.warning("observe failed job=%s/%s retry_in=%.0fs error=%s", *key, delay, exc)
         metrics.RECONCILE_TOTAL.labels("error").inc()
         return -delay  # negative: an error delay, the caller counts consecutive errors
+    except ApiError as exc:  # the apiserver said no for now (429, 5xx, 409...): no traceback
+        delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2.0**errors)
+        log.warning(
+            "kubernetes call failed job=%s/%s retry_in=%.0fs status=%s error=%s",
+            *key,
+            delay,
+            exc.status,
+            exc,
+        )
+        metrics.RECONCILE_TOTAL.labels("error").inc()
+        return -delay
     except Exception as exc:  # the operator must keep serving every other job
         delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2.0**errors)
         log.exception("reconcile failed job=%s/%s retry_in=%.0fs error=%s", *key, delay, exc)
@@ -151,17 +228,19 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     raw_old = dict(body.get("status") or {})
     old = MultisliceJobStatus.from_dict(raw_old)
     if parsed.plan is None:
-        obs = Observed(now=datetime.now(UTC), blind_since=rt.blind_since(key))
+        # No plan, but the job's own pools (by uid) and JobSet are still known and released.
+        strays, _ = await _ownership(rt, key, meta, None)
+        js = ob.jobset_observation(_jobset(rt, key))
+        obs = Observed(
+            now=datetime.now(UTC), strays=strays, jobset=js, blind_since=rt.blind_since(key)
+        )
         decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
     else:
         obs = await observe(rt, key, body, parsed.plan)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
-    target = appliers.Target(body, parsed.job, parsed.plan) if parsed.plan else None
-    if target is not None:
-        await appliers.apply(rt, target, decision.actions)
-        body = target.body
-    elif decision.actions:  # an invalid job being deleted: only the finalizer can go
-        await rt.kube.remove_finalizer(body, keys.FINALIZER)
+    target = appliers.Target(body, parsed.job, parsed.plan)
+    await appliers.apply(rt, target, decision.actions)
+    body = target.body
     if meta.deleting and not meta.has_finalizer:
         return decision  # going away with nothing of ours attached: nothing to write
     await _write(rt, key, body, raw_old, decision)

@@ -11,7 +11,7 @@ from typing import Any
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.provisioning.base import Provisioner
-from multislice_operator.reconcile import DecideConfig
+from multislice_operator.reconcile import Admission, DecideConfig
 from multislice_operator.settings import Settings
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -79,6 +79,13 @@ class Runtime:
     # wakes only the jobs it could help.
     waiting_for_nodes: dict[tuple[str, str], set[JobKey]] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # The apiserver's verdict on each job's JobSet, for (uid, generation): asked once before the
+    # first pool (dry run), replaced by a refused create. Memory only: asked again after restart.
+    admission: dict[JobKey, tuple[str, int, Admission]] = field(default_factory=dict)
+    # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
+    deleted_jobsets: set[JobKey] = field(default_factory=set)
+    # Consecutive failed passes per job (shared by every worker): the exponential backoff.
+    errors: dict[JobKey, int] = field(default_factory=dict)
     # The last parse of each job's spec, by (uid, generation, labels): see reconciler.parse_cached.
     parsed: dict[JobKey, tuple[Any, Any]] = field(default_factory=dict)
     # Goodput: the jobs this process has completed a pass of (it watches them since), and when
@@ -108,6 +115,18 @@ class Runtime:
         self.parsed.pop(key, None)
         self.wait_for_nodes(key, None)
         self.watched.discard(key)
+        self.admission.pop(key, None)
+        self.deleted_jobsets.discard(key)
+        self.errors.pop(key, None)
 
     def blind_since(self, key: JobKey) -> datetime | None:
         return None if key in self.watched else self.previous_alive
+
+    def admission_of(self, key: JobKey, uid: str, generation: int) -> Admission | None:
+        known = self.admission.get(key)
+        if known is None or known[0] != uid or known[1] != generation:
+            return None
+        return known[2]
+
+    def judged(self, key: JobKey, uid: str, generation: int, verdict: Admission) -> None:
+        self.admission[key] = (uid, generation, verdict)

@@ -11,6 +11,7 @@ from multislice_operator.reconcile.flow import decide
 from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
+    Admission,
     AdmissionCheckObservation,
     CheckObservation,
     CheckState,
@@ -19,6 +20,7 @@ from multislice_operator.reconcile.types import (
     DecideConfig,
     Decision,
     DeleteJob,
+    DeleteJobSet,
     DeletePools,
     Event,
     JobMeta,
@@ -32,12 +34,15 @@ from multislice_operator.reconcile.types import (
     SetAdmissionCheckState,
     SetJobSetSuspend,
     SliceObservation,
+    UnschedulablePod,
+    ValidateJobSet,
     WorkloadObservation,
 )
 
 __all__ = [
     "Action",
     "AddFinalizer",
+    "Admission",
     "AdmissionCheckObservation",
     "CheckObservation",
     "CheckState",
@@ -46,6 +51,7 @@ __all__ = [
     "DecideConfig",
     "Decision",
     "DeleteJob",
+    "DeleteJobSet",
     "DeletePools",
     "Event",
     "JobMeta",
@@ -59,6 +65,8 @@ __all__ = [
     "SetAdmissionCheckState",
     "SetJobSetSuspend",
     "SliceObservation",
+    "UnschedulablePod",
+    "ValidateJobSet",
     "WorkloadObservation",
     "at_second",
     "backoff_seconds",

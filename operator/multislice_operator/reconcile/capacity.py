@@ -21,25 +21,46 @@ NO_PROVISIONER = (
 )
 
 
+NAME_TAKEN = "PoolNameTaken"
+
+
 def slice_ready(s: SliceObservation, hosts: int) -> bool:
     return (
         s.pool_state in (PoolState.READY, PoolState.UPDATING)
         and s.ready_hosts >= hosts
         and not s.foreign
+        and not s.taken_by
     )
 
 
 def slice_lost(s: SliceObservation, seen_ready: bool) -> bool:
     """Capacity that was there is gone: pool broken or deleted, or its nodes disappeared.
 
-    A READY pool without Ready nodes is only lost if its nodes were seen Ready since it was
-    created (`seen_ready`): a fresh pool's nodes take a moment to register.
+    A READY pool without nodes is only lost if its nodes were seen Ready since it was created
+    (`seen_ready`): a fresh pool's nodes take a moment to register. Nodes that are there but not
+    Ready are a blip until the grace period passes (see `_repair`), not a loss.
     """
-    if s.foreign or s.pool_state in (PoolState.FAILED, PoolState.ABSENT, PoolState.DELETING):
+    if s.foreign or s.taken_by:
+        return True
+    if s.pool_state in (PoolState.FAILED, PoolState.ABSENT, PoolState.DELETING):
         return True
     return (
-        s.pool_state in (PoolState.READY, PoolState.DEGRADED) and s.ready_hosts == 0 and seen_ready
+        s.pool_state in (PoolState.READY, PoolState.DEGRADED)
+        and s.hosts_present == 0
+        and seen_ready
     )
+
+
+def _not_ready_for(ctx: Ctx, s: SliceObservation, hosts: int) -> float | None:
+    """Seconds a once-ready slice has had fewer Ready hosts than it needs while its pool is up;
+    None when it is not in that state."""
+    old = ctx.old.slice(s.index)
+    if old is None or not old.seen_ready or slice_ready(s, hosts):
+        return None
+    if s.pool_state not in (PoolState.READY, PoolState.DEGRADED, PoolState.UPDATING):
+        return None
+    since = old.not_ready_time or ctx.now
+    return (ctx.now - since).total_seconds()
 
 
 def capacity_ready(
@@ -83,6 +104,10 @@ def _gang(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, gang_up: bool) -> bool:
         ctx.cond(PROVISIONED, "False", "ProvisionerNotConfigured", NO_PROVISIONER)
         ctx.phase(Phase.PENDING, NO_PROVISIONER)
         ctx.requeue_in(ctx.cfg.resync_seconds * 3)
+        return False
+    taken = [s for s in obs.slices if s.taken_by and s.taken_by_older]
+    if taken:
+        _name_taken(ctx, plan, taken[0])
         return False
     permanent = [s.error for s in obs.slices if s.error and s.error.permanent]
     if obs.offered_error is not None and not gang_up and not pools_present(ctx):
@@ -164,6 +189,13 @@ def _advance(ctx: Ctx, plan: Plan, new_attempt: bool) -> None:
         ctx.status.next_attempt_time = None
     ready = sum(1 for s in ctx.obs.slices if slice_ready(s, plan.shape.hosts))
     message = f"provisioning {plan.slices} node pools as a gang: {ready}/{plan.slices} ready"
+    waiting = [s for s in ctx.obs.slices if s.taken_by]
+    if waiting:
+        s = waiting[0]
+        message += (
+            f"; waiting for job {s.taken_by} (created after this one) to release node pool "
+            f"{s.pool}, whose name collides with this job's"
+        )
     ctx.cond(PROVISIONED, "False", "Provisioning", message)
     ctx.phase(Phase.PROVISIONING, message)
     ctx.requeue_in(ctx.cfg.resync_seconds)
@@ -193,6 +225,19 @@ def _rollback(ctx: Ctx, plan: Plan, reason: str, message: str) -> None:
     ctx.requeue_in(wait)
 
 
+def _name_taken(ctx: Ctx, plan: Plan, s: SliceObservation) -> None:
+    release(ctx, plan)
+    message = (
+        f"node pool {s.pool} (slice {s.index}) belongs to job {s.taken_by}, which was created "
+        "first: the two jobs' node pool names collide; nothing of that job is touched; rename "
+        "this job and recreate it"
+    )
+    ctx.cond(PROVISIONED, "False", NAME_TAKEN, message)
+    ctx.cond(ConditionType.FAILED, "True", NAME_TAKEN, message)
+    ctx.status.completion_time = ctx.now
+    ctx.phase(Phase.FAILED, message)
+
+
 def gang_failed(ctx: Ctx, plan: Plan, err: PoolError) -> None:
     release(ctx, plan)
     message = f"{err}; retrying cannot help, fix the spec or the project and recreate the job"
@@ -204,12 +249,41 @@ def gang_failed(ctx: Ctx, plan: Plan, err: PoolError) -> None:
 
 def _repair(ctx: Ctx, plan: Plan) -> bool:
     """The JobSet exists: replace the pool of any slice that lost its capacity, that slice only."""
-    hosts = plan.shape.hosts
-    lost = [s for s in ctx.obs.slices if slice_lost(s, _seen_ready(ctx, s.index))]
+    hosts, grace = plan.shape.hosts, ctx.cfg.not_ready_grace_seconds
+    lost, why = [], {}
+    for s in ctx.obs.slices:
+        if slice_lost(s, _seen_ready(ctx, s.index)):
+            lost.append(s)
+            continue
+        elapsed = _not_ready_for(ctx, s, hosts)
+        if elapsed is None:
+            continue
+        if elapsed >= grace:
+            lost.append(s)
+            why[s.index] = f"{s.ready_hosts}/{hosts} hosts Ready, NotReady for {elapsed:.0f}s"
+            continue
+        ctx.not_ready.add(s.index)  # a blip: an event, not a repair
+        ctx.requeue_in(grace - elapsed)
+        old = ctx.old.slice(s.index)
+        if old is not None and old.not_ready_time is None:
+            ctx.event(
+                "Warning",
+                "SliceNotReady",
+                f"slice {s.index}: {s.ready_hosts}/{hosts} hosts Ready, {s.hosts_present} nodes "
+                f"there; node pool {s.pool} is replaced if they are not Ready within {grace:.0f}s",
+            )
+    for s in ctx.obs.slices:
+        old = ctx.old.slice(s.index)
+        if old and old.not_ready_time and slice_ready(s, hosts):
+            ctx.event(
+                "Normal",
+                "SliceReady",
+                f"slice {s.index} is Ready again after a NotReady blip; nothing was replaced",
+            )
     broken = tuple(
         s.pool
         for s in lost
-        if s.pool and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
+        if s.pool and not s.taken_by and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
     )
     if broken:
         ctx.actions.append(DeletePools(tuple(p for p in broken if p)))
@@ -221,7 +295,7 @@ def _repair(ctx: Ctx, plan: Plan) -> bool:
     if absent:
         ctx.actions.append(CreatePools(absent))
     for s in lost:
-        why = (
+        reason = why.get(s.index) or (
             s.error.code
             if s.error
             else (
@@ -235,12 +309,18 @@ def _repair(ctx: Ctx, plan: Plan) -> bool:
             ctx.event(
                 "Warning",
                 "SliceLost",
-                f"slice {s.index} lost its capacity ({why}); replacing node pool {s.pool}; "
+                f"slice {s.index} lost its capacity ({reason}); replacing node pool {s.pool}; "
                 "all slices restart once it is ready",
             )
-    ready = all(slice_ready(s, hosts) for s in ctx.obs.slices)
+    ready = all(slice_ready(s, hosts) or s.index in ctx.not_ready for s in ctx.obs.slices)
     if ready:
-        ctx.cond(PROVISIONED, "True", "GangReady", f"all {plan.slices} node pools ready")
+        message = f"all {plan.slices} node pools ready"
+        if ctx.not_ready:
+            blips = ", ".join(str(i) for i in sorted(ctx.not_ready))
+            message += (
+                f"; slice {blips} NotReady with its nodes there (replaced after {grace:.0f}s)"
+            )
+        ctx.cond(PROVISIONED, "True", "GangReady", message)
     else:
         n = sum(1 for s in ctx.obs.slices if slice_ready(s, hosts))
         ctx.cond(
@@ -264,23 +344,32 @@ def _was_repairing(ctx: Ctx, index: int) -> bool:
 # ---------------------------------------------------------------- releasing
 
 
+def strays(ctx: Ctx) -> list[str]:
+    gone = (PoolState.ABSENT, PoolState.DELETING)
+    return [name for name, state in sorted(ctx.obs.strays.items()) if state not in gone]
+
+
 def pools_present(ctx: Ctx) -> list[str]:
-    """Pools that exist and are not already going away (deleting them again is harmless)."""
+    """Pools of ours that exist and are not already going away (deleting them again is harmless).
+    A pool of our name that another live job owns is never ours to delete."""
     return [
         s.pool
         for s in ctx.obs.slices
-        if s.pool and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-    ]
+        if s.pool and not s.taken_by and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
+    ] + strays(ctx)
 
 
-def release(ctx: Ctx, plan: Plan) -> bool:
-    """Delete every pool of a Managed job; True when none is left."""
-    if not plan.managed:
-        return True
-    present = pools_present(ctx)
+def release(ctx: Ctx, plan: Plan | None) -> bool:
+    """Delete every pool of the job (its plan's, and any other labelled with its uid); True when
+    none is left."""
+    # An Existing job's slices are pools of the cluster, not ours: only its strays are released.
+    managed = plan is not None and plan.managed
+    slices = ctx.obs.slices if managed else []
+    present = pools_present(ctx) if managed else strays(ctx)
     if present:
         ctx.actions.append(DeletePools(tuple(present)))
-    remaining = [s for s in ctx.obs.slices if s.pool_state != PoolState.ABSENT]
-    if remaining:
+    remaining = [s for s in slices if s.pool_state != PoolState.ABSENT and not s.taken_by]
+    left = [n for n, state in ctx.obs.strays.items() if state != PoolState.ABSENT]
+    if remaining or left:
         ctx.requeue_in(ctx.cfg.resync_seconds / 2)
-    return not remaining
+    return not remaining and not left

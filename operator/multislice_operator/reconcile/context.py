@@ -79,6 +79,7 @@ class Ctx:
         self.events: list[Event] = []
         self.requeue: float | None = None
         self.repairing: set[int] = set()
+        self.not_ready: set[int] = set()  # slices NotReady within the grace period (a blip)
         self.rolled_back: str | None = None  # this pass rolled the gang back: why
 
     def cond(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:

@@ -18,11 +18,11 @@ from multislice_operator.api.models import (
     Phase,
 )
 from multislice_operator.errors import SpecError
-from multislice_operator.plan import Plan
+from multislice_operator.plan import REPLICATED_JOB, Plan
 from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile import goodput
 from multislice_operator.reconcile import queue as kueue
-from multislice_operator.reconcile.capacity import capacity_ready, release
+from multislice_operator.reconcile.capacity import capacity_ready, release, strays
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.running import (
     complete,
@@ -37,11 +37,14 @@ from multislice_operator.reconcile.types import (
     DecideConfig,
     Decision,
     DeleteJob,
+    DeleteJobSet,
+    DeletePools,
     JobMeta,
     JobSetObservation,
     Observed,
     RemoveFinalizer,
     SetJobSetSuspend,
+    ValidateJobSet,
 )
 
 RELEASING_NOTE = " (releasing node pools)"
@@ -67,8 +70,11 @@ def decide(
     _dcn_condition(ctx, plan)
     if meta.deleting:
         _deleting(ctx, plan)
-    elif _finished_before(ctx.old):
+    elif _finished_before(ctx.old) and _world_agrees(ctx):
         _finished(ctx, spec, plan)
+    elif _finished_before(ctx.old):
+        _status_ignored(ctx)
+        _active(ctx, spec, plan)
     elif spec.suspend:
         _suspended(ctx, plan)
     else:
@@ -87,6 +93,31 @@ def _finished_before(old: MultisliceJobStatus) -> bool:
     return not (validated is not None and validated.status == "False")  # a fixed spec runs again
 
 
+def _world_agrees(ctx: Ctx) -> bool:
+    """A terminal status is only believed when the world shows that nothing of the job runs: no
+    JobSet of ours (none, a stranger's, one being deleted, one suspended: no pods) or ours is
+    terminal itself. Status is memory, not a command: a phase written by hand never deletes the
+    pools under running pods."""
+    js = ctx.obs.jobset
+    return js is None or not js.owned or js.completed or js.failed or js.deleting or js.suspended
+
+
+def _status_ignored(ctx: Ctx) -> None:
+    ctx.event(
+        "Warning",
+        "StatusIgnored",
+        f"status.phase says {ctx.old.phase} but the JobSet is still running: the operator does "
+        "not act on a status it did not derive from the world; the phase is recomputed",
+    )
+    # Forget the terminal memory that came with it, so the job is judged from the world again.
+    ctx.status.completion_time = None
+    ctx.status.conditions = [
+        c
+        for c in ctx.status.conditions
+        if c.type not in (ConditionType.COMPLETED, ConditionType.FAILED)
+    ]
+
+
 def _invalid(ctx: Ctx, error: SpecError | None) -> None:
     message = str(error) if error else "the spec could not be read"
     ctx.cond(ConditionType.VALIDATED, "False", "InvalidSpec", message)
@@ -94,8 +125,14 @@ def _invalid(ctx: Ctx, error: SpecError | None) -> None:
     ctx.phase(Phase.FAILED, f"invalid spec: {message}")
     if ctx.old.message != ctx.status.message and ctx.old.phase == Phase.FAILED:
         ctx.event("Warning", "InvalidSpec", message)
-    if ctx.meta.deleting and ctx.meta.has_finalizer:
-        ctx.actions.append(RemoveFinalizer())  # no plan: no pool name this job could own
+    # Without a plan the job's pools are still known by its uid (a spec that became invalid under
+    # a newer operator): they are released, and its JobSet stopped, like any failed job's.
+    js = ctx.obs.jobset
+    if js is not None and js.owned and not js.deleting:
+        ctx.actions.append(DeleteJobSet())
+    released = release(ctx, None)
+    if ctx.meta.deleting and ctx.meta.has_finalizer and released:
+        ctx.actions.append(RemoveFinalizer())
 
 
 def _dcn_condition(ctx: Ctx, plan: Plan) -> None:
@@ -151,6 +188,7 @@ def _suspended(ctx: Ctx, plan: Plan) -> None:
     released = release(ctx, plan)
     ctx.status.attempt_start_time = None
     ctx.status.next_attempt_time = None
+    ctx.status.capacity_ready_time = None
     ctx.cond(ConditionType.PROVISIONED, "False", "Suspended", "capacity released while suspended")
     ctx.cond(ConditionType.SLICES_READY, "False", "Suspended", "job is suspended")
     detail = "" if released else RELEASING_NOTE
@@ -160,6 +198,9 @@ def _suspended(ctx: Ctx, plan: Plan) -> None:
 def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     if ctx.status.start_time is None:
         ctx.status.start_time = ctx.now
+    unused = strays(ctx)  # labelled with our uid, named by no plan of ours: never needed
+    if unused:
+        ctx.actions.append(DeletePools(tuple(unused)))
     js = ctx.obs.jobset
     if js is not None and not js.owned:
         message = (
@@ -175,18 +216,29 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     if js is not None and js.failed:
         complete(ctx, Phase.FAILED, js.failure_reason or "JobSetFailed", why_failed(ctx, spec))
         return
+    if js is None and not _admitted(ctx, plan):
+        return
     queue = kueue.queue_name(ctx)
     if queue:  # Kueue admits it: quota first, then the gang (reconcile/queue.py)
         kueue.active(ctx, spec, plan, queue)
+        if js is not None and ctx.status.phase in (Phase.STARTING, Phase.RUNNING, Phase.RESTARTING):
+            provisioned = ctx.status.condition(ConditionType.PROVISIONED)
+            ready = not plan.managed or (provisioned is not None and provisioned.status == "True")
+            _startup_deadlines(ctx, spec, plan, js, ready)
+        else:
+            ctx.status.capacity_ready_time = None
         return
     # Existing pools are the JobSet's business once it runs; Managed pools are ours to repair.
     ready = capacity_ready(ctx, spec, plan) if plan.managed or js is None or js.suspended else True
     if ctx.status.phase == Phase.FAILED:
+        if js is not None and js.owned and not js.deleting:
+            ctx.actions.append(DeleteJobSet())  # no pods left waiting for released capacity
         return
     if js is None:
         if ready:
             ctx.actions.append(CreateJobSet())
             ctx.status.job_set = plan.name
+            ctx.status.capacity_ready_time = ctx.status.capacity_ready_time or ctx.now
             # Written as the next pass will see it (the JobSet, nothing running yet), so creating
             # the JobSet costs one status write, not two.
             running_phase(ctx, plan, JobSetObservation(), ready)
@@ -194,6 +246,7 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     ctx.status.job_set = plan.name
     count_restarts(ctx, spec, js)
     if js.suspended:
+        ctx.status.capacity_ready_time = None  # no pod to judge until it runs
         if ready:
             ctx.actions.append(SetJobSetSuspend(False))
             ctx.phase(Phase.STARTING, "capacity ready again; resuming the JobSet")
@@ -203,3 +256,92 @@ def _active(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
             ctx.phase(Phase.PROVISIONING if plan.managed else Phase.PENDING, f"resuming: {waiting}")
         return
     running_phase(ctx, plan, js, ready)
+    _startup_deadlines(ctx, spec, plan, js, ready)
+
+
+def _startup_deadlines(
+    ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, js: JobSetObservation, ready: bool
+) -> None:
+    """A running JobSet whose pods cannot start: the clock counts from when every slice's
+    capacity was ready (a JobSet a queue keeps suspended has no pods to judge)."""
+    free = ready and not js.suspended and not js.deleting
+    ctx.status.capacity_ready_time = (ctx.status.capacity_ready_time or ctx.now) if free else None
+    if free and not _unschedulable(ctx, spec, plan):
+        _pods_not_created(ctx, spec, plan)
+
+
+def _admitted(ctx: Ctx, plan: Plan) -> bool:
+    """Before the first pool (and before the JobSet): the apiserver's own verdict on the JobSet
+    and its Jobs. True: go on; False: judged now (failed, or the question is asked)."""
+    verdict = ctx.obs.admission
+    if verdict is None:
+        ctx.actions.append(ValidateJobSet())
+        if ctx.old.phase is None:
+            ctx.phase(Phase.PENDING, "checking the JobSet with the apiserver (dry run)")
+        else:  # the question is asked again after a restart: nothing else changes
+            ctx.phase(Phase(ctx.old.phase), ctx.old.message or "")
+        ctx.requeue_in(ctx.cfg.resync_seconds)
+        return False
+    if not verdict.refused:
+        return True
+    message = (
+        f"the apiserver refuses the JobSet this job renders: {verdict.refused}; fix "
+        "spec.template and recreate the job"
+    )
+    released = release(ctx, plan)
+    ctx.cond(ConditionType.FAILED, "True", "JobSetRefused", message)
+    ctx.status.completion_time = ctx.now
+    ctx.phase(Phase.FAILED, message if released else f"{message}{RELEASING_NOTE}")
+    return False
+
+
+def _unschedulable(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
+    """Pods the scheduler cannot place while every slice's capacity is ready: past the deadline
+    the job fails with the scheduler's own reason, its JobSet is deleted and its pools released."""
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    ready_since = ctx.status.capacity_ready_time or ctx.now
+    for pod in sorted(ctx.obs.unschedulable, key=lambda p: (p.since, p.pod)):
+        waited = (ctx.now - max(pod.since, ready_since)).total_seconds()
+        if waited < timeout:
+            ctx.requeue_in(timeout - waited)
+            continue
+        where = f" (slice {pod.slice_index})" if pod.slice_index is not None else ""
+        message = (
+            f"pod {pod.pod}{where} could not be scheduled for {timeout}s while every slice's "
+            f"capacity was ready (spec.failurePolicy.unschedulableTimeoutSeconds); the scheduler "
+            f"says: {pod.message}"
+        )
+        complete(ctx, Phase.FAILED, "Unschedulable", message)
+        ctx.actions.append(DeleteJobSet())
+        release(ctx, plan)
+        return True
+    return False
+
+
+def _pods_not_created(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> bool:
+    """No pod at all for a slice, long after its capacity was ready: the apiserver refuses the
+    Job controller's pods (Pod Security, quota, a pod webhook: what no dry run of the Job sees).
+    The same deadline ends the job; the Job's FailedCreate event has the apiserver's words."""
+    pods = ctx.obs.pods_by_slice
+    ready_since = ctx.status.capacity_ready_time
+    if pods is None or ready_since is None:
+        return False
+    missing = [i for i in range(plan.slices) if not pods.get(i)]
+    if not missing:
+        return False
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    waited = (ctx.now - ready_since).total_seconds()
+    if waited < timeout:
+        ctx.requeue_in(timeout - waited)
+        return False
+    first = missing[0]
+    message = (
+        f"no pod of slice {first} was created within {timeout}s while every slice's capacity "
+        "was ready (spec.failurePolicy.unschedulableTimeoutSeconds): the apiserver refuses the "
+        f"Job controller's pods; `kubectl describe job {plan.name}-{REPLICATED_JOB}-{first}` "
+        "shows why (FailedCreate)"
+    )
+    complete(ctx, Phase.FAILED, "PodsNotCreated", message)
+    ctx.actions.append(DeleteJobSet())
+    release(ctx, plan)
+    return True

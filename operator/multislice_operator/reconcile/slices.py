@@ -35,7 +35,12 @@ def slice_statuses(ctx: Ctx, plan: Plan) -> None:
 def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: int) -> None:
     """The per-slice memory: nodes seen Ready since the pool was created, and when it was lost."""
     old = ctx.old.slice(entry.index)
-    if s is None or s.pool_state in (PoolState.ABSENT, PoolState.CREATING) or s.foreign:
+    if (
+        s is None
+        or s.pool_state in (PoolState.ABSENT, PoolState.CREATING)
+        or s.foreign
+        or s.taken_by
+    ):
         entry.seen_ready = False
     else:
         entry.seen_ready = slice_ready(s, hosts) or bool(old and old.seen_ready)
@@ -45,6 +50,14 @@ def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: i
         entry.lost_time = None
     else:
         entry.lost_time = old.lost_time if old else None
+    if entry.index in ctx.not_ready:
+        entry.not_ready_time = (old.not_ready_time if old else None) or ctx.now
+        entry.message = entry.message or (
+            f"{entry.ready_hosts}/{hosts} hosts Ready, nodes there: NotReady since "
+            f"{entry.not_ready_time.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        )
+    else:
+        entry.not_ready_time = None
 
 
 def _slice_phase(ctx: Ctx, s: SliceObservation | None, i: int, hosts: int) -> SlicePhase:
@@ -57,6 +70,8 @@ def _slice_phase(ctx: Ctx, s: SliceObservation | None, i: int, hosts: int) -> Sl
         return SlicePhase.PENDING
     if i in ctx.repairing:
         return SlicePhase.REPAIRING
+    if i in ctx.not_ready:  # a blip: the slice keeps its capacity (see entry.message)
+        return SlicePhase.RUNNING if ctx.obs.running_pods.get(i, 0) >= hosts else SlicePhase.READY
     if phase == Phase.SUSPENDED and s.pool_state != PoolState.ABSENT:
         return SlicePhase.RELEASING
     if ctx.obs.succeeded_pods.get(i, 0) >= hosts:

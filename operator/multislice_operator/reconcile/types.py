@@ -22,6 +22,17 @@ class SliceObservation:
     error: PoolError | None = None
     foreign: bool = False  # a pool with our name but another owner uid (a previous incarnation)
     operation_pending: bool = False
+    # Nodes of the pool that exist (Ready or not); None: the same as ready_hosts.
+    present_hosts: int | None = None
+    # Another live job ("namespace/name") whose pool has our pool's name (a name collision): never
+    # deleted by us. `taken_by_older`: that job was created first (or we cannot tell), so this one
+    # yields and fails; otherwise this job waits for the younger one to fail and release it.
+    taken_by: str | None = None
+    taken_by_older: bool = True
+
+    @property
+    def hosts_present(self) -> int:
+        return self.ready_hosts if self.present_hosts is None else self.present_hosts
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,25 @@ class JobSetObservation:
     succeeded_jobs: int = 0
     owned: bool = True  # labelled/owned by this job; a stranger of the same name is not touched
     created: datetime | None = None  # metadata.creationTimestamp
+    deleting: bool = False  # being deleted (metadata.deletionTimestamp, or our own delete)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The apiserver's verdict (JobSet webhook included) on the JobSet this job renders and the
+    Job it would make: a server-side dry run before the first pool, or the create itself."""
+
+    refused: str = ""  # the apiserver's message; empty: accepted
+
+
+@dataclass(frozen=True)
+class UnschedulablePod:
+    """A pod of the current attempt the scheduler cannot place (PodScheduled False)."""
+
+    pod: str
+    slice_index: int | None
+    since: datetime  # the condition's lastTransitionTime (else the pod's creation)
+    message: str  # the scheduler's own words
 
 
 @dataclass(frozen=True)
@@ -137,6 +167,14 @@ class Observed:
     offered_error: PoolError | None = None
     provisioner_configured: bool = True  # Managed mode needs a GKE cluster configured
     existing_pools_found: int = 0  # Existing mode: matching pools seen, ready or not
+    # None: the rendered JobSet was not judged yet for this spec generation.
+    admission: Admission | None = None
+    unschedulable: list[UnschedulablePod] = field(default_factory=list)
+    # Pods of the current attempt per slice index, in any phase (None: not observed).
+    pods_by_slice: dict[int, int] | None = None
+    # Pools labelled with this job's uid that its plan does not name (any other mode or shape,
+    # an older naming): never used, always released. Name -> state.
+    strays: dict[str, PoolState] = field(default_factory=dict)
     # The operator could not watch this job from this time until now: it was not running (the
     # previous operator's last heartbeat, on the first pass after an operator restart). Goodput
     # charges that time to the state seen now. None: the operator was watching all along.
@@ -149,6 +187,7 @@ class DecideConfig:
     backoff_base_seconds: float = 30.0
     backoff_max_seconds: float = 600.0
     resync_seconds: float = 10.0
+    not_ready_grace_seconds: float = 300.0  # a slice NotReady this long (nodes there) is lost
     # A queued job's JobSet without a Kueue Workload after this long: say that none exists.
     kueue_workload_wait_seconds: float = 60.0
 
@@ -179,6 +218,16 @@ class DeletePools:
 @dataclass(frozen=True)
 class CreateJobSet:
     pass
+
+
+@dataclass(frozen=True)
+class ValidateJobSet:
+    """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
+
+
+@dataclass(frozen=True)
+class DeleteJobSet:
+    """The job failed for a reason of ours while its JobSet runs: stop its pods."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +278,8 @@ Action = (
     | CreatePools
     | DeletePools
     | CreateJobSet
+    | ValidateJobSet
+    | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob
     | SetAdmissionCheckState

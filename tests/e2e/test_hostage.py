@@ -1,0 +1,420 @@
+"""Issue 14 end to end: no input, update or blip holds TPUs hostage.
+
+Managed mode against the real apiserver, JobSet controller and webhooks, scheduler and kwok nodes
+(cluster profile) and the GKE simulator. Every case ends one of two ways, within a bound: the job
+runs, or it is Failed with a message that names the field or quotes the apiserver, and no node
+pool of it is left. Cases that need a real pool count the simulator's create/delete calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_local.harness import wait_for
+from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
+from multislice_local.stack import LocalStack, StackOptions
+from multislice_operator.api import models
+from multislice_operator.plan import node_pool_name
+
+NOT_READY_GRACE_S = 20  # the operator's node NotReady grace period in this module
+
+
+@pytest.fixture(scope="module")
+def stack(kube_cluster, tmp_path_factory):
+    log = tmp_path_factory.mktemp("hostage") / "operator.log"
+    options = StackOptions(
+        op_latency_s=1.0,
+        operator_log=log,
+        operator_env={"MSJ_NODE_NOT_READY_GRACE_SECONDS": str(NOT_READY_GRACE_S)},
+    )
+    s = LocalStack(options, control_plane=kube_cluster)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(stack, namespace, kube_cluster):
+    ns = namespace(kube_cluster, "hostage")
+    stack.sim.clear_faults()
+    stack.sim.configure(op_latency_s=1.0)
+    stack.sim.reset_counters()
+    yield stack, ns
+    stack.sim.clear_faults()
+
+
+def job(name: str, run: str = "1h", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "failurePolicy": {"maxRestarts": 5},
+            "template": {
+                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
+                "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
+            },
+        },
+    }
+    body["spec"].update(copy.deepcopy(spec))
+    return body
+
+
+def custom(stack: LocalStack) -> Any:
+    return client.CustomObjectsApi(stack.api)
+
+
+def create(stack: LocalStack, ns: str, body: dict[str, Any]) -> None:
+    custom(stack).create_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, body
+    )
+
+
+def get(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = custom(stack).get_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def status(stack: LocalStack, ns: str, name: str) -> dict[str, Any]:
+    return (get(stack, ns, name) or {}).get("status") or {}
+
+
+def wait_phase(stack, ns, name, phase, timeout=90) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        st = status(stack, ns, name)
+        if phase != "Failed" and st.get("phase") == "Failed":
+            raise AssertionError(f"job failed: {st}")
+        return st if st.get("phase") == phase else None
+
+    return wait_for(
+        check,
+        timeout,
+        f"{name} {phase}",
+        interval=0.5,
+        on_timeout=lambda: f"{status(stack, ns, name)}\n{stack.op.log_tail(40)}",
+    )
+
+
+def pools_of(stack: LocalStack, ns: str, name: str) -> dict[str, Any]:
+    names = {node_pool_name(ns, name, i) for i in range(2)}
+    return {k: v for k, v in stack.sim.pools().items() if k in names}
+
+
+def no_pools_left(stack: LocalStack, ns: str, name: str) -> None:
+    wait_for(
+        lambda: not pools_of(stack, ns, name),
+        60,
+        f"no node pool of {name} left",
+        interval=0.5,
+        on_timeout=lambda: f"{stack.sim.pools()}\n{stack.op.log_tail(30)}",
+    )
+
+
+def calls(stack: LocalStack, method: str) -> int:
+    return int(stack.sim.counters()["calls"].get(method, 0))
+
+
+def events(stack: LocalStack, ns: str, name: str) -> list[str]:
+    items = (
+        client.CoreV1Api(stack.api)
+        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        .items
+    )
+    return [f"{e.reason}: {e.message}" for e in items]
+
+
+def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = custom(stack).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def delete(stack: LocalStack, ns: str, name: str) -> None:
+    custom(stack).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, name
+    )
+    wait_for(
+        lambda: get(stack, ns, name) is None,
+        90,
+        f"{name} deleted (finalizer removed)",
+        interval=0.5,
+        on_timeout=lambda: f"{get(stack, ns, name)}\n{stack.op.log_tail(30)}",
+    )
+
+
+def failed_before_any_pool(stack, ns, name, needle: str) -> dict[str, Any]:
+    st = wait_phase(stack, ns, name, "Failed", 60)
+    assert needle in st["message"], st["message"]
+    assert calls(stack, "create_node_pool") == 0, stack.sim.counters()
+    assert not pools_of(stack, ns, name)
+    assert jobset(stack, ns, name) is None
+    return st
+
+
+# ---------------------------------------------------------------- items 1, 2, 3, 6: refused input
+
+
+def with_template(name: str, **changes: Any) -> dict[str, Any]:
+    body = job(name)
+    template = body["spec"]["template"]
+    for key, value in changes.items():
+        if key == "labels":
+            template["metadata"]["labels"] = value
+        elif key == "annotations":
+            template["metadata"]["annotations"].update(value)
+        elif key == "containers":
+            template["spec"]["containers"] = value
+        else:
+            template["spec"]["containers"][0][key] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"labels": {"bad key!": "x"}}, "bad key!"),  # item 3: the Job the JobSet would make
+        ({"labels": {"team": "v" * 100}}, "must be no more than 63 characters"),  # item 3
+        ({"ports": [{"containerPort": 99999}]}, "containerPort"),  # what only Job validation sees
+        (
+            {
+                "containers": [
+                    {"name": "train", "image": "example.invalid/t:1"},
+                    {"name": "train", "image": "example.invalid/s:1"},
+                ]
+            },
+            "Duplicate value",
+        ),  # item 2: a JobSet whose Jobs the apiserver refuses
+        ({"annotations": {"big": "x" * (300 * 1024)}}, "262144"),  # item 6: pod annotations
+    ],
+    ids=["label-key", "label-value", "port-range", "duplicate-container", "annotation-300KiB"],
+)
+def test_refused_template_fails_before_any_pool(env, changes, needle):
+    stack, ns = env
+    create(stack, ns, with_template("refused", **changes))
+    st = failed_before_any_pool(stack, ns, "refused", needle)
+    assert "the apiserver refuses" in st["message"], st["message"]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Failed"]["reason"] == "JobSetRefused"
+    delete(stack, ns, "refused")
+
+
+def test_jobset_webhook_refusal_fails_before_any_pool(env):
+    """`a.b.c` is a valid object name but no DNS-1035 subdomain: JobSet's webhook says so."""
+    stack, ns = env
+    try:
+        create(stack, ns, job("a.b.c"))
+    except ApiException as exc:  # refused at admission, naming the name: earlier still
+        assert exc.status == 422 and "metadata.name" in str(exc.body), exc.body
+        return
+    failed_before_any_pool(stack, ns, "a.b.c", "subdomain")
+    delete(stack, ns, "a.b.c")
+
+
+# ---------------------------------------------------------------- item 4: unschedulable pods
+
+
+def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
+    stack, ns = env
+    body = job("nosched", failurePolicy={"maxRestarts": 5, "unschedulableTimeoutSeconds": 10})
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"disktype": "ssd"}
+    create(stack, ns, body)
+    wait_for(lambda: len(pools_of(stack, ns, "nosched")) == 2, 60, "pools created")
+    st = wait_phase(stack, ns, "nosched", "Failed", 120)
+    assert "didn't match Pod's node affinity/selector" in st["message"], st["message"]
+    assert "spec.failurePolicy.unschedulableTimeoutSeconds" in st["message"]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Failed"]["reason"] == "Unschedulable"
+    no_pools_left(stack, ns, "nosched")
+    wait_for(lambda: jobset(stack, ns, "nosched") is None, 30, "JobSet of the failed job deleted")
+    time.sleep(3)  # a few resyncs: a Failed job stays Failed and creates nothing
+    assert status(stack, ns, "nosched")["phase"] == "Failed"
+    assert not pools_of(stack, ns, "nosched")
+    delete(stack, ns, "nosched")
+
+
+def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
+    """Refused only when the Job controller creates them (Pod Security enforces on pods, not on
+    Jobs, so the dry run passes): no pod ever appears; the deadline still ends it."""
+    stack, ns = env
+    client.CoreV1Api(stack.api).patch_namespace(
+        ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    create(stack, ns, job("nopods", failurePolicy={"unschedulableTimeoutSeconds": 10}))
+    wait_for(lambda: len(pools_of(stack, ns, "nopods")) == 2, 60, "pools created")
+    st = wait_phase(stack, ns, "nopods", "Failed", 120)
+    assert "no pod of slice" in st["message"], st["message"]
+    assert "kubectl describe job nopods-slice-" in st["message"]
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Failed"]["reason"] == "PodsNotCreated"
+    no_pools_left(stack, ns, "nopods")
+    wait_for(lambda: jobset(stack, ns, "nopods") is None, 30, "JobSet of the failed job deleted")
+    delete(stack, ns, "nopods")
+
+
+# ---------------------------------------------------------------- item 6: a spec over 256 KiB
+
+
+def test_a_spec_over_256KiB_runs_and_deletes(env):
+    """kopf's last-handled-configuration copy of such a spec broke every patch (fixed by the
+    redesign: kopf writes nothing to jobs); pod annotations stay under their 256 KiB limit."""
+    stack, ns = env
+    body = with_template(
+        "huge",
+        annotations={"notes": "n" * (200 * 1024), RUN_DURATION_ANNOTATION: "3s"},
+        env=[{"name": "BLOB", "value": "b" * (100 * 1024)}],
+    )
+    create(stack, ns, body)
+    wait_phase(stack, ns, "huge", "Succeeded", 120)
+    no_pools_left(stack, ns, "huge")
+    delete(stack, ns, "huge")
+
+
+# ---------------------------------------------------------------- item 7: pool-name collision
+
+
+def colliding_names(ns: str) -> tuple[str, str]:
+    """Two job names of this namespace whose node pools get the same names (6 hex of hash)."""
+    stem = "collide-abcdefghijklmnopqrs"  # fills the pool name's stem
+    seen: dict[str, str] = {}
+    for i in range(1, 200000):
+        name = f"{stem}-{i}"
+        key = hashlib.sha256(f"{ns}/{name}".encode()).hexdigest()[:6]
+        if key in seen:
+            return seen[key], name
+        seen[key] = name
+    raise AssertionError("no collision found")
+
+
+def test_pool_name_collision_never_touches_the_other_jobs_pools(env):
+    stack, ns = env
+    first, second = colliding_names(ns)
+    assert node_pool_name(ns, first, 0) == node_pool_name(ns, second, 0)
+    create(stack, ns, job(first))
+    wait_phase(stack, ns, first, "Running", 120)
+    stack.sim.reset_counters()
+    create(stack, ns, job(second))
+    st = wait_phase(stack, ns, second, "Failed", 60)
+    assert "PoolNameTaken" in {c["reason"] for c in st["conditions"]}
+    assert first in st["message"] and node_pool_name(ns, first, 0) in st["message"], st
+    time.sleep(5)  # several resyncs of both jobs
+    assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
+    running = status(stack, ns, first)
+    assert running["phase"] == "Running" and running["restarts"] == 0, running
+    assert len(pools_of(stack, ns, first)) == 2
+    delete(stack, ns, second)
+    assert len(pools_of(stack, ns, first)) == 2  # deleting the loser releases nothing of ours
+    delete(stack, ns, first)
+    no_pools_left(stack, ns, first)
+
+
+# ---------------------------------------------------------------- item 8: NotReady is not lost
+
+
+def test_a_not_ready_blip_is_an_event_not_a_repair(env):
+    stack, ns = env
+    create(stack, ns, job("blip"))
+    wait_phase(stack, ns, "blip", "Running", 120)
+    stack.sim.reset_counters()
+    pool = node_pool_name(ns, "blip", 1)
+    set_not_ready(stack.api, pool)
+    time.sleep(3)  # a few resyncs (1 s) with slice 1's nodes NotReady
+    assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
+    assert not any(e.startswith("SliceLost") for e in events(stack, ns, "blip"))
+    assert any(e.startswith("SliceNotReady") for e in events(stack, ns, "blip"))
+    set_not_ready(stack.api, pool, False)
+    wait_for(
+        lambda: any(e.startswith("SliceReady") for e in events(stack, ns, "blip")),
+        30,
+        "a SliceReady event",
+        on_timeout=lambda: "\n".join(events(stack, ns, "blip")) + stack.op.log_tail(30),
+    )
+    st = wait_phase(stack, ns, "blip", "Running", 60)
+    assert st["restarts"] == 0, st
+    assert calls(stack, "delete_node_pool") == 0 and calls(stack, "create_node_pool") == 0
+    assert not any(e.startswith("SliceLost") for e in events(stack, ns, "blip"))
+    delete(stack, ns, "blip")
+    no_pools_left(stack, ns, "blip")
+
+
+def test_not_ready_past_the_grace_period_replaces_the_slice(env):
+    stack, ns = env
+    create(stack, ns, job("gone"))
+    wait_phase(stack, ns, "gone", "Running", 120)
+    stack.sim.reset_counters()
+    pool = node_pool_name(ns, "gone", 1)
+    set_not_ready(stack.api, pool)
+    lost = wait_for(
+        lambda: [e for e in events(stack, ns, "gone") if e.startswith("SliceLost")],
+        NOT_READY_GRACE_S + 40,
+        "SliceLost after the grace period",
+        on_timeout=lambda: "\n".join(events(stack, ns, "gone")) + stack.op.log_tail(30),
+    )
+    assert "slice 1" in lost[0] and "NotReady" in lost[0], lost
+    st = wait_for(
+        lambda: (s := status(stack, ns, "gone")).get("restarts", 0) >= 1
+        and s.get("phase") == "Running"
+        and s,
+        120,
+        "running again on a new pool",
+        interval=0.5,
+        on_timeout=lambda: f"{status(stack, ns, 'gone')}\n{stack.op.log_tail(30)}",
+    )
+    assert st["slices"][0]["readyHosts"] == 4
+    assert calls(stack, "create_node_pool") == 1, stack.sim.counters()  # that slice only
+    delete(stack, ns, "gone")
+    no_pools_left(stack, ns, "gone")
+
+
+# ---------------------------------------------------------------- item 10: status is not a command
+
+
+def test_a_hand_written_terminal_status_releases_nothing(env):
+    stack, ns = env
+    create(stack, ns, job("liar"))
+    wait_phase(stack, ns, "liar", "Running", 120)
+    stack.sim.reset_counters()
+    custom(stack).patch_namespaced_custom_object_status(
+        models.GROUP,
+        models.VERSION,
+        ns,
+        models.PLURAL,
+        "liar",
+        {"status": {"phase": "Succeeded", "message": "done (by hand)"}},
+    )
+    time.sleep(3)  # a few resyncs (1 s)
+    assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
+    assert len(pools_of(stack, ns, "liar")) == 2
+    wait_for(
+        lambda: any(e.startswith("StatusIgnored") for e in events(stack, ns, "liar")),
+        30,
+        "a StatusIgnored event",
+        on_timeout=lambda: "\n".join(events(stack, ns, "liar")) + stack.op.log_tail(30),
+    )
+    st = wait_phase(stack, ns, "liar", "Running", 30)
+    time.sleep(3)
+    assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
+    assert len(pools_of(stack, ns, "liar")) == 2 and st["restarts"] == 0
+    delete(stack, ns, "liar")
+    no_pools_left(stack, ns, "liar")
