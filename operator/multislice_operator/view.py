@@ -85,8 +85,10 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
                 "seconds": max(0, int((end - seg.since).total_seconds())),
             }
         )
-    by_cause = raw.get("restartsByCause")  # issue 15 adds it; shown as it comes
-    if not isinstance(by_cause, dict):
+    by_cause = raw.get("restartsByCause")  # the causes that happened, as the status says
+    if isinstance(by_cause, dict):
+        by_cause = {k: n for k, n in by_cause.items() if n}
+    else:
         by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
     return {
         "namespace": meta.get("namespace"),

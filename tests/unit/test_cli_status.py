@@ -68,8 +68,8 @@ def restarted_job() -> dict:
         (5, None, [], {}),
         (10, JobSetObservation(ready_jobs=2), [], run),
         (100, JobSetObservation(ready_jobs=1), [failed], {0: 4}),
-        (105, JobSetObservation(restarts=1), [failed], {}),
-        (130, JobSetObservation(ready_jobs=2, restarts=1), [], run),
+        (105, JobSetObservation(restarts=1, restarts_counted=1), [failed], {}),
+        (130, JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1), [], run),
     ):
         obs = Observed(
             now=at(t), slices=list(slices), jobset=js, pod_failures=failures, running_pods=running

@@ -3,7 +3,9 @@
 Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
 ``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
 ``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices), ``queue`` (Kueue:
-quota first, then the gang, through this operator's AdmissionCheck).
+quota first, then the gang, through this operator's AdmissionCheck), ``restarts`` (restarts by
+cause, the disruption budget), ``maintenance`` (GKE's announced host maintenance), ``checkpoint``
+(checkpoints on demand), ``startup`` (the startup deadline).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
@@ -12,6 +14,7 @@ from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
     AdmissionCheckObservation,
+    AnnotatePods,
     CheckObservation,
     CheckState,
     CreateJobSet,
@@ -19,12 +22,16 @@ from multislice_operator.reconcile.types import (
     DecideConfig,
     Decision,
     DeleteJob,
+    DeleteJobSet,
     DeletePools,
     Event,
+    EvictPods,
     JobMeta,
     JobSetObservation,
+    NodeMaintenance,
     Observed,
     PodFailure,
+    PodObservation,
     PodSetUpdate,
     QueueObservation,
     RemoveFinalizer,
@@ -39,6 +46,7 @@ __all__ = [
     "Action",
     "AddFinalizer",
     "AdmissionCheckObservation",
+    "AnnotatePods",
     "CheckObservation",
     "CheckState",
     "CreateJobSet",
@@ -46,12 +54,16 @@ __all__ = [
     "DecideConfig",
     "Decision",
     "DeleteJob",
+    "DeleteJobSet",
     "DeletePools",
     "Event",
+    "EvictPods",
     "JobMeta",
     "JobSetObservation",
+    "NodeMaintenance",
     "Observed",
     "PodFailure",
+    "PodObservation",
     "PodSetUpdate",
     "QueueObservation",
     "RemoveFinalizer",

@@ -80,6 +80,7 @@ class Ctx:
         self.requeue: float | None = None
         self.repairing: set[int] = set()
         self.rolled_back: str | None = None  # this pass rolled the gang back: why
+        self.restart_cause: str | None = None  # the cause of the newest restart counted now
 
     def cond(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:
         set_condition(
@@ -90,8 +91,8 @@ class Ctx:
         self.status.phase = phase
         self.status.message = message
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append(Event(type_, reason, message))
+    def event(self, type_: str, reason: str, message: str, cause: str = "") -> None:
+        self.events.append(Event(type_, reason, message, cause))
 
     def requeue_in(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)

@@ -20,7 +20,7 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile import goodput
+from multislice_operator.reconcile import checkpoint, goodput, maintenance, restarts, startup
 from multislice_operator.reconcile import queue as kueue
 from multislice_operator.reconcile.capacity import capacity_ready, release
 from multislice_operator.reconcile.context import Ctx
@@ -37,6 +37,7 @@ from multislice_operator.reconcile.types import (
     DecideConfig,
     Decision,
     DeleteJob,
+    DeleteJobSet,
     JobMeta,
     JobSetObservation,
     Observed,
@@ -65,6 +66,7 @@ def decide(
     ctx.cond(ConditionType.VALIDATED, "True", "Valid", f"{plan.slices} x {plan.shape.accelerator}")
     ctx.status.total_chips = plan.total_chips
     _dcn_condition(ctx, plan)
+    due = None if meta.deleting else maintenance.assess(ctx, spec)
     if meta.deleting:
         _deleting(ctx, plan)
     elif _finished_before(ctx.old):
@@ -75,6 +77,7 @@ def decide(
         if plan.managed and not meta.has_finalizer:
             ctx.actions.append(AddFinalizer())  # before any pool can exist
         _active(ctx, spec, plan)
+        _disruptions(ctx, spec, plan, due)
     slice_statuses(ctx, plan)
     goodput.account(ctx, plan)
     return ctx.decision()
@@ -126,9 +129,31 @@ def _terminal_message(ctx: Ctx, phase: Phase) -> str:
     return cond.message if cond and cond.message else phase.value
 
 
+def _disruptions(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, due: str | None) -> None:
+    """After the lifecycle step: the operator's own budget (JobSet does not bound the restarts
+    it does not charge), the startup deadline, checkpoints on demand."""
+    if ctx.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        return
+    over = restarts.over_budget(ctx, spec)
+    if over is not None:
+        ctx.event("Warning", restarts.DISRUPTION_BUDGET_REASON, over)
+        complete(ctx, Phase.FAILED, "MaxDisruptionRestarts", over)
+        return  # the next pass deletes the JobSet (_finished), once this status is written
+    startup.check(ctx, spec, plan)
+    checkpoint.decide(ctx, spec, due)
+
+
 def _finished(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     phase = Phase(ctx.old.phase or Phase.FAILED)
     message = _terminal_message(ctx, phase)
+    js = ctx.obs.jobset
+    if (
+        phase == Phase.FAILED
+        and js is not None
+        and js.owned
+        and not (js.failed or js.completed or js.suspended)
+    ):
+        ctx.actions.append(DeleteJobSet())  # failed by the operator: JobSet would run it on
     if kueue.queue_name(ctx):
         kueue.finished(ctx)
     keep = phase == Phase.SUCCEEDED and spec.provisioning.keep_node_pools

@@ -34,12 +34,49 @@ class PodFailure:
     # From the workload's termination message (contract section 2), when it wrote one.
     step: int | None = None
     checkpoint_step: int | None = None
+    # The reason of the pod's DisruptionTarget condition (preemption, node shutdown, eviction,
+    # PodGC of a vanished node): the failure is a disruption, whatever the exit code.
+    disruption: str | None = None
+    termination_reason: str | None = None  # the termination message's `reason` (e.g. hang)
+    # The termination message's checkpointRequest served: (id, step).
+    checkpoint_request: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """A pod of the job that is not finished, as far as checkpoints and startup care."""
+
+    name: str
+    slice_index: int | None
+    attempt: int
+    phase: str = "Pending"
+    ready: bool = False
+    unschedulable: bool = False  # PodScheduled=False, reason Unschedulable
+    deleting: bool = False
+    node: str | None = None
+    checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
+    checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
+
+
+@dataclass(frozen=True)
+class NodeMaintenance:
+    """A node of the job with host maintenance announced by GKE (its labels)."""
+
+    node: str
+    pool: str
+    slice_index: int | None
+    time: datetime | None = None  # scheduled-maintenance-time
+    latest: datetime | None = None  # scheduled-maintenance-time-latest
+    active: bool = False  # active-node-maintenance, or the impending-node-termination taint
 
 
 @dataclass(frozen=True)
 class JobSetObservation:
     suspended: bool = False
     restarts: int = 0
+    # status.restartsCountTowardsMax: the restarts JobSet charged to maxRestarts (a disruption's
+    # RestartJobSetAndIgnoreMaxRestarts is not).
+    restarts_counted: int = 0
     completed: bool = False
     failed: bool = False
     failure_reason: str = ""
@@ -59,6 +96,7 @@ class JobMeta:
     generation: int
     creation_time: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
     deleting: bool = False  # metadata.deletionTimestamp is set
     has_finalizer: bool = False  # our finalizer is on the object
 
@@ -142,6 +180,8 @@ class Observed:
     # charges that time to the state seen now. None: the operator was watching all along.
     blind_since: datetime | None = None
     queue: QueueObservation | None = None  # only for a job with the queue-name label
+    pods: list[PodObservation] = field(default_factory=list)  # not finished, every attempt
+    maintenance: list[NodeMaintenance] = field(default_factory=list)  # the job's nodes only
 
 
 @dataclass(frozen=True)
@@ -192,6 +232,29 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class DeleteJobSet:
+    """A failed job's JobSet that JobSet itself would keep running (the operator's own budget,
+    maxDisruptionRestarts, ran out: JobSet does not bound RestartJobSetAndIgnoreMaxRestarts)."""
+
+
+@dataclass(frozen=True)
+class AnnotatePods:
+    """Set one annotation on these pods of the job (a checkpoint request)."""
+
+    pods: tuple[str, ...]
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EvictPods:
+    """Evict these pods (Eviction API: the DisruptionTarget condition, so that the JobSet
+    restarts every slice without charging maxRestarts)."""
+
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PodSetUpdate:
     """Applied by Kueue to a pod set's template at admission (AdmissionCheckState.podSetUpdates)."""
 
@@ -232,6 +295,9 @@ Action = (
     | SetJobSetSuspend
     | DeleteJob
     | SetAdmissionCheckState
+    | DeleteJobSet
+    | AnnotatePods
+    | EvictPods
 )
 
 
@@ -240,6 +306,7 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    cause: str = ""  # a slice failure's cause (the metric's label); "" for other events
 
 
 @dataclass
