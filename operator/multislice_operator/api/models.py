@@ -240,7 +240,7 @@ class FailurePolicy(_Model):
     )
     startup_timeout_seconds: int | None = Field(
         default=None,
-        ge=30,
+        ge=10,
         le=7 * 24 * 3600,
         description=(
             "Once every slice's capacity is ready, how long a start or restart may take until "
