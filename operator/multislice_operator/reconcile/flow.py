@@ -133,9 +133,11 @@ def _disruptions(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, due: str | None)
     """After the lifecycle step: the operator's own budget (JobSet does not bound the restarts
     it does not charge), the startup deadline, checkpoints on demand."""
     if ctx.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        ctx.status.startup = None
         return
     over = restarts.over_budget(ctx, spec)
     if over is not None:
+        ctx.status.startup = None
         ctx.event("Warning", restarts.DISRUPTION_BUDGET_REASON, over)
         complete(ctx, Phase.FAILED, "MaxDisruptionRestarts", over)
         return  # the next pass deletes the JobSet (_finished), once this status is written
