@@ -21,7 +21,14 @@ from multislice_operator.controller.kube import NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.reconcile import Decision, JobMeta, Observed, decide, goodput
+from multislice_operator.reconcile import (
+    Decision,
+    JobMeta,
+    Observed,
+    RemoveFinalizer,
+    decide,
+    goodput,
+)
 
 log = logging.getLogger("multislice_operator")
 
@@ -176,7 +183,12 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         await rt.kube.remove_finalizer(body, keys.FINALIZER)
     if meta.deleting and not meta.has_finalizer:
         return decision  # going away with nothing of ours attached: nothing to write
-    await _write(rt, key, body, raw_old, decision)
+    # Our finalizer just came off: the job goes now (its DELETED event may be handled while this
+    # pass still writes), so nothing of it is stored, tracked or counted again.
+    gone = meta.deleting and any(isinstance(a, RemoveFinalizer) for a in decision.actions)
+    await _write(rt, key, body, raw_old, decision, record=not gone)
+    if gone:
+        return decision
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now)
@@ -202,7 +214,12 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | N
 
 
 async def _write(
-    rt: Runtime, key: JobKey, body: dict[str, Any], old: dict[str, Any], d: Decision
+    rt: Runtime,
+    key: JobKey,
+    body: dict[str, Any],
+    old: dict[str, Any],
+    d: Decision,
+    record: bool = True,
 ) -> None:
     new = d.status.to_dict()
     patch = status_patch(old, new)
@@ -212,7 +229,8 @@ async def _write(
         except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
             return
         (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
-        rt.store.put(updated)
+        if record:
+            rt.store.put(updated)
     for event in d.events:
         if event.reason in SLICE_FAILURE_REASONS:
             label, causes = SLICE_FAILURE_REASONS[event.reason]
@@ -222,7 +240,8 @@ async def _write(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
         await rt.kube.post_event(body, event.type, event.reason, event.message)
-    _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+    if record:
+        _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
