@@ -59,7 +59,18 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
         ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"]),
         ("stockout", ["GangRolledBack", "GCE_STOCKOUT"]),
         ("preemption", ["SliceLost", "preempting spot node pool"]),
-        ("fatal", ["exited with non-retryable code 42"]),
+        ("fatal", ["exited with non-retryable code 78"]),
+        (
+            "maintenance",
+            [
+                "MaintenanceScheduled",
+                "CheckpointRequested",
+                "CheckpointSaved",
+                "cause disruption: not charged to maxRestarts",
+                "restarts: 1 (disruption 1)",
+                "0 steps lost",
+            ],
+        ),
         ("delete", ["deleting the job while its node pools are being created", "the job is gone"]),
         (
             "queue",

@@ -350,6 +350,12 @@ def test_managed_maintenance_maps_pools_to_slices():
     }
     (m,) = maintenance_observations(plan, nodes, [])
     assert (m.slice_index, m.pool) == (1, pool)
+    # A pod of an attempt that ended does not say which slice the node serves now.
+    old = [PodObservation("p", 0, 0, "Running", True, node="n")]
+    (m,) = maintenance_observations(plan, nodes, old, attempt=1)
+    assert m.slice_index == 1
+    (m,) = maintenance_observations(plan, nodes, old, attempt=0)
+    assert m.slice_index == 0
 
 
 # ---------------------------------------------------------------- maintenance

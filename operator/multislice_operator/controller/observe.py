@@ -290,11 +290,19 @@ def pod_views(pods: Iterable[dict[str, Any]]) -> list[PodObservation]:
 
 
 def maintenance_observations(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], pods: list[PodObservation]
+    plan: Plan,
+    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    pods: list[PodObservation],
+    attempt: int | None = None,
 ) -> list[NodeMaintenance]:
     """The job's nodes with maintenance announced: the nodes of its own pools (Managed) or the
-    nodes its pods run on (Existing), each with the slice it serves."""
-    hosting = {p.node: p.slice_index for p in pods if p.node and not p.deleting}
+    nodes its pods run on (Existing), each with the slice its pod of the current attempt serves
+    (JobSet may place a slice on another of the job's pools after a restart)."""
+    hosting = {
+        p.node: p.slice_index
+        for p in pods
+        if p.node and not p.deleting and (attempt is None or p.attempt == attempt)
+    }
     if plan.managed:
         pools: Iterable[tuple[Any, int | None]] = [
             (pool.name, pool.slice_index) for pool in plan.node_pools
@@ -411,7 +419,7 @@ def observe(
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
         pods=views,
-        maintenance=maintenance_observations(plan, nodes, views),
+        maintenance=maintenance_observations(plan, nodes, views, js.restarts if js else None),
     )
     if plan.managed:
         if gang is not None:
