@@ -108,6 +108,12 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "lastFailure": st.last_failure.model_dump(by_alias=True, exclude_none=True, mode="json")
         if st.last_failure
         else None,
+        "maintenance": st.maintenance.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.maintenance
+        else None,
+        "checkpoint": st.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.checkpoint and st.checkpoint.request_id
+        else None,
         "provisioningAttempts": st.provisioning_attempts,
         "nextAttemptTime": _iso(st.next_attempt_time),
         "nextAttemptInSeconds": max(0, int((st.next_attempt_time - now).total_seconds()))
@@ -194,6 +200,20 @@ def render(v: dict[str, Any], console: Any) -> None:
             f"  last failure: pod {failure['pod']}"
             + (f" exit code {code}" if code is not None else "")
             + (f" {failure['reason']}" if failure.get("reason") else "")
+            + (f" (cause {failure['cause']})" if failure.get("cause") else "")
+        )
+    maint = v["maintenance"]
+    if maint:
+        slices = ", ".join(str(i) for i in maint.get("slices", [])) or "-"
+        what = "in progress" if maint.get("active") else f"at {maint.get('time', '-')}"
+        console.print(f"maintenance: {what} on slices {slices} ({maint.get('nodes', 0)} nodes)")
+    cp = v["checkpoint"]
+    if cp:
+        saved = cp.get("savedStep")
+        console.print(
+            f"checkpoint: request {cp['requestId']} ({cp.get('source')}) at "
+            f"{cp.get('requestTime', '-')}, {cp.get('podsAnnotated', 0)} pods, "
+            + (f"saved at step {saved}" if saved is not None else "not saved yet")
         )
 
     console.print()

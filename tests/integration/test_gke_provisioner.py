@@ -490,9 +490,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
         for p in obs.pools.values()
     ]
     now = datetime(2026, 12, 1, tzinfo=UTC)
-    old = MultisliceJobStatus(
-        phase="Provisioning", provisioning_attempts=1, attempt_start_time=now
-    )
+    old = MultisliceJobStatus(phase="Provisioning", provisioning_attempts=1, attempt_start_time=now)
     d = decide(
         JobMeta("team-a", "llm", UID, 1, has_finalizer=True),
         job.spec,

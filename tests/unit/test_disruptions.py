@@ -545,8 +545,14 @@ def test_no_request_while_the_jobset_is_suspended_or_absent():
 STARTUP = {"failurePolicy": {"startupTimeoutSeconds": 60}}
 
 
-def slow_pods(unschedulable: bool = True, attempt: int = 0) -> list[PodObservation]:
-    up = [PodObservation(f"job-slice-0-{h}", 0, attempt, "Running", True) for h in range(4)]
+def slow_pods(
+    unschedulable: bool = True, attempt: int = 0, pool: str | None = None
+) -> list[PodObservation]:
+    """Slice 0 runs (on `pool`, when given), slice 1's pods do not."""
+    up = [
+        PodObservation(f"job-slice-0-{h}", 0, attempt, "Running", True, node=f"n{h}", pool=pool)
+        for h in range(4)
+    ]
     down = [
         PodObservation(f"job-slice-1-{h}", 1, attempt, "Pending", unschedulable=unschedulable)
         for h in range(4)
@@ -624,17 +630,19 @@ def test_managed_slice_whose_pods_cannot_schedule_gets_a_new_pool_once():
         "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
-    d = run(old, STARTING, pods=slow_pods(), slices=slices, mode="Managed", **STARTUP)
-    assert DeletePools((slices[1].pool,)) in d.actions
-    assert not [a for a in d.actions if isinstance(a, EvictPods)]
+    # JobSet put slice 0 on the pool of status.slices[1]: the free one, pool 0, is replaced.
+    pods = slow_pods(pool=slices[1].pool)
+    d = run(old, STARTING, pods=pods, slices=slices, mode="Managed", **STARTUP)
+    assert d.actions == [DeletePools((slices[0].pool,))]
     (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
-    assert "replacing the node pool of slice 1" in event.message
-    assert d.status.startup is not None and d.status.startup.repaired == [1]
+    assert "slice 1: 0/4 pods running (unschedulable)" in event.message
+    assert f"replacing node pool {slices[0].pool}, on which no pod" in event.message
+    assert d.status.startup is not None and d.status.startup.repaired == [0]
     # Still stuck after the new pool: every slice restarts instead.
     later = d.status.model_copy(deep=True)
     assert later.startup is not None
     later.startup.since = at(-120)
-    again = run(later, STARTING, pods=slow_pods(), slices=slices, mode="Managed", t=5, **STARTUP)
+    again = run(later, STARTING, pods=pods, slices=slices, mode="Managed", t=5, **STARTUP)
     assert [a for a in again.actions if isinstance(a, EvictPods)]
     assert not [a for a in again.actions if isinstance(a, DeletePools)]
 
@@ -666,3 +674,36 @@ def test_the_clock_stops_while_capacity_is_not_ready():
     d = run(old, STARTING, pods=slow_pods(), slices=lost, mode="Managed", **STARTUP)
     assert not [a for a in d.actions if isinstance(a, EvictPods)]
     assert d.status.startup is not None and d.status.startup.since is None
+
+
+def test_a_pods_pool_is_known_for_the_jobs_own_nodes():
+    running = summarize_pod(
+        {
+            "metadata": {"name": "p", "labels": {keys.JOBSET_JOB_INDEX: "1"}},
+            "spec": {"nodeName": "n-3"},
+            "status": {"phase": "Running"},
+        }
+    )
+    (view,) = pod_views([running], {"n-3": "msj-job-1"})
+    assert (view.node, view.pool) == ("n-3", "msj-job-1")
+    (view,) = pod_views([running])
+    assert view.pool is None
+
+
+def test_a_slice_that_already_finished_is_not_slow():
+    # Slice 1 ran and succeeded; slice 0 still starts: only slice 0 is named and evicted.
+    pods = [PodObservation(f"job-slice-0-{h}", 0, 0, "Pending") for h in range(4)]
+    s, p = job("Existing", **STARTUP)
+    obs = Observed(
+        now=NOW,
+        slices=list(EXISTING),
+        jobset=STARTING,
+        pods=pods,
+        succeeded_pods={1: 4},
+    )
+    old = MultisliceJobStatus.from_dict(
+        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"}}
+    )
+    d = decide(meta(), s, p, None, old, obs, CFG)
+    (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
+    assert "slice 0: 0/4 pods running" in event.message and "slice 1" not in event.message

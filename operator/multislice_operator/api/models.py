@@ -809,8 +809,8 @@ class StartupStatus(_Model):
     )
     repaired: list[int] = Field(
         default_factory=list,
-        description="Slices whose node pool was replaced because their pods could not "
-        "schedule in this attempt.",
+        description="Node pools (by their index in status.slices) replaced in this attempt "
+        "because the job's pods could not schedule on them.",
     )
 
 

@@ -268,9 +268,12 @@ def pod_observations(
     return failures, running, succeeded
 
 
-def pod_views(pods: Iterable[dict[str, Any]]) -> list[PodObservation]:
+def pod_views(
+    pods: Iterable[dict[str, Any]], pool_of_node: Mapping[str, str] | None = None
+) -> list[PodObservation]:
     """The job's pods that have not finished (every attempt): what checkpoint requests and the
-    startup deadline look at."""
+    startup deadline look at. `pool_of_node`: the job's own pools' nodes (Managed)."""
+    pools = pool_of_node or {}
     return [
         PodObservation(
             name=p["pod"],
@@ -281,6 +284,7 @@ def pod_views(pods: Iterable[dict[str, Any]]) -> list[PodObservation]:
             unschedulable=bool(p.get("unschedulable")),
             deleting=p["deleting"],
             node=p.get("node"),
+            pool=pools.get(p.get("node") or ""),
             checkpoint_request=p.get("checkpointRequest"),
             checkpoint_saved=p.get("checkpointSaved"),
         )
@@ -408,7 +412,12 @@ def observe(
     js = jobset_observation(jobset)
     pods = list(pods)
     failures, running, succeeded = pod_observations(pods, js.restarts if js else 0)
-    views = pod_views(pods)
+    own = (
+        {n["name"]: pool.name for pool in plan.node_pools for n in items(nodes, pool.name)}
+        if plan.managed
+        else {}
+    )
+    views = pod_views(pods, own)
     obs = Observed(
         now=now,
         blind_since=blind_since,

@@ -4,8 +4,9 @@ A start or restart is timed from the moment every slice's capacity is ready (a s
 provisioned or repaired stops the clock: that has its own timeout) until every slice runs. Past
 the deadline the operator acts once, and again after another deadline if nothing changed:
 
-- Managed, and a slow slice's pods cannot schedule on its ready node pool: that pool is
-  replaced (once per slice per attempt); the other slices keep their pods and wait.
+- Managed, and a slow slice's pods cannot schedule: the job's ready node pool that hosts none
+  of its pods (JobSet places each slice on a pool of its own, any of the job's) is replaced, once
+  per pool and attempt; the other slices keep their pods and wait.
 - Otherwise every slice restarts: the operator evicts the slow slices' pods that do not run
   (the Eviction API gives them the DisruptionTarget condition, so the JobSet's `Disruption` rule
   restarts every slice without charging maxRestarts) and the restart that follows has cause
@@ -79,8 +80,9 @@ def _act(ctx: Ctx, plan: Plan, timing: StartupStatus, timeout: int) -> None:
     running = {
         i: sum(1 for p in pods if p.slice_index == i and _running(p)) for i in range(plan.slices)
     }
-    slow = [i for i in range(plan.slices) if running[i] < hosts]
-    if not slow:  # every pod runs; the JobSet has not said so yet
+    done = ctx.obs.succeeded_pods  # a slice that finished already is not slow
+    slow = [i for i in range(plan.slices) if running[i] + done.get(i, 0) < hosts]
+    if not slow:  # every pod runs (or ran); the JobSet has not said so yet
         ctx.requeue_in(ctx.cfg.resync_seconds)
         return
     unschedulable = {i for i in slow if any(p.slice_index == i and p.unschedulable for p in pods)}
@@ -93,26 +95,27 @@ def _act(ctx: Ctx, plan: Plan, timing: StartupStatus, timeout: int) -> None:
         f"not every pod runs {timeout}s after the capacity was ready "
         f"(spec.failurePolicy.startupTimeoutSeconds): {what}"
     )
-    by_index = {s.index: s for s in ctx.obs.slices}
-    replace = [
-        i
-        for i in sorted(unschedulable)
+    # The pools no pod of this attempt got (Managed): where the unschedulable pods should go.
+    occupied = {p.pool for p in pods if p.pool and p.node}
+    free = [
+        s
+        for s in sorted(ctx.obs.slices, key=lambda s: s.index)
         if plan.managed
-        and i not in timing.repaired
-        and (s := by_index.get(i)) is not None
         and s.pool
+        and s.pool not in occupied
+        and s.index not in timing.repaired
         and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-    ]
-    if replace:
-        pools = tuple(str(by_index[i].pool) for i in replace)
+    ][: len(unschedulable)]
+    if free:
+        pools = tuple(str(s.pool) for s in free)
         ctx.actions.append(DeletePools(pools))
-        timing.repaired = sorted({*timing.repaired, *replace})
+        timing.repaired = sorted({*timing.repaired, *(s.index for s in free)})
         timing.since = None
         ctx.event(
             "Warning",
             "StartupDeadlineExceeded",
-            f"{head}; replacing the node pool of slice {', '.join(map(str, replace))} "
-            f"({', '.join(pools)}): its pods cannot schedule there",
+            f"{head}; replacing node pool {', '.join(pools)}, on which no pod of the job could "
+            "schedule",
             cause="startup",
         )
         return

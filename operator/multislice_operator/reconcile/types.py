@@ -54,6 +54,7 @@ class PodObservation:
     unschedulable: bool = False  # PodScheduled=False, reason Unschedulable
     deleting: bool = False
     node: str | None = None
+    pool: str | None = None  # the node's pool, when it is one of the job's own (Managed)
     checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
     checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
 
