@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_local.gke_sim import Faults
-from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod
+from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator import keys
 from multislice_operator.api import models
@@ -33,8 +33,10 @@ from multislice_operator.plan import load_job, node_pool_name, plan_job
 NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
-FATAL_EXIT = 78  # the workload's configuration error
+FATAL_EXIT = 78  # the workload's configuration error (42 asks for a restart)
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
+# maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
+MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,15 @@ SCENARIOS = {
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
         Scenario(
+            "maintenance",
+            "GKE announces host maintenance on slice 1's nodes; a checkpoint is asked ahead of "
+            "it; the maintenance stops the slice and all slices restart: a disruption, not "
+            "charged to maxRestarts (0 here), losing no step",
+            "Succeeded",
+            1,
+            run="20s",
+        ),
+        Scenario(
             "queue",
             "two teams share 64 chips through Kueue; the job waits Queued with zero node pools "
             "until quota frees, then gets its gang and runs",
@@ -113,6 +124,9 @@ def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
     spec.pop("checkpoint", None)
     if scenario.name == "preemption":
         spec["capacity"] = {"type": "Spot"}
+    if scenario.name == "maintenance":
+        spec["maintenance"] = {"checkpointAheadSeconds": CHECKPOINT_AHEAD_S}
+        spec["failurePolicy"]["maxRestarts"] = 0  # disruptions are not charged to it
     if run_workload:
         # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
         # (Multislice needs them) keep it to four.
@@ -139,6 +153,8 @@ class Demo:
         self.workload: Any = None  # the background launcher thread's result holder
         self.queued_seen = False  # queue scenario: seen Queued, and never with a pool then
         self.pools_while_queued: set[str] = set()
+        self.maintenance_at: int | None = None  # maintenance scenario: the announced start
+        self.maintenance_stage = "announce"
 
     # -- the story -------------------------------------------------------------------------
 
@@ -341,6 +357,9 @@ class Demo:
                 "GangProvisioned",
                 "SliceLost",
                 "RestartingAllSlices",
+                "MaintenanceScheduled",
+                "CheckpointRequested",
+                "CheckpointSaved",
             ):
                 self.n.mark(e.reason)
 
@@ -349,6 +368,9 @@ class Demo:
     def inject(self, st: dict[str, Any]) -> None:
         if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
             self.start_workload()
+        if self.scenario.name == "maintenance":
+            self.maintenance(st)
+            return
         if self.injected:
             return
         assert self.stack is not None and self.stack.sim is not None
@@ -382,6 +404,87 @@ class Demo:
                 )
             fail_pod(self.stack.api, NAMESPACE, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
+
+    def maintenance(self, st: dict[str, Any]) -> None:
+        """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""
+        assert self.stack is not None
+        pool = node_pool_name(NAMESPACE, JOB, 1)
+        stage = self.maintenance_stage
+        if stage == "announce" and st.get("phase") == "Running":
+            self.maintenance_at = int(time.time()) + MAINTENANCE_IN_S
+            when = time.strftime("%H:%M:%S", time.gmtime(self.maintenance_at))
+            self.n.say(
+                f"GKE announces host maintenance on slice 1 ({pool}) at {when}Z: label "
+                f"{keys.GKE_SCHEDULED_MAINTENANCE_TIME}={self.maintenance_at} on its nodes"
+            )
+            label_nodes(
+                self.stack.api,
+                pool,
+                {keys.GKE_SCHEDULED_MAINTENANCE_TIME: str(self.maintenance_at)},
+            )
+            self.n.mark("maintenance announced")
+            self.maintenance_stage = "checkpoint"
+        elif stage == "checkpoint" and (st.get("checkpoint") or {}).get("podsAnnotated", 0) >= 8:
+            cp = st["checkpoint"]
+            pod = self.pod_of(0)
+            self.n.say(
+                f"every pod has {keys.CHECKPOINT_REQUEST}={cp['requestId']}: the workload agrees "
+                f"on step {SAVED_STEP}, every process saves there, process 0 acknowledges on {pod}"
+            )
+            ack = json.dumps({"id": cp["requestId"], "step": SAVED_STEP})
+            client.CoreV1Api(self.stack.api).patch_namespaced_pod(
+                pod, NAMESPACE, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: ack}}}
+            )
+            self.maintenance_stage = "host-event"
+        elif (
+            stage == "host-event"
+            and (st.get("checkpoint") or {}).get("savedStep") is not None
+            and self.maintenance_at is not None
+            and time.time() >= self.maintenance_at
+        ):
+            self.n.say(
+                "the maintenance window opens: GKE's graceful node shutdown stops slice 1's hosts "
+                "(pods Failed with DisruptionTarget TerminationByKubelet, exit 143 after their "
+                f"checkpoint at step {SAVED_STEP})"
+            )
+            label_nodes(self.stack.api, pool, {keys.GKE_ACTIVE_NODE_MAINTENANCE: "ONGOING"})
+            said = json.dumps(
+                {
+                    "v": 1,
+                    "reason": "preempted",
+                    "exitCode": 143,
+                    "step": SAVED_STEP,
+                    "checkpointStep": SAVED_STEP,
+                }
+            )
+            for pod in self.pods_of(1):
+                fail_pod(
+                    self.stack.api, NAMESPACE, pod, 143, message=said, disruption=NODE_SHUTDOWN
+                )
+            self.n.mark("maintenance: slice 1 stopped")
+            self.maintenance_stage = "done"
+        elif stage == "done" and int(st.get("restarts") or 0) >= 1:
+            self.n.say("maintenance over: GKE removes the labels; the hosts are back")
+            label_nodes(
+                self.stack.api,
+                pool,
+                {keys.GKE_SCHEDULED_MAINTENANCE_TIME: None, keys.GKE_ACTIVE_NODE_MAINTENANCE: None},
+            )
+            self.maintenance_stage = "over"
+
+    def pods_of(self, slice_index: int) -> list[str]:
+        assert self.stack is not None
+        pods: list[Any] = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_pod(
+                NAMESPACE, label_selector=f"jobset.sigs.k8s.io/job-index={slice_index}"
+            )
+            .items
+        )
+        return sorted(str(p.metadata.name) for p in pods if p.status.phase == "Running")
+
+    def pod_of(self, slice_index: int) -> str:
+        return self.pods_of(slice_index)[0]
 
     def victim(self) -> str:
         assert self.stack is not None
@@ -513,6 +616,8 @@ class Demo:
                 problems.append(f"phase {st.get('phase')}, expected {s.expect_phase}")
             if int(st.get("restarts") or 0) < s.expect_restarts:
                 problems.append(f"restarts {st.get('restarts')}, expected {s.expect_restarts}")
+            if s.name == "maintenance":
+                problems += self.maintenance_problems(st)
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
@@ -532,6 +637,23 @@ class Demo:
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def maintenance_problems(self, st: dict[str, Any]) -> list[str]:
+        problems = []
+        by_cause = st.get("restartsByCause") or {}
+        if by_cause.get("disruption") != 1 or by_cause.get("workload"):
+            problems.append(f"restarts by cause {by_cause}, expected 1 disruption")
+        if (st.get("checkpoint") or {}).get("savedStep") != SAVED_STEP:
+            problems.append(f"checkpoint {st.get('checkpoint')}, expected step {SAVED_STEP} saved")
+        lost = (st.get("lastRestart") or {}).get("lostSteps")
+        if lost != 0:
+            problems.append(f"{lost} steps lost, expected 0")
+        if not problems:
+            self.n.say(
+                f"the maintenance cost a restart (cause disruption, maxRestarts 0 untouched) and "
+                f"0 steps: the checkpoint at step {SAVED_STEP} was taken just before it"
+            )
+        return problems
 
     def goodput(self) -> None:
         """The end of the story: where the job's TPU time went, as `multislice-operator status`

@@ -9,7 +9,9 @@ or later by patching a running pod, with ``multislice.dev/fail-exit-code: "17"``
 containers terminate with exit code 17 and the pod goes ``Failed`` (after
 ``multislice.dev/fail-after``, default 1s), their termination message
 ``multislice.dev/fail-message`` when given (the workload's JSON, e.g.
-``{"step": 120, "checkpointStep": 100}``). Job pods otherwise succeed after
+``{"step": 120, "checkpointStep": 100}``), and with ``multislice.dev/fail-disruption: REASON``
+the pod also gets the ``DisruptionTarget`` condition (GKE's graceful node shutdown:
+``TerminationByKubelet``): a preemption. Job pods otherwise succeed after
 ``multislice.dev/run-duration`` (Go duration, default ``3s``); set e.g. ``"1h"`` for pods that
 should keep running until a test makes them fail.
 
@@ -37,6 +39,9 @@ from multislice_operator import keys
 FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
 FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"
 FAIL_MESSAGE_ANNOTATION = "multislice.dev/fail-message"
+FAIL_DISRUPTION_ANNOTATION = "multislice.dev/fail-disruption"
+# What GKE's graceful node shutdown of a preempted or maintained VM leaves on its pods.
+NODE_SHUTDOWN = "TerminationByKubelet"
 RUN_DURATION_ANNOTATION = "multislice.dev/run-duration"
 NOT_READY_ANNOTATION = "multislice.dev/not-ready"
 
@@ -219,14 +224,48 @@ def fail_pod(
     exit_code: int,
     after: str = "0s",
     message: str | None = None,
+    disruption: str | None = None,
 ) -> None:
     """Make a running pod fail with ``exit_code`` (kwok ``pod-fail`` stage) after ``after``,
-    its containers' termination message ``message`` when given."""
+    its containers' termination message ``message`` when given; with ``disruption`` (a reason,
+    e.g. :data:`NODE_SHUTDOWN`) it fails with the ``DisruptionTarget`` condition too."""
     if exit_code == 0:
         raise ValueError("a failure needs a non-zero exit code")
     api = _api(api_client_or_kubeconfig)
     annotations = {FAIL_EXIT_CODE_ANNOTATION: str(exit_code), FAIL_AFTER_ANNOTATION: after}
     if message is not None:
         annotations[FAIL_MESSAGE_ANNOTATION] = message
+    if disruption is not None:
+        annotations[FAIL_DISRUPTION_ANNOTATION] = disruption
     patch = {"metadata": {"annotations": annotations}}
     api.patch_namespaced_pod(name, namespace, patch)
+
+
+def label_nodes(
+    api_client_or_kubeconfig: ClientLike, pool_name: str, labels: dict[str, str | None]
+) -> list[str]:
+    """Set (or, with None, remove) labels on every node of ``pool_name``, as GKE does to announce
+    host maintenance (``keys.GKE_SCHEDULED_MAINTENANCE_TIME``: Unix seconds); return the nodes."""
+    api = _api(api_client_or_kubeconfig)
+    nodes: list[Any] = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
+    for node in nodes:
+        api.patch_node(node.metadata.name, {"metadata": {"labels": labels}})
+    return [str(n.metadata.name) for n in nodes]
+
+
+def taint_nodes(
+    api_client_or_kubeconfig: ClientLike, pool_name: str, key: str, on: bool = True
+) -> None:
+    """Add (or remove) a NoSchedule taint ``key`` on every node of ``pool_name``: pods that do
+    not tolerate it stay Pending, Unschedulable, on nodes that are Ready."""
+    api = _api(api_client_or_kubeconfig)
+    nodes: list[Any] = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
+    for node in nodes:
+        taints = [
+            {"key": t.key, "value": t.value, "effect": t.effect}
+            for t in (node.spec.taints or [])
+            if t.key != key
+        ]
+        if on:
+            taints.append({"key": key, "value": "true", "effect": "NoSchedule"})
+        api.patch_node(node.metadata.name, {"spec": {"taints": taints}})

@@ -17,6 +17,10 @@ SLICE = f"{PREFIX}/slice"
 # them), so node pools say who manages them under our own prefix.
 NODE_MANAGED_BY = f"{PREFIX}/managed-by"
 FINALIZER = f"{PREFIX}/cleanup"
+# Checkpoint on demand (contract.md section 3): the request on the job (a user's) and on every
+# pod (the operator's copy), and the workload's acknowledgement on its pod ({"id", "step"}).
+CHECKPOINT_REQUEST = f"{PREFIX}/checkpoint-request"
+CHECKPOINT_SAVED = f"{PREFIX}/checkpoint-saved"
 
 # ---- Kubernetes (objects other than nodes)
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -42,3 +46,10 @@ GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 GKE_SPOT = "cloud.google.com/gke-spot"
 TPU_RESOURCE = "google.com/tpu"  # extended resource and taint key (GKE adds the taint itself)
+# Host maintenance on GPU/TPU nodes ("Manage GKE node disruption for GPUs and TPUs", GKE 1.31+):
+# the scheduled window start and the latest start it may move to (Unix epoch seconds), a label
+# while maintenance runs (values seen: ONGOING, passthrough), the taint before termination.
+GKE_SCHEDULED_MAINTENANCE_TIME = "cloud.google.com/scheduled-maintenance-time"
+GKE_SCHEDULED_MAINTENANCE_TIME_LATEST = "cloud.google.com/scheduled-maintenance-time-latest"
+GKE_ACTIVE_NODE_MAINTENANCE = "cloud.google.com/active-node-maintenance"
+GKE_IMPENDING_NODE_TERMINATION = "cloud.google.com/impending-node-termination"

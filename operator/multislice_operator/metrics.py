@@ -62,8 +62,15 @@ RESTARTS_TOTAL = Counter(
 )
 SLICE_FAILURES_TOTAL = Counter(
     "multislice_slice_failures_total",
-    "Slice failures by reason (pod exit, capacity lost, gang rollback).",
-    ["reason"],
+    "Slice failures by reason (pod failure, capacity lost, gang rollback, startup deadline) "
+    "and cause (disruption, workload, hang, startup, provisioning).",
+    ["reason", "cause"],
+    registry=REGISTRY,
+)
+CHECKPOINT_REQUESTS_TOTAL = Counter(
+    "multislice_checkpoint_requests_total",
+    "Checkpoints requested from the workload on demand, by source (user, maintenance).",
+    ["source"],
     registry=REGISTRY,
 )
 PROVISIONING_DURATION = Histogram(
@@ -182,10 +189,44 @@ GOODPUT = JobGoodput()
 REGISTRY.register(GOODPUT)
 
 
+class JobMaintenance(Collector):
+    """`multislice_job_maintenance_time_seconds{namespace,name}`: the earliest host maintenance
+    GKE scheduled on a node of the job (Unix seconds); no series when none is announced."""
+
+    NAME = "multislice_job_maintenance_time_seconds"
+    HELP = "Earliest host maintenance GKE scheduled on a node of the job, in Unix seconds."
+
+    def __init__(self) -> None:
+        self.times: dict[Any, float] = {}
+
+    def set(self, key: Any, when: float | None) -> None:
+        if when is None:
+            self.times.pop(key, None)
+        else:
+            self.times[key] = when
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.NAME, self.HELP, labels=["namespace", "name"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for key, when in sorted(self.times.items()):
+            family.add_metric([str(key[0]), str(key[1])], when)
+        yield family
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+
+MAINTENANCE = JobMaintenance()
+REGISTRY.register(MAINTENANCE)
+
+
 def forget_job(key: Any) -> None:
     """A deleted job: every per-job series goes."""
     JOBS.set(key, None)
     GOODPUT.forget(key)
+    MAINTENANCE.set(key, None)
 
 
 GKE_CALLS_TOTAL = Counter(

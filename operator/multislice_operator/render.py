@@ -11,6 +11,7 @@ from typing import Any
 
 from multislice_operator import keys
 from multislice_operator.api.models import (
+    ExitCodePolicy,
     MultisliceJobSpec,
 )
 from multislice_operator.plan import (
@@ -26,6 +27,27 @@ JOBSET_KIND = "JobSet"
 MEGASCALE_PORT = 8080
 JAX_COORDINATOR_PORT = 8476
 FATAL_RULE = "FatalExitCode"  # JobSet rule names: alphanumerics and _,: only
+DISRUPTION_RULE = "Disruption"
+DISRUPTION_CONDITION = "DisruptionTarget"  # the pod condition of preemption, eviction, shutdown
+# The Job's podFailurePolicy rules, by index: the Job controller names the index in its Failed
+# condition's message, which is how the JobSet's rules tell a disruption from a fatal exit
+# (k8s pkg/controller/job/pod_failure_policy.go: "Pod NS/NAME has condition DisruptionTarget
+# matching FailJob rule at index 0", "Container C for pod NS/NAME failed with exit code N
+# matching FailJob rule at index 1").
+DISRUPTION_POD_RULE, FATAL_POD_RULE = 0, 1
+JOB_FAILURE_REASON = "PodFailurePolicy"  # the Job's Failed reason when a FailJob rule matched
+DISRUPTION_MESSAGE = (
+    f"^Pod .* has condition {DISRUPTION_CONDITION} matching FailJob rule at index "
+    f"{DISRUPTION_POD_RULE}$"
+)
+FATAL_MESSAGE = (
+    f"^Container .* failed with exit code [0-9]+ matching FailJob rule at index {FATAL_POD_RULE}$"
+)
+# Checkpoint on demand (contract.md section 3): the pod's own annotations, mounted.
+PODINFO_VOLUME = "multislice-podinfo"
+PODINFO_DIR = "/etc/multislice/podinfo"
+PODINFO_FILE = "annotations"
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
 
 
 def coordinator_host(name: str) -> str:
@@ -74,6 +96,9 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
             "name": "MULTISLICE_RESTART_ATTEMPT",
             **_field(f"metadata.annotations['{keys.JOBSET_RESTART_ATTEMPT}']"),
         },
+        {"name": "MULTISLICE_POD_NAME", **_field("metadata.name")},
+        {"name": "MULTISLICE_POD_NAMESPACE", **_field("metadata.namespace")},
+        {"name": "MULTISLICE_PODINFO_DIR", "value": PODINFO_DIR},
         {"name": "MULTISLICE_ICI_DATA", "value": str(par.ici_data)},
         {"name": "MULTISLICE_ICI_FSDP", "value": str(par.ici_fsdp)},
         {"name": "MULTISLICE_ICI_TENSOR", "value": str(par.ici_tensor)},
@@ -140,7 +165,81 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
             ports.append({"containerPort": port, "name": pname, "protocol": "TCP"})
     tpu["ports"] = ports
     tpu["env"] = merge_env(contract_env(plan, spec), list(tpu.get("env") or []))
+    # The workload's JSON termination message; its logs when it wrote none (a crash).
+    tpu.setdefault("terminationMessagePolicy", TERMINATION_MESSAGE_POLICY)
+    _mount_podinfo(pod, tpu)
     return template
+
+
+def _mount_podinfo(pod: dict[str, Any], tpu: dict[str, Any]) -> None:
+    """The pod's annotations as a file (downward API): how a checkpoint request reaches the
+    workload. The kubelet refreshes it within about a minute of a change."""
+    volumes = list(pod.get("volumes") or [])
+    if not any(v.get("name") == PODINFO_VOLUME for v in volumes):
+        volumes.append(
+            {
+                "name": PODINFO_VOLUME,
+                "downwardAPI": {
+                    "items": [
+                        {"path": PODINFO_FILE, "fieldRef": {"fieldPath": "metadata.annotations"}}
+                    ]
+                },
+            }
+        )
+    pod["volumes"] = volumes
+    mounts = list(tpu.get("volumeMounts") or [])
+    if not any(
+        m.get("name") == PODINFO_VOLUME or m.get("mountPath") == PODINFO_DIR for m in mounts
+    ):
+        mounts.append({"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True})
+    tpu["volumeMounts"] = mounts
+
+
+def pod_failure_policy(spec: MultisliceJobSpec) -> dict[str, Any]:
+    """The Job's rules: a pod with the DisruptionTarget condition fails its Job at once (index
+    0), whatever it exited with; a fatal exit code of the TPU container fails it too (index 1).
+    Any other failure fails the Job through backoffLimit 0 (reason BackoffLimitExceeded)."""
+    fp = spec.failure_policy
+    container = spec.template["spec"]["containers"][0]["name"]
+    rules: list[dict[str, Any]] = [
+        {
+            "action": "FailJob",
+            "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}],
+        }
+    ]
+    if fp.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED:
+        fatal = {"containerName": container, "operator": "NotIn", "values": fp.restart_codes()}
+        rules.append({"action": "FailJob", "onExitCodes": fatal})
+    else:
+        codes = sorted(set(fp.non_retryable_exit_codes))
+        if codes:
+            fatal = {"containerName": container, "operator": "In", "values": codes}
+            rules.append({"action": "FailJob", "onExitCodes": fatal})
+    return {"rules": rules}
+
+
+def jobset_failure_rules(pod_policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """A disruption restarts every slice without charging maxRestarts; a fatal exit fails the
+    JobSet; anything else gets JobSet's default (RestartJobSet, charged). The JobSet runs the
+    first rule that any failed Job matches: a disruption wins over a fatal exit seen at once."""
+    rules = [
+        {
+            "name": DISRUPTION_RULE,
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": [JOB_FAILURE_REASON],
+            "onJobFailureMessagePatterns": [DISRUPTION_MESSAGE],
+        }
+    ]
+    if len(pod_policy["rules"]) > FATAL_POD_RULE:
+        rules.append(
+            {
+                "name": FATAL_RULE,
+                "action": "FailJobSet",
+                "onJobFailureReasons": [JOB_FAILURE_REASON],
+                "onJobFailureMessagePatterns": [FATAL_MESSAGE],
+            }
+        )
+    return rules
 
 
 def render_jobset(
@@ -156,42 +255,20 @@ def render_jobset(
         if priority:
             labels[keys.KUEUE_PRIORITY_CLASS] = priority
     hosts = plan.shape.hosts
+    pod_policy = pod_failure_policy(spec)
     job_spec: dict[str, Any] = {
         "parallelism": hosts,
         "completions": hosts,
         "completionMode": "Indexed",
         "backoffLimit": 0,
+        "podFailurePolicy": pod_policy,
         "template": render_pod_template(plan, spec),
     }
-    codes = sorted(set(spec.failure_policy.non_retryable_exit_codes))
-    rules: list[dict[str, Any]] = []
-    if codes:
-        tpu_container = spec.template["spec"]["containers"][0]["name"]
-        job_spec["podFailurePolicy"] = {
-            "rules": [
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {
-                        "containerName": tpu_container,
-                        "operator": "In",
-                        "values": codes,
-                    },
-                }
-            ]
-        }
-        rules.append(
-            {
-                "name": FATAL_RULE,
-                "action": "FailJobSet",
-                "onJobFailureReasons": ["PodFailurePolicy"],
-            }
-        )
     failure_policy: dict[str, Any] = {
         "maxRestarts": spec.failure_policy.max_restarts,
         "restartStrategy": "Recreate",
+        "rules": jobset_failure_rules(pod_policy),
     }
-    if rules:
-        failure_policy["rules"] = rules
     return {
         "apiVersion": JOBSET_API_VERSION,
         "kind": JOBSET_KIND,

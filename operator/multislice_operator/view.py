@@ -85,8 +85,10 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
                 "seconds": max(0, int((end - seg.since).total_seconds())),
             }
         )
-    by_cause = raw.get("restartsByCause")  # issue 15 adds it; shown as it comes
-    if not isinstance(by_cause, dict):
+    by_cause = raw.get("restartsByCause")  # the causes that happened, as the status says
+    if isinstance(by_cause, dict):
+        by_cause = {k: n for k, n in by_cause.items() if n}
+    else:
         by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
     return {
         "namespace": meta.get("namespace"),
@@ -105,6 +107,12 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         else None,
         "lastFailure": st.last_failure.model_dump(by_alias=True, exclude_none=True, mode="json")
         if st.last_failure
+        else None,
+        "maintenance": st.maintenance.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.maintenance
+        else None,
+        "checkpoint": st.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.checkpoint and st.checkpoint.request_id
         else None,
         "provisioningAttempts": st.provisioning_attempts,
         "nextAttemptTime": _iso(st.next_attempt_time),
@@ -192,6 +200,20 @@ def render(v: dict[str, Any], console: Any) -> None:
             f"  last failure: pod {failure['pod']}"
             + (f" exit code {code}" if code is not None else "")
             + (f" {failure['reason']}" if failure.get("reason") else "")
+            + (f" (cause {failure['cause']})" if failure.get("cause") else "")
+        )
+    maint = v["maintenance"]
+    if maint:
+        slices = ", ".join(str(i) for i in maint.get("slices", [])) or "-"
+        what = "in progress" if maint.get("active") else f"at {maint.get('time', '-')}"
+        console.print(f"maintenance: {what} on slices {slices} ({maint.get('nodes', 0)} nodes)")
+    cp = v["checkpoint"]
+    if cp:
+        saved = cp.get("savedStep")
+        console.print(
+            f"checkpoint: request {cp['requestId']} ({cp.get('source')}) at "
+            f"{cp.get('requestTime', '-')}, {cp.get('podsAnnotated', 0)} pods, "
+            + (f"saved at step {saved}" if saved is not None else "not saved yet")
         )
 
     console.print()

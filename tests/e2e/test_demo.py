@@ -60,6 +60,17 @@ def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
         ("stockout", ["GangRolledBack", "GCE_STOCKOUT"]),
         ("preemption", ["SliceLost", "preempting spot node pool"]),
         ("fatal", ["exited with non-retryable code 78"]),
+        (
+            "maintenance",
+            [
+                "MaintenanceScheduled",
+                "CheckpointRequested",
+                "CheckpointSaved",
+                "cause disruption: not charged to maxRestarts",
+                "restarts: 1 (disruption 1)",
+                "0 steps lost",
+            ],
+        ),
         ("delete", ["deleting the job while its node pools are being created", "the job is gone"]),
         (
             "queue",

@@ -245,12 +245,59 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     )
     done = wait_phase(stack, ns, "spot", "Succeeded", 120)
     assert done["restarts"] >= 1
+    # A lost slice is a disruption: not charged to maxRestarts (issue 15).
+    assert done["restartsByCause"]["disruption"] == done["restarts"], done["restartsByCause"]
     assert stack.sim.counters()["calls"].get("create_node_pool", 0) == 1  # only the victim
     reasons = " | ".join(events(stack, ns, "spot"))
     assert "SliceLost" in reasons and "slice 1" in reasons, (reasons, stack.op.log_tail(60))
     # The survivor's pool was never replaced: the only create after the preemption is the
     # victim's (the release after success deletes both, which is checked elsewhere).
     assert survivor != victim
+
+
+def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
+    """Issue 15: a Ready pool that takes none of the job's pods (here: its nodes lack a label
+    the template selects) is replaced once the start misses startupTimeoutSeconds; the other
+    slice keeps its pods, and nothing restarts."""
+    stack, ns = env
+    body = job("stuck", run="1h", failurePolicy={"maxRestarts": 5, "startupTimeoutSeconds": 10})
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"e2e-sched": "yes"}
+    create(stack, ns, body)
+    wait_phase(stack, ns, "stuck", "Starting")
+    good, bad = node_pool_name(ns, "stuck", 0), node_pool_name(ns, "stuck", 1)
+    core = client.CoreV1Api(stack.api)
+
+    def label(pool: str) -> list[str]:
+        names = [n.metadata.name for n in nodes_of(stack, pool)]
+        for name in names:
+            core.patch_node(name, {"metadata": {"labels": {"e2e-sched": "yes"}}})
+        return names
+
+    label(good)  # one slice schedules there; the other has nowhere to go
+    before = {n.metadata.uid for n in nodes_of(stack, bad)}
+    fired = wait_for(
+        lambda: [e for e in events(stack, ns, "stuck") if e.startswith("StartupDeadlineExceeded")],
+        90,
+        "StartupDeadlineExceeded",
+        interval=0.5,
+        on_timeout=lambda: f"{status(stack, ns, 'stuck')}\n{stack.op.log_tail(40)}",
+    )
+    assert f"replacing node pool {bad}, on which no pod of the job could schedule" in fired[0]
+    assert "0/4 pods running (unschedulable)" in fired[0]
+
+    def replaced() -> list[str] | None:
+        fresh = [n for n in nodes_of(stack, bad) if n.metadata.uid not in before]
+        return label(bad) if len(fresh) == 4 else None  # the new pool's nodes work
+
+    wait_for(replaced, 90, f"{bad} replaced", interval=0.5, on_timeout=stack.op.log_tail)
+    running = wait_phase(stack, ns, "stuck", "Running", 120)
+    assert running["readySlices"] == "2/2"
+    assert running.get("restarts", 0) == 0  # the scheduled slice kept its pods: no restart
+    assert "SliceLost" in " | ".join(events(stack, ns, "stuck"))
+    custom(stack).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "stuck"
+    )
+    wait_for(lambda: no_pools(stack, ns, "stuck"), 90, "pools released", interval=0.5)
 
 
 def test_crash_between_create_and_status_no_duplicates(env):

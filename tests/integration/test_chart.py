@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "multislice-operator"
 KUBE_VERSION = "1.34.0"  # the local helm is not version-stamped; say what the chart targets
 JS = ("jobset.x-k8s.io", "v1alpha2")
+CHECKPOINT_REQUEST = "multislice.dev/checkpoint-request"
 
 CUSTOM_VALUES: dict[str, Any] = {
     "replicaCount": 2,
@@ -161,6 +162,8 @@ BASE_RULES = {
     ("batch", "jobs", "create"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("", "pods", "patch"),
+    ("", "pods/eviction", "create"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("", "events", "create"),
@@ -477,7 +480,10 @@ def test_kubectl_explain(api: client.ApiClient, kube_api: ControlPlane) -> None:
     for field in ("nonRetryableExitCodes", "globalBatchTokens", "timeoutSeconds", "reservation"):
         assert field in tree.stdout
     nested = explain(kube_api, "msj.spec.failurePolicy.maxRestarts")
-    assert "Restarts of all slices allowed before the job fails" in " ".join(nested.stdout.split())
+    assert (
+        "Restarts of all slices for the program's own failures (cause workload or hang) "
+        "allowed before the job fails" in " ".join(nested.stdout.split())
+    )
 
 
 # ---------------------------------------------------------------- RBAC: enough and no more
@@ -644,6 +650,28 @@ class Jobs:
         ).items
         return {e.reason for e in events}
 
+    def pod(self, job_name: str, name: str) -> None:
+        """A pod of the job's JobSet, as JobSet labels it (no JobSet controller here)."""
+        labels = {
+            "multislice.dev/job-name": job_name,
+            "jobset.sigs.k8s.io/job-index": "0",
+            "jobset.sigs.k8s.io/restart-attempt": "0",
+        }
+        body = {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "train", "image": "img:1"}]},
+        }
+        self.core.create_namespaced_pod(self.ns, body)
+
+    def pod_annotations(self, name: str) -> dict[str, str] | None:
+        try:
+            pod = self.core.read_namespaced_pod(name, self.ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(pod.metadata.annotations or {})
+
 
 def rj_status(ready: int = 0, active: int = 0, succeeded: int = 0) -> list[dict[str, Any]]:
     return [
@@ -717,6 +745,17 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         # Running -> Succeeded (jobsets list/watch feed the index)
         jobs.jobset_status("life", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
         jobs.phase("life", "Running")
+        # A user's checkpoint request reaches the job's pods (pods patch).
+        jobs.pod("life", "life-slice-0-0-a")
+        jobs.patch("life", {"metadata": {"annotations": {CHECKPOINT_REQUEST: "r1"}}})
+        wait_for(
+            lambda: (
+                (jobs.pod_annotations("life-slice-0-0-a") or {}).get(CHECKPOINT_REQUEST) == "r1"
+            ),
+            20,
+            "the checkpoint request on the pod",
+            on_timeout=op.log_tail,
+        )
         jobs.jobset_status("life", COMPLETED)
         jobs.phase("life", "Succeeded")
         assert {"Starting", "Suspended", "Running", "Succeeded"} <= jobs.reasons("life")
@@ -743,6 +782,30 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         assert "not owned by this job" in failed["status"]["message"]
         jobs.delete("taken")  # leave no finalizer behind for the next test module's operator
         jobs.gone("taken")
+
+        # The startup deadline evicts the pods that never ran (pods/eviction create).
+        jobs.create(job("slow", failurePolicy={"startupTimeoutSeconds": 10}))
+        jobs.phase("slow", "Starting")
+        wait_for(lambda: jobs.jobset("slow"), 10, "JobSet created")
+        jobs.pod("slow", "slow-slice-0-0-a")
+        wait_for(
+            lambda: jobs.pod_annotations("slow-slice-0-0-a") is None,
+            40,
+            "the pod evicted after the startup deadline",
+            on_timeout=op.log_tail,
+        )
+        assert "StartupDeadlineExceeded" in jobs.reasons("slow")
+
+        # The disruption budget spent: the job fails and its JobSet goes (jobsets delete).
+        jobs.create(job("budget", failurePolicy={"maxDisruptionRestarts": 0}))
+        jobs.phase("budget", "Starting")
+        wait_for(lambda: jobs.jobset("budget"), 10, "JobSet created")
+        jobs.jobset_status("budget", {"restarts": 1})
+        failed = jobs.phase("budget", "Failed")
+        assert "maxDisruptionRestarts (0)" in failed["status"]["message"]
+        wait_for(
+            lambda: jobs.jobset("budget") is None, 20, "JobSet deleted", on_timeout=op.log_tail
+        )
     finally:
         op.stop()
     assert not refused(op.log_path.read_text()), op.log_path.read_text()
@@ -760,6 +823,14 @@ def _no_events(jobs: Jobs, name: str) -> None:
     assert jobs.reasons(name) == set()
 
 
+def _pod_not_annotated(jobs: Jobs, name: str) -> None:
+    assert CHECKPOINT_REQUEST not in (jobs.pod_annotations(f"{name}-slice-0-0-a") or {})
+
+
+def _pod_not_evicted(jobs: Jobs, name: str) -> None:
+    assert jobs.pod_annotations(f"{name}-slice-0-0-a") is not None
+
+
 @pytest.mark.parametrize(
     ("drop", "broken"),
     [
@@ -768,8 +839,18 @@ def _no_events(jobs: Jobs, name: str) -> None:
         (("multislice.dev", "multislicejobs/status", "patch"), _no_status),
         (("", "nodes", "list"), _no_jobset),  # Existing node pools are invisible
         (("", "events", "create"), _no_events),
+        (("", "pods", "patch"), _pod_not_annotated),
+        (("", "pods/eviction", "create"), _pod_not_evicted),
     ],
-    ids=["jobsets-create", "jobs-create", "status-patch", "nodes-list", "events-create"],
+    ids=[
+        "jobsets-create",
+        "jobs-create",
+        "status-patch",
+        "nodes-list",
+        "events-create",
+        "pods-patch",
+        "pods-eviction-create",
+    ],
 )
 def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
     api: client.ApiClient,
@@ -786,7 +867,11 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
     op = start_operator(rbac.install(ns, drop=drop), ns, tmp_path)
     jobs = Jobs(api, ns, op)
     try:
-        jobs.create(job("minus"))
+        # A checkpoint request and a startup deadline, and a pod for them to act on.
+        body = job("minus", failurePolicy={"startupTimeoutSeconds": 10})
+        body["metadata"]["annotations"] = {CHECKPOINT_REQUEST: "r1"}
+        jobs.pod("minus", "minus-slice-0-0-a")
+        jobs.create(body)
         wait_for(
             lambda: refused(op.log_tail(200)),
             30,
@@ -796,6 +881,32 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
         broken(jobs, "minus")
         assert (jobs.get("minus") or {}).get("status", {}).get("phase") != "Running"
         jobs.delete("minus")  # while the operator runs, so that it lifts its finalizer
+        jobs.gone("minus")
+    finally:
+        op.stop()
+
+
+def test_chart_rbac_without_jobsets_delete_cannot_stop_a_job_out_of_disruption_budget(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    rbac: Rbac,
+    v4_pools: None,
+    tmp_path: Path,
+) -> None:
+    ns = namespace(kube_api, "msj-minus")
+    op = start_operator(
+        rbac.install(ns, drop=("jobset.x-k8s.io", "jobsets", "delete")), ns, tmp_path
+    )
+    jobs = Jobs(api, ns, op)
+    try:
+        jobs.create(job("minus", failurePolicy={"maxDisruptionRestarts": 0}))
+        wait_for(lambda: jobs.jobset("minus"), 20, "JobSet created", on_timeout=op.log_tail)
+        jobs.jobset_status("minus", {"restarts": 1})
+        jobs.phase("minus", "Failed")
+        wait_for(lambda: refused(op.log_tail(200)), 30, "delete refused", on_timeout=op.log_tail)
+        assert jobs.jobset("minus") is not None
+        jobs.delete("minus")
         jobs.gone("minus")
     finally:
         op.stop()

@@ -81,6 +81,24 @@ BASE = {
         ({"capacity": {"type": "Spot", "reservation": "r"}}, "only valid with type: Reserved"),
         ({"capacity": {"type": "Cheap"}}, "spec.capacity.type"),
         ({"provisioning": {"timeoutSeconds": 5}}, "spec.provisioning.timeoutSeconds"),
+        # Issue 15: the exit-code policies and the new deadlines.
+        ({"failurePolicy": {"nonRetryableExitCodes": [75]}}, "75 is the workload's hang code"),
+        (
+            {"failurePolicy": {"restartExitCodes": [42]}},
+            "restartExitCodes is only valid with exitCodePolicy: RestartIfListed",
+        ),
+        (
+            {"failurePolicy": {"exitCodePolicy": "RestartIfListed", "nonRetryableExitCodes": [1]}},
+            "nonRetryableExitCodes is only valid with exitCodePolicy: RestartUnlessListed",
+        ),
+        (
+            {"failurePolicy": {"exitCodePolicy": "RestartIfListed", "restartExitCodes": [0]}},
+            "restartExitCodes: exit codes must be 1-255",
+        ),
+        ({"failurePolicy": {"exitCodePolicy": "Never"}}, "spec.failurePolicy.exitCodePolicy"),
+        ({"failurePolicy": {"startupTimeoutSeconds": 5}}, "startupTimeoutSeconds"),
+        ({"failurePolicy": {"maxDisruptionRestarts": -1}}, "maxDisruptionRestarts"),
+        ({"maintenance": {"checkpointAheadSeconds": 0}}, "checkpointAheadSeconds"),
     ],
 )
 def test_invalid_objects_rejected_naming_the_field(api, namespace, kube_api, change, needle):
@@ -140,6 +158,11 @@ def test_names_and_reservations_refused_at_admission(
             "shared",
             {"capacity": {"type": "Reserved", "reservation": "projects/owner-1/reservations/r"}},
         ),
+        (
+            "xpk",
+            {"failurePolicy": {"exitCodePolicy": "RestartIfListed", "restartExitCodes": [42, 143]}},
+        ),
+        ("maint", {"maintenance": {"checkpointAheadSeconds": 600}}),
     ],
 )
 def test_longest_names_and_shared_reservations_accepted(api, namespace, kube_api, name, change):

@@ -77,8 +77,8 @@ def restarted_job() -> dict:
         (5, None, [], {}),
         (10, JobSetObservation(ready_jobs=2), [], run),
         (100, JobSetObservation(ready_jobs=1), [failed], {0: 4}),
-        (105, JobSetObservation(restarts=1), [failed], {}),
-        (130, JobSetObservation(ready_jobs=2, restarts=1), [], run),
+        (105, JobSetObservation(restarts=1, restarts_counted=1), [failed], {}),
+        (130, JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1), [], run),
     ):
         obs = Observed(
             now=at(t), slices=list(slices), jobset=js, pod_failures=failures, running_pods=running
@@ -269,3 +269,26 @@ def test_console_scripts_include_the_kubectl_plugin(entry, tmp_path):
     assert json.loads(out.stdout)["lastRestart"]["lostSteps"] == 20
     helped = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert ("kubectl msj" in helped.stdout) == (entry == "kubectl-msj")
+
+
+def test_maintenance_and_checkpoint_are_shown(tmp_path, capsys):
+    obj = restarted_job()
+    obj["status"]["maintenance"] = {
+        "time": "2026-11-30T13:00:00Z",
+        "slices": [1],
+        "nodes": 4,
+        "active": False,
+    }
+    obj["status"]["checkpoint"] = {
+        "requestId": "maint-1796130532",
+        "source": "maintenance",
+        "requestTime": "2026-11-30T12:50:00Z",
+        "podsAnnotated": 8,
+        "savedStep": 120,
+    }
+    text = " ".join(status_of(tmp_path, obj, at(400), capsys=capsys).split())  # rich wraps
+    assert "maintenance: at 2026-11-30T13:00:00Z on slices 1 (4 nodes)" in text
+    assert "checkpoint: request maint-1796130532 (maintenance)" in text
+    assert "8 pods, saved at step 120" in text
+    out = json.loads(status_of(tmp_path, obj, at(400), "-o", "json", capsys=capsys))
+    assert out["checkpoint"]["savedStep"] == 120 and out["maintenance"]["slices"] == [1]

@@ -411,7 +411,9 @@ def test_one_restart_reports_cause_lost_steps_and_recovery():
     assert s.goodput is not None and s.goodput.state == "restarting"
     assert s.goodput.since == at(100)
     assert s.last_failure is not None and s.last_failure.step == 120
-    s = step(s, 105, None, JobSetObservation(ready_jobs=0, restarts=1), [failed])
+    s = step(
+        s, 105, None, JobSetObservation(ready_jobs=0, restarts=1, restarts_counted=1), [failed]
+    )
     assert s.last_restart is not None
     assert s.last_restart.model_dump() == {
         "restart": 1,
@@ -421,15 +423,25 @@ def test_one_restart_reports_cause_lost_steps_and_recovery():
         "recovery_seconds": None,
     }
     assert s.goodput.lost_steps == 20
-    s = step(s, 125, None, JobSetObservation(ready_jobs=2, restarts=1), running={0: 4})
+    s = step(
+        s,
+        125,
+        None,
+        JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1),
+        running={0: 4},
+    )
     assert s.phase == "Running" and s.last_restart is not None
     assert s.last_restart.recovery_seconds is None  # slice 1's pods are not running yet
-    s = step(s, 130, None, JobSetObservation(ready_jobs=2, restarts=1), running=run)
+    s = step(
+        s, 130, None, JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1), running=run
+    )
     assert s.last_restart is not None and s.last_restart.recovery_seconds == 30
     assert s.goodput.seconds.restarting == 125 - 100
-    again = step(s, 200, None, JobSetObservation(ready_jobs=2, restarts=1), running=run)
+    again = step(
+        s, 200, None, JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1), running=run
+    )
     assert again.to_dict() == s.to_dict()  # idle: nothing to write
-    done = step(again, 300, None, JobSetObservation(completed=True, restarts=1))
+    done = step(again, 300, None, JobSetObservation(completed=True, restarts=1, restarts_counted=1))
     assert done.goodput is not None and done.completion_time == at(300)
     assert done.goodput.seconds.total() == 300  # completion - creation
     assert done.goodput.seconds.starting == 5 + 5  # creation..10 (first seen at 5)
@@ -445,24 +457,28 @@ def test_a_restart_recovered_while_the_operator_was_down():
         }
     )
     run = {0: 4, 1: 4}
+    # JobSet did not charge it to maxRestarts: a disruption (its pod was gone before we looked).
     s = step(old, 600, 400, JobSetObservation(ready_jobs=2, restarts=1), running=run)
     assert s.last_restart is not None
-    assert (s.last_restart.cause, s.last_restart.time) == ("unknown", at(400))
+    assert (s.last_restart.cause, s.last_restart.time) == ("disruption", at(400))
     assert s.last_restart.recovery_seconds == 200
     assert s.goodput is not None and s.goodput.since == at(0)  # still running: nothing to close
 
 
-def test_a_restart_whose_failure_was_not_seen_has_an_unknown_cause():
+@pytest.mark.parametrize(("counted", "cause"), [(2, "workload"), (1, "disruption")])
+def test_a_restart_whose_failure_was_not_seen_has_the_cause_jobset_charged(counted, cause):
     old = MultisliceJobStatus.from_dict(
         {
             "phase": "Running",
             "restarts": 1,
+            "restartsByCause": {"workload": 1},
             "lastFailure": {"pod": "p", "restartAttempt": 0, "exitCode": 13, "step": 9},
         }
     )
-    s = step(old, 50, None, JobSetObservation(ready_jobs=0, restarts=2))
+    s = step(old, 50, None, JobSetObservation(ready_jobs=0, restarts=2, restarts_counted=counted))
     assert s.last_restart is not None
-    assert (s.last_restart.cause, s.last_restart.lost_steps) == ("unknown", None)
+    # The record of attempt 0 says nothing of restart 2: no steps lost are claimed.
+    assert (s.last_restart.cause, s.last_restart.lost_steps) == (cause, None)
     assert s.goodput is not None and s.goodput.lost_steps == 0
 
 

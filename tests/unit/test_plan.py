@@ -2,6 +2,7 @@ import copy
 
 import pytest
 
+from multislice_operator.api.models import FailurePolicy
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import NODE_POOL_NAME_MAX, load_job, make_plan, node_pool_name
 
@@ -162,6 +163,38 @@ def test_every_error_reported_with_path():
         "spec.failurePolicy.nonRetryableExitCodes",
         "spec.template.spec.containers",
     }
+
+
+@pytest.mark.parametrize(
+    ("policy", "field", "needle"),
+    [
+        ({"nonRetryableExitCodes": [75]}, "nonRetryableExitCodes", "hang code"),
+        ({"restartExitCodes": [42]}, "restartExitCodes", "exitCodePolicy: RestartIfListed"),
+        (
+            {"exitCodePolicy": "RestartIfListed", "nonRetryableExitCodes": [1]},
+            "nonRetryableExitCodes",
+            "exitCodePolicy: RestartUnlessListed",
+        ),
+        (
+            {"exitCodePolicy": "RestartIfListed", "restartExitCodes": [300]},
+            "restartExitCodes",
+            "1-255",
+        ),
+    ],
+)
+def test_exit_code_policy_rules_in_python_too(policy, field, needle):
+    errs = errors_of(job(failurePolicy=policy))
+    assert needle in errs[f"spec.failurePolicy.{field}"]
+
+
+def test_exit_code_policies_decide_what_is_fatal():
+    default = FailurePolicy()
+    assert [c for c in (1, 13, 42, 75, 78, 137, 143) if default.is_fatal(c)] == [78]
+    xpk = FailurePolicy(exitCodePolicy="RestartIfListed")
+    assert [c for c in (1, 13, 42, 75, 78, 137, 143) if xpk.is_fatal(c)] == [1, 13, 78]
+    assert not xpk.is_fatal(0) and not xpk.is_fatal(None)
+    listed = FailurePolicy(exitCodePolicy="RestartIfListed", restartExitCodes=[13])
+    assert [c for c in (1, 13, 42, 75, 143) if listed.is_fatal(c)] == [1, 42, 143]
 
 
 def test_pydantic_errors_become_field_paths():

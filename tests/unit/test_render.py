@@ -66,17 +66,32 @@ def test_jobset_shape():
         "Indexed",
         0,
     )
-    rule = job["podFailurePolicy"]["rules"][0]
-    assert rule["action"] == "FailJob"
-    assert rule["onExitCodes"] == {"containerName": "train", "operator": "In", "values": [7, 42]}
+    disruption, fatal = job["podFailurePolicy"]["rules"]
+    assert disruption == {
+        "action": "FailJob",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
+    assert fatal["action"] == "FailJob"
+    assert fatal["onExitCodes"] == {"containerName": "train", "operator": "In", "values": [7, 42]}
     fp = js["spec"]["failurePolicy"]
     assert fp["maxRestarts"] == 5
     assert fp["rules"] == [
         {
+            "name": "Disruption",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "onJobFailureMessagePatterns": [
+                "^Pod .* has condition DisruptionTarget matching FailJob rule at index 0$"
+            ],
+        },
+        {
             "name": "FatalExitCode",
             "action": "FailJobSet",
             "onJobFailureReasons": ["PodFailurePolicy"],
-        }
+            "onJobFailureMessagePatterns": [
+                "^Container .* failed with exit code [0-9]+ matching FailJob rule at index 1$"
+            ],
+        },
     ]
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["slice"]}
     assert js["spec"]["network"]["enableDNSHostnames"] is True
@@ -129,12 +144,86 @@ def test_env_contract_and_user_variables():
     assert names.index("MEGASCALE_SLICE_ID") < names.index("TPU_WORKER_HOSTNAMES")
 
 
-def test_no_fatal_codes_no_pod_failure_policy():
+def test_no_fatal_codes_keeps_only_the_disruption_rules():
     obj = copy.deepcopy(OBJ)
     obj["spec"]["failurePolicy"]["nonRetryableExitCodes"] = []
     js = render(obj)
-    assert "podFailurePolicy" not in js["spec"]["replicatedJobs"][0]["template"]["spec"]
-    assert "rules" not in js["spec"]["failurePolicy"]
+    (rule,) = js["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"]
+    assert rule["onPodConditions"][0]["type"] == "DisruptionTarget"
+    assert [r["name"] for r in js["spec"]["failurePolicy"]["rules"]] == ["Disruption"]
+
+
+# The Job controller's messages (k8s v1.34 pkg/controller/job/pod_failure_policy.go), as the
+# JobSet controller matches them (Go RE2; Python's re agrees on these patterns).
+DISRUPTED = "Pod ns/llm-slice-1-0-x has condition DisruptionTarget matching FailJob rule at index 0"
+FATAL = (
+    "Container train for pod ns/llm-slice-0-3-y failed with exit code 78 matching FailJob rule "
+    "at index 1"
+)
+
+
+def test_the_jobset_rules_tell_a_disruption_from_a_fatal_exit():
+    import re
+
+    disruption, fatal = render()["spec"]["failurePolicy"]["rules"]
+    (d,), (f,) = disruption["onJobFailureMessagePatterns"], fatal["onJobFailureMessagePatterns"]
+    assert re.search(d, DISRUPTED) and not re.search(d, FATAL)
+    assert re.search(f, FATAL) and not re.search(f, DISRUPTED)
+    assert not re.search(f, FATAL.replace("index 1", "index 10"))
+
+
+def test_default_fatal_code_is_the_workloads_config_error():
+    obj = copy.deepcopy(OBJ)
+    del obj["spec"]["failurePolicy"]["nonRetryableExitCodes"]
+    rules = render(obj)["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
+    assert rules["rules"][1]["onExitCodes"]["values"] == [78]  # 42 restarts now (xpk's 42)
+
+
+def test_xpk_policy_restarts_only_on_listed_codes_and_the_hang_code():
+    obj = copy.deepcopy(OBJ)
+    obj["spec"]["failurePolicy"] = {"exitCodePolicy": "RestartIfListed"}
+    js = render(obj)
+    fatal = js["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"][1]
+    assert fatal["action"] == "FailJob"
+    assert fatal["onExitCodes"]["operator"] == "NotIn"
+    assert fatal["onExitCodes"]["values"] == [42, 75, *range(127, 256)]  # xpk's + hang
+    obj["spec"]["failurePolicy"]["restartExitCodes"] = [3, 42]
+    fatal = render(obj)["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
+    assert fatal["rules"][1]["onExitCodes"]["values"] == [3, 42, 75]
+
+
+def test_podinfo_volume_env_and_termination_message_policy():
+    pod, env = env_of(render())
+    spec = pod["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "multislice-podinfo"]
+    assert vol["downwardAPI"]["items"] == [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+    ]
+    tpu, side = spec["containers"]
+    assert tpu["volumeMounts"] == [
+        {"name": "multislice-podinfo", "mountPath": "/etc/multislice/podinfo", "readOnly": True}
+    ]
+    assert tpu["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "volumeMounts" not in side and "terminationMessagePolicy" not in side
+    by = {e["name"]: e for e in env}
+    assert by["MULTISLICE_PODINFO_DIR"]["value"] == "/etc/multislice/podinfo"
+    assert by["MULTISLICE_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert by["MULTISLICE_POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.namespace"
+    )
+
+
+def test_the_templates_own_termination_policy_and_volumes_are_kept():
+    obj = copy.deepcopy(OBJ)
+    tpu = obj["spec"]["template"]["spec"]["containers"][0]
+    tpu["terminationMessagePolicy"] = "File"
+    tpu["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    obj["spec"]["template"]["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    pod, _ = env_of(render(obj))
+    tpu = pod["spec"]["containers"][0]
+    assert tpu["terminationMessagePolicy"] == "File"
+    assert [m["name"] for m in tpu["volumeMounts"]] == ["data", "multislice-podinfo"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "multislice-podinfo"]
 
 
 def test_existing_mode_selects_by_shape_only_and_render_is_pure():

@@ -71,7 +71,8 @@ in one Role per watched namespace. */}}
   verbs: ["update"]
 # One JobSet per job: dry-run and created, read back on a name conflict, suspended/resumed by
 # patch, deleted when the job fails for a reason of the operator's while it runs (its pods must
-# not wait for released capacity). Otherwise the garbage collector deletes it (owner reference).
+# not wait for released capacity; a spent maxDisruptionRestarts, which JobSet would restart
+# forever). Otherwise the garbage collector deletes it (owner reference).
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -80,10 +81,15 @@ in one Role per watched namespace. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create"]
-# Read-only index of the job's pods (failures, exit codes, the scheduler's verdict).
+# The job's pods: indexed (failures, exit codes, the scheduler's verdict); a checkpoint request
+# is an annotation on each (metadata only, by merge patch); the startup deadline evicts the pods
+# that never ran.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["pods/eviction"]
+  verbs: ["create"]
 # Events on the job (what `kubectl describe msj` shows).
 - apiGroups: [""]
   resources: ["events"]

@@ -27,7 +27,14 @@ PLURAL = "multislicejobs"
 SINGULAR = "multislicejob"
 SHORT_NAMES = ["msj"]
 
-DEFAULT_NON_RETRYABLE_EXIT_CODES = [78]  # the workload's configuration error (EX_CONFIG)
+# The workload's exit codes the failure policy knows (contract.md section 1; the workload states
+# them in multislice_workload/exitcodes.py, which the operator does not import).
+EXIT_RESTART_REQUESTED = 42  # the program asks for a restart (xpk / MaxText: sys.exit(42))
+EXIT_HANG = 75  # the workload's watchdog: no step within its bound; always restarts, cause hang
+EXIT_CONFIG_ERROR = 78  # fatal configuration error: the default fatal code
+DEFAULT_NON_RETRYABLE_EXIT_CODES = [EXIT_CONFIG_ERROR]
+# xpk's get_restart_exit_codes (src/xpk/commands/workload.py): 42 and 127-255 (signals).
+XPK_RESTART_EXIT_CODES = [EXIT_RESTART_REQUESTED, *range(127, 256)]
 EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
 # Compute Engine names (RFC 1035, <= 63) and project ids (6-30 characters); a shared reservation
 # is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources").
@@ -172,25 +179,54 @@ class Checkpoint(_Model):
     )
 
 
+class ExitCodePolicy(StrEnum):
+    """Which non-zero exit codes of the TPU container restart all slices."""
+
+    RESTART_UNLESS_LISTED = "RestartUnlessListed"  # ours: every code but nonRetryableExitCodes
+    RESTART_IF_LISTED = "RestartIfListed"  # xpk's: only restartExitCodes
+
+
 class FailurePolicy(_Model):
-    """When a failure restarts all slices and when it ends the job."""
+    """When a failure restarts all slices, what it is charged to, and when it ends the job."""
 
     max_restarts: int = Field(
         default=10,
         ge=0,
         le=10000,
         description=(
-            "Restarts of all slices allowed before the job fails. Each retryable pod failure or "
-            "slice loss restarts every slice, which resumes from its last checkpoint."
+            "Restarts of all slices for the program's own failures (cause workload or hang) "
+            "allowed before the job fails. Every slice restarts and resumes from its last "
+            "checkpoint. Disruptions (preemption, maintenance, a lost node or node pool) and "
+            "startup deadlines are not charged here: see maxDisruptionRestarts."
+        ),
+    )
+    max_disruption_restarts: int = Field(
+        default=30,
+        ge=0,
+        le=10000,
+        description=(
+            "Restarts not caused by the program (cause disruption: a pod with the "
+            "DisruptionTarget condition or a lost node or node pool; cause startup: "
+            "startupTimeoutSeconds) allowed before the job fails: stops an endless loop on a "
+            "broken zone. Enforced by the operator (JobSet does not bound them)."
+        ),
+    )
+    exit_code_policy: ExitCodePolicy = Field(
+        default=ExitCodePolicy.RESTART_UNLESS_LISTED,
+        description=(
+            "RestartUnlessListed: every non-zero exit code restarts all slices except "
+            "nonRetryableExitCodes. RestartIfListed (xpk's policy): only restartExitCodes "
+            "restart, every other non-zero code fails the job. Under both, exit code 75 (the "
+            "workload's hang watchdog) restarts."
         ),
     )
     non_retryable_exit_codes: list[int] = Field(
         default_factory=lambda: list(DEFAULT_NON_RETRYABLE_EXIT_CODES),
         max_length=255,
         description=(
-            "Exit codes of the workload container that fail the job at once instead of "
-            "restarting (1-255). Default [78], the workload's configuration-error code (42 asks "
-            "for a restart, as in xpk)."
+            "RestartUnlessListed: exit codes of the TPU container that fail the job at once "
+            f"instead of restarting (1-255, not {EXIT_HANG}). Default [{EXIT_CONFIG_ERROR}], "
+            "the workload's configuration-error code."
         ),
         json_schema_extra={
             "items": {"type": "integer", "minimum": EXIT_CODE_MIN, "maximum": EXIT_CODE_MAX}
@@ -204,6 +240,60 @@ class FailurePolicy(_Model):
             "How long a pod may stay unschedulable while every slice's capacity is ready before "
             "the job fails with the scheduler's reason and releases its node pools (e.g. a "
             "nodeSelector no node of the slices carries)."
+        ),
+    )
+    restart_exit_codes: list[int] | None = Field(
+        default=None,
+        max_length=255,
+        description=(
+            "RestartIfListed: the exit codes that restart all slices (1-255); every other "
+            f"non-zero code fails the job. Default xpk's: {EXIT_RESTART_REQUESTED} and "
+            f"127-255 (signals); {EXIT_HANG} always restarts."
+        ),
+        json_schema_extra={
+            "items": {"type": "integer", "minimum": EXIT_CODE_MIN, "maximum": EXIT_CODE_MAX}
+        },
+    )
+    startup_timeout_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=7 * 24 * 3600,
+        description=(
+            "Once every slice's capacity is ready, how long a start or restart may take until "
+            "every pod runs. Past it the operator replaces the node pool of a slice whose pods "
+            "cannot schedule (Managed, once per attempt) or restarts all slices (cause "
+            "startup). Unset: no deadline."
+        ),
+    )
+
+    def restart_codes(self) -> list[int]:
+        """RestartIfListed: the codes that restart (the hang code always does)."""
+        listed = (
+            XPK_RESTART_EXIT_CODES if self.restart_exit_codes is None else self.restart_exit_codes
+        )
+        return sorted({*listed, EXIT_HANG})
+
+    def is_fatal(self, code: int | None) -> bool:
+        """Whether this exit code of the TPU container fails the job at once."""
+        if not code or code == EXIT_HANG:
+            return False
+        if self.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED:
+            return code not in self.restart_codes()
+        return code in self.non_retryable_exit_codes
+
+
+class Maintenance(_Model):
+    """Host maintenance GKE announces on the slices' nodes (node labels, GKE 1.31+)."""
+
+    checkpoint_ahead_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 24 * 3600,
+        description=(
+            "Ask the workload for a checkpoint (annotation multislice.dev/checkpoint-request "
+            "on every pod) this long before the earliest maintenance GKE scheduled on a node "
+            "of the job (label cloud.google.com/scheduled-maintenance-time), so that the "
+            "restart the maintenance forces loses almost nothing. Unset: no request."
         ),
     )
 
@@ -231,6 +321,7 @@ class MultisliceJobSpec(_Model):
     training: Training = Field(default_factory=Training)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    maintenance: Maintenance = Field(default_factory=Maintenance)
     suspend: bool = Field(
         default=False,
         description=(
@@ -355,6 +446,51 @@ SPEC_RULES: list[Rule] = [
         explain=lambda s: f"{', '.join(podtemplate.reserved_env(s.template))} "
         f"{podtemplate.RESERVED_ENV_MESSAGE}",
     ),
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.restartExitCodes",
+        cel=f"!has(self.restartExitCodes) || self.restartExitCodes.all(c, "
+        f"c >= {EXIT_CODE_MIN} && c <= {EXIT_CODE_MAX})",
+        message=f"spec.failurePolicy.restartExitCodes: exit codes must be "
+        f"{EXIT_CODE_MIN}-{EXIT_CODE_MAX}",
+        holds=lambda s: all(
+            EXIT_CODE_MIN <= c <= EXIT_CODE_MAX for c in s.failure_policy.restart_exit_codes or []
+        ),
+    ),
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.nonRetryableExitCodes",
+        cel=f"!has(self.nonRetryableExitCodes) || !({EXIT_HANG} in self.nonRetryableExitCodes)",
+        message=f"spec.failurePolicy.nonRetryableExitCodes: {EXIT_HANG} is the workload's hang "
+        "code, which always restarts all slices (cause hang)",
+        holds=lambda s: EXIT_HANG not in s.failure_policy.non_retryable_exit_codes,
+    ),
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.restartExitCodes",
+        cel="!has(self.restartExitCodes) || "
+        "(has(self.exitCodePolicy) && self.exitCodePolicy == 'RestartIfListed')",
+        message="spec.failurePolicy.restartExitCodes is only valid with exitCodePolicy: "
+        "RestartIfListed (xpk's policy); with RestartUnlessListed list the fatal codes in "
+        "nonRetryableExitCodes",
+        holds=lambda s: (
+            s.failure_policy.restart_exit_codes is None
+            or s.failure_policy.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED
+        ),
+    ),
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.nonRetryableExitCodes",
+        cel="!has(self.nonRetryableExitCodes) || !has(self.exitCodePolicy) || "
+        "self.exitCodePolicy == 'RestartUnlessListed'",
+        message="spec.failurePolicy.nonRetryableExitCodes is only valid with exitCodePolicy: "
+        "RestartUnlessListed; with RestartIfListed every code not in restartExitCodes fails "
+        "the job",
+        holds=lambda s: (
+            "non_retryable_exit_codes" not in s.failure_policy.model_fields_set
+            or s.failure_policy.exit_code_policy == ExitCodePolicy.RESTART_UNLESS_LISTED
+        ),
+    ),
 ]
 
 
@@ -385,6 +521,7 @@ class ConditionType(StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
+    MAINTENANCE_SCHEDULED = "MaintenanceScheduled"  # GKE announced maintenance on its nodes
 
 
 class SlicePhase(StrEnum):
@@ -402,8 +539,9 @@ class Condition(_Model):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed or Admitted "
-        "(Kueue; only for jobs that name a queue)."
+        description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed, Admitted "
+        "(Kueue; only for jobs that name a queue) or MaintenanceScheduled (only once GKE "
+        "announced maintenance on a node of the job)."
     )
     status: str = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in one CamelCase word.")
@@ -466,6 +604,16 @@ class PodFailureStatus(_Model):
         default=None,
         description="The step of the workload's last durable checkpoint, from its termination "
         "message.",
+    )
+    cause: str | None = Field(
+        default=None,
+        description="What the failure is counted as: disruption (the pod's DisruptionTarget "
+        "condition), hang (exit code 75 or a hang termination message) or workload.",
+    )
+    disruption: str | None = Field(
+        default=None,
+        description="The reason of the pod's DisruptionTarget condition (e.g. "
+        "TerminationByKubelet, PreemptionByScheduler, EvictionByEvictionAPI, DeletionByPodGC).",
     )
 
 
@@ -583,8 +731,8 @@ class RestartStatus(_Model):
 
     restart: int = Field(description="Which restart (status.restarts once it happened).")
     cause: str = Field(
-        default="unknown",
-        description="Why: workload (a pod of the workload failed) or unknown.",
+        default="workload",
+        description="Why: disruption, workload, hang or startup (as in restartsByCause).",
     )
     time: datetime | None = Field(
         default=None, description="When the slices stopped running (the failure, as observed)."
@@ -599,6 +747,140 @@ class RestartStatus(_Model):
         default=None,
         ge=0,
         description="From `time` to every slice running again; unset until then.",
+    )
+
+
+class RestartCause(StrEnum):
+    """Why all slices restarted (the keys of status.restartsByCause)."""
+
+    DISRUPTION = "disruption"  # DisruptionTarget or a lost node / pool: not charged to maxRestarts
+    WORKLOAD = "workload"  # the program failed with a retryable code
+    HANG = "hang"  # the workload's watchdog (exit code 75)
+    STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
+
+
+# Causes charged to failurePolicy.maxRestarts; the others to maxDisruptionRestarts.
+PROGRAM_CAUSES = (RestartCause.WORKLOAD, RestartCause.HANG)
+
+
+class RestartsByCause(_Model):
+    """status.restarts split by cause: the four add up to it."""
+
+    disruption: int = Field(
+        default=0,
+        ge=0,
+        description="A pod with the DisruptionTarget condition (preemption, graceful node "
+        "shutdown, eviction) or a lost node or node pool; not charged to maxRestarts.",
+    )
+    workload: int = Field(
+        default=0, ge=0, description="The program failed with a retryable exit code."
+    )
+    hang: int = Field(default=0, ge=0, description="The workload's hang watchdog (exit code 75).")
+    startup: int = Field(
+        default=0,
+        ge=0,
+        description="Pods not all running within failurePolicy.startupTimeoutSeconds; not "
+        "charged to maxRestarts.",
+    )
+
+    def get(self, cause: RestartCause | str) -> int:
+        value: int = getattr(self, RestartCause(cause).value)
+        return value
+
+    def add(self, cause: RestartCause | str, n: int = 1) -> None:
+        name = RestartCause(cause).value
+        setattr(self, name, getattr(self, name) + max(0, n))
+
+    def program(self) -> int:
+        """Charged to maxRestarts."""
+        return sum(self.get(c) for c in PROGRAM_CAUSES)
+
+    def not_program(self) -> int:
+        """Charged to maxDisruptionRestarts."""
+        return self.disruption + self.startup
+
+    def total(self) -> int:
+        return sum(self.get(c) for c in RestartCause)
+
+
+class MaintenanceStatus(_Model):
+    """Host maintenance GKE announced on the job's nodes (their labels, as last seen)."""
+
+    time: datetime | None = Field(
+        default=None,
+        description="The earliest scheduled start (label "
+        "cloud.google.com/scheduled-maintenance-time) over the job's nodes.",
+    )
+    latest_time: datetime | None = Field(
+        default=None,
+        description="The latest time GKE may move a window start to (label "
+        "cloud.google.com/scheduled-maintenance-time-latest), over the job's nodes.",
+    )
+    slices: list[int] = Field(
+        default_factory=list, description="The slices with a node under maintenance."
+    )
+    nodes: int = Field(default=0, ge=0, description="How many of the job's nodes.")
+    active: bool = Field(
+        default=False,
+        description="Maintenance runs now on one of them (label "
+        "cloud.google.com/active-node-maintenance, or the impending-node-termination taint).",
+    )
+
+
+class CheckpointStatus(_Model):
+    """The last checkpoint requested from the workload (annotation
+    multislice.dev/checkpoint-request on every pod) and the step it saved."""
+
+    request_id: str | None = Field(
+        default=None, description="The request's id, as put on the pods."
+    )
+    source: str = Field(
+        default="user",
+        description="user (the job's multislice.dev/checkpoint-request annotation) or "
+        "maintenance (spec.maintenance.checkpointAheadSeconds).",
+    )
+    request_time: datetime | None = Field(default=None, description="When it was requested.")
+    restart_attempt: int = Field(
+        default=0,
+        description="The attempt (status.restarts) whose pods carry it; a restart ends it.",
+    )
+    pods_annotated: int = Field(
+        default=0, ge=0, description="Pods of that attempt carrying the request, as last seen."
+    )
+    saved_step: int | None = Field(
+        default=None,
+        description="The step the workload saved for this request (its pod's "
+        "multislice.dev/checkpoint-saved annotation or its termination message).",
+    )
+    saved_time: datetime | None = Field(default=None, description="When that was seen.")
+    user_request: str | None = Field(
+        default=None,
+        description="The job's multislice.dev/checkpoint-request annotation as last handled "
+        "(a new value is a new request).",
+    )
+    maintenance_request: str | None = Field(
+        default=None, description="The last request made for a maintenance window."
+    )
+
+
+class StartupStatus(_Model):
+    """failurePolicy.startupTimeoutSeconds: the (re)start being timed."""
+
+    attempt: int = Field(description="The attempt (status.restarts) being timed.")
+    since: datetime | None = Field(
+        default=None,
+        description="Since when every slice's capacity has been ready and not every pod "
+        "running; unset while capacity is not ready.",
+    )
+    evicted: bool = Field(
+        default=False,
+        description="The deadline passed and the operator evicted the slow pods to restart "
+        "all slices: the restart that follows has cause startup.",
+    )
+    repaired: list[int] = Field(
+        default_factory=list,
+        description="Node pools (by their index in status.slices) replaced in this attempt "
+        "because the job's pods could not schedule on them.",
     )
 
 
@@ -662,6 +944,10 @@ class MultisliceJobStatus(_Model):
     )
     slices: list[SliceStatus] = Field(default_factory=list)
     restarts: int = Field(default=0, description="Times all slices were restarted.")
+    restarts_by_cause: RestartsByCause | None = Field(
+        default=None,
+        description="status.restarts by cause: disruption, workload, hang, startup.",
+    )
     conditions: list[Condition] = Field(default_factory=list)
     job_set: str | None = Field(default=None, description="Name of the JobSet that runs the job.")
     start_time: datetime | None = Field(default=None, description="When the job became active.")
@@ -702,6 +988,18 @@ class MultisliceJobStatus(_Model):
     )
     queue: QueueStatus | None = Field(
         default=None, description="Kueue: only for jobs with the kueue.x-k8s.io/queue-name label."
+    )
+    maintenance: MaintenanceStatus | None = Field(
+        default=None,
+        description="Host maintenance GKE announced on the job's nodes; unset when none.",
+    )
+    checkpoint: CheckpointStatus | None = Field(
+        default=None, description="The last checkpoint requested on demand and the step saved."
+    )
+    startup: StartupStatus | None = Field(
+        default=None,
+        description="The start being timed against failurePolicy.startupTimeoutSeconds; unset "
+        "once every pod runs.",
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

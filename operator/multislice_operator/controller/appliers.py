@@ -8,6 +8,7 @@ next observation sees.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -26,11 +27,13 @@ from multislice_operator.reconcile import (
     Action,
     AddFinalizer,
     Admission,
+    AnnotatePods,
     CreateJobSet,
     CreatePools,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
+    EvictPods,
     RemoveFinalizer,
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
@@ -41,6 +44,8 @@ from multislice_operator.reconcile.types import CheckState
 from multislice_operator.render import render_jobset
 
 log = logging.getLogger("multislice_operator")
+# Pod calls in flight at once for one action (a 256-slice job has a thousand pods).
+POD_CALLS_IN_FLIGHT = 16
 
 
 @dataclass
@@ -163,6 +168,43 @@ async def set_jobset_suspend(rt: Runtime, t: Target, action: SetJobSetSuspend) -
     await rt.kube.set_jobset_suspend(t.namespace, t.name, action.suspend)
 
 
+async def _each_pod(
+    what: str, t: Target, pods: Iterable[str], call: Callable[[str], Awaitable[bool]]
+) -> int:
+    """`call` on every pod, a few at a time; best effort: a refusal (RBAC, a disruption
+    budget) is logged and the pass goes on (the next one tries again)."""
+    gate = asyncio.Semaphore(POD_CALLS_IN_FLIGHT)
+    refused: list[str] = []
+
+    async def one(pod: str) -> bool:
+        async with gate:
+            try:
+                return await call(pod)
+            except ApiError as exc:
+                refused.append(f"{pod} ({exc.status})")
+                return False
+
+    done = sum(await asyncio.gather(*(one(p) for p in pods)))
+    if refused:
+        log.warning(
+            "%s refused job=%s/%s pods=%s", what, t.namespace, t.name, ", ".join(refused[:5])
+        )
+    return done
+
+
+async def annotate_pods(rt: Runtime, t: Target, a: AnnotatePods) -> None:
+    value = {a.key: a.value}
+    n = await _each_pod(
+        "annotate", t, a.pods, lambda pod: rt.kube.annotate_pod(t.namespace, pod, value)
+    )
+    log.info("pods annotated job=%s/%s %s=%s pods=%d", t.namespace, t.name, a.key, a.value, n)
+
+
+async def evict_pods(rt: Runtime, t: Target, a: EvictPods) -> None:
+    n = await _each_pod("evict", t, a.pods, lambda pod: rt.kube.evict_pod(t.namespace, pod))
+    log.info("pods evicted job=%s/%s pods=%d", t.namespace, t.name, n)
+
+
 async def delete_job(rt: Runtime, t: Target, _: DeleteJob) -> None:
     log.info("ttl expired, deleting job=%s/%s", t.namespace, t.name)
     await rt.kube.delete_job(t.namespace, t.name)
@@ -251,6 +293,8 @@ APPLIERS: dict[type[Any], Applier] = {
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,
     SetAdmissionCheckState: set_admission_check_state,
+    AnnotatePods: annotate_pods,
+    EvictPods: evict_pods,
 }
 
 

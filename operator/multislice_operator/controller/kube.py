@@ -95,7 +95,11 @@ class Kube:
             await self._call(
                 "delete",
                 f"{JOBSETS}/namespaces/{_q(namespace)}/jobsets/{_q(name)}",
-                payload={"propagationPolicy": "Background"},
+                payload={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "propagationPolicy": "Background",
+                },
             )
         except NotFound:
             return
@@ -191,6 +195,39 @@ class Kube:
         result = await self._call("get", f"{MSJ}{where}/{models.PLURAL}")
         items: list[dict[str, Any]] = result.get("items", [])
         return items
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
+        """Merge these annotations into the pod's; False when the pod is gone."""
+        try:
+            await self._call(
+                "patch",
+                f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
+                payload={"metadata": {"annotations": annotations}},
+                headers=MERGE_PATCH,
+            )
+        except NotFound:
+            return False
+        return True
+
+    async def evict_pod(self, namespace: str, name: str) -> bool:
+        """The Eviction API (policy/v1): the pod gets the DisruptionTarget condition and is
+        deleted (a PodDisruptionBudget may refuse: 429). False when the pod is gone."""
+        try:
+            await self._call(
+                "post",
+                f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction",
+                payload={
+                    "apiVersion": "policy/v1",
+                    "kind": "Eviction",
+                    "metadata": {"name": name, "namespace": namespace},
+                },
+                backoffs=(),
+            )
+        except NotFound:
+            return False
+        return True
 
     # -- Kueue ---------------------------------------------------------------------------------
 

@@ -6,9 +6,10 @@ so memory stays small with thousands of jobs; `observe()` assembles them for one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator import keys
@@ -24,12 +25,15 @@ from multislice_operator.provisioning.base import (
 from multislice_operator.reconcile import (
     Admission,
     JobSetObservation,
+    NodeMaintenance,
     Observed,
     PodFailure,
+    PodObservation,
     SliceObservation,
     UnschedulablePod,
 )
 from multislice_operator.reconcile.goodput import parse_termination_message
+from multislice_operator.render import DISRUPTION_CONDITION
 
 # ---------------------------------------------------------------- index summaries
 
@@ -52,6 +56,8 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "suspended": bool((body.get("spec") or {}).get("suspend")),
         "restarts": int(status.get("restarts") or 0),
+        # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
+        "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
         "completed": true("Completed") or terminal == "Completed",
         "failed": true("Failed") or terminal == "Failed",
         "failureReason": failed_cond.get("reason", ""),
@@ -72,12 +78,14 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     status = body.get("status") or {}
     exit_code, reason = None, status.get("reason") or ""
     step = checkpoint_step = None
+    said: dict[str, Any] = {}
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
-            # Where the run stood (contract section 2); only the two numbers are kept.
+            # Where the run stood (contract section 2); only a few fields are kept.
             step, checkpoint_step = parse_termination_message(term.get("message"))
+            said = termination_extras(term.get("message"))
             break
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == "True"
@@ -85,6 +93,8 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     unschedulable = (
         scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     )
+    disruption = conds.get(DISRUPTION_CONDITION) or {}
+    annotations = meta.get("annotations") or {}
     return {
         "pod": meta.get("name", ""),
         "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
@@ -103,6 +113,51 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             else None
         ),
         "schedulerMessage": (scheduled.get("message") or "") if unschedulable else "",
+        "node": (body.get("spec") or {}).get("nodeName") or None,
+        "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
+        if disruption.get("status") == "True"
+        else None,
+        "terminationReason": said.get("reason"),
+        "terminationCheckpoint": said.get("checkpointRequest"),
+        "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
+        "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
+    }
+
+
+def _request(value: Any) -> tuple[str, int] | None:
+    """{"id": ..., "step": ...} (contract section 3) as (id, step); None for anything else."""
+    if not isinstance(value, Mapping):
+        return None
+    rid, step = value.get("id"), value.get("step")
+    if not isinstance(rid, str) or not rid or isinstance(step, bool) or not isinstance(step, int):
+        return None
+    return rid, step
+
+
+def checkpoint_saved(text: str | None) -> tuple[str, int] | None:
+    """The workload's multislice.dev/checkpoint-saved annotation (a JSON string)."""
+    if not text:
+        return None
+    try:
+        return _request(json.loads(text))
+    except ValueError:
+        return None
+
+
+def termination_extras(text: str | None) -> dict[str, Any]:
+    """The termination message's `reason` (bounded: a short word) and `checkpointRequest`."""
+    if not text or not text.lstrip().startswith("{"):
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, Mapping):
+        return {}
+    reason = data.get("reason")
+    return {
+        "reason": reason[:32] if isinstance(reason, str) and reason else None,
+        "checkpointRequest": _request(data.get("checkpointRequest")),
     }
 
 
@@ -115,6 +170,9 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         for c in status.get("conditions") or []
     )
     spec = body.get("spec") or {}
+    terminating = any(
+        t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
+    )
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
@@ -123,6 +181,10 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
         "labels": dict(labels),
+        # Host maintenance GKE announced (keys.py): Unix seconds, and whether it runs now.
+        "maintenanceTime": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME)),
+        "maintenanceLatest": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME_LATEST)),
+        "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels or terminating,
     }
 
 
@@ -150,6 +212,15 @@ def _int(value: Any) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
+        return None
+
+
+def _epoch(value: int | None) -> datetime | None:
+    if value is None or value <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (OverflowError, OSError, ValueError):
         return None
 
 
@@ -182,6 +253,7 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
     return JobSetObservation(
         suspended=summary["suspended"],
         restarts=summary["restarts"],
+        restarts_counted=summary.get("restartsCounted", 0),
         completed=summary["completed"],
         failed=summary["failed"],
         failure_reason=summary["failureReason"],
@@ -232,6 +304,9 @@ def pod_observations(
                     p["attempt"],
                     step=p.get("step"),
                     checkpoint_step=p.get("checkpointStep"),
+                    disruption=p.get("disruption"),
+                    termination_reason=p.get("terminationReason"),
+                    checkpoint_request=p.get("terminationCheckpoint"),
                 )
             )
         if p["attempt"] != attempt or p["slice"] is None or p["deleting"]:
@@ -241,6 +316,73 @@ def pod_observations(
         elif p["phase"] == "Succeeded":
             succeeded[p["slice"]] = succeeded.get(p["slice"], 0) + 1
     return failures, running, succeeded
+
+
+def pod_views(
+    pods: Iterable[dict[str, Any]], pool_of_node: Mapping[str, str] | None = None
+) -> list[PodObservation]:
+    """The job's pods that have not finished (every attempt): what checkpoint requests and the
+    startup deadline look at. `pool_of_node`: the job's own pools' nodes (Managed)."""
+    pools = pool_of_node or {}
+    return [
+        PodObservation(
+            name=p["pod"],
+            slice_index=p["slice"],
+            attempt=p["attempt"],
+            phase=p["phase"],
+            ready=p["ready"],
+            unschedulable=p.get("unschedulable") is not None,
+            deleting=p["deleting"],
+            node=p.get("node"),
+            pool=pools.get(p.get("node") or ""),
+            checkpoint_request=p.get("checkpointRequest"),
+            checkpoint_saved=p.get("checkpointSaved"),
+        )
+        for p in pods
+        if p["phase"] in ("Pending", "Running")
+    ]
+
+
+def maintenance_observations(
+    plan: Plan,
+    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    pods: list[PodObservation],
+    attempt: int | None = None,
+) -> list[NodeMaintenance]:
+    """The job's nodes with maintenance announced: the nodes of its own pools (Managed) or the
+    nodes its pods run on (Existing), each with the slice its pod of the current attempt serves
+    (JobSet may place a slice on another of the job's pools after a restart)."""
+    hosting = {
+        p.node: p.slice_index
+        for p in pods
+        if p.node and not p.deleting and (attempt is None or p.attempt == attempt)
+    }
+    if plan.managed:
+        pools: Iterable[tuple[Any, int | None]] = [
+            (pool.name, pool.slice_index) for pool in plan.node_pools
+        ]
+    else:
+        pools = [(pool, None) for pool in nodes]
+    out = []
+    for pool, index in pools:
+        for n in items(nodes, pool):
+            if index is None and n["name"] not in hosting:
+                continue  # an existing pool's node that runs nothing of this job
+            when, latest = n.get("maintenanceTime"), n.get("maintenanceLatest")
+            active = bool(n.get("maintenanceActive"))
+            if when is None and latest is None and not active:
+                continue
+            out.append(
+                NodeMaintenance(
+                    node=n["name"],
+                    pool=str(pool),
+                    slice_index=hosting.get(n["name"], index),
+                    time=_epoch(when),
+                    latest=_epoch(latest),
+                    active=active,
+                )
+            )
+    return out
 
 
 def managed_slices(
@@ -336,6 +478,12 @@ def observe(
     pods = list(pods)
     attempt = js.restarts if js else 0
     failures, running, succeeded = pod_observations(pods, attempt)
+    own = (
+        {n["name"]: pool.name for pool in plan.node_pools for n in items(nodes, pool.name)}
+        if plan.managed
+        else {}
+    )
+    views = pod_views(pods, own)
     obs = Observed(
         now=now,
         blind_since=blind_since,
@@ -349,6 +497,8 @@ def observe(
         unschedulable=unschedulable_pods(pods, attempt),
         pods_by_slice=pods_by_slice(pods, attempt),
         strays=dict(strays or {}),
+        pods=views,
+        maintenance=maintenance_observations(plan, nodes, views, js.restarts if js else None),
     )
     if plan.managed:
         if gang is not None:

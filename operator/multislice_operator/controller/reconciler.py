@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator import keys, metrics
-from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCause
 from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
@@ -23,20 +23,33 @@ from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.plan import Plan, load_job, plan_job
 from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile import Decision, JobMeta, Observed, decide, goodput
+from multislice_operator.reconcile import (
+    Decision,
+    JobMeta,
+    Observed,
+    RemoveFinalizer,
+    decide,
+    goodput,
+)
 
 log = logging.getLogger("multislice_operator")
 
-# Events that mean a slice failed, by the metric's reason label.
-SLICE_FAILURE_REASONS = {
-    "RestartingAllSlices": "pod_failure",
-    "SliceLost": "capacity_lost",
-    "GangRolledBack": "gang_rollback",
+# Events that mean a slice failed, by the metric's reason label, and the causes each carries
+# (the first is the default for an event that names none); bounded label values.
+CAUSE_PROVISIONING = "provisioning"
+SLICE_FAILURE_REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "RestartingAllSlices": ("pod_failure", tuple(c.value for c in RestartCause)),
+    "SliceLost": ("capacity_lost", (RestartCause.DISRUPTION.value,)),
+    "GangRolledBack": ("gang_rollback", (CAUSE_PROVISIONING,)),
+    "StartupDeadlineExceeded": ("startup_deadline", (RestartCause.STARTUP.value,)),
 }
-for _reason in SLICE_FAILURE_REASONS.values():
-    metrics.SLICE_FAILURES_TOTAL.labels(_reason)  # exported at 0 before the first failure
-for _cause in (goodput.CAUSE_WORKLOAD, goodput.CAUSE_UNKNOWN):
-    metrics.RESTARTS_TOTAL.labels(_cause)
+for _reason, _causes in SLICE_FAILURE_REASONS.values():
+    for _cause in _causes:  # exported at 0 before the first failure
+        metrics.SLICE_FAILURES_TOTAL.labels(_reason, _cause)
+for _restart in RestartCause:
+    metrics.RESTARTS_TOTAL.labels(_restart.value)
+for _source in ("user", "maintenance"):
+    metrics.CHECKPOINT_REQUESTS_TOTAL.labels(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
 
@@ -86,6 +99,12 @@ def job_meta(body: dict[str, Any]) -> JobMeta:
         generation=int(meta.get("generation") or 0),
         creation_time=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
         labels=dict(meta.get("labels") or {}),
+        # Ours only (a checkpoint request), not kubectl's last-applied copy of the whole job.
+        annotations={
+            k: str(v)
+            for k, v in (meta.get("annotations") or {}).items()
+            if k.startswith(f"{keys.PREFIX}/")
+        },
         deleting=bool(meta.get("deletionTimestamp")),
         has_finalizer=keys.FINALIZER in (meta.get("finalizers") or []),
     )
@@ -243,8 +262,11 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     body = target.body
     if meta.deleting and not meta.has_finalizer:
         return decision  # going away with nothing of ours attached: nothing to write
-    await _write(rt, key, body, raw_old, decision)
-    if key not in rt.store.bodies:  # deleted while this pass ran: its series must not come back
+    # Our finalizer just came off: the job goes now (its DELETED event may be handled while this
+    # pass still writes), so nothing of it is stored, tracked or counted again.
+    gone = meta.deleting and any(isinstance(a, RemoveFinalizer) for a in decision.actions)
+    await _write(rt, key, body, raw_old, decision, record=not gone)
+    if gone or key not in rt.store.bodies:  # deleted while this pass ran: no series comes back
         return decision
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
@@ -271,7 +293,12 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | N
 
 
 async def _write(
-    rt: Runtime, key: JobKey, body: dict[str, Any], old: dict[str, Any], d: Decision
+    rt: Runtime,
+    key: JobKey,
+    body: dict[str, Any],
+    old: dict[str, Any],
+    d: Decision,
+    record: bool = True,
 ) -> None:
     new = d.status.to_dict()
     patch = status_patch(old, new)
@@ -281,15 +308,18 @@ async def _write(
         except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
             return
         (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
-        rt.store.put(updated)
+        if record:
+            rt.store.put(updated)
     for event in d.events:
         if event.reason in SLICE_FAILURE_REASONS:
-            metrics.SLICE_FAILURES_TOTAL.labels(SLICE_FAILURE_REASONS[event.reason]).inc()
+            label, causes = SLICE_FAILURE_REASONS[event.reason]
+            cause = event.cause if event.cause in causes else causes[0]
+            metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
         log.info(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
         await rt.kube.post_event(body, event.type, event.reason, event.message)
-    if key in rt.store.bodies:  # not deleted while this pass ran (its series would come back)
+    if record and key in rt.store.bodies:  # not deleted while this pass ran
         _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
 
 
@@ -302,10 +332,17 @@ def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
 
 def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobStatus) -> None:
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
-    added = new.restarts - old.restarts
-    if added > 0:
-        cause = new.last_restart.cause if new.last_restart else goodput.CAUSE_UNKNOWN
-        metrics.RESTARTS_TOTAL.labels(cause).inc(added)
+    if new.restarts_by_cause is not None:
+        before = old.restarts_by_cause
+        for cause in RestartCause:
+            added = new.restarts_by_cause.get(cause) - (before.get(cause) if before else 0)
+            if added > 0:
+                metrics.RESTARTS_TOTAL.labels(cause.value).inc(added)
+    maint = new.maintenance
+    metrics.MAINTENANCE.set(key, maint.time.timestamp() if maint and maint.time else None)
+    cp, cp_was = new.checkpoint, old.checkpoint
+    if cp is not None and cp.request_id and (cp_was is None or cp_was.request_id != cp.request_id):
+        metrics.CHECKPOINT_REQUESTS_TOTAL.labels(cp.source).inc()
     if (new.provisioning_attempts or 0) > (old.provisioning_attempts or 0):
         metrics.GANG_ATTEMPTS_TOTAL.inc(
             (new.provisioning_attempts or 0) - (old.provisioning_attempts or 0)

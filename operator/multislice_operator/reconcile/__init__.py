@@ -3,7 +3,9 @@
 Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
 ``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
 ``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices), ``queue`` (Kueue:
-quota first, then the gang, through this operator's AdmissionCheck).
+quota first, then the gang, through this operator's AdmissionCheck), ``restarts`` (restarts by
+cause, the disruption budget), ``maintenance`` (GKE's announced host maintenance), ``checkpoint``
+(checkpoints on demand), ``startup`` (the startup deadline).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
@@ -13,6 +15,7 @@ from multislice_operator.reconcile.types import (
     AddFinalizer,
     Admission,
     AdmissionCheckObservation,
+    AnnotatePods,
     CheckObservation,
     CheckState,
     CreateJobSet,
@@ -23,10 +26,13 @@ from multislice_operator.reconcile.types import (
     DeleteJobSet,
     DeletePools,
     Event,
+    EvictPods,
     JobMeta,
     JobSetObservation,
+    NodeMaintenance,
     Observed,
     PodFailure,
+    PodObservation,
     PodSetUpdate,
     QueueObservation,
     RemoveFinalizer,
@@ -44,6 +50,7 @@ __all__ = [
     "AddFinalizer",
     "Admission",
     "AdmissionCheckObservation",
+    "AnnotatePods",
     "CheckObservation",
     "CheckState",
     "CreateJobSet",
@@ -54,10 +61,13 @@ __all__ = [
     "DeleteJobSet",
     "DeletePools",
     "Event",
+    "EvictPods",
     "JobMeta",
     "JobSetObservation",
+    "NodeMaintenance",
     "Observed",
     "PodFailure",
+    "PodObservation",
     "PodSetUpdate",
     "QueueObservation",
     "RemoveFinalizer",

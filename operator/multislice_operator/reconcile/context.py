@@ -81,6 +81,7 @@ class Ctx:
         self.repairing: set[int] = set()
         self.not_ready: set[int] = set()  # slices NotReady within the grace period (a blip)
         self.rolled_back: str | None = None  # this pass rolled the gang back: why
+        self.restart_cause: str | None = None  # the cause of the newest restart counted now
 
     def cond(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:
         set_condition(
@@ -91,8 +92,8 @@ class Ctx:
         self.status.phase = phase
         self.status.message = message
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append(Event(type_, reason, message))
+    def event(self, type_: str, reason: str, message: str, cause: str = "") -> None:
+        self.events.append(Event(type_, reason, message, cause))
 
     def requeue_in(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)

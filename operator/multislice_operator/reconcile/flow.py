@@ -20,7 +20,7 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import REPLICATED_JOB, Plan
 from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile import goodput
+from multislice_operator.reconcile import checkpoint, goodput, maintenance, restarts, startup
 from multislice_operator.reconcile import queue as kueue
 from multislice_operator.reconcile.capacity import capacity_ready, release, strays
 from multislice_operator.reconcile.context import Ctx
@@ -68,9 +68,10 @@ def decide(
     ctx.cond(ConditionType.VALIDATED, "True", "Valid", f"{plan.slices} x {plan.shape.accelerator}")
     ctx.status.total_chips = plan.total_chips
     _dcn_condition(ctx, plan)
+    due = None if meta.deleting else maintenance.assess(ctx, spec)
     if meta.deleting:
         _deleting(ctx, plan)
-    elif _finished_before(ctx.old) and _world_agrees(ctx):
+    elif _finished_before(ctx.old) and _world_agrees(ctx, spec):
         _finished(ctx, spec, plan)
     elif _finished_before(ctx.old):
         _status_ignored(ctx)
@@ -81,6 +82,7 @@ def decide(
         if plan.managed and not meta.has_finalizer:
             ctx.actions.append(AddFinalizer())  # before any pool can exist
         _active(ctx, spec, plan)
+        _disruptions(ctx, spec, plan, due)
     slice_statuses(ctx, plan)
     goodput.account(ctx, plan)
     return ctx.decision()
@@ -93,13 +95,22 @@ def _finished_before(old: MultisliceJobStatus) -> bool:
     return not (validated is not None and validated.status == "False")  # a fixed spec runs again
 
 
-def _world_agrees(ctx: Ctx) -> bool:
+def _world_agrees(ctx: Ctx, spec: MultisliceJobSpec) -> bool:
     """A terminal status is only believed when the world shows that nothing of the job runs: no
     JobSet of ours (none, a stranger's, one being deleted, one suspended: no pods) or ours is
     terminal itself. Status is memory, not a command: a phase written by hand never deletes the
-    pools under running pods."""
+    pools under running pods. The one verdict of the operator's own that a running JobSet
+    backs: its uncharged restarts (disruptions and startup evictions) beyond
+    maxDisruptionRestarts, which JobSet itself never bounds."""
     js = ctx.obs.jobset
-    return js is None or not js.owned or js.completed or js.failed or js.deleting or js.suspended
+    if js is None or not js.owned or js.completed or js.failed or js.deleting or js.suspended:
+        return True
+    failed = ctx.old.condition(ConditionType.FAILED)
+    return (
+        failed is not None
+        and failed.reason == restarts.DISRUPTION_BUDGET_REASON
+        and js.restarts - js.restarts_counted > spec.failure_policy.max_disruption_restarts
+    )
 
 
 def _status_ignored(ctx: Ctx) -> None:
@@ -163,9 +174,33 @@ def _terminal_message(ctx: Ctx, phase: Phase) -> str:
     return cond.message if cond and cond.message else phase.value
 
 
+def _disruptions(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, due: str | None) -> None:
+    """After the lifecycle step: the operator's own budget (JobSet does not bound the restarts
+    it does not charge), the startup deadline, checkpoints on demand."""
+    if ctx.status.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        ctx.status.startup = None
+        return
+    over = restarts.over_budget(ctx, spec)
+    if over is not None:
+        ctx.status.startup = None
+        ctx.event("Warning", restarts.DISRUPTION_BUDGET_REASON, over)
+        complete(ctx, Phase.FAILED, "MaxDisruptionRestarts", over)
+        return  # the next pass deletes the JobSet (_finished), once this status is written
+    startup.check(ctx, spec, plan)
+    checkpoint.decide(ctx, spec, due)
+
+
 def _finished(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan) -> None:
     phase = Phase(ctx.old.phase or Phase.FAILED)
     message = _terminal_message(ctx, phase)
+    js = ctx.obs.jobset
+    if (
+        phase == Phase.FAILED
+        and js is not None
+        and js.owned
+        and not (js.failed or js.completed or js.suspended or js.deleting)
+    ):
+        ctx.actions.append(DeleteJobSet())  # failed by the operator: JobSet would run it on
     if kueue.queue_name(ctx):
         kueue.finished(ctx)
     keep = phase == Phase.SUCCEEDED and spec.provisioning.keep_node_pools

@@ -60,7 +60,7 @@ REPAIRABLE = (S.STARTING, S.RUNNING, S.RESTARTING)
 EXISTING_HOLDS = (S.STARTING, S.RUNNING, S.RESTARTING, S.REPAIRING)
 RECOVERING = (S.RESTARTING, S.REPAIRING)
 
-CAUSE_WORKLOAD, CAUSE_UNKNOWN = "workload", "unknown"
+CAUSE_WORKLOAD = "workload"  # restarts.py says which cause a restart has; this, when none
 
 
 def accounting_state(phase: str | None, repairing: bool = False) -> GoodputState | None:
@@ -296,7 +296,7 @@ def _restarts(ctx: Ctx, g: GoodputStatus) -> None:
         # belongs to an earlier restart and says nothing about this one.
         known = f is not None and f.restart_attempt == ctx.status.restarts - 1
         lost = steps_lost(f) if known and f is not None else None
-        cause = CAUSE_WORKLOAD if known and f is not None and f.exit_code else CAUSE_UNKNOWN
+        cause = ctx.restart_cause or CAUSE_WORKLOAD
         if g.state in RECOVERING and g.since is not None:
             began = g.since  # when the slices stopped running, as accounted
         else:  # stopped and recovered unseen (while the operator was down, or within a pass)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from multislice_operator.api.models import (
     ConditionType,
+    ExitCodePolicy,
     MultisliceJobSpec,
     Phase,
     PodFailureStatus,
 )
 from multislice_operator.plan import Plan
+from multislice_operator.reconcile import restarts
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.types import JobSetObservation, PodFailure
 
@@ -25,24 +27,25 @@ def complete(ctx: Ctx, phase: Phase, reason: str, message: str) -> None:
 
 
 def why_failed(ctx: Ctx, spec: MultisliceJobSpec) -> str:
-    fatal = set(spec.failure_policy.non_retryable_exit_codes)
+    fp = spec.failure_policy
     js = ctx.obs.jobset
     for failure in sorted(ctx.obs.pod_failures, key=lambda f: (-f.restart_attempt, f.pod)):
-        if failure.exit_code in fatal:
+        if not failure.disruption and fp.is_fatal(failure.exit_code):
             where = f" (slice {failure.slice_index})" if failure.slice_index is not None else ""
+            field = (
+                "not in spec.failurePolicy.restartExitCodes"
+                if fp.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED
+                else "spec.failurePolicy.nonRetryableExitCodes"
+            )
             return (
                 f"pod {failure.pod}{where} exited with non-retryable code {failure.exit_code} "
-                "(spec.failurePolicy.nonRetryableExitCodes)"
+                f"({field})"
             )
-    if (
-        js is not None
-        and js.restarts >= spec.failure_policy.max_restarts
-        and ("ReachedMaxRestarts" in js.failure_reason or not js.failure_reason)
+    if js is not None and (
+        "ReachedMaxRestarts" in js.failure_reason
+        or (not js.failure_reason and js.restarts_counted >= fp.max_restarts)
     ):
-        return (
-            f"restarted {js.restarts} times, reaching spec.failurePolicy.maxRestarts "
-            f"({spec.failure_policy.max_restarts}){_last_failure_note(ctx)}"
-        )
+        return f"{restarts.max_restarts_message(ctx, spec, js)}{_last_failure_note(ctx)}"
     text = js.failure_message if js else ""
     return f"JobSet failed: {text}{_last_failure_note(ctx)}"
 
@@ -55,7 +58,8 @@ def latest_failure(failures: list[PodFailure]) -> PodFailure | None:
 
 def describe(f: PodFailureStatus) -> str:
     code = f" with exit code {f.exit_code}" if f.exit_code is not None else ""
-    return f"pod {f.pod} failed{code} {f.reason}".rstrip()
+    disrupted = f" (DisruptionTarget: {f.disruption})" if f.disruption else ""
+    return f"pod {f.pod} failed{code} {f.reason}".rstrip() + disrupted
 
 
 def _last_failure_note(ctx: Ctx) -> str:
@@ -72,6 +76,8 @@ def _record(f: PodFailure) -> PodFailureStatus:
         restart_attempt=f.restart_attempt,
         step=f.step,
         checkpoint_step=f.checkpoint_step,
+        cause=restarts.failure_cause(f).value,
+        disruption=f.disruption,
     )
 
 
@@ -82,14 +88,17 @@ def count_restarts(ctx: Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> 
         ctx.status.last_failure = _record(seen)
     before = ctx.old.restarts
     ctx.status.restarts = max(before, js.restarts)
-    if js.restarts > before:
+    cause = restarts.attribute(ctx, js)
+    by = ctx.status.restarts_by_cause
+    if js.restarts > before and cause is not None and by is not None:
         last = ctx.status.last_failure
-        cause = describe(last) if last else "a slice failed"
+        what = describe(last) if last else "a slice failed"
         ctx.event(
             "Warning",
             "RestartingAllSlices",
-            f"restart {js.restarts}/{spec.failure_policy.max_restarts}: {cause}; all slices "
-            "restart and resume from the last checkpoint",
+            f"restart {js.restarts} (cause {cause}: {restarts.budget_note(spec, by, cause)}): "
+            f"{what}; all slices restart and resume from the last checkpoint",
+            cause=cause.value,
         )
 
 

@@ -45,12 +45,50 @@ class PodFailure:
     # From the workload's termination message (contract section 2), when it wrote one.
     step: int | None = None
     checkpoint_step: int | None = None
+    # The reason of the pod's DisruptionTarget condition (preemption, node shutdown, eviction,
+    # PodGC of a vanished node): the failure is a disruption, whatever the exit code.
+    disruption: str | None = None
+    termination_reason: str | None = None  # the termination message's `reason` (e.g. hang)
+    # The termination message's checkpointRequest served: (id, step).
+    checkpoint_request: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """A pod of the job that is not finished, as far as checkpoints and startup care."""
+
+    name: str
+    slice_index: int | None
+    attempt: int
+    phase: str = "Pending"
+    ready: bool = False
+    unschedulable: bool = False  # PodScheduled=False, reason Unschedulable
+    deleting: bool = False
+    node: str | None = None
+    pool: str | None = None  # the node's pool, when it is one of the job's own (Managed)
+    checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
+    checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
+
+
+@dataclass(frozen=True)
+class NodeMaintenance:
+    """A node of the job with host maintenance announced by GKE (its labels)."""
+
+    node: str
+    pool: str
+    slice_index: int | None
+    time: datetime | None = None  # scheduled-maintenance-time
+    latest: datetime | None = None  # scheduled-maintenance-time-latest
+    active: bool = False  # active-node-maintenance, or the impending-node-termination taint
 
 
 @dataclass(frozen=True)
 class JobSetObservation:
     suspended: bool = False
     restarts: int = 0
+    # status.restartsCountTowardsMax: the restarts JobSet charged to maxRestarts (a disruption's
+    # RestartJobSetAndIgnoreMaxRestarts is not).
+    restarts_counted: int = 0
     completed: bool = False
     failed: bool = False
     failure_reason: str = ""
@@ -89,6 +127,7 @@ class JobMeta:
     generation: int
     creation_time: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
     deleting: bool = False  # metadata.deletionTimestamp is set
     has_finalizer: bool = False  # our finalizer is on the object
 
@@ -180,6 +219,8 @@ class Observed:
     # charges that time to the state seen now. None: the operator was watching all along.
     blind_since: datetime | None = None
     queue: QueueObservation | None = None  # only for a job with the queue-name label
+    pods: list[PodObservation] = field(default_factory=list)  # not finished, every attempt
+    maintenance: list[NodeMaintenance] = field(default_factory=list)  # the job's nodes only
 
 
 @dataclass(frozen=True)
@@ -227,7 +268,9 @@ class ValidateJobSet:
 
 @dataclass(frozen=True)
 class DeleteJobSet:
-    """The job failed for a reason of ours while its JobSet runs: stop its pods."""
+    """The job failed for a reason of ours while its JobSet runs: stop its pods (JobSet would
+    keep them waiting for released capacity, or, for a spent maxDisruptionRestarts, restart them
+    forever: it does not bound RestartJobSetAndIgnoreMaxRestarts)."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +281,23 @@ class SetJobSetSuspend:
 @dataclass(frozen=True)
 class DeleteJob:
     """The MultisliceJob itself (ttlSecondsAfterFinished)."""
+
+
+@dataclass(frozen=True)
+class AnnotatePods:
+    """Set one annotation on these pods of the job (a checkpoint request)."""
+
+    pods: tuple[str, ...]
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EvictPods:
+    """Evict these pods (Eviction API: the DisruptionTarget condition, so that the JobSet
+    restarts every slice without charging maxRestarts)."""
+
+    pods: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -283,6 +343,9 @@ Action = (
     | SetJobSetSuspend
     | DeleteJob
     | SetAdmissionCheckState
+    | DeleteJobSet
+    | AnnotatePods
+    | EvictPods
 )
 
 
@@ -291,6 +354,7 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    cause: str = ""  # a slice failure's cause (the metric's label); "" for other events
 
 
 @dataclass

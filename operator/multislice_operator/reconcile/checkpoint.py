@@ -1,0 +1,93 @@
+"""Checkpoints on demand (contract.md section 3). Pure.
+
+One mechanism for users and maintenance: a request has an id; the operator puts
+`multislice.dev/checkpoint-request: <id>` on every pod of the attempt it was made in (pods that
+attempt creates later too); each pod sees its own annotations as a file (the downward API
+volume render.py mounts); the workload's processes agree on one step, save there, and process 0
+acknowledges with `multislice.dev/checkpoint-saved: {"id", "step"}` on its pod. A restart ends
+the request: the next attempt resumes from a checkpoint anyway.
+
+A user asks with `kubectl annotate msj NAME multislice.dev/checkpoint-request=ID` (a new value
+is a new request); maintenance asks `maint-<start>` checkpointAheadSeconds before the window.
+"""
+
+from __future__ import annotations
+
+from multislice_operator import keys
+from multislice_operator.api.models import CheckpointStatus, MultisliceJobSpec
+from multislice_operator.reconcile.context import Ctx
+from multislice_operator.reconcile.types import AnnotatePods
+
+MAX_ID_LENGTH = 63  # contract section 3
+SOURCE_USER, SOURCE_MAINTENANCE = "user", "maintenance"
+
+
+def valid_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_ID_LENGTH and value.isprintable() and '"' not in value
+
+
+def _request(ctx: Ctx, cp: CheckpointStatus | None, rid: str, source: str) -> CheckpointStatus:
+    js = ctx.obs.jobset
+    attempt = js.restarts if js is not None else 0
+    new = CheckpointStatus(
+        request_id=rid,
+        source=source,
+        request_time=ctx.now,
+        restart_attempt=attempt,
+        user_request=cp.user_request if cp else None,
+        maintenance_request=cp.maintenance_request if cp else None,
+    )
+    ctx.event(
+        "Normal",
+        "CheckpointRequested",
+        f"checkpoint {rid} requested ({source}): annotating every pod of attempt {attempt} "
+        f"with {keys.CHECKPOINT_REQUEST}",
+    )
+    return new
+
+
+def decide(ctx: Ctx, spec: MultisliceJobSpec, maintenance_request: str | None) -> None:
+    """While the JobSet runs: take new requests, put the current one on its attempt's pods,
+    and record the step saved for it."""
+    js = ctx.obs.jobset
+    if js is None or js.suspended or not js.owned:
+        return
+    old = ctx.old.checkpoint
+    cp = old.model_copy(deep=True) if old is not None else None
+    asked = ctx.meta.annotations.get(keys.CHECKPOINT_REQUEST)
+    if asked is not None and asked != (cp.user_request if cp else None):
+        if valid_id(asked):
+            cp = _request(ctx, cp, asked, SOURCE_USER)
+        else:
+            ctx.event(
+                "Warning",
+                "CheckpointRequestInvalid",
+                f"{keys.CHECKPOINT_REQUEST}={asked!r} ignored: an id is 1-{MAX_ID_LENGTH} "
+                "printable characters (e.g. $(date +%s))",
+            )
+        cp = cp or CheckpointStatus(source=SOURCE_USER)
+        cp.user_request = asked
+    if maintenance_request is not None and maintenance_request != (
+        cp.maintenance_request if cp else None
+    ):
+        cp = _request(ctx, cp, maintenance_request, SOURCE_MAINTENANCE)
+        cp.maintenance_request = maintenance_request
+    ctx.status.checkpoint = cp
+    if cp is None or cp.request_id is None:
+        return
+    rid = cp.request_id
+    if cp.restart_attempt == js.restarts:
+        mine = [p for p in ctx.obs.pods if p.attempt == cp.restart_attempt and not p.deleting]
+        missing = tuple(sorted(p.name for p in mine if p.checkpoint_request != rid))
+        if missing:
+            ctx.actions.append(AnnotatePods(missing, keys.CHECKPOINT_REQUEST, rid))
+        cp.pods_annotated = sum(1 for p in mine if p.checkpoint_request == rid)
+    if cp.saved_step is None:
+        acks = [p.checkpoint_saved for p in ctx.obs.pods]
+        acks += [f.checkpoint_request for f in ctx.obs.pod_failures]
+        steps = [ack[1] for ack in acks if ack is not None and ack[0] == rid]
+        if steps:
+            cp.saved_step, cp.saved_time = max(steps), ctx.now
+            ctx.event(
+                "Normal", "CheckpointSaved", f"checkpoint {rid} saved at step {cp.saved_step}"
+            )

@@ -1,0 +1,91 @@
+"""Host maintenance ahead of time: what GKE announces on the job's nodes. Pure.
+
+GKE (1.31+) labels a GPU/TPU node with the start of its next host maintenance
+(`cloud.google.com/scheduled-maintenance-time`, Unix seconds, days ahead) and the latest start
+it may move to (`...-latest`), and with `cloud.google.com/active-node-maintenance` while it
+runs; a host event on one VM of a TPU slice stops the whole slice. The operator shows the
+earliest announced start and the slices it hits (condition MaintenanceScheduled,
+status.maintenance, an event, a metric) and, with spec.maintenance.checkpointAheadSeconds, asks
+the workload for a checkpoint that long before it (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from multislice_operator.api.models import ConditionType, MaintenanceStatus, MultisliceJobSpec
+from multislice_operator.reconcile.context import Ctx
+
+MAINTENANCE = ConditionType.MAINTENANCE_SCHEDULED
+REQUEST_PREFIX = "maint-"
+
+
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def request_id(when: datetime) -> str:
+    """The checkpoint request for the maintenance starting at `when`: one per window."""
+    return f"{REQUEST_PREFIX}{int(when.timestamp())}"
+
+
+def assess(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
+    """Condition, status, event; the checkpoint request due now, if any."""
+    found = ctx.obs.maintenance
+    old = ctx.old.maintenance
+    if not found:
+        ctx.status.maintenance = None
+        before = ctx.old.condition(MAINTENANCE)
+        if before is not None and before.status == "True":
+            ctx.cond(
+                MAINTENANCE,
+                "False",
+                "NoMaintenanceScheduled",
+                "no node of the job announces host maintenance any more",
+            )
+        return None
+    times = [m.time for m in found if m.time is not None]
+    latest = [m.latest for m in found if m.latest is not None]
+    now = MaintenanceStatus(
+        time=min(times) if times else None,
+        latest_time=max(latest) if latest else None,
+        slices=sorted({m.slice_index for m in found if m.slice_index is not None}),
+        nodes=len({m.node for m in found}),
+        active=any(m.active for m in found),
+    )
+    ctx.status.maintenance = now
+    where = (
+        f"slice{'s' if len(now.slices) > 1 else ''} {', '.join(map(str, now.slices))}"
+        if now.slices
+        else "the job's nodes"
+    )
+    nodes = f"{now.nodes} node{'s' if now.nodes > 1 else ''}"
+    ahead = spec.maintenance.checkpoint_ahead_seconds
+    if now.active:
+        reason = "MaintenanceInProgress"
+        message = f"host maintenance in progress on {where} ({nodes}): those hosts stop"
+    else:
+        reason = "MaintenanceScheduled"
+        when = iso(now.time) if now.time else "an unannounced time"
+        latest_note = f" (latest start {iso(now.latest_time)})" if now.latest_time else ""
+        message = (
+            f"GKE scheduled host maintenance at {when}{latest_note} on {where} ({nodes}): "
+            "the slice stops and all slices restart (cause disruption)"
+        )
+        if ahead is not None and now.time is not None:
+            message += f"; a checkpoint is requested {ahead}s before"
+    ctx.cond(MAINTENANCE, "True", reason, message)
+    changed = old is None or (old.time, old.slices, old.active) != (
+        now.time,
+        now.slices,
+        now.active,
+    )
+    if changed:
+        ctx.event("Warning", reason, message)
+    if ahead is None or now.time is None:
+        return None
+    due = (now.time - ctx.now).total_seconds() - ahead
+    if due > 0:
+        ctx.requeue_in(due)
+        return None
+    return request_id(now.time)

@@ -1,0 +1,121 @@
+"""Restarts by cause, and the budget each cause is charged to. Pure.
+
+Every restart of all slices is the JobSet's (render.py's failure policy):
+
+- a pod with the DisruptionTarget condition (preemption, graceful node shutdown, eviction, the
+  pod garbage collector removing the pods of a vanished node) fails its Job through the Job's
+  podFailurePolicy rule 0; the JobSet rule `Disruption` matches that Job's failure message and
+  restarts every slice with RestartJobSetAndIgnoreMaxRestarts: status.restarts goes up,
+  restartsCountTowardsMax does not;
+- any other retryable failure gets JobSet's default, RestartJobSet: both go up, and the JobSet
+  fails (ReachedMaxRestarts) once restartsCountTowardsMax reaches failurePolicy.maxRestarts.
+
+So the JobSet's own two counters say which restarts were charged; the pods say why. Charged
+restarts are the program's: `hang` when a pod of the attempt that ended exited with the hang
+code (or said hang in its termination message), else `workload`. Restarts not charged are
+`startup` when the operator evicted the pods of that attempt itself (startup.py), else
+`disruption`. JobSet does not bound the restarts it does not charge: the operator fails the job
+once they exceed failurePolicy.maxDisruptionRestarts.
+"""
+
+from __future__ import annotations
+
+from multislice_operator.api.models import (
+    EXIT_HANG,
+    MultisliceJobSpec,
+    RestartCause,
+    RestartsByCause,
+)
+from multislice_operator.reconcile.context import Ctx
+from multislice_operator.reconcile.types import JobSetObservation, PodFailure
+
+C = RestartCause
+HANG_REASON = "hang"  # the termination message's reason for EXIT_HANG (contract section 2)
+DISRUPTION_BUDGET_REASON = "MaxDisruptionRestarts"
+
+
+def failure_cause(f: PodFailure) -> RestartCause:
+    """What one pod failure counts as."""
+    if f.disruption:
+        return C.DISRUPTION
+    if f.exit_code == EXIT_HANG or f.termination_reason == HANG_REASON:
+        return C.HANG
+    return C.WORKLOAD
+
+
+def _seed(ctx: Ctx, js: JobSetObservation) -> RestartsByCause:
+    """The split so far. A status written before restarts were split (an older operator) has
+    only the total: the restarts JobSet charged are the program's, the others disruptions."""
+    if ctx.old.restarts_by_cause is not None:
+        return ctx.old.restarts_by_cause.model_copy()
+    charged = min(ctx.old.restarts, js.restarts_counted)
+    return RestartsByCause(workload=charged, disruption=ctx.old.restarts - charged)
+
+
+def attribute(ctx: Ctx, js: JobSetObservation) -> RestartCause | None:
+    """Split the restarts the JobSet made since the status was written into
+    status.restartsByCause; returns the cause of the latest one (None: no new restart)."""
+    before = ctx.old.restarts
+    new = js.restarts - before
+    if new <= 0:
+        return None
+    by = _seed(ctx, js)
+    charged = min(new, max(0, js.restarts_counted - by.program()))
+    free = new - charged
+    # The failures behind these restarts were seen on pods of the attempts that just ended.
+    ending = [f for f in ctx.obs.pod_failures if before <= f.restart_attempt < js.restarts]
+    causes = [failure_cause(f) for f in ending]
+    added: list[RestartCause] = []
+    if free:
+        started = ctx.old.startup
+        evicted = started is not None and started.evicted and before <= started.attempt
+        cause = C.STARTUP if evicted else C.DISRUPTION
+        by.add(cause, free)
+        added.append(cause)
+    if charged:
+        cause = C.HANG if C.HANG in causes else C.WORKLOAD
+        by.add(cause, charged)
+        added.append(cause)
+    ctx.status.restarts_by_cause = by
+    latest = max(ending, key=lambda f: (f.restart_attempt, f.pod), default=None)
+    newest = failure_cause(latest) if latest is not None else None
+    ctx.restart_cause = (newest if newest in added else added[-1]).value
+    return RestartCause(ctx.restart_cause)
+
+
+def budget_note(spec: MultisliceJobSpec, by: RestartsByCause, cause: RestartCause) -> str:
+    fp = spec.failure_policy
+    if cause in (C.WORKLOAD, C.HANG):
+        return f"{by.program()}/{fp.max_restarts} of spec.failurePolicy.maxRestarts"
+    return (
+        f"not charged to maxRestarts; {by.not_program()}/{fp.max_disruption_restarts} of "
+        "spec.failurePolicy.maxDisruptionRestarts"
+    )
+
+
+def over_budget(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
+    """Why the job fails now: more restarts not caused by the program than
+    maxDisruptionRestarts allows (the JobSet would go on restarting)."""
+    by = ctx.status.restarts_by_cause
+    budget = spec.failure_policy.max_disruption_restarts
+    if by is None or by.not_program() <= budget:
+        return None
+    return (
+        f"restarted {by.not_program()} times for disruptions ({by.disruption}) and startup "
+        f"deadlines ({by.startup}), more than spec.failurePolicy.maxDisruptionRestarts "
+        f"({budget}): the capacity keeps failing (a broken zone or pool?); the JobSet is "
+        "deleted"
+    )
+
+
+def max_restarts_message(ctx: Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> str:
+    """The JobSet reached maxRestarts: only the program's own failures count there."""
+    by = ctx.status.restarts_by_cause or RestartsByCause(workload=js.restarts_counted)
+    counted = max(js.restarts_counted, by.program())
+    others = by.not_program()
+    note = f"; {others} disruption/startup restarts not counted" if others else ""
+    return (
+        f"restarted {counted} times for the program's own failures (workload {by.workload}, "
+        f"hang {by.hang}), reaching spec.failurePolicy.maxRestarts "
+        f"({spec.failure_policy.max_restarts}){note}"
+    )

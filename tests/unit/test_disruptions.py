@@ -1,0 +1,726 @@
+"""Table tests for issue 15 in decide(): restarts by cause and their budgets, maintenance ahead
+of time, checkpoints on demand, the startup deadline. Plain observed data in, status out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from multislice_operator import keys
+from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.controller.observe import (
+    checkpoint_saved,
+    jobset_observation,
+    maintenance_observations,
+    pod_views,
+    summarize_jobset,
+    summarize_node,
+    summarize_pod,
+)
+from multislice_operator.plan import load_job, plan_job
+from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile import (
+    AnnotatePods,
+    DecideConfig,
+    DeleteJobSet,
+    DeletePools,
+    EvictPods,
+    JobMeta,
+    JobSetObservation,
+    NodeMaintenance,
+    Observed,
+    PodFailure,
+    PodObservation,
+    SliceObservation,
+    decide,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig(resync_seconds=10)
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def job(mode: str = "Existing", annotations: dict[str, str] | None = None, **spec):
+    body = {
+        "apiVersion": "multislice.dev/v1alpha1",
+        "kind": "MultisliceJob",
+        "metadata": {"name": "job", "namespace": "ns", "annotations": annotations or {}},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "provisioning": {"mode": mode},
+            "template": {"spec": {"containers": [{"name": "train", "image": "i"}]}},
+            **spec,
+        },
+    }
+    j = load_job(body)
+    return j.spec, plan_job(j)
+
+
+def meta(annotations: dict[str, str] | None = None) -> JobMeta:
+    return JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, annotations=annotations or {})
+
+
+EXISTING = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
+
+
+def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices=None, **spec):
+    mode = spec.pop("mode", "Existing")
+    s, p = job(mode, **spec)
+    obs = Observed(
+        now=at(t),
+        slices=list(EXISTING if slices is None else slices),
+        jobset=js,
+        pod_failures=list(failures),
+        running_pods={i: sum(1 for x in pods if x.slice_index == i and x.ready) for i in range(2)},
+        pods=list(pods),
+        maintenance=list(maint),
+    )
+    old = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
+    return decide(meta(annotations), s, p, None, old, obs, CFG)
+
+
+def by_cause(d) -> dict[str, int]:
+    return d.status.to_dict().get("restartsByCause", {})
+
+
+def reasons(d) -> list[str]:
+    return [e.reason for e in d.events]
+
+
+def preempted(attempt: int, pod: str = "job-slice-1-0-a") -> PodFailure:
+    return PodFailure(pod, 1, 143, "Terminated", attempt, disruption="TerminationByKubelet")
+
+
+def crashed(attempt: int, code: int = 1, reason: str | None = None) -> PodFailure:
+    return PodFailure("job-slice-0-2-b", 0, code, "Error", attempt, termination_reason=reason)
+
+
+# ---------------------------------------------------------------- restarts by cause
+
+
+def test_three_preemptions_are_disruptions_not_charged_to_max_restarts():
+    status: MultisliceJobStatus | dict = {"phase": "Running"}
+    for n in range(1, 4):
+        js = JobSetObservation(restarts=n, restarts_counted=0)
+        d = run(status, js, [preempted(n - 1)], failurePolicy={"maxRestarts": 1})
+        status = d.status
+        (event,) = [e for e in d.events if e.reason == "RestartingAllSlices"]
+        assert event.cause == "disruption"
+        assert "not charged to maxRestarts" in event.message
+        assert f"{n}/30 of spec.failurePolicy.maxDisruptionRestarts" in event.message
+        assert "DisruptionTarget: TerminationByKubelet" in event.message
+    assert status.restarts == 3
+    assert by_cause(d) == {"disruption": 3, "workload": 0, "hang": 0, "startup": 0}
+    assert d.status.last_failure is not None
+    assert (d.status.last_failure.cause, d.status.last_failure.disruption) == (
+        "disruption",
+        "TerminationByKubelet",
+    )
+    assert d.status.last_restart is not None and d.status.last_restart.cause == "disruption"
+    assert d.status.phase == "Restarting"
+
+
+@pytest.mark.parametrize(
+    ("failure", "cause"),
+    [
+        (crashed(0), "workload"),
+        (crashed(0, 42), "workload"),  # restart requested (xpk's convention)
+        (crashed(0, 75), "hang"),
+        (crashed(0, 1, "hang"), "hang"),  # the termination message says so
+    ],
+)
+def test_charged_restarts_are_the_programs_own(failure, cause):
+    d = run({"phase": "Running"}, JobSetObservation(restarts=1, restarts_counted=1), [failure])
+    assert by_cause(d)[cause] == 1 and sum(by_cause(d).values()) == 1
+    assert d.status.last_failure is not None and d.status.last_failure.cause == cause
+    (event,) = [e for e in d.events if e.reason == "RestartingAllSlices"]
+    assert event.cause == cause and "1/10 of spec.failurePolicy.maxRestarts" in event.message
+
+
+def test_jobset_counters_decide_what_was_charged_even_without_the_pod():
+    old = {"phase": "Running", "restarts": 3, "restartsByCause": {"disruption": 3}}
+    d = run(old, JobSetObservation(restarts=5, restarts_counted=1))  # two more: one charged
+    assert by_cause(d) == {"disruption": 4, "workload": 1, "hang": 0, "startup": 0}
+
+
+def test_a_status_from_before_the_split_is_seeded_from_the_jobset():
+    d = run({"phase": "Running", "restarts": 3}, JobSetObservation(restarts=4, restarts_counted=2))
+    # What JobSet charged is the program's (2), the rest disruptions: the new one too.
+    assert by_cause(d) == {"disruption": 2, "workload": 2, "hang": 0, "startup": 0}
+
+
+def test_no_restart_no_split_written():
+    d = run({"phase": "Starting"}, JobSetObservation(ready_jobs=2))
+    assert "restartsByCause" not in d.status.to_dict()
+
+
+def test_max_restarts_message_counts_only_the_programs_failures():
+    old = {
+        "phase": "Restarting",
+        "restarts": 4,
+        "restartsByCause": {"disruption": 3, "workload": 1},
+    }
+    js = JobSetObservation(
+        failed=True, restarts=4, restarts_counted=1, failure_reason="ReachedMaxRestarts"
+    )
+    d = run(old, js, [crashed(4, 13)], failurePolicy={"maxRestarts": 1})
+    message = d.status.message or ""
+    assert d.status.phase == "Failed"
+    assert "restarted 1 times for the program's own failures (workload 1, hang 0)" in message
+    assert "maxRestarts (1)" in message and "3 disruption/startup restarts not counted" in message
+
+
+def test_fatal_message_names_the_policy_field():
+    js = JobSetObservation(failed=True, failure_reason="FailJobSetFailurePolicyAction")
+    d = run({"phase": "Running"}, js, [crashed(0, 78)])
+    assert "non-retryable code 78 (spec.failurePolicy.nonRetryableExitCodes)" in (
+        d.status.message or ""
+    )
+    xpk = run(
+        {"phase": "Running"},
+        js,
+        [crashed(0, 1)],
+        failurePolicy={"exitCodePolicy": "RestartIfListed"},
+    )
+    assert "non-retryable code 1 (not in spec.failurePolicy.restartExitCodes)" in (
+        xpk.status.message or ""
+    )
+
+
+def test_disruption_budget_fails_the_job_then_its_jobset_is_deleted():
+    old = {"phase": "Running", "restarts": 2, "restartsByCause": {"disruption": 2}}
+    js = JobSetObservation(restarts=3, ready_jobs=0)
+    d = run(old, js, [preempted(2)], failurePolicy={"maxDisruptionRestarts": 2})
+    assert d.status.phase == "Failed"
+    cond = d.status.condition("Failed")
+    assert cond is not None and cond.reason == "MaxDisruptionRestarts"
+    assert "more than spec.failurePolicy.maxDisruptionRestarts (2)" in cond.message
+    assert "MaxDisruptionRestarts" in reasons(d)
+    assert DeleteJobSet() not in d.actions  # first the status says why
+    after = run(d.status, js, failurePolicy={"maxDisruptionRestarts": 2})
+    assert DeleteJobSet() in after.actions and after.status.phase == "Failed"
+    gone = run(after.status, None, failurePolicy={"maxDisruptionRestarts": 2})
+    assert DeleteJobSet() not in gone.actions and gone.status.phase == "Failed"
+
+
+def test_within_the_disruption_budget_the_job_goes_on():
+    old = {"phase": "Running", "restarts": 1, "restartsByCause": {"disruption": 1}}
+    d = run(
+        old,
+        JobSetObservation(restarts=2),
+        [preempted(1)],
+        failurePolicy={"maxDisruptionRestarts": 2},
+    )
+    assert d.status.phase == "Restarting"
+
+
+def test_a_jobset_that_failed_on_its_own_is_not_deleted():
+    js = JobSetObservation(failed=True, failure_reason="ReachedMaxRestarts")
+    d = run({"phase": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}, js)
+    assert DeleteJobSet() not in d.actions
+
+
+# ---------------------------------------------------------------- observation
+
+
+def test_pod_summary_carries_disruption_schedule_and_checkpoint_fields():
+    pod = {
+        "metadata": {
+            "name": "job-slice-1-0-a",
+            "labels": {keys.JOBSET_JOB_INDEX: "1", keys.JOBSET_RESTART_ATTEMPT: "2"},
+            "annotations": {
+                keys.CHECKPOINT_REQUEST: "1733050000",
+                keys.CHECKPOINT_SAVED: '{"id": "1733050000", "step": 120}',
+            },
+        },
+        "spec": {"nodeName": "node-a"},
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+            ],
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 75,
+                            "reason": "Error",
+                            "message": '{"v": 1, "reason": "hang", "exitCode": 75, '
+                            '"step": 123, "checkpointStep": 120, '
+                            '"checkpointRequest": {"id": "7", "step": 120}}',
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    s = summarize_pod(pod)
+    assert (s["node"], s["disruption"], s["terminationReason"]) == (
+        "node-a",
+        "PreemptionByScheduler",
+        "hang",
+    )
+    assert s["terminationCheckpoint"] == ("7", 120)
+    assert s["checkpointRequest"] == "1733050000"
+    assert s["checkpointSaved"] == ("1733050000", 120)
+    pending = summarize_pod(
+        {
+            "metadata": {"name": "p", "labels": {keys.JOBSET_JOB_INDEX: "0"}},
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+                ],
+            },
+        }
+    )
+    (view,) = pod_views([pending, s])
+    assert view == PodObservation("p", 0, 0, "Pending", unschedulable=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [None, "", "not json", '{"id": 1, "step": 2}', '{"id": "a"}', '{"id": "a", "step": true}'],
+)
+def test_a_malformed_acknowledgement_says_nothing(text):
+    assert checkpoint_saved(text) is None
+
+
+def test_jobset_summary_reads_the_charged_restarts():
+    body = {"status": {"restarts": 4, "restartsCountTowardsMax": 1}, "metadata": {}}
+    js = jobset_observation(summarize_jobset(body))
+    assert js is not None and (js.restarts, js.restarts_counted) == (4, 1)
+    zero = jobset_observation(summarize_jobset({"status": {"restarts": 2}, "metadata": {}}))
+    assert zero is not None and zero.restarts_counted == 0  # omitempty: absent is 0
+
+
+def node(name: str, pool: str, **labels: str) -> dict:
+    return {"metadata": {"name": name, "labels": {keys.GKE_NODEPOOL: pool, **labels}}}
+
+
+def test_maintenance_is_read_from_the_jobs_nodes_only():
+    epoch = int(at(3600).timestamp())
+    nodes = {
+        "pool-a": [
+            summarize_node(
+                node("a-0", "pool-a", **{keys.GKE_SCHEDULED_MAINTENANCE_TIME: str(epoch)})
+            ),
+            summarize_node(node("a-1", "pool-a")),
+        ],
+        "pool-x": [  # another job's pool: its maintenance is not ours
+            summarize_node(node("x-0", "pool-x", **{keys.GKE_SCHEDULED_MAINTENANCE_TIME: "5"})),
+        ],
+        "pool-b": [
+            summarize_node(node("b-0", "pool-b", **{keys.GKE_ACTIVE_NODE_MAINTENANCE: "ONGOING"})),
+        ],
+    }
+    _, plan = job("Existing")
+    pods = [
+        PodObservation("p0", 0, 0, "Running", True, node="a-0"),
+        PodObservation("p1", 1, 0, "Running", True, node="b-0"),
+    ]
+    found = maintenance_observations(plan, nodes, pods)
+    assert found == [
+        NodeMaintenance("a-0", "pool-a", 0, time=datetime.fromtimestamp(epoch, UTC)),
+        NodeMaintenance("b-0", "pool-b", 1, active=True),
+    ]
+    tainted = summarize_node(
+        {
+            "metadata": {"name": "t", "labels": {keys.GKE_NODEPOOL: "p"}},
+            "spec": {
+                "taints": [{"key": keys.GKE_IMPENDING_NODE_TERMINATION, "effect": "NoSchedule"}]
+            },
+        }
+    )
+    assert tainted["maintenanceActive"] is True
+
+
+def test_managed_maintenance_maps_pools_to_slices():
+    _, plan = job("Managed")
+    pool = plan.node_pools[1].name
+    nodes = {
+        pool: [
+            summarize_node(node("n", pool, **{keys.GKE_SCHEDULED_MAINTENANCE_TIME: "1900000000"}))
+        ]
+    }
+    (m,) = maintenance_observations(plan, nodes, [])
+    assert (m.slice_index, m.pool) == (1, pool)
+    # A pod of an attempt that ended does not say which slice the node serves now.
+    old = [PodObservation("p", 0, 0, "Running", True, node="n")]
+    (m,) = maintenance_observations(plan, nodes, old, attempt=1)
+    assert m.slice_index == 1
+    (m,) = maintenance_observations(plan, nodes, old, attempt=0)
+    assert m.slice_index == 0
+
+
+# ---------------------------------------------------------------- maintenance
+
+
+def maint(seconds: float, slice_index: int = 1, active: bool = False) -> NodeMaintenance:
+    return NodeMaintenance(
+        f"n-{slice_index}", f"pool-{slice_index}", slice_index, at(seconds), None, active
+    )
+
+
+RUNNING = JobSetObservation(ready_jobs=2)
+
+
+def pods_of(attempt: int = 0, annotated: str | None = None) -> list[PodObservation]:
+    return [
+        PodObservation(
+            f"job-slice-{s}-{h}", s, attempt, "Running", True, checkpoint_request=annotated
+        )
+        for s in range(2)
+        for h in range(4)
+    ]
+
+
+def test_maintenance_shows_the_earliest_time_and_slices_and_announces_once():
+    d = run({"phase": "Running"}, RUNNING, maint=[maint(7200, 1), maint(3600, 0)], pods=pods_of())
+    cond = d.status.condition("MaintenanceScheduled")
+    assert cond is not None and (cond.status, cond.reason) == ("True", "MaintenanceScheduled")
+    assert "2026-11-30T13:00:00Z" in cond.message and "slices 0, 1" in cond.message
+    assert d.status.maintenance is not None
+    assert (d.status.maintenance.time, d.status.maintenance.slices) == (at(3600), [0, 1])
+    assert reasons(d).count("MaintenanceScheduled") == 1
+    assert not [a for a in d.actions if isinstance(a, AnnotatePods)]  # no checkpointAheadSeconds
+    again = run(d.status, RUNNING, maint=[maint(7200, 1), maint(3600, 0)], pods=pods_of(), t=5)
+    assert "MaintenanceScheduled" not in reasons(again)
+    over = run(again.status, RUNNING, pods=pods_of(), t=10)
+    cond = over.status.condition("MaintenanceScheduled")
+    assert cond is not None and (cond.status, cond.reason) == ("False", "NoMaintenanceScheduled")
+    assert over.status.maintenance is None
+
+
+def test_a_job_that_never_saw_maintenance_has_no_such_condition():
+    d = run({"phase": "Running"}, RUNNING, pods=pods_of())
+    assert d.status.condition("MaintenanceScheduled") is None
+
+
+def test_maintenance_in_progress():
+    d = run({"phase": "Running"}, RUNNING, maint=[maint(-5, 1, active=True)], pods=pods_of())
+    cond = d.status.condition("MaintenanceScheduled")
+    assert cond is not None and cond.reason == "MaintenanceInProgress"
+
+
+def test_checkpoint_requested_ahead_of_maintenance_on_every_pod():
+    spec = {"maintenance": {"checkpointAheadSeconds": 600}}
+    early = run({"phase": "Running"}, RUNNING, maint=[maint(3600)], pods=pods_of(), **spec)
+    assert not [a for a in early.actions if isinstance(a, AnnotatePods)]
+    assert early.requeue_after is not None and early.requeue_after <= 3000
+    due = run(early.status, RUNNING, maint=[maint(3600)], pods=pods_of(), t=3000, **spec)
+    (ann,) = [a for a in due.actions if isinstance(a, AnnotatePods)]
+    rid = f"maint-{int(at(3600).timestamp())}"
+    assert (ann.key, ann.value, len(ann.pods)) == (keys.CHECKPOINT_REQUEST, rid, 8)
+    cp = due.status.checkpoint
+    assert cp is not None and (cp.request_id, cp.source, cp.request_time) == (
+        rid,
+        "maintenance",
+        at(3000),
+    )
+    assert "CheckpointRequested" in reasons(due)
+    # Annotated: nothing more to do, and the same window is not asked twice.
+    done = run(due.status, RUNNING, maint=[maint(3600)], pods=pods_of(0, rid), t=3010, **spec)
+    assert not [a for a in done.actions if isinstance(a, AnnotatePods)]
+    assert "CheckpointRequested" not in reasons(done)
+    assert done.status.checkpoint is not None and done.status.checkpoint.pods_annotated == 8
+
+
+def test_maintenance_seen_late_asks_at_once():
+    spec = {"maintenance": {"checkpointAheadSeconds": 600}}
+    d = run({"phase": "Running"}, RUNNING, maint=[maint(60)], pods=pods_of(), **spec)
+    assert [a for a in d.actions if isinstance(a, AnnotatePods)]
+
+
+# ---------------------------------------------------------------- checkpoint on demand
+
+USER = {keys.CHECKPOINT_REQUEST: "1733050000"}
+
+
+def test_a_users_request_reaches_every_pod_including_later_ones():
+    some = pods_of()[:5]
+    d = run({"phase": "Running"}, RUNNING, pods=some, annotations=USER)
+    (ann,) = [a for a in d.actions if isinstance(a, AnnotatePods)]
+    assert ann.value == "1733050000" and len(ann.pods) == 5
+    cp = d.status.checkpoint
+    assert cp is not None and (cp.source, cp.user_request, cp.restart_attempt) == (
+        "user",
+        "1733050000",
+        0,
+    )
+    annotated = [
+        PodObservation(p.name, p.slice_index, 0, "Running", True, checkpoint_request="1733050000")
+        for p in some
+    ]
+    later = [*annotated, PodObservation("job-slice-1-9", 1, 0, "Pending")]
+    again = run(d.status, RUNNING, pods=later, annotations=USER, t=5)
+    (ann,) = [a for a in again.actions if isinstance(a, AnnotatePods)]
+    assert ann.pods == ("job-slice-1-9",)
+    assert "CheckpointRequested" not in reasons(again)
+
+
+def test_the_saved_step_comes_from_the_acknowledgement():
+    d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
+    acked = pods_of(0, "1733050000")
+    acked[0] = PodObservation(
+        acked[0].name,
+        0,
+        0,
+        "Running",
+        True,
+        checkpoint_request="1733050000",
+        checkpoint_saved=("1733050000", 240),
+    )
+    saved = run(d.status, RUNNING, pods=acked, annotations=USER, t=30)
+    cp = saved.status.checkpoint
+    assert cp is not None and (cp.saved_step, cp.saved_time) == (240, at(30))
+    assert "CheckpointSaved" in reasons(saved)
+    idle = run(saved.status, RUNNING, pods=acked, annotations=USER, t=40)
+    assert idle.status.to_dict() == saved.status.to_dict() and "CheckpointSaved" not in reasons(
+        idle
+    )
+
+
+def test_the_saved_step_also_comes_from_a_termination_message():
+    d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
+    f = PodFailure("job-slice-0-0", 0, 143, "Error", 0, checkpoint_request=("1733050000", 90))
+    js = JobSetObservation(ready_jobs=0, restarts=1)
+    saved = run(d.status, js, [f], annotations=USER, t=30)
+    assert saved.status.checkpoint is not None and saved.status.checkpoint.saved_step == 90
+
+
+def test_a_restart_ends_the_request():
+    d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
+    js = JobSetObservation(ready_jobs=0, restarts=1)
+    after = run(d.status, js, pods=pods_of(1), annotations=USER, t=30)
+    assert not [a for a in after.actions if isinstance(a, AnnotatePods)]
+
+
+def test_a_new_user_value_is_a_new_request_and_an_invalid_one_is_refused():
+    d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
+    newer = run(
+        d.status,
+        RUNNING,
+        pods=pods_of(0, "1733050000"),
+        annotations={keys.CHECKPOINT_REQUEST: "2"},
+        t=9,
+    )
+    assert newer.status.checkpoint is not None and newer.status.checkpoint.request_id == "2"
+    bad = run(
+        newer.status,
+        RUNNING,
+        pods=pods_of(0, "2"),
+        annotations={keys.CHECKPOINT_REQUEST: "x" * 64},
+        t=10,
+    )
+    assert "CheckpointRequestInvalid" in reasons(bad)
+    assert bad.status.checkpoint is not None and bad.status.checkpoint.request_id == "2"
+    assert not [a for a in bad.actions if isinstance(a, AnnotatePods)]
+    quiet = run(
+        bad.status,
+        RUNNING,
+        pods=pods_of(0, "2"),
+        annotations={keys.CHECKPOINT_REQUEST: "x" * 64},
+        t=11,
+    )
+    assert "CheckpointRequestInvalid" not in reasons(quiet)
+
+
+def test_no_request_while_the_jobset_is_suspended_or_absent():
+    d = run({"phase": "Provisioning"}, None, annotations=USER)
+    assert d.status.checkpoint is None
+    s = run(
+        {"phase": "Suspended"}, JobSetObservation(suspended=True), annotations=USER, suspend=True
+    )
+    assert s.status.checkpoint is None
+
+
+# ---------------------------------------------------------------- the startup deadline
+
+STARTUP = {"failurePolicy": {"startupTimeoutSeconds": 60}}
+
+
+def slow_pods(
+    unschedulable: bool = True, attempt: int = 0, pool: str | None = None
+) -> list[PodObservation]:
+    """Slice 0 runs (on `pool`, when given), slice 1's pods do not."""
+    up = [
+        PodObservation(f"job-slice-0-{h}", 0, attempt, "Running", True, node=f"n{h}", pool=pool)
+        for h in range(4)
+    ]
+    down = [
+        PodObservation(f"job-slice-1-{h}", 1, attempt, "Pending", unschedulable=unschedulable)
+        for h in range(4)
+    ]
+    return up + down
+
+
+STARTING = JobSetObservation(ready_jobs=1)
+
+
+def test_no_deadline_without_the_setting():
+    d = run({"phase": "Starting"}, STARTING, pods=slow_pods(), t=10_000)
+    assert d.status.startup is None and not [a for a in d.actions if isinstance(a, EvictPods)]
+
+
+def test_startup_deadline_restarts_all_slices_naming_the_slow_one():
+    first = run({"phase": "Starting"}, STARTING, pods=slow_pods(), **STARTUP)
+    assert first.status.startup is not None and first.status.startup.since == NOW
+    assert first.requeue_after == 60
+    before = run(first.status, STARTING, pods=slow_pods(), t=59, **STARTUP)
+    assert not [a for a in before.actions if isinstance(a, EvictPods)]
+    fired = run(before.status, STARTING, pods=slow_pods(), t=60, **STARTUP)
+    (evict,) = [a for a in fired.actions if isinstance(a, EvictPods)]
+    assert evict.pods == tuple(f"job-slice-1-{h}" for h in range(4))
+    (event,) = [e for e in fired.events if e.reason == "StartupDeadlineExceeded"]
+    assert "slice 1: 0/4 pods running (unschedulable)" in event.message
+    assert event.cause == "startup"
+    assert fired.status.startup is not None and fired.status.startup.evicted
+    # The JobSet restarts without charging maxRestarts: cause startup.
+    js = JobSetObservation(restarts=1, restarts_counted=0)
+    failed = PodFailure("job-slice-1-0", 1, None, "", 0, disruption="EvictionByEvictionAPI")
+    restarted = run(fired.status, js, [failed], pods=slow_pods(attempt=1), t=80, **STARTUP)
+    assert by_cause(restarted)["startup"] == 1 and by_cause(restarted)["disruption"] == 0
+    assert restarted.status.last_restart is not None
+    assert restarted.status.last_restart.cause == "startup"
+    assert restarted.status.startup is not None
+    assert (restarted.status.startup.attempt, restarted.status.startup.since) == (1, at(80))
+    assert not restarted.status.startup.evicted
+
+
+def test_startup_deadline_waits_again_if_no_restart_follows():
+    fired = run(
+        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:59:00Z"}},
+        STARTING,
+        pods=slow_pods(),
+        **STARTUP,
+    )
+    assert [a for a in fired.actions if isinstance(a, EvictPods)]
+    quiet = run(fired.status, STARTING, pods=slow_pods(), t=30, **STARTUP)
+    assert not [a for a in quiet.actions if isinstance(a, EvictPods)]
+    again = run(quiet.status, STARTING, pods=slow_pods(), t=60, **STARTUP)
+    assert [a for a in again.actions if isinstance(a, EvictPods)]
+
+
+def test_running_clears_the_timing():
+    d = run(
+        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:59:30Z"}},
+        RUNNING,
+        pods=pods_of(),
+        **STARTUP,
+    )
+    assert d.status.phase == "Running" and d.status.startup is None
+
+
+def managed_slices() -> list[SliceObservation]:
+    _, plan = job("Managed")
+    return [SliceObservation(i, plan.node_pools[i].name, PoolState.READY, 4) for i in range(2)]
+
+
+def test_managed_slice_whose_pods_cannot_schedule_gets_a_new_pool_once():
+    slices = managed_slices()
+    old = {
+        "phase": "Starting",
+        "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
+    }
+    # JobSet put slice 0 on the pool of status.slices[1]: the free one, pool 0, is replaced.
+    pods = slow_pods(pool=slices[1].pool)
+    d = run(old, STARTING, pods=pods, slices=slices, mode="Managed", **STARTUP)
+    assert d.actions == [DeletePools((slices[0].pool,))]
+    (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
+    assert "slice 1: 0/4 pods running (unschedulable)" in event.message
+    assert f"replacing node pool {slices[0].pool}, on which no pod" in event.message
+    assert d.status.startup is not None and d.status.startup.repaired == [0]
+    # Still stuck after the new pool: every slice restarts instead.
+    later = d.status.model_copy(deep=True)
+    assert later.startup is not None
+    later.startup.since = at(-120)
+    again = run(later, STARTING, pods=pods, slices=slices, mode="Managed", t=5, **STARTUP)
+    assert [a for a in again.actions if isinstance(a, EvictPods)]
+    assert not [a for a in again.actions if isinstance(a, DeletePools)]
+
+
+def test_pods_that_schedule_but_do_not_run_are_evicted_in_managed_mode_too():
+    slices = managed_slices()
+    old = {
+        "phase": "Starting",
+        "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
+    }
+    d = run(
+        old, STARTING, pods=slow_pods(unschedulable=False), slices=slices, mode="Managed", **STARTUP
+    )
+    assert [a for a in d.actions if isinstance(a, EvictPods)]
+    assert not [a for a in d.actions if isinstance(a, DeletePools)]
+
+
+def test_the_clock_stops_while_capacity_is_not_ready():
+    slices = managed_slices()
+    lost = [slices[0], SliceObservation(1, slices[1].pool, PoolState.ABSENT)]
+    old = {
+        "phase": "Restarting",
+        "startup": {"attempt": 0, "since": "2026-11-30T11:50:00Z"},
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
+    }
+    d = run(old, STARTING, pods=slow_pods(), slices=lost, mode="Managed", **STARTUP)
+    assert not [a for a in d.actions if isinstance(a, EvictPods)]
+    assert d.status.startup is not None and d.status.startup.since is None
+
+
+def test_a_pods_pool_is_known_for_the_jobs_own_nodes():
+    running = summarize_pod(
+        {
+            "metadata": {"name": "p", "labels": {keys.JOBSET_JOB_INDEX: "1"}},
+            "spec": {"nodeName": "n-3"},
+            "status": {"phase": "Running"},
+        }
+    )
+    (view,) = pod_views([running], {"n-3": "msj-job-1"})
+    assert (view.node, view.pool) == ("n-3", "msj-job-1")
+    (view,) = pod_views([running])
+    assert view.pool is None
+
+
+def test_a_slice_that_already_finished_is_not_slow():
+    # Slice 1 ran and succeeded; slice 0 still starts: only slice 0 is named and evicted.
+    pods = [PodObservation(f"job-slice-0-{h}", 0, 0, "Pending") for h in range(4)]
+    s, p = job("Existing", **STARTUP)
+    obs = Observed(
+        now=NOW,
+        slices=list(EXISTING),
+        jobset=STARTING,
+        pods=pods,
+        succeeded_pods={1: 4},
+    )
+    old = MultisliceJobStatus.from_dict(
+        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"}}
+    )
+    d = decide(meta(), s, p, None, old, obs, CFG)
+    (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
+    assert "slice 0: 0/4 pods running" in event.message and "slice 1" not in event.message
+
+
+def test_a_disruption_budget_verdict_the_jobset_does_not_back_is_ignored():
+    # Written by hand (or left by an older spec): the running JobSet's uncharged restarts (1) are
+    # within maxDisruptionRestarts (2), so the job is not failed and its JobSet is kept.
+    old = {
+        "phase": "Failed",
+        "restarts": 1,
+        "conditions": [
+            {"type": "Failed", "status": "True", "reason": "MaxDisruptionRestarts"},
+        ],
+    }
+    d = run(
+        old, JobSetObservation(restarts=1, ready_jobs=2), failurePolicy={"maxDisruptionRestarts": 2}
+    )
+    assert DeleteJobSet() not in d.actions
+    assert d.status.phase != "Failed" and "StatusIgnored" in reasons(d)
