@@ -794,7 +794,13 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
             "the pod evicted after the startup deadline",
             on_timeout=op.log_tail,
         )
-        assert "StartupDeadlineExceeded" in jobs.reasons("slow")
+        # The event is posted after the evictions, in the same pass: it may trail the pod's end.
+        wait_for(
+            lambda: "StartupDeadlineExceeded" in jobs.reasons("slow"),
+            10,
+            "the StartupDeadlineExceeded event",
+            on_timeout=op.log_tail,
+        )
 
         # The disruption budget spent: the job fails and its JobSet goes (jobsets delete).
         jobs.create(job("budget", failurePolicy={"maxDisruptionRestarts": 0}))

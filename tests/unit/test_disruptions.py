@@ -202,6 +202,7 @@ def test_disruption_budget_fails_the_job_then_its_jobset_is_deleted():
     assert "more than spec.failurePolicy.maxDisruptionRestarts (2)" in cond.message
     assert "MaxDisruptionRestarts" in reasons(d)
     assert DeleteJobSet() not in d.actions  # first the status says why
+    assert d.requeue_after is not None and d.requeue_after <= 1  # then the delete, at once
     after = run(d.status, js, failurePolicy={"maxDisruptionRestarts": 2})
     assert DeleteJobSet() in after.actions and after.status.phase == "Failed"
     gone = run(after.status, None, failurePolicy={"maxDisruptionRestarts": 2})

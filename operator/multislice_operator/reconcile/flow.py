@@ -185,7 +185,10 @@ def _disruptions(ctx: Ctx, spec: MultisliceJobSpec, plan: Plan, due: str | None)
         ctx.status.startup = None
         ctx.event("Warning", restarts.DISRUPTION_BUDGET_REASON, over)
         complete(ctx, Phase.FAILED, "MaxDisruptionRestarts", over)
-        return  # the next pass deletes the JobSet (_finished), once this status is written
+        # The next pass deletes the JobSet (_finished), once this status is written: at once,
+        # not after a deadline the lifecycle step asked for (the unschedulable one: minutes).
+        ctx.requeue_in(1)
+        return
     startup.check(ctx, spec, plan)
     checkpoint.decide(ctx, spec, due)
 
