@@ -41,6 +41,7 @@ def Observed(**kw):
     kw.setdefault("admission", Admission())
     return _Observed(**kw)
 
+
 CFG = DecideConfig(backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10)
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 
