@@ -34,6 +34,14 @@ def own_nodes(ns: str) -> dict[str, str]:
     return {NODE_LABEL: ns}
 
 
+def own_pools(tpu_nodes: Callable[..., list[str]], ns: str) -> None:
+    """Two node pools of 4 v5e 4x4 hosts that are `ns`'s own (the ``tpu_nodes`` fixture), for
+    Existing-mode jobs that select them (``node_selector=own_nodes(ns)``): a test never lands
+    on another test's nodes."""
+    for p in range(2):
+        tpu_nodes(f"{ns}-pool-{p}", 4, "tpu-v5-lite-podslice", "4x4", 4, extra_labels=own_nodes(ns))
+
+
 def job(
     name: str,
     *,

@@ -38,7 +38,6 @@ from multislice_operator.api import models
 from tests import msj
 from tests.msj import create, custom, events, status
 
-ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 BLOCKED = "e2e.multislice.dev/blocked"
 
@@ -54,9 +53,7 @@ def op(kube_cluster, tmp_path_factory):
 def env(kube_cluster, op, namespace, tpu_nodes, kube_client):
     api = kube_client(kube_cluster)
     ns = namespace(kube_cluster, "disr")
-    for p in range(2):
-        # This test's pools carry its namespace and its jobs select them (Existing mode).
-        tpu_nodes(f"{ns}-pool-{p}", 4, ACCEL, TOPO, 4, extra_labels=msj.own_nodes(ns))
+    msj.own_pools(tpu_nodes, ns)
     return api, ns, op
 
 

@@ -15,8 +15,6 @@ from multislice_operator.api import models
 from tests import msj
 from tests.msj import create, events, get
 
-ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
-
 
 @pytest.fixture(scope="module")
 def op(kube_cluster, tmp_path_factory):
@@ -29,10 +27,7 @@ def op(kube_cluster, tmp_path_factory):
 def env(kube_cluster, op, namespace, tpu_nodes, kube_client):
     api = kube_client(kube_cluster)
     ns = namespace(kube_cluster, "e2e")
-    for p in range(2):
-        # Each test's pools carry its namespace, and its jobs select them (Existing mode honours
-        # the template's nodeSelector), so a test never lands on another test's nodes.
-        tpu_nodes(f"{ns}-pool-{p}", 4, ACCEL, TOPO, 4, extra_labels=msj.own_nodes(ns))
+    msj.own_pools(tpu_nodes, ns)
     return api, ns, op
 
 
