@@ -153,12 +153,14 @@ def wait_status(
     tail: int = 40,
     missing_ok: bool = False,
 ) -> dict[str, Any]:
-    """Poll the job (every 0.5 s) until `check(its status)`; return the whole object. On timeout
-    the error says `what`, the status and the last `tail` lines of `log` (``op.log_tail``)."""
+    """Poll the job (every 0.5 s) until it has a status and `check(status)`; return the whole
+    object. On timeout the error says `what`, the status and the last `tail` lines of `log`
+    (``op.log_tail``)."""
 
     def look() -> dict[str, Any] | None:
         obj = get(api, ns, name, missing_ok=missing_ok) or {}
-        return obj if check(obj.get("status") or {}) else None
+        st = obj.get("status") or {}
+        return obj if st and check(st) else None
 
     return wait_for(
         look,
