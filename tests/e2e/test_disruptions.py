@@ -26,109 +26,58 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.harness import OperatorProcess, wait_for
 from multislice_local.nodes import (
     NODE_SHUTDOWN,
-    RUN_DURATION_ANNOTATION,
     fail_pod,
     label_nodes,
     taint_nodes,
 )
 from multislice_operator import keys
 from multislice_operator.api import models
+from tests import msj
+from tests.msj import create, custom, events, status
 
-ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 BLOCKED = "e2e.multislice.dev/blocked"
 
 
 @pytest.fixture(scope="module")
 def op(kube_cluster, tmp_path_factory):
-    api = kube_cluster.api_client()
-    install_crds(api)
     log = tmp_path_factory.mktemp("disruptions") / "operator.log"
-    proc = OperatorProcess(kube_cluster.kubeconfig, ["--resync-seconds", "1"], log_path=log)
-    proc.start()
-    yield proc
-    proc.stop()
-    api.close()
+    with msj.operator_process(kube_cluster, log, resync_seconds=1) as proc:
+        yield proc
 
 
 @pytest.fixture
 def env(kube_cluster, op, namespace, tpu_nodes, kube_client):
     api = kube_client(kube_cluster)
     ns = namespace(kube_cluster, "disr")
-    for p in range(2):
-        # This test's pools carry its namespace and its jobs select them (Existing mode).
-        tpu_nodes(f"{ns}-pool-{p}", 4, ACCEL, TOPO, 4, extra_labels={"e2e-test": ns})
+    msj.own_pools(tpu_nodes, ns)
     return api, ns, op
 
 
 def job(name: str, run: str, ns: str, **spec: Any) -> dict[str, Any]:
     failure = {"maxRestarts": 1, **spec.pop("failurePolicy", {})}
-    return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "provisioning": {"mode": "Existing"},
-            "failurePolicy": failure,
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {
-                    "nodeSelector": {"e2e-test": ns},
-                    "containers": [{"name": "train", "image": "example.invalid/t:1"}],
-                },
-            },
-            **spec,
-        },
-    }
-
-
-def custom(api) -> Any:
-    return client.CustomObjectsApi(api)
-
-
-def create(api, ns: str, body: dict[str, Any]) -> None:
-    custom(api).create_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, body
+    return msj.job(
+        name,
+        run=run,
+        failure_policy=failure,
+        existing=True,
+        node_selector=msj.own_nodes(ns),
+        **spec,
     )
-
-
-def get(api, ns: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = custom(api).get_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, name
-    )
-    return obj
-
-
-def status(api, ns: str, name: str) -> dict[str, Any]:
-    return get(api, ns, name).get("status") or {}
 
 
 def wait_status(api, ns, name, op, what, check, timeout=120.0) -> dict[str, Any]:
-    def look() -> dict[str, Any] | None:
-        st = status(api, ns, name)
-        return st if check(st) else None
-
-    return wait_for(
-        look,
-        timeout,
-        f"{name}: {what}",
-        interval=0.5,
-        on_timeout=lambda: f"{status(api, ns, name)}\n{op.log_tail(40)}",
-    )
+    """The job's status once `check(status)`; on timeout, the operator's last 40 log lines."""
+    obj = msj.wait_status(api, ns, name, f"{name}: {what}", check, timeout, log=op.log_tail)
+    return obj["status"]
 
 
 def wait_phase(api, ns, name, phase, op, timeout=120.0) -> dict[str, Any]:
-    def check(st: dict[str, Any]) -> bool:
-        if phase != "Failed" and st.get("phase") == "Failed":
-            raise AssertionError(f"job failed: {st}")
-        return st.get("phase") == phase
-
-    return wait_status(api, ns, name, op, f"phase {phase}", check, timeout)
+    what = f"{name}: phase {phase}"
+    return msj.wait_phase(api, ns, name, phase, timeout, log=op.log_tail, what=what)["status"]
 
 
 def pods(api, ns: str, name: str, attempt: int | None = None) -> list[Any]:
@@ -172,14 +121,6 @@ def preempt(api, ns: str, name: str, attempt: int, op) -> None:
     said = {"v": 1, "reason": "preempted", "exitCode": 143, "step": 100, "checkpointStep": 100}
     pod = victim(api, ns, name, attempt, op)
     fail_pod(api, ns, pod, 143, message=json.dumps(said), disruption=NODE_SHUTDOWN)
-
-
-def events(api, ns: str, name: str) -> list[Any]:
-    return list(
-        client.CoreV1Api(api)
-        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        .items
-    )
 
 
 def jobset(api, ns: str, name: str) -> dict[str, Any]:

@@ -19,10 +19,11 @@ from kubernetes import client
 
 from multislice_local.controlplane import bin_dir
 from multislice_local.harness import wait_for
-from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod
-from multislice_local.stack import LocalStack, StackOptions
+from multislice_local.nodes import fail_pod
 from multislice_operator.api import models
 from multislice_operator.controller.heartbeat import SUFFIX
+from tests import msj
+from tests.msj import create, custom
 
 # A lease name of our own: no other operator on this apiserver renews our heartbeat.
 LEASE = f"goodput-e2e-{uuid.uuid4().hex[:6]}"
@@ -31,13 +32,8 @@ LEASE = f"goodput-e2e-{uuid.uuid4().hex[:6]}"
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
     log = tmp_path_factory.mktemp("goodput") / "operator.log"
-    options = StackOptions(
-        op_latency_s=1.0, operator_log=log, operator_env={"MSJ_LEADER_ELECTION_NAME": LEASE}
-    )
-    s = LocalStack(options, control_plane=kube_cluster)
-    s.start()
-    yield s
-    s.stop()
+    with msj.local_stack(kube_cluster, log, operator_env={"MSJ_LEADER_ELECTION_NAME": LEASE}) as s:
+        yield s
 
 
 @pytest.fixture
@@ -46,48 +42,13 @@ def ns(stack, namespace, kube_cluster):
 
 
 def job(name: str, run: str) -> dict[str, Any]:
-    return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "failurePolicy": {"maxRestarts": 3},
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
-            },
-        },
-    }
-
-
-def custom(stack) -> Any:
-    return client.CustomObjectsApi(stack.api)
-
-
-def get(stack, ns: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = custom(stack).get_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, name
-    )
-    return obj
+    return msj.job(name, run=run, failure_policy={"maxRestarts": 3})
 
 
 def wait_phase(stack, ns: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
-    def check():
-        obj = get(stack, ns, name)
-        st = obj.get("status") or {}
-        if phase != "Failed" and st.get("phase") == "Failed":
-            raise AssertionError(f"job failed: {st}")
-        return obj if st.get("phase") == phase else None
-
-    return wait_for(
-        check,
-        timeout,
-        f"{name} {phase}",
-        interval=0.5,
-        on_timeout=lambda: f"{get(stack, ns, name).get('status')}\n{stack.op.log_tail(40)}",
-    )
+    """The job once in `phase`; on timeout, the operator's last 40 log lines."""
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731 (the operator of the moment)
+    return msj.wait_phase(stack.api, ns, name, phase, timeout, log=log)
 
 
 def ts(value: str) -> datetime:
@@ -114,8 +75,7 @@ def pods_of(stack, ns: str, name: str, slice_index: int) -> list[str]:
 
 
 def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
-    create = custom(stack).create_namespaced_custom_object
-    create(models.GROUP, models.VERSION, ns, models.PLURAL, job("restart", run="15s"))
+    create(stack.api, ns, job("restart", run="15s"))
     wait_phase(stack, ns, "restart", "Running")
     victim = wait_for(lambda: pods_of(stack, ns, "restart", 1), 30, "a running pod of slice 1")[0]
     said = {"v": 1, "reason": "injected", "exitCode": 13, "step": 120, "checkpointStep": 100}
@@ -167,7 +127,7 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
     series = f'multislice_job_goodput_ratio{{name="restart",namespace="{ns}"}}'
     assert scrape(stack).get(series) == g["chipGoodput"]
     phases = scrape(stack)
-    custom(stack).delete_namespaced_custom_object(
+    custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "restart"
     )
 
@@ -203,13 +163,12 @@ def heartbeat(stack) -> datetime:
 def test_operator_killed_mid_run_neither_loses_nor_double_counts(stack, ns):
     """SIGKILL while Running; while no operator runs the job is suspended; the next operator
     charges the outage, from the last heartbeat, to Suspended, and the parts still add up."""
-    create = custom(stack).create_namespaced_custom_object
-    create(models.GROUP, models.VERSION, ns, models.PLURAL, job("killed", run="20s"))
+    create(stack.api, ns, job("killed", run="20s"))
     running = wait_phase(stack, ns, "killed", "Running")
     since_running = running["status"]["goodput"]["since"]
     stack.op.kill()
     stack.op = None
-    custom(stack).patch_namespaced_custom_object(
+    custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "killed", {"spec": {"suspend": True}}
     )
     time.sleep(8)  # nobody watches for a while: the JobSet keeps running, nothing is written
@@ -223,7 +182,7 @@ def test_operator_killed_mid_run_neither_loses_nor_double_counts(stack, ns):
     alive = max(last_alive.replace(microsecond=0), ts(since_running)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert ("suspended", alive) in entries, (entries, alive)
     assert ("running", since_running) in entries
-    custom(stack).patch_namespaced_custom_object(
+    custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "killed", {"spec": {"suspend": False}}
     )
     done = wait_phase(stack, ns, "killed", "Succeeded", 180)

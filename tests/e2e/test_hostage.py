@@ -8,7 +8,6 @@ pool of it is left. Cases that need a real pool count the simulator's create/del
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import time
 from typing import Any
@@ -19,9 +18,11 @@ from kubernetes.client.exceptions import ApiException
 
 from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
-from multislice_local.stack import LocalStack, StackOptions
+from multislice_local.stack import LocalStack
 from multislice_operator.api import models
 from multislice_operator.plan import node_pool_name
+from tests import msj
+from tests.msj import create, custom, event_lines
 
 NOT_READY_GRACE_S = 20  # the operator's node NotReady grace period in this module
 
@@ -29,15 +30,9 @@ NOT_READY_GRACE_S = 20  # the operator's node NotReady grace period in this modu
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
     log = tmp_path_factory.mktemp("hostage") / "operator.log"
-    options = StackOptions(
-        op_latency_s=1.0,
-        operator_log=log,
-        operator_env={"MSJ_NODE_NOT_READY_GRACE_SECONDS": str(NOT_READY_GRACE_S)},
-    )
-    s = LocalStack(options, control_plane=kube_cluster)
-    s.start()
-    yield s
-    s.stop()
+    env = {"MSJ_NODE_NOT_READY_GRACE_SECONDS": str(NOT_READY_GRACE_S)}
+    with msj.local_stack(kube_cluster, log, operator_env=env) as s:
+        yield s
 
 
 @pytest.fixture
@@ -51,64 +46,21 @@ def env(stack, namespace, kube_cluster):
 
 
 def job(name: str, run: str = "1h", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "failurePolicy": {"maxRestarts": 5},
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
-            },
-        },
-    }
-    body["spec"].update(copy.deepcopy(spec))
-    return body
-
-
-def custom(stack: LocalStack) -> Any:
-    return client.CustomObjectsApi(stack.api)
-
-
-def create(stack: LocalStack, ns: str, body: dict[str, Any]) -> None:
-    custom(stack).create_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, body
-    )
+    return msj.job(name, run=run, failure_policy={"maxRestarts": 5}, **spec)
 
 
 def get(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = custom(stack).get_namespaced_custom_object(
-            models.GROUP, models.VERSION, ns, models.PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
+    return msj.get(stack.api, ns, name, missing_ok=True)
 
 
 def status(stack: LocalStack, ns: str, name: str) -> dict[str, Any]:
-    return (get(stack, ns, name) or {}).get("status") or {}
+    return msj.status(stack.api, ns, name, missing_ok=True)
 
 
 def wait_phase(stack, ns, name, phase, timeout=90) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        st = status(stack, ns, name)
-        if phase != "Failed" and st.get("phase") == "Failed":
-            raise AssertionError(f"job failed: {st}")
-        return st if st.get("phase") == phase else None
-
-    return wait_for(
-        check,
-        timeout,
-        f"{name} {phase}",
-        interval=0.5,
-        on_timeout=lambda: f"{status(stack, ns, name)}\n{stack.op.log_tail(40)}",
-    )
+    """The job's status once in `phase`; on timeout, the operator's last 40 log lines."""
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731 (the operator of the moment)
+    return msj.wait_phase(stack.api, ns, name, phase, timeout, log=log, missing_ok=True)["status"]
 
 
 def pools_of(stack: LocalStack, ns: str, name: str) -> dict[str, Any]:
@@ -130,18 +82,9 @@ def calls(stack: LocalStack, method: str) -> int:
     return int(stack.sim.counters()["calls"].get(method, 0))
 
 
-def events(stack: LocalStack, ns: str, name: str) -> list[str]:
-    items = (
-        client.CoreV1Api(stack.api)
-        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        .items
-    )
-    return [f"{e.reason}: {e.message}" for e in items]
-
-
 def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
     try:
-        obj: dict[str, Any] = custom(stack).get_namespaced_custom_object(
+        obj: dict[str, Any] = custom(stack.api).get_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
         )
     except ApiException as exc:
@@ -152,7 +95,7 @@ def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
 
 
 def delete(stack: LocalStack, ns: str, name: str) -> None:
-    custom(stack).delete_namespaced_custom_object(
+    custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, name
     )
     wait_for(
@@ -212,7 +155,7 @@ def with_template(name: str, **changes: Any) -> dict[str, Any]:
 )
 def test_refused_template_fails_before_any_pool(env, changes, needle):
     stack, ns = env
-    create(stack, ns, with_template("refused", **changes))
+    create(stack.api, ns, with_template("refused", **changes))
     st = failed_before_any_pool(stack, ns, "refused", needle)
     assert "the apiserver refuses" in st["message"], st["message"]
     cond = {c["type"]: c for c in st["conditions"]}
@@ -224,7 +167,7 @@ def test_jobset_webhook_refusal_fails_before_any_pool(env):
     """`a.b.c` is a valid object name but no DNS-1035 subdomain: JobSet's webhook says so."""
     stack, ns = env
     try:
-        create(stack, ns, job("a.b.c"))
+        create(stack.api, ns, job("a.b.c"))
     except ApiException as exc:  # refused at admission, naming the name: earlier still
         assert exc.status == 422 and "metadata.name" in str(exc.body), exc.body
         return
@@ -239,7 +182,7 @@ def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     stack, ns = env
     body = job("nosched", failurePolicy={"maxRestarts": 5, "unschedulableTimeoutSeconds": 10})
     body["spec"]["template"]["spec"]["nodeSelector"] = {"disktype": "ssd"}
-    create(stack, ns, body)
+    create(stack.api, ns, body)
     wait_for(lambda: len(pools_of(stack, ns, "nosched")) == 2, 60, "pools created")
     st = wait_phase(stack, ns, "nosched", "Failed", 120)
     assert "didn't match Pod's node affinity/selector" in st["message"], st["message"]
@@ -261,7 +204,7 @@ def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
     client.CoreV1Api(stack.api).patch_namespace(
         ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     )
-    create(stack, ns, job("nopods", failurePolicy={"unschedulableTimeoutSeconds": 10}))
+    create(stack.api, ns, job("nopods", failurePolicy={"unschedulableTimeoutSeconds": 10}))
     wait_for(lambda: len(pools_of(stack, ns, "nopods")) == 2, 60, "pools created")
     st = wait_phase(stack, ns, "nopods", "Failed", 120)
     assert "no pod of slice" in st["message"], st["message"]
@@ -285,7 +228,7 @@ def test_a_spec_over_256KiB_runs_and_deletes(env):
         annotations={"notes": "n" * (200 * 1024), RUN_DURATION_ANNOTATION: "3s"},
         env=[{"name": "BLOB", "value": "b" * (100 * 1024)}],
     )
-    create(stack, ns, body)
+    create(stack.api, ns, body)
     wait_phase(stack, ns, "huge", "Succeeded", 120)
     no_pools_left(stack, ns, "huge")
     delete(stack, ns, "huge")
@@ -311,10 +254,10 @@ def test_pool_name_collision_never_touches_the_other_jobs_pools(env):
     stack, ns = env
     first, second = colliding_names(ns)
     assert node_pool_name(ns, first, 0) == node_pool_name(ns, second, 0)
-    create(stack, ns, job(first))
+    create(stack.api, ns, job(first))
     wait_phase(stack, ns, first, "Running", 120)
     stack.sim.reset_counters()
-    create(stack, ns, job(second))
+    create(stack.api, ns, job(second))
     st = wait_phase(stack, ns, second, "Failed", 60)
     assert "PoolNameTaken" in {c["reason"] for c in st["conditions"]}
     assert first in st["message"] and node_pool_name(ns, first, 0) in st["message"], st
@@ -334,48 +277,50 @@ def test_pool_name_collision_never_touches_the_other_jobs_pools(env):
 
 def test_a_not_ready_blip_is_an_event_not_a_repair(env):
     stack, ns = env
-    create(stack, ns, job("blip"))
+    create(stack.api, ns, job("blip"))
     wait_phase(stack, ns, "blip", "Running", 120)
     stack.sim.reset_counters()
     pool = node_pool_name(ns, "blip", 1)
     set_not_ready(stack.api, pool)
     time.sleep(3)  # a few resyncs (1 s) with slice 1's nodes NotReady
     assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
-    assert not any(e.startswith("SliceLost") for e in events(stack, ns, "blip"))
-    assert any(e.startswith("SliceNotReady") for e in events(stack, ns, "blip"))
+    assert not any(e.startswith("SliceLost") for e in event_lines(stack.api, ns, "blip"))
+    assert any(e.startswith("SliceNotReady") for e in event_lines(stack.api, ns, "blip"))
     set_not_ready(stack.api, pool, False)
     wait_for(
-        lambda: any(e.startswith("SliceReady") for e in events(stack, ns, "blip")),
+        lambda: any(e.startswith("SliceReady") for e in event_lines(stack.api, ns, "blip")),
         30,
         "a SliceReady event",
-        on_timeout=lambda: "\n".join(events(stack, ns, "blip")) + stack.op.log_tail(30),
+        on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "blip")) + stack.op.log_tail(30),
     )
     st = wait_phase(stack, ns, "blip", "Running", 60)
     assert st["restarts"] == 0, st
     assert calls(stack, "delete_node_pool") == 0 and calls(stack, "create_node_pool") == 0
-    assert not any(e.startswith("SliceLost") for e in events(stack, ns, "blip"))
+    assert not any(e.startswith("SliceLost") for e in event_lines(stack.api, ns, "blip"))
     delete(stack, ns, "blip")
     no_pools_left(stack, ns, "blip")
 
 
 def test_not_ready_past_the_grace_period_replaces_the_slice(env):
     stack, ns = env
-    create(stack, ns, job("gone"))
+    create(stack.api, ns, job("gone"))
     wait_phase(stack, ns, "gone", "Running", 120)
     stack.sim.reset_counters()
     pool = node_pool_name(ns, "gone", 1)
     set_not_ready(stack.api, pool)
     lost = wait_for(
-        lambda: [e for e in events(stack, ns, "gone") if e.startswith("SliceLost")],
+        lambda: [e for e in event_lines(stack.api, ns, "gone") if e.startswith("SliceLost")],
         NOT_READY_GRACE_S + 40,
         "SliceLost after the grace period",
-        on_timeout=lambda: "\n".join(events(stack, ns, "gone")) + stack.op.log_tail(30),
+        on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "gone")) + stack.op.log_tail(30),
     )
     assert "slice 1" in lost[0] and "NotReady" in lost[0], lost
     st = wait_for(
-        lambda: (s := status(stack, ns, "gone")).get("restarts", 0) >= 1
-        and s.get("phase") == "Running"
-        and s,
+        lambda: (
+            (s := status(stack, ns, "gone")).get("restarts", 0) >= 1
+            and s.get("phase") == "Running"
+            and s
+        ),
         120,
         "running again on a new pool",
         interval=0.5,
@@ -392,10 +337,10 @@ def test_not_ready_past_the_grace_period_replaces_the_slice(env):
 
 def test_a_hand_written_terminal_status_releases_nothing(env):
     stack, ns = env
-    create(stack, ns, job("liar"))
+    create(stack.api, ns, job("liar"))
     wait_phase(stack, ns, "liar", "Running", 120)
     stack.sim.reset_counters()
-    custom(stack).patch_namespaced_custom_object_status(
+    custom(stack.api).patch_namespaced_custom_object_status(
         models.GROUP,
         models.VERSION,
         ns,
@@ -407,10 +352,10 @@ def test_a_hand_written_terminal_status_releases_nothing(env):
     assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
     assert len(pools_of(stack, ns, "liar")) == 2
     wait_for(
-        lambda: any(e.startswith("StatusIgnored") for e in events(stack, ns, "liar")),
+        lambda: any(e.startswith("StatusIgnored") for e in event_lines(stack.api, ns, "liar")),
         30,
         "a StatusIgnored event",
-        on_timeout=lambda: "\n".join(events(stack, ns, "liar")) + stack.op.log_tail(30),
+        on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "liar")) + stack.op.log_tail(30),
     )
     st = wait_phase(stack, ns, "liar", "Running", 30)
     time.sleep(3)

@@ -4,22 +4,19 @@ pools become kwok TPU nodes; a witness looks at each job's Workload at every poo
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from multislice_local import queues
 from multislice_local.harness import wait_for
-from multislice_local.nodes import RUN_DURATION_ANNOTATION
-from multislice_local.stack import LocalStack, StackOptions
+from multislice_local.stack import LocalStack
 from multislice_operator import keys
 from multislice_operator.api import models
-from multislice_operator.plan import node_pool_name
+from tests import msj
 
 FLAVOR = "tpu-v5e"
 CHIPS = 32  # v5litepod-16 x 2 slices
@@ -28,15 +25,10 @@ CHIPS = 32  # v5litepod-16 x 2 slices
 @pytest.fixture(scope="module")
 def stack(kube_kueue, tmp_path_factory):
     log = tmp_path_factory.mktemp("kueue") / "operator.log"
-    s = LocalStack(
-        StackOptions(profile="kueue", op_latency_s=1.0, operator_log=log),
-        control_plane=kube_kueue,
-    )
-    s.start()
-    queues.apply(s.api, [queues.resource_flavor(FLAVOR, "tpu-v5-lite-podslice"),
-                         queues.admission_check()])  # fmt: skip
-    yield s
-    s.stop()
+    with msj.local_stack(kube_kueue, log, profile="kueue") as s:
+        queues.apply(s.api, [queues.resource_flavor(FLAVOR, "tpu-v5-lite-podslice"),
+                             queues.admission_check()])  # fmt: skip
+        yield s
 
 
 class Env:
@@ -64,37 +56,12 @@ class Env:
         return name
 
     def create(self, name: str, run: str = "6s", labels: dict[str, str] | None = None) -> None:
-        body = {
-            "apiVersion": models.API_VERSION,
-            "kind": models.KIND,
-            "metadata": {
-                "name": name,
-                "labels": {keys.KUEUE_QUEUE_NAME: "lq", **(labels or {})},
-            },
-            "spec": {
-                "accelerator": "v5litepod-16",
-                "slices": 2,
-                "failurePolicy": {"maxRestarts": 5},
-                "template": {
-                    "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                    "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
-                },
-            },
-        }
-        self.custom.create_namespaced_custom_object(
-            models.GROUP, models.VERSION, self.ns, models.PLURAL, copy.deepcopy(body)
-        )
+        labels = {keys.KUEUE_QUEUE_NAME: "lq", **(labels or {})}
+        body = msj.job(name, run=run, failure_policy={"maxRestarts": 5}, labels=labels)
+        msj.create(self.stack.api, self.ns, body)
 
     def status(self, name: str) -> dict[str, Any]:
-        try:
-            obj = self.custom.get_namespaced_custom_object(
-                models.GROUP, models.VERSION, self.ns, models.PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return obj.get("status") or {}
+        return msj.status(self.stack.api, self.ns, name, missing_ok=True)
 
     def phase(self, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
@@ -115,17 +82,13 @@ class Env:
         return f"workloads: {wls}\npools: {list(self.sim.pools())}\n{self.stack.op.log_tail(40)}"
 
     def pools(self, name: str) -> list[str]:
-        prefix = node_pool_name(self.ns, name, 0)[:-2]
-        return [p for p in self.sim.pools() if p.startswith(prefix)]
+        return list(msj.pools_of(self.sim, self.ns, name))
 
     def workload(self, name: str) -> dict[str, Any] | None:
         return queues.workloads(self.stack.api, self.ns).get(name)
 
     def events(self, name: str) -> list[str]:
-        items = self.core.list_namespaced_event(
-            self.ns, field_selector=f"involvedObject.name={name}"
-        ).items
-        return [f"{e.reason}: {e.message}" for e in items]
+        return msj.event_lines(self.stack.api, self.ns, name)
 
     def cleanup(self) -> None:
         for name in [

@@ -3,7 +3,6 @@ against the local GKE API simulator, whose pools become kwok TPU nodes in the cl
 
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
@@ -11,19 +10,16 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_local.harness import wait_for
-from multislice_local.nodes import RUN_DURATION_ANNOTATION
-from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.api import models
 from multislice_operator.plan import node_pool_name
+from tests import msj
+from tests.msj import create, custom, event_lines, get, pools_of, status
 
 
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    log = tmp_path_factory.mktemp("managed") / "operator.log"
-    s = LocalStack(StackOptions(op_latency_s=1.0, operator_log=log), control_plane=kube_cluster)
-    s.start()
-    yield s
-    s.stop()
+    with msj.local_stack(kube_cluster, tmp_path_factory.mktemp("managed") / "operator.log") as s:
+        yield s
 
 
 @pytest.fixture
@@ -38,67 +34,13 @@ def env(stack, namespace, kube_cluster):
 
 
 def job(name: str, run: str = "4s", **spec) -> dict:
-    body = {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "failurePolicy": {"maxRestarts": 5},
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
-            },
-        },
-    }
-    body["spec"].update(copy.deepcopy(spec))
-    return body
+    return msj.job(name, run=run, failure_policy={"maxRestarts": 5}, **spec)
 
 
-def custom(stack):
-    return client.CustomObjectsApi(stack.api)
-
-
-def create(stack, ns, body):
-    custom(stack).create_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, body
-    )
-
-
-def get(stack, ns, name):
-    return custom(stack).get_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, name
-    )
-
-
-def status(stack, ns, name) -> dict:
-    return get(stack, ns, name).get("status") or {}
-
-
-def wait_phase(stack, ns, name, phase, timeout=90):
-    def check():
-        st = status(stack, ns, name)
-        if phase != "Failed" and st.get("phase") == "Failed":
-            raise AssertionError(f"job failed: {st}")
-        return st if st.get("phase") == phase else None
-
-    return wait_for(
-        check,
-        timeout,
-        f"{name} {phase}",
-        interval=0.5,
-        on_timeout=lambda: f"{status(stack, ns, name)}\n{stack.op.log_tail(40)}",
-    )
-
-
-def pools_of(stack, ns, name) -> dict:
-    prefix = node_pool_name(ns, name, 0)[:-2]
-    return {k: v for k, v in stack.sim.pools().items() if k.startswith(prefix)}
-
-
-def no_pools(stack, ns, name) -> bool:
-    return not pools_of(stack, ns, name)
+def wait_phase(stack, ns, name, phase, timeout=90) -> dict:
+    """The job's status once in `phase`; on timeout, the operator's last 40 log lines."""
+    obj = msj.wait_phase(stack.api, ns, name, phase, timeout, log=lambda n: stack.op.log_tail(n))
+    return obj["status"]
 
 
 def nodes_of(stack, pool: str) -> list:
@@ -109,85 +51,76 @@ def nodes_of(stack, pool: str) -> list:
     )
 
 
-def events(stack, ns, name) -> list[str]:
-    items = (
-        client.CoreV1Api(stack.api)
-        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        .items
-    )
-    return [f"{e.reason}: {e.message}" for e in items]
-
-
 def test_gang_provisioned_runs_succeeds_and_releases(env):
     stack, ns = env
-    create(stack, ns, job("gang"))
+    create(stack.api, ns, job("gang"))
     wait_phase(stack, ns, "gang", "Provisioning", 30)
     running = wait_phase(stack, ns, "gang", "Running")
     assert running["readySlices"] == "2/2"
     assert [s["readyHosts"] for s in running["slices"]] == [4, 4]
-    pools = pools_of(stack, ns, "gang")
+    pools = pools_of(stack.sim, ns, "gang")
     assert len(pools) == 2
     for name in pools:
         assert len(nodes_of(stack, name)) == 4
     wait_phase(stack, ns, "gang", "Succeeded")
-    wait_for(lambda: no_pools(stack, ns, "gang"), 30, "pools deleted after success")
+    wait_for(lambda: not pools_of(stack.sim, ns, "gang"), 30, "pools deleted after success")
     for name in pools:
         wait_for(lambda n=name: not nodes_of(stack, n), 30, f"nodes of {name} removed")
-    assert any(e.startswith("GangProvisioned") for e in events(stack, ns, "gang"))
+    assert any(e.startswith("GangProvisioned") for e in event_lines(stack.api, ns, "gang"))
 
 
 def test_stockout_rolls_back_whole_gang_then_retries(env):
     stack, ns = env
     stack.sim.set_faults(stockout_next=1)
-    create(stack, ns, job("stock"))
+    create(stack.api, ns, job("stock"))
 
     def rolled_back():
-        return [e for e in events(stack, ns, "stock") if e.startswith("GangRolledBack")]
+        return [e for e in event_lines(stack.api, ns, "stock") if e.startswith("GangRolledBack")]
 
     rb = wait_for(rolled_back, 60, "gang rolled back", interval=0.5)
     assert "GCE_STOCKOUT" in rb[0] and "slice" in rb[0]
-    st = status(stack, ns, "stock")
+    st = status(stack.api, ns, "stock")
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["Provisioned"]["reason"] in ("GangSliceFailed", "Provisioning")
     # Every pool of the failed attempt goes away before the next attempt.
     wait_for(
-        lambda: status(stack, ns, "stock").get("provisioningAttempts", 0) >= 2,
+        lambda: status(stack.api, ns, "stock").get("provisioningAttempts", 0) >= 2,
         60,
         "second gang attempt",
         interval=0.5,
     )
     done = wait_phase(stack, ns, "stock", "Running")
     assert done["provisioningAttempts"] == 2
-    assert len(pools_of(stack, ns, "stock")) == 2
+    assert len(pools_of(stack.sim, ns, "stock")) == 2
 
 
 def test_permanent_error_fails_without_leak(env):
     stack, ns = env
     stack.sim.set_faults(invalid_machine_types=["ct5lp-hightpu-4t"])
-    create(stack, ns, job("perm"))
+    create(stack.api, ns, job("perm"))
     failed = wait_phase(stack, ns, "perm", "Failed", 60)
     assert "INVALID" in failed["message"]
-    wait_for(lambda: no_pools(stack, ns, "perm"), 30, "no pools left")
+    wait_for(lambda: not pools_of(stack.sim, ns, "perm"), 30, "no pools left")
 
 
 def test_429_and_5xx_are_retried(env):
     stack, ns = env
     stack.sim.reset_counters()
     stack.sim.set_faults(http_429_next=2, http_5xx_next=2)
-    create(stack, ns, job("flaky"))
+    create(stack.api, ns, job("flaky"))
     wait_phase(stack, ns, "flaky", "Running")
     codes = stack.sim.counters().get("responses", {})
     assert int(codes.get("429", codes.get(429, 0))) >= 1
-    assert len(pools_of(stack, ns, "flaky")) == 2
+    assert len(pools_of(stack.sim, ns, "flaky")) == 2
 
 
 def test_timeout_rolls_back_and_retries(env):
     stack, ns = env
     stack.sim.configure(op_latency_s=40.0)
-    create(stack, ns, job("slow", provisioning={"timeoutSeconds": 10}))
+    create(stack.api, ns, job("slow", provisioning={"timeoutSeconds": 10}))
 
     def timed_out():
-        st = status(stack, ns, "slow")
+        st = status(stack.api, ns, "slow")
         conds = {c["type"]: c for c in st.get("conditions", [])}
         return conds.get("Provisioned", {}).get("reason") == "GangTimeout"
 
@@ -199,15 +132,15 @@ def test_timeout_rolls_back_and_retries(env):
 def test_delete_mid_provisioning_leaves_nothing(env):
     stack, ns = env
     stack.sim.configure(op_latency_s=5.0)
-    create(stack, ns, job("midway"))
-    wait_for(lambda: len(pools_of(stack, ns, "midway")) == 2, 30, "pools being created")
-    custom(stack).delete_namespaced_custom_object(
+    create(stack.api, ns, job("midway"))
+    wait_for(lambda: len(pools_of(stack.sim, ns, "midway")) == 2, 30, "pools being created")
+    custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "midway"
     )
 
     def gone():
         try:
-            get(stack, ns, "midway")
+            get(stack.api, ns, "midway")
         except ApiException as exc:
             return exc.status == 404
         return False
@@ -219,12 +152,12 @@ def test_delete_mid_provisioning_leaves_nothing(env):
         interval=0.5,
         on_timeout=lambda: f"{stack.sim.pools()}\n{stack.op.log_tail(30)}",
     )
-    assert no_pools(stack, ns, "midway")
+    assert not pools_of(stack.sim, ns, "midway")
 
 
 def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     stack, ns = env
-    create(stack, ns, job("spot", run="12s", capacity={"type": "Spot"}))
+    create(stack.api, ns, job("spot", run="12s", capacity={"type": "Spot"}))
     wait_phase(stack, ns, "spot", "Running")
     stack.sim.reset_counters()
     victim = node_pool_name(ns, "spot", 1)
@@ -233,7 +166,7 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     stack.sim.preempt(victim, recreate_after_s=None)
 
     def restarted():
-        st = status(stack, ns, "spot")
+        st = status(stack.api, ns, "spot")
         return st if st.get("restarts", 0) >= 1 else None
 
     wait_for(
@@ -241,14 +174,14 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
         90,
         "restart of all slices",
         interval=0.5,
-        on_timeout=lambda: f"{status(stack, ns, 'spot')}\n{stack.op.log_tail(30)}",
+        on_timeout=lambda: f"{status(stack.api, ns, 'spot')}\n{stack.op.log_tail(30)}",
     )
     done = wait_phase(stack, ns, "spot", "Succeeded", 120)
     assert done["restarts"] >= 1
     # A lost slice is a disruption: not charged to maxRestarts (issue 15).
     assert done["restartsByCause"]["disruption"] == done["restarts"], done["restartsByCause"]
     assert stack.sim.counters()["calls"].get("create_node_pool", 0) == 1  # only the victim
-    reasons = " | ".join(events(stack, ns, "spot"))
+    reasons = " | ".join(event_lines(stack.api, ns, "spot"))
     assert "SliceLost" in reasons and "slice 1" in reasons, (reasons, stack.op.log_tail(60))
     # The survivor's pool was never replaced: the only create after the preemption is the
     # victim's (the release after success deletes both, which is checked elsewhere).
@@ -262,7 +195,7 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     stack, ns = env
     body = job("stuck", run="1h", failurePolicy={"maxRestarts": 5, "startupTimeoutSeconds": 10})
     body["spec"]["template"]["spec"]["nodeSelector"] = {"e2e-sched": "yes"}
-    create(stack, ns, body)
+    create(stack.api, ns, body)
     wait_phase(stack, ns, "stuck", "Starting")
     good, bad = node_pool_name(ns, "stuck", 0), node_pool_name(ns, "stuck", 1)
     core = client.CoreV1Api(stack.api)
@@ -276,11 +209,15 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     label(good)  # one slice schedules there; the other has nowhere to go
     before = {n.metadata.uid for n in nodes_of(stack, bad)}
     fired = wait_for(
-        lambda: [e for e in events(stack, ns, "stuck") if e.startswith("StartupDeadlineExceeded")],
+        lambda: [
+            e
+            for e in event_lines(stack.api, ns, "stuck")
+            if e.startswith("StartupDeadlineExceeded")
+        ],
         90,
         "StartupDeadlineExceeded",
         interval=0.5,
-        on_timeout=lambda: f"{status(stack, ns, 'stuck')}\n{stack.op.log_tail(40)}",
+        on_timeout=lambda: f"{status(stack.api, ns, 'stuck')}\n{stack.op.log_tail(40)}",
     )
     assert f"replacing node pool {bad}, on which no pod of the job could schedule" in fired[0]
     assert "0/4 pods running (unschedulable)" in fired[0]
@@ -293,11 +230,11 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     running = wait_phase(stack, ns, "stuck", "Running", 120)
     assert running["readySlices"] == "2/2"
     assert running.get("restarts", 0) == 0  # the scheduled slice kept its pods: no restart
-    assert "SliceLost" in " | ".join(events(stack, ns, "stuck"))
-    custom(stack).delete_namespaced_custom_object(
+    assert "SliceLost" in " | ".join(event_lines(stack.api, ns, "stuck"))
+    custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "stuck"
     )
-    wait_for(lambda: no_pools(stack, ns, "stuck"), 90, "pools released", interval=0.5)
+    wait_for(lambda: not pools_of(stack.sim, ns, "stuck"), 90, "pools released", interval=0.5)
 
 
 def test_crash_between_create_and_status_no_duplicates(env):
@@ -305,11 +242,11 @@ def test_crash_between_create_and_status_no_duplicates(env):
     stack.stop_operator()
     stack.sim.reset_counters()
     op = stack.start_operator(extra_env={"MSJ_CRASH_POINT": "after-pool-create"})
-    create(stack, ns, job("crash"))
+    create(stack.api, ns, job("crash"))
     assert op.wait_exit(60) == 3  # died right after asking GKE for the pools
     stack.start_operator()
     wait_phase(stack, ns, "crash", "Running")
-    assert len(pools_of(stack, ns, "crash")) == 2
+    assert len(pools_of(stack.sim, ns, "crash")) == 2
     assert stack.sim.counters()["calls"]["create_node_pool"] == 2  # no duplicate create
 
 
@@ -317,15 +254,15 @@ def test_crash_after_jobset_create_converges(env):
     stack, ns = env
     stack.stop_operator()
     op = stack.start_operator(extra_env={"MSJ_CRASH_POINT": "after-jobset-create"})
-    create(stack, ns, job("crashjs", run="1h"))
+    create(stack.api, ns, job("crashjs", run="1h"))
     assert op.wait_exit(90) == 3
-    assert "phase" not in status(stack, ns, "crashjs") or (
-        status(stack, ns, "crashjs")["phase"] != "Running"
+    assert "phase" not in status(stack.api, ns, "crashjs") or (
+        status(stack.api, ns, "crashjs")["phase"] != "Running"
     )
     stack.start_operator()
     st = wait_phase(stack, ns, "crashjs", "Running")
     assert st["jobSet"] == "crashjs"
-    jobsets = custom(stack).list_namespaced_custom_object(
+    jobsets = custom(stack.api).list_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", ns, "jobsets"
     )["items"]
     assert [j["metadata"]["name"] for j in jobsets] == ["crashjs"]
@@ -333,12 +270,12 @@ def test_crash_after_jobset_create_converges(env):
 
 def test_orphaned_pools_are_collected(env):
     stack, ns = env
-    create(stack, ns, job("orphan", run="1h"))
+    create(stack.api, ns, job("orphan", run="1h"))
     wait_phase(stack, ns, "orphan", "Running")
-    pools = set(pools_of(stack, ns, "orphan"))
+    pools = set(pools_of(stack.sim, ns, "orphan"))
     # The operator is down while the job disappears without its finalizer running.
     stack.stop_operator()
-    custom(stack).patch_namespaced_custom_object(
+    custom(stack.api).patch_namespaced_custom_object(
         models.GROUP,
         models.VERSION,
         ns,
@@ -346,14 +283,14 @@ def test_orphaned_pools_are_collected(env):
         "orphan",
         {"metadata": {"finalizers": []}},
     )
-    custom(stack).delete_namespaced_custom_object(
+    custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "orphan"
     )
     time.sleep(1)
-    assert set(pools_of(stack, ns, "orphan")) == pools  # still there: leaked, for now
+    assert set(pools_of(stack.sim, ns, "orphan")) == pools  # still there: leaked, for now
     stack.start_operator()
     wait_for(
-        lambda: no_pools(stack, ns, "orphan"),
+        lambda: not pools_of(stack.sim, ns, "orphan"),
         60,
         "orphans swept by the GC",
         interval=0.5,
@@ -363,19 +300,19 @@ def test_orphaned_pools_are_collected(env):
 
 def test_suspend_releases_capacity_and_resume_reprovisions(env):
     stack, ns = env
-    create(stack, ns, job("pause", run="1h"))
+    create(stack.api, ns, job("pause", run="1h"))
     wait_phase(stack, ns, "pause", "Running")
-    custom(stack).patch_namespaced_custom_object(
+    custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": True}}
     )
     wait_phase(stack, ns, "pause", "Suspended")
-    wait_for(lambda: no_pools(stack, ns, "pause"), 30, "pools released while suspended")
-    js = custom(stack).get_namespaced_custom_object(
+    wait_for(lambda: not pools_of(stack.sim, ns, "pause"), 30, "pools released while suspended")
+    js = custom(stack.api).get_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "pause"
     )
     assert js["spec"]["suspend"] is True
-    custom(stack).patch_namespaced_custom_object(
+    custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": False}}
     )
     wait_phase(stack, ns, "pause", "Running", 120)
-    assert len(pools_of(stack, ns, "pause")) == 2
+    assert len(pools_of(stack.sim, ns, "pause")) == 2

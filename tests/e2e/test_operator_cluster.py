@@ -9,79 +9,42 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from multislice_local.harness import OperatorProcess, install_crds, wait_for
-from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod
+from multislice_local.harness import wait_for
+from multislice_local.nodes import fail_pod
 from multislice_operator.api import models
-
-ACCEL, TOPO = "tpu-v5-lite-podslice", "4x4"
+from tests import msj
+from tests.msj import create, events, get
 
 
 @pytest.fixture(scope="module")
 def op(kube_cluster, tmp_path_factory):
-    api = kube_cluster.api_client()
-    install_crds(api)
     log = tmp_path_factory.mktemp("op") / "operator.log"
-    proc = OperatorProcess(kube_cluster.kubeconfig, ["--resync-seconds", "2"], log_path=log)
-    proc.start()
-    yield proc
-    proc.stop()
-    api.close()
+    with msj.operator_process(kube_cluster, log, resync_seconds=2) as proc:
+        yield proc
 
 
 @pytest.fixture
 def env(kube_cluster, op, namespace, tpu_nodes, kube_client):
     api = kube_client(kube_cluster)
     ns = namespace(kube_cluster, "e2e")
-    for p in range(2):
-        # Each test's pools carry its namespace, and its jobs select them (Existing mode honours
-        # the template's nodeSelector), so a test never lands on another test's nodes.
-        tpu_nodes(f"{ns}-pool-{p}", 4, ACCEL, TOPO, 4, extra_labels={"e2e-test": ns})
+    msj.own_pools(tpu_nodes, ns)
     return api, ns, op
 
 
 def job(name: str, run: str, ns: str, **spec) -> dict:
-    return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "provisioning": {"mode": "Existing"},
-            "failurePolicy": {"maxRestarts": 3, "nonRetryableExitCodes": [42]},
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {
-                    "nodeSelector": {"e2e-test": ns},
-                    "containers": [{"name": "train", "image": "example.invalid/t:1"}],
-                },
-            },
-            **spec,
-        },
-    }
-
-
-def get(api, ns, name):
-    return client.CustomObjectsApi(api).get_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, name
+    return msj.job(
+        name,
+        run=run,
+        failure_policy={"maxRestarts": 3, "nonRetryableExitCodes": [42]},
+        existing=True,
+        node_selector=msj.own_nodes(ns),
+        **spec,
     )
 
 
 def wait_phase(api, ns, name, phase, op, timeout=90):
-    def check():
-        obj = get(api, ns, name)
-        current = (obj.get("status") or {}).get("phase")
-        if phase != "Failed" and current == "Failed":
-            raise AssertionError(f"job failed: {obj['status']}")
-        return obj if current == phase else None
-
-    return wait_for(
-        check,
-        timeout,
-        f"{name} {phase}",
-        interval=0.5,
-        on_timeout=lambda: f"{get(api, ns, name).get('status')}\n{op.log_tail(30)}",
-    )
+    """The job once in `phase`; on timeout, the operator's last 30 log lines."""
+    return msj.wait_phase(api, ns, name, phase, timeout, log=op.log_tail, tail=30)
 
 
 def pods(api, ns, name):
@@ -90,21 +53,6 @@ def pods(api, ns, name):
         .list_namespaced_pod(ns, label_selector=f"multislice.dev/job-name={name}")
         .items
     )
-
-
-def create(api, ns, body):
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, body
-    )
-
-
-def events(api, ns, name):
-    items = (
-        client.CoreV1Api(api)
-        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        .items
-    )
-    return {e.reason for e in items}
 
 
 def test_job_succeeds_on_its_own(env):
@@ -163,7 +111,7 @@ def test_retryable_failure_restarts_all_slices_then_succeeds(env):
     )
     done = wait_phase(api, ns, "retry", "Succeeded", op)
     assert done["status"]["restarts"] == 1
-    assert "RestartingAllSlices" in events(api, ns, "retry")
+    assert "RestartingAllSlices" in {e.reason for e in events(api, ns, "retry")}
     assert fresh is not None
 
 

@@ -320,6 +320,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
     assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
     assert grants(one(globbed, "ClusterRole")) >= NAMESPACED
+
+
 def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
     """Labelled as kube-prometheus-stack's Grafana sidecar finds dashboards (its values:
     grafana.sidecar.dashboards.label grafana_dashboard, labelValue "1")."""

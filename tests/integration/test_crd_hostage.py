@@ -15,11 +15,12 @@ import json
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_local.harness import install_crds
 from multislice_operator.api import models
+from tests import msj
+from tests.msj import create, custom
 
 
 @pytest.fixture(scope="module")
@@ -31,26 +32,7 @@ def api(kube_api):
 
 
 def base(name: str = "h") -> dict[str, Any]:
-    return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-        },
-    }
-
-
-def custom(api) -> Any:
-    return client.CustomObjectsApi(api)
-
-
-def create(api, ns: str, obj: dict[str, Any], dry_run: str | None = None) -> dict[str, Any]:
-    return custom(api).create_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, obj, dry_run=dry_run
-    )
+    return msj.job(name, container="c", image="i")
 
 
 def refused(call: Any) -> str:

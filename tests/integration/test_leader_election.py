@@ -3,7 +3,6 @@ holder reconciles, and a standby takes over when the holder dies (real apiserver
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import time
@@ -13,23 +12,13 @@ from kubernetes.client.exceptions import ApiException
 
 from multislice_local.controlplane import bin_dir
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
-from multislice_operator.api import models
+from tests import msj
 
 LEASE = "msj-ha-test"
 
 
 def _job(name: str) -> dict:
-    return {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "provisioning": {"mode": "Existing"},
-            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
-        },
-    }
+    return msj.job(name, existing=True, image="img:1")
 
 
 def _holder(coord: client.CoordinationV1Api, ns: str) -> str | None:
@@ -41,16 +30,15 @@ def _holder(coord: client.CoordinationV1Api, ns: str) -> str | None:
         raise
 
 
-def _phase(custom: client.CustomObjectsApi, ns: str, name: str) -> str | None:
-    got = custom.get_namespaced_custom_object(models.GROUP, models.VERSION, ns, models.PLURAL, name)
-    return (got.get("status") or {}).get("phase")
+def _phase(api: client.ApiClient, ns: str, name: str) -> str | None:
+    return msj.status(api, ns, name).get("phase")
 
 
 def test_one_leader_reconciles_and_a_standby_takes_over(kube_api, namespace, tmp_path) -> None:
     api = kube_api.api_client()
     install_crds(api, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
     ns = namespace(kube_api, "ha")
-    coord, custom = client.CoordinationV1Api(api), client.CustomObjectsApi(api)
+    coord = client.CoordinationV1Api(api)
     args = ["--leader-elect", "--leader-election-namespace", ns, "--leader-election-name", LEASE]
     first = OperatorProcess(kube_api.kubeconfig, args, namespaces=[ns], log_path=tmp_path / "a.log")
     second = OperatorProcess(
@@ -61,10 +49,8 @@ def test_one_leader_reconciles_and_a_standby_takes_over(kube_api, namespace, tmp
         leader = wait_for(lambda: _holder(coord, ns), 30, "the first replica to take the lease")
         assert leader.endswith(f"_{first.proc.pid}")
         second.start()
-        custom.create_namespaced_custom_object(
-            models.GROUP, models.VERSION, ns, models.PLURAL, copy.deepcopy(_job("one"))
-        )
-        wait_for(lambda: _phase(custom, ns, "one"), 30, "the leader to reconcile job one")
+        msj.create(api, ns, _job("one"))
+        wait_for(lambda: _phase(api, ns, "one"), 30, "the leader to reconcile job one")
         time.sleep(3)  # several renew periods: the standby must still be waiting
         assert _holder(coord, ns) == leader
         assert "reconcile" not in second.log_tail(200) and "jobset created" not in second.log_tail(
@@ -79,10 +65,8 @@ def test_one_leader_reconciles_and_a_standby_takes_over(kube_api, namespace, tmp
             "the standby to take the expired lease",
             on_timeout=second.log_tail,
         )
-        custom.create_namespaced_custom_object(
-            models.GROUP, models.VERSION, ns, models.PLURAL, copy.deepcopy(_job("two"))
-        )
-        wait_for(lambda: _phase(custom, ns, "two"), 30, "the new leader to reconcile job two")
+        msj.create(api, ns, _job("two"))
+        wait_for(lambda: _phase(api, ns, "two"), 30, "the new leader to reconcile job two")
     finally:
         first.stop()
         second.stop()

@@ -3,8 +3,6 @@ patched by the test as envtest tests do, and the job's phases follow."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -13,6 +11,7 @@ from multislice_local.controlplane import bin_dir
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.nodes import register_tpu_nodes
 from multislice_operator.api import models
+from tests import msj
 
 JS = ("jobset.x-k8s.io", "v1alpha2")
 
@@ -40,44 +39,25 @@ def _ready_pools(api_client, prefix: str, pools: int, hosts: int) -> None:
 @pytest.fixture(scope="module")
 def operator(kube_api, api, tmp_path_factory):
     log = tmp_path_factory.mktemp("op") / "operator.log"
-    op = OperatorProcess(kube_api.kubeconfig, ["--resync-seconds", "2"], log_path=log)
-    op.start()
-    yield op
-    op.stop()
+    with msj.operator_process(kube_api, log, resync_seconds=2, crds=False) as op:
+        yield op
 
 
 def job(name: str, **spec) -> dict:
-    body = {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "provisioning": {"mode": "Existing"},
-            "failurePolicy": {"maxRestarts": 3},
-            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
-        },
-    }
-    body["spec"].update(spec)
-    return body
+    return msj.job(name, existing=True, failure_policy={"maxRestarts": 3}, image="img:1", **spec)
 
 
 class Cluster:
     def __init__(self, api_client, ns: str, op: OperatorProcess) -> None:
+        self.api = api_client
         self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
         self.ns, self.op = ns, op
 
     def create(self, body: dict) -> dict:
-        return self.custom.create_namespaced_custom_object(
-            models.GROUP, models.VERSION, self.ns, models.PLURAL, copy.deepcopy(body)
-        )
+        return msj.create(self.api, self.ns, body)
 
     def get(self, name: str) -> dict:
-        return self.custom.get_namespaced_custom_object(
-            models.GROUP, models.VERSION, self.ns, models.PLURAL, name
-        )
+        return msj.get(self.api, self.ns, name)
 
     def patch(self, name: str, patch: dict) -> None:
         self.custom.patch_namespaced_custom_object(
@@ -105,10 +85,7 @@ class Cluster:
         return wait_for(check, timeout, f"{name} phase {phase}", on_timeout=self._debug(name))
 
     def events(self, name: str) -> list[str]:
-        evs = self.core.list_namespaced_event(
-            self.ns, field_selector=f"involvedObject.name={name}"
-        ).items
-        return [f"{e.reason}: {e.message}" for e in evs]
+        return msj.event_lines(self.api, self.ns, name)
 
     def _debug(self, name: str):
         def show() -> str:

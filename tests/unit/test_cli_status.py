@@ -17,7 +17,6 @@ from multislice_operator.cli import main
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolError, PoolState
 from multislice_operator.reconcile import (
-    Admission,
     DecideConfig,
     JobMeta,
     JobSetObservation,
@@ -25,16 +24,9 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
-from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.view import duration
-
-
-def Observed(**kw):
-    """An observation in which the apiserver already accepted the JobSet (the dry run before
-    any pool, issue 14): these tests are about what comes after."""
-    kw.setdefault("admission", Admission())
-    return _Observed(**kw)
-
+from tests.unit import jobs
+from tests.unit.jobs import Observed
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(resync_seconds=10)
@@ -49,17 +41,9 @@ def iso(t: datetime) -> str:
 
 
 def body(mode: str = "Existing") -> dict:
-    return {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "llm", "namespace": "team", "creationTimestamp": iso(T0)},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "provisioning": {"mode": mode},
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-        },
-    }
+    return jobs.body(
+        "llm", "team", metadata={"creationTimestamp": iso(T0)}, provisioning={"mode": mode}
+    )
 
 
 def restarted_job() -> dict:

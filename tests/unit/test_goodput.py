@@ -19,10 +19,8 @@ from multislice_operator.api.models import (
     PodFailureStatus,
 )
 from multislice_operator.controller.observe import pod_observations, summarize_pod
-from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolState
 from multislice_operator.reconcile import (
-    Admission,
     DecideConfig,
     JobMeta,
     JobSetObservation,
@@ -30,7 +28,6 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
-from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.reconcile.goodput import (
     STATE_OF_PHASE,
     accounting_state,
@@ -39,14 +36,7 @@ from multislice_operator.reconcile.goodput import (
     parse_termination_message,
     steps_lost,
 )
-
-
-def Observed(**kw):
-    """An observation in which the apiserver already accepted the JobSet (the dry run before
-    any pool, issue 14): these tests are about what comes after."""
-    kw.setdefault("admission", Admission())
-    return _Observed(**kw)
-
+from tests.unit.jobs import Observed, spec_and_plan
 
 S = GoodputState
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -368,20 +358,7 @@ META = JobMeta("ns", "job", "uid-1", 1, creation_time=T0, has_finalizer=True)
 
 
 def existing_job():
-    job = load_job(
-        {
-            "apiVersion": "multislice.dev/v1alpha1",
-            "kind": "MultisliceJob",
-            "metadata": {"name": "job", "namespace": "ns"},
-            "spec": {
-                "accelerator": "v5litepod-16",
-                "slices": 2,
-                "provisioning": {"mode": "Existing"},
-                "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            },
-        }
-    )
-    return job.spec, plan_job(job)
+    return spec_and_plan(provisioning={"mode": "Existing"})
 
 
 SLICES = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
@@ -483,19 +460,7 @@ def test_a_restart_whose_failure_was_not_seen_has_the_cause_jobset_charged(count
 
 
 def test_a_lost_slice_is_repairing_time_with_its_pool_held():
-    managed = load_job(
-        {
-            "apiVersion": "multislice.dev/v1alpha1",
-            "kind": "MultisliceJob",
-            "metadata": {"name": "job", "namespace": "ns"},
-            "spec": {
-                "accelerator": "v5litepod-16",
-                "slices": 2,
-                "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            },
-        }
-    )
-    mplan = plan_job(managed)
+    managed_spec, mplan = spec_and_plan()
     names = [p.name for p in mplan.node_pools]
     before = [{"index": i, "phase": "Running", "hosts": 4, "seenReady": True} for i in range(2)]
     old = MultisliceJobStatus.from_dict(
@@ -513,7 +478,7 @@ def test_a_lost_slice_is_repairing_time_with_its_pool_held():
         ],
         jobset=JobSetObservation(ready_jobs=1),
     )
-    s = decide(META, managed.spec, mplan, None, old, obs, CFG).status
+    s = decide(META, managed_spec, mplan, None, old, obs, CFG).status
     assert s.goodput is not None
     assert (s.goodput.state, s.goodput.held_chips) == ("repairing", 16)
     assert s.goodput.seconds.running == 60 and s.goodput.chip_seconds.running == 60 * 32
@@ -580,19 +545,7 @@ def test_the_status_patch_deletes_keys_gone_from_nested_objects():
 def test_resuming_a_managed_job_is_provisioning_time():
     """Resuming re-creates the pools released while suspended: Provisioning, not a pass without
     a phase (which would have left the time to no state)."""
-    job = load_job(
-        {
-            "apiVersion": "multislice.dev/v1alpha1",
-            "kind": "MultisliceJob",
-            "metadata": {"name": "job", "namespace": "ns"},
-            "spec": {
-                "accelerator": "v5litepod-16",
-                "slices": 2,
-                "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            },
-        }
-    )
-    plan = plan_job(job)
+    spec, plan = spec_and_plan()
     names = [p.name for p in plan.node_pools]
     old = MultisliceJobStatus.from_dict(
         {
@@ -605,7 +558,7 @@ def test_resuming_a_managed_job_is_provisioning_time():
         slices=[SliceObservation(i, n, PoolState.ABSENT) for i, n in enumerate(names)],
         jobset=JobSetObservation(suspended=True),
     )
-    d = decide(META, job.spec, plan, None, old, obs, CFG)
+    d = decide(META, spec, plan, None, old, obs, CFG)
     assert d.status.phase == "Provisioning" and "resuming" in (d.status.message or "")
     assert d.status.goodput is not None and d.status.goodput.state == "provisioning"
     assert d.status.goodput.seconds.suspended == 30

@@ -8,11 +8,9 @@ import pytest
 
 from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
-    Admission,
     AdmissionCheckObservation,
     CheckObservation,
     CheckState,
@@ -30,16 +28,9 @@ from multislice_operator.reconcile import (
     WorkloadObservation,
     decide,
 )
-from multislice_operator.reconcile import Observed as _Observed
 from multislice_operator.reconcile.queue import activate
-
-
-def Observed(**kw):
-    """An observation in which the apiserver already accepted the JobSet (the dry run before
-    any pool, issue 14): these tests are about what comes after."""
-    kw.setdefault("admission", Admission())
-    return _Observed(**kw)
-
+from tests.unit import jobs
+from tests.unit.jobs import Observed
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(
@@ -53,19 +44,7 @@ CHECK = "gang"
 
 
 def spec_and_plan(**spec):
-    body = {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "job", "namespace": "ns", "labels": LABELS},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            **spec,
-        },
-    }
-    job = load_job(body)
-    return job.spec, plan_job(job)
+    return jobs.spec_and_plan(jobs.body(metadata={"labels": LABELS}, **spec))
 
 
 def iso(t: datetime) -> str:

@@ -8,14 +8,12 @@ import pytest
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import (
     PoolError,
     PoolState,
 )
 from multislice_operator.reconcile import (
     AddFinalizer,
-    Admission,
     CreateJobSet,
     CreatePools,
     DecideConfig,
@@ -30,35 +28,13 @@ from multislice_operator.reconcile import (
     backoff_seconds,
     decide,
 )
-from multislice_operator.reconcile import Observed as _Observed
+from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
 
-def Observed(**kw):
-    """An observation in which the apiserver already accepted the JobSet (dry run): the tests
-    of admission itself pass `admission` explicitly."""
-    kw.setdefault("admission", Admission())
-    return _Observed(**kw)
-
 CFG = DecideConfig(backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10)
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
-
-
-def spec_and_plan(**spec):
-    body = {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "job", "namespace": "ns"},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            **spec,
-        },
-    }
-    job = load_job(body)
-    return job.spec, plan_job(job)
 
 
 def iso(t: datetime) -> str:

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.plan import load_job, plan_job
 from multislice_operator.provisioning.base import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
@@ -25,6 +24,7 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
     decide,
 )
+from tests.unit.jobs import spec_and_plan
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig(
@@ -32,22 +32,6 @@ CFG = DecideConfig(
 )
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 OK = Admission()
-
-
-def spec_and_plan(**spec):
-    body = {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "job", "namespace": "ns"},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-            **spec,
-        },
-    }
-    job = load_job(body)
-    return job.spec, plan_job(job)
 
 
 _, PLAN = spec_and_plan()

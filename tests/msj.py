@@ -1,0 +1,251 @@
+"""Helpers the integration and e2e tests share: a MultisliceJob body, the CustomObjectsApi calls
+on it over a ``kubernetes.client.ApiClient`` (``LocalStack.api`` is one), waits with the
+operator's log on timeout, and the operator (or whole local stack) a test module runs.
+
+Imported as ``from tests import msj`` (pytest's ``pythonpath`` puts the repository root on
+``sys.path``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from multislice_local.controlplane import ControlPlane
+from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.nodes import RUN_DURATION_ANNOTATION
+from multislice_local.stack import LocalStack, StackOptions
+from multislice_operator.api import models
+from multislice_operator.plan import node_pool_name
+
+IMAGE = "example.invalid/t:1"
+NODE_LABEL = "e2e-test"  # a test's own nodes carry it with the namespace as value
+
+
+def own_nodes(ns: str) -> dict[str, str]:
+    """The label of `ns`'s own TPU nodes (``tpu_nodes(..., extra_labels=own_nodes(ns))``), and
+    the nodeSelector of its jobs' pods."""
+    return {NODE_LABEL: ns}
+
+
+def own_pools(tpu_nodes: Callable[..., list[str]], ns: str) -> None:
+    """Two node pools of 4 v5e 4x4 hosts that are `ns`'s own (the ``tpu_nodes`` fixture), for
+    Existing-mode jobs that select them (``node_selector=own_nodes(ns)``): a test never lands
+    on another test's nodes."""
+    for p in range(2):
+        tpu_nodes(f"{ns}-pool-{p}", 4, "tpu-v5-lite-podslice", "4x4", 4, extra_labels=own_nodes(ns))
+
+
+def job(
+    name: str,
+    *,
+    run: str | None = None,
+    failure_policy: dict[str, Any] | None = None,
+    existing: bool = False,
+    node_selector: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    container: str = "train",
+    image: str = IMAGE,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A MultisliceJob of 2 v5litepod-16 slices.
+
+    `run`: the pods' run duration (kwok's RUN_DURATION_ANNOTATION); `failure_policy`: the
+    spec's failurePolicy (none when None); `existing`: provisioning mode Existing;
+    `node_selector`: the pod template's; `labels`: the job's; `spec`: spec fields set last
+    (replacing, not merged), deep-copied.
+    """
+    metadata: dict[str, Any] = {"name": name}
+    if labels is not None:
+        metadata["labels"] = labels
+    body_spec: dict[str, Any] = {"accelerator": "v5litepod-16", "slices": 2}
+    if existing:
+        body_spec["provisioning"] = {"mode": "Existing"}
+    if failure_policy is not None:
+        body_spec["failurePolicy"] = failure_policy
+    template: dict[str, Any] = {}
+    if run is not None:
+        template["metadata"] = {"annotations": {RUN_DURATION_ANNOTATION: run}}
+    pod: dict[str, Any] = {}
+    if node_selector is not None:
+        pod["nodeSelector"] = node_selector
+    pod["containers"] = [{"name": container, "image": image}]
+    template["spec"] = pod
+    body_spec["template"] = template
+    body_spec.update(copy.deepcopy(spec))
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": metadata,
+        "spec": body_spec,
+    }
+
+
+# ---------------------------------------------------------------- the API
+
+
+def custom(api: client.ApiClient) -> Any:
+    return client.CustomObjectsApi(api)
+
+
+def create(api: client.ApiClient, ns: str, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Create the job (a copy of `body`); `kwargs` go to the call (``dry_run="All"``)."""
+    obj: dict[str, Any] = custom(api).create_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, copy.deepcopy(body), **kwargs
+    )
+    return obj
+
+
+def get(
+    api: client.ApiClient, ns: str, name: str, *, missing_ok: bool = False
+) -> dict[str, Any] | None:
+    """The job; None when it does not exist and `missing_ok` (else the 404 is raised)."""
+    try:
+        obj: dict[str, Any] = custom(api).get_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, name
+        )
+    except ApiException as exc:
+        if missing_ok and exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def status(
+    api: client.ApiClient, ns: str, name: str, *, missing_ok: bool = False
+) -> dict[str, Any]:
+    """The job's status, {} when it has none (or, with `missing_ok`, no job)."""
+    return (get(api, ns, name, missing_ok=missing_ok) or {}).get("status") or {}
+
+
+def events(api: client.ApiClient, ns: str, name: str) -> list[Any]:
+    """The events about the object `name` in `ns` (V1Event)."""
+    return list(
+        client.CoreV1Api(api)
+        .list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        .items
+    )
+
+
+def event_lines(api: client.ApiClient, ns: str, name: str) -> list[str]:
+    """The events about `name` as "Reason: message"."""
+    return [f"{e.reason}: {e.message}" for e in events(api, ns, name)]
+
+
+# ---------------------------------------------------------------- waits
+
+
+def wait_status(
+    api: client.ApiClient,
+    ns: str,
+    name: str,
+    what: str,
+    check: Callable[[dict[str, Any]], bool],
+    timeout: float,
+    *,
+    log: Callable[[int], str],
+    tail: int = 40,
+    missing_ok: bool = False,
+) -> dict[str, Any]:
+    """Poll the job (every 0.5 s) until it has a status and `check(status)`; return the whole
+    object. On timeout the error says `what`, the status and the last `tail` lines of `log`
+    (``op.log_tail``)."""
+
+    def look() -> dict[str, Any] | None:
+        obj = get(api, ns, name, missing_ok=missing_ok) or {}
+        st = obj.get("status") or {}
+        return obj if st and check(st) else None
+
+    return wait_for(
+        look,
+        timeout,
+        what,
+        interval=0.5,
+        on_timeout=lambda: f"{status(api, ns, name, missing_ok=missing_ok)}\n{log(tail)}",
+    )
+
+
+def wait_phase(
+    api: client.ApiClient,
+    ns: str,
+    name: str,
+    phase: str,
+    timeout: float,
+    *,
+    log: Callable[[int], str],
+    tail: int = 40,
+    what: str | None = None,
+    missing_ok: bool = False,
+) -> dict[str, Any]:
+    """`wait_status` for `phase` (`what` defaults to "<name> <phase>"); a job that fails while
+    another phase is awaited raises AssertionError("job failed: <status>") at once."""
+
+    def check(st: dict[str, Any]) -> bool:
+        if phase != "Failed" and st.get("phase") == "Failed":
+            raise AssertionError(f"job failed: {st}")
+        return st.get("phase") == phase
+
+    return wait_status(
+        api,
+        ns,
+        name,
+        what or f"{name} {phase}",
+        check,
+        timeout,
+        log=log,
+        tail=tail,
+        missing_ok=missing_ok,
+    )
+
+
+# ---------------------------------------------------------------- node pools (GKE simulator)
+
+
+def pools_of(sim: Any, ns: str, name: str) -> dict[str, Any]:
+    """The simulator's node pools whose names start as the job's do."""
+    prefix = node_pool_name(ns, name, 0)[:-2]
+    return {k: v for k, v in sim.pools().items() if k.startswith(prefix)}
+
+
+# ---------------------------------------------------------------- what a module runs
+
+
+@contextmanager
+def operator_process(
+    control_plane: ControlPlane, log: Path, resync_seconds: int, *, crds: bool = True
+) -> Iterator[OperatorProcess]:
+    """The operator as a process (``--resync-seconds``), logging to `log`; with `crds`, the
+    MultisliceJob CRD is installed first."""
+    if crds:
+        api = control_plane.api_client()
+        try:
+            install_crds(api)
+        finally:
+            api.close()
+    proc = OperatorProcess(
+        control_plane.kubeconfig, ["--resync-seconds", str(resync_seconds)], log_path=log
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@contextmanager
+def local_stack(control_plane: ControlPlane, log: Path, **options: Any) -> Iterator[LocalStack]:
+    """The GKE simulator and the operator on `control_plane` (op_latency_s 1.0 unless
+    `options` say otherwise; the other StackOptions from `options`)."""
+    options.setdefault("op_latency_s", 1.0)
+    stack = LocalStack(StackOptions(operator_log=log, **options), control_plane=control_plane)
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()

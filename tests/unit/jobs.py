@@ -1,0 +1,41 @@
+"""What the unit tests of decide() share: a MultisliceJob body, its spec and plan, and an
+observation in which the apiserver already accepted the JobSet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.reconcile import Admission
+from multislice_operator.reconcile import Observed as _Observed
+
+
+def body(
+    name: str = "job", namespace: str = "ns", *, metadata: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """A MultisliceJob of 2 v5litepod-16 slices (container "c", image "i"); `metadata` adds to
+    the name and namespace, `spec` sets spec fields (replacing)."""
+    return {
+        "apiVersion": "multislice.dev/v1alpha1",
+        "kind": "MultisliceJob",
+        "metadata": {"name": name, "namespace": namespace, **(metadata or {})},
+        "spec": {
+            "accelerator": "v5litepod-16",
+            "slices": 2,
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+            **spec,
+        },
+    }
+
+
+def spec_and_plan(obj: dict[str, Any] | None = None, **spec: Any) -> tuple[Any, Plan]:
+    """The spec and plan of `obj`, or of ``body(**spec)``."""
+    job = load_job(obj if obj is not None else body(**spec))
+    return job.spec, plan_job(job)
+
+
+def Observed(**kw: Any) -> _Observed:
+    """An observation in which the apiserver already accepted the JobSet (the dry run before
+    any pool, issue 14); the tests of admission itself pass `admission` explicitly."""
+    kw.setdefault("admission", Admission())
+    return _Observed(**kw)
