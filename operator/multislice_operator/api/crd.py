@@ -30,6 +30,7 @@ IMMUTABLE = (
     "failurePolicy",
 )
 
+
 def _unchanged(name: str) -> dict[str, str]:
     return {
         "rule": f"has(self.{name}) == has(oldSelf.{name}) && "

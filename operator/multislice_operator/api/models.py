@@ -443,8 +443,9 @@ SPEC_RULES: list[Rule] = [
         cel="",
         message=f"sets contract variables: {podtemplate.RESERVED_ENV_MESSAGE}",
         holds=lambda s: not podtemplate.reserved_env(s.template),
-        explain=lambda s: f"{', '.join(podtemplate.reserved_env(s.template))} "
-        f"{podtemplate.RESERVED_ENV_MESSAGE}",
+        explain=lambda s: (
+            f"{', '.join(podtemplate.reserved_env(s.template))} {podtemplate.RESERVED_ENV_MESSAGE}"
+        ),
     ),
     Rule(
         path=("failurePolicy",),

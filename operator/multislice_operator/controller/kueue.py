@@ -15,7 +15,6 @@ import contextlib
 import logging
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from multislice_operator import keys
@@ -42,15 +41,6 @@ PREEMPTOR = re.compile(r"\(UID: (?P<uid>[^,)]+), JobUID: (?P<job>[^,)]+)\)")
 CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished", "Preempted")
 
 # ---------------------------------------------------------------- index summaries
-
-
-def _time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
@@ -184,7 +174,7 @@ def workload_observation(
         evicted=is_evicted,
         eviction_reason=str(evicted.get("reason") or "") if is_evicted else "",
         eviction_message=message if is_evicted else "",
-        eviction_time=_time(evicted.get("time")) if is_evicted else None,
+        eviction_time=ob.parse_time(evicted.get("time")) if is_evicted else None,
         preempted_by=_preemptor(rt, str(preempted.get("message") or message))
         if is_evicted
         else None,

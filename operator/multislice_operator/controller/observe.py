@@ -199,7 +199,8 @@ def first(index: Mapping[Any, Any], key: Any) -> Any:
     return found[0] if found else None
 
 
-def _time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as the apiserver writes it; None for anything else."""
     if not value:
         return None
     try:
@@ -263,7 +264,7 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         succeeded_jobs=summary["succeeded"],
         owned=summary["owned"],
         deleting=bool(summary.get("deleting")),
-        created=_time(summary.get("created")),
+        created=parse_time(summary.get("created")),
     )
 
 
@@ -271,7 +272,7 @@ def unschedulable_pods(pods: Iterable[dict[str, Any]], attempt: int) -> list[Uns
     """Pods of the current attempt that the scheduler says it cannot place."""
     out = []
     for p in pods:
-        since = _time(p.get("unschedulable"))
+        since = parse_time(p.get("unschedulable"))
         if since is None or p["attempt"] != attempt or p["deleting"] or p["phase"] != "Pending":
             continue
         out.append(UnschedulablePod(p["pod"], p["slice"], since, p.get("schedulerMessage") or ""))

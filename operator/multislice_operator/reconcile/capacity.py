@@ -169,20 +169,8 @@ def _retry_message(ctx: Ctx) -> str:
 
 
 def _advance(ctx: Ctx, plan: Plan, new_attempt: bool) -> None:
-    foreign = [
-        s.pool
-        for s in ctx.obs.slices
-        if s.foreign and s.pool and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-    ]
-    if foreign:
-        ctx.actions.append(DeletePools(tuple(p for p in foreign if p)))
-    creatable = tuple(
-        s.index
-        for s in ctx.obs.slices
-        if s.pool_state == PoolState.ABSENT and not s.operation_pending
-    )
-    if creatable:
-        ctx.actions.append(CreatePools(creatable))
+    _delete(ctx, [s for s in ctx.obs.slices if s.foreign])
+    _create_absent(ctx)
     if new_attempt:
         ctx.status.attempt_start_time = ctx.now
         ctx.status.provisioning_attempts = (ctx.old.provisioning_attempts or 0) + 1
@@ -199,6 +187,28 @@ def _advance(ctx: Ctx, plan: Plan, new_attempt: bool) -> None:
     ctx.cond(PROVISIONED, "False", "Provisioning", message)
     ctx.phase(Phase.PROVISIONING, message)
     ctx.requeue_in(ctx.cfg.resync_seconds)
+
+
+def live(s: SliceObservation) -> bool:
+    """The slice's pool exists and is not already going away."""
+    return bool(s.pool) and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
+
+
+def _delete(ctx: Ctx, slices: list[SliceObservation]) -> None:
+    pools = tuple(str(s.pool) for s in slices if live(s))
+    if pools:
+        ctx.actions.append(DeletePools(pools))
+
+
+def _create_absent(ctx: Ctx) -> None:
+    """Every slice without a pool gets one (unless a create is already on its way)."""
+    absent = tuple(
+        s.index
+        for s in ctx.obs.slices
+        if s.pool_state == PoolState.ABSENT and not s.operation_pending
+    )
+    if absent:
+        ctx.actions.append(CreatePools(absent))
 
 
 def _provisioned(ctx: Ctx, plan: Plan) -> None:
@@ -280,20 +290,8 @@ def _repair(ctx: Ctx, plan: Plan) -> bool:
                 "SliceReady",
                 f"slice {s.index} is Ready again after a NotReady blip; nothing was replaced",
             )
-    broken = tuple(
-        s.pool
-        for s in lost
-        if s.pool and not s.taken_by and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-    )
-    if broken:
-        ctx.actions.append(DeletePools(tuple(p for p in broken if p)))
-    absent = tuple(
-        s.index
-        for s in ctx.obs.slices
-        if s.pool_state == PoolState.ABSENT and not s.operation_pending
-    )
-    if absent:
-        ctx.actions.append(CreatePools(absent))
+    _delete(ctx, [s for s in lost if not s.taken_by])
+    _create_absent(ctx)
     for s in lost:
         reason = why.get(s.index) or (
             s.error.code
@@ -352,11 +350,7 @@ def strays(ctx: Ctx) -> list[str]:
 def pools_present(ctx: Ctx) -> list[str]:
     """Pools of ours that exist and are not already going away (deleting them again is harmless).
     A pool of our name that another live job owns is never ours to delete."""
-    return [
-        s.pool
-        for s in ctx.obs.slices
-        if s.pool and not s.taken_by and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-    ] + strays(ctx)
+    return [str(s.pool) for s in ctx.obs.slices if live(s) and not s.taken_by] + strays(ctx)
 
 
 def release(ctx: Ctx, plan: Plan | None) -> bool:

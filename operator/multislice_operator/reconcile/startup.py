@@ -24,7 +24,7 @@ from multislice_operator.api.models import (
     StartupStatus,
 )
 from multislice_operator.plan import Plan
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.reconcile.capacity import live
 from multislice_operator.reconcile.context import Ctx
 from multislice_operator.reconcile.types import DeletePools, EvictPods, PodObservation
 
@@ -100,11 +100,7 @@ def _act(ctx: Ctx, plan: Plan, timing: StartupStatus, timeout: int) -> None:
     free = [
         s
         for s in sorted(ctx.obs.slices, key=lambda s: s.index)
-        if plan.managed
-        and s.pool
-        and s.pool not in occupied
-        and s.index not in timing.repaired
-        and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
+        if plan.managed and live(s) and s.pool not in occupied and s.index not in timing.repaired
     ][: len(unschedulable)]
     if free:
         pools = tuple(str(s.pool) for s in free)
