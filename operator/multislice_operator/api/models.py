@@ -260,9 +260,11 @@ class FailurePolicy(_Model):
         le=7 * 24 * 3600,
         description=(
             "Once every slice's capacity is ready, how long a start or restart may take until "
-            "every pod runs. Past it the operator replaces the node pool of a slice whose pods "
-            "cannot schedule (Managed, once per attempt) or restarts all slices (cause "
-            "startup). Unset: no deadline."
+            "every pod runs. Past it the operator replaces a ready node pool of the job that "
+            "hosts none of its pods while some cannot schedule (Managed, once per pool and "
+            "attempt), else "
+            "restarts all slices (cause startup). Keep it below unschedulableTimeoutSeconds for "
+            "it to act on unschedulable pods. Unset: no deadline."
         ),
     )
 
