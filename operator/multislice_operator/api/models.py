@@ -262,9 +262,8 @@ class FailurePolicy(_Model):
             "Once every slice's capacity is ready, how long a start or restart may take until "
             "every pod runs. Past it the operator replaces a ready node pool of the job that "
             "hosts none of its pods while some cannot schedule (Managed, once per pool and "
-            "attempt), else "
-            "restarts all slices (cause startup). Keep it below unschedulableTimeoutSeconds for "
-            "it to act on unschedulable pods. Unset: no deadline."
+            "attempt), else restarts all slices (cause startup). Keep it below "
+            "unschedulableTimeoutSeconds for it to act on unschedulable pods. Unset: no deadline."
         ),
     )
 
