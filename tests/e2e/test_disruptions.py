@@ -302,7 +302,10 @@ def test_startup_deadline_fires_on_the_slice_whose_pods_cannot_schedule(env):
     api, ns, op = env
     # One pool's nodes are Ready but take no pod: the slice that needs it cannot schedule.
     taint_nodes(api, f"{ns}-pool-1", BLOCKED)
-    body = job("slow", "10s", ns, failurePolicy={"startupTimeoutSeconds": 10})
+    # The slice that does schedule runs well past the deadline: had it finished first, its pool
+    # would take the slow slice's pods and the start would succeed without a restart (seen
+    # under load with a 10 s run).
+    body = job("slow", "40s", ns, failurePolicy={"startupTimeoutSeconds": 10})
     create(api, ns, body)
     fired = wait_for(
         lambda: [e for e in events(api, ns, "slow") if e.reason == "StartupDeadlineExceeded"],
