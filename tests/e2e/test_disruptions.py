@@ -232,7 +232,16 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
     assert iso in cond["message"] and "slice 1" in cond["message"]
     assert st["maintenance"]["slices"] == [1] and st["maintenance"]["nodes"] == 4
-    assert metric(op, "multislice_job_maintenance_time_seconds", namespace=ns, name="maint") == when
+    # Metrics are recorded after the status write and its events: poll, do not race the pass.
+    wait_for(
+        lambda: (
+            metric(op, "multislice_job_maintenance_time_seconds", namespace=ns, name="maint")
+            == when
+        ),
+        10,
+        "the maintenance time metric",
+        on_timeout=op.log_tail,
+    )
     # The request reaches every pod, no earlier than `ahead` before the window, before it.
     rid = f"maint-{when}"
     wait_for(
@@ -257,8 +266,14 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     assert saved["checkpoint"]["savedStep"] == 240 and saved["checkpoint"]["podsAnnotated"] == 8
     reasons = {e.reason for e in events(api, ns, "maint")}
     assert {"MaintenanceScheduled", "CheckpointRequested", "CheckpointSaved"} <= reasons
-    requests = metric(op, "multislice_checkpoint_requests_total", source="maintenance")
-    assert requests is not None and requests >= 1
+    wait_for(
+        lambda: (
+            (metric(op, "multislice_checkpoint_requests_total", source="maintenance") or 0) >= 1
+        ),
+        10,
+        "the checkpoint request counted",
+        on_timeout=op.log_tail,
+    )
     # Maintenance over: the labels go, so does the condition's True.
     label_nodes(api, pool, {keys.GKE_SCHEDULED_MAINTENANCE_TIME: None})
     over = wait_status(api, ns, "maint", op, "maintenance over", lambda s: not s.get("maintenance"))
