@@ -339,3 +339,22 @@ def test_annotator_patches_the_pod(
     ]
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(e["event"], e["status"]) for e in events] == [("pod_annotated", 200)]
+
+
+def test_termination_message_is_replaced_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process stopped mid-write left an empty message (seen in the local launcher): the text is
+    # written aside and renamed into place, so a failed write keeps the previous message intact.
+    path = tmp_path / "termination-log"
+    env = {termination.TERMINATION_LOG_ENV: str(path)}
+    assert termination.write(78, "first", environ=env) == path
+    before = path.read_text()
+
+    def refuse(*_: object) -> None:
+        raise OSError("stopped mid-write")
+
+    monkeypatch.setattr(termination.os, "replace", refuse)
+    assert termination.write(75, "second", environ=env) is None
+    assert path.read_text() == before and json.loads(before)["exitCode"] == 78
+    assert [p.name for p in tmp_path.iterdir()] == ["termination-log"]  # nothing left aside

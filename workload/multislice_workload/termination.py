@@ -7,6 +7,7 @@ can count the steps a restart lost without reading the checkpoint store.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -87,9 +88,15 @@ def write(
     path = message_path(environ)
     if path is None:
         return None
+    # Written whole or not at all: a process stopped mid-write (its peers' exit stops it) must
+    # not leave the kubelet an empty or cut message, so the text is renamed into place.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(exit_code, message, status or STATUS, reason))
+        tmp.write_text(render(exit_code, message, status or STATUS, reason))
+        os.replace(tmp, path)
     except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         return None
     return path
