@@ -5,9 +5,15 @@
 #   hack/build-bins.sh             build what is missing, print one progress line per component
 #   hack/build-bins.sh --print-dir print the cache dir for the pinned versions and exit
 #   hack/build-bins.sh --force     rebuild everything
+#   hack/build-bins.sh --module-dirs
+#                                  download the upstream modules whose files the build copies
+#                                  (JobSet, Kueue) and print their directories (tests use it)
 #
 # Env: MULTISLICE_BIN_CACHE overrides the cache root ($HOME/.cache/multislice-operator/bin).
 set -euo pipefail
+# Without this a failing command inside $(...) does not stop the script: the substitution yields
+# an empty string and the script carries on with it (set -u does not catch an empty value).
+shopt -s inherit_errexit
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TOOLS="$HACK/tools"
@@ -31,11 +37,13 @@ ROOT="${MULTISLICE_BIN_CACHE:-$HOME/.cache/multislice-operator/bin}"
 OUT="$ROOT/$KEY"
 
 FORCE=0
+MODULE_DIRS=0
 case "${1:-}" in
   --print-dir) echo "$OUT"; exit 0 ;;
   --force) FORCE=1 ;;
+  --module-dirs) MODULE_DIRS=1 ;;
   "") ;;
-  *) echo "usage: $0 [--print-dir|--force]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--print-dir|--force|--module-dirs]" >&2; exit 2 ;;
 esac
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
@@ -54,9 +62,24 @@ done
 # component under $LOGS; its tail is printed only when that step fails.
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-TOTAL=10 # components below, for the [n/TOTAL] progress prefix
+# The components below, in build order, with the seconds each took on a cold machine (2 cores,
+# empty module and build caches; hack/README.md): the progress lines say how far along the whole
+# build is, so a first build that takes half an hour does not look stuck.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
+  jobset-controller kueue-controller helm)
+declare -A COLD_SECONDS=(
+  [etcd]=150 [kube-apiserver]=420 [kube-controller-manager]=150 [kube-scheduler]=15 [kubectl]=60
+  [kwok]=180 [kwokctl]=20 [jobset-controller]=240 [kueue-controller]=300 [helm]=150
+)
+TOTAL=${#COMPONENTS[@]}
 step=0
 built=0
+todo_seconds=0 # expected cold seconds of the components still to build
+for c in "${COMPONENTS[@]}"; do
+  [[ $FORCE == 0 && -x "$OUT/$c" ]] || todo_seconds=$((todo_seconds + COLD_SECONDS[$c]))
+done
+done_seconds=0
+minutes() { echo $((($1 + 30) / 60)); }
 
 fail() { # <name> <log>
   echo "build-bins: $1 FAILED; last lines of $2:" >&2
@@ -64,9 +87,21 @@ fail() { # <name> <log>
   exit 1
 }
 
-moddir() { # <tools dir> <module path>
-  local log="$LOGS/go-list.log"
-  (cd "$TOOLS/$1" && go list -m -f '{{.Dir}}' "$2") 2>>"$log" || fail "go list -m $2" "$log"
+# moddir <tools dir> <module path>: the module's directory in the module cache, downloading the
+# version the tools module requires first. `go list -m -f '{{.Dir}}'` prints an empty line (exit 0)
+# for a module not downloaded yet, so it cannot be used here; `go mod download -json` downloads it
+# and fails loudly.
+moddir() {
+  local log="$LOGS/go-mod-download.log" json dir
+  json="$(cd "$TOOLS/$1" && go mod download -json "$2" 2>>"$log")" ||
+    fail "go mod download $2 (in hack/tools/$1)" "$log"
+  dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)"
+  if [[ -z "$dir" || ! -d "$dir" ]]; then
+    echo "build-bins: go mod download $2 (in hack/tools/$1) gave no module directory:" >&2
+    printf '%s\n' "$json" >&2
+    exit 1
+  fi
+  echo "$dir"
 }
 
 # build <name> <tools dir> <package> <ldflags> [extra go build flags...]
@@ -79,7 +114,9 @@ build() {
     echo "build-bins: $tag up to date"
     return
   fi
-  echo "build-bins: $tag building ($pkg) ..."
+  echo "build-bins: $tag building ($pkg), about $(minutes "$done_seconds") of" \
+    "$(minutes "$todo_seconds") min done ..."
+  done_seconds=$((done_seconds + COLD_SECONDS[$name]))
   local start=$SECONDS tmp="$OUT/.$name.tmp.$$" log="$LOGS/$name.log"
   (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$tmp" "$pkg") >"$log" 2>&1 ||
     { rm -f "$tmp"; fail "$name" "$log"; }
@@ -87,6 +124,14 @@ build() {
   echo "build-bins: $tag built in $((SECONDS - start))s"
   built=$((built + 1))
 }
+
+if [[ $MODULE_DIRS == 1 ]]; then
+  for m in "jobset sigs.k8s.io/jobset" "kueue sigs.k8s.io/kueue"; do
+    # shellcheck disable=SC2086 # two words on purpose: <tools dir> <module path>
+    echo "${m#* } $(moddir $m)"
+  done
+  exit 0
+fi
 
 build etcd kube go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS"
