@@ -8,7 +8,7 @@ import logging
 
 from multislice_operator import metrics
 from multislice_operator.controller.runtime import Runtime
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.pools import PoolState
 
 log = logging.getLogger("multislice_operator")
 

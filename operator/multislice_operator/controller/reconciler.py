@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,8 +22,9 @@ from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.ownership import Owner, owner_of
 from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     Decision,
     JobMeta,
@@ -31,21 +33,14 @@ from multislice_operator.reconcile import (
     decide,
     goodput,
 )
+from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
 
 log = logging.getLogger("multislice_operator")
 
-# Events that mean a slice failed, by the metric's reason label, and the causes each carries
-# (the first is the default for an event that names none); bounded label values.
-CAUSE_PROVISIONING = "provisioning"
-SLICE_FAILURE_REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "RestartingAllSlices": ("pod_failure", tuple(c.value for c in RestartCause)),
-    "SliceLost": ("capacity_lost", (RestartCause.DISRUPTION.value,)),
-    "GangRolledBack": ("gang_rollback", (CAUSE_PROVISIONING,)),
-    "StartupDeadlineExceeded": ("startup_deadline", (RestartCause.STARTUP.value,)),
-}
-for _reason, _causes in SLICE_FAILURE_REASONS.values():
-    for _cause in _causes:  # exported at 0 before the first failure
-        metrics.SLICE_FAILURES_TOTAL.labels(_reason, _cause)
+# Exported at 0 before the first failure: every label set the registry can produce.
+for _info in SLICE_FAILURE_REASONS.values():
+    for _cause in _info.causes:
+        metrics.SLICE_FAILURES_TOTAL.labels(_info.metric, _cause)
 for _restart in RestartCause:
     metrics.RESTARTS_TOTAL.labels(_restart.value)
 for _source in ("user", "maintenance"):
@@ -126,21 +121,47 @@ def _watched(rt: Runtime, namespace: str | None) -> bool:
     )
 
 
+class _LiveJobs(Mapping[JobKey, str]):
+    """The uid of every job this operator watches, read from the store only when asked."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def __getitem__(self, key: JobKey) -> str:
+        body = self.rt.store.get(key) if _watched(self.rt, key[0]) else None
+        uid = ((body or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            raise KeyError(key)
+        return str(uid)
+
+    def __iter__(self) -> Iterator[JobKey]:
+        return (k for k in self.rt.store.bodies if _watched(self.rt, k[0]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _owner(rt: Runtime, key: JobKey, meta: JobMeta, pool: Any) -> ob.PoolOwner:
     """Who a pool of one of our names belongs to, when its owner uid is not ours."""
     ns, name = getattr(pool, "namespace", None), getattr(pool, "job_name", None)
     job = f"{ns}/{name}"
-    if (ns, name) == key:  # a previous incarnation of this very job: ours to replace
+    claim = (ns, name) if ns and name else None
+    # A namespace this operator does not watch is another install's: it cannot tell.
+    live = _LiveJobs(rt) if claim is None or _watched(rt, ns) else None
+    whose = owner_of(
+        made_by_us=True,
+        claim_uid=pool.owner_uid,
+        claim_key=claim,
+        job_key=key,
+        job_uid=meta.uid,
+        live_jobs=live,
+    )
+    if whose == Owner.ORPHAN:
         return ob.PoolOwner(job, older=False, gone=True)
-    other = rt.store.get((ns, name)) if ns and name else None
-    other_meta = (other or {}).get("metadata") or {}
-    if other is None or not _watched(rt, ns):
+    other = rt.store.get(claim) if claim else None
+    theirs = job_meta(other) if other else None
+    if theirs is None or theirs.creation_time is None or meta.creation_time is None:
         return ob.PoolOwner(job, older=True, gone=False)  # cannot be told: never touched
-    if other_meta.get("uid") != pool.owner_uid:  # that job was recreated since: an orphan
-        return ob.PoolOwner(job, older=False, gone=True)
-    theirs = job_meta(other)
-    if theirs.creation_time is None or meta.creation_time is None:
-        return ob.PoolOwner(job, older=True, gone=False)
     older = (theirs.creation_time, theirs.uid) <= (meta.creation_time, meta.uid)
     return ob.PoolOwner(job, older=older, gone=False)
 
@@ -234,11 +255,10 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
         return -delay
     finally:
         metrics.RECONCILE_TIME.observe(time.perf_counter() - started)
-    metrics.RECONCILE_TOTAL.labels("requeue" if decision.requeue_after else "success").inc()
-    if decision.requeue_after is not None:
-        return decision.requeue_after
-    terminal = decision.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
-    return rt.cfg.resync_seconds * (6 if terminal else 1)
+    metrics.RECONCILE_TOTAL.labels("success").inc()
+    for why in decision.violations:  # a bug in decide(): the action was dropped
+        log.error("invariant violated, action dropped job=%s/%s: %s", *key, why)
+    return decision.requeue_after
 
 
 async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision:
@@ -249,7 +269,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     if parsed.plan is None:
         # No plan, but the job's own pools (by uid) and JobSet are still known and released.
         strays, _ = await _ownership(rt, key, meta, None)
-        js = ob.jobset_observation(_jobset(rt, key))
+        js = ob.jobset_observation(_jobset(rt, key), key, meta.uid)
         obs = Observed(
             now=datetime.now(UTC), strays=strays, jobset=js, blind_since=rt.blind_since(key)
         )
@@ -311,16 +331,12 @@ async def _write(
         if record:
             rt.store.put(updated)
     for event in d.events:
-        if event.reason in SLICE_FAILURE_REASONS:
-            label, causes = SLICE_FAILURE_REASONS[event.reason]
-            cause = event.cause if event.cause in causes else causes[0]
-            metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
         log.info(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
         await rt.kube.post_event(body, event.type, event.reason, event.message)
     if record and key in rt.store.bodies:  # not deleted while this pass ran
-        _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+        _record_metrics(key, d)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
@@ -330,38 +346,28 @@ def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
     rt.wait_for_nodes(key, shape if waiting else None)
 
 
-def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobStatus) -> None:
+def _record_metrics(key: JobKey, d: Decision) -> None:
+    """The gauges from the status; the counters and histograms by the decision's deltas."""
+    new, m = d.status, d.metrics
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
-    if new.restarts_by_cause is not None:
-        before = old.restarts_by_cause
-        for cause in RestartCause:
-            added = new.restarts_by_cause.get(cause) - (before.get(cause) if before else 0)
-            if added > 0:
-                metrics.RESTARTS_TOTAL.labels(cause.value).inc(added)
     maint = new.maintenance
     metrics.MAINTENANCE.set(key, maint.time.timestamp() if maint and maint.time else None)
-    cp, cp_was = new.checkpoint, old.checkpoint
-    if cp is not None and cp.request_id and (cp_was is None or cp_was.request_id != cp.request_id):
-        metrics.CHECKPOINT_REQUESTS_TOTAL.labels(cp.source).inc()
-    if (new.provisioning_attempts or 0) > (old.provisioning_attempts or 0):
-        metrics.GANG_ATTEMPTS_TOTAL.inc(
-            (new.provisioning_attempts or 0) - (old.provisioning_attempts or 0)
-        )
-    restart, was = new.last_restart, old.last_restart
-    if restart is not None:
-        first_seen = was is None or was.restart != restart.restart
-        if first_seen and restart.lost_steps is not None:
-            metrics.RESTART_LOST_STEPS.observe(restart.lost_steps)
-        if restart.recovery_seconds is not None and (
-            first_seen or (was is not None and was.recovery_seconds is None)
-        ):
-            metrics.RESTART_RECOVERY.observe(restart.recovery_seconds)
-    if new.provisioned_time and new.provisioned_time != old.provisioned_time and new.start_time:
-        metrics.PROVISIONING_DURATION.observe(
-            (new.provisioned_time - new.start_time).total_seconds()
-        )
-    if new.running_time and not old.running_time and new.start_time:
-        metrics.TIME_TO_RUNNING.observe((new.running_time - new.start_time).total_seconds())
+    for label, cause in m.slice_failures:
+        metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
+    for cause, added in m.restarts.items():
+        metrics.RESTARTS_TOTAL.labels(cause).inc(added)
+    for source in m.checkpoint_requests:
+        metrics.CHECKPOINT_REQUESTS_TOTAL.labels(source).inc()
+    if m.gang_attempts:
+        metrics.GANG_ATTEMPTS_TOTAL.inc(m.gang_attempts)
+    for steps in m.lost_steps:
+        metrics.RESTART_LOST_STEPS.observe(steps)
+    for seconds in m.recovery_seconds:
+        metrics.RESTART_RECOVERY.observe(seconds)
+    for elapsed in m.provisioning_seconds:
+        metrics.PROVISIONING_DURATION.observe(elapsed)
+    for elapsed in m.time_to_running_seconds:
+        metrics.TIME_TO_RUNNING.observe(elapsed)
 
 
 def _record_goodput(key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime) -> None:

@@ -62,13 +62,8 @@ from multislice_operator.plan import (
     NodePoolSpec,
     Plan,
 )
-from multislice_operator.provisioning.base import (
-    ActionResult,
-    GangObservation,
-    PoolError,
-    PoolObservation,
-    PoolState,
-)
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.provisioning.base import ActionResult, GangObservation, PoolObservation
 from multislice_operator.provisioning.gke_errors import (
     CODE_ALREADY_EXISTS,
     CODE_CONFLICT,
