@@ -524,20 +524,16 @@ def test_heartbeat_reads_the_previous_operator_then_renews_as_itself():
     assert asyncio.run(refused.start()) is None and refused.failing
 
 
-def test_the_status_patch_deletes_keys_gone_from_nested_objects():
-    """A merge patch merges objects: goodput.state must be sent as null when the job finished."""
-    from multislice_operator.controller.reconciler import status_patch
+def test_keys_another_manager_still_holds_are_removed_with_nulls():
+    """Server-side apply drops the keys it owned and no longer sends; a key written before (by
+    an operator that merge-patched) stays until a merge patch of nulls removes it."""
+    from multislice_operator.controller.reconciler import _stale
 
-    old = {"phase": "Running", "goodput": {"state": "running", "since": "t1", "heldChips": 32}}
+    stored = {"phase": "Succeeded", "goodput": {"state": "running", "since": "t2", "heldChips": 0}}
     new = {"phase": "Succeeded", "goodput": {"since": "t2", "heldChips": 0}}
-    patch = status_patch(old, new)
-    assert patch == {
-        "phase": "Succeeded",
-        "goodput": {"since": "t2", "heldChips": 0, "state": None},
-    }
-    assert status_patch(new, new) is None
-    assert status_patch({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
-    assert status_patch({"a": 1}, {"a": {"b": 1}}) == {"a": {"b": 1}}
+    assert _stale(stored, new) == {"goodput": {"state": None}}
+    assert _stale(new, new) is None
+    assert _stale({"a": {"b": 1}, "c": 2}, {"a": 2}) == {"c": None}
 
 
 def test_resuming_a_managed_job_is_provisioning_time():

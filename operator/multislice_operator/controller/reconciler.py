@@ -278,65 +278,86 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         obs = await observe(rt, key, body, parsed.plan)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
     target = appliers.Target(body, parsed.job, parsed.plan)
-    await appliers.apply(rt, target, decision.actions)
-    body = target.body
     if meta.deleting and not meta.has_finalizer:
+        await appliers.apply(rt, target, decision.actions)
         return decision  # going away with nothing of ours attached: nothing to write
-    # Our finalizer just came off: the job goes now (its DELETED event may be handled while this
-    # pass still writes), so nothing of it is stored, tracked or counted again.
+    # Our finalizer comes off in this pass: the job goes (its DELETED event may be handled while
+    # this pass still runs), so nothing of it is stored, tracked or counted again.
     gone = meta.deleting and any(isinstance(a, RemoveFinalizer) for a in decision.actions)
-    await _write(rt, key, body, raw_old, decision, record=not gone)
+    # The status first: it says why before anything is done (a verdict's JobSet delete, a new
+    # pool), so a crash between the two never loses the reason; the actions then start from the
+    # object the write returned (its resourceVersion guards the finalizer patch).
+    target.body = await _write_status(rt, key, body, raw_old, decision, record=not gone)
+    await appliers.apply(rt, target, decision.actions)
+    await _post_events(rt, key, target.body, decision)
     if gone or key not in rt.store.bodies:  # deleted while this pass ran: no series comes back
+        rt.forget_events(key)
         return decision
+    _record_metrics(key, decision)
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now)
     return decision
 
 
-def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch turning old into new (None deletes a key); None when nothing changed.
-
-    Objects are patched key by key (RFC 7386 merges them): a key gone from a nested object, such
-    as goodput.state once a job finished, must be sent as None or the stored one stays."""
+def _stale(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """Keys the apiserver still has that `new` has not (another field manager's, e.g. a status
+    written by an operator before server-side apply): a merge patch of nulls, or None."""
     patch: dict[str, Any] = {}
-    for k, v in new.items():
-        was = old.get(k)
-        if was == v:
-            continue
-        if isinstance(v, dict) and isinstance(was, dict):
-            patch[k] = status_patch(was, v) or {}
-        else:
-            patch[k] = v
-    patch.update({k: None for k in old if k not in new})
+    for k, v in stored.items():
+        if k not in new:
+            patch[k] = None
+        elif isinstance(v, dict) and isinstance(new[k], dict):
+            inner = _stale(v, new[k])
+            if inner:
+                patch[k] = inner
     return patch or None
 
 
-async def _write(
+async def _write_status(
     rt: Runtime,
     key: JobKey,
     body: dict[str, Any],
     old: dict[str, Any],
     d: Decision,
     record: bool = True,
-) -> None:
+) -> dict[str, Any]:
+    """Apply the status decide() returned when it differs from the stored one (an unchanged
+    status costs no write); the job as stored after it."""
+    if d.keep_status:
+        return body
     new = d.status.to_dict()
-    patch = status_patch(old, new)
-    if patch is not None:
-        try:
-            updated = await rt.kube.patch_job_status(key[0], key[1], patch)
-        except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
-            return
-        (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
-        if record:
-            rt.store.put(updated)
+    if new == old:
+        return body
+    try:
+        updated = await rt.kube.apply_job_status(key[0], key[1], new)
+        stale = _stale(dict(updated.get("status") or {}), new)
+        if stale is not None:
+            updated = await rt.kube.merge_job_status(key[0], key[1], stale)
+    except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
+        return body
+    (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
+    if record:
+        rt.store.put(updated)
+    return updated
+
+
+async def _post_events(rt: Runtime, key: JobKey, body: dict[str, Any], d: Decision) -> None:
+    """After the status write succeeded: the events, a repeat aggregated into its first post
+    (count and lastTimestamp, as client-go's event correlator does)."""
     for event in d.events:
         log.info(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
-        await rt.kube.post_event(body, event.type, event.reason, event.message)
-    if record and key in rt.store.bodies:  # not deleted while this pass ran
-        _record_metrics(key, d)
+        seen = rt.event_seen(key, event.type, event.reason, event.message)
+        if seen is not None:
+            name, count = seen
+            if await rt.kube.repeat_event(key[0], name, count + 1):
+                rt.event_posted(key, event.type, event.reason, event.message, name, count + 1)
+                continue
+        posted = await rt.kube.post_event(body, event.type, event.reason, event.message)
+        if posted is not None:
+            rt.event_posted(key, event.type, event.reason, event.message, posted, 1)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:

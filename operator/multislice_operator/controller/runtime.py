@@ -15,6 +15,7 @@ from multislice_operator.reconcile import Admission, DecideConfig
 from multislice_operator.settings import Settings
 
 JobKey = tuple[str, str]  # (namespace, name)
+EVENTS_KEPT_PER_JOB = 32
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -93,6 +94,9 @@ class Runtime:
     # blind since then, and that time is charged to the state it sees.
     watched: set[JobKey] = field(default_factory=set)
     previous_alive: datetime | None = None
+    # The events posted per job, by (type, reason, message): a repeat updates the first one's
+    # count (bounded per job; released with the job).
+    events: dict[JobKey, dict[tuple[str, str, str], tuple[str, int]]] = field(default_factory=dict)
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -118,6 +122,24 @@ class Runtime:
         self.admission.pop(key, None)
         self.deleted_jobsets.discard(key)
         self.errors.pop(key, None)
+        self.forget_events(key)
+
+    def event_seen(
+        self, key: JobKey, type_: str, reason: str, message: str
+    ) -> tuple[str, int] | None:
+        return self.events.get(key, {}).get((type_, reason, message))
+
+    def event_posted(
+        self, key: JobKey, type_: str, reason: str, message: str, name: str, count: int
+    ) -> None:
+        posted = self.events.setdefault(key, {})
+        posted.pop((type_, reason, message), None)  # re-inserted last: the newest is kept
+        posted[(type_, reason, message)] = (name, count)
+        while len(posted) > EVENTS_KEPT_PER_JOB:
+            posted.pop(next(iter(posted)))
+
+    def forget_events(self, key: JobKey) -> None:
+        self.events.pop(key, None)
 
     def blind_since(self, key: JobKey) -> datetime | None:
         return None if key in self.watched else self.previous_alive

@@ -87,7 +87,8 @@ def decide(
         # Before the first pool: the apiserver's own verdict on the JobSet and its first Job (a
         # dry run). Nothing else changes, so nothing is written: its answer comes in a moment.
         return invariants.enforce(
-            f, Decision(old, [ValidateJobSet()], requeue_after=cfg.resync_seconds)
+            f,
+            Decision(old, [ValidateJobSet()], requeue_after=cfg.resync_seconds, keep_status=True),
         )
     b = Builder(meta, old, f.now)
     due = _every_pass(f, b)

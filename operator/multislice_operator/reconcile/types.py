@@ -421,3 +421,5 @@ class Decision:
     metrics: MetricDeltas = field(default_factory=MetricDeltas)
     # Actions the invariant check dropped (invariants.py): a bug, logged by the shell.
     violations: list[str] = field(default_factory=list)
+    # Nothing to write this pass: the status is the stored one (the dry-run pass).
+    keep_status: bool = False
