@@ -67,7 +67,7 @@ def install(point: str) -> None:
         from multislice_operator.controller.kube import Kube
 
         Kube.create_jobset = _crash_after(  # type: ignore[method-assign,assignment]
-            point, Kube.create_jobset, bool
+            point, Kube.create_jobset, lambda created: created is not None
         )
     elif point == "after-check-write":
         from multislice_operator.controller.kube import Kube

@@ -20,7 +20,7 @@ from multislice_operator.api.models import MultisliceJob
 from multislice_operator.controller import admission, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, Conflict, owner_reference
-from multislice_operator.controller.runtime import Runtime
+from multislice_operator.controller.runtime import Runtime, template_key
 from multislice_operator.plan import Plan
 from multislice_operator.pools import PoolError
 from multislice_operator.reconcile import (
@@ -130,8 +130,25 @@ def _jobset(t: Target) -> dict[str, Any]:
 
 
 async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
-    verdict = await admission.judge(rt.kube, _jobset(t))
-    rt.judged(t.key, t.uid, t.generation, verdict)
+    """One dry run per template at a time: jobs of a template being judged wait for its
+    verdict (a burst of a thousand identical jobs costs two requests, not two thousand)."""
+    template = template_key(t.body)
+    pending = rt.judging.get(template)
+    if pending is not None:
+        verdict = await asyncio.shield(pending)
+    else:
+        future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        rt.judging[template] = future
+        try:
+            verdict = await admission.judge(rt.kube, _jobset(t))
+            future.set_result(verdict)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: the waiters raise it, nobody logs it twice
+            raise
+        finally:
+            rt.judging.pop(template, None)
+    rt.judged(t.key, t.uid, t.generation, verdict, template)
     rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
 
 
@@ -146,7 +163,9 @@ async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
         rt.judged(t.key, t.uid, t.generation, Admission(refused=refused))
         rt.queue.add(t.key)
         return
-    if created:
+    if created is not None:
+        # Seen as it is until the watch brings it: a pass in between must not create it again.
+        rt.created_jobsets[t.key] = ob.summarize_jobset(created)
         log.info("jobset created job=%s/%s", t.namespace, t.name)
         return
     existing = await rt.kube.get_jobset(t.namespace, t.name)

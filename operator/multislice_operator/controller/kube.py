@@ -82,14 +82,16 @@ class Kube:
 
     # -- JobSets -------------------------------------------------------------------------------
 
-    async def create_jobset(self, body: dict[str, Any]) -> bool:
-        """Create the JobSet; False when one of that name exists already (idempotent)."""
+    async def create_jobset(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the JobSet and return it; None when one of that name exists (idempotent)."""
         ns = body["metadata"]["namespace"]
         try:
-            await self._call("post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets", payload=body)
+            created: dict[str, Any] = await self._call(
+                "post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets", payload=body
+            )
         except Conflict:
-            return False
-        return True
+            return None
+        return created
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

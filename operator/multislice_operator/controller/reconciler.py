@@ -20,7 +20,7 @@ from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCa
 from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
-from multislice_operator.controller.runtime import JobKey, Runtime
+from multislice_operator.controller.runtime import JobKey, Runtime, template_key
 from multislice_operator.errors import FieldError, SpecError
 from multislice_operator.ownership import Owner, owner_of
 from multislice_operator.plan import Plan, load_job, plan_job
@@ -106,10 +106,14 @@ def job_meta(body: dict[str, Any]) -> JobMeta:
 
 
 def _jobset(rt: Runtime, key: JobKey) -> dict[str, Any] | None:
-    jobset: dict[str, Any] | None = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
+    indexed: dict[str, Any] | None = ob.first(rt.indexes.jobsets, key)
+    if indexed is not None:
+        rt.created_jobsets.pop(key, None)  # the watch caught up
+    jobset = indexed or rt.strangers.get(key) or rt.created_jobsets.get(key)
     if jobset is None:
         rt.deleted_jobsets.discard(key)
     elif key in rt.deleted_jobsets:  # deleted by us; the watch has not caught up yet
+        rt.created_jobsets.pop(key, None)
         jobset = {**jobset, "deleting": True}
     return jobset
 
@@ -213,7 +217,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         provisioner_configured=configured,
         offered_error=offered,
         node_selector=template.get("nodeSelector") or {},
-        admission=rt.admission_of(key, meta.uid, meta.generation),
+        admission=rt.admission_of(key, meta.uid, meta.generation, template_key(body)),
         strays=strays,
         owners=owners,
         blind_since=rt.blind_since(key),
@@ -287,7 +291,8 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     # The status first: it says why before anything is done (a verdict's JobSet delete, a new
     # pool), so a crash between the two never loses the reason; the actions then start from the
     # object the write returned (its resourceVersion guards the finalizer patch).
-    target.body = await _write_status(rt, key, body, raw_old, decision, record=not gone)
+    if not gone:  # a job whose finalizer comes off is gone a moment later: no status to write
+        target.body = await _write_status(rt, key, body, raw_old, decision)
     await appliers.apply(rt, target, decision.actions)
     await _post_events(rt, key, target.body, decision)
     if gone or key not in rt.store.bodies:  # deleted while this pass ran: no series comes back

@@ -121,13 +121,15 @@ class Builder:
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
     def transition_event(self) -> None:
+        """An event for every change of phase; a new job's first phase is its status alone
+        (its creation is its own record), which saves every job a write."""
         old_phase, new_phase = self.old.phase, self.status.phase
-        if new_phase != old_phase and new_phase is not None:
+        if new_phase != old_phase and new_phase is not None and old_phase is not None:
             warn = new_phase == Phase.FAILED
             self.events.append(
                 Event(
                     "Warning" if warn else "Normal",
                     str(new_phase),
-                    f"{old_phase or 'Created'} -> {new_phase}: {self.status.message or ''}",
+                    f"{old_phase} -> {new_phase}: {self.status.message or ''}",
                 )
             )

@@ -96,12 +96,8 @@ def gate(f: Facts, b: Builder) -> Gate:
         if f.old.queue is None or f.old.queue.message != f.obs.kueue_problem:
             b.event(Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem)
         return Gate(Pass.HOLD, Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem, Phase.PENDING)
-    if js is None:
-        return Gate(
-            Pass.HOLD,
-            Reason.WAITING_FOR_WORKLOAD,
-            f"JobSet {plan.name} created suspended in LocalQueue {f.queue}: waiting for Kueue",
-        )
+    if js is None:  # created now, suspended; said as the next pass will see it (one write)
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(plan, f.queue))
     wl = q.workload
     if wl is None:
         if not js.suspended:  # resumed by someone else (no Kueue to ask): it runs
@@ -202,6 +198,10 @@ def _queued(f: Facts, q: QueueObservation, wl: WorkloadObservation) -> Gate:
     return Gate(Pass.HOLD, reason, f"queued in {where}: {why}", workload=wl, check=wl.check)
 
 
+def _waiting_for_workload(plan: Plan, queue: str) -> str:
+    return f"JobSet {plan.name} in LocalQueue {queue}: waiting for Kueue to create its Workload"
+
+
 def _no_workload(f: Facts, b: Builder, q: QueueObservation, created: datetime | None) -> Gate:
     assert f.plan is not None
     waited = (f.now - created).total_seconds() if created else 0.0
@@ -209,10 +209,7 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation, created: datetime | 
     if waited < bound:
         b.requeue_in(bound - waited)
         return Gate(
-            Pass.HOLD,
-            Reason.WAITING_FOR_WORKLOAD,
-            f"JobSet {f.plan.name} in LocalQueue {q.local_queue}: waiting for Kueue to create "
-            "its Workload",
+            Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(f.plan, q.local_queue)
         )
     cause = (
         "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"

@@ -37,6 +37,7 @@ from multislice_operator.plan import Plan
 from multislice_operator.pools import PoolState
 from multislice_operator.reconcile.context import Builder, at_second
 from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.types import CreatePools
 
 S = GoodputState
 
@@ -235,11 +236,19 @@ def steps_lost(f: PodFailureStatus) -> int | None:
 # ---------------------------------------------------------------- the hook in decide()
 
 
-def held_chips(f: Facts, plan: Plan | None, state: GoodputState | None) -> int:
+def held_chips(
+    f: Facts, plan: Plan | None, state: GoodputState | None, creating: frozenset[int] = frozenset()
+) -> int:
+    """The chips of the job's pools: those that exist, and those this pass creates (held from
+    now on, as the next pass will see them: no second write)."""
     if plan is None or state is None:
         return 0
     if plan.managed:
-        held = sum(1 for s in f.obs.slices if s.pool_state != PoolState.ABSENT and not s.foreign)
+        held = sum(
+            1
+            for s in f.obs.slices
+            if (s.pool_state != PoolState.ABSENT or s.index in creating) and not s.foreign
+        )
     else:
         held = plan.slices if state in EXISTING_HOLDS else 0
     return held * plan.shape.chips
@@ -253,7 +262,7 @@ def account(f: Facts, b: Builder, repairing: bool) -> None:
     g = advance(
         b.status.goodput,  # a copy of the old one: returned as is when nothing changed
         state,
-        held_chips(f, f.plan, state),
+        held_chips(f, f.plan, state, _creating(b)),
         f.now,
         f.meta.creation_time,
         f.obs.blind_since,
@@ -263,6 +272,10 @@ def account(f: Facts, b: Builder, repairing: bool) -> None:
     b.status.goodput = g
     if b.status.restarts > f.old.restarts or b.status.last_restart is not None:
         _restarts(f, b, g)
+
+
+def _creating(b: Builder) -> frozenset[int]:
+    return frozenset(i for a in b.actions if isinstance(a, CreatePools) for i in a.slices)
 
 
 def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:

@@ -7,7 +7,7 @@ from multislice_operator.plan import Plan
 from multislice_operator.pools import PoolState
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, slice_ready
-from multislice_operator.reconcile.types import SliceObservation
+from multislice_operator.reconcile.types import CreatePools, SliceObservation
 
 UP = (SlicePhase.READY, SlicePhase.RUNNING, SlicePhase.SUCCEEDED)
 
@@ -71,6 +71,10 @@ def _remember(
         entry.not_ready_time = None
 
 
+def _created_now(b: Builder, i: int) -> bool:
+    return any(isinstance(a, CreatePools) and i in a.slices for a in b.actions)
+
+
 def _slice_phase(
     f: Facts,
     b: Builder,
@@ -100,6 +104,8 @@ def _slice_phase(
         return SlicePhase.RUNNING if running else SlicePhase.READY
     if s.pool_state in (PoolState.CREATING, PoolState.UPDATING) or s.operation_pending:
         return SlicePhase.PROVISIONING
+    if s.pool_state == PoolState.ABSENT and _created_now(b, i):
+        return SlicePhase.PROVISIONING  # as the next pass will see it: one status write
     if s.error is not None or s.pool_state == PoolState.FAILED:
         return SlicePhase.FAILED
     return SlicePhase.PENDING

@@ -18,7 +18,6 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.ownership import Owner
-from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile import restarts
 from multislice_operator.reconcile.capacity import pools_present, release
@@ -382,8 +381,8 @@ def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
         if f.meta.has_finalizer:
             b.add(RemoveFinalizer())
         return phase, "deleted; every node pool released"
-    left = sum(1 for s in f.obs.slices if s.pool_state != PoolState.ABSENT)
-    return phase, f"deleting: releasing {left} node pools first"
+    # No count in the text: one status write for the deletion, not one per pool released.
+    return phase, "deleting: releasing the node pools first"
 
 
 def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
