@@ -165,7 +165,8 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
     assert data["nextAttemptInSeconds"] == wait
     assert data["goodput"]["seconds"]["provisioning"] == 25
     # No pool until the pass at 20 saw them (one creating, one failed): both held since.
-    assert data["goodput"]["chipSeconds"]["provisioning"] == 5 * 32
+    # Held from the pass that created the pools (t=1), as the next pass sees them: 25 s x 32.
+    assert data["goodput"]["chipSeconds"]["provisioning"] == 25 * 32
     text = status_of(tmp_path, obj, at(25), capsys=capsys)
     assert (
         f"next gang attempt at {iso(st.next_attempt_time)} (in {duration(wait)}, attempt 2)" in text
