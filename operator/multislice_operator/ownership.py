@@ -46,7 +46,18 @@ def owner_of(
     if claim_key is None or claim_key == job_key:
         # Our name, another uid (or none recorded): this job's predecessor made it.
         return Owner.ORPHAN
+    return Owner.ORPHAN if orphaned(claim_uid, claim_key, live_jobs, complete) else Owner.OTHER_JOB
+
+
+def orphaned(
+    claim_uid: str | None,
+    claim_key: JobKey,
+    live_jobs: Mapping[JobKey, str] | None,
+    complete: bool = False,
+) -> bool:
+    """Whether the job an object of ours was made for is gone: no job of that name, or one of
+    another uid (recreated since). Only a complete listing can say a job is gone."""
     uid = live_jobs.get(claim_key) if live_jobs is not None else None
     if uid is None:
-        return Owner.ORPHAN if complete and live_jobs is not None else Owner.OTHER_JOB
-    return Owner.OTHER_JOB if uid == claim_uid else Owner.ORPHAN
+        return complete and live_jobs is not None
+    return bool(claim_uid) and uid != claim_uid  # no uid recorded: it cannot be told

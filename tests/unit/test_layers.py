@@ -47,3 +47,32 @@ def test_arrows_point_down() -> None:
             bad = {i for i in imports(path) if i.startswith(forbidden)}
             assert not bad, f"{package}/{path.name} imports {sorted(bad)}"
     assert checked > 15
+
+
+def test_ownership_is_one_rule() -> None:
+    """Every caller matches objects to jobs through ownership.py, never by label or name alone."""
+    from multislice_operator.ownership import Owner, orphaned, owner_of
+
+    me = ("ns", "job")
+    assert owner_of(made_by_us=False, claim_uid="u1", claim_key=me, job_key=me, job_uid="u1") == (
+        Owner.STRANGER
+    )
+    assert owner_of(made_by_us=True, claim_uid="u1", claim_key=me, job_key=me, job_uid="u1") == (
+        Owner.MINE
+    )
+    # The same name, another uid: a predecessor's (Argo CD's delete and recreate).
+    assert owner_of(made_by_us=True, claim_uid="u0", claim_key=me, job_key=me, job_uid="u1") == (
+        Owner.ORPHAN
+    )
+    other = ("ns", "other")
+    live = {other: "u9"}
+    args = {"made_by_us": True, "claim_key": other, "job_key": me, "job_uid": "u1"}
+    assert owner_of(claim_uid="u9", live_jobs=live, **args) == Owner.OTHER_JOB
+    assert owner_of(claim_uid="u8", live_jobs=live, **args) == Owner.ORPHAN  # recreated since
+    assert owner_of(claim_uid="u9", live_jobs={}, **args) == Owner.OTHER_JOB  # a cache: unsure
+    assert owner_of(claim_uid="u9", live_jobs={}, complete=True, **args) == Owner.ORPHAN
+    assert not orphaned(None, other, {other: "u9"}, complete=True)  # no uid recorded: kept
+    callers = ["controller/observe.py", "controller/reconciler.py", "controller/gc.py",
+               "provisioning/gke.py"]  # fmt: skip
+    for path in callers:
+        assert "ownership import" in (PKG / path).read_text(), path
