@@ -62,3 +62,4 @@ clean:
 docs: install
 	$(BIN)/python -m multislice_operator.api.docs > docs/api.md
 	$(BIN)/python -m multislice_operator.settings docs/install.md
+	$(BIN)/python -c "from multislice_operator.reconcile.reasons import write_table; write_table('docs/failures.md')"

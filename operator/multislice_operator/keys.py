@@ -29,6 +29,8 @@ JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 # ---- JobSet (labels and annotations it sets on Jobs and Pods)
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+# The uid of the JobSet a Job or pod belongs to: tells a job's pods from its predecessor's.
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"

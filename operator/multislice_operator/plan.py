@@ -33,18 +33,17 @@ from multislice_operator.errors import (
     FieldError,
     SpecError,
 )
+from multislice_operator.names import (
+    DNS1035_RE,
+    DNS_LABEL_MAX,
+    longest_pod_name,
+    max_name_length,
+)
 
 # Labels and annotations the operator owns.
 
 
 NODE_POOL_NAME_MAX = 40
-REPLICATED_JOB = "slice"
-DNS_LABEL_MAX = 63
-# JobSet v0.10.1's webhook (pkg/webhooks/jobset_webhook.go, ValidateCreate) refuses a JobSet
-# unless its subdomain (here: the job name) and its longest pod name,
-# `<jobset>-<replicatedJob>-<maxJobIndex>-<maxPodIndex>-abcde`, are DNS-1035 labels.
-POD_NAME_SUFFIX = "-abcde"
-DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -281,16 +280,6 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
             )
         )
     return errors
-
-
-def longest_pod_name(name: str, slices: int, hosts: int) -> str:
-    """The longest pod name JobSet will generate for this job (its webhook checks this one)."""
-    return f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}{POD_NAME_SUFFIX}"
-
-
-def max_name_length(slices: int, hosts: int) -> int:
-    """The longest metadata.name a job of ``slices`` x ``hosts`` can have."""
-    return DNS_LABEL_MAX - len(longest_pod_name("", slices, hosts))
 
 
 def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:

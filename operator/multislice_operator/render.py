@@ -14,10 +14,8 @@ from multislice_operator.api.models import (
     ExitCodePolicy,
     MultisliceJobSpec,
 )
-from multislice_operator.plan import (
-    REPLICATED_JOB,
-    Plan,
-)
+from multislice_operator.names import REPLICATED_JOB
+from multislice_operator.plan import Plan
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"

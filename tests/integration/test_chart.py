@@ -167,6 +167,7 @@ BASE_RULES = {
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("", "events", "create"),
+    ("", "events", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     # The Role in the release namespace: the heartbeat Lease always, leader election with
@@ -843,7 +844,6 @@ def _pod_not_evicted(jobs: Jobs, name: str) -> None:
     ("drop", "broken"),
     [
         (("jobset.x-k8s.io", "jobsets", "create"), _no_jobset),
-        (("batch", "jobs", "create"), _no_jobset),  # the dry run of its Job: no verdict
         (("multislice.dev", "multislicejobs/status", "patch"), _no_status),
         (("", "nodes", "list"), _no_jobset),  # Existing node pools are invisible
         (("", "events", "create"), _no_events),
@@ -852,7 +852,6 @@ def _pod_not_evicted(jobs: Jobs, name: str) -> None:
     ],
     ids=[
         "jobsets-create",
-        "jobs-create",
         "status-patch",
         "nodes-list",
         "events-create",
@@ -931,6 +930,7 @@ KUEUE_RULES = {
     ("kueue.x-k8s.io", "admissionchecks", "list"),
     ("kueue.x-k8s.io", "admissionchecks", "watch"),
     ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "workloads", "patch"),
     ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
 }
 

@@ -16,10 +16,8 @@ from google.api_core import exceptions as gexc
 
 from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_operator.plan import Plan, load_job, make_plan
-from multislice_operator.provisioning.base import (
-    GangObservation,
-    PoolState,
-)
+from multislice_operator.pools import PoolState
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.provisioning.gke import (
     GkeProvisioner,
     OwnedPool,
@@ -499,7 +497,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
         None,
         old,
         Observed(now=now, slices=slices, admission=Admission()),  # the JobSet was accepted
-        DecideConfig(),
+        DecideConfig.from_settings(),
     )
     status = d.status.to_dict()
     assert status["phase"] == "Provisioning" and "nextAttemptTime" in status

@@ -3,7 +3,6 @@ table covers every name the code defines (env contract, metrics, condition reaso
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from pathlib import Path
@@ -14,6 +13,8 @@ from multislice_operator import advisor, catalog, metrics
 from multislice_operator.api import docs, models
 from multislice_operator.cli import build_parser
 from multislice_operator.plan import make_plan
+from multislice_operator.reconcile.reasons import REGISTRY
+from multislice_operator.reconcile.reasons import table as reasons_table
 from multislice_operator.render import FATAL_RULE, contract_env
 from multislice_operator.settings import Settings, env_of, settings_table
 
@@ -64,60 +65,29 @@ def test_metrics_reference_matches_the_registry() -> None:
         assert name in exposed, name
 
 
-def _reasons_written_by_decide() -> set[str]:
-    tree = ast.Module(
-        body=[
-            n
-            for p in sorted((PKG / "reconcile").glob("*.py"))
-            for n in ast.parse(p.read_text()).body
-        ],
-        type_ignores=[],
-    )
-    reasons: set[str] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        fn = ast.unparse(node.func)
-        if fn == "ctx.cond" and len(node.args) >= 3 and isinstance(node.args[2], ast.Constant):
-            reasons.add(node.args[2].value)
-        if fn == "_rollback" and isinstance(node.args[2], ast.Constant):
-            reasons.add(f"Gang{node.args[2].value}")  # ctx.cond(..., f"Gang{reason}", ...)
-        if fn == "complete" and isinstance(node.args[2], ast.Constant):
-            reasons.add(node.args[2].value)
-    for node in ast.walk(tree):  # the DCN reasons live in a dict literal
-        if isinstance(node, ast.FunctionDef) and node.name == "_dcn_condition":
-            reasons |= {
-                c.value
-                for c in ast.walk(node)
-                if isinstance(c, ast.Constant)
-                and isinstance(c.value, str)
-                and re.fullmatch(r"[A-Z][A-Za-z]+", c.value)
-            } - {"True", "False"}  # condition statuses, not reasons
-    return reasons
-
-
 def test_troubleshooting_covers_every_condition_and_reason() -> None:
     text = read("troubleshooting.md")
     for ctype in models.ConditionType:
         assert f"`{ctype.value}`" in text, ctype
-    reasons = _reasons_written_by_decide()
-    assert {"GangSliceFailed", "GangTimeout", "BatchTooSmall", "WaitingForNodePools"} <= reasons
-    for reason in reasons:
-        assert f"`{reason}`" in text, reason
-    # The JobSet's own failure reasons the operator copies; and the fallback.
-    for reason in ("FailJobSetFailurePolicyAction", "ReachedMaxRestarts", "JobSetFailed"):
+    for reason, info in REGISTRY.items():
+        if info.condition or info.terminal:
+            assert f"`{reason.value}`" in text, reason
+    # The JobSet's own failure reasons the operator copies.
+    for reason in ("FailJobSetFailurePolicyAction", "ReachedMaxRestarts"):
         assert f"`{reason}`" in text, reason
 
 
-def test_every_event_reason_is_documented() -> None:
-    sources = [*(PKG / "reconcile").glob("*.py"), *(PKG / "controller").glob("*.py")]
-    events = set()
-    for source in sources:
-        events |= set(re.findall(r'"(?:Normal|Warning)",\s*"(\w+)",', source.read_text()))
-    assert {"RestartingAllSlices", "GangRolledBack", "SliceLost", "GangProvisioned"} <= events
-    corpus = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
-    for reason in events:
-        assert f"`{reason}`" in corpus, reason
+def test_the_reasons_table_is_generated_from_the_registry() -> None:
+    assert reasons_table() in read("failures.md"), "run make docs"
+
+
+def test_every_reason_decide_gives_is_in_the_registry() -> None:
+    """Conditions and events take a Reason (mypy checks it); the only other reasons are the
+    ones copied from JobSet: nothing in reconcile/ writes a reason literal."""
+    for source in (PKG / "reconcile").glob("*.py"):
+        text = source.read_text()
+        assert not re.search(r'\.cond\([^)]*"(True|False)",\s*"', text), source.name
+        assert not re.search(r'\.event\(\s*"', text), source.name
 
 
 def test_install_settings_table_is_generated_from_settings() -> None:

@@ -493,6 +493,23 @@ SPEC_RULES: list[Rule] = [
             or s.failure_policy.exit_code_policy == ExitCodePolicy.RESTART_UNLESS_LISTED
         ),
     ),
+    # Both deadlines judge the same stall from the same clock (status.capacityReadyTime): the
+    # startup deadline can only act on unschedulable pods if it comes first.
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.startupTimeoutSeconds",
+        cel="!has(self.startupTimeoutSeconds) || self.startupTimeoutSeconds < "
+        "(has(self.unschedulableTimeoutSeconds) ? self.unschedulableTimeoutSeconds : 600)",
+        message="spec.failurePolicy.startupTimeoutSeconds must be less than "
+        "unschedulableTimeoutSeconds (default 600): both count from the moment every slice's "
+        "capacity is ready, and past the unschedulable deadline the job has failed already; "
+        "lower startupTimeoutSeconds or raise unschedulableTimeoutSeconds",
+        holds=lambda s: (
+            s.failure_policy.startup_timeout_seconds is None
+            or s.failure_policy.startup_timeout_seconds
+            < s.failure_policy.unschedulable_timeout_seconds
+        ),
+    ),
 ]
 
 
@@ -761,8 +778,22 @@ class RestartCause(StrEnum):
     STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
 
 
+class Budget(StrEnum):
+    """The failurePolicy field a restart is charged to."""
+
+    MAX_RESTARTS = "maxRestarts"  # enforced by JobSet (restartsCountTowardsMax)
+    MAX_DISRUPTION_RESTARTS = "maxDisruptionRestarts"  # enforced by the operator
+
+
+# Every cause's budget: a new cause without one is a KeyError in the tests, never uncharged.
+BUDGET_OF_CAUSE: dict[RestartCause, Budget] = {
+    RestartCause.DISRUPTION: Budget.MAX_DISRUPTION_RESTARTS,
+    RestartCause.WORKLOAD: Budget.MAX_RESTARTS,
+    RestartCause.HANG: Budget.MAX_RESTARTS,
+    RestartCause.STARTUP: Budget.MAX_DISRUPTION_RESTARTS,
+}
 # Causes charged to failurePolicy.maxRestarts; the others to maxDisruptionRestarts.
-PROGRAM_CAUSES = (RestartCause.WORKLOAD, RestartCause.HANG)
+PROGRAM_CAUSES = tuple(c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_RESTARTS)
 
 
 class RestartsByCause(_Model):
@@ -799,7 +830,7 @@ class RestartsByCause(_Model):
 
     def not_program(self) -> int:
         """Charged to maxDisruptionRestarts."""
-        return self.disruption + self.startup
+        return sum(self.get(c) for c in RestartCause if c not in PROGRAM_CAUSES)
 
     def total(self) -> int:
         return sum(self.get(c) for c in RestartCause)
@@ -871,8 +902,8 @@ class StartupStatus(_Model):
     attempt: int = Field(description="The attempt (status.restarts) being timed.")
     since: datetime | None = Field(
         default=None,
-        description="Since when every slice's capacity has been ready and not every pod "
-        "running; unset while capacity is not ready.",
+        description="When this attempt was first seen, or when the operator last acted on it; "
+        "the deadline counts from this or status.capacityReadyTime, whichever is later.",
     )
     evicted: bool = Field(
         default=False,
@@ -929,6 +960,11 @@ class QueueStatus(_Model):
     preemptions: int = Field(
         default=0, description="Times Kueue preempted the job after it held quota."
     )
+    suspended: bool = Field(
+        default=False,
+        description="spec.suspend deactivated the Workload (spec.active: false); it is activated "
+        "again when the job resumes.",
+    )
     last_eviction: EvictionStatus | None = Field(default=None)
 
 
@@ -970,16 +1006,14 @@ class MultisliceJobStatus(_Model):
     attempt_start_time: datetime | None = Field(
         default=None, description="When the current gang provisioning attempt started."
     )
-    provisioned_time: datetime | None = Field(
-        default=None, description="When every slice was last provisioned and ready."
-    )
     running_time: datetime | None = Field(
         default=None, description="When every slice was first seen running."
     )
     capacity_ready_time: datetime | None = Field(
         default=None,
-        description="Since when every slice's capacity has been ready without a break: "
-        "spec.failurePolicy.unschedulableTimeoutSeconds counts from here at the earliest.",
+        description="Since when every slice's capacity has been ready without a break while the "
+        "job's JobSet may run: the one clock both spec.failurePolicy.unschedulableTimeoutSeconds "
+        "and startupTimeoutSeconds count from.",
     )
     goodput: GoodputStatus | None = Field(
         default=None,

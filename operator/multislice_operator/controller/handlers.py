@@ -91,13 +91,7 @@ async def startup(
         settings=ours,
         kube=Kube(settings),
         provisioner=provisioner,
-        cfg=DecideConfig(
-            backoff_base_seconds=ours.backoff_base_seconds,
-            backoff_max_seconds=ours.backoff_max_seconds,
-            resync_seconds=ours.resync_seconds,
-            not_ready_grace_seconds=ours.node_not_ready_grace_seconds,
-            kueue_workload_wait_seconds=ours.kueue_workload_wait_seconds,
-        ),
+        cfg=DecideConfig.from_settings(ours),
         indexes=Indexes(
             jobsets=jobset_index,
             pods=pod_index,

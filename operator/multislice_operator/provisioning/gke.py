@@ -58,17 +58,13 @@ from google.cloud import container_v1, tpu_v2
 from google.cloud.container_v1.types import cluster_service as cs
 
 from multislice_operator import keys
+from multislice_operator.ownership import Owner, owner_of
 from multislice_operator.plan import (
     NodePoolSpec,
     Plan,
 )
-from multislice_operator.provisioning.base import (
-    ActionResult,
-    GangObservation,
-    PoolError,
-    PoolObservation,
-    PoolState,
-)
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.provisioning.base import ActionResult, GangObservation, PoolObservation
 from multislice_operator.provisioning.gke_errors import (
     CODE_ALREADY_EXISTS,
     CODE_CONFLICT,
@@ -502,7 +498,15 @@ class GkeProvisioner:
                 f"{keys.MANAGED_BY_VALUE}; rename the job or delete that pool",
                 True,
             )
-        if owner and owner != owner_uid:
+        # No uid recorded (an older operator): taken as this job's, as it always was.
+        whose = owner_of(
+            made_by_us=True,
+            claim_uid=owner or owner_uid,
+            claim_key=None,
+            job_key=("", spec.name),
+            job_uid=owner_uid,
+        )
+        if whose != Owner.MINE:
             return PoolError(
                 spec.slice_index,
                 spec.name,

@@ -14,7 +14,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
 from multislice_operator.plan import NodePoolSpec
-from multislice_operator.provisioning.base import PoolError
+from multislice_operator.pools import PoolError
 
 # PoolError codes this module produces (besides the cloud's own GCE_* ones).
 CODE_STOCKOUT = "GCE_STOCKOUT"
