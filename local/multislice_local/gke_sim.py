@@ -1372,7 +1372,11 @@ class GkeSimulator:
         maximum Pods per node"): each node takes a /podIpv4CidrSize block; past the range the
         instance group fails with [IP_SPACE_EXHAUSTED]."""
         capacity = 2 ** (32 - self.config.pod_range_prefix)
-        used = sum(p.reserved_addresses for p in self._pools.values() if p.cluster == pool.cluster)
+        used = sum(
+            p.reserved_addresses
+            for p in self._pools.values()
+            if p.cluster == pool.cluster and p.status != "ERROR"  # failed VMs hold no addresses
+        )
         if used + pool.reserved_addresses > capacity:
             self._injected["ipSpaceExhausted"] += 1
             return "ip_space"
