@@ -985,8 +985,11 @@ class GkeSimulator:
         self, project: str, region: str, *, body: bytes
     ) -> dict[str, Any]:
         self._received_policies.append(
-            {"resourcePolicyResource": json.loads(body or b"{}"), "region": region,
-             "project": project}
+            {
+                "resourcePolicyResource": json.loads(body or b"{}"),
+                "region": region,
+                "project": project,
+            }
         )
         spec = _parse_policy(body)
         name = str(spec.get("name", ""))
@@ -1131,8 +1134,10 @@ class GkeSimulator:
                 f"Machine type {machine} requires GKE version {gen.min_gke} or later; the cluster "
                 f"runs {version}."
             )
-        if flex_start and gen.flex_start_min_gke and not catalog.gke_at_least(
-            version, gen.flex_start_min_gke
+        if (
+            flex_start
+            and gen.flex_start_min_gke
+            and not catalog.gke_at_least(version, gen.flex_start_min_gke)
         ):
             raise _invalid(
                 f"Flex-start node pools with machine type {machine} require GKE version "
@@ -1198,8 +1203,7 @@ class GkeSimulator:
             path = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
             if path not in self._policies:
                 raise _invalid(
-                    f"Placement policy {name} was not found: resource policy {path} does not "
-                    "exist."
+                    f"Placement policy {name} was not found: resource policy {path} does not exist."
                 )
         if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY:
             return
@@ -1903,33 +1907,41 @@ def _parse_create(body: bytes) -> dict[str, Any]:
 
 # Routes: (HTTP method, regex) -> handler name.
 _SEG = r"([^/:?]+)"
-_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    (m, re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}{p}$"), h)
-    for m, p, h in (
-        ("POST", rf"/clusters/{_SEG}/nodePools", "create_node_pool"),
-        ("GET", rf"/clusters/{_SEG}/nodePools", "list_node_pools"),
-        ("GET", rf"/clusters/{_SEG}/nodePools/{_SEG}", "get_node_pool"),
-        ("DELETE", rf"/clusters/{_SEG}/nodePools/{_SEG}", "delete_node_pool"),
-        ("GET", rf"/operations/{_SEG}", "get_operation"),
-        ("GET", r"/operations", "list_operations"),
-    )
-] + [
-    (
-        "GET",
-        re.compile(rf"^/v2/projects/{_SEG}/locations/{_SEG}/acceleratorTypes$"),
-        "list_accelerator_types",
-    ),
-    ("GET", re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}/clusters/{_SEG}$"), "get_cluster"),
-] + [
-    (m, re.compile(rf"^/compute/v1/projects/{_SEG}/regions/{_SEG}{p}$"), h)
-    for m, p, h in (
-        ("POST", "/resourcePolicies", "insert_resource_policy"),
-        ("GET", "/resourcePolicies", "list_resource_policies"),
-        ("GET", rf"/resourcePolicies/{_SEG}", "get_resource_policy"),
-        ("DELETE", rf"/resourcePolicies/{_SEG}", "delete_resource_policy"),
-        ("GET", rf"/operations/{_SEG}", "get_region_operation"),
-    )
-]
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = (
+    [
+        (m, re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}{p}$"), h)
+        for m, p, h in (
+            ("POST", rf"/clusters/{_SEG}/nodePools", "create_node_pool"),
+            ("GET", rf"/clusters/{_SEG}/nodePools", "list_node_pools"),
+            ("GET", rf"/clusters/{_SEG}/nodePools/{_SEG}", "get_node_pool"),
+            ("DELETE", rf"/clusters/{_SEG}/nodePools/{_SEG}", "delete_node_pool"),
+            ("GET", rf"/operations/{_SEG}", "get_operation"),
+            ("GET", r"/operations", "list_operations"),
+        )
+    ]
+    + [
+        (
+            "GET",
+            re.compile(rf"^/v2/projects/{_SEG}/locations/{_SEG}/acceleratorTypes$"),
+            "list_accelerator_types",
+        ),
+        (
+            "GET",
+            re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}/clusters/{_SEG}$"),
+            "get_cluster",
+        ),
+    ]
+    + [
+        (m, re.compile(rf"^/compute/v1/projects/{_SEG}/regions/{_SEG}{p}$"), h)
+        for m, p, h in (
+            ("POST", "/resourcePolicies", "insert_resource_policy"),
+            ("GET", "/resourcePolicies", "list_resource_policies"),
+            ("GET", rf"/resourcePolicies/{_SEG}", "get_resource_policy"),
+            ("DELETE", rf"/resourcePolicies/{_SEG}", "delete_resource_policy"),
+            ("GET", rf"/operations/{_SEG}", "get_region_operation"),
+        )
+    ]
+)
 
 
 def _route(method: str, path: str) -> tuple[str, tuple[str, ...]] | None:

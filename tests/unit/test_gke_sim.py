@@ -652,7 +652,7 @@ def test_tpu7x_pool_needs_an_existing_workload_policy(
 ) -> None:
     with pytest.raises(gexc.BadRequest, match="Placement policy wp-4x4x4 was not found"):
         gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
-    with pytest.raises(gexc.BadRequest, match="need placementPolicy.policyName"):
+    with pytest.raises(gexc.BadRequest, match=r"need placementPolicy\.policyName"):
         gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool(policy=None))
     insert_policy(sim)
     gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
@@ -673,8 +673,9 @@ def test_tpu7x_compact_placement_goes_to_error(
     pool.placement_policy.type_ = cs.NodePool.PlacementPolicy.Type.COMPACT
     gke.create_node_pool(parent=CLUSTER, node_pool=pool)  # accepted, then ERROR
     got = wait_for(lambda: (p := sim.pool("iw-a")) and p["status"] == "ERROR" and p)
-    assert "with placement policy is not supported. Use workload policy instead." in (
-        got["statusMessage"]
+    assert (
+        "with placement policy is not supported. Use workload policy instead."
+        in (got["statusMessage"])
     )
     assert registrar.node_count("iw-a") == 0
 
@@ -812,9 +813,9 @@ def test_cluster_version_gates_tpu7x_and_flex_start(
     assert cluster.current_master_version == sim.config.cluster_version
     sim.configure(cluster_version="1.32.4-gke.1000")
     insert_policy(sim)
-    with pytest.raises(gexc.BadRequest, match="requires GKE version 1.34.0-gke.2201000"):
+    with pytest.raises(gexc.BadRequest, match=r"requires GKE version 1\.34\.0-gke\.2201000"):
         gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
-    with pytest.raises(gexc.BadRequest, match="require GKE version 1.33.0-gke.1712000"):
+    with pytest.raises(gexc.BadRequest, match=r"require GKE version 1\.33\.0-gke\.1712000"):
         gke.create_node_pool(parent=CLUSTER, node_pool=flex_pool())
 
 
