@@ -112,7 +112,7 @@ def format_plan(plan: Any) -> str:
         ("accelerator", f"{shape.accelerator} ({shape.generation.name})"),
         ("topology", shape.topology),
         ("slices", str(plan.slices)),
-        ("chips", f"{shape.chips} per slice, {plan.total_chips} total"),
+        ("chips", _chips_row(plan)),
         (
             "hosts",
             f"{shape.hosts} per slice ({shape.chips_per_host} chips each), "
@@ -136,16 +136,31 @@ def format_plan(plan: Any) -> str:
         lines += [
             f"  {p.name}  slice {p.slice_index}  {p.node_count} x {p.machine_type}"
             + (f"  topology {p.tpu_topology}" if p.tpu_topology else "")
+            + (f"  workload policy {p.workload_policy}" if p.workload_policy else "")
             + ("  spot" if p.spot else "")
+            + (f"  flex-start (max run {p.max_run_duration_s} s)" if p.flex_start else "")
             + (f"  reservation {p.reservation or '(any)'}" if p.reservation is not None else "")
             for p in plan.node_pools
         ]
     return "\n".join(lines) + "\n"
 
 
+def _chips_row(plan: Any) -> str:
+    shape = plan.shape
+    row = f"{shape.chips} per slice, {plan.total_chips} total"
+    cores = shape.generation.cores_per_chip
+    if cores > 1:  # v4, v5p, tpu7x: the number in the name counts TensorCores
+        devices = shape.chips * shape.generation.devices_per_chip
+        row += (
+            f" ({shape.accelerator} counts TensorCores: {shape.tensorcores} = {shape.chips} "
+            f"chips x {cores}; {devices} JAX devices per slice)"
+        )
+    return row
+
+
 # Dry-run placeholders for what only the running operator knows.
 PLACEHOLDER_PROJECT, PLACEHOLDER_LOCATION, PLACEHOLDER_CLUSTER = "PROJECT", "LOCATION", "CLUSTER"
-PLACEHOLDER_ZONE, PLACEHOLDER_UID = "ZONE", "JOB_UID"
+PLACEHOLDER_ZONE, PLACEHOLDER_UID, PLACEHOLDER_REGION = "ZONE", "JOB_UID", "REGION"
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -168,10 +183,18 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def render_gke_requests(args: argparse.Namespace) -> int:
-    """Print the CreateNodePoolRequests the operator will send, as JSON (`terraform plan`)."""
+    """Print the requests the operator will send, as JSON (`terraform plan`): the workload
+    policies the slices need (InsertResourcePolicyRequest, sent when the policy does not exist
+    yet), then one CreateNodePoolRequest per slice."""
     from multislice_operator.plan import load_job, plan_job
     from multislice_operator.provisioning.gke import resolve_node_locations
-    from multislice_operator.provisioning.gke_requests import cluster_path, create_requests
+    from multislice_operator.provisioning.gke_requests import (
+        cluster_path,
+        create_requests,
+        policy_insert_json,
+        region_of,
+        workload_policies,
+    )
     from multislice_operator.settings import Settings, gke_settings
 
     settings = Settings(**gke_settings(args))
@@ -189,6 +212,9 @@ def render_gke_requests(args: argparse.Namespace) -> int:
         location,
         settings.gke_cluster or PLACEHOLDER_CLUSTER,
     )
+    project = settings.gke_project or PLACEHOLDER_PROJECT
+    region = PLACEHOLDER_REGION if zones == [PLACEHOLDER_ZONE] else region_of(zones[0])
+    policies: dict[str, dict[str, Any]] = {}
     requests: list[dict[str, Any]] = []
     status = EXIT_OK
     for obj in _jobs(args.file):
@@ -205,10 +231,12 @@ def render_gke_requests(args: argparse.Namespace) -> int:
             )
             continue
         uid = job.metadata.uid or PLACEHOLDER_UID
+        for policy in workload_policies(plan, region):
+            policies.setdefault(policy.name, policy_insert_json(project, policy))
         requests += create_requests(
             plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
         )
-    print(json.dumps(requests, indent=2))
+    print(json.dumps([*policies.values(), *requests], indent=2))
     return status
 
 
@@ -291,7 +319,8 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
         "--gke-requests",
         action="store_true",
         help="print the CreateNodePoolRequest of every slice as sent on the wire (REST JSON: "
-        "parent and nodePool), with the same --gke-* flags as run; placeholders when omitted",
+        "parent and nodePool), after the InsertResourcePolicyRequest of each workload policy the "
+        "slices need (tpu7x), with the same --gke-* flags as run; placeholders when omitted",
     )
     p.add_argument(
         "--enum-names",

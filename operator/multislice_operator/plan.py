@@ -55,11 +55,16 @@ class NodePoolSpec:
     node_count: int
     machine_type: str
     topology: str
-    tpu_topology: str | None  # placement COMPACT + tpu_topology for multi-host slices only
+    tpu_topology: str | None  # multi-host slices only: with COMPACT, or with a workload policy
     gke_accelerator: str
     spot: bool
     reservation: str | None  # None: no reservation; else a name or projects/P/reservations/R
     node_labels: dict[str, str]
+    # The Compute Engine workload policy the pool is placed with (multi-host tpu7x), by name in
+    # the pools' region; None: COMPACT placement (or none, single-host).
+    workload_policy: str | None = None
+    flex_start: bool = False
+    max_run_duration_s: int | None = None  # flex-start: GKE removes the VMs after this long
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +78,9 @@ class NodePoolSpec:
             "spot": self.spot,
             "reservation": self.reservation,
             "nodeLabels": dict(self.node_labels),
+            "workloadPolicy": self.workload_policy,
+            "flexStart": self.flex_start,
+            "maxRunDurationSeconds": self.max_run_duration_s,
         }
 
 
@@ -109,6 +117,8 @@ class Plan:
             "generation": self.shape.generation.name,
             "topology": self.shape.topology,
             "chipsPerSlice": self.shape.chips,
+            "tensorCoresPerChip": self.shape.generation.cores_per_chip,
+            "tensorCoresPerSlice": self.shape.tensorcores,
             "hostsPerSlice": self.shape.hosts,
             "chipsPerHost": self.shape.chips_per_host,
             "machineType": self.shape.machine_type,
@@ -137,6 +147,18 @@ def node_pool_name(namespace: str, name: str, index: int) -> str:
     room = NODE_POOL_NAME_MAX - len("msj-") - len(suffix)
     stem = re.sub(r"[^a-z0-9-]", "-", name.lower())[:room].strip("-") or "job"
     return f"msj-{stem}{suffix}"
+
+
+WORKLOAD_POLICY_PREFIX = "msj-"
+
+
+def workload_policy_name(shape: catalog.SliceShape) -> str | None:
+    """The workload policy a slice of this shape is placed with, one per generation and topology
+    (and region: the policy lives in the pools' region), shared by every job of that shape; None
+    when GKE places the slice itself (COMPACT, or a single host). <= 63 characters, RFC 1035."""
+    if not shape.workload_policy:
+        return None
+    return f"{WORKLOAD_POLICY_PREFIX}{shape.generation.prefix}-{shape.topology}"
 
 
 def load_job(obj: dict[str, Any]) -> MultisliceJob:
@@ -333,6 +355,9 @@ def _node_pools(
                 spot=cap.type == CapacityType.SPOT.value,
                 reservation=reservation,
                 node_labels=labels,
+                workload_policy=workload_policy_name(shape),
+                flex_start=cap.type == CapacityType.FLEX_START.value,
+                max_run_duration_s=cap.run_duration_seconds(),
             )
         )
     return pools

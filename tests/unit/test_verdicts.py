@@ -67,7 +67,7 @@ def test_a_late_verdict_does_not_leave_an_earlier_steps_create_behind():
         pods=[
             *jobs.running({0: 4}, attempt=2),
             jobs.failed("job-slice-1-0", 1, 143, attempt=1, disruption="TerminationByKubelet"),
-        ],  # fmt: skip
+        ],
     )
     d = run(RUNNING, obs, failurePolicy={"maxDisruptionRestarts": 1})
     assert d.status.phase == Phase.FAILED

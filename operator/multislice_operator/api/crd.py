@@ -185,6 +185,7 @@ def spec_schema() -> dict[str, Any]:
         *SPEC_RULES[:1],
         *(_unchanged(name) for name in IMMUTABLE),
         *SPEC_RULES[1:],
+        *schema.get("x-kubernetes-validations", []),  # the model's rules on spec itself
     ]
     return schema
 

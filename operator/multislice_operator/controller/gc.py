@@ -1,4 +1,8 @@
-"""The orphan sweep: node pools labelled as ours whose job is gone or is another incarnation."""
+"""The orphan sweep: node pools labelled as ours whose job is gone or is another incarnation.
+
+Workload policies (tpu7x placement, Compute Engine resource policies) are never swept: they are
+shared by every job of a shape, free, and a delete could race another job's create that names
+the policy, which GKE would then refuse as INVALID_ARGUMENT (docs/provisioning.md)."""
 
 from __future__ import annotations
 

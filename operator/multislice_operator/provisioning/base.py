@@ -26,6 +26,11 @@ class PoolObservation:
     owner_uid: str | None = None  # from the pool's labels; None when absent
     error: PoolError | None = None  # set when the pool (or its create operation) failed
     operation_pending: bool = False  # a create/delete/repair operation is still running
+    # The pool gets its nodes when the cloud finds capacity for the whole slice (GKE flex-start,
+    # Dynamic Workload Scheduler): READY with fewer nodes than the slice needs is waiting for
+    # capacity, not failing; and the nodes go when the run reaches max_run_duration_s.
+    waits_for_capacity: bool = False
+    max_run_duration_s: int | None = None
 
 
 @dataclass
