@@ -60,14 +60,16 @@ class Settings:
     # How TPU nodes reach Google APIs (provisioning.gke_requests.NodeOptions).
     gke_workload_identity: bool = _opt(
         "the cluster uses Workload Identity: TPU nodes get workloadMetadataConfig GKE_METADATA "
-        "and GKE's default scopes (else storage-full, gke-default, cloud-platform, as xpk)",
+        "(pods off the host network act as their Kubernetes service account; host-network pods, "
+        "the default, still act as the nodes' service account)",
         False,
     )
     gke_node_service_account: str | None = _opt(
         "service account of the TPU nodes (default: the Compute Engine default one)"
     )
     gke_node_scopes: list[str] = _opt(  # noqa: RUF009
-        "OAuth scope of the TPU nodes (repeatable; replaces the default for the mode)",
+        "OAuth scope URL of the TPU nodes (repeatable; replaces the default: storage-full, "
+        "gke-default and cloud-platform, as xpk)",
         [],
         flag="gke-node-scope",
     )

@@ -33,6 +33,7 @@ from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
 from multislice_operator.controller.runtime import Indexes, Runtime
+from multislice_operator.identity import node_identity
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
 from multislice_operator.settings import Settings
@@ -121,6 +122,14 @@ async def startup(
         ours.leader_elect,
         ours.kueue,
     )
+    if provisioner is not None:
+        # Who the training pods are to Google APIs follows from this (identity.py, docs/install.md).
+        log.info(
+            "tpu nodes: %s",
+            node_identity(
+                ours.gke_workload_identity, ours.gke_node_service_account, ours.gke_node_scopes
+            ),
+        )
 
 
 @kopf.on.cleanup()
