@@ -2,7 +2,9 @@
 
 Every field of :class:`Settings` is a command-line flag ``--name-with-dashes`` and an environment
 variable ``MSJ_NAME_IN_CAPS`` (flags win), both derived from the field here, so the Helm chart, the
-docs and the parser cannot drift from the defaults (tests/unit/test_settings.py checks the chart).
+docs and the parser cannot drift from the defaults (tests/unit/test_docs.py checks the settings
+table of docs/install.md, that the chart sets only variables read here, and that the docs name
+only flags, variables and defaults defined here).
 """
 
 from __future__ import annotations

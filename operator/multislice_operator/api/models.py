@@ -636,7 +636,7 @@ class StateSeconds(_Model):
     """A total per accounting state (seconds, or chip-seconds)."""
 
     queued: int = Field(
-        default=0, ge=0, description="Waiting for capacity or admission (phase Pending)."
+        default=0, ge=0, description="Waiting for capacity or admission (phases Pending, Queued)."
     )
     provisioning: int = Field(
         default=0, ge=0, description="Creating node pools, rollbacks and backoff included."
