@@ -84,9 +84,11 @@ def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[str]:
-    found = [str(w) for w in plan.warnings]
-    return found + ([identity.warning] if identity.warning else [])
+def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[FieldError]:
+    found = list(plan.warnings)
+    if identity.warning:
+        found.append(FieldError("spec.template.spec.hostNetwork", identity.warning))
+    return found
 
 
 def _print_errors(obj: dict[str, Any], exc: SpecError, out: TextIO) -> None:
@@ -138,7 +140,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 **p.as_dict(),
                 "podIdentity": i.as_dict(),
                 **({"nodeIdentity": nodes} if p.managed else {}),
-                "warnings": [{"message": w} for w in warnings],
+                "warnings": [{"path": w.path, "message": w.message} for w in warnings],
             }
             for p, i, warnings in plans
         ]

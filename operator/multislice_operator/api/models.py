@@ -339,7 +339,10 @@ class MultisliceJobSpec(_Model):
         description=(
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
-            "toleration and the multislice environment, whose variables no container may set. "
+            "toleration and the multislice environment, whose variables no container may set; a "
+            "google.com/tpu count or TPU accelerator/topology selector of the template that "
+            "differs from the operator's is refused, and so (Managed) is node selection the "
+            "job's own node pools can never satisfy. "
             "Pods run with hostNetwork: true and dnsPolicy: ClusterFirstWithHostNet (DCN traffic "
             "over the hosts' NICs, as GKE's Multislice example and xpk do) unless the template "
             "sets hostNetwork itself: hostNetwork: false opts out. The whole template is checked "
