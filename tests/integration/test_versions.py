@@ -134,10 +134,11 @@ def test_the_operator_refuses_jobs_before_any_pool_on_an_older_jobset_and_kueue(
             ],
             namespaces=["default"],
             log_path=tmp_path / "operator.log",
-        ).start()  # fmt: skip
+        )  # fmt: skip
         api = cp.api_client()
         custom = client.CustomObjectsApi(api)
         try:
+            op.start()  # inside the try: a start that times out still stops the process
             wait_for(lambda: "unsupported jobset" in op.log_tail(200), 30, "the jobset error",
                      on_timeout=op.log_tail)  # fmt: skip
             log = op.log_tail(200)
