@@ -49,6 +49,10 @@ less); each rule cites its public source where it is enforced (:meth:`GkeSimulat
   RUNNING, as when GKE's managed instance group loses its VMs; the nodes come back after
   ``preempt_recreate_s`` (None: never, the operator must replace the pool).
   :meth:`GkeSimulator.break_pool` sets ERROR (and removes the nodes).
+* OAuth scopes as GKE gives them (none sent: only logging and monitoring): a TPU pool whose
+  nodes could not pull an image or write gs:// is accepted, as GKE accepts it, but flagged: a
+  warning in the log, ``tpuPoolsWithoutStorageAccess`` in the counters, and
+  :meth:`GkeSimulator.node_access` says what its nodes can do.
 * :meth:`GkeSimulator.received_creates` returns every CreateNodePoolRequest as received
   (``parent`` from the URL, the JSON body), for comparing with the operator's dry run.
 
@@ -599,6 +603,8 @@ class GkeSimulator:
         self._pools: dict[str, _Pool] = {}  # by pool path
         self._ops: dict[str, _Operation] = {}  # by operation path
         self._creates_accepted = 0
+        # TPU pools accepted whose nodes could not pull an image or write gs:// (node_access).
+        self._crippled_pools = 0
         self._calls: Counter[str] = Counter()
         self._responses: Counter[str] = Counter()
         self._injected: Counter[str] = Counter()
@@ -696,6 +702,7 @@ class GkeSimulator:
                 "responses": dict(self._responses),
                 "injected": dict(self._injected),
                 "createsAccepted": self._creates_accepted,
+                "tpuPoolsWithoutStorageAccess": self._crippled_pools,
                 "livePools": len(self._pools),
                 "runningOperations": sum(self._ops_running.values()),
                 "peakConcurrentOperations": self._peak_ops,
@@ -715,6 +722,13 @@ class GkeSimulator:
 
     def pool(self, name: str) -> dict[str, Any] | None:
         return self.pools().get(name)
+
+    def node_access(self, name: str) -> dict[str, bool] | None:
+        """What the nodes of pool `name` can do with Google APIs as their service account,
+        from the scopes GKE gives them (:func:`node_access`); None when no such pool."""
+        with self._lock:
+            pool = next((p for p in self._pools.values() if p.name == name), None)
+            return None if pool is None else node_access(pool.spec.get("config", {}))
 
     def received_creates(self) -> list[dict[str, Any]]:
         """Every create_node_pool request received, accepted or not: ``parent`` and the body."""
@@ -889,6 +903,16 @@ class GkeSimulator:
         self._check_cluster_operation(cluster_path)
         self._check_conflict(cluster_path)
         self._creates_accepted += 1
+        access = node_access(spec.get("config", {}))
+        if spec.get("config", {}).get("machineType") in TPU_MACHINES and not all(access.values()):
+            # GKE accepts it (no refusal to model), but the job will not run: flag it.
+            self._crippled_pools += 1
+            log.warning(
+                "gke-sim TPU pool %s has scopes %s: its nodes cannot %s", name,
+                effective_scopes(spec.get("config", {})),
+                " or ".join(k for k, ok in (("pull images", access["pullImages"]),
+                            ("write Cloud Storage", access["writeStorage"])) if not ok),
+            )  # fmt: skip
         pool = _Pool(cluster_path, name, spec)
         max_pods = int(spec.get("maxPodsConstraint", {}).get("maxPodsPerNode", 0))
         pool.pod_cidr_size = pod_cidr_size(max_pods or self.config.default_max_pods_per_node)
@@ -1596,6 +1620,35 @@ class GkeSimulator:
         return self._find(name).to_json()
 
 
+SCOPE = "https://www.googleapis.com/auth/"
+# NodeConfig.oauth_scopes (container v1 API reference): "If unspecified, no scopes are added,
+# unless Cloud Logging or Cloud Monitoring are enabled, in which case their required scopes will
+# be added" (both are on by default in GKE clusters). gcloud's "default scopes" are its own alias.
+LOGGING_MONITORING_SCOPES = (f"{SCOPE}logging.write", f"{SCOPE}monitoring")
+# Scopes that let a node's service account read (pull an image from Artifact Registry or
+# Container Registry: "devstorage.read_only is required for communicating with gcr.io", same
+# docstring) and write Cloud Storage (a gs:// checkpoint); cloud-platform covers every API.
+READ_STORAGE = {f"{SCOPE}devstorage.{s}" for s in ("read_only", "read_write", "full_control")}
+WRITE_STORAGE = {f"{SCOPE}devstorage.{s}" for s in ("read_write", "full_control")}
+CLOUD_PLATFORM = f"{SCOPE}cloud-platform"
+
+
+def effective_scopes(config: dict[str, Any]) -> list[str]:
+    """The scopes GKE gives the nodes of a pool created with `config`."""
+    return list(config.get("oauthScopes") or LOGGING_MONITORING_SCOPES)
+
+
+def node_access(config: dict[str, Any]) -> dict[str, bool]:
+    """Whether the nodes' service account may pull images and write gs:// (IAM aside: the
+    scopes cap what any role grants, GKE "Service accounts: access scopes")."""
+    scopes = set(effective_scopes(config))
+    everything = CLOUD_PLATFORM in scopes
+    return {
+        "pullImages": everything or bool(scopes & READ_STORAGE),
+        "writeStorage": everything or bool(scopes & WRITE_STORAGE),
+    }
+
+
 def _invalid(message: str) -> ApiError:
     return ApiError(400, "INVALID_ARGUMENT", message)
 
@@ -1794,6 +1847,7 @@ def _node_group(pool: _Pool) -> NodeGroup:
     labels = dict(user)
     labels[keys.GKE_NODEPOOL] = pool.name
     labels[ZONE_LABEL] = zones[0]
+    labels[keys.INSTANCE_TYPE] = machine  # the kubelet's well-known label, from the VM
     spot = bool(config.get("spot") or config.get("preemptible"))
     if spot:
         labels[keys.GKE_SPOT] = "true"

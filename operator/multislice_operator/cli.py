@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,6 +21,7 @@ from multislice_operator.errors import FieldError, SpecError
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process killed by SIGPIPE
 
 
 class InputError(Exception):
@@ -67,6 +69,28 @@ def _plan(obj: dict[str, Any]) -> Any:
     return plan_job(load_job(obj))
 
 
+def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
+    """Who the pods will be to Google APIs, under the operator settings given (--gke-*, MSJ_*)."""
+    from multislice_operator.identity import pod_identity
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    return pod_identity(
+        obj["spec"].get("template") or {},
+        plan.namespace,
+        managed=plan.managed,
+        workload_identity=settings.gke_workload_identity,
+        service_account=settings.gke_node_service_account,
+    )
+
+
+def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[FieldError]:
+    found = list(plan.warnings)
+    if identity.warning:
+        found.append(FieldError("spec.template.spec.hostNetwork", identity.warning))
+    return found
+
+
 def _print_errors(obj: dict[str, Any], exc: SpecError, out: TextIO) -> None:
     for err in exc.errors:
         print(f"{_label(obj)}: {err}", file=out)
@@ -85,27 +109,52 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{_label(obj)}: valid ({plan.slices} x {plan.shape.accelerator}, "
             f"{plan.total_chips} chips, DCN {plan.advice.verdict})"
         )
+        for warning in _warnings(obj, plan, _identity(obj, plan, args)):
+            print(f"{_label(obj)}: warning: {warning}", file=sys.stderr)
     return status
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from multislice_operator.identity import node_identity
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    nodes = node_identity(
+        settings.gke_workload_identity,
+        settings.gke_node_service_account,
+        settings.gke_node_scopes,
+    )
     plans, status = [], EXIT_OK
     for obj in _jobs(args.file):
         try:
-            plans.append(_plan(obj))
+            plan = _plan(obj)
         except SpecError as exc:
             _print_errors(obj, exc, sys.stderr)
             status = EXIT_INVALID
+            continue
+        identity = _identity(obj, plan, args)
+        plans.append((plan, identity, _warnings(obj, plan, identity)))
     if args.output == "json":
-        data = [p.as_dict() for p in plans]
+        data = [
+            {
+                **p.as_dict(),
+                "podIdentity": i.as_dict(),
+                **({"nodeIdentity": nodes} if p.managed else {}),
+                "warnings": [{"path": w.path, "message": w.message} for w in warnings],
+            }
+            for p, i, warnings in plans
+        ]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
-        for plan in plans:
-            print(format_plan(plan))
+        for plan, identity, warnings in plans:
+            extra = [("pod identity", identity.principal)]
+            extra += [("tpu nodes", nodes)] if plan.managed else []
+            text = format_plan(plan, extra)
+            print(text + "".join(f"warning: {w}\n" for w in warnings))
     return status
 
 
-def format_plan(plan: Any) -> str:
+def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
     shape, par, advice = plan.shape, plan.parallelism, plan.advice
     rows = [
         ("job", f"{plan.namespace}/{plan.name}"),
@@ -128,6 +177,7 @@ def format_plan(plan: Any) -> str:
             f"x tensor {par.dcn_tensor}",
         ),
         ("dcn advice", f"{advice.verdict}: {advice.message}"),
+        *(extra or []),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
@@ -300,13 +350,24 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("validate", help="check MultisliceJobs; exit 1 listing every error")
+    from multislice_operator.settings import add_gke_arguments
+
+    p = sub.add_parser(
+        "validate",
+        help="check MultisliceJobs; exit 1 listing every error; warnings on stderr (the --gke-* "
+        "flags of run say which identity the pods get)",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="show slices, hosts, node pools, parallelism, DCN advice")
+    p = sub.add_parser(
+        "plan",
+        help="show slices, hosts, node pools, parallelism, DCN advice, the pods' Google identity",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
@@ -327,8 +388,6 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
         action="store_true",
         help="with --gke-requests: enums by name instead of the integers sent on the wire",
     )
-    from multislice_operator.settings import add_gke_arguments
-
     add_gke_arguments(p)
     p.set_defaults(func=cmd_render)
 
@@ -371,6 +430,11 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `... -o json | head`: the reader left. Python would print a traceback on exit while
+        # flushing stdout again; point stdout at /dev/null and exit as a SIGPIPE would (141).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

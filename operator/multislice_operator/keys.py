@@ -26,6 +26,10 @@ CHECKPOINT_SAVED = f"{PREFIX}/checkpoint-saved"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "multislice-operator"
 JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+# Pod Security admission: the level a namespace enforces (privileged, baseline, restricted).
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+# Well-known node label the kubelet sets from the cloud provider: the VM's machine type.
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 
 # ---- JobSet (labels and annotations it sets on Jobs and Pods)
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"

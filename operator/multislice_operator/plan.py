@@ -18,6 +18,7 @@ from multislice_operator import (
     catalog,
     keys,
     parallelism,
+    placement,
 )
 from multislice_operator.api import podtemplate
 from multislice_operator.api.models import (
@@ -96,6 +97,8 @@ class Plan:
     capacity: str
     mode: str
     node_pools: list[NodePoolSpec] = field(default_factory=list)
+    # What `validate` and `plan` warn about: the job can run, but probably not as meant.
+    warnings: list[FieldError] = field(default_factory=list)
 
     @property
     def total_chips(self) -> int:
@@ -133,6 +136,7 @@ class Plan:
             "parallelism": self.parallelism.as_dict(),
             "dcn": self.advice.as_dict(),
             "nodePools": [p.as_dict() for p in self.node_pools],
+            "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
         }
 
 
@@ -212,17 +216,18 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     )
     errors += par_errors
     errors += _check_rules(spec, {e.path for e in errors})
-    errors += _check_template(spec.template)
+    template_errors = _check_template(spec.template)
+    errors += template_errors
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
+    managed = spec.provisioning.mode == ProvisioningMode.MANAGED.value
+    pools = _node_pools(spec, shape, namespace, name) if managed else []
+    if not template_errors:
+        errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
+        errors += _check_placement(spec.template["spec"], pools)
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
-    pools = (
-        _node_pools(spec, shape, namespace, name)
-        if spec.provisioning.mode == ProvisioningMode.MANAGED.value
-        else []
-    )
     return Plan(
         namespace=namespace,
         name=name,
@@ -234,6 +239,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         capacity=str(spec.capacity.type),
         mode=str(spec.provisioning.mode),
         node_pools=pools,
+        warnings=checkpoint_warnings(spec),
     )
 
 
@@ -275,6 +281,10 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
     typed = podtemplate.check(template)
     if typed:
         return typed
+    # A misspelt field (`contianers`) first: what follows from it ("no containers") would hide it.
+    unknown = podtemplate.unknown_fields(template)
+    if unknown:
+        return unknown
     pod = template.get("spec")
     if not isinstance(pod, dict):
         return [FieldError("spec.template.spec", "required: a pod spec with containers")]
@@ -361,3 +371,167 @@ def _node_pools(
             )
         )
     return pools
+
+
+# ---------------------------------------------------------------- what the operator sets itself
+
+
+def _same_quantity(value: Any, chips: int) -> bool:
+    try:
+        return float(str(value)) == chips
+    except ValueError:
+        return False
+
+
+def _check_tpu_overrides(
+    pod: dict[str, Any], shape: catalog.SliceShape, key: str
+) -> list[FieldError]:
+    """The template may not say otherwise than the operator about the TPUs: the render sets the
+    TPU container's google.com/tpu and the node selector's accelerator and topology (and, in
+    Managed mode, the job key), so a different value would be silently replaced."""
+    errors = []
+    ours = {
+        keys.GKE_TPU_ACCELERATOR: shape.generation.gke_accelerator,
+        keys.GKE_TPU_TOPOLOGY: shape.topology,
+        keys.JOB_KEY: key,
+    }
+    for label, theirs in sorted((pod.get("nodeSelector") or {}).items()):
+        if label in ours and str(theirs) != ours[label]:
+            errors.append(
+                FieldError(
+                    f"spec.template.spec.nodeSelector.{label}",
+                    f"{theirs!r} conflicts with the operator's {ours[label]!r} for "
+                    f"{shape.accelerator} ({shape.topology}): the operator sets this selector "
+                    "itself; remove it (or change spec.accelerator / spec.topology)",
+                )
+            )
+    for i, c in enumerate(pod.get("containers") or []):
+        resources = c.get("resources") or {}
+        for kind in ("requests", "limits"):
+            value = (resources.get(kind) or {}).get(keys.TPU_RESOURCE)
+            if value is None:
+                continue
+            path = f"spec.template.spec.containers[{i}].resources.{kind}.{keys.TPU_RESOURCE}"
+            if i > 0:
+                errors.append(
+                    FieldError(
+                        path,
+                        "only the first container gets the TPUs (the operator sets "
+                        f"{shape.chips_per_host} there): remove it from this container",
+                    )
+                )
+            elif not _same_quantity(value, shape.chips_per_host):
+                errors.append(
+                    FieldError(
+                        path,
+                        f"{value!r} conflicts with the {shape.chips_per_host} chips per host of "
+                        f"{shape.accelerator} ({shape.machine_type}), which the operator sets: "
+                        "remove it",
+                    )
+                )
+    return errors
+
+
+def pool_node_labels(pool: NodePoolSpec) -> dict[str, str]:
+    """The labels every node of `pool` will carry that the plan knows: the operator's (sent in
+    the CreateNodePoolRequest, but the job uid) and those GKE derives from the request
+    (facts.md sections 2 and 6; node.kubernetes.io/instance-type from the machine type)."""
+    labels = dict(pool.node_labels)
+    labels[keys.GKE_NODEPOOL] = pool.name
+    labels[keys.GKE_TPU_ACCELERATOR] = pool.gke_accelerator
+    labels[keys.GKE_TPU_TOPOLOGY] = pool.topology
+    labels[keys.INSTANCE_TYPE] = pool.machine_type
+    if pool.spot:
+        labels[keys.GKE_SPOT] = "true"
+    return labels
+
+
+def _check_placement(pod: dict[str, Any], pools: list[NodePoolSpec]) -> list[FieldError]:
+    if not pools:
+        return []  # Existing mode: the nodes are someone else's
+    return placement.never_matched(
+        pod,
+        [(p.name, pool_node_labels(p)) for p in pools],
+        unknown=frozenset({keys.JOB_UID}),
+        # Conflicts with what the operator sets are _check_tpu_overrides' to report.
+        skip=frozenset({keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}),
+    )
+
+
+# ---------------------------------------------------------------- warnings
+
+# Volume types whose data outlives the pod and is reachable from every host of a slice again
+# after a restart (a restart recreates every pod, a lost slice gets a new node pool).
+PERSISTENT_VOLUMES = (
+    "persistentVolumeClaim",
+    "csi",  # e.g. Cloud Storage FUSE (gcsfuse.csi.storage.gke.io), Filestore
+    "nfs",
+    "gcePersistentDisk",
+    "cephfs",
+    "glusterfs",
+    "iscsi",
+    "rbd",
+    "fc",
+    "azureFile",
+    "azureDisk",
+)
+
+
+def _under(path: str, mount_path: str) -> bool:
+    root = mount_path.rstrip("/")
+    return mount_path.startswith("/") and (path == root or path.startswith(root + "/"))
+
+
+def checkpoint_warnings(spec: MultisliceJobSpec) -> list[FieldError]:
+    """A job whose progress does not survive a restart of all slices (any preemption,
+    maintenance or failure restarts every slice from its last checkpoint)."""
+    directory = spec.checkpoint.directory
+    path = "spec.checkpoint.directory"
+    if not directory:
+        return [
+            FieldError(
+                path,
+                "unset: the workload gets no MULTISLICE_CHECKPOINT_DIR, so unless the program "
+                "checkpoints somewhere of its own, every restart of all slices (preemption, "
+                "maintenance, a failure) starts training from step 0; set gs://BUCKET/PATH",
+            )
+        ]
+    if not directory.startswith("/"):
+        return []
+    pod = spec.template.get("spec") or {}
+    containers = pod.get("containers") or [{}]
+    mounts = [m for m in containers[0].get("volumeMounts") or [] if isinstance(m, dict)]
+    mount = max(
+        (m for m in mounts if _under(directory, str(m.get("mountPath") or ""))),
+        key=lambda m: len(str(m["mountPath"]).rstrip("/")),
+        default=None,
+    )
+    if mount is None:
+        return [
+            FieldError(
+                path,
+                f"{directory} is on no volume of the TPU container: it is the container's own "
+                "filesystem, lost when the pods are recreated at every restart; mount a "
+                "persistent volume there (a PersistentVolumeClaim, Cloud Storage FUSE) or use "
+                "gs://BUCKET/PATH",
+            )
+        ]
+    volume = next(
+        (
+            v
+            for v in pod.get("volumes") or []
+            if isinstance(v, dict) and v.get("name") == mount.get("name")
+        ),
+        {},
+    )
+    kind = next((k for k in volume if k != "name"), "none")
+    if kind in PERSISTENT_VOLUMES:
+        return []
+    return [
+        FieldError(
+            path,
+            f"{directory} is on volume {mount.get('name')!r} ({kind}), which does not outlive "
+            "the pod on every host (a restart recreates every pod, a lost slice gets new "
+            "nodes): use a PersistentVolumeClaim, Cloud Storage FUSE or gs://BUCKET/PATH",
+        )
+    ]

@@ -2,7 +2,9 @@
 
 Every field of :class:`Settings` is a command-line flag ``--name-with-dashes`` and an environment
 variable ``MSJ_NAME_IN_CAPS`` (flags win), both derived from the field here, so the Helm chart, the
-docs and the parser cannot drift from the defaults (tests/unit/test_settings.py checks the chart).
+docs and the parser cannot drift from the defaults (tests/unit/test_docs.py checks the settings
+table of docs/install.md, that the chart sets only variables read here, and that the docs name
+only flags, variables and defaults defined here).
 """
 
 from __future__ import annotations
@@ -60,14 +62,16 @@ class Settings:
     # How TPU nodes reach Google APIs (provisioning.gke_requests.NodeOptions).
     gke_workload_identity: bool = _opt(
         "the cluster uses Workload Identity: TPU nodes get workloadMetadataConfig GKE_METADATA "
-        "and GKE's default scopes (else storage-full, gke-default, cloud-platform, as xpk)",
+        "(pods off the host network act as their Kubernetes service account; host-network pods, "
+        "the default, still act as the nodes' service account)",
         False,
     )
     gke_node_service_account: str | None = _opt(
         "service account of the TPU nodes (default: the Compute Engine default one)"
     )
     gke_node_scopes: list[str] = _opt(  # noqa: RUF009
-        "OAuth scope of the TPU nodes (repeatable; replaces the default for the mode)",
+        "OAuth scope URL of the TPU nodes (repeatable; replaces the default: storage-full, "
+        "gke-default and cloud-platform, as xpk)",
         [],
         flag="gke-node-scope",
     )

@@ -38,7 +38,11 @@ from multislice_operator.provisioning.gke_errors import (
     classify_exception,
     classify_message,
 )
-from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
+from multislice_operator.provisioning.gke_requests import (
+    XPK_NODE_SCOPES,
+    NodeOptions,
+    build_node_pool,
+)
 
 T = TypeVar("T")
 PROJECT, ZONE, CLUSTER = "proj", "us-east5-b", "local"
@@ -553,7 +557,8 @@ def test_workload_identity_and_node_service_account(
     config = sim.pool(plan.node_pools[0].name)["config"]  # type: ignore[index]
     assert config["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert config["serviceAccount"] == "tpu@proj.iam.gserviceaccount.com"
-    assert "oauthScopes" not in config
+    assert tuple(config["oauthScopes"]) == XPK_NODE_SCOPES  # issue 21: xpk keeps them under WI
+    assert sim.node_access(plan.node_pools[0].name) == {"pullImages": True, "writeStorage": True}
 
 
 def test_dry_run_prints_exactly_what_the_simulator_receives(

@@ -174,8 +174,18 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
 
 
 def test_a_job_without_status_yet(tmp_path, capsys):
+    # Issue 21: it said phase "New", which no doc and no status ever names.
     text = status_of(tmp_path, body(), at(3), capsys=capsys)
-    assert "team/llm  New" in text and "restarts: 0" in text
+    assert "team/llm  (no status yet)" in text and "restarts: 0" in text
+    assert "New" not in text and "watching namespace team?" in text
+
+
+def test_a_job_file_without_namespace_is_in_default(tmp_path, capsys):
+    # Issue 21: a hand-written job without metadata.namespace showed as "None/llm".
+    obj = body()
+    del obj["metadata"]["namespace"]
+    text = status_of(tmp_path, obj, at(3), capsys=capsys)
+    assert text.startswith("default/llm ") and "None" not in text
 
 
 def fake_kubectl(tmp_path: Path, obj: dict, code: int = 0) -> Path:

@@ -312,6 +312,52 @@ def test_what_gke_accepts_is_accepted(
     assert sim.counters()["createsAccepted"] == 3
 
 
+def test_a_tpu_pool_without_scopes_is_accepted_and_flagged(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    """GKE adds no scopes to a pool created without them (only logging and monitoring): it
+    accepts the pool, whose nodes then cannot pull an image or write gs://. So does the
+    simulator, and it says so."""
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("bare"))
+    assert sim.node_access("bare") == {"pullImages": False, "writeStorage": False}
+    read_only = tpu_pool("read")
+    read_only.config.oauth_scopes.append("https://www.googleapis.com/auth/devstorage.read_only")
+    gke.create_node_pool(parent=CLUSTER, node_pool=read_only)
+    assert sim.node_access("read") == {"pullImages": True, "writeStorage": False}
+    assert sim.counters()["tpuPoolsWithoutStorageAccess"] == 2
+    assert sim.counters()["createsAccepted"] == 2
+
+
+def test_the_operators_workload_identity_pool_can_pull_and_write(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    """Issue 21: in Workload Identity mode the operator sent no scopes (fails on that code)."""
+    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
+
+    sim.configure(workload_identity=True)
+    plan = plan_job(
+        load_job(
+            {
+                "apiVersion": "multislice.dev/v1alpha1",
+                "kind": "MultisliceJob",
+                "metadata": {"name": "wi"},
+                "spec": {
+                    "accelerator": "v5litepod-16",
+                    "slices": 1,
+                    "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+                },
+            }
+        )
+    )
+    pool = build_node_pool(
+        plan, plan.node_pools[0], "uid", [ZONE], node=NodeOptions(workload_identity=True)
+    )
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    assert sim.node_access(pool.name) == {"pullImages": True, "writeStorage": True}
+    assert sim.counters()["tpuPoolsWithoutStorageAccess"] == 0
+
+
 def test_quota_is_a_synchronous_403(
     sim: GkeSimulator, gke: container_v1.ClusterManagerClient
 ) -> None:

@@ -377,7 +377,10 @@ class MultisliceJobSpec(_Model):
         description=(
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
-            "toleration and the multislice environment, whose variables no container may set. "
+            "toleration and the multislice environment, whose variables no container may set; a "
+            "google.com/tpu count or TPU accelerator/topology selector of the template that "
+            "differs from the operator's is refused, and so (Managed) is node selection the "
+            "job's own node pools can never satisfy. "
             "Pods run with hostNetwork: true and dnsPolicy: ClusterFirstWithHostNet (DCN traffic "
             "over the hosts' NICs, as GKE's Multislice example and xpk do) unless the template "
             "sets hostNetwork itself: hostNetwork: false opts out. The whole template is checked "
@@ -717,7 +720,7 @@ class StateSeconds(_Model):
     """A total per accounting state (seconds, or chip-seconds)."""
 
     queued: int = Field(
-        default=0, ge=0, description="Waiting for capacity or admission (phase Pending)."
+        default=0, ge=0, description="Waiting for capacity or admission (phases Pending, Queued)."
     )
     provisioning: int = Field(
         default=0, ge=0, description="Creating node pools, rollbacks and backoff included."

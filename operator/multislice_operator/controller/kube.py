@@ -24,12 +24,17 @@ log = logging.getLogger("multislice_operator.kube")
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # controller/versions.py refuses a Kueue without it
 KUEUE = f"/apis/{KUEUE_API_VERSION}"
 COMPONENT = "multislice-operator"
 # kopf retries a failed call (5xx, 429, 403 during upgrades) after each of these delays; ours are
 # short because the work queue backs the job off after that, without holding a worker.
 BACKOFFS = (0.5, 1.0, 2.0)
+# On every create and dry run of an object the operator renders: an apiserver whose schema lacks
+# a field (a JobSet CRD older than v0.10.0 has no onJobFailureMessagePatterns) refuses the object
+# with 400 "strict decoding error: unknown field ..." instead of dropping the field silently.
+STRICT = "fieldValidation=Strict"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 # Server-side apply (JSON is YAML): the operator owns the fields it sends, by field manager.
@@ -87,7 +92,7 @@ class Kube:
         ns = body["metadata"]["namespace"]
         try:
             created: dict[str, Any] = await self._call(
-                "post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets", payload=body
+                "post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets?{STRICT}", payload=body
             )
         except Conflict:
             return None
@@ -131,7 +136,7 @@ class Kube:
         plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
         await self._call(
             "post",
-            f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All",
+            f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All&{STRICT}",
             payload=body,
             backoffs=(),
         )
@@ -143,6 +148,34 @@ class Kube:
             payload={"spec": {"suspend": suspend}},
             headers=MERGE_PATCH,
         )
+
+    # -- what is installed (start-up checks) -----------------------------------------------------
+
+    async def served_versions(self, group: str) -> list[str] | None:
+        """The versions of API group `group` the apiserver serves (discovery), None when it
+        serves none: the group's CRDs are not installed."""
+        try:
+            found = await self._call("get", f"/apis/{_q(group)}", backoffs=())
+        except NotFound:
+            return None
+        return [str(v.get("version")) for v in found.get("versions") or []]
+
+    async def get_crd(self, name: str) -> dict[str, Any] | None:
+        """A CustomResourceDefinition by name, None when absent. A list with a field selector:
+        the operator may list and watch CRDs (kopf follows them), not get them."""
+        found = await self._call(
+            "get", f"{CRDS}?fieldSelector={_q(f'metadata.name={name}')}", backoffs=()
+        )
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items[0] if items else None
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """A Namespace (its labels: Pod Security's enforce level), None when it is gone."""
+        try:
+            found: dict[str, Any] = await self._call("get", f"/api/v1/namespaces/{_q(name)}")
+        except NotFound:
+            return None
+        return found
 
     # -- MultisliceJobs ------------------------------------------------------------------------
 

@@ -123,6 +123,11 @@ class Runtime:
     events: dict[JobKey, dict[tuple[str, str, str], tuple[str, int]]] = field(default_factory=dict)
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # What is installed, as controller/versions.py last found it: why the installed Kueue (with
+    # --kueue) or JobSet cannot work with this operator, naming the installed and needed
+    # versions; None when it can (or is not installed at all).
+    kueue_problem: str | None = None
+    jobset_problem: str | None = None
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart

@@ -26,10 +26,13 @@ RL_SLICE = "multislice-slice"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 _GCE_LABEL_RE = re.compile(r"[^a-z0-9_-]")
 
-# The scopes xpk gives TPU node pools (src/xpk/core/nodepool.py:
-# --scopes=storage-full,gke-default,cloud-platform), expanded as gcloud expands the aliases.
-# GKE's default scopes give read-only Cloud Storage: a job checkpointing to gs:// through the
-# node's service account would fail at its first save.
+# The scopes xpk gives TPU node pools, with and without Workload Identity (src/xpk/core/nodepool.py:
+# --scopes=storage-full,gke-default,cloud-platform on every TPU pool, --workload-metadata=
+# GKE_METADATA added in Workload Identity mode), expanded as gcloud expands the aliases. The API
+# adds no scope of its own (NodeConfig.oauth_scopes: "If unspecified, no scopes are added, unless
+# Cloud Logging or Cloud Monitoring are enabled"; gcloud's default scopes are a client-side
+# alias): a pool created without them cannot pull a private image (the kubelet pulls with the
+# node's credentials, Workload Identity or not) nor write gs:// from a host-network pod.
 XPK_NODE_SCOPES = (
     "https://www.googleapis.com/auth/devstorage.full_control",  # storage-full
     "https://www.googleapis.com/auth/devstorage.read_only",  # gke-default ...
@@ -52,11 +55,12 @@ DEFAULT_MAX_PODS_PER_NODE = 15
 class NodeOptions:
     """How the operator's TPU nodes reach Google APIs (operator settings, not job fields).
 
-    ``workload_identity``: the cluster runs Workload Identity; pods use their own identity through
-    the GKE metadata server (``workloadMetadataConfig: GKE_METADATA``) and the node keeps GKE's
-    default scopes. Otherwise the node's service account is the pods' identity and gets
-    :data:`XPK_NODE_SCOPES`. ``oauth_scopes`` overrides either default; ``service_account`` names
-    the node service account (default: the Compute Engine default one). ``tpu_taint`` sends the
+    ``workload_identity``: the cluster runs Workload Identity Federation for GKE; the nodes get
+    ``workloadMetadataConfig: GKE_METADATA``, so pods off the host network act as their Kubernetes
+    service account. The nodes keep :data:`XPK_NODE_SCOPES` in both modes: the kubelet pulls
+    images as the node, and host-network pods (the default) act as the node's service account
+    (see identity.py). ``oauth_scopes`` replaces them; ``service_account`` names the node
+    service account (default: the Compute Engine default one). ``tpu_taint`` sends the
     ``google.com/tpu`` taint explicitly (GKE adds it to TPU nodes itself).
     """
 
@@ -68,9 +72,7 @@ class NodeOptions:
     max_pods_per_node: int | None = DEFAULT_MAX_PODS_PER_NODE
 
     def scopes(self) -> tuple[str, ...]:
-        if self.oauth_scopes is not None:
-            return self.oauth_scopes
-        return () if self.workload_identity else XPK_NODE_SCOPES
+        return XPK_NODE_SCOPES if self.oauth_scopes is None else self.oauth_scopes
 
 
 def gce_label_value(value: str) -> str:
