@@ -22,6 +22,11 @@ EXIT_INVALID = 1
 EXIT_USAGE = 2
 
 
+# Top-level modules of the `operator` extra's distributions (kopf, prometheus-client, the Google
+# client libraries): what `run` and `render --gke-requests` import beyond the CLI's own needs.
+OPERATOR_MODULES = frozenset({"kopf", "prometheus_client", "google", "grpc", "proto"})
+
+
 class InputError(Exception):
     """A problem with the input file itself (not its content)."""
 
@@ -342,6 +347,15 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # the CLI alone (pip install multislice-operator)
+        if (exc.name or "").split(".")[0] not in OPERATOR_MODULES:
+            raise
+        print(
+            f"error: {args.command} needs the operator's dependencies ({exc.name} is not "
+            "installed): pip install 'multislice-operator[operator]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return code
 
 
