@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test
+.PHONY: install test lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
 
 install: $(STAMP)
 
@@ -86,3 +86,7 @@ image:
 # The built image's own tests (tests/image; not in `make test`: minutes, root, buildah).
 image-test: install image
 	MSJ_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -s tests/image
+
+# The krew archive of kubectl msj (dist/) and its uri and sha256 in plugins/msj.yaml.
+krew: install
+	hack/krew-archive.sh

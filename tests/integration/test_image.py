@@ -6,6 +6,7 @@ installs it (and alone, as the thin CLI install). The image itself is built and 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import importlib.util
 import os
 import re
@@ -13,13 +14,16 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 import zipfile
 from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
@@ -455,3 +459,87 @@ def test_thin_install_says_what_run_needs(thin: Path) -> None:
         assert result.returncode == 2, (argv, result.stderr)
         assert "pip install 'multislice-operator[operator]'" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- the krew plugin
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def test_krew_manifest_is_what_krew_accepts() -> None:
+    path = ROOT / "plugins" / "msj.yaml"
+    m = _manifest(path)
+    assert m["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2"
+    assert m["kind"] == "Plugin"
+    # krew: the name is the file's, lowercase words and hyphens; the version semver with a v.
+    assert m["metadata"]["name"] == path.stem and re.fullmatch(r"[a-z]+(-[a-z]+)*", path.stem)
+    assert m["spec"]["version"] == f"v{project()['version']}"
+    assert m["spec"]["shortDescription"] and m["spec"]["homepage"].startswith("https://")
+    for platform in m["spec"]["platforms"]:
+        assert platform["selector"]["matchExpressions"]
+        assert platform["uri"].startswith("https://") and platform["uri"].endswith(".tar.gz")
+        assert f"/v{project()['version']}/" in platform["uri"]
+        assert re.fullmatch(r"[0-9a-f]{64}", platform["sha256"])
+        assert platform["bin"] == f"kubectl-{path.stem}"  # kubectl msj runs kubectl-msj
+        assert {f["from"] for f in platform["files"]} == {
+            "kubectl-msj",
+            "multislice_operator-*.whl",
+        }
+
+
+@pytest.fixture(scope="module")
+def krew_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("krew")
+    manifest = out / "msj.yaml"
+    shutil.copy(ROOT / "plugins" / "msj.yaml", manifest)
+    result = subprocess.run(
+        [str(ROOT / "hack" / "krew-archive.sh"), "--out", str(out), "--manifest", str(manifest)],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (archive,) = out.glob("kubectl-msj-v*.tar.gz")
+    return archive, manifest
+
+
+def test_krew_archive_holds_the_launcher_and_the_wheel(krew_archive: tuple[Path, Path]) -> None:
+    archive, manifest = krew_archive
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members.keys() == {
+        "kubectl-msj",
+        f"multislice_operator-{project()['version']}-py3-none-any.whl",
+    }
+    assert members["kubectl-msj"].mode & 0o111 and members["kubectl-msj"].uid == 0
+    (platform,) = _manifest(manifest)["spec"]["platforms"]
+    assert platform["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert platform["uri"].endswith(f"/v{project()['version']}/{archive.name}")
+
+
+def test_krew_launcher_runs_through_krews_symlink(
+    krew_archive: tuple[Path, Path], thin: Path, tmp_path: Path
+) -> None:
+    """krew unpacks into its store and links bin/kubectl-msj there; the launcher finds the
+    wheel beside its target and runs the CLI from its virtualenv (here: the thin install)."""
+    store, bin_dir = tmp_path / "store" / "msj" / "v0", tmp_path / "bin"
+    store.mkdir(parents=True)
+    bin_dir.mkdir()
+    with tarfile.open(krew_archive[0]) as tar:
+        tar.extractall(store, filter="data")
+    (bin_dir / "kubectl-msj").symlink_to(store / "kubectl-msj")
+    env = {**os.environ, "KUBECTL_MSJ_VENV": str(thin)}
+    ran = subprocess.run(
+        [str(bin_dir / "kubectl-msj"), "--help"], capture_output=True, text=True, env=env,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("usage: kubectl msj") and "checkpoint" in ran.stdout
+    (store / next(p.name for p in store.glob("*.whl"))).unlink()
+    broken = subprocess.run(
+        [str(bin_dir / "kubectl-msj"), "--help"], capture_output=True, text=True, env=env,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert broken.returncode == 1 and "no multislice_operator wheel in" in broken.stderr
