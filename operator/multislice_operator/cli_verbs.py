@@ -477,8 +477,9 @@ def delete_progress(obj: dict[str, Any]) -> str:
     parts = [st.get("message") or "waiting for the operator"]
     if held:
         parts.append(f"node pools: {', '.join(held)}")
-    if finalizers and keys.FINALIZER not in finalizers:
-        parts.append(f"finalizers: {', '.join(finalizers)}")
+    foreign = [f for f in finalizers if f != keys.FINALIZER]  # someone else's hold on it
+    if foreign:
+        parts.append(f"other finalizers: {', '.join(foreign)}")
     return "; ".join(parts)
 
 
