@@ -4,17 +4,20 @@
 # archive's uri and sha256. Byte-for-byte repeatable for one commit and one build backend:
 # timestamps from the last commit (SOURCE_DATE_EPOCH), sorted entries, numeric root owner,
 # gzip without a name or time.
-#   hack/krew-archive.sh [--out DIR] [--manifest FILE] [--base-url URL]
+#   hack/krew-archive.sh [--out DIR] [--manifest FILE] [--base-url URL] [--wheel WHL]
+# --wheel: package this wheel instead of building one (the tests reuse theirs).
 set -euo pipefail
 shopt -s inherit_errexit
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/dist manifest=$root/plugins/msj.yaml
 base_url=https://github.com/multislice-operator/multislice-operator/releases/download
+wheel=""
 while (($#)); do
   case $1 in
     --out) out=$2; shift ;;
     --manifest) manifest=$2; shift ;;
     --base-url) base_url=$2; shift ;;
+    --wheel) wheel=$2; shift ;;
     *) echo "krew-archive: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -24,7 +27,11 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -1)
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 315532800)}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-"$python" -m pip wheel --quiet --no-deps --wheel-dir "$stage" "$root" >&2
+if [[ -n $wheel ]]; then
+  cp "$wheel" "$stage/"
+else
+  "$python" -m pip wheel --quiet --no-deps --wheel-dir "$stage" "$root" >&2
+fi
 cp "$root/plugins/krew/kubectl-msj" "$stage/"
 chmod 0755 "$stage/kubectl-msj"
 mkdir -p "$out"

@@ -491,12 +491,15 @@ def test_krew_manifest_is_what_krew_accepts() -> None:
 
 
 @pytest.fixture(scope="module")
-def krew_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def krew_archive(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("krew")
     manifest = out / "msj.yaml"
     shutil.copy(ROOT / "plugins" / "msj.yaml", manifest)
     result = subprocess.run(
-        [str(ROOT / "hack" / "krew-archive.sh"), "--out", str(out), "--manifest", str(manifest)],
+        [
+            str(ROOT / "hack" / "krew-archive.sh"),
+            *("--out", str(out), "--manifest", str(manifest), "--wheel", str(wheel)),
+        ],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "PYTHON": sys.executable},
     )  # fmt: skip
