@@ -1,4 +1,5 @@
-"""The `multislice-operator` command: validate, plan, render, crd, status, run.
+"""The `multislice-operator` command (and `kubectl msj`): validate, plan, render, crd, status, run;
+the cluster verbs list, logs, events, suspend, resume, checkpoint, delete live in cli_verbs.py.
 
 Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
 and a non-zero exit, never a traceback.
@@ -409,6 +410,10 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     p.add_argument("--now", help=argparse.SUPPRESS)  # tests: a fixed 'now' (ISO 8601)
     p.set_defaults(func=cmd_status)
 
+    from multislice_operator.cli_verbs import add_verbs
+
+    add_verbs(sub)  # list, logs, events, suspend, resume, checkpoint, delete
+
     p = sub.add_parser("run", help="run the operator (kopf)")
     from multislice_operator.settings import add_run_arguments
 
@@ -435,6 +440,17 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
         # flushing stdout again; point stdout at /dev/null and exit as a SIGPIPE would (141).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except ModuleNotFoundError as exc:  # the CLI alone (pip install multislice-operator)
+        # A module of ours is a bug; any other is a dependency of `run` or `render
+        # --gke-requests` (kopf, the Google client libraries and theirs) the thin install lacks.
+        if not exc.name or exc.name.split(".")[0] == "multislice_operator":
+            raise
+        print(
+            f"error: {args.command} needs the operator's dependencies ({exc.name} is not "
+            "installed): pip install 'multislice-operator[operator]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return code
 
 

@@ -253,6 +253,11 @@ def test_custom_render(tmp_path: Path) -> None:
     docs = render(tmp_path, CUSTOM_VALUES, release="ml")
     c = container(docs)
     assert c["image"] == "registry.example/msj/operator:1.2.3"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    pinned = {**CUSTOM_VALUES, "image": {**CUSTOM_VALUES["image"], "digest": digest}}
+    assert container(render(tmp_path, pinned, release="ml"))["image"] == (
+        f"registry.example/msj/operator@{digest}"  # the digest names the bytes; the tag goes
+    )
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "ml-multislice-operator"
@@ -408,6 +413,8 @@ def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
         ({"serviceAccount": {"gcpServiceAccount": "not-an-email"}}, "gcpServiceAccount"),
         ({"metric": {"port": 1}}, "'metric' not allowed"),
         ({"image": {"repository": ""}}, "/image/repository"),
+        ({"image": {"repository": "r", "digest": "latest"}}, "/image/digest"),
+        ({"image": {"repository": "r", "digest": "sha256:abc"}}, "/image/digest"),
         ({"extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "value": 60}]}, "/extraEnv/0/value"),
     ],
 )

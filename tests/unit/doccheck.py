@@ -75,6 +75,18 @@ def operator_commands() -> dict[str, set[str]]:
 
 
 @functools.cache
+def verb_defaults() -> dict[str, Any]:
+    """The defaults of the CLI verbs' own flags (`logs --worker`, ...), from the parser."""
+    out: dict[str, Any] = {}
+    for p in _subparsers(build_parser()).values():
+        for a in p._actions:
+            for o in a.option_strings:
+                if o.startswith("--") and a.default not in (None, argparse.SUPPRESS):
+                    out.setdefault(o, a.default)
+    return out
+
+
+@functools.cache
 def local_commands() -> dict[str, set[str]]:
     from multislice_local.cli import build_parser as local_parser
 
@@ -359,6 +371,8 @@ def _check_tokens(tokens: list[str], where: str) -> list[Finding]:
     if head in ("multislice-operator", "kubectl-msj") or tokens[:2] == ["kubectl", "msj"]:
         rest = tokens[2:] if head == "kubectl" else tokens[1:]
         word = next((t for t in rest if not t.startswith("-")), "")
+        if word in ("...", "…"):  # `kubectl msj ...`: the program, no verb named
+            return []
         commands = operator_commands()
         found = []
         for sub in word.split("/"):  # `kubectl msj validate/plan/render`
@@ -417,6 +431,7 @@ EXTERNAL_FLAGS = {
     "--tpu-topology": "gcloud container node-pools create",
     "--enable-gvnic": "gcloud container node-pools create (as xpk runs it)",
     "--reservation": "gcloud container node-pools create",
+    "--set": "helm install / helm upgrade",
 }
 
 
@@ -465,6 +480,11 @@ def check_defaults(text: str, name: str = "doc") -> list[Finding]:
         key, value = m.group("name"), m.group("value")
         where = f"{name}:{_line(text, m.start())}"
         if key.startswith("--"):
+            if key not in settings_defaults() and key in verb_defaults():
+                if not _same(verb_defaults()[key], value):
+                    found.append(Finding(where, f"{key} defaults to {verb_defaults()[key]}, "
+                                                f"not {value}"))  # fmt: skip
+                continue
             if key not in settings_defaults():
                 found.append(Finding(where, f"{key} is not a setting with a default"))
             elif not _same(settings_defaults()[key], value):

@@ -47,8 +47,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if gt (int .Values.replicaCount) 1 }}true{{- end }}
 {{- end }}
 
+{{/* repository:tag, or repository@digest when image.digest is set (the digest names the
+bytes; the tag is then ignored). */}}
 {{- define "multislice-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* What the operator does to namespaced objects (templates/rbac.yaml): in the ClusterRole, or
