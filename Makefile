@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
+.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
 
 install: $(STAMP)
 
@@ -19,6 +19,16 @@ $(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requ
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The decide() state machine (tests/unit/test_decide_machine.py), searched much longer than
+# make test does, from a fresh seed each run (a failure prints how to reproduce it):
+# FUZZ_EXAMPLES for the Managed job (the queued job gets 40%), FUZZ_STEPS per example.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_STEPS ?= 30
+fuzz: install
+	MACHINE_EXAMPLES=$(FUZZ_EXAMPLES) MACHINE_STEPS=$(FUZZ_STEPS) MACHINE_RANDOM=1 \
+		MACHINE_SHRINK_SECONDS=300 $(BIN)/python -m pytest -q --timeout=0 \
+		tests/unit/test_decide_machine.py
 
 lint: install
 	$(BIN)/ruff check operator local workload tests benchmarks

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from multislice_operator.api.models import ConditionType, Phase
@@ -352,6 +352,8 @@ def _complete(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
     released = True if keep else release(f, b)
     if f.deleting and f.meta.has_finalizer and released:
         b.add(RemoveFinalizer())  # an invalid spec being deleted: nothing of it is left
+    elif not f.deleting:
+        _ttl(f, b, f.now, released)
     return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
 
 
@@ -362,15 +364,20 @@ def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
         kueue.reject(f, b, v.message)
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
     released = True if keep else release(f, b)
-    ttl = f.spec.ttl_seconds_after_finished if f.spec else None
-    done = f.old.completion_time
-    if ttl is not None and done is not None and released:
-        left = (done + timedelta(seconds=ttl) - f.now).total_seconds()
-        if left <= 0:
-            b.add(DeleteJob())
-        else:
-            b.requeue_in(left)
+    _ttl(f, b, f.old.completion_time, released)
     return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
+
+
+def _ttl(f: Facts, b: Builder, done: datetime | None, released: bool) -> None:
+    """ttlSecondsAfterFinished, from the completion (this pass's, when it completes now)."""
+    ttl = f.spec.ttl_seconds_after_finished if f.spec else None
+    if ttl is None or done is None or not released:
+        return
+    left = (done + timedelta(seconds=ttl) - f.now).total_seconds()
+    if left <= 0:
+        b.add(DeleteJob())
+    else:
+        b.requeue_in(left)
 
 
 def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
