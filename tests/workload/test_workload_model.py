@@ -118,7 +118,9 @@ def test_compiled_step_reduce_scatters_gradients_under_fsdp(fsdp_tensor: train.T
 
 def run_steps(t: train.Trainer, steps: int) -> tuple[list[float], dict[str, np.ndarray]]:
     windows = datasets.stdlib_windows(CFG.seq_len + 1, "train")
-    pipeline = datasets.GlobalBatches(windows, CFG.batch_size, t.batch_sharding, CFG.seed, threads=0)
+    pipeline = datasets.GlobalBatches(
+        windows, CFG.batch_size, t.batch_sharding, CFG.seed, threads=0
+    )
     state, losses = t.initial_state, []
     for _ in range(steps):
         state, loss = t.step(state, next(pipeline))
