@@ -15,7 +15,7 @@ import pytest
 
 from multislice_workload import model, optim, train
 from multislice_workload.mesh import MESH_AXES
-from tests.workload.test_workload_cli import run_workload
+from tests.workload.test_workload_cli import TINY, run_workload
 
 CFG = train.TrainConfig(
     steps=4,
@@ -82,16 +82,17 @@ def test_a_restart_loads_its_programs_from_the_compilation_cache(tmp_path: Path)
     """Under the checkpoint directory by default; the second start hits the cache. The first
     run also writes a profile of steps 2-3."""
     ckpt, profile = tmp_path / "ckpt", tmp_path / "profile"
-    args = ["train", *SMALL, "--steps", "3", "--checkpoint_dir", str(ckpt)]
+    args = ["train", *TINY, "--steps", "3", "--checkpoint_dir", str(ckpt)]
     code, events, stderr = run_workload(
-        [*args, "--profile_dir", str(profile), "--profile_start_step", "2", "--profile_steps", "2"]
+        [*args, "--profile_dir", str(profile), "--profile_start_step", "2", "--profile_steps", "2"],
+        timeout=600,
     )
     assert code == 0, stderr[-3000:]
     assert events_of(events, "train_config")[0]["compilation_cache_hits"] == 0
     assert any((ckpt / "compilation-cache").iterdir())
     assert [e["step"] for e in events_of(events, "profile_written")] == [3]
     assert list(profile.rglob("*.xplane.pb"))
-    code, events, stderr = run_workload([*args, "--steps", "4"])
+    code, events, stderr = run_workload([*args, "--steps", "4"], timeout=600)
     assert code == 0, stderr[-3000:]
     assert events_of(events, "train_config")[0]["compilation_cache_hits"] >= 2  # init + step
 

@@ -43,6 +43,7 @@ from multislice_workload import hardware, logs, optim, runtime, tokenizer
 from multislice_workload.checkpoint import Checkpointer
 from multislice_workload.common import add_parallelism_flags, divisible, make_mesh, parallelism_from
 from multislice_workload.datasets import DatasetSpec, GlobalBatches, open_windows
+from multislice_workload.emergency import EmergencyCheckpointer
 from multislice_workload.env import ConfigError, WorkloadEnv
 from multislice_workload.exitcodes import (
     EXIT_INJECTED_FAILURE,
@@ -527,7 +528,7 @@ class TrainLoop:
         env: WorkloadEnv,
         trainer: Trainer,
         data: GlobalBatches,
-        checkpointer: Checkpointer,
+        checkpointer: Checkpointer | EmergencyCheckpointer,
         requests: CheckpointRequests,
         watchdog: Watchdog,
         figures: Figures,
@@ -733,7 +734,7 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
         watcher, cfg.checkpoint_request_every, gather_ids if jax.process_count() > 1 else None
     )
     watchdog = Watchdog(cfg.hang_factor, cfg.hang_warmup_steps, cfg.hang_timeout_s, cfg.hang_min_s)
-    checkpointer = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, cfg.keep_checkpoints)
+    checkpointer = make_checkpointer(cfg, trainer)
     loop = TrainLoop(env, trainer, data, checkpointer, requests, watchdog, figures, eval_data)
     watchdog.start()
     failing = True
@@ -746,6 +747,22 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     finally:
         loop.close(failing)
         checkpointer.close()
+
+
+def make_checkpointer(cfg: TrainConfig, trainer: Trainer) -> Checkpointer | EmergencyCheckpointer:
+    """Orbax's emergency (local + persistent) manager with --local_checkpoint_dir, else the
+    persistent one."""
+    if cfg.local_checkpoint_dir and cfg.checkpoint_dir:
+        return EmergencyCheckpointer(
+            cfg.checkpoint_dir,
+            cfg.local_checkpoint_dir,
+            cfg.checkpoint_every,
+            cfg.local_checkpoint_every,
+            cfg.keep_checkpoints,
+            trainer.mesh,
+            trainer.initial_state,
+        )
+    return Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, cfg.keep_checkpoints)
 
 
 def load_tokenizer(cfg: TrainConfig, spec: DatasetSpec) -> tokenizer.Tokenizer:
@@ -847,7 +864,10 @@ def log_config(
 
 
 def restore_or_init(
-    trainer: Trainer, checkpointer: Checkpointer, data: GlobalBatches, requests: CheckpointRequests
+    trainer: Trainer,
+    checkpointer: Checkpointer | EmergencyCheckpointer,
+    data: GlobalBatches,
+    requests: CheckpointRequests,
 ) -> dict[str, Any]:
     latest = checkpointer.latest_step()
     if latest is None:
