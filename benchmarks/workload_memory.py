@@ -80,6 +80,9 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=4096)
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Nothing runs but the initialization: compile without LLVM's optimizations (buffer
+    # assignment, what memory_analysis reports, happens before them).
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
     from multislice_workload import train
 
@@ -96,7 +99,10 @@ def main() -> int:
         data_threads=0,
         vocab=args.vocab,
     )
-    rows = [{"option": name, **measure(base, o)} for name, o in OPTIONS]
+    rows = []
+    for name, overrides in OPTIONS:
+        rows.append({"option": name, **measure(base, overrides)})
+        print(f"measured {name}", flush=True)
     baseline = rows[0]
     print(f"model: {baseline['parameters']:,} parameters; batch {args.batch_size} x {args.seq_len}")
     print(f"{'option':<40} {'state B/param':>13} {'peak B/param':>12} {'peak vs base':>12}")

@@ -308,3 +308,51 @@ def test_the_loop_waits_for_the_step_before_not_the_one_it_dispatched(tmp_path: 
         "dispatch 4", "wait 3", "wait 4", "read 4",  # a logging step: waited for and read
         "dispatch 5", "wait 5", "read 5",  # the last step is logged too
     ]  # fmt: skip
+
+
+# --- Emergency checkpointing. -------------------------------------------------------------------
+
+
+def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persistent_one(
+    tmp_path: Path,
+) -> None:
+    """Two slices (one process each), data parallel over them: slice 1 saves to its local
+    directory every 2 steps, slice 0 (the primary) to the persistent directory every 5. The
+    primary's pod is lost after step 7 (a crash: it never saves again); on the restart the run
+    resumes from step 6, which only slice 1's local tier holds, broadcast to the replaced slice
+    0, and not from the persistent step 5."""
+    from multislice_workload.env import Parallelism
+    from multislice_workload.local import launch
+
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    tiers = ["--local_checkpoint_dir", str(local), "--local_checkpoint_every", "2"]
+    result = launch(
+        2,
+        1,
+        1,
+        args=[
+            "train",
+            *TINY,
+            "--steps",
+            "8",
+            "--checkpoint_every",
+            "5",
+            "--log_every",
+            "4",
+            *tiers,
+        ],
+        parallelism=Parallelism(dcn_data=2),
+        max_restarts=1,
+        fail_process=0,
+        fail_at_step=7,
+        checkpoint_dir=str(persistent),
+        timeout_s=1500,
+    )
+    assert result.succeeded, result.format_timeline()
+    assert sorted(int(p.name) for p in persistent.iterdir() if p.name.isdigit())[:2] == [2, 5]
+    assert {p.name for p in (local / "process-1").iterdir()} >= {"4", "6"}
+    assert not any((local / "process-0").iterdir())  # the primary slice keeps no local tier
+    restored = result.events_named("restored", attempt=1)
+    assert sorted(e["launch_process"] for e in restored) == [0, 1]
+    assert {e["step"] for e in restored} == {6}
+    assert all(e["data_state"] == {"next_example": 6 * 4} for e in restored)

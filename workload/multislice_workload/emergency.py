@@ -41,11 +41,17 @@ class EmergencyCheckpointer:
     ) -> None:
         import jax
         import orbax.checkpoint as ocp
+        from absl import flags
         from orbax.checkpoint._src.multihost import multihost
         from orbax.checkpoint.experimental.emergency import checkpoint_manager as emergency
 
         from multislice_workload.checkpoint import _directory
 
+        # The restore path reads absl flags (mesh_consistency.py's
+        # experimental_use_distributed_id_for_mesh_consistency); this program does not parse
+        # absl's command line, so take their defaults.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
         # The emergency manager maps processes to devices through these tables; Orbax's own
         # emergency benchmark sets them up the same way (orbax/checkpoint/_src/testing/
         # benchmarks/emergency_checkpoint_manager_benchmark.py).
