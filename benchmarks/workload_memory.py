@@ -12,6 +12,7 @@ crash on bf16 reduce-scatters, train.py), so its temporaries hold a float32 copy
 its state bytes are exact on every platform.
 
     .venv/bin/python -m benchmarks.workload_memory [--seq_len 256] [--batch_size 8]
+    .venv/bin/python -m benchmarks.workload_memory --attention-only   # scratch bytes vs T
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from benchmarks.workload_common import load_average, machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workload_memory.json"
+ATTENTION_RESULTS = RESULTS.with_name("workload_attention_memory.json")
 
 # (name, TrainConfig overrides); the first is the baseline.
 OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -71,6 +73,36 @@ def measure(base: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def attention_temp_bytes(impl: str, length: int) -> int:
+    """XLA's scratch bytes for attention's forward + backward at context `length` (batch 1, 4
+    heads of 64, float32), compiled only."""
+    import jax
+    import jax.numpy as jnp
+
+    from multislice_workload import attention
+
+    def loss(q: Any) -> Any:
+        return (attention.attend(q, q, q, impl=impl, block=256) ** 2).sum()
+
+    q = jax.ShapeDtypeStruct((1, length, 4, 64), jnp.float32)
+    return int(jax.jit(jax.grad(loss)).lower(q).compile().memory_analysis().temp_size_in_bytes)
+
+
+def attention_table() -> list[dict[str, Any]]:
+    rows = []
+    for length in (512, 1024, 2048, 4096):
+        row = {"seq_len": length}
+        for impl in ("xla", "blockwise"):
+            row[f"{impl}_temp_bytes"] = attention_temp_bytes(impl, length)
+        rows.append(row)
+        print(
+            f"attention T={length:>5}: xla {row['xla_temp_bytes'] / 1e6:8.1f} MB, "
+            f"blockwise {row['blockwise_temp_bytes'] / 1e6:6.1f} MB",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch_size", type=int, default=8)
@@ -78,6 +110,7 @@ def main() -> int:
     parser.add_argument("--embed", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--attention-only", action="store_true", help="only the T table")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     # Nothing runs but the initialization: compile without LLVM's optimizations (buffer
@@ -86,6 +119,11 @@ def main() -> int:
 
     from multislice_workload import train
 
+    if args.attention_only:
+        rows = attention_table()
+        ATTENTION_RESULTS.write_text(json.dumps({"attention_temp_bytes": rows}, indent=2) + "\n")
+        print(f"wrote {ATTENTION_RESULTS}")
+        return 0
     base = train.TrainConfig(
         steps=10,
         batch_size=args.batch_size,
