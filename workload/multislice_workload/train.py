@@ -567,6 +567,7 @@ class TrainLoop:
             self.profiler.finish(step) if self.profiler.ends_at(step) else None
             code = self.after_step(step, state, loss)
             if code is not None:
+                self.complete()  # the step the exit reports is done
                 return code
         self.complete()
         self.save(step, state, wait=True)
@@ -627,6 +628,8 @@ class TrainLoop:
 
     def after_step(self, step: int, state: dict[str, Any], loss: Any) -> int | None:
         """Everything due at this step boundary; an exit code ends the run."""
+        if fault_at(self.env, step):
+            self.complete()  # a test hook acts after its step, as a real fault would be seen
         inject_faults(self.env, step)
         if self.logs_at(step):
             self.log_step(step, float(loss))
@@ -896,6 +899,11 @@ def restore_or_init(
 # --- Test hooks. ------------------------------------------------------------------------------
 
 _NOTICE_PROPAGATION_S = 2.5
+
+
+def fault_at(env: WorkloadEnv, step: int) -> bool:
+    hooks = (env.fail_at_step, env.hang_at_step, env.preempt_at_step, env.kill_in_save_at_step)
+    return env.restart_attempt == 0 and step in hooks
 
 
 def inject_faults(env: WorkloadEnv, step: int) -> None:
