@@ -36,7 +36,7 @@ def prepare_corpus(directory: str) -> dict[str, Any]:
     from multislice_workload import prepare
 
     docs = prepare.builtin_documents(["python-docs"])
-    return prepare.prepare(docs, Path(directory), vocab_size=4096)
+    return prepare.prepare(docs, Path(directory), vocab_size=4096, source="python-docs")
 
 
 def model_args(args: argparse.Namespace) -> list[str]:
