@@ -166,8 +166,10 @@ BASE_RULES = {
     ("", "pods/eviction", "create"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
+    ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     # The Role in the release namespace: the heartbeat Lease always, leader election with
@@ -290,7 +292,7 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
-CLUSTER_SCOPED = ("nodes", "customresourcedefinitions", "leases")  # leases: their own Role
+CLUSTER_SCOPED = ("nodes", "namespaces", "customresourcedefinitions", "leases")  # leases: their own Role
 NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
 LEASES = {r for r in BASE_RULES if r[1] == "leases"}
 

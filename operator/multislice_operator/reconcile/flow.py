@@ -169,8 +169,12 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     assert f.plan is not None and f.spec is not None
     plan = f.plan
     b.status.startup = None  # timed again below, only while the JobSet starts
-    if b.status.start_time is None:
+    if b.status.start_time is None:  # the job's first active pass
         b.status.start_time = f.now
+        if plan.warnings:  # said once: validate printed it too, but nobody may have run it
+            b.event(
+                Reason.NO_CHECKPOINT, "; ".join(f"{w.path}: {w.message}" for w in plan.warnings)
+            )
     if plan.managed and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
