@@ -104,7 +104,9 @@ def decide(
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
-    if f.plan is not None and f.error is None:
+    if f.plan is not None and f.error is None and not f.deleting:
+        # Being deleted: the slices stay as last written (one status write for the deletion,
+        # not one per pool state seen while the pools are released).
         slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
     goodput.account(f, b, bool(cap.repairing))
     b.transition_event()
