@@ -303,3 +303,50 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, st
     assert wl["metadata"]["uid"] == wl_before["metadata"]["uid"]
     assert not (wl["status"].get("schedulingStats") or {}).get("evictions")  # never requeued
     assert len(env.witness.for_job(f"{env.ns}/flaky")) == 2
+
+
+def test_suspending_an_admitted_queued_job_goes_through_its_workload(env, stack):
+    """spec.suspend on a job Kueue admitted: Kueue's JobSet integration unsuspends a suspended
+    JobSet whose Workload is admitted (jobframework/reconciler.go), so suspending the JobSet
+    would fight Kueue. The operator deactivates the Workload instead: Kueue evicts it and
+    suspends the JobSet itself; resuming activates it again and Kueue admits it anew."""
+    env.queue(64)
+    env.create("paused", run="30s")
+    env.phase("paused", "Running")
+    env.custom.patch_namespaced_custom_object(
+        models.GROUP, models.VERSION, env.ns, models.PLURAL, "paused", {"spec": {"suspend": True}}
+    )
+    env.phase("paused", "Suspended")
+    wl = wait_for(
+        lambda: (
+            (w := env.workload("paused")) is not None and w["spec"].get("active") is False and w
+        ),
+        30,
+        "the Workload deactivated",
+        on_timeout=env.dump,
+    )
+    assert wl
+    wait_for(lambda: env.pools("paused") == [], 60, "pools released", on_timeout=env.dump)
+
+    def suspended_js() -> bool:
+        js = env.custom.get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", env.ns, "jobsets", "paused"
+        )
+        return bool(js["spec"].get("suspend"))
+
+    wait_for(suspended_js, 30, "the JobSet suspended (by Kueue)", on_timeout=env.dump)
+    # No tug of war: over several seconds the JobSet stays suspended and the job Suspended.
+    for _ in range(10):
+        time.sleep(0.5)
+        assert suspended_js() and env.status("paused").get("phase") == "Suspended"
+    env.custom.patch_namespaced_custom_object(
+        models.GROUP, models.VERSION, env.ns, models.PLURAL, "paused", {"spec": {"suspend": False}}
+    )
+    wait_for(
+        lambda: (env.workload("paused") or {}).get("spec", {}).get("active") is not False,
+        30,
+        "the Workload active again",
+        on_timeout=env.dump,
+    )
+    env.phase("paused", "Running", 120)
+    assert env.witness.without_quota() == []

@@ -49,7 +49,7 @@ for _info in SLICE_FAILURE_REASONS.values():
         metrics.SLICE_FAILURES_TOTAL.labels(_info.metric, _cause)
 for _restart in RestartCause:
     metrics.RESTARTS_TOTAL.labels(_restart.value)
-for _source in ("user", "maintenance"):
+for _source in ("user", "maintenance", "flex-start"):
     metrics.CHECKPOINT_REQUESTS_TOTAL.labels(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
