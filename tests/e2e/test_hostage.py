@@ -200,12 +200,29 @@ def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     delete(stack, ns, "nosched")
 
 
-def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
-    """Refused only when the Job controller creates them (Pod Security enforces on pods, not on
-    Jobs, so the dry run passes): no pod ever appears; the deadline still ends it."""
+def test_a_namespace_whose_pod_security_refuses_tpu_pods_fails_the_job_before_any_pool(env):
+    """The namespace's Pod Security level is read before the first pool: `restricted` refuses
+    host-network pods, so the job fails at once, holding nothing (no pool, no JobSet)."""
     stack, ns = env
     client.CoreV1Api(stack.api).patch_namespace(
         ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    create(stack.api, ns, job("podsec"))
+    st = wait_phase(stack, ns, "podsec", "Failed", 60)
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Failed"]["reason"] == "PodSecurityRefused", st
+    assert "restricted" in st["message"] and "hostNetwork" in st["message"], st["message"]
+    assert not pools_of(stack, ns, "podsec")
+    assert jobset(stack, ns, "podsec") is None
+    delete(stack, ns, "podsec")
+
+
+def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
+    """Refused only when the Job controller creates them (a ResourceQuota of 0 pods counts
+    pods, not Jobs, so the dry run passes): no pod ever appears; the deadline still ends it."""
+    stack, ns = env
+    client.CoreV1Api(stack.api).create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
     )
     create(stack.api, ns, job("nopods", failurePolicy={"unschedulableTimeoutSeconds": 10}))
     wait_for(lambda: len(pools_of(stack, ns, "nopods")) == 2, 60, "pools created")

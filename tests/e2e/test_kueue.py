@@ -273,7 +273,11 @@ def test_operator_killed_while_the_check_is_pending_or_provisioning_converges(en
     assert op.wait_exit(90) == 3
     if point == "after-jobset-create":
         wait_for(lambda: queues.holds_quota(env.workload("crash")), 30, "quota reserved")
-        (check,) = env.workload("crash")["status"]["admissionChecks"]
+        # Kueue lists the check states in a later update than QuotaReserved (seen under load)
+        checks = wait_for(
+            lambda: env.workload("crash")["status"].get("admissionChecks"), 30, "check listed"
+        )
+        (check,) = checks
         assert check["state"] == "Pending" and env.pools("crash") == []
     stack.start_operator()
     # Not its Running, which a 4 s run can end between two polls under load (seen): the end.

@@ -265,6 +265,13 @@ def test_a_managed_job_deleted(api, ns, op, sim) -> None:
         return len(mine) == 2 * BATCH and all(p["status"] == "RUNNING" for p in mine)
 
     wait_for(created, 60, "the batch's pools created")
+
+    def seen(name: str) -> bool:  # the operator's write for its pools seen is not counted
+        slices = (msj.get(api, ns, name) or {}).get("status", {}).get("slices") or []
+        return bool(slices) and all(s.get("phase") != "Pending" for s in slices)
+
+    for name in b.names:
+        wait_for(lambda n=name: seen(n), 60, f"{name}'s pools seen", on_timeout=op.log_tail)
     b.start()
     b.delete()
     b.gone()

@@ -488,6 +488,36 @@ def test_releasing_the_pools_writes_the_status_once_whatever_states_they_pass():
         assert st(again) == st(first), states
 
 
+@pytest.mark.parametrize("before", ["Provisioning", "Running", "Starting"])
+def test_every_pass_of_a_deletion_writes_what_the_first_wrote(before):
+    """Whatever the pools do while they are released (states, retryable errors, time passing),
+    the status stays as the deletion's first pass wrote it: one write per deletion."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    deleting = JobMeta("ns", "job", "uid-1", 1, deleting=True, has_finalizer=True)
+    busy = PoolError(1, "p", "CLUSTER_BUSY", "another operation is running", permanent=False)
+    state = hs.sampled_from([PoolState.CREATING, PoolState.READY, PoolState.DELETING])
+    first = run(
+        old={"phase": before},
+        obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.READY)),
+        meta=deleting,
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(hs.lists(hs.tuples(state, state, hs.booleans(), hs.integers(1, 600)), max_size=5))
+    def passes(seq):
+        old, t = first.status, NOW
+        for s0, s1, err, dt in seq:
+            t += timedelta(seconds=dt)
+            slices = pools(s0, s1, errors={1: busy} if err else None)
+            d = run(old=old, obs=Observed(now=t, slices=slices), meta=deleting)
+            assert st(d) == st(first), (seq, st(d), st(first))
+            old = d.status
+
+    passes()
+
+
 def test_creating_the_jobset_costs_one_status_write():
     """The pass that creates the JobSet writes the status the next pass (JobSet seen, nothing
     running yet) computes, so that pass writes nothing."""
