@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller.kube import Kube
+from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import Admission, DecideConfig
@@ -95,6 +96,9 @@ class Runtime:
     previous_alive: datetime | None = None
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # What /readyz answers; workers reconciling a job right now (a metric).
+    readiness: Readiness = field(default_factory=Readiness)
+    active_workers: int = 0
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
