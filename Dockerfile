@@ -3,8 +3,9 @@
 #   docker build -t multislice-operator:0.1.0 .
 #   docker run --rm multislice-operator:0.1.0 --help
 # Runs with a read-only root filesystem: nothing is written outside /tmp (mount an emptyDir
-# there, as the Helm chart does). Liveness: kopf serves /healthz where --liveness / MSJ_LIVENESS
-# says, e.g. http://0.0.0.0:8080/healthz; metrics on MSJ_METRICS_PORT (8000).
+# there, as the Helm chart does). Health: the operator serves /healthz and /readyz on
+# MSJ_HEALTH_PORT, by default http://0.0.0.0:8080/healthz; metrics over HTTPS with Kubernetes
+# authentication on MSJ_METRICS_PORT (8000).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # ---- builder: the wheel only (setuptools and wheel stay in this stage)

@@ -223,3 +223,14 @@ def test_workqueue_depth_counts_due_keys_only() -> None:
         return before, q.due()
 
     assert asyncio.run(scenario()) == (1, 0)
+
+
+def test_the_self_signed_certificate_needs_nothing_beyond_the_runtime_pins() -> None:
+    """`cryptography` (the self-signed certificate) is no pin of the operator's: it comes with
+    google-auth, a dependency of the GKE clients. Should that change, pin it in pyproject.toml
+    (tests/integration/test_image.py then wants the Dockerfile's ARG too)."""
+    import re
+    from importlib.metadata import requires
+
+    needs = [r for r in requires("google-auth") or [] if re.match(r"cryptography\b", r)]
+    assert any("extra ==" not in r for r in needs), needs  # unconditional, not an extra

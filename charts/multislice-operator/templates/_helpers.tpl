@@ -23,7 +23,7 @@
 
 {{- define "multislice-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "multislice-operator.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "multislice-operator.labels" -}}
