@@ -1,7 +1,8 @@
 """The operator's own HTTP surface (controller/serving.py) and the settings that guard it: health
 and readiness, metrics behind delegated authentication (cached as controller-runtime's), TLS,
 and what `run` refuses before it starts. The real apiserver's TokenReview is exercised in
-tests/integration/test_metrics_auth.py."""
+tests/integration/test_chart.py
+(test_metrics_need_a_token_bound_to_the_metrics_reader_role)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Orbax checkpoints of the training state, the data iterator and run metadata; async saves.
 
 One checkpoint holds three items: ``state`` (step, parameters, optimizer state: every process
-writes the shards it owns), ``data`` (each process's Grain iterator position, one JSON file per
-process, Grain's own Orbax handler) and ``meta`` (the last checkpoint request served, the corpus
-fingerprint). The primary process commits a step only after every process finished writing
-(the temporary directory is renamed), so a crash mid-save leaves the previous step the latest.
+writes the shards it owns), ``data`` (the data iterator's global position,
+``{"next_example": n}``, the same on every process: one JSON file, so a checkpoint resumes on any
+process count; Grain's own handler writes one file per process and ties the checkpoint to that
+count) and ``meta`` (the last checkpoint request served, the corpus fingerprint). The primary
+process commits a step only after every process finished writing (the temporary directory is
+renamed), so a crash mid-save leaves the previous step the latest.
 
 Saves are asynchronous: `save` returns once the arrays are copied to host memory (Orbax 0.12.8
 copies every array before returning unless a device-host byte limit is set, none here), so the
@@ -41,7 +43,6 @@ class Checkpointer:
         self._abandoned = False  # a wait timed out: the save in flight will never finish
         self._manager: Any = None
         if directory:
-            import grain
             import orbax.checkpoint as ocp
 
             options = ocp.CheckpointManagerOptions(
@@ -55,7 +56,7 @@ class Checkpointer:
                 options=options,
                 item_handlers={
                     STATE: ocp.StandardCheckpointHandler(),
-                    DATA: grain.checkpoint.CheckpointHandler(),
+                    DATA: ocp.JsonCheckpointHandler(),
                     META: ocp.JsonCheckpointHandler(),
                 },
             )
@@ -81,8 +82,7 @@ class Checkpointer:
 
     def restore(self, step: int, like: Any, data: Any) -> tuple[Any, dict[str, Any]]:
         """The state saved at `step` (shapes, dtypes, shardings of `like`) and its metadata;
-        `data` (the iterator) is moved to where it was at that step."""
-        import grain
+        `data` (the iterator: `set_state`) is moved to where it was at that step."""
         import jax
         import orbax.checkpoint as ocp
 
@@ -92,23 +92,26 @@ class Checkpointer:
             args=ocp.args.Composite(
                 **{
                     STATE: ocp.args.StandardRestore(abstract),
-                    DATA: grain.checkpoint.CheckpointRestore(data),
+                    DATA: ocp.args.JsonRestore(),
                     META: ocp.args.JsonRestore(),
                 }
             ),
         )
+        data.set_state(dict(restored[DATA]))
         self._last_saved = self._durable = step
         return restored[STATE], dict(restored[META] or {})
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, step: int, state: Any, data: Any, meta: dict[str, Any]) -> float | None:
-        """Start saving (collective: every process calls it at the same step). Returns the
-        seconds it blocked, None when nothing was started (disabled, or already saved)."""
+    def save(
+        self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any]
+    ) -> float | None:
+        """Start saving (collective: every process calls it at the same step) the state, the
+        data position `data` and `meta`. Returns the seconds it blocked, None when nothing was
+        started (disabled, or already saved)."""
         if not self._manager or self._last_saved == step:
             return None
-        import grain
         import orbax.checkpoint as ocp
 
         start = time.perf_counter()
@@ -117,7 +120,7 @@ class Checkpointer:
             args=ocp.args.Composite(
                 **{
                     STATE: ocp.args.StandardSave(state),
-                    DATA: grain.checkpoint.CheckpointSave(data),
+                    DATA: ocp.args.JsonSave(data),
                     META: ocp.args.JsonSave(meta),
                 }
             ),

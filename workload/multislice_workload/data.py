@@ -1,24 +1,19 @@
-"""Training data: byte-level tokens of the Python standard library's own source, through Grain.
+"""The default corpus: byte-level tokens of the Python standard library's own source.
 
 The corpus needs no download and is the same on every host of one image: the ``.py`` files under
 ``sysconfig.get_path("stdlib")`` (tests and installed packages excluded), in sorted order, each cut
 into non-overlapping windows of ``seq_len + 1`` bytes (inputs and next-byte targets).
 
-Determinism and resume. Window order is a seeded Grain shuffle (reshuffled every epoch). The
-global batch of step s is the windows ``s x B .. s x B + B - 1`` of that order, whatever the
-mesh: a process reads only the rows its devices hold (`process_rows`), and those come from the
-same global positions on any layout, so ``dcn.pipeline=2`` and ``dcn.data=2`` train on the same
-data. Each process's Grain iterator state (the next position) is saved in every checkpoint and
-restored with it.
+Batches, shuffling and the checkpointed position are `datasets.GlobalBatches`', as for every
+other source: the global batch of step s is the same windows on any layout, so ``dcn.pipeline=2``
+and ``dcn.data=2`` train on the same data.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import hashlib
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,58 +83,3 @@ def process_rows(sharding: Any, global_shape: tuple[int, ...]) -> tuple[int, int
     if not covered.all():
         raise ValueError(f"this process's batch rows are not contiguous: {sorted(rows)}")
     return lo, hi
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    global_batch: int
-    seq_len: int
-    seed: int
-    steps: int
-    threads: int = 2
-
-
-def local_dataset(cfg: DataConfig, source: ByteWindows, lo: int, hi: int) -> Any:
-    """Grain MapDataset of this process's [hi - lo, seq_len + 1] slices of each global batch."""
-    import grain
-
-    windows = grain.MapDataset.source(source).shuffle(seed=cfg.seed).repeat()
-    rows = hi - lo
-
-    def sample(n: int) -> np.ndarray:
-        step, row = divmod(int(n), rows)
-        return np.asarray(windows[step * cfg.global_batch + lo + row])
-
-    return grain.MapDataset.range(cfg.steps * rows).map(sample).batch(rows, drop_remainder=True)
-
-
-class DataPipeline:
-    """Global token batches [global_batch, seq_len + 1] assembled from process-local reads."""
-
-    def __init__(self, cfg: DataConfig, sharding: Any, files: list[Path] | None = None) -> None:
-        import grain
-
-        root = None if files else stdlib_root()
-        self.source = ByteWindows(files or corpus_files(), cfg.seq_len + 1, root)
-        self.sharding = sharding
-        self.global_shape = (cfg.global_batch, cfg.seq_len + 1)
-        self.rows = process_rows(sharding, self.global_shape)
-        dataset = local_dataset(cfg, self.source, *self.rows)
-        options = grain.ReadOptions(num_threads=cfg.threads, prefetch_buffer_size=2 * cfg.threads)
-        self.iterator: Any = dataset.to_iter_dataset(options).__iter__()
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        import jax
-
-        local = next(self.iterator)
-        return jax.make_array_from_process_local_data(self.sharding, local, self.global_shape)
-
-    def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = self.iterator.get_state()
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.iterator.set_state(state)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice_workload.model import LAYER_AXES, ModelConfig, decoder_layer, gather_layer, remat
+from multislice_workload.model import WEIGHT_AXES, ModelConfig, decoder_layer, gather_layer, remat
 from multislice_workload.sharding import constrain, local_reshape
 
 
@@ -42,7 +42,7 @@ def stage_view(layers: dict[str, Any], stages: int, mesh: Any) -> dict[str, Any]
 
     def split(name: str, w: Any) -> Any:
         shape = (stages, w.shape[0] // stages, *w.shape[1:])
-        return local_reshape(w, mesh, ("layers", *LAYER_AXES[name]), shape)
+        return local_reshape(w, mesh, ("layers", *WEIGHT_AXES[name]), shape)
 
     return {name: split(name, w) for name, w in layers.items()}
 
