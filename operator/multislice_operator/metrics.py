@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from prometheus_client import (
@@ -31,18 +31,41 @@ PlatformCollector(registry=REGISTRY)
 
 # The namespace of the job the current pass reconciles ("" outside a pass).
 JOB_NAMESPACE: ContextVar[str] = ContextVar("multislice_job_namespace", default="")
+_PER_NAMESPACE: list[PerNamespace] = []
+_SEEN_NAMESPACES: set[str] = set()
+
+
+def enter_namespace(namespace: str) -> Token[str]:
+    """Charge this pass's metrics to `namespace` (JOB_NAMESPACE.reset(token) ends it); the first
+    pass in a namespace exports its preset label sets at 0."""
+    if namespace not in _SEEN_NAMESPACES:
+        _SEEN_NAMESPACES.add(namespace)
+        for metric in _PER_NAMESPACE:
+            for values in metric.presets:
+                metric.metric.labels(namespace, *values)
+    return JOB_NAMESPACE.set(namespace)
 
 
 class PerNamespace:
     """A counter or histogram whose first label is the namespace of the job being reconciled
     (JOB_NAMESPACE): `.labels(cause)` is `.labels(namespace, cause)`, `.inc()` and `.observe()`
-    need no labels at all, as the unlabelled metric's would."""
+    need no labels at all, as the unlabelled metric's would. `.preset(cause)` names a label set
+    exported at 0 in each namespace from its first pass on (enter_namespace), so that rate()
+    and increase() see the first failure; no series is made for the "" of no pass."""
 
     def __init__(self, metric: Counter | Histogram) -> None:
         self.metric = metric
+        self.presets: list[tuple[str, ...]] = []
+        _PER_NAMESPACE.append(self)
 
     def labels(self, *values: str) -> Any:
         return self.metric.labels(JOB_NAMESPACE.get(), *values)
+
+    def preset(self, *values: str) -> None:
+        if values not in self.presets:
+            self.presets.append(values)
+            for namespace in _SEEN_NAMESPACES:
+                self.metric.labels(namespace, *values)
 
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)

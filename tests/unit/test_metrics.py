@@ -86,6 +86,40 @@ def test_pass_metrics_carry_the_namespace_of_the_job_being_reconciled():
     assert sample(restarts, namespace="team-x", cause="workload") == before + 1
 
 
+def test_preset_label_sets_are_exported_at_zero_per_namespace_from_its_first_pass():
+    """The restart causes, failure reasons and checkpoint sources are exported at 0 in each
+    namespace once a pass runs there (rate() sees the first failure), never under the empty
+    namespace of no pass."""
+    from multislice_operator.controller import reconciler  # noqa: F401  (the presets)
+
+    assert ("workload",) in metrics.RESTARTS_TOTAL.presets
+    assert sample("multislice_restarts_total", namespace="fresh-ns", cause="hang") is None
+    token = metrics.enter_namespace("fresh-ns")
+    metrics.JOB_NAMESPACE.reset(token)
+    for cause in ("disruption", "workload", "hang", "startup"):
+        assert sample("multislice_restarts_total", namespace="fresh-ns", cause=cause) == 0
+    assert sample("multislice_checkpoint_requests_total", namespace="fresh-ns", source="user") == 0
+    failures = sample(
+        "multislice_slice_failures_total", namespace="fresh-ns", reason="gang_rollback",
+        cause="provisioning",
+    )  # fmt: skip
+    assert failures == 0
+    # On a registry of its own: a preset makes series only in the namespaces a pass has run in
+    # (none under ""), and one added later reaches those already seen.
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    own = metrics.PerNamespace(Counter("t", "t", ["namespace", "cause"], registry=registry))
+    own.preset("a")
+    made = {s.labels["namespace"] for f in registry.collect() for s in f.samples}
+    assert "fresh-ns" in made and "" not in made and "other-ns" not in made
+    metrics.JOB_NAMESPACE.reset(metrics.enter_namespace("other-ns"))
+    own.preset("b")
+    for cause in ("a", "b"):
+        assert registry.get_sample_value("t_total", {"namespace": "fresh-ns", "cause": cause}) == 0
+        assert registry.get_sample_value("t_total", {"namespace": "other-ns", "cause": cause}) == 0
+
+
 def test_runtime_and_build_metrics():
     from importlib.metadata import version
 

@@ -262,7 +262,7 @@ async def _worker(rt: Runtime) -> None:
     while True:
         key = await rt.queue.get()
         rt.active_workers += 1
-        scope = metrics.JOB_NAMESPACE.set(key[0])  # the per-namespace metrics of this pass
+        scope = metrics.enter_namespace(key[0])  # the per-namespace metrics of this pass
         try:
             delay = await reconcile(rt, key, rt.errors.get(key, 0))
         finally:
