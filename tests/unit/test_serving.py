@@ -68,6 +68,56 @@ def test_health_endpoints_answer_what_the_operator_knows() -> None:
     assert get(app(), "/healthz") == (500, "task worker failed: RuntimeError()")
 
 
+def test_ready_only_once_a_job_came_through_the_watch_or_none_exists(monkeypatch: Any) -> None:
+    """controller/handlers.py's sync wait: jobs exist but none has reached the store (kopf's
+    indexes still listing) -> not synced, whatever the apiserver's errors meanwhile; the first
+    job in the store -> synced. With no job at all it is synced at once."""
+    from types import SimpleNamespace
+
+    from multislice_operator.controller import handlers
+    from multislice_operator.controller.runtime import JobStore
+
+    monkeypatch.setattr(handlers, "SYNC_POLL_SECONDS", 0.01)
+
+    class Lister:
+        def __init__(self, jobs: list[dict[str, Any]]) -> None:
+            self.jobs, self.calls = jobs, 0
+
+        async def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+            self.calls += 1
+            if self.calls == 2:
+                raise ApiError({"message": "down"}, status=503, headers={})  # type: ignore[arg-type]
+            return self.jobs
+
+    def runtime(jobs: list[dict[str, Any]]) -> Any:
+        return SimpleNamespace(
+            readiness=serving.Readiness(),
+            store=JobStore(),
+            settings=Settings(namespaces=["team"]),
+            kube=Lister(jobs),
+        )
+
+    async def scenario() -> tuple[list[str | None], int]:
+        job = {"metadata": {"namespace": "team", "name": "a", "uid": "u"}}
+        rt = runtime([job])
+        task = asyncio.create_task(handlers._await_sync(rt))
+        seen = []
+        for _ in range(5):  # several polls, one of them failing: still not synced
+            await asyncio.sleep(0.02)
+            seen.append(rt.readiness.why_not())
+        rt.store.bodies[("team", "a")] = job  # the watch hands the job over
+        await asyncio.wait_for(task, 5)
+        seen.append(rt.readiness.why_not())
+        empty = runtime([])
+        await asyncio.wait_for(handlers._await_sync(empty), 5)
+        seen.append(empty.readiness.why_not())
+        return seen, rt.kube.calls
+
+    seen, calls = asyncio.run(scenario())
+    assert seen == ["caches not synced"] * 5 + [None, None]
+    assert calls >= 3  # it kept asking after the failed list
+
+
 # ---------------------------------------------------------------- metrics authentication
 
 
