@@ -1215,6 +1215,102 @@ def test_without_the_policies_rbac_alone_grants_all_of_it(
         op.close()
 
 
+# ---------------------------------------------------------------- user roles, aggregated
+
+
+def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated_roles(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, tmp_path: Path
+) -> None:
+    """The chart's multislice-editor/viewer, aggregated by Kubernetes' own clusterrole-aggregation
+    controller (kube-controller-manager, run here with that controller alone) into the built-in
+    `edit`, `admin` and `view`: a user bound to `edit` in a namespace creates, patches and deletes
+    MultisliceJobs there without any hand-written rule, one bound to `view` reads them and
+    creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
+    ns = namespace(kube_api, "msj-roles")
+    rbac_api = client.RbacAuthorizationV1Api(api)
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        rbac_api.create_namespaced_role_binding(ns, {
+            "metadata": {"name": f"{user}-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        })  # fmt: skip
+    from kubernetes import config
+
+    clients = {
+        user: client.CustomObjectsApi(
+            config.new_client_from_config(config_file=str(kube_api.user_kubeconfig(user)))
+        )
+        for user in ("alice", "bob")
+    }
+    group, version = models.API_VERSION.split("/")
+
+    def as_user(user: str, verb: str, name: str = "", body: Any = None) -> int:
+        c = clients[user]
+        calls = {
+            "create": lambda: c.create_namespaced_custom_object(group, version, ns, models.PLURAL,
+                                                                body),
+            "list": lambda: c.list_namespaced_custom_object(group, version, ns, models.PLURAL),
+            "patch": lambda: c.patch_namespaced_custom_object(
+                group, version, ns, models.PLURAL, name, {"spec": {"suspend": True}}),
+            "delete": lambda: c.delete_namespaced_custom_object(group, version, ns,
+                                                                models.PLURAL, name),
+        }  # fmt: skip
+        try:
+            calls[verb]()
+        except ApiException as exc:
+            return int(exc.status)
+        return 200
+
+    roles = [
+        r for r in by_kind(render(tmp_path), "ClusterRole")
+        if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
+    ]  # fmt: skip
+    assert len(roles) == 2
+    log = (tmp_path / "kcm.log").open("w")
+    kcm = subprocess.Popen(
+        [str(bin_dir() / "kube-controller-manager"), f"--kubeconfig={kube_api.kubeconfig}",
+         "--controllers=clusterrole-aggregation", "--leader-elect=false", "--secure-port=0"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def aggregated(role: str) -> set[str]:
+        rules = rbac_api.read_cluster_role(role).rules or []
+        return {
+            v for r in rules if "multislice.dev" in (r.api_groups or [])
+            and "multislicejobs" in (r.resources or []) for v in r.verbs
+        }  # fmt: skip
+
+    try:
+        assert as_user("alice", "create", body=job("before")) == 403  # `edit` alone: nothing
+        assert aggregated("edit") == set()
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "create" in aggregated("edit"), 60, "edit aggregated",
+                 on_timeout=lambda: (tmp_path / "kcm.log").read_text())  # fmt: skip
+        wait_for(lambda: "create" in aggregated("admin"), 30, "admin aggregated")
+        wait_for(lambda: aggregated("view") == {"get", "list", "watch"}, 30, "view aggregated")
+        assert as_user("alice", "create", body=job("mine")) == 200
+        assert as_user("alice", "patch", "mine") == 200
+        assert as_user("bob", "list") == 200
+        assert as_user("bob", "create", body=job("theirs")) == 403
+        assert as_user("bob", "patch", "mine") == 403
+        assert as_user("bob", "delete", "mine") == 403
+        assert as_user("alice", "delete", "mine") == 200
+    finally:
+        for role in roles:  # out of edit/admin/view again while the controller still runs
+            kubectl(kube_api, "delete", "clusterrole", role["metadata"]["name"],
+                    "--ignore-not-found")  # fmt: skip
+        try:
+            wait_for(lambda: aggregated("edit") == set(), 30, "edit without the roles")
+        finally:
+            kcm.terminate()
+            kcm.wait(30)
+            log.close()
+            for c in clients.values():
+                c.api_client.close()
+
+
 # ---------------------------------------------------------------- metrics: HTTPS + TokenReview
 
 
