@@ -144,7 +144,8 @@ SLICE_FAILURES_TOTAL = PerNamespace(
 CHECKPOINT_REQUESTS_TOTAL = PerNamespace(
     Counter(
         "multislice_checkpoint_requests_total",
-        "Checkpoints requested from the workload on demand, by source (user, maintenance).",
+        "Checkpoints requested from the workload on demand, by source (user, maintenance, "
+        "flex-start).",
         ["namespace", "source"],
         registry=REGISTRY,
     )
