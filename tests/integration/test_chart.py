@@ -191,7 +191,6 @@ BASE_RULES = {
     ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     # The metrics endpoint's delegated authentication and authorization.
