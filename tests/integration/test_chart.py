@@ -1162,13 +1162,21 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
         jobs.pod("train", "train-slice-0-1-b")
         jobs.pod("x", "web-7d9f8-abcde", labels={"app": "web"})  # no MultisliceJob's
         jobs.pod("x", "fake-0", labels={"multislice.dev/job-name": "x"})  # ours in part only
+
         # The policies take effect once the apiserver has seen them (and, for evictions, listed
-        # the pods they read): wait for a first refusal of each, dry runs that change nothing.
+        # the pods they read): wait for a first refusal of each. The eviction probe is a dry run;
+        # a Job created before the policy is in force is deleted again at once, so that the dry
+        # run of the same name below meets no AlreadyExists.
+        def job_refused() -> bool:
+            verdict = op.create_job("probe", dry_run=False)
+            if verdict == "allowed":
+                client.BatchV1Api(api).delete_namespaced_job(
+                    "probe", ns, propagation_policy="Background"
+                )  # not Orphan, batch/v1's default: its finalizer would wait for a GC
+            return POLICY in verdict
+
         wait_for(
-            lambda: (
-                POLICY in op.create_job("probe", dry_run=False)
-                and POLICY in op.evict("web-7d9f8-abcde", dry_run=True)
-            ),
+            lambda: job_refused() and POLICY in op.evict("web-7d9f8-abcde", dry_run=True),
             30,
             "the policies in force",
         )
