@@ -5,8 +5,9 @@
 #   docker run --rm multislice-operator:0.1.0 --help
 #   make image    # buildah, where there is no Docker engine (docs/install.md, "The image")
 # Runs with a read-only root filesystem: nothing is written outside /tmp (mount an emptyDir
-# there, as the Helm chart does). Liveness: kopf serves /healthz where --liveness / MSJ_LIVENESS
-# says, e.g. http://0.0.0.0:8080/healthz; metrics on MSJ_METRICS_PORT (8000).
+# there, as the Helm chart does). Health: the operator serves /healthz and /readyz on
+# MSJ_HEALTH_PORT, by default http://0.0.0.0:8080/healthz; metrics over HTTPS with Kubernetes
+# authentication on MSJ_METRICS_PORT (8000).
 #
 # The base, pinned by digest (the multi-arch index of python:3.11-slim; a tag moves, a digest
 # does not). Both stages must be the same Python at the same path: the virtualenv made in the

@@ -128,7 +128,7 @@ def operator_args(sim: GkeSimulator, resync: float) -> list[str]:
         "--gke-location", LOCATION,
         "--gke-cluster", CLUSTER,
         "--gke-node-location", ZONE,
-        "--gke-endpoint", sim.url,
+        "--gke-simulator", sim.url,
         "--resync-seconds", str(resync),
     ]  # fmt: skip
 

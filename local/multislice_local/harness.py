@@ -114,7 +114,8 @@ class OperatorProcess:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        secure = "--metrics-auth" in self.extra_args and "none" not in self.extra_args
+        return f"{'https' if secure else 'http'}://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, wait: bool = True) -> OperatorProcess:
         # A crash point (tests) runs the same operator with its adapters wrapped.
@@ -131,8 +132,13 @@ class OperatorProcess:
             *([a for ns in self.namespaces for a in ("-n", ns)] or ["--all-namespaces"]),
             "--metrics-port",
             str(self.metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            # Plain HTTP on loopback: the tests scrape without a token (the chart's HTTPS with
+            # TokenReview is tested in tests/integration/test_chart.py).
+            *(() if "--metrics-auth" in self.extra_args else ("--metrics-auth", "none")),
+            "--health-port",
+            str(self.liveness_port),
+            "--health-bind-address",
+            "127.0.0.1",
             *self.extra_args,
         ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}

@@ -130,7 +130,7 @@ class LocalStack:
             CLUSTER,
             "--gke-node-location",
             ZONE,
-            "--gke-endpoint",
+            "--gke-simulator",
             self.sim.url,
             "--resync-seconds",
             str(o.resync_seconds),

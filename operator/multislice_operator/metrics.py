@@ -1,16 +1,77 @@
-"""Prometheus metrics, named in the style of the Kubernetes controller world."""
+"""Prometheus metrics, named in the style of the Kubernetes controller world.
+
+Every per-job series carries the job's `namespace` (the dashboard's $namespace filter applies to
+every panel). The counters and histograms moved during a pass take it from JOB_NAMESPACE, which
+the worker sets for the job it reconciles (controller/handlers.py), so that the code observing a
+restart need not pass it along; the by-job collectors take it from the job's key.
+"""
 
 from __future__ import annotations
 
+import platform
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar, Token
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... and python_info.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+# The namespace of the job the current pass reconciles ("" outside a pass).
+JOB_NAMESPACE: ContextVar[str] = ContextVar("multislice_job_namespace", default="")
+_PER_NAMESPACE: list[PerNamespace] = []
+_SEEN_NAMESPACES: set[str] = set()
+
+
+def enter_namespace(namespace: str) -> Token[str]:
+    """Charge this pass's metrics to `namespace` (JOB_NAMESPACE.reset(token) ends it); the first
+    pass in a namespace exports its preset label sets at 0."""
+    if namespace not in _SEEN_NAMESPACES:
+        _SEEN_NAMESPACES.add(namespace)
+        for metric in _PER_NAMESPACE:
+            for values in metric.presets:
+                metric.metric.labels(namespace, *values)
+    return JOB_NAMESPACE.set(namespace)
+
+
+class PerNamespace:
+    """A counter or histogram whose first label is the namespace of the job being reconciled
+    (JOB_NAMESPACE): `.labels(cause)` is `.labels(namespace, cause)`, `.inc()` and `.observe()`
+    need no labels at all, as the unlabelled metric's would. `.preset(cause)` names a label set
+    exported at 0 in each namespace from its first pass on (enter_namespace), so that rate()
+    and increase() see the first failure; no series is made for the "" of no pass."""
+
+    def __init__(self, metric: Counter | Histogram) -> None:
+        self.metric = metric
+        self.presets: list[tuple[str, ...]] = []
+        _PER_NAMESPACE.append(self)
+
+    def labels(self, *values: str) -> Any:
+        return self.metric.labels(JOB_NAMESPACE.get(), *values)
+
+    def preset(self, *values: str) -> None:
+        if values not in self.presets:
+            self.presets.append(values)
+            for namespace in _SEEN_NAMESPACES:
+                self.metric.labels(namespace, *values)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.labels().inc(amount)
+
+    def observe(self, value: float) -> None:
+        self.labels().observe(value)
 
 
 class JobPhases(Collector):
@@ -26,17 +87,26 @@ class JobPhases(Collector):
         else:
             self.phases.pop(key, None)
 
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "multislice_jobs",
+            "MultisliceJobs by namespace and phase.",
+            labels=["namespace", "phase"],
+        )
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("multislice_jobs", "MultisliceJobs by phase.", labels=["phase"])
-        counts: dict[str, int] = {}
-        for phase in self.phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase, n in sorted(counts.items()):
-            family.add_metric([phase], n)
+        family = self._family()
+        counts: dict[tuple[str, str], int] = {}
+        for key, phase in self.phases.items():
+            where = (str(key[0]), phase)
+            counts[where] = counts.get(where, 0) + 1
+        for (namespace, phase), n in sorted(counts.items()):
+            family.add_metric([namespace, phase], n)
         yield family
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily("multislice_jobs", "MultisliceJobs by phase.", labels=["phase"])
+        yield self._family()
 
 
 JOBS = JobPhases()
@@ -54,66 +124,88 @@ RECONCILE_TIME = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
-RESTARTS_TOTAL = Counter(
-    "multislice_restarts_total",
-    "Restarts of all slices (one per JobSet restart observed), by cause.",
-    ["cause"],
-    registry=REGISTRY,
+RESTARTS_TOTAL = PerNamespace(
+    Counter(
+        "multislice_restarts_total",
+        "Restarts of all slices (one per JobSet restart observed), by cause.",
+        ["namespace", "cause"],
+        registry=REGISTRY,
+    )
 )
-SLICE_FAILURES_TOTAL = Counter(
-    "multislice_slice_failures_total",
-    "Slice failures by reason (pod failure, capacity lost, gang rollback, startup deadline) "
-    "and cause (disruption, workload, hang, startup, provisioning).",
-    ["reason", "cause"],
-    registry=REGISTRY,
+SLICE_FAILURES_TOTAL = PerNamespace(
+    Counter(
+        "multislice_slice_failures_total",
+        "Slice failures by reason (pod failure, capacity lost, gang rollback, startup deadline) "
+        "and cause (disruption, workload, hang, startup, provisioning).",
+        ["namespace", "reason", "cause"],
+        registry=REGISTRY,
+    )
 )
-CHECKPOINT_REQUESTS_TOTAL = Counter(
-    "multislice_checkpoint_requests_total",
-    "Checkpoints requested from the workload on demand, by source (user, maintenance).",
-    ["source"],
-    registry=REGISTRY,
+CHECKPOINT_REQUESTS_TOTAL = PerNamespace(
+    Counter(
+        "multislice_checkpoint_requests_total",
+        "Checkpoints requested from the workload on demand, by source (user, maintenance, "
+        "flex-start).",
+        ["namespace", "source"],
+        registry=REGISTRY,
+    )
 )
-PROVISIONING_DURATION = Histogram(
-    "multislice_provisioning_duration_seconds",
-    "From job start to every slice's node pool running and ready (Managed).",
-    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
-    registry=REGISTRY,
+PROVISIONING_DURATION = PerNamespace(
+    Histogram(
+        "multislice_provisioning_duration_seconds",
+        "From job start to every slice's node pool running and ready (Managed).",
+        buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        labelnames=["namespace"],
+        registry=REGISTRY,
+    )
 )
-TIME_TO_RUNNING = Histogram(
-    "multislice_time_to_running_seconds",
-    "From the job becoming active (status.startTime) to all slices first running.",
-    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
-    registry=REGISTRY,
+TIME_TO_RUNNING = PerNamespace(
+    Histogram(
+        "multislice_time_to_running_seconds",
+        "From the job becoming active (status.startTime) to all slices first running.",
+        buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        labelnames=["namespace"],
+        registry=REGISTRY,
+    )
 )
-GANG_ATTEMPTS_TOTAL = Counter(
-    "multislice_gang_attempts_total",
-    "Gang provisioning attempts started (Managed): every slice's node pool created together.",
-    registry=REGISTRY,
+GANG_ATTEMPTS_TOTAL = PerNamespace(
+    Counter(
+        "multislice_gang_attempts_total",
+        "Gang provisioning attempts started (Managed): every slice's node pool created together.",
+        labelnames=["namespace"],
+        registry=REGISTRY,
+    )
 )
-RESTART_RECOVERY = Histogram(
-    "multislice_restart_recovery_seconds",
-    "From the failure behind a restart to every slice running again.",
-    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
-    registry=REGISTRY,
+RESTART_RECOVERY = PerNamespace(
+    Histogram(
+        "multislice_restart_recovery_seconds",
+        "From the failure behind a restart to every slice running again.",
+        buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
+        labelnames=["namespace"],
+        registry=REGISTRY,
+    )
 )
-RESTART_LOST_STEPS = Histogram(
-    "multislice_restart_lost_steps",
-    "Training steps a restart threw away (last step - last checkpoint step), where the "
-    "workload's termination message said.",
-    buckets=(0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
-    registry=REGISTRY,
+RESTART_LOST_STEPS = PerNamespace(
+    Histogram(
+        "multislice_restart_lost_steps",
+        "Training steps a restart threw away (last step - last checkpoint step), where the "
+        "workload's termination message said.",
+        buckets=(0, 1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+        labelnames=["namespace"],
+        registry=REGISTRY,
+    )
 )
 STATE_SECONDS = Counter(
     "multislice_job_state_seconds_total",
-    "Seconds MultisliceJobs spent in each goodput state, summed over jobs.",
-    ["state"],
+    "Seconds MultisliceJobs spent in each goodput state, summed over the namespace's jobs.",
+    ["namespace", "state"],
     registry=REGISTRY,
 )
 STATE_CHIP_SECONDS = Counter(
     "multislice_job_state_chip_seconds_total",
-    "TPU chip-seconds MultisliceJobs held in each goodput state, summed over jobs; "
-    "state=running is the productive part.",
-    ["state"],
+    "TPU chip-seconds MultisliceJobs held in each goodput state, summed over the namespace's "
+    "jobs; state=running is the productive part.",
+    ["namespace", "state"],
     registry=REGISTRY,
 )
 PROCESS_START = time.time()
@@ -160,7 +252,7 @@ class JobGoodput(Collector):
         ):
             for state, value in now.items():
                 if value > prev.get(state, 0):
-                    counter.labels(state).inc(value - prev.get(state, 0))
+                    counter.labels(str(key[0]), state).inc(value - prev.get(state, 0))
         self.counted[key] = (
             {k: max(v, before[0].get(k, 0)) for k, v in seconds.items()},
             {k: max(v, before[1].get(k, 0)) for k, v in chip_seconds.items()},
@@ -231,7 +323,9 @@ def forget_job(key: Any) -> None:
 
 GKE_CALLS_TOTAL = Counter(
     "multislice_gke_node_pool_actions_total",
-    "Node-pool create/delete requests sent, by action and result.",
+    "Node-pool actions the operator took, by action (create, delete) and result: one per "
+    "batch of pools (a gang's creates, one job's deletes, one orphan sweep's deletes), "
+    "result error when a request for any pool of the batch failed; not one per GKE API call.",
     ["action", "result"],
     registry=REGISTRY,
 )
@@ -242,7 +336,72 @@ ORPHANS_DELETED_TOTAL = Counter(
 )
 
 
-def serve(port: int, address: str = "127.0.0.1") -> None:
-    """Serve /metrics on `address` (0.0.0.0: every interface); port 0 disables it."""
-    if port:
-        start_http_server(port, addr=address, registry=REGISTRY)
+class RuntimeState(Collector):
+    """What the running operator is doing, read at scrape time from callables the controller
+    binds (metrics knows nothing of it): workqueue depth, active workers, leadership."""
+
+    def __init__(self) -> None:
+        self.depth: Callable[[], int] = lambda: 0
+        self.active_workers: Callable[[], int] = lambda: 0
+        self.workers: Callable[[], int] = lambda: 0
+        self.leader: Callable[[], bool] = lambda: False
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "multislice_workqueue_depth",
+                "Jobs due for a reconcile and waiting for a worker (client-go's workqueue_depth).",
+            ),
+            GaugeMetricFamily("multislice_active_workers", "Workers reconciling a job right now."),
+            GaugeMetricFamily("multislice_max_workers", "Workers the operator runs (--workers)."),
+            GaugeMetricFamily(
+                "multislice_leader",
+                "1 while this process reconciles (it holds the leader-election Lease, or runs "
+                "without leader election), else 0 (a standby).",
+            ),
+        ]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        values = (self.depth(), self.active_workers(), self.workers(), int(self.leader()))
+        for family, value in zip(families, values, strict=True):
+            family.add_metric([], value)
+        yield from families
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families()
+
+
+RUNTIME = RuntimeState()
+REGISTRY.register(RUNTIME)
+
+
+class BuildInfo(Collector):
+    """`multislice_build_info{version,python_version,kopf_version} 1`, as Kubernetes components'
+    build-info metrics: which build each scraped process runs."""
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "multislice_build_info",
+            "The operator's version, with the Python and kopf versions it runs on; always 1.",
+            labels=["version", "python_version", "kopf_version"],
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from multislice_operator import __version__
+
+        try:
+            kopf_version = version("kopf")
+        except PackageNotFoundError:  # pragma: no cover - kopf is a dependency
+            kopf_version = ""
+        family = self._family()
+        family.add_metric([__version__, platform.python_version(), kopf_version], 1)
+        yield family
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+
+REGISTRY.register(BuildInfo())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,12 @@ class Settings:
         flag="gke-node-location",
     )
     gke_endpoint: str | None = _opt(
-        "GKE API endpoint override (the local simulator); default: Google's"
+        "GKE API endpoint override, e.g. a private or Private Service Connect endpoint "
+        "(https://HOST); requests still carry the operator's Google credentials; default: Google's"
+    )
+    gke_simulator: str | None = _opt(
+        "URL of the local GKE simulator (multislice-local, http://127.0.0.1:PORT): anonymous "
+        "credentials, for local runs and tests only; excludes --gke-endpoint"
     )
     gke_from_metadata: bool = _opt(
         "read project, location and cluster from the GKE metadata server", False
@@ -84,10 +90,29 @@ class Settings:
     metrics_bind_address: str = _opt(
         "address the metrics endpoint binds (0.0.0.0: every interface, for scraping)", "127.0.0.1"
     )
-    liveness_endpoint: str | None = _opt(
-        "kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
-        flag="liveness",
-        env="LIVENESS",
+    metrics_auth: str = _opt(
+        "kubernetes: HTTPS, each scrape's bearer token checked by a TokenReview and a "
+        "SubjectAccessReview (get on the non-resource URL /metrics), as controller-runtime's "
+        "secure metrics; none: plain HTTP without authentication, on a loopback address only",
+        "kubernetes",
+        choices=["kubernetes", "none"],
+    )
+    metrics_cert_dir: str | None = _opt(
+        "directory holding tls.crt and tls.key for the metrics endpoint (e.g. a cert-manager "
+        "Secret); default: a self-signed certificate made at start"
+    )
+    health_port: int = _opt(
+        "port of /healthz (liveness) and /readyz (readiness: caches synced and, with "
+        "--leader-elect, the Lease held); 0 disables them",
+        8080,
+    )
+    health_bind_address: str = _opt(
+        "address the health endpoints bind (the kubelet probes the pod's IP)", "0.0.0.0"
+    )
+    ready_standby: bool = _opt(
+        "with --leader-elect, a standby (caches synced, Lease held by another replica) is ready "
+        "too: for tools that wait for every replica (helm --wait, Argo CD's Deployment health)",
+        False,
     )
     log_format: str = _opt("log format", "text", choices=["text", "json"])
     verbose: bool = _opt("debug logging", False)
@@ -114,7 +139,9 @@ class Settings:
         60.0,
     )
     leader_elect: bool = _opt(
-        "take a coordination.k8s.io Lease before reconciling (for more than one replica)", False
+        "take a coordination.k8s.io Lease before reconciling, so that two processes never "
+        "reconcile at once (the Helm chart always sets it, whatever its replicaCount)",
+        False,
     )
     leader_election_namespace: str | None = _opt(
         "namespace of the Leases (leader election, and the heartbeat NAME-heartbeat that "
@@ -129,6 +156,31 @@ class Settings:
     def gke_configured(self) -> bool:
         return bool(self.gke_project and self.gke_location and self.gke_cluster)
 
+    def problems(self) -> list[str]:
+        """Combinations `run` refuses before it starts, each naming the setting and the fix."""
+        out = []
+        if (
+            self.metrics_auth == "none"
+            and self.metrics_port
+            and not is_loopback(self.metrics_bind_address)
+        ):
+            out.append(
+                f"--metrics-auth none serves every job's metrics to anyone who can reach "
+                f"{self.metrics_bind_address}: bind a loopback address (--metrics-bind-address "
+                "127.0.0.1) or keep --metrics-auth kubernetes"
+            )
+        if self.gke_simulator and self.gke_endpoint:
+            out.append(
+                "--gke-simulator and --gke-endpoint exclude each other: the simulator is a local "
+                "endpoint without credentials, --gke-endpoint a real one with them"
+            )
+        if self.gke_endpoint and self.gke_endpoint.startswith("http://"):
+            out.append(
+                f"--gke-endpoint {self.gke_endpoint}: plain HTTP would send the operator's Google "
+                "credentials in clear; give https://HOST (for the local simulator: --gke-simulator)"
+            )
+        return out
+
     def node_options(self) -> NodeOptions:
         from multislice_operator.provisioning.gke_requests import NodeOptions
 
@@ -138,6 +190,15 @@ class Settings:
             oauth_scopes=tuple(self.gke_node_scopes) if self.gke_node_scopes else None,
             max_pods_per_node=self.gke_max_pods_per_node,
         )
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _fields() -> list[dataclasses.Field[Any]]:

@@ -141,7 +141,7 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
         return metrics if series not in metrics else None
 
     gone = wait_for(without_the_job, 60, "the job's series gone", on_timeout=stack.op.log_tail)
-    key = 'multislice_jobs{phase="Succeeded"}'
+    key = f'multislice_jobs{{namespace="{ns}",phase="Succeeded"}}'
     assert gone.get(key, 0) == phases[key] - 1  # deleted jobs stop counting
 
 

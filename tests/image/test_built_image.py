@@ -84,7 +84,7 @@ def test_runs_its_commands_as_a_non_root_user(container: str, config: dict) -> N
     assert "validate" in helped.stdout and "run" in helped.stdout
     run_help = run(container, "multislice-operator", "run", "--help")
     assert run_help.returncode == 0, run_help.stderr
-    assert "--liveness" in run_help.stdout and "--leader-elect" in run_help.stdout
+    assert "--health-port" in run_help.stdout and "--leader-elect" in run_help.stdout
     crd = run(container, "multislice-operator", "crd")
     assert crd.stdout == (ROOT / "crds" / "multislice.dev_multislicejobs.yaml").read_text()
     assert config["OCIv1"]["config"]["Entrypoint"] == ["multislice-operator", "run"]

@@ -54,7 +54,7 @@ CUSTOM_VALUES: dict[str, Any] = {
         "serviceMonitor": {"enabled": True},
         "grafanaDashboard": {"enabled": True},
     },
-    "liveness": {"port": 8081},
+    "health": {"port": 8081},
     "nodeSelector": {"pool": "system"},
     "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
     "extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "value": "60"}],
@@ -84,6 +84,7 @@ def render(
     values: dict[str, Any] | None = None,
     release: str = "multislice-operator",
     namespace: str = "msj-system",
+    kube_version: str = KUBE_VERSION,
 ) -> list[dict[str, Any]]:
     out = helm(
         "template",
@@ -92,7 +93,7 @@ def render(
         "-n",
         namespace,
         "--kube-version",
-        KUBE_VERSION,
+        kube_version,
         "-f",
         values_file(tmp_path, values or {}),
     ).stdout
@@ -117,17 +118,38 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container(docs)["env"]}
 
 
-def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    """Every (group, resource, verb) granted, by the ClusterRole and any Role."""
-    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+def operator_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRole and Roles bound to the operator's ServiceAccount (not the user roles,
+    the metrics reader or a scraper's)."""
+    (sa,) = [d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")][:1] or ["default"]
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in docs
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s.get("name") == sa and s["kind"] == "ServiceAccount" for s in b["subjects"])
+    }
+    return [
+        d
+        for d in docs
+        if (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")) in bound
+        or (d["kind"] == "ClusterRole" and ("ClusterRole", d["metadata"]["name"], None) in bound)
+    ]
+
+
+def grants_of(roles: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {
         (group, resource, verb)
         for role in roles
         for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
         for verb in rule["verbs"]
     }
+
+
+def rules_of(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) granted to the operator, by its ClusterRole and Roles."""
+    return grants_of(operator_roles(docs))
 
 
 def kubectl(
@@ -169,11 +191,12 @@ BASE_RULES = {
     ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-    # The Role in the release namespace: the heartbeat Lease always, leader election with
-    # replicas.
+    # The metrics endpoint's delegated authentication and authorization.
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    # The Role in the release namespace: the leader-election and heartbeat Leases.
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
@@ -208,13 +231,15 @@ def test_chart_crd_is_the_generated_one() -> None:
 def test_default_render(tmp_path: Path) -> None:
     docs = render(tmp_path)
     assert sorted(d["kind"] for d in docs) == [
-        "ClusterRole",
+        *["ClusterRole"] * 4,  # the operator's, the metrics reader, the editor and viewer
         "ClusterRoleBinding",
         "Deployment",
         "Role",
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        *["ValidatingAdmissionPolicy"] * 3,
+        *["ValidatingAdmissionPolicyBinding"] * 5,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -229,21 +254,24 @@ def test_default_render(tmp_path: Path) -> None:
         c["image"] == f"us-docker.pkg.dev/my-project/multislice/multislice-operator:{__version__}"
     )
     assert "args" not in c
-    assert "MSJ_LEADER_ELECT" not in env_of(docs)  # one replica: no leader election
-    # ... but the heartbeat Lease, per release.
+    assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"  # one replica too: `kubectl scale` is safe
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "multislice-operator"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert env_of(docs)["MSJ_METRICS_BIND_ADDRESS"] == "0.0.0.0"  # scraped from the Service
+    assert env_of(docs)["MSJ_METRICS_AUTH"] == "kubernetes"  # ... over HTTPS, with a token
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "healthz"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8000, "healthz": 8080}
     env = env_of(docs)
-    assert env["MSJ_LIVENESS"] == "http://0.0.0.0:8080/healthz"
+    assert env["MSJ_HEALTH_PORT"] == "8080" and env["MSJ_HEALTH_BIND_ADDRESS"] == "0.0.0.0"
+    assert "MSJ_LIVENESS" not in env and "MSJ_READY_STANDBY" not in env
     assert "MSJ_NAMESPACES" not in env and "MSJ_GKE_PROJECT" not in env
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 8000
     assert "annotations" not in one(docs, "ServiceAccount")["metadata"]
+    assert one(docs, "Service")["spec"]["type"] == "ClusterIP"
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "multislice-operator", "namespace": "msj-system"}
@@ -265,12 +293,14 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAME"] == "ml-multislice-operator"
     (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-election")]
     assert role["metadata"]["namespace"] == "msj-system"
-    assert role["rules"] == [
+    assert role["rules"] == [  # only its two Leases read or written (a create has no name)
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["get", "create", "update"],
-        }
+            "resourceNames": ["ml-multislice-operator", "ml-multislice-operator-heartbeat"],
+            "verbs": ["get", "update"],
+        },
     ]
     sa = one(docs, "ServiceAccount")
     assert sa["metadata"]["annotations"] == {
@@ -281,8 +311,11 @@ def test_custom_render(tmp_path: Path) -> None:
         ("", "namespaces", "watch"),
     }
     monitor = one(docs, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the jobs' namespace label
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["honorLabels"] is True  # the jobs' namespace label
+    assert endpoint["scheme"] == "https"  # with Prometheus' own token
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 9100
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "system"}
@@ -292,14 +325,17 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
-# leases: their own Role
-CLUSTER_SCOPED = ("nodes", "namespaces", "customresourcedefinitions", "leases")
+# leases: their own Role; the reviews are cluster-scoped questions to the apiserver.
+CLUSTER_SCOPED = (
+    "nodes", "namespaces", "customresourcedefinitions", "leases", "tokenreviews",
+    "subjectaccessreviews",
+)  # fmt: skip
 NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
 LEASES = {r for r in BASE_RULES if r[1] == "leases"}
 
 
 def grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
-    return rules_of([role])
+    return grants_of([role])
 
 
 def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_objects(
@@ -321,14 +357,16 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
             "name": role["metadata"]["name"],
         }
         assert binding["subjects"][0]["namespace"] == "msj-system"
-    assert grants(one(docs, "ClusterRole")) == (BASE_RULES - NAMESPACED - LEASES) | {
+    (cluster_role,) = by_kind(operator_roles(docs), "ClusterRole")
+    assert grants(cluster_role) == (BASE_RULES - NAMESPACED - LEASES) | {
         ("", "namespaces", "list"),
         ("", "namespaces", "watch"),
     }
     # A glob cannot name a Role's namespace: then the ClusterRole grants it all, as before.
     globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
     assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
-    assert grants(one(globbed, "ClusterRole")) >= NAMESPACED
+    (cluster_role,) = by_kind(operator_roles(globbed), "ClusterRole")
+    assert grants(cluster_role) >= NAMESPACED
 
 
 def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
@@ -357,6 +395,7 @@ def test_grafana_dashboard_configmap_for_the_sidecar(tmp_path: Path) -> None:
 def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
     docs = render(tmp_path, {"replicaCount": 3})
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
+    assert env_of(render(tmp_path, {"replicaCount": 0}))["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert one(docs, "RoleBinding")["roleRef"]["name"] == "multislice-operator-leader-election"
     # electing a leader watches no namespaces: only reading a job's own one (its Pod Security level)
@@ -388,7 +427,8 @@ def test_rendered_env_is_what_the_operator_reads(
     assert node.oauth_scopes == ("https://www.googleapis.com/auth/cloud-platform",)
     assert settings.verbose is True and settings.log_format == "text"
     assert settings.metrics_port == 9100
-    assert settings.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    assert (settings.health_port, settings.health_bind_address) == (8081, "0.0.0.0")
+    assert settings.metrics_auth == "kubernetes" and settings.problems() == []
     assert settings.resync_seconds == 5 and settings.gc_interval_seconds == 60
     assert settings.leader_elect is True
     assert settings.leader_election_name == "ml-multislice-operator"
@@ -396,11 +436,160 @@ def test_rendered_env_is_what_the_operator_reads(
 
 
 def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
-    for values in ({}, CUSTOM_VALUES, {"replicaCount": 2}):
-        for group, resource, verb in rules_of(render(tmp_path, values)):
+    for values in ({}, CUSTOM_VALUES, {"replicaCount": 2}, {"kueue": {"enabled": True}}):
+        docs = render(tmp_path, values)
+        for group, resource, verb in grants_of(
+            by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        ):
             assert "*" not in (group, resource, verb)
             assert resource not in ("secrets", "configmaps", "serviceaccounts/token")
             assert verb not in ("escalate", "bind", "impersonate", "deletecollection")
+
+
+OPERATOR_USER = "system:serviceaccount:msj-system:multislice-operator"
+
+
+def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    policies = {p["metadata"]["name"]: p for p in by_kind(docs, "ValidatingAdmissionPolicy")}
+    assert set(policies) == {
+        "multislice-operator-pod-patch.multislice.dev",
+        "multislice-operator-job-dry-run.multislice.dev",
+        "multislice-operator-pod-eviction.multislice.dev",
+    }
+    for policy in policies.values():  # the operator's own requests only
+        (cond,) = policy["spec"]["matchConditions"]
+        assert cond["expression"] == f"request.userInfo.username == '{OPERATOR_USER}'"
+        assert policy["spec"]["failurePolicy"] == "Fail"
+    bindings = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert {b["spec"]["policyName"] for b in bindings} == set(policies)
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    # Kubernetes 1.29 has no ValidatingAdmissionPolicy v1 (GA in 1.30): none rendered.
+    old = render(tmp_path, kube_version="1.29.0")
+    assert not by_kind(old, "ValidatingAdmissionPolicy")
+    off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
+    assert not by_kind(off, "ValidatingAdmissionPolicy")
+    no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 2
+
+
+def test_an_existing_service_account_must_be_named_and_not_default(tmp_path: Path) -> None:
+    for sa in ({"create": False}, {"create": False, "name": "default"}):
+        result = helm(
+            "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+            "-f", values_file(tmp_path, {"serviceAccount": sa}), check=False,
+        )  # fmt: skip
+        assert result.returncode != 0
+        assert "set serviceAccount.name to the operator's own ServiceAccount" in result.stderr
+    docs = render(tmp_path, {"serviceAccount": {"create": False, "name": "msj-ops"}})
+    assert not by_kind(docs, "ServiceAccount")
+    subjects = [s for b in by_kind(docs, "ClusterRoleBinding") for s in b["subjects"]]
+    assert {s["name"] for s in subjects} == {"msj-ops"}
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "msj-ops"
+
+
+def test_user_roles_aggregate_into_edit_admin_and_view(tmp_path: Path) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(tmp_path), "ClusterRole")}
+    editor, viewer = roles["multislice-editor"], roles["multislice-viewer"]
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert grants_of([editor]) >= {("multislice.dev", "multislicejobs", "create")}
+    assert {v for _, _, v in grants_of([viewer])} == {"get", "list", "watch"}
+    off = render(tmp_path, {"rbac": {"userRoles": {"create": False}}})
+    assert "multislice-editor" not in {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")}
+
+
+def test_metrics_reader_role_and_its_optional_binding(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    (reader,) = [
+        r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")
+    ]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert len(by_kind(docs, "ClusterRoleBinding")) == 1  # nobody bound by default
+    prom = {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    docs = render(tmp_path, {"metrics": {"reader": {"subjects": [prom]}}})
+    (binding,) = [
+        b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-reader")
+    ]
+    assert binding["subjects"] == [prom]
+
+
+def test_metrics_network_policy_admits_only_the_listed_peers(tmp_path: Path) -> None:
+    assert not by_kind(render(tmp_path), "NetworkPolicy")
+    peers = [{"namespaceSelector": {"matchLabels": {"team": "sre"}}}]
+    docs = render(tmp_path, {"metrics": {"networkPolicy": {"enabled": True, "from": peers}}})
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}], "from": peers}]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "multislice-operator"
+
+
+def test_disruption_budget_and_topology_spread(tmp_path: Path) -> None:
+    assert not by_kind(render(tmp_path), "PodDisruptionBudget")
+    pdb = one(render(tmp_path, {"podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Two replicas, only the leader ready: the budget would never let it go.
+    values = {"replicaCount": 2, "podDisruptionBudget": {"enabled": True}}
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0 and "health.standbyReady: true" in result.stderr
+    docs = render(tmp_path, {**values, "health": {"standbyReady": True}})
+    assert one(docs, "PodDisruptionBudget") and env_of(docs)["MSJ_READY_STANDBY"] == "1"
+    spread = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+              "whenUnsatisfiable": "ScheduleAnyway"}  # fmt: skip
+    pod = one(render(tmp_path, {"topologySpreadConstraints": [spread]}), "Deployment")
+    (constraint,) = pod["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert constraint == {
+        **spread,
+        "labelSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "multislice-operator",
+            "app.kubernetes.io/instance": "multislice-operator",
+        }},
+    }  # fmt: skip
+
+
+def test_prometheus_rule_ships_the_alerts_file(tmp_path: Path) -> None:
+    assert not by_kind(render(tmp_path), "PrometheusRule")
+    values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}}
+    rule = one(render(tmp_path, values), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    shipped = yaml.safe_load((CHART / "alerts" / "multislice-operator.yaml").read_text())
+    assert rule["spec"] == shipped
+    alerts = {r["alert"] for r in rule["spec"]["groups"][0]["rules"]}
+    assert {"MultisliceOperatorNotReconciling", "MultisliceGangRollbacks"} <= alerts
+
+
+def test_pod_monitoring_scrapes_with_a_token_of_its_own(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"metrics": {"podMonitoring": {"enabled": True}}})
+    (endpoint,) = one(docs, "PodMonitoring")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["port"] == "metrics"
+    secret = endpoint["authorization"]["credentials"]["secret"]
+    token = one(docs, "Secret")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert secret == {"name": token["metadata"]["name"], "key": "token"}
+    scraper = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    (binding,) = [
+        b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-reader")
+    ]
+    assert {"kind": "ServiceAccount", "name": scraper, "namespace": "msj-system"} in binding[
+        "subjects"
+    ]
+    # GMP's collector may read that one Secret, and the operator still no Secret at all.
+    (reader,) = [r for r in by_kind(docs, "Role") if r["rules"][0]["resources"] == ["secrets"]]
+    assert reader["rules"][0]["resourceNames"] == [token["metadata"]["name"]]
+    assert not any(r[1] == "secrets" for r in rules_of(docs))
+
+
+def test_kueue_status_patch_is_limited_to_the_named_checks(tmp_path: Path) -> None:
+    values = {"kueue": {"enabled": True, "admissionCheck": {"name": "gang", "extraNames": ["b"]}}}
+    (cluster_role,) = by_kind(operator_roles(render(tmp_path, values)), "ClusterRole")
+    (rule,) = [r for r in cluster_role["rules"] if r["resources"] == ["admissionchecks/status"]]
+    assert rule["resourceNames"] == ["gang", "b"]
 
 
 @pytest.mark.parametrize(
@@ -420,6 +609,17 @@ def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
         ({"image": {"repository": "r", "digest": "latest"}}, "/image/digest"),
         ({"image": {"repository": "r", "digest": "sha256:abc"}}, "/image/digest"),
         ({"extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "value": 60}]}, "/extraEnv/0/value"),
+        # Metrics name every tenant's jobs: never outside the cluster.
+        ({"metrics": {"service": {"type": "LoadBalancer"}}}, "/metrics/service/type"),
+        ({"metrics": {"service": {"type": "NodePort"}}}, "/metrics/service/type"),
+        # An endpoint override keeps the credentials: never over plain HTTP.
+        ({"gke": {"endpoint": "http://10.0.0.2"}}, "/gke/endpoint"),
+        # An empty peer list would admit everyone.
+        (
+            {"metrics": {"networkPolicy": {"enabled": True, "from": []}}},
+            "/metrics/networkPolicy/from",
+        ),
+        ({"liveness": {"port": 8080}}, "'liveness' not allowed"),  # now health.port
     ],
 )
 def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
@@ -461,6 +661,32 @@ def test_manifests_pass_server_side_dry_run(
     assert result.returncode == 0, result.stderr
     for doc in applied:
         assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
+
+
+def notes(cp: ControlPlane, tmp_path: Path, values: dict[str, Any]) -> str:
+    """NOTES.txt as `helm install` prints it (a client dry run: nothing is installed)."""
+    result = subprocess.run(
+        [str(bin_dir() / "helm"), "install", "notes", str(CHART), "-n", "msj-notes",
+         "--dry-run=client", "-f", values_file(tmp_path, values)],
+        capture_output=True, text=True, timeout=60, env=cp.client_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_warn_when_the_tpu_nodes_would_run_as_the_default_account(
+    api: client.ApiClient, kube_api: ControlPlane, tmp_path: Path
+) -> None:
+    managed = {"gke": {"project": "p", "location": "us-east5-b", "cluster": "c"}}
+    text = notes(kube_api, tmp_path, managed)
+    assert "WARNING: gke.nodes.serviceAccount is empty" in text
+    assert "cloud-platform scope" in text and "docs/install.md#the-tpu-nodes-identity" in text
+    assert "Admission policies: on" in text  # this apiserver serves them (1.34)
+    dedicated = {
+        "gke": {**managed["gke"], "nodes": {"serviceAccount": "n@p.iam.gserviceaccount.com"}}
+    }
+    assert "WARNING" not in notes(kube_api, tmp_path, dedicated)
+    assert "WARNING" not in notes(kube_api, tmp_path, {})  # Existing mode: no node pools made
 
 
 def explain(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
@@ -509,35 +735,59 @@ class Rbac:
     def __init__(self, cp: ControlPlane, api_client: client.ApiClient, tmp_path: Path) -> None:
         self.cp, self.api_client, self.tmp_path = cp, api_client, tmp_path
         self.cluster_scoped: list[tuple[str, str]] = []
+        self.lease_name = ""  # the last install's leader-election Lease (its fullname)
 
     def install(
-        self, ns: str, drop: tuple[str, str, str] | None = None, kueue: bool = False
+        self,
+        ns: str,
+        drop: tuple[str, str, str] | None = None,
+        kueue: str | None = None,
+        values: dict[str, Any] | None = None,
     ) -> Path:
-        """Apply the rendered RBAC (minus one verb) and return a kubeconfig acting as the SA."""
+        """Apply the rendered RBAC (minus one verb) and admission policies, and return a
+        kubeconfig acting as the SA. `kueue`: the AdmissionCheck the operator may set Active."""
         release = f"r-{uuid.uuid4().hex[:6]}"  # cluster-scoped names must not collide
         # The SA name as installed by default; the user name must fit a certificate CN (64).
-        values: dict[str, Any] = {
+        values = {
             "watchNamespaces": [ns],
             "serviceAccount": {"name": "multislice-operator"},
+            "rbac": {"userRoles": {"create": False}},  # cluster-wide, one name: not here
+            **(values or {}),
         }
         if kueue:
-            values["kueue"] = {"enabled": True}
+            values["kueue"] = {"enabled": True, "admissionCheck": {"name": kueue}}
         docs = render(self.tmp_path, values, release=release, namespace=ns)
-        kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+        self.lease_name = env_of(docs)["MSJ_LEADER_ELECTION_NAME"]
+        kinds = (
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
         objs = [d for d in docs if d["kind"] in kinds]
-        role = next(d for d in objs if d["kind"] == "ClusterRole")
-        assert any(d["kind"] == "Role" for d in objs)  # namespaced grants: a Role in `ns`
+        ours = operator_roles(docs)
+        assert any(d["kind"] == "Role" for d in ours)  # namespaced grants: a Role in `ns`
         if drop is not None:  # the same grants, one rule per verb, minus one
             assert drop in rules_of(docs)
-            for each in (d for d in objs if d["kind"] in ("ClusterRole", "Role")):
+            for each in ours:
                 each["rules"] = [
                     {"apiGroups": [g], "resources": [r], "verbs": [v]}
-                    for g, r, v in sorted(rules_of([each]) - {drop})
+                    for g, r, v in sorted(grants_of([each]) - {drop})
                 ]
         result = kubectl(self.cp, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
         assert result.returncode == 0, result.stderr
-        name = role["metadata"]["name"]
-        self.cluster_scoped += [("clusterroles", name), ("clusterrolebindings", name)]
+        plural = {
+            "ClusterRole": "clusterroles",
+            "ClusterRoleBinding": "clusterrolebindings",
+            "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        }
+        self.cluster_scoped += [
+            (plural[d["kind"]], d["metadata"]["name"]) for d in objs if d["kind"] in plural
+        ]
         sa = next(d for d in objs if d["kind"] == "ServiceAccount")["metadata"]["name"]
         written = self.cp.user_kubeconfig(
             f"system:serviceaccount:{ns}:{sa}",
@@ -664,13 +914,17 @@ class Jobs:
         ).items
         return {e.reason for e in events}
 
-    def pod(self, job_name: str, name: str) -> None:
-        """A pod of the job's JobSet, as JobSet labels it (no JobSet controller here)."""
-        labels = {
-            "multislice.dev/job-name": job_name,
-            "jobset.sigs.k8s.io/job-index": "0",
-            "jobset.sigs.k8s.io/restart-attempt": "0",
-        }
+    def pod(self, job_name: str, name: str, labels: dict[str, str] | None = None) -> None:
+        """A pod of the job's JobSet, labelled as the operator's template and the JobSet
+        controller label it (no JobSet controller here); `labels` replaces them."""
+        if labels is None:
+            labels = {
+                "multislice.dev/job-name": job_name,
+                "app.kubernetes.io/managed-by": "multislice-operator",
+                "jobset.sigs.k8s.io/jobset-name": job_name,
+                "jobset.sigs.k8s.io/job-index": "0",
+                "jobset.sigs.k8s.io/restart-attempt": "0",
+            }
         body = {
             "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "train", "image": "img:1"}]},
@@ -721,11 +975,19 @@ def refused(log: str) -> bool:
     return any(s in lowered for s in ("(403)", "status=403", "forbidden", "not enough permissions"))
 
 
-def start_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
+def start_operator(kubeconfig: Path, ns: str, tmp_path: Path, lease: str) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        # The heartbeat Lease where the chart's Role allows it (the release namespace).
-        ["--resync-seconds", "2", "--leader-election-namespace", ns],
+        # Leader election as the chart runs it, on the Leases its Role names (release namespace).
+        [
+            "--resync-seconds",
+            "2",
+            "--leader-elect",
+            "--leader-election-namespace",
+            ns,
+            "--leader-election-name",
+            lease,
+        ],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
     ).start()
@@ -740,7 +1002,7 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
     tmp_path: Path,
 ) -> None:
     ns = namespace(kube_api, "msj-rbac")
-    op = start_operator(rbac.install(ns), ns, tmp_path)
+    op = start_operator(rbac.install(ns), ns, tmp_path, rbac.lease_name)
     try:
         jobs = Jobs(api, ns, op)
         # create -> JobSet (jobsets create, status patch, finalizer patch, events create)
@@ -831,6 +1093,300 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
     assert not refused(op.log_path.read_text()), op.log_path.read_text()
 
 
+# ---------------------------------------------------------------- admission policies
+
+
+class AsOperator:
+    """The operator's ServiceAccount's own requests (its kubeconfig), each one's verdict."""
+
+    def __init__(self, kubeconfig: Path, ns: str) -> None:
+        from kubernetes import config
+
+        self.api = config.new_client_from_config(config_file=str(kubeconfig))
+        self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
+        self.ns = ns
+
+    def verdict(self, call: Any) -> str:
+        """ "allowed", or the apiserver's refusal message."""
+        try:
+            call()
+        except ApiException as exc:
+            assert exc.status == 403, exc.body
+            return str(json.loads(exc.body)["message"])
+        return "allowed"
+
+    def annotate(self, pod: str, key: str) -> str:
+        patch = {"metadata": {"annotations": {key: "r1"}}}
+        return self.verdict(lambda: self.core.patch_namespaced_pod(pod, self.ns, patch))
+
+    def patch(self, pod: str, patch: dict[str, Any]) -> str:
+        return self.verdict(lambda: self.core.patch_namespaced_pod(pod, self.ns, patch))
+
+    def evict(self, pod: str, dry_run: bool = False) -> str:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": self.ns}}  # fmt: skip
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        return self.verdict(
+            lambda: self.core.create_namespaced_pod_eviction(pod, self.ns, body, **kwargs)
+        )
+
+    def create_job(self, name: str, dry_run: bool) -> str:
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "img:1"}]}}},
+        }  # fmt: skip
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        return self.verdict(lambda: self.batch.create_namespaced_job(self.ns, body, **kwargs))
+
+    def close(self) -> None:
+        self.api.close()
+
+
+POLICY = "ValidatingAdmissionPolicy"
+
+
+def test_admission_policies_narrow_the_operators_pod_and_job_grants(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """The operator's ServiceAccount, by its own requests to the real apiserver: what it needs
+    passes (a checkpoint annotation on a MultisliceJob's pod, evicting it, a Job dry run), and
+    the same grants used otherwise are refused by the chart's policies, not by RBAC."""
+    ns = namespace(kube_api, "msj-vap")
+    op = AsOperator(rbac.install(ns), ns)
+    jobs = Jobs(api, ns, None)  # type: ignore[arg-type]
+    try:
+        jobs.pod("train", "train-slice-0-0-a")
+        jobs.pod("train", "train-slice-0-1-b")
+        jobs.pod("x", "web-7d9f8-abcde", labels={"app": "web"})  # no MultisliceJob's
+        jobs.pod("x", "fake-0", labels={"multislice.dev/job-name": "x"})  # ours in part only
+
+        # The policies take effect once the apiserver has seen them (and, for evictions, listed
+        # the pods they read): wait for a first refusal of each. The eviction probe is a dry run;
+        # a Job created before the policy is in force is deleted again at once, so that the dry
+        # run of the same name below meets no AlreadyExists.
+        def job_refused() -> bool:
+            verdict = op.create_job("probe", dry_run=False)
+            if verdict == "allowed":
+                client.BatchV1Api(api).delete_namespaced_job(
+                    "probe", ns, propagation_policy="Background"
+                )  # not Orphan, batch/v1's default: its finalizer would wait for a GC
+            return POLICY in verdict
+
+        wait_for(
+            lambda: job_refused() and POLICY in op.evict("web-7d9f8-abcde", dry_run=True),
+            30,
+            "the policies in force",
+        )
+        ours = "train-slice-0-0-a"
+        assert op.annotate(ours, CHECKPOINT_REQUEST) == "allowed"
+        assert (jobs.pod_annotations(ours) or {})[CHECKPOINT_REQUEST] == "r1"
+        assert op.create_job("probe", dry_run=True) == "allowed"
+        # A pod of the job, changed otherwise: another annotation, its image, labels, finalizers.
+        for change in (
+            {"metadata": {"annotations": {"example.com/x": "1"}}},
+            {"spec": {"containers": [{"name": "train", "image": "evil:1"}]}},
+            {"metadata": {"labels": {"app": "web"}}},
+            {"metadata": {"finalizers": ["example.com/hold"]}},
+        ):
+            verdict = op.patch(ours, change)
+            assert POLICY in verdict and "only the multislice.dev/ annotations" in verdict, change
+        # Pods outside any MultisliceJob: neither annotated nor evicted.
+        for pod in ("web-7d9f8-abcde", "fake-0"):
+            verdict = op.annotate(pod, CHECKPOINT_REQUEST)
+            assert POLICY in verdict and "only the pods of a MultisliceJob" in verdict, pod
+            verdict = op.evict(pod)
+            assert POLICY in verdict and f"pod {pod} lacks" in verdict, pod
+            assert jobs.pod_annotations(pod) == {}
+        assert POLICY in op.create_job("real", dry_run=False)
+        assert jobs.pod_annotations(ours) is not None
+        assert op.evict(ours) == "allowed"
+        wait_for(lambda: jobs.pod_annotations(ours) is None, 10, "the job's pod evicted")
+        assert jobs.pod_annotations("train-slice-0-1-b") is not None  # only the one asked
+    finally:
+        op.close()
+
+
+def test_without_the_policies_rbac_alone_grants_all_of_it(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """What the policies add: with rbac.admissionPolicy.enabled false the same requests pass."""
+    ns = namespace(kube_api, "msj-novap")
+    values = {"rbac": {"admissionPolicy": {"enabled": False}, "userRoles": {"create": False}}}
+    op = AsOperator(rbac.install(ns, values=values), ns)
+    jobs = Jobs(api, ns, None)  # type: ignore[arg-type]
+    try:
+        jobs.pod("x", "web-7d9f8-abcde", labels={"app": "web"})
+        assert op.patch("web-7d9f8-abcde", {"metadata": {"labels": {"stolen": "1"}}}) == "allowed"
+        assert op.create_job("real", dry_run=False) == "allowed"
+        assert op.evict("web-7d9f8-abcde") == "allowed"
+    finally:
+        op.close()
+
+
+# ---------------------------------------------------------------- user roles, aggregated
+
+
+def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated_roles(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, tmp_path: Path
+) -> None:
+    """The chart's multislice-editor/viewer, aggregated by Kubernetes' own clusterrole-aggregation
+    controller (kube-controller-manager, run here with that controller alone) into the built-in
+    `edit`, `admin` and `view`: a user bound to `edit` in a namespace creates, patches and deletes
+    MultisliceJobs there without any hand-written rule, one bound to `view` reads them and
+    creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
+    ns = namespace(kube_api, "msj-roles")
+    rbac_api = client.RbacAuthorizationV1Api(api)
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        rbac_api.create_namespaced_role_binding(ns, {
+            "metadata": {"name": f"{user}-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        })  # fmt: skip
+    from kubernetes import config
+
+    clients = {
+        user: client.CustomObjectsApi(
+            config.new_client_from_config(config_file=str(kube_api.user_kubeconfig(user)))
+        )
+        for user in ("alice", "bob")
+    }
+    group, version = models.API_VERSION.split("/")
+
+    def as_user(user: str, verb: str, name: str = "", body: Any = None) -> int:
+        c = clients[user]
+        calls = {
+            "create": lambda: c.create_namespaced_custom_object(group, version, ns, models.PLURAL,
+                                                                body),
+            "list": lambda: c.list_namespaced_custom_object(group, version, ns, models.PLURAL),
+            "patch": lambda: c.patch_namespaced_custom_object(
+                group, version, ns, models.PLURAL, name, {"spec": {"suspend": True}}),
+            "delete": lambda: c.delete_namespaced_custom_object(group, version, ns,
+                                                                models.PLURAL, name),
+        }  # fmt: skip
+        try:
+            calls[verb]()
+        except ApiException as exc:
+            return int(exc.status)
+        return 200
+
+    roles = [
+        r for r in by_kind(render(tmp_path), "ClusterRole")
+        if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
+    ]  # fmt: skip
+    assert len(roles) == 2
+    log = (tmp_path / "kcm.log").open("w")
+    kcm = subprocess.Popen(
+        [str(bin_dir() / "kube-controller-manager"), f"--kubeconfig={kube_api.kubeconfig}",
+         "--controllers=clusterrole-aggregation", "--leader-elect=false", "--secure-port=0"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def aggregated(role: str) -> set[str]:
+        rules = rbac_api.read_cluster_role(role).rules or []
+        return {
+            v for r in rules if "multislice.dev" in (r.api_groups or [])
+            and "multislicejobs" in (r.resources or []) for v in r.verbs
+        }  # fmt: skip
+
+    try:
+        assert as_user("alice", "create", body=job("before")) == 403  # `edit` alone: nothing
+        assert aggregated("edit") == set()
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "create" in aggregated("edit"), 60, "edit aggregated",
+                 on_timeout=lambda: (tmp_path / "kcm.log").read_text())  # fmt: skip
+        wait_for(lambda: "create" in aggregated("admin"), 30, "admin aggregated")
+        wait_for(lambda: aggregated("view") == {"get", "list", "watch"}, 30, "view aggregated")
+        assert as_user("alice", "create", body=job("mine")) == 200
+        assert as_user("alice", "patch", "mine") == 200
+        assert as_user("bob", "list") == 200
+        assert as_user("bob", "create", body=job("theirs")) == 403
+        assert as_user("bob", "patch", "mine") == 403
+        assert as_user("bob", "delete", "mine") == 403
+        assert as_user("alice", "delete", "mine") == 200
+    finally:
+        for role in roles:  # out of edit/admin/view again while the controller still runs
+            kubectl(kube_api, "delete", "clusterrole", role["metadata"]["name"],
+                    "--ignore-not-found")  # fmt: skip
+        try:
+            wait_for(lambda: aggregated("edit") == set(), 30, "edit without the roles")
+        finally:
+            kcm.terminate()
+            kcm.wait(30)
+            log.close()
+            for c in clients.values():
+                c.api_client.close()
+
+
+# ---------------------------------------------------------------- metrics: HTTPS + TokenReview
+
+
+def curl(url: str, token: str | None = None) -> tuple[str, str]:
+    """(HTTP status, body) as curl sees them (-k: the operator's certificate is self-signed)."""
+    args = ["curl", "-sk", "-o", "-", "-w", "\n%{http_code}", "--max-time", "10", url]
+    if token is not None:
+        args[1:1] = ["-H", f"Authorization: Bearer {token}"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30).stdout
+    body, _, status = out.rpartition("\n")
+    return status, body
+
+
+def test_metrics_need_a_token_bound_to_the_metrics_reader_role(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac, tmp_path: Path
+) -> None:
+    """The operator as the chart runs it (its RBAC, --metrics-auth kubernetes): curl without a
+    token is refused, a token the apiserver does not know too, a real ServiceAccount's token
+    without the metrics-reader role gets 403, one bound to it the metrics."""
+    ns = namespace(kube_api, "msj-metrics")
+    kubeconfig = rbac.install(ns)
+    reader_role = f"{rbac.lease_name}-metrics-reader"
+    op = OperatorProcess(
+        kubeconfig,
+        ["--metrics-auth", "kubernetes", "--leader-elect", "--leader-election-namespace", ns,
+         "--leader-election-name", rbac.lease_name],
+        namespaces=[ns],
+        log_path=tmp_path / "operator.log",
+    ).start()  # fmt: skip
+    core, authz = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    binding = f"{reader_role}-{ns}"
+    try:
+        assert op.metrics_url.startswith("https://")
+        for sa in ("prometheus", "stranger"):
+            core.create_namespaced_service_account(ns, {"metadata": {"name": sa}})
+        authz.create_cluster_role_binding({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": reader_role},
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+        })  # fmt: skip
+
+        def token(sa: str) -> str:
+            req = core.create_namespaced_service_account_token(sa, ns, {"spec": {}})
+            return str(req.status.token)
+
+        assert curl(op.metrics_url)[0] == "401"
+        assert curl(op.metrics_url, "not-a-token")[0] == "401"
+        status, body = curl(op.metrics_url, token("stranger"))
+        assert (status, body) == (
+            "403",
+            f"Authorization denied for user system:serviceaccount:{ns}:stranger",
+        )
+        status, body = curl(op.metrics_url, token("prometheus"))
+        assert status == "200", (status, body, op.log_tail())
+        assert "multislice_build_info{" in body and "multislice_leader 1.0" in body
+        # Not over plain HTTP.
+        plain = op.metrics_url.replace("https://", "http://")
+        assert curl(plain, token("prometheus"))[0] != "200"
+    finally:
+        op.stop()
+        authz.delete_cluster_role_binding(binding)
+    assert "metrics authentication failed" not in op.log_path.read_text()
+
+
 def _no_jobset(jobs: Jobs, name: str) -> None:
     assert jobs.jobset(name) is None
 
@@ -882,7 +1438,7 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
 ) -> None:
     """No more than needed: drop one verb and the same lifecycle breaks at its first step."""
     ns = namespace(kube_api, "msj-minus")
-    op = start_operator(rbac.install(ns, drop=drop), ns, tmp_path)
+    op = start_operator(rbac.install(ns, drop=drop), ns, tmp_path, rbac.lease_name)
     jobs = Jobs(api, ns, op)
     try:
         # A checkpoint request and a startup deadline, and a pod for them to act on.
@@ -914,8 +1470,9 @@ def test_chart_rbac_without_jobsets_delete_cannot_stop_a_job_out_of_disruption_b
 ) -> None:
     ns = namespace(kube_api, "msj-minus")
     op = start_operator(
-        rbac.install(ns, drop=("jobset.x-k8s.io", "jobsets", "delete")), ns, tmp_path
-    )
+        rbac.install(ns, drop=("jobset.x-k8s.io", "jobsets", "delete")), ns, tmp_path,
+        rbac.lease_name,
+    )  # fmt: skip
     jobs = Jobs(api, ns, op)
     try:
         jobs.create(job("minus", failurePolicy={"maxDisruptionRestarts": 0}))
@@ -985,18 +1542,21 @@ def kueue_crds(api: client.ApiClient, kube_api: ControlPlane) -> None:
         )
 
 
-def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path) -> OperatorProcess:
+def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path, lease: str) -> OperatorProcess:
     return OperatorProcess(
         kubeconfig,
-        # The heartbeat Lease where the chart's Role allows it (the release namespace).
+        # Leader election as the chart runs it, on the Leases its Role names (release namespace).
         [
             "--resync-seconds",
             "2",
             "--kueue",
             "--kueue-workload-wait-seconds",
             "600",
+            "--leader-elect",
             "--leader-election-namespace",
             ns,
+            "--leader-election-name",
+            lease,
         ],
         namespaces=[ns],
         log_path=tmp_path / "operator.log",
@@ -1085,7 +1645,7 @@ def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
     ns = namespace(kube_api, "msj-kueue")
     kueue = PlayKueue(api, ns, f"gang-{ns}")
     kueue.setup()
-    op = start_kueue_operator(rbac.install(ns, kueue=True), ns, tmp_path)
+    op = start_kueue_operator(rbac.install(ns, kueue=kueue.check), ns, tmp_path, rbac.lease_name)
     try:
         jobs = Jobs(api, ns, op)
         wait_for(kueue.active, 20, "AdmissionCheck Active (admissionchecks/status patch)",
@@ -1142,7 +1702,9 @@ def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
     ns = namespace(kube_api, "msj-kminus")
     kueue = PlayKueue(api, ns, f"gang-{ns}")
     kueue.setup()
-    op = start_kueue_operator(rbac.install(ns, drop=drop, kueue=True), ns, tmp_path)
+    op = start_kueue_operator(
+        rbac.install(ns, drop=drop, kueue=kueue.check), ns, tmp_path, rbac.lease_name
+    )
     try:
         jobs = Jobs(api, ns, op)
         jobs.create(queued_job("m"))

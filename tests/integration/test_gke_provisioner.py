@@ -676,7 +676,7 @@ def test_regional_cluster_needs_node_locations(sim: GkeSimulator) -> None:
         location="us-east5",
         cluster=CLUSTER,
         node_locations=[ZONE],
-        endpoint=sim.url,
+        simulator=sim.url,
     )
     assert prov.node_locations == [ZONE]
     prov.close()

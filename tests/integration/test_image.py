@@ -353,7 +353,7 @@ def _run(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_entrypoint_runs_from_the_installed_wheel(installed: Path) -> None:
     result = _run(installed, str(installed / "bin" / "multislice-operator"), "run", "--help")
     assert result.returncode == 0, result.stderr
-    assert "--liveness" in result.stdout and "--leader-elect" in result.stdout
+    assert "--health-port" in result.stdout and "--leader-elect" in result.stdout
     crd = _run(installed, str(installed / "bin" / "multislice-operator"), "crd")
     assert crd.returncode == 0, crd.stderr
     assert crd.stdout == (ROOT / "crds" / "multislice.dev_multislicejobs.yaml").read_text()

@@ -37,7 +37,7 @@ def operator(kube_api, sim, ns, tmp_path, *extra: str) -> OperatorProcess:
         kube_api.kubeconfig,
         [
             "--resync-seconds", "1", "--gke-project", PROJECT, "--gke-location", LOCATION,
-            "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-endpoint", sim.url,
+            "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-simulator", sim.url,
             "--kueue-workload-wait-seconds", str(WAIT), *extra,
         ],
         namespaces=[ns],

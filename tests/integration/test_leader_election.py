@@ -29,6 +29,26 @@ def _holder(coord: client.CoordinationV1Api, ns: str) -> str | None:
         raise
 
 
+def _readyz(op: OperatorProcess) -> tuple[int, str]:
+    """The operator's own /readyz: 200 for the leader, 503 with the reason for a standby."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{op.liveness_port}/readyz", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _leader_metric(op: OperatorProcess) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
+        (line,) = [x for x in r.read().decode().splitlines() if x.startswith("multislice_leader ")]
+    return float(line.split()[1])
+
+
 def _phase(api: client.ApiClient, ns: str, name: str) -> str | None:
     return msj.status(api, ns, name).get("phase")
 
@@ -68,6 +88,11 @@ def test_one_leader_reconciles_and_a_standby_takes_over(kube_api, namespace, tmp
         assert "reconcile" not in second.log_tail(200) and "jobset created" not in second.log_tail(
             200
         )
+        # Readiness follows the Lease: the standby is not ready, and says why.
+        assert wait_for(lambda: _readyz(first)[0] == 200, 10, "the leader ready")
+        status, why = _readyz(second)
+        assert status == 503 and why.startswith("standby"), (status, why)
+        assert (_leader_metric(first), _leader_metric(second)) == (1, 0)
 
         os.killpg(first.proc.pid, signal.SIGKILL)  # no goodbye: the lease must expire
         first.proc.wait(10)
@@ -79,6 +104,7 @@ def test_one_leader_reconciles_and_a_standby_takes_over(kube_api, namespace, tmp
         )
         msj.create(api, ns, _job("two"))
         wait_for(lambda: _phase(api, ns, "two"), 30, "the new leader to reconcile job two")
+        assert _readyz(second) == (200, "ok") and _leader_metric(second) == 1
     finally:
         a.stop()
         b.stop()

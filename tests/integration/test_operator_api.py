@@ -297,7 +297,7 @@ def test_metrics_endpoint(cluster: Cluster):
     names = (
         'multislice_reconcile_total{result="success"}',
         "multislice_reconcile_time_seconds_bucket",
-        'multislice_jobs{phase="Starting"}',
+        f'multislice_jobs{{namespace="{cluster.ns}",phase="Starting"}}',
         "multislice_restarts_total",
         "multislice_provisioning_duration_seconds",
         "multislice_time_to_running_seconds",

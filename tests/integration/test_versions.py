@@ -129,7 +129,7 @@ def test_the_operator_refuses_jobs_before_any_pool_on_an_older_jobset_and_kueue(
             cp.kubeconfig,
             [
                 "--resync-seconds", "1", "--gke-project", PROJECT, "--gke-location", LOCATION,
-                "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-endpoint", sim.url,
+                "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-simulator", sim.url,
                 "--kueue",
             ],
             namespaces=["default"],

@@ -88,7 +88,7 @@ def op(kube_api, api, sim, ns, tmp_path_factory) -> Iterator[OperatorProcess]:
         kube_api.kubeconfig,
         [
             "--resync-seconds", "2", "--gke-project", PROJECT, "--gke-location", LOCATION,
-            "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-endpoint", sim.url,
+            "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-simulator", sim.url,
             "--kueue-workload-wait-seconds", "3600",
         ],
         namespaces=[ns],

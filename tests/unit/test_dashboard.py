@@ -23,6 +23,8 @@ def exported() -> dict[str, set[str]]:
     """Every series name the operator serves, with its label names."""
     out: dict[str, set[str]] = {}
     for obj in vars(metrics).values():
+        if isinstance(obj, metrics.PerNamespace):
+            obj = obj.metric
         if isinstance(obj, MetricWrapperBase):
             name, labels = obj._name, set(obj._labelnames)
             if obj._type == "counter":
@@ -32,9 +34,13 @@ def exported() -> dict[str, set[str]]:
                     out[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
             else:
                 out[name] = labels
-    for collector in (metrics.JOBS, metrics.GOODPUT):
-        for family in collector.describe():
-            out[family.name] = set(family._labelnames)  # type: ignore[attr-defined]
+    for obj in vars(metrics).values():
+        describe = getattr(obj, "describe", None)
+        if isinstance(obj, MetricWrapperBase) or not callable(describe) or isinstance(obj, type):
+            continue
+        if type(obj).__module__ == metrics.__name__:  # the operator's own collectors
+            for family in describe():
+                out[family.name] = set(family._labelnames)  # type: ignore[attr-defined]
     return out
 
 
@@ -89,3 +95,15 @@ def test_the_namespace_variable_reads_a_per_job_series():
     assert variables["datasource"]["query"] == "prometheus"
     (name,) = METRIC.findall(variables["namespace"]["query"])
     assert "namespace" in exported()[name]
+
+
+def test_every_panel_follows_the_namespace_filter():
+    """Each series a panel reads is filtered by the $namespace variable, and can be: the
+    operator labels it with the job's namespace."""
+    served = exported()
+    for panel in panels():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name, matchers in re.findall(r"\b(multislice_[a-z_]+)(?:\{([^}]*)\})?", expr):
+                assert "namespace" in served[name], (panel["title"], name)
+                assert 'namespace=~"$namespace"' in matchers, (panel["title"], expr)

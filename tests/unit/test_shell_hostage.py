@@ -312,11 +312,26 @@ def _reachable(host: str, port: int) -> bool:
 
 def test_metrics_bind_the_configured_address_only():
     from multislice_local.harness import free_port
-    from multislice_operator import metrics
+    from multislice_operator.controller import serving
 
     assert Settings().metrics_bind_address == "127.0.0.1"  # local default: loopback
     loopback, everywhere = free_port(), free_port()
-    metrics.serve(loopback, "127.0.0.1")
-    metrics.serve(everywhere, "0.0.0.0")  # the chart's value, for scraping
-    assert _reachable("127.0.0.1", loopback) and not _reachable("127.0.0.2", loopback)
-    assert _reachable("127.0.0.2", everywhere)
+
+    async def check() -> tuple[bool, bool, bool]:
+        runners = [
+            await serving.start(serving.metrics_app(None), "127.0.0.1", loopback),
+            # The chart's value, for scraping (HTTPS with authentication there).
+            await serving.start(serving.metrics_app(None), "0.0.0.0", everywhere),
+        ]
+        try:
+            return await asyncio.gather(
+                asyncio.to_thread(_reachable, "127.0.0.1", loopback),
+                asyncio.to_thread(_reachable, "127.0.0.2", loopback),
+                asyncio.to_thread(_reachable, "127.0.0.2", everywhere),
+            )
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    on_loopback, loopback_elsewhere, everywhere_elsewhere = asyncio.run(check())
+    assert on_loopback and not loopback_elsewhere and everywhere_elsewhere

@@ -23,7 +23,7 @@
 
 {{- define "multislice-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "multislice-operator.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{- define "multislice-operator.labels" -}}
@@ -34,17 +34,24 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The operator's ServiceAccount. With serviceAccount.create false it must be named: binding
+the namespace's `default` account would hand the operator's grants to every pod that runs as it. */}}
 {{- define "multislice-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "multislice-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else if and .Values.serviceAccount.name (ne .Values.serviceAccount.name "default") }}
+{{- .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- fail "serviceAccount.create is false: set serviceAccount.name to the operator's own ServiceAccount (not \"default\": every pod of the namespace without one runs as it)" }}
 {{- end }}
 {{- end }}
 
-{{/* Leader election only matters with standby replicas; one replica needs no Lease. */}}
-{{- define "multislice-operator.leaderElect" -}}
-{{- if gt (int .Values.replicaCount) 1 }}true{{- end }}
+{{/* The admission policies (templates/admissionpolicy.yaml): asked for, and served by the
+cluster (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, GA in Kubernetes 1.30). Helm
+lists kinds only when it asks a cluster; `helm template` knows the --kube-version alone. */}}
+{{- define "multislice-operator.admissionPolicy" -}}
+{{- $served := or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version) }}
+{{- if and .Values.rbac.admissionPolicy.enabled $served }}true{{- end }}
 {{- end }}
 
 {{/* repository:tag, or repository@digest when image.digest is set (the digest names the
@@ -83,13 +90,16 @@ in one Role per watched namespace. */}}
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Jobs are only ever created as a server-side dry run (?dryRun=All, nothing is stored): the
-# apiserver's verdict on the pod template before any node pool exists.
+# apiserver's verdict on the pod template before any node pool exists. RBAC cannot say "dry run
+# only"; the admission policy (rbac.admissionPolicy) refuses any other create.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create"]
 # The job's pods: indexed (failures, exit codes, the scheduler's verdict); a checkpoint request
 # is an annotation on each (metadata only, by merge patch); the startup deadline evicts the pods
-# that never ran.
+# that never ran. RBAC cannot say which pods nor which fields: the admission policy
+# (rbac.admissionPolicy) limits the patch to the multislice.dev/ annotations and both verbs to
+# the pods of a MultisliceJob.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]

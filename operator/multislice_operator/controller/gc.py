@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+from typing import Any
 
 from multislice_operator import metrics
 from multislice_operator.controller.runtime import Runtime
@@ -27,22 +28,31 @@ async def gc_loop(rt: Runtime) -> None:
             log.warning("orphan sweep failed error=%s", exc)
 
 
+async def list_watched_jobs(rt: Runtime) -> list[dict[str, Any]]:
+    """The MultisliceJobs of the watched namespaces, from the apiserver. Watching named
+    namespaces (the chart then grants Roles there only), list each of them; with globs, all."""
+    patterns = rt.settings.namespaces
+    exact = bool(patterns) and not any(c in p for p in patterns for c in "*?[")
+    if exact:
+        return [j for ns in patterns for j in await rt.kube.list_jobs(ns)]
+    jobs = await rt.kube.list_jobs()
+    if not patterns:
+        return jobs
+    return [
+        j for j in jobs if any(fnmatch.fnmatch(j["metadata"]["namespace"], p) for p in patterns)
+    ]
+
+
 async def collect_orphans(rt: Runtime) -> list[str]:
     """Delete pools labelled as ours whose job is gone or is another incarnation (other uid)."""
     if rt.provisioner is None:
         return []
     # Read from the apiserver, not the watch: a job created a moment ago must not look gone.
-    # Watching named namespaces (the chart then grants Roles there only), list each of them; a
-    # pool of a namespace this operator does not watch is never its business (another install).
+    # A pool of a namespace this operator does not watch is never its business (another install).
     patterns = rt.settings.namespaces
-    exact = bool(patterns) and not any(c in p for p in patterns for c in "*?[")
-    listed = (
-        [await rt.kube.list_jobs(ns) for ns in patterns] if exact else [await rt.kube.list_jobs()]
-    )
     jobs = {
         (j["metadata"]["namespace"], j["metadata"]["name"]): j["metadata"].get("uid")
-        for batch in listed
-        for j in batch
+        for j in await list_watched_jobs(rt)
     }
     pools = await rt.provisioner.list_owned()
     orphans = []

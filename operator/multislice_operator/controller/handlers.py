@@ -1,12 +1,13 @@
 """kopf wiring: watches feed a job store, small indexes and a work queue; workers do the rest.
 
-kopf is used for what it is best at: watching (with reconnects), indexes and the liveness probe.
+kopf is used for what it is best at: watching (with reconnects) and indexes; /healthz, /readyz
+and /metrics are the operator's own (controller/serving.py).
 Every MultisliceJob handler is an on-event spy, so kopf writes nothing to the objects (no
 finalizer, no `last-handled-configuration` annotation: a spec of any size is fine). The operator's
 own finalizer is added by the reconcile itself, only for Managed jobs, before their first pool.
 Workers take job keys from the queue: observe -> decide (pure) -> apply -> write the status if it
 changed, then requeue at the delay decide() asked for. With --leader-elect only the replica holding
-the Lease runs workers.
+the Lease runs workers, and only it is ready.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import kopf
 
 from multislice_operator import keys, metrics
 from multislice_operator.api import models
-from multislice_operator.controller import kueue, versions
+from multislice_operator.controller import kueue, serving, versions
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.gc import gc_loop
+from multislice_operator.controller.gc import gc_loop, list_watched_jobs
 from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
 from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
-from multislice_operator.controller.kube import Kube
+from multislice_operator.controller.kube import ApiError, Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
 from multislice_operator.controller.runtime import Indexes, Runtime
@@ -51,9 +52,13 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 ProvisionerFactory = Callable[[Settings], Provisioner | None]
 
+SYNC_POLL_SECONDS = 1.0
+
 RUNTIME: Runtime | None = None
 PROVISIONER_FACTORY: ProvisionerFactory | None = None
 _SETTINGS: Settings | None = None
+_KUEUE_WATCHED = False  # the Kueue handlers are registered once per process (tests configure twice)
+_RUNNERS: list[Any] = []  # the aiohttp servers, cleaned up at exit
 
 
 def configure(settings: Settings, factory: ProvisionerFactory | None) -> None:
@@ -103,8 +108,12 @@ async def startup(
             admission_checks=kwargs.get("admission_check_index", {}),
         ),
     )
-    metrics.serve(ours.metrics_port, ours.metrics_bind_address)
+    rt.readiness.leader_elect = ours.leader_elect
+    rt.readiness.standby_ready = ours.ready_standby
+    _bind_metrics(rt)
+    await _serve(rt)
     rt.tasks.append(asyncio.create_task(_run(rt)))
+    rt.tasks.append(asyncio.create_task(_await_sync(rt)))
     trim = _malloc_trim()
     if trim is not None:
         rt.tasks.append(asyncio.create_task(_trim_loop(trim)))
@@ -129,9 +138,65 @@ async def startup(
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
     if RUNTIME is not None:
+        RUNTIME.readiness.started = False
         RUNTIME.queue.close()
         for task in RUNTIME.tasks:
             task.cancel()
+    # The Lease is not released: a GKE call may still run in a thread of this process; the next
+    # leader waits for the Lease to expire (15 s) instead.
+    while _RUNNERS:
+        await _RUNNERS.pop().cleanup()
+
+
+def _bind_metrics(rt: Runtime) -> None:
+    metrics.RUNTIME.depth = rt.queue.due
+    metrics.RUNTIME.active_workers = lambda: rt.active_workers
+    metrics.RUNTIME.workers = lambda: max(1, rt.settings.workers)
+    metrics.RUNTIME.leader = lambda: not rt.settings.leader_elect or rt.readiness.leading
+
+
+def _alive(rt: Runtime) -> str | None:
+    """Why the operator is not alive: a task of its own ended (they run forever)."""
+    for task in rt.tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            return f"task {task.get_name()} failed: {task.exception()!r}"
+    return None
+
+
+async def _serve(rt: Runtime) -> None:
+    """Health (always plain HTTP: the kubelet's probes carry no token) and metrics."""
+    s = rt.settings
+    if s.health_port:
+        app = serving.health_app(rt.readiness, lambda: _alive(rt))
+        _RUNNERS.append(await serving.start(app, s.health_bind_address, s.health_port))
+    if not s.metrics_port:
+        return
+    if s.metrics_auth == "none":
+        app = serving.metrics_app(None)
+        _RUNNERS.append(await serving.start(app, s.metrics_bind_address, s.metrics_port))
+        return
+    ctx = serving.tls_context(s.metrics_cert_dir, [socket.gethostname(), "localhost", "127.0.0.1"])
+    if s.metrics_cert_dir:
+        rt.tasks.append(asyncio.create_task(serving.reload_certificates(ctx, s.metrics_cert_dir)))
+    app = serving.metrics_app(serving.KubernetesAuth(rt.kube).check)
+    _RUNNERS.append(await serving.start(app, s.metrics_bind_address, s.metrics_port, ctx))
+
+
+async def _await_sync(rt: Runtime) -> None:
+    """Ready once the caches are synced: a first MultisliceJob has come through the watch (kopf
+    hands over no event before every index, JobSets, pods, nodes and Kueue's, has listed), or no
+    MultisliceJob exists in the watched namespaces (the first one created will wait for those
+    indexes likewise). Asked of the apiserver until one is true."""
+    rt.readiness.started = True
+    while not rt.store.bodies:
+        try:
+            if not await list_watched_jobs(rt):
+                break
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("readiness: listing MultisliceJobs failed error=%r", exc)
+        await asyncio.sleep(SYNC_POLL_SECONDS)
+    rt.readiness.synced = True
+    log.info("caches synced")
 
 
 async def _run(rt: Runtime) -> None:
@@ -148,6 +213,7 @@ async def _run(rt: Runtime) -> None:
         rt.tasks.append(asyncio.create_task(elector.run()))
         rt.tasks.append(asyncio.create_task(_exit_when_lost(elector)))
         await elector.leading.wait()
+        rt.readiness.leading = True
     if rt.provisioner is not None and rt.settings.gc_interval_seconds > 0:
         rt.tasks.append(asyncio.create_task(gc_loop(rt)))
     # Before any pass: when the previous operator was last alive (goodput's blind time).
@@ -195,9 +261,13 @@ async def _exit_when_lost(elector: LeaderElector) -> None:
 async def _worker(rt: Runtime) -> None:
     while True:
         key = await rt.queue.get()
+        rt.active_workers += 1
+        scope = metrics.enter_namespace(key[0])  # the per-namespace metrics of this pass
         try:
             delay = await reconcile(rt, key, rt.errors.get(key, 0))
         finally:
+            metrics.JOB_NAMESPACE.reset(scope)
+            rt.active_workers -= 1
             rt.queue.done(key)
         if delay is None:
             rt.errors.pop(key, None)
@@ -324,9 +394,10 @@ async def admission_check_event(**_: Any) -> None:
 
 
 def _watch_kueue() -> None:
-    registry = kopf.get_default_registry()
-    if any(h.id == "workload_index" for h in registry._indexing.get_all_handlers()):
+    global _KUEUE_WATCHED
+    if _KUEUE_WATCHED:
         return  # configured twice in one process (tests)
+    _KUEUE_WATCHED = True
     kopf.index(*kueue.WORKLOADS)(workload_index)
     kopf.index(*kueue.LOCAL_QUEUES)(local_queue_index)
     kopf.index(*kueue.ADMISSION_CHECKS)(admission_check_index)

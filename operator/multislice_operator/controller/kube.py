@@ -404,6 +404,50 @@ class Kube:
             log.warning("event not updated name=%s status=%s", name, exc.status)
         return True
 
+    # -- delegated authentication and authorization (the metrics endpoint) ----------------------
+
+    async def review_token(self, token: str) -> dict[str, Any] | None:
+        """A TokenReview: the user the apiserver says `token` belongs to (its status.user:
+        username, uid, groups, extra), or None when it does not authenticate."""
+        review = await self._call(
+            "post",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            payload={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token},
+            },
+            backoffs=(),
+        )
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            return None
+        user: dict[str, Any] = status.get("user") or {}
+        return user
+
+    async def may_get(self, user: dict[str, Any], path: str) -> bool:
+        """A SubjectAccessReview: may `user` (a TokenReview's) `get` the non-resource URL?"""
+        spec: dict[str, Any] = {
+            "user": user.get("username", ""),
+            "groups": list(user.get("groups") or []),
+            "nonResourceAttributes": {"path": path, "verb": "get"},
+        }
+        if user.get("uid"):
+            spec["uid"] = user["uid"]
+        if user.get("extra"):
+            spec["extra"] = user["extra"]
+        review = await self._call(
+            "post",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            payload={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": spec,
+            },
+            backoffs=(),
+        )
+        return bool((review.get("status") or {}).get("allowed"))
+
     # -- leases (leader election) ----------------------------------------------------------------
 
     def _lease_url(self, namespace: str, name: str = "") -> str:

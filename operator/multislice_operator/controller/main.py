@@ -53,6 +53,7 @@ def make_provisioner(settings: Settings) -> Provisioner | None:
         cluster=settings.gke_cluster,
         node_locations=settings.gke_node_locations,
         endpoint=settings.gke_endpoint,
+        simulator=settings.gke_simulator,
         node=settings.node_options(),
     )
 
@@ -63,6 +64,11 @@ def run_operator(args: argparse.Namespace) -> int:
     from multislice_operator.controller import handlers
 
     settings = from_args(args)
+    problems = settings.problems()
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
     setup_logging(settings)
     handlers.configure(settings, make_provisioner)
     namespaces = settings.namespaces
@@ -74,7 +80,6 @@ def run_operator(args: argparse.Namespace) -> int:
                 # High availability is a coordination.k8s.io Lease (--leader-elect), not kopf's
                 # peering: kopf never pauses, every replica watches, one reconciles.
                 standalone=True,
-                liveness_endpoint=settings.liveness_endpoint,
             )
         )
     except KeyboardInterrupt:

@@ -43,14 +43,16 @@ from multislice_operator.render import render_pod_template
 
 log = logging.getLogger("multislice_operator")
 
-# Exported at 0 before the first failure: every label set the registry can produce.
+# Exported at 0 before the first failure (per namespace, from its first pass): every label set
+# the registry can produce.
 for _info in SLICE_FAILURE_REASONS.values():
     for _cause in _info.causes:
-        metrics.SLICE_FAILURES_TOTAL.labels(_info.metric, _cause)
+        if _info.metric:  # always, in this registry
+            metrics.SLICE_FAILURES_TOTAL.preset(_info.metric, _cause)
 for _restart in RestartCause:
-    metrics.RESTARTS_TOTAL.labels(_restart.value)
+    metrics.RESTARTS_TOTAL.preset(_restart.value)
 for _source in ("user", "maintenance", "flex-start"):
-    metrics.CHECKPOINT_REQUESTS_TOTAL.labels(_source)
+    metrics.CHECKPOINT_REQUESTS_TOTAL.preset(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
 

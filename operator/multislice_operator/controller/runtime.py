@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller.kube import Kube
+from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import Admission, DecideConfig
@@ -126,6 +127,9 @@ class Runtime:
     events: dict[JobKey, dict[tuple[str, str, str], tuple[str, int]]] = field(default_factory=dict)
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # What /readyz answers; workers reconciling a job right now (a metric).
+    readiness: Readiness = field(default_factory=Readiness)
+    active_workers: int = 0
     # What is installed, as controller/versions.py last found it: why the installed Kueue (with
     # --kueue) or JobSet cannot work with this operator, naming the installed and needed
     # versions; None when it can (or is not installed at all).

@@ -30,6 +30,12 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._due)
 
+    def due(self) -> int:
+        """Keys due now and waiting for a worker (client-go's workqueue_depth: delayed adds
+        are not counted until their time comes)."""
+        now = asyncio.get_running_loop().time()
+        return sum(1 for when in self._due.values() if when <= now)
+
     def add(self, key: K, delay: float = 0.0) -> None:
         """Process `key` after `delay` seconds, or sooner if it is already due sooner."""
         if self._closed:

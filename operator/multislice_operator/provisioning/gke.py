@@ -304,18 +304,27 @@ class GkeProvisioner:
         node_locations: Iterable[str] | None = None,
         endpoint: str | None = None,
         metadata_host: str | None = None,
+        simulator: str | None = None,
         **kwargs: Any,
     ) -> GkeProvisioner:
         """Build from operator settings; what is missing comes from the GKE metadata server.
 
-        With ``endpoint`` (the local simulator) nothing is read from the metadata server and
-        project/location/cluster must be given. Otherwise credentials are ADC.
+        Credentials are Application Default Credentials (Workload Identity on GKE), also with
+        ``endpoint``, an override of Google's (a private or Private Service Connect endpoint).
+        Only ``simulator`` (the local one: an explicit setting of its own) is anonymous; then
+        nothing is read from the metadata server and project/location/cluster must be given.
         """
         zones = [z for z in (node_locations or []) if z]
-        if endpoint:
+        if simulator:
+            if endpoint:
+                raise ValueError("give a simulator or an endpoint override, not both")
             if not (project and location and cluster):
-                raise ValueError("with an endpoint, give project, location and cluster")
-            return cls.from_endpoint(endpoint, project, location, cluster, zones, **kwargs)
+                raise ValueError("with the simulator, give project, location and cluster")
+            return cls.from_endpoint(simulator, project, location, cluster, zones, **kwargs)
+        if endpoint:  # GKE's API only: the Cloud TPU client keeps Google's endpoint
+            kwargs["client"] = container_v1.ClusterManagerClient(
+                transport="rest", client_options={"api_endpoint": endpoint}
+            )
         if not (project and location and cluster):
             meta = read_gke_metadata(metadata_host)
             project, location = project or meta.project, location or meta.location

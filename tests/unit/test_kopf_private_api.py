@@ -1,0 +1,61 @@
+"""kopf's private API, the one piece the operator leans on (controller/kube.py rides kopf's own
+API client: its session, credentials and re-authentication). kopf is pinned exactly in
+pyproject.toml's `operator` extra (and image/requirements.lock); these tests fail when a kopf
+upgrade moves what kube.py calls, and when new code reaches for another private name."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import kopf
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED_PRIVATE = {"kopf._cogs.clients.api", "kopf._cogs.clients.errors"}
+IMPORT = re.compile(r"^from (kopf\._[\w.]+) import (\w+)|^import (kopf\._[\w.]+)", re.M)
+
+
+def test_kopf_is_pinned_exactly_and_installed_at_that_version() -> None:
+    # The operator's pins are its extra (the base dependencies are the CLI's ranges).
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["optional-dependencies"]["operator"]
+    (pin,) = [d for d in deps if re.match(r"kopf\b", d)]
+    assert re.fullmatch(r"kopf==[0-9.]+", pin), pin
+    assert version("kopf") == pin.split("==")[1]
+
+
+def test_the_operator_uses_no_other_private_kopf_name() -> None:
+    used: set[str] = set()
+    for path in (ROOT / "operator").rglob("*.py"):
+        text = path.read_text()
+        for package, name, module in IMPORT.findall(text):
+            used.add(module or f"{package}.{name}")
+        # Attribute access into kopf's private parts (registry._indexing and the like).
+        assert not re.search(r"\bregistry\._\w+|kopf\.\w+\._\w+", text), path
+    assert used == ALLOWED_PRIVATE
+
+
+def test_the_request_function_kube_py_calls_keeps_its_shape() -> None:
+    sig = inspect.signature(kopf_api.request)
+    assert inspect.iscoroutinefunction(kopf_api.request)
+    for name in ("method", "url", "payload", "headers", "backoffs", "settings", "logger"):
+        assert name in sig.parameters, name
+    assert isinstance(kopf.OperatorSettings(), kopf.OperatorSettings)
+
+
+def test_the_errors_kube_py_catches_keep_their_hierarchy() -> None:
+    assert issubclass(kopf_errors.APIClientError, kopf_errors.APIError)
+    for cls in (
+        kopf_errors.APINotFoundError,
+        kopf_errors.APIConflictError,
+        kopf_errors.APIUnprocessableEntityError,
+        kopf_errors.APIForbiddenError,
+    ):
+        assert issubclass(cls, kopf_errors.APIClientError), cls
+    err = kopf_errors.APIError({"message": "m"}, status=418, headers={})
+    assert err.status == 418
