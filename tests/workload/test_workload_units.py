@@ -42,11 +42,11 @@ def test_a_process_reads_its_rows_of_the_same_global_batches() -> None:
     """Rows 4..7 of each global batch are the same windows whoever reads them."""
     cfg = data.DataConfig(global_batch=8, seq_len=15, seed=3, steps=5)
     source = data.ByteWindows(data.corpus_files(), 16)
-    everything = data.local_dataset(cfg, source, 0, 8)
-    second_half = data.local_dataset(cfg, source, 4, 8)
+    everything = data.local_dataset(cfg, source, range(8))
+    second_half = data.local_dataset(cfg, source, range(4, 8))
     for step in range(5):
         np.testing.assert_array_equal(second_half[step], everything[step][4:])
-    other_seed = data.local_dataset(data.DataConfig(8, 15, 4, 5), source, 0, 8)
+    other_seed = data.local_dataset(data.DataConfig(8, 15, 4, 5), source, range(8))
     assert not np.array_equal(other_seed[0], everything[0])
 
 
@@ -60,7 +60,7 @@ def test_iterator_state_resumes_the_same_batches() -> None:
     )
     cfg = data.DataConfig(global_batch=8, seq_len=15, seed=0, steps=10, threads=2)
     first = data.DataPipeline(cfg, named(mesh, ("batch", None)))
-    assert first.rows == (0, 8)
+    assert first.rows == tuple(range(8))
     next(first), next(first)
     state = first.get_state()
     expected = [np.asarray(next(first)) for _ in range(3)]
@@ -69,7 +69,10 @@ def test_iterator_state_resumes_the_same_batches() -> None:
     assert state == {"next_index": 2}
     for batch in expected:
         got = next(second)
-        assert got.shape == (8, 16) and tuple(got.sharding.spec) == (("data", "fsdp"), None)
+        assert got.shape == (8, 16) and tuple(got.sharding.spec) == (
+            ("pipeline", "data", "fsdp"),
+            None,
+        )
         np.testing.assert_array_equal(np.asarray(got), batch)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 STATE, DATA, META = "state", "data", "meta"
@@ -79,26 +80,45 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step() if self._manager else None
 
-    def restore(self, step: int, like: Any, data: Any) -> tuple[Any, dict[str, Any]]:
-        """The state saved at `step` (shapes, dtypes, shardings of `like`) and its metadata;
-        `data` (the iterator) is moved to where it was at that step."""
+    def restore(
+        self,
+        step: int,
+        abstract: Any,
+        data: Any,
+        data_state_at_step: Callable[[int], dict[str, Any]] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """The state saved at `step` and its metadata; `data` (the iterator) is moved to where
+        it was at that step.
+
+        `abstract` gives each leaf's shape, dtype and sharding (`jax.ShapeDtypeStruct`s, e.g.
+        from `jax.eval_shape`): Orbax reads every array straight into those shardings, so nothing
+        is allocated but the restored state, and the mesh may differ from the one that saved it
+        (another number of slices, another dcn.data): each process reads the slices its devices
+        now hold. Grain keeps one iterator file per process (``process_I-of-N.json``); when this
+        process has none (the job had another number of processes), `data_state_at_step` gives
+        the position instead."""
         import grain
-        import jax
         import orbax.checkpoint as ocp
 
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE: ocp.args.StandardRestore(abstract),
-                    DATA: grain.checkpoint.CheckpointRestore(data),
-                    META: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        items: dict[str, Any] = {
+            STATE: ocp.args.StandardRestore(abstract),
+            META: ocp.args.JsonRestore(),
+        }
+        own_iterator = self._has_iterator_state(step)
+        if own_iterator or data_state_at_step is None:
+            items[DATA] = grain.checkpoint.CheckpointRestore(data)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        if not own_iterator and data_state_at_step is not None:
+            data.set_state(data_state_at_step(step))
         self._last_saved = self._durable = step
         return restored[STATE], dict(restored[META] or {})
+
+    def _has_iterator_state(self, step: int) -> bool:
+        """Grain's handler names the file after this process and the process count."""
+        import jax
+
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        return bool((_directory(self.directory or "") / str(step) / DATA / name).exists())
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0

@@ -6,6 +6,11 @@ positions, RMSNorm, GELU MLP), a final RMSNorm and an untied output projection. 
 one stacked array per weight (leading ``layers`` dimension), run by ``lax.scan`` with each block
 rematerialized; under pipeline parallelism the same stack is split into contiguous stages
 (`pipeline.py`). Parameters are float32; the matmuls run in `ModelConfig.dtype`.
+
+The forward pass below works on this device's shards (it runs inside the ``shard_map`` of
+`loss`; `sharding.py` says which collective each helper adds): activations are
+[local batch, sequence, embed], replicated over ``tensor``; a weight arrives as its shard and is
+gathered over ``fsdp`` (after the cast to the compute dtype) in the computation that uses it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from multislice_workload.sharding import Logical, constrain, fsdp_gather
+from multislice_workload.sharding import (
+    BATCH_AXES,
+    Logical,
+    gather,
+    logical_to_spec,
+    tensor_offset,
+    tensor_sum,
+    to_tensor,
+    tree_specs,
+    vary,
+)
 
 # Per-layer weights (the stacked arrays add a leading "layers" dimension).
 LAYER_AXES: dict[str, Logical] = {
@@ -33,8 +48,6 @@ PARAM_AXES: dict[str, Any] = {
     "final_norm": ("norm",),
     "unembed": ("embed", "vocab"),
 }
-ACT = ("batch", None, None)  # [batch, sequence, embed]
-
 REMAT_POLICIES = ("full", "dots", "none")
 
 
@@ -129,7 +142,7 @@ def _fan_in(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> int:
     return shape[-2] if name in ("wi", "wo_mlp", "unembed") else cfg.embed
 
 
-# --- Forward. -------------------------------------------------------------------------------------
+# --- Forward, on this device's shards. -------------------------------------------------------
 
 
 def rms_norm(x: Any, scale: Any, eps: float = 1e-6) -> Any:
@@ -152,34 +165,42 @@ def rotary(x: Any) -> Any:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def gather_layer(layer: dict[str, Any], cfg: ModelConfig, mesh: Any, lead: Logical = ()) -> Any:
-    """One block's weights, gathered over ``fsdp`` and cast to the compute dtype. `lead` names
-    extra leading dimensions (the pipeline's ``stage``)."""
+def attention(q: Any, k: Any, v: Any, cfg: ModelConfig) -> Any:
+    """Causal attention over [batch, sequence, heads, head_dim], this device's heads only (the
+    heads are tensor-parallel, so no collective is needed here)."""
+    import jax
+
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False) -> dict[str, Any]:
+    """One block's weights (`stacked`: several, with the leading ``layers`` dimension), cast to
+    the compute dtype and gathered over ``fsdp``; the norm scales stay float32 (`rms_norm`
+    applies them in float32)."""
     import jax.numpy as jnp
 
     dtype = jnp.dtype(cfg.dtype)
+    lead: Logical = ("layers",) if stacked else ()
     return {
-        name: fsdp_gather(w, mesh, (*lead, *LAYER_AXES[name])).astype(dtype)
+        name: w if name.endswith("norm") else gather(w, (*lead, *LAYER_AXES[name]), dtype)
         for name, w in layer.items()
     }
 
 
-def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig, mesh: Any) -> Any:
-    """One block on activations [batch, sequence, embed], with gathered weights `w`."""
+def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
+    """One block on activations [local batch, sequence, embed], with gathered weights `w`:
+    2 all-reduces over ``tensor`` forward (after the row-parallel ``wo`` and ``wo_mlp``), 2 in the
+    backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``)."""
     import jax
     import jax.numpy as jnp
 
-    heads = ("batch", None, "act_heads", None)
-    h = rms_norm(x, w["attn_norm"])
-    q, k, v = (
-        constrain(jnp.einsum("bte,ehd->bthd", h, w[n]), mesh, heads) for n in ("wq", "wk", "wv")
-    )
-    attended = jax.nn.dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
-    x = constrain(x + jnp.einsum("bthd,hde->bte", attended, w["wo"]), mesh, ACT)
-    h = rms_norm(x, w["mlp_norm"])
+    h = to_tensor(rms_norm(x, w["attn_norm"]))
+    q, k, v = (jnp.einsum("bte,ehd->bthd", h, w[n]) for n in ("wq", "wk", "wv"))
+    attended = attention(rotary(q), rotary(k), v, cfg)
+    x = x + tensor_sum(jnp.einsum("bthd,hde->bte", attended, w["wo"]))
+    h = to_tensor(rms_norm(x, w["mlp_norm"]))
     hidden = jax.nn.gelu(jnp.einsum("bte,em->btm", h, w["wi"]))
-    h = constrain(hidden, mesh, ("batch", None, "act_mlp"))
-    return constrain(x + jnp.einsum("btm,me->bte", h, w["wo_mlp"]), mesh, ACT)
+    return x + tensor_sum(jnp.einsum("btm,me->bte", hidden, w["wo_mlp"]))
 
 
 def remat_policy(name: str) -> Callable[..., Any] | None:
@@ -198,34 +219,97 @@ def remat(fn: Callable[..., Any], cfg: ModelConfig) -> Callable[..., Any]:
     return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=remat_policy(cfg.remat))
 
 
-def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig, mesh: Any) -> Any:
-    """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan."""
+def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig) -> Any:
+    """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan.
+    Each block gathers its own weights inside its rematerialized body: the gathered weights of
+    one block live at a time, and the recomputation in the backward pass gathers them again."""
     import jax
 
     def block(h: Any, layer: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(h, gather_layer(layer, cfg, mesh), cfg, mesh), None
+        return decoder_layer(h, gather_layer(layer, cfg), cfg), None
 
     out, _ = jax.lax.scan(remat(block, cfg), x, layers)
     return out
 
 
-def embed(params: dict[str, Any], inputs: Any, cfg: ModelConfig, mesh: Any) -> Any:
+def embed(table: Any, inputs: Any, cfg: ModelConfig) -> Any:
+    """Vocabulary-parallel lookup (Megatron): each tensor shard looks up the tokens in its rows of
+    the table, and one all-reduce over ``tensor`` adds the shards' rows (zero elsewhere)."""
     import jax.numpy as jnp
 
-    table = fsdp_gather(params["embedding"], mesh, PARAM_AXES["embedding"])
-    return constrain(jnp.take(table, inputs, axis=0).astype(jnp.dtype(cfg.dtype)), mesh, ACT)
+    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype))  # [vocab / tensor, embed]
+    local = inputs - tensor_offset(rows.shape[0])
+    inside = (local >= 0) & (local < rows.shape[0])
+    looked_up = jnp.take(rows, jnp.clip(local, 0, rows.shape[0] - 1), axis=0)
+    return tensor_sum(jnp.where(inside[..., None], looked_up, jnp.zeros((), rows.dtype)))
 
 
-def logits(params: dict[str, Any], x: Any, cfg: ModelConfig, mesh: Any) -> Any:
+def token_losses(params: dict[str, Any], x: Any, targets: Any, cfg: ModelConfig) -> Any:
+    """Cross-entropy per token [local batch, sequence] of the vocabulary-parallel logits: the
+    logits stay sharded over ``tensor``; the log-sum-exp and the target's logit are reduced over
+    it ([batch, sequence] floats, not [batch, sequence, vocab])."""
+    import jax
     import jax.numpy as jnp
 
-    unembed = fsdp_gather(params["unembed"], mesh, PARAM_AXES["unembed"])
-    h = rms_norm(x, params["final_norm"])
-    out = jnp.einsum("bte,ev->btv", h, unembed.astype(h.dtype), preferred_element_type=jnp.float32)
-    return constrain(out, mesh, ("batch", None, "vocab"))
+    unembed = gather(params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype))
+    h = to_tensor(rms_norm(x, params["final_norm"]))
+    out = jnp.einsum("bte,ev->btv", h, unembed, preferred_element_type=jnp.float32)
+    peak = jax.lax.pmax(jax.lax.stop_gradient(out.max(axis=-1)), "tensor")
+    lse = jnp.log(tensor_sum(jnp.exp(out - peak[..., None]).sum(axis=-1))) + peak
+    local = targets - tensor_offset(out.shape[-1])
+    inside = (local >= 0) & (local < out.shape[-1])
+    picked = jnp.take_along_axis(out, jnp.clip(local, 0, out.shape[-1] - 1)[..., None], -1)
+    return lse - tensor_sum(jnp.where(inside, picked[..., 0], 0.0))
 
 
-def cross_entropy(out: Any, targets: Any) -> Any:
-    import optax
+def local_loss(
+    params: dict[str, Any], tokens: Any, cfg: ModelConfig, stages: int, microbatches: int
+) -> Any:
+    """Mean next-token loss of the global batch, from this device's rows [local batch, seq + 1]."""
+    import jax
 
-    return optax.softmax_cross_entropy_with_integer_labels(out, targets).mean()
+    # Each parameter's gradient is all-reduced once over the batch axes it is replicated on.
+    params = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
+    x = embed(params["embedding"], tokens[:, :-1], cfg)
+    if stages == 1:
+        x = run_layers(params["layers"], x, cfg)
+    else:
+        from multislice_workload.pipeline import run_pipeline
+
+        x = run_pipeline(params["layers"], x, cfg, stages, microbatches)
+    losses = token_losses(params, x, tokens[:, 1:], cfg)
+    count = losses.size * _batch_shards()
+    return jax.lax.psum(losses.sum(), BATCH_AXES) / count
+
+
+def _batch_shards() -> int:
+    import math
+
+    import jax
+
+    return math.prod(int(jax.lax.axis_size(a)) for a in BATCH_AXES)
+
+
+def loss(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    mesh: Any,
+    stages: int = 1,
+    microbatches: int = 1,
+) -> Any:
+    """The model's loss on tokens [batch, seq + 1] sharded as ("batch", None), every mesh axis
+    manual (`sharding.py`)."""
+    import functools
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    body = functools.partial(local_loss, cfg=cfg, stages=stages, microbatches=microbatches)
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(tree_specs(PARAM_AXES), logical_to_spec(("batch", None))),
+        out_specs=P(),
+    )
+    return mapped(params, tokens)

@@ -22,10 +22,10 @@ import signal
 import time
 from typing import Any
 
-from multislice_workload import hardware, logs, runtime
+from multislice_workload import hardware, logs, model, runtime
 from multislice_workload.checkpoint import Checkpointer
 from multislice_workload.common import add_parallelism_flags, divisible, make_mesh, parallelism_from
-from multislice_workload.data import DataConfig, DataPipeline
+from multislice_workload.data import DataConfig, DataPipeline, row_ranges
 from multislice_workload.env import ConfigError, WorkloadEnv
 from multislice_workload.exitcodes import (
     EXIT_INJECTED_FAILURE,
@@ -34,17 +34,8 @@ from multislice_workload.exitcodes import (
     EXIT_RESTART_REQUESTED,
 )
 from multislice_workload.kube import Annotator
-from multislice_workload.model import (
-    PARAM_AXES,
-    REMAT_POLICIES,
-    ModelConfig,
-    cross_entropy,
-    embed,
-    init_params,
-    logits,
-    run_layers,
-)
-from multislice_workload.pipeline import bubble_fraction, default_microbatches, run_pipeline
+from multislice_workload.model import PARAM_AXES, REMAT_POLICIES, ModelConfig, init_params
+from multislice_workload.pipeline import bubble_fraction, default_microbatches
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
     SAVED_ANNOTATION,
@@ -158,6 +149,7 @@ def check_shapes(cfg: TrainConfig, mesh: Any) -> int:
     if stages == 1:
         microbatches = 1
     problems = divisible("batch_size", cfg.batch_size, batch_shards * microbatches)
+    problems += divisible("microbatches", microbatches, stages)
     problems += divisible("num_layers", cfg.num_layers, stages)
     problems += divisible("embed", cfg.embed, shape["fsdp"])
     for name in ("heads", "mlp"):
@@ -174,7 +166,6 @@ def check_shapes(cfg: TrainConfig, mesh: Any) -> int:
 class Trainer:
     def __init__(self, cfg: TrainConfig, mesh: Any, microbatches: int) -> None:
         import jax
-        import jax.numpy as jnp
         import optax
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
@@ -200,20 +191,40 @@ class Trainer:
         )
         self.shardings = {"step": replicated, "params": param_shardings, "opt_state": opt_shardings}
 
-        def fresh() -> dict[str, Any]:
-            params = init_params(self.model, cfg.seed)
-            step = jnp.zeros((), jnp.int32)
-            return {"step": step, "params": params, "opt_state": self.optimizer.init(params)}
+        # Shapes, dtypes and shardings only: the compiled step and a restore need no arrays, so
+        # a resumed run never builds (and holds) a random init next to the restored state.
+        self.abstract_state = jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            jax.eval_shape(self._fresh),
+            self.shardings,
+        )
+        self.compile_seconds = 0.0
 
-        init = jax.jit(fresh, out_shardings=self.shardings).lower()
+    def _fresh(self) -> dict[str, Any]:
+        import jax.numpy as jnp
+
+        params = init_params(self.model, self.cfg.seed)
+        step = jnp.zeros((), jnp.int32)
+        return {"step": step, "params": params, "opt_state": self.optimizer.init(params)}
+
+    def init_state(self) -> dict[str, Any]:
+        """A fresh state (random parameters of the seed, zero moments), built sharded."""
+        import jax
+
+        init = jax.jit(self._fresh, out_shardings=self.shardings).lower()
         # It runs once: on CPU, skip LLVM's expensive passes (same numbers, a quarter of the
         # compile time, which the random initializers dominate).
-        cpu = mesh.devices.flat[0].platform == "cpu"
+        cpu = self.mesh.devices.flat[0].platform == "cpu"
         options: dict[str, str | bool] | None = (
             {"xla_llvm_disable_expensive_passes": True} if cpu else None
         )
-        self.initial_state = init.compile(compiler_options=options)()
-        self.compile_seconds = 0.0
+        state: dict[str, Any] = init.compile(compiler_options=options)()
+        return state
+
+    @functools.cached_property
+    def initial_state(self) -> dict[str, Any]:
+        """`init_state()`, built once (tests; the loop calls `init_state` on a fresh start)."""
+        return self.init_state()
 
     @functools.cached_property
     def compiled(self) -> Any:
@@ -234,21 +245,14 @@ class Trainer:
                 out_shardings=(self.shardings, NamedSharding(self.mesh, P())),
                 donate_argnums=0,
             )
-            .lower(self.initial_state, batch)
+            .lower(self.abstract_state, batch)
             .compile()
         )
         self.compile_seconds = time.perf_counter() - start
         return compiled
 
     def loss(self, params: dict[str, Any], tokens: Any) -> Any:
-        x = embed(params, tokens[:, :-1], self.model, self.mesh)
-        if self.stages == 1:
-            x = run_layers(params["layers"], x, self.model, self.mesh)
-        else:
-            x = run_pipeline(
-                params["layers"], x, self.model, self.mesh, self.stages, self.microbatches
-            )
-        return cross_entropy(logits(params, x, self.model, self.mesh), tokens[:, 1:])
+        return model.loss(params, tokens, self.model, self.mesh, self.stages, self.microbatches)
 
     def _train_step(self, state: dict[str, Any], tokens: Any) -> tuple[dict[str, Any], Any]:
         import jax
@@ -269,7 +273,17 @@ class Trainer:
 
 
 def max_device_bytes(tree: Any) -> int:
-    return max(bytes_per_device(tree).values(), default=0)
+    """Largest bytes held by one device, for arrays or their abstract (sharded) shapes."""
+    import math
+
+    import jax
+
+    leaves = jax.tree.leaves(tree)
+    if all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return max(bytes_per_device(tree).values(), default=0)
+    return sum(
+        math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize for leaf in leaves
+    )
 
 
 # --- The loop. ----------------------------------------------------------------------------------
@@ -438,11 +452,11 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     cfg = config_from(args, env)
     mesh = make_mesh(env, parallelism_from(args, env), args.allow_split_physical_axes)
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
-    trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
-    data = DataPipeline(
+    data = DataPipeline(  # before compiling: a flag the corpus cannot serve fails fast (78)
         DataConfig(cfg.batch_size, cfg.seq_len, cfg.seed, cfg.steps, cfg.data_threads),
         trainer.batch_sharding,
     )
+    trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
     peak, peak_source = hardware.device_peak(cfg.peak_flops, env.accelerator, trainer.model.dtype)
     log_config(cfg, trainer, data, peak, peak_source)
     figures = Figures(
@@ -471,7 +485,7 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
 def log_config(
     cfg: TrainConfig, trainer: Trainer, data: DataPipeline, peak: float | None, source: str
 ) -> None:
-    state = trainer.initial_state
+    state = trainer.abstract_state
     logs.emit(
         "train_config",
         **{
@@ -486,7 +500,7 @@ def log_config(
         bubble_fraction=round(trainer.bubble, 4),
         param_bytes_per_device=max_device_bytes(state["params"]),
         opt_state_bytes_per_device=max_device_bytes(state["opt_state"]),
-        data_rows=list(data.rows),
+        data_rows=row_ranges(data.rows),
         corpus_windows=len(data.source),
         corpus_fingerprint=data.source.fingerprint,
         peak_flops_per_device=peak,
@@ -501,11 +515,12 @@ def restore_or_init(
     latest = checkpointer.latest_step()
     if latest is None:
         logs.emit("fresh_start", checkpoint_dir=checkpointer.directory)
-        fresh: dict[str, Any] = trainer.initial_state
-        return fresh
+        return trainer.init_state()
     start = time.perf_counter()
     state: dict[str, Any]
-    state, meta = checkpointer.restore(latest, trainer.initial_state, data.iterator)
+    state, meta = checkpointer.restore(
+        latest, trainer.abstract_state, data.iterator, data.state_at_step
+    )
     STATUS.step = STATUS.checkpoint_step = latest
     served = meta.get("checkpoint_request")
     if served:
