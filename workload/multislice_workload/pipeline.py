@@ -17,7 +17,7 @@ collective-permutes move one microbatch's local activations across each stage bo
 Neither permute has a wrap-around pair: the last stage sends nothing on ``shift`` and stage 0
 nothing on ``state_io``. The backward pass is the transpose: two permutes per iteration the other
 way. M microbatches take M + S - 1 iterations, so each stage idles (S - 1) / (M + S - 1) of them
-(the schedule's bound; `measure_bubble` measures it).
+(the schedule's bound; `measure_bubble` measures it from per-stage timings).
 
 FSDP: a stage's weights are gathered once, before the loop, and their gradients reduce-scattered
 once after it (MaxText's ``pipeline_fsdp_ag_once``), not on each of the M + S - 1 iterations;
@@ -47,6 +47,17 @@ def default_microbatches(stages: int, batch: int, batch_shards: int) -> int:
     return stages
 
 
+def run_stage(weights: dict[str, Any], h: Any, cfg: ModelConfig) -> Any:
+    """A stage's blocks (gathered `weights` [L/S, ...]) on one microbatch, each rematerialized."""
+    import jax
+
+    def block(x: Any, w: dict[str, Any]) -> tuple[Any, None]:
+        return decoder_layer(x, w, cfg), None
+
+    out, _ = jax.lax.scan(remat(block, cfg), h, weights)
+    return out
+
+
 def run_pipeline(
     layers: dict[str, Any], x: Any, cfg: ModelConfig, stages: int, microbatches: int
 ) -> Any:
@@ -63,14 +74,11 @@ def run_pipeline(
     down = [(s, s + 1) for s in range(stages - 1)]
     up = [(s + 1, s) for s in range(stages - 1)]
 
-    def block(h: Any, w: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(h, w, cfg), None
-
     def iteration(carry: tuple[Any, Any], t: Any) -> tuple[tuple[Any, Any], None]:
         shift, state_io = carry
         slot = t % slots
         held = jax.lax.dynamic_index_in_dim(state_io, slot, keepdims=False)
-        out, _ = jax.lax.scan(remat(block, cfg), jnp.where(stage == 0, held, shift), weights)
+        out = run_stage(weights, jnp.where(stage == 0, held, shift), cfg)
         shift = jax.lax.ppermute(out, "pipeline", down)
         moved = jax.lax.ppermute(held, "pipeline", up)
         landed = jnp.where(stage == stages - 1, out, moved)
@@ -84,23 +92,90 @@ def run_pipeline(
 
 
 def measure_bubble(
-    step: Callable[[], Any], stage_step: Callable[[], Any], microbatches: int, tries: int = 3
+    cfg: ModelConfig, mesh: Any, microbatches: int, batch: int, tries: int = 3
 ) -> dict[str, float]:
-    """The bubble from timings: a stage's busy time is M x the time of its own work on one
-    microbatch (`stage_step`: its layers, forward and backward, on its devices alone); the rest
-    of the pipelined part of the step (`step`) is idle time or communication.
+    """The bubble from timings of this process's stage: its busy time is that of its own work
+    for one step (its blocks, forward and backward, on all M microbatches, on its devices alone,
+    weights gathered once as in the pipeline); the pipelined blocks take longer by the idle
+    iterations and the transfers: ``bubble = 1 - stage / pipelined``.
 
-    Returns the median seconds of both and ``1 - M x stage / step``. On CPU the forced devices
-    share the cores, so a stage alone runs faster than inside the full step, and this reads high;
-    on TPU each stage has chips of its own.
-    """
-    step_s = _median_seconds(step, tries)
-    stage_s = _median_seconds(stage_step, tries)
+    Collective (every process calls it). On CPU the forced devices share the cores, so a stage
+    alone runs faster than inside the full pipeline and the figure reads high; on TPU each stage
+    has chips of its own."""
+    import jax
+    import numpy as np
+
+    stages = int(mesh.shape["pipeline"])
+    width = (cfg.seq_len, cfg.embed)
+    pipelined = _probe(cfg, mesh, (batch, *width), microbatches, stages)
+    mine = [s for s in range(stages) if any(
+        d.process_index == jax.process_index() for d in mesh.devices[s].flat
+    )]  # fmt: skip
+    stage = mine[0]
+    stage_mesh = jax.sharding.Mesh(mesh.devices[stage : stage + 1], mesh.axis_names)
+    alone = _probe(cfg, stage_mesh, (microbatches, batch // microbatches, *width), 1, stages)
+    pipelined_s = _median_seconds(pipelined, tries)
+    stage_s = _median_seconds(alone, tries)
     return {
-        "step_seconds": step_s,
-        "stage_microbatch_seconds": stage_s,
-        "bubble_measured": max(0.0, 1.0 - microbatches * stage_s / step_s),
+        "stage": float(stage),
+        "pipelined_seconds": pipelined_s,
+        "stage_seconds": stage_s,
+        "bubble_measured": float(np.clip(1.0 - stage_s / pipelined_s, 0.0, 1.0)),
+        "bubble_bound": bubble_fraction(stages, microbatches),
     }
+
+
+def _probe(
+    cfg: ModelConfig, mesh: Any, shape: tuple[int, ...], microbatches: int, stages: int
+) -> Callable[[], Any]:
+    """A thunk running forward + backward of the blocks of one step: pipelined over `mesh`
+    (x [batch, seq, embed]), or, with `microbatches` 1, one stage's blocks on its own mesh over
+    x [M, batch / M, seq, embed], microbatch after microbatch."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from multislice_workload.model import PARAM_AXES
+    from multislice_workload.sharding import BATCH_AXES, logical_to_spec, tree_specs, vary
+
+    layer_specs = tree_specs(PARAM_AXES["layers"])
+    lead: tuple[None, ...] = (None,) * (len(shape) - 3)
+    act = logical_to_spec((*lead, "batch", None, None))
+    per_stage = cfg.layers // stages
+    shapes = {
+        k: (per_stage * int(mesh.shape["pipeline"]), *v[1:])
+        for k, v in cfg.shapes()["layers"].items()
+    }
+
+    def local(layers: dict[str, Any], x: Any) -> Any:
+        layers = jax.tree.map(lambda w: vary(w, BATCH_AXES), layers)
+        if microbatches > 1:
+            out = run_pipeline(layers, x, cfg, stages, microbatches)
+        else:
+            weights = gather_layer(layers, cfg, stacked=True)
+            out = jax.lax.map(lambda h: run_stage(weights, h, cfg), x)
+        return jax.lax.psum(out.astype(jnp.float32).sum(), BATCH_AXES)
+
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(layer_specs, act), out_specs=P())
+    step = jax.jit(jax.grad(mapped, argnums=(0, 1)))
+    made = jax.jit(
+        functools.partial(_inputs, shapes, shape, jnp.dtype(cfg.dtype)),
+        out_shardings=(
+            {k: NamedSharding(mesh, spec) for k, spec in layer_specs.items()},
+            NamedSharding(mesh, act),
+        ),
+    )()
+    return lambda: step(*made)
+
+
+def _inputs(shapes: dict[str, tuple[int, ...]], x: tuple[int, ...], dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    layers = {k: jnp.full(s, 0.02, jnp.float32) for k, s in shapes.items()}
+    return layers, jnp.full(x, 0.1, dtype)
 
 
 def _median_seconds(fn: Callable[[], Any], tries: int) -> float:

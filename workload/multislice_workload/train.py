@@ -35,7 +35,7 @@ from multislice_workload.exitcodes import (
 )
 from multislice_workload.kube import Annotator
 from multislice_workload.model import PARAM_AXES, REMAT_POLICIES, ModelConfig, init_params
-from multislice_workload.pipeline import bubble_fraction, default_microbatches
+from multislice_workload.pipeline import bubble_fraction, default_microbatches, measure_bubble
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
     SAVED_ANNOTATION,
@@ -81,6 +81,7 @@ class TrainConfig:
     hang_min_s: float = 30.0
     checkpoint_request_every: int = 10
     podinfo_poll_s: float = DEFAULT_POLL_S
+    measure_bubble: bool = False  # time each pipeline stage alone at start-up (two compiles)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dtype", choices=("bfloat16", "float32"), default=None)
     add("--remat", choices=REMAT_POLICIES, default=d.remat)
     add("--peak_flops", type=float, default=None, help="per device; overrides the catalogue")
+    add("--measure_bubble", action="store_true", help="time the pipeline stages at start-up")
     add("--checkpoint_dir", "--checkpoint-dir", default=None, help="$MULTISLICE_CHECKPOINT_DIR")
     add("--final_params_out", "--final-params-out", default=None, help=".npz (tests)")
     add_parallelism_flags(parser)
@@ -207,8 +209,9 @@ class Trainer:
         step = jnp.zeros((), jnp.int32)
         return {"step": step, "params": params, "opt_state": self.optimizer.init(params)}
 
-    def init_state(self) -> dict[str, Any]:
-        """A fresh state (random parameters of the seed, zero moments), built sharded."""
+    @functools.cached_property
+    def compiled_init(self) -> Any:
+        """The initializer, compiled (no arrays: a restore compiles it, never runs it)."""
         import jax
 
         init = jax.jit(self._fresh, out_shardings=self.shardings).lower()
@@ -218,7 +221,11 @@ class Trainer:
         options: dict[str, str | bool] | None = (
             {"xla_llvm_disable_expensive_passes": True} if cpu else None
         )
-        state: dict[str, Any] = init.compile(compiler_options=options)()
+        return init.compile(compiler_options=options)
+
+    def init_state(self) -> dict[str, Any]:
+        """A fresh state (random parameters of the seed, zero moments), built sharded."""
+        state: dict[str, Any] = self.compiled_init()
         return state
 
     @functools.cached_property
@@ -457,6 +464,12 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
         trainer.batch_sharding,
     )
     trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
+    trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
+    if cfg.measure_bubble and trainer.stages > 1:
+        logs.emit(
+            "pipeline_bubble",
+            **measure_bubble(trainer.model, mesh, trainer.microbatches, cfg.batch_size),
+        )
     peak, peak_source = hardware.device_peak(cfg.peak_flops, env.accelerator, trainer.model.dtype)
     log_config(cfg, trainer, data, peak, peak_source)
     figures = Figures(
@@ -497,7 +510,7 @@ def log_config(
         flops_per_token=trainer.model.flops_per_token(),
         stages=trainer.stages,
         microbatches=trainer.microbatches,
-        bubble_fraction=round(trainer.bubble, 4),
+        bubble_bound=round(trainer.bubble, 4),  # the schedule's (S - 1) / (M + S - 1)
         param_bytes_per_device=max_device_bytes(state["params"]),
         opt_state_bytes_per_device=max_device_bytes(state["opt_state"]),
         data_rows=row_ranges(data.rows),
