@@ -3,7 +3,8 @@ the optimizer state each device holds with FSDP 1 vs 4.
 
 Not a test. Each "slice" is one host process with --devices CPU devices (local launcher, gloo
 between processes). Cases: 1 slice (ici_fsdp = devices); 2 slices with data parallelism over DCN
-(dcn_data=2); 2 slices as two pipeline stages (dcn_pipeline=2, GPipe, bubble logged). MFU is the
+(dcn_data=2); 2 slices as two pipeline stages (dcn_pipeline=2, GPipe, bubble measured per stage
+with --measure_bubble, next to the schedule's bound). MFU is the
 workload's own: 6 x matmul parameters + attention FLOPs per token (PaLM's model FLOPs; the
 rematerialized forward is not counted) against peak / devices, the peak being this machine's
 single-process matmul peak (workload_common.py). Then two 1-slice runs with 4 devices, ici_fsdp=4
@@ -47,6 +48,8 @@ def run_case(
     devices = slices * args.devices
     run_args = [*model_args(args), "--steps", str(args.steps)]
     run_args += ["--log_every", str(args.steps // 3), "--peak_flops", str(peak / devices)]
+    if parallelism.dcn_pipeline > 1:
+        run_args.append("--measure_bubble")
     result = launch_case(
         slices,
         args.devices,
@@ -65,7 +68,11 @@ def run_case(
         "flops_per_token": config["flops_per_token"],
         "stages": config["stages"],
         "microbatches": config["microbatches"],
-        "bubble_fraction": config["bubble_fraction"],
+        "bubble_bound": config["bubble_bound"],
+        # Per stage, its own work timed alone against the pipelined blocks; the worst stage.
+        "bubble_measured": max(
+            (e["bubble_measured"] for e in result.events_named("pipeline_bubble")), default=0.0
+        ),
         "compile_seconds": config["compile_seconds"],
         "step_seconds": best["step_seconds"],
         "tokens_per_sec": best["tokens_per_sec"],
@@ -91,12 +98,12 @@ def print_table(peak: float, rows: list[dict[str, Any]], fsdp1: int, fsdp4: int)
     first = rows[0]
     print(f"model: {first['parameters']:,} parameters, {first['flops_per_token']:,.0f} FLOPs/token")
     header = f"{'case':<22} {'devices':>7} {'step s':>8} {'tokens/s':>9} {'/device':>8} {'MFU':>6}"
-    print(header + f" {'bubble':>6}")
+    print(header + f" {'bubble':>6} {'bound':>6}")
     for r in rows:
         print(
             f"{r['case']:<22} {r['global_devices']:>7} {r['step_seconds']:>8.3f} "
             f"{r['tokens_per_sec']:>9.0f} {r['tokens_per_sec_per_device']:>8.0f} "
-            f"{100 * r['mfu']:>5.1f}% {r['bubble_fraction']:>6.3f}"
+            f"{100 * r['mfu']:>5.1f}% {r['bubble_measured']:>6.3f} {r['bubble_bound']:>6.3f}"
         )
     print(
         f"Adam state per device: FSDP 1 {fsdp1 / 1e6:.2f} MB, FSDP 4 {fsdp4 / 1e6:.2f} MB "

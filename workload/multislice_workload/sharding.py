@@ -116,7 +116,7 @@ def gather(w: Any, names: Sequence[str | None], dtype: Any) -> Any:
 
     w = w.astype(dtype)
     spec = logical_to_spec(names)
-    if "fsdp" not in spec:
+    if "fsdp" not in spec or axis_size("fsdp") == 1:
         return w
     return jax.lax.all_gather(w, "fsdp", axis=list(spec).index("fsdp"), tiled=True)
 
