@@ -1,56 +1,99 @@
 # syntax=docker/dockerfile:1
-# The operator image: slim Python, the operator's wheel plus its pinned dependencies, non-root.
+# The operator image: Python 3.11, the operator's wheel and its hash-locked dependencies in a
+# virtualenv, no pip, no compiler, non-root, with an SBOM (CycloneDX) and OCI labels.
 #   docker build -t multislice-operator:0.1.0 .
 #   docker run --rm multislice-operator:0.1.0 --help
+#   make image    # buildah, where there is no Docker engine (docs/install.md, "The image")
 # Runs with a read-only root filesystem: nothing is written outside /tmp (mount an emptyDir
 # there, as the Helm chart does). Liveness: kopf serves /healthz where --liveness / MSJ_LIVENESS
 # says, e.g. http://0.0.0.0:8080/healthz; metrics on MSJ_METRICS_PORT (8000).
-ARG PYTHON_IMAGE=python:3.11-slim
+#
+# The base, pinned by digest (the multi-arch index of python:3.11-slim; a tag moves, a digest
+# does not). Both stages must be the same Python at the same path: the virtualenv made in the
+# builder links to the base's interpreter. BUILDER_IMAGE is the runtime base plus pip and venv
+# (the official image has both already); hack/image-base.sh makes a pair from Debian's packages.
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
+ARG BUILDER_IMAGE=docker.io/library/python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
-# ---- builder: the wheel only (setuptools and wheel stay in this stage)
-FROM ${PYTHON_IMAGE} AS builder
+# ---- builder: build tools, the wheel, the runtime virtualenv, the SBOM (nothing here but the
+# virtualenv and the SBOM reaches the runtime stage)
+FROM ${BUILDER_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_INPUT=1 \
+    PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
+
+# Build tools in a virtualenv of their own, from their hash lock (pip, setuptools, wheel,
+# cyclonedx-bom): `--require-hashes` refuses any file whose sha256 the lock does not list.
+COPY image/build-requirements.lock image/
+RUN python3 -m venv /opt/build \
+    && /opt/build/bin/python -m pip install --require-hashes --no-deps --only-binary=:all: \
+       -r image/build-requirements.lock
+
+# The runtime virtualenv, without pip: the operator's dependencies from image/requirements.lock
+# (generated from pyproject.toml by `make lock`), binary wheels only, hashes checked.
+COPY image/requirements.lock image/
+RUN python3 -m venv --without-pip /opt/multislice-operator \
+    && /opt/build/bin/pip --python /opt/multislice-operator/bin/python install \
+       --require-hashes --no-deps --only-binary=:all: -r image/requirements.lock
+
+# The package, as a wheel built with the locked setuptools (no build isolation: nothing
+# unlocked is fetched); `pip check` fails the build if the lock drifted from pyproject.toml.
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN pip wheel --no-deps --wheel-dir /wheels .
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && /opt/build/bin/pip --python /opt/multislice-operator/bin/python install \
+       --no-deps --no-index /wheels/*.whl \
+    && /opt/build/bin/pip --python /opt/multislice-operator/bin/python check
+
+# The SBOM of what the runtime stage ships: every Python distribution in the virtualenv, with
+# versions, licences and hashes (CycloneDX JSON). The OS packages are the base's (its digest
+# is in the labels).
+RUN mkdir -p /sbom \
+    && /opt/build/bin/cyclonedx-py environment --output-format JSON --output-reproducible \
+       --mc-type application --pyproject pyproject.toml --output-file /sbom/multislice-operator.cdx.json \
+       /opt/multislice-operator/bin/python
 
 # ---- runtime
 FROM ${PYTHON_IMAGE}
-
-# Must equal the pins in pyproject.toml [project].dependencies: tests/integration/test_image.py
-# checks them.
-ARG KOPF_VERSION=1.45.2
-ARG PYDANTIC_VERSION=2.14.4
-ARG PYYAML_VERSION=6.0.4
-ARG PROMETHEUS_CLIENT_VERSION=0.26.0
-ARG GOOGLE_CLOUD_CONTAINER_VERSION=2.67.0
-ARG GOOGLE_CLOUD_TPU_VERSION=1.28.0
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+ARG SOURCE=https://github.com/multislice-operator/multislice-operator
+LABEL org.opencontainers.image.title="multislice-operator" \
+      org.opencontainers.image.description="Kubernetes operator that runs Cloud TPU Multislice training on GKE" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
+      dev.multislice.sbom="/usr/share/doc/multislice-operator/sbom.cdx.json"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PATH=/opt/multislice-operator/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# Dependencies in their own layer (binary wheels only: no compiler in this image), so a code
-# change does not reinstall them.
-RUN pip install --only-binary=:all: \
-      "kopf==${KOPF_VERSION}" \
-      "pydantic==${PYDANTIC_VERSION}" \
-      "PyYAML==${PYYAML_VERSION}" \
-      "prometheus-client==${PROMETHEUS_CLIENT_VERSION}" \
-      "google-cloud-container==${GOOGLE_CLOUD_CONTAINER_VERSION}" \
-      "google-cloud-tpu==${GOOGLE_CLOUD_TPU_VERSION}"
+# The operator never installs anything at run time: the base's pip, setuptools and wheel go,
+# and so do the wheels ensurepip would reinstall them from. No apt-get here: no compiler.
+RUN if python3 -c "import pip" 2>/dev/null; then \
+      python3 -m pip uninstall --yes --no-input pip setuptools wheel; \
+    fi \
+    && rm -rf "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')/ensurepip/_bundled" \
+    && if python3 -c "import pip" 2>/dev/null || python3 -c "import setuptools" 2>/dev/null; then \
+      echo "pip or setuptools is still importable" >&2; exit 1; \
+    fi
 
-# The package alone; `pip check` fails the build if a pin above drifted from pyproject.toml.
-RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-deps /wheels/*.whl && pip check
+COPY --from=builder /opt/multislice-operator /opt/multislice-operator
+COPY --from=builder /sbom/multislice-operator.cdx.json /usr/share/doc/multislice-operator/sbom.cdx.json
 
-# A passwd entry for uid 65532 (getpass and kopf's peer identity look the user up).
-RUN groupadd --gid 65532 operator \
+# A passwd entry for uid 65532 (getpass and kopf's peer identity look the user up). Not named
+# "operator": Debian's base-passwd already has that group (gid 37), and groupadd fails on it.
+RUN groupadd --gid 65532 multislice \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin operator
+       --shell /usr/sbin/nologin multislice
 USER 65532:65532
 WORKDIR /tmp
 

@@ -5,18 +5,30 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint fmt bins cluster-up cluster-down demo bench crd clean
+.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml
+# The image's lock first (hashes checked), so the tests run the versions the image ships.
+$(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r image/requirements.lock
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test]'
 	@touch $(STAMP)
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The decide() state machine (tests/unit/test_decide_machine.py), searched much longer than
+# make test does, from a fresh seed each run (a failure prints how to reproduce it):
+# FUZZ_EXAMPLES for the Managed job (the queued job gets 40%), FUZZ_STEPS per example.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_STEPS ?= 30
+fuzz: install
+	MACHINE_EXAMPLES=$(FUZZ_EXAMPLES) MACHINE_STEPS=$(FUZZ_STEPS) MACHINE_RANDOM=1 \
+		MACHINE_SHRINK_SECONDS=300 $(BIN)/python -m pytest -q --timeout=0 \
+		tests/unit/test_decide_machine.py
 
 lint: install
 	$(BIN)/ruff check operator local workload tests benchmarks
@@ -62,3 +74,30 @@ clean:
 docs: install
 	$(BIN)/python -m multislice_operator.api.docs > docs/api.md
 	$(BIN)/python -m multislice_operator.settings docs/install.md
+	$(BIN)/python -c "from multislice_operator.reconcile.reasons import write_table; write_table('docs/failures.md')"
+
+# The image's hash locks, from pyproject.toml's operator extra and image/build-requirements.in
+# (tests/integration/test_image.py fails when they disagree). UPGRADE=1 moves unpinned ones.
+UV_COMPILE = cd image && ../$(BIN)/uv pip compile --quiet --generate-hashes --universal \
+	--python-version 3.11 --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade,)
+lock: install
+	$(UV_COMPILE) ../pyproject.toml --extra operator -o requirements.lock
+	$(UV_COMPILE) build-requirements.in -o build-requirements.lock
+
+# The operator image with buildah (docs/install.md). BASE=debian (default here: the base
+# registry is unreachable) builds on Debian's python3 made by debootstrap; BASE=dockerfile on the
+# Dockerfile's digest-pinned python:3.11-slim. Needs root.
+BASE ?= debian
+IMAGE ?= localhost/multislice-operator:dev
+image:
+	hack/image-deps.sh
+	hack/build-image.sh $(if $(filter debian,$(BASE)),--debian-base,) --tag $(IMAGE)
+	@buildah images $(IMAGE)
+
+# The built image's own tests (tests/image; not in `make test`: minutes, root, buildah).
+image-test: install image
+	MSJ_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -s tests/image
+
+# The krew archive of kubectl msj (dist/) and its uri and sha256 in plugins/msj.yaml.
+krew: install
+	hack/krew-archive.sh

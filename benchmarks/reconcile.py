@@ -57,9 +57,7 @@ from benchmarks.watcher import Spec, Watcher
 from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_operator.plan import load_job, plan_job
-from multislice_operator.provisioning.base import (
-    PoolState,
-)
+from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     Admission,
     DecideConfig,
@@ -162,7 +160,7 @@ def baseline_work(n: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
         ]
         obs = Observed(now=now, slices=slices, existing_pools_found=POOLS, admission=Admission())
         decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, None, obs,
-                          DecideConfig())  # fmt: skip
+                          DecideConfig.from_settings())  # fmt: skip
         status = decision.status.to_dict()
         out[name] = (jobset, status)
     return out

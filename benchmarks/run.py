@@ -7,7 +7,8 @@ Each benchmark prints its table and writes benchmarks/results/<name>.json; this 
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
 benchmarks/results/summary.json (the targets). --quick uses smaller sizes (a few minutes); the
 full run takes about 15 minutes on a 2-core machine. The workload benchmarks
-(benchmarks/workload_shardings.py, benchmarks/workload_lm.py) run last unless --skip-workload.
+(benchmarks/workload_shardings.py, workload_lm.py, workload_memory.py) run last unless
+--skip-workload.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_workload and ("workload" in only or args.only == ",".join(BENCHMARKS)):
         quick = {
             "workload_shardings": ["--steps", "5", "--repeats", "1"],
-            "workload_lm": ["--steps", "6"],
+            "workload_lm": ["--steps", "8"],
+            "workload_memory": ["--seq_len", "128"],
         }
         for module, extra in quick.items():
             say(f"{module} benchmark")

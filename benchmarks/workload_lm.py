@@ -1,14 +1,19 @@
 """The workload's transformer LM on this machine's CPU: tokens/s and MFU at 1 and 2 slices, and
 the optimizer state each device holds with FSDP 1 vs 4.
 
-Not a test. Each "slice" is one host process with --devices CPU devices (local launcher, gloo
-between processes). Cases: 1 slice (ici_fsdp = devices); 2 slices with data parallelism over DCN
-(dcn_data=2); 2 slices as two pipeline stages (dcn_pipeline=2, GPipe, bubble measured per stage
-with --measure_bubble, next to the schedule's bound). MFU is the
-workload's own: 6 x matmul parameters + attention FLOPs per token (PaLM's model FLOPs; the
-rematerialized forward is not counted) against peak / devices, the peak being this machine's
-single-process matmul peak (workload_common.py). Then two 1-slice runs with 4 devices, ici_fsdp=4
-vs ici_data=4, report the bytes of Adam state per device (expect about 1/4).
+Not a test. The LM trains on the prepared corpus (`prepare`: the Language Reference CPython
+ships, a 4096-token BPE trained on it) with its tokenizer. Each "slice" is one host process with
+--devices CPU devices (local launcher, gloo between processes). Cases: 1 slice (ici_fsdp =
+devices); 2 slices with data parallelism over DCN (dcn_data=2); 2 slices as two pipeline stages
+(dcn_pipeline=2, GPipe; its bubble measured per stage with --measure_bubble, next to the
+schedule's bound). Step time is the interval between completed steps (data
+loading included: the loop never idles the devices for it, it just is inside), mean and median
+over the steady state (every step after the first 2; the run's `finished` event), not a best-of.
+MFU is the workload's own, from the mean: 6 x matmul parameters + causal attention FLOPs
+(6 x layers x heads x head_dim x seq_len, half of PaLM's non-causal 12 x ...) per token, the
+rematerialized forward not counted, against peak / devices, the peak being this machine's
+single-process matmul peak (workload_common.py). Then two 1-slice runs with 4 devices,
+ici_fsdp=4 vs ici_data=4, report the bytes of Adam state per device (expect about 1/4).
 
     .venv/bin/python -m benchmarks.workload_lm [--devices 2] [--steps 12]
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +33,17 @@ from multislice_workload.env import Parallelism
 RESULTS = Path(__file__).resolve().parent / "results" / "workload_lm.json"
 
 
+def prepare_corpus(directory: str) -> dict[str, Any]:
+    from multislice_workload import prepare
+
+    docs = prepare.builtin_documents(["python-docs"])
+    return prepare.prepare(docs, Path(directory), vocab_size=4096, source="python-docs")
+
+
 def model_args(args: argparse.Namespace) -> list[str]:
     return [
         "train",
+        "--dataset", args.dataset,
         "--batch_size", str(args.batch_size),
         "--seq_len", str(args.seq_len),
         "--embed", str(args.embed),
@@ -57,9 +71,7 @@ def run_case(
         parallelism=parallelism,
     )
     config = result.events_named("train_config")[0]
-    # The first window holds the warm-up steps; the best later one is the least disturbed.
-    windows = result.events_named("step")[1:]
-    best = max(windows, key=lambda e: e["tokens_per_sec"])
+    steady = next(e for e in result.events_named("finished") if e["launch_process"] == 0)
     return {
         "case": name,
         "slices": slices,
@@ -74,10 +86,16 @@ def run_case(
             (e["bubble_measured"] for e in result.events_named("pipeline_bubble")), default=0.0
         ),
         "compile_seconds": config["compile_seconds"],
-        "step_seconds": best["step_seconds"],
-        "tokens_per_sec": best["tokens_per_sec"],
-        "tokens_per_sec_per_device": best["tokens_per_sec_per_device"],
-        "mfu": best["mfu"],
+        "attention_flops_per_token": config["attention_flops_per_token"],
+        "attention_impl": config["attention_impl"],
+        "vocab_size": config["vocab_size"],
+        "steady_steps": steady["steady_steps"],
+        "step_seconds": steady["step_seconds"],
+        "step_seconds_p50": steady["step_seconds_p50"],
+        "tokens_per_sec": steady["tokens_per_sec"],
+        "tokens_per_sec_per_device": steady["tokens_per_sec_per_device"],
+        "mfu": steady["mfu"],
+        "first_loss": result.events_named("step")[0]["loss"],
         "final_loss": result.events_named("step")[-1]["loss"],
     }
 
@@ -97,13 +115,15 @@ def print_table(peak: float, rows: list[dict[str, Any]], fsdp1: int, fsdp4: int)
     print(f"single-process float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     first = rows[0]
     print(f"model: {first['parameters']:,} parameters, {first['flops_per_token']:,.0f} FLOPs/token")
-    header = f"{'case':<22} {'devices':>7} {'step s':>8} {'tokens/s':>9} {'/device':>8} {'MFU':>6}"
-    print(header + f" {'bubble':>6} {'bound':>6}")
+    header = f"{'case':<24} {'devices':>7} {'mean s':>8} {'p50 s':>8} {'tokens/s':>9} "
+    print(header + f"{'/device':>8} {'MFU':>6} {'bubble':>6} {'bound':>6} {'loss':>13}")
     for r in rows:
         print(
-            f"{r['case']:<22} {r['global_devices']:>7} {r['step_seconds']:>8.3f} "
-            f"{r['tokens_per_sec']:>9.0f} {r['tokens_per_sec_per_device']:>8.0f} "
-            f"{100 * r['mfu']:>5.1f}% {r['bubble_measured']:>6.3f} {r['bubble_bound']:>6.3f}"
+            f"{r['case']:<24} {r['global_devices']:>7} {r['step_seconds']:>8.3f} "
+            f"{r['step_seconds_p50']:>8.3f} {r['tokens_per_sec']:>9.0f} "
+            f"{r['tokens_per_sec_per_device']:>8.0f} {100 * r['mfu']:>5.1f}% "
+            f"{r['bubble_measured']:>6.3f} {r['bubble_bound']:>6.3f} "
+            f"{r['first_loss']:>6.2f}>{r['final_loss']:<6.2f}"
         )
     print(
         f"Adam state per device: FSDP 1 {fsdp1 / 1e6:.2f} MB, FSDP 4 {fsdp4 / 1e6:.2f} MB "
@@ -114,13 +134,16 @@ def print_table(peak: float, rows: list[dict[str, Any]], fsdp1: int, fsdp4: int)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=2, help="CPU devices per slice")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch_size", type=int, default=16, help="global, sequences")
     parser.add_argument("--seq_len", type=int, default=256)
     parser.add_argument("--embed", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
+    corpus = tempfile.TemporaryDirectory(prefix="workload-corpus-")
+    args.dataset = corpus.name
+    manifest = prepare_corpus(corpus.name)
 
     peak = measure_peak()
     d = args.devices
@@ -135,7 +158,12 @@ def main() -> int:
     payload = {
         "benchmark": "workload_lm",
         "machine": machine(),
-        "config": vars(args),
+        "config": {k: v for k, v in vars(args).items() if k != "dataset"},
+        "corpus": {
+            "source": manifest["source"],
+            "vocab_size": manifest["vocab_size"],
+            "train_tokens": manifest["splits"]["train"]["tokens"],
+        },
         "single_process_matmul_peak_gflops": peak / 1e9,
         "cases": rows,
         "two_slices_tokens_per_sec_vs_one": rows[1]["tokens_per_sec"] / rows[0]["tokens_per_sec"],

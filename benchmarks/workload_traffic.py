@@ -82,17 +82,23 @@ def device_bytes(arrays: list[Any]) -> int:
 def restore_bytes(cfg: Any) -> dict[str, int]:
     import jax
 
-    from multislice_workload import data
+    from multislice_workload import datasets
     from multislice_workload.checkpoint import Checkpointer
 
     shape = (1, 2, 4, 1)
     directory = tempfile.mkdtemp(prefix="traffic-restore-")
     t = trainer(shape, cfg)
-    feed_cfg = data.DataConfig(cfg.batch_size, cfg.seq_len, cfg.seed, 4, threads=0)
-    feed = data.DataPipeline(feed_cfg, t.batch_sharding)
+    windows = datasets.stdlib_windows(cfg.seq_len + 1, "train")
+
+    def feed_for(t: Any) -> datasets.GlobalBatches:
+        return datasets.GlobalBatches(
+            windows, cfg.batch_size, t.batch_sharding, cfg.seed, threads=0
+        )
+
+    feed = feed_for(t)
     state, _ = t.step(t.init_state(), next(feed))
     saver = Checkpointer(directory, 1, 1)
-    saver.save(1, state, feed.iterator, {})
+    saver.save(1, state, feed.get_state(), {})
     saver.wait()
     saver.close()
     one_state = device_bytes(jax.tree.leaves(state))
@@ -104,8 +110,7 @@ def restore_bytes(cfg: Any) -> dict[str, int]:
         t = trainer(shape, cfg)
         held = t.init_state() if case.startswith("random") else None  # the old template
         template = held if held is not None else t.abstract_state
-        feed = data.DataPipeline(feed_cfg, t.batch_sharding)
-        restored, _ = Checkpointer(directory, 1, 1).restore(1, template, feed.iterator)
+        restored, _ = Checkpointer(directory, 1, 1).restore(1, template, feed_for(t))
         gc.collect()
         out[case] = device_bytes([a for a in jax.live_arrays() if id(a) not in before])
         del restored, held, template, t

@@ -67,9 +67,9 @@ mkdir -p "$LOGS"
 # build is, so a first build that takes half an hour does not look stuck.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
   jobset-controller kueue-controller helm)
-declare -A COLD_SECONDS=(
-  [etcd]=150 [kube-apiserver]=420 [kube-controller-manager]=150 [kube-scheduler]=15 [kubectl]=60
-  [kwok]=180 [kwokctl]=20 [jobset-controller]=240 [kueue-controller]=300 [helm]=150
+declare -A COLD_SECONDS=( # measured 2026-12-01: cold `make demo`, 2 loaded cores (hack/README.md)
+  [etcd]=80 [kube-apiserver]=300 [kube-controller-manager]=160 [kube-scheduler]=10 [kubectl]=35
+  [kwok]=115 [kwokctl]=20 [jobset-controller]=165 [kueue-controller]=285 [helm]=90
 )
 TOTAL=${#COMPONENTS[@]}
 step=0
@@ -93,8 +93,10 @@ fail() { # <name> <log>
 # and fails loudly.
 moddir() {
   local log="$LOGS/go-mod-download.log" json dir
-  json="$(cd "$TOOLS/$1" && go mod download -json "$2" 2>>"$log")" ||
+  if ! json="$(cd "$TOOLS/$1" && go mod download -json "$2" 2>>"$log")"; then
+    printf '%s\n' "$json" >>"$log" # with -json the go command reports the error on stdout
     fail "go mod download $2 (in hack/tools/$1)" "$log"
+  fi
   dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)"
   if [[ -z "$dir" || ! -d "$dir" ]]; then
     echo "build-bins: go mod download $2 (in hack/tools/$1) gave no module directory:" >&2
@@ -128,7 +130,8 @@ build() {
 if [[ $MODULE_DIRS == 1 ]]; then
   for m in "jobset sigs.k8s.io/jobset" "kueue sigs.k8s.io/kueue"; do
     # shellcheck disable=SC2086 # two words on purpose: <tools dir> <module path>
-    echo "${m#* } $(moddir $m)"
+    dir="$(moddir $m)" # an assignment, so that a failed lookup stops the script (set -e)
+    echo "${m#* } $dir"
   done
   exit 0
 fi

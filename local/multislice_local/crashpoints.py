@@ -67,13 +67,13 @@ def install(point: str) -> None:
         from multislice_operator.controller.kube import Kube
 
         Kube.create_jobset = _crash_after(  # type: ignore[method-assign,assignment]
-            point, Kube.create_jobset, bool
+            point, Kube.create_jobset, lambda created: created is not None
         )
     elif point == "after-check-write":
         from multislice_operator.controller.kube import Kube
 
-        Kube.patch_workload_checks = _crash_after(  # type: ignore[method-assign,assignment]
-            point, Kube.patch_workload_checks, lambda _: True
+        Kube.apply_workload_check = _crash_after(  # type: ignore[method-assign,assignment]
+            point, Kube.apply_workload_check, lambda _: True
         )
     elif point == "after-dry-run":
         from multislice_operator.controller.kube import Kube

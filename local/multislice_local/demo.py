@@ -34,9 +34,16 @@ NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
 FATAL_EXIT = 78  # the workload's configuration error (42 asks for a restart)
+DEMO_VOCAB = 4096  # the --run-workload tokenizer's vocabulary (the model reads it from the file)
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 # maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
 MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
+
+
+def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss) of process 0's events, the last attempt's value for a step run twice."""
+    by_step = {e["step"]: e["loss"] for e in events if e.get("launch_process", 0) == 0}
+    return sorted(by_step.items())
 
 
 @dataclass(frozen=True)
@@ -532,9 +539,20 @@ class Demo:
     def start_workload(self) -> None:
         import threading
 
+        from multislice_workload import prepare
         from multislice_workload.local import launch
 
         env = self.pod_env()
+        corpus = Path(tempfile.mkdtemp(prefix="msj-demo-corpus-"))
+        manifest = prepare.prepare(
+            prepare.builtin_documents(["python-docs"]), corpus, vocab_size=DEMO_VOCAB
+        )
+        self.n.say(
+            f"--run-workload: corpus prepared in {corpus}: the Python Language Reference CPython "
+            f"ships, {manifest['splits']['train']['tokens']:,} training and "
+            f"{manifest['splits']['eval']['tokens']:,} held-out tokens in ArrayRecord shards, a "
+            f"{manifest['vocab_size']}-token BPE tokenizer trained on it"
+        )
         slices, hosts = int(env["MEGASCALE_NUM_SLICES"]), int(env["MULTISLICE_HOSTS_PER_SLICE"])
         chips = int(env["MULTISLICE_CHIPS_PER_HOST"])
         shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("MEGASCALE"))
@@ -546,21 +564,23 @@ class Demo:
         holder: dict[str, Any] = {}
         ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
 
+        train_args = [
+            "train",
+            "--dataset", str(corpus),  # its tokenizer.json comes with it
+            "--steps", "40",
+            "--learning_rate", "3e-3",
+            "--checkpoint_every", "10",
+            "--log_every", "5",
+            "--eval_every", "20",
+        ]  # fmt: skip
+
         def work() -> None:
             try:
                 holder["result"] = launch(
                     slices,
                     hosts,
                     chips,
-                    args=[
-                        "train",
-                        "--steps",
-                        "40",
-                        "--checkpoint_every",
-                        "10",
-                        "--log_every",
-                        "10",
-                    ],
+                    args=train_args,
                     extra_env=env,
                     max_restarts=3,
                     fail_process=slices * hosts - 1,
@@ -587,11 +607,17 @@ class Demo:
         restored = [e.get("step") for e in result.events_named("restored")]
         for t, what in result.timeline:
             self.n.say(f"  workload {t:6.1f}s  {what}")
+        curve = loss_curve(result.events_named("step"))
+        held_out = loss_curve(result.events_named("eval"))
+        self.n.say("  training loss by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in curve))
+        self.n.say("  held-out loss by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in held_out))
+        learned = len(curve) >= 2 and curve[-1][1] < curve[0][1]
         self.n.say(
             f"workload: exit {result.exit_code}, {result.restarts} restart(s), "
-            f"restored from step {restored[-1] if restored else '-'}; logs in {result.log_dir}"
+            f"restored from step {restored[-1] if restored else '-'}, loss "
+            f"{'went down' if learned else 'did NOT go down'}; logs in {result.log_dir}"
         )
-        return bool(result.succeeded and result.restarts >= 1 and restored)
+        return bool(result.succeeded and result.restarts >= 1 and restored and learned)
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -49,6 +49,10 @@ less); each rule cites its public source where it is enforced (:meth:`GkeSimulat
   RUNNING, as when GKE's managed instance group loses its VMs; the nodes come back after
   ``preempt_recreate_s`` (None: never, the operator must replace the pool).
   :meth:`GkeSimulator.break_pool` sets ERROR (and removes the nodes).
+* OAuth scopes as GKE gives them (none sent: only logging and monitoring): a TPU pool whose
+  nodes could not pull an image or write gs:// is accepted, as GKE accepts it, but flagged: a
+  warning in the log, ``tpuPoolsWithoutStorageAccess`` in the counters, and
+  :meth:`GkeSimulator.node_access` says what its nodes can do.
 * :meth:`GkeSimulator.received_creates` returns every CreateNodePoolRequest as received
   (``parent`` from the URL, the JSON body), for comparing with the operator's dry run.
 
@@ -80,6 +84,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -108,6 +113,7 @@ from multislice_operator.api import models
 log = logging.getLogger(__name__)
 
 GKE_VERSION = "1.34.1-gke.1000000"
+_COMPUTE_URL = "https://www.googleapis.com/compute/v1"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 _POOL_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _GCE_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -151,24 +157,24 @@ class TpuMachine:
 
 
 def _tpu_machines() -> dict[str, TpuMachine]:
-    machines = {
+    return {
         mt: TpuMachine(mt, gen.gke_accelerator, chips, gen)
         for gen in catalog.GENERATIONS.values()
         for chips, mt in gen.machine_types.items()
     }
-    # tpu7x (facts sheet: naming UNCONFIRMED) so that a sim run does not reject it outright.
-    machines["tpu7x-standard-4t"] = TpuMachine("tpu7x-standard-4t", "tpu7x", 4, None)
-    return machines
 
 
 TPU_MACHINES = _tpu_machines()
 
 
 def default_offered_types() -> list[str]:
-    """Every accelerator type of the catalog (all common sizes of v4, v5litepod, v5p, v6e)."""
+    """Every accelerator type of the catalog that the Cloud TPU API serves (v4, v5litepod, v5p,
+    v6e): "The Cloud TPU API is not supported on TPU7x and later TPU versions" (Cloud TPU "Create
+    Cloud TPU VMs"), so acceleratorTypes never lists tpu7x."""
     return [
         f"{gen.prefix}-{size}"
         for gen in catalog.GENERATIONS.values()
+        if gen.cloud_tpu_api
         for size in catalog.valid_sizes(gen)
     ]
 
@@ -291,9 +297,26 @@ class SimConfig:
     # Identity is enabled (a workload pool), which node pool requests are checked against.
     release_channel: str | None = "REGULAR"
     workload_identity: bool = False
+    # The cluster's GKE version (GET cluster: currentMasterVersion), checked for tpu7x and
+    # flex-start pools.
+    cluster_version: str = GKE_VERSION
+    # The cluster's pod IPv4 range (a /14 by default for VPC-native clusters) and the
+    # max-pods-per-node its pools get when a request sends no maxPodsConstraint (GKE: 110).
+    pod_range_prefix: int = 14
+    default_max_pods_per_node: int = 110
+    # Flex-start: how long the simulated Dynamic Workload Scheduler takes to find capacity for a
+    # flex-start pool once it is RUNNING and empty (None: op_latency_s); Faults.flex_start_hold
+    # keeps pools waiting until grant_flex_start().
+    flex_start_wait_s: float | None = None
+    # Scales a flex-start pool's maxRunDuration (tests: 0.01 turns 7 days into 100 minutes).
+    flex_start_run_scale: float = 1.0
+    policy_latency_s: float = 0.2  # Compute Engine resource policy insert: RUNNING -> DONE
 
     def delete_latency(self) -> float:
         return self.op_latency_s if self.delete_latency_s is None else self.delete_latency_s
+
+    def flex_start_wait(self) -> float:
+        return self.op_latency_s if self.flex_start_wait_s is None else self.flex_start_wait_s
 
     def failed_create_latency(self) -> float:
         if self.failed_create_latency_s is None:
@@ -315,6 +338,9 @@ class Faults:
     http_5xx_status: int = 503
     http_fault_methods: list[str] = field(default_factory=list)  # limit 429/5xx to these methods
     invalid_machine_types: list[str] = field(default_factory=list)  # 400 INVALID_ARGUMENT
+    # The next N flex-start pools wait for capacity until grant_flex_start() (or the admin call
+    # POST /_sim/pools/NAME/grant): Dynamic Workload Scheduler queueing them.
+    flex_start_hold: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {_camel(k): v for k, v in asdict(self).items()}
@@ -363,6 +389,26 @@ class _Pool:
     status_message: str = ""
     nodes: int = 0  # nodes currently registered
     op: str | None = None  # name of the running operation on this pool
+    pod_cidr_size: int = 24  # the per-node block of the pod range (podIpv4CidrSize)
+    flex_held: bool = False  # flex-start: DWS holds it waiting until grant_flex_start()
+    flex_epoch: int = 0  # flex-start grants/expiries belong to one provisioning
+
+    @property
+    def flex_start(self) -> bool:
+        return bool(self.spec.get("config", {}).get("flexStart"))
+
+    @property
+    def slice_nodes(self) -> int:
+        """Nodes the pool is for: its node count, or a flex-start pool's autoscaling maximum."""
+        if self.flex_start:
+            return int(self.spec.get("autoscaling", {}).get("maxNodeCount", 0))
+        zones = self.spec.get("locations") or [""]
+        return int(self.spec.get("initialNodeCount", 0)) * len(zones)
+
+    @property
+    def reserved_addresses(self) -> int:
+        """Pod-range addresses the pool's nodes take: one /pod_cidr_size block per node."""
+        return int(self.slice_nodes * 2 ** (32 - self.pod_cidr_size))
 
     @property
     def path(self) -> str:
@@ -382,8 +428,74 @@ class _Pool:
                 f"/instanceGroupManagers/gke-{self.name}-grp"
             ],
         )
+        body["podIpv4CidrSize"] = self.pod_cidr_size
         if self.status_message:
             body["statusMessage"] = self.status_message
+        return body
+
+
+@dataclass
+class _ResourcePolicy:
+    """A Compute Engine resource policy (regional), as inserted."""
+
+    project: str
+    region: str
+    name: str
+    body: dict[str, Any]  # the ResourcePolicy JSON as received (camelCase)
+    created: str = field(default_factory=lambda: _now())
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/regions/{self.region}/resourcePolicies/{self.name}"
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        workload: dict[str, Any] = self.body.get("workloadPolicy", {})
+        return workload
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.body,
+            "kind": "compute#resourcePolicy",
+            "id": str(abs(hash(self.path)) % 10**18),
+            "creationTimestamp": self.created,
+            "name": self.name,
+            "region": f"{_COMPUTE_URL}/projects/{self.project}/regions/{self.region}",
+            "selfLink": f"{_COMPUTE_URL}/{self.path}",
+            "status": "READY",
+        }
+
+
+@dataclass
+class _ComputeOperation:
+    """A Compute Engine region operation (compute#operation)."""
+
+    project: str
+    region: str
+    name: str
+    op_type: str  # insert | delete
+    target: str  # projects/P/regions/R/resourcePolicies/N
+    status: str = "RUNNING"
+    start: str = field(default_factory=lambda: _now())
+    end: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        region = f"{_COMPUTE_URL}/projects/{self.project}/regions/{self.region}"
+        body: dict[str, Any] = {
+            "kind": "compute#operation",
+            "id": str(abs(hash(self.name)) % 10**18),
+            "name": self.name,
+            "operationType": self.op_type,
+            "targetLink": f"{_COMPUTE_URL}/{self.target}",
+            "status": self.status,
+            "progress": 100 if self.status == "DONE" else 0,
+            "insertTime": self.start,
+            "startTime": self.start,
+            "region": region,
+            "selfLink": f"{region}/operations/{self.name}",
+        }
+        if self.end:
+            body["endTime"] = self.end
         return body
 
 
@@ -491,6 +603,8 @@ class GkeSimulator:
         self._pools: dict[str, _Pool] = {}  # by pool path
         self._ops: dict[str, _Operation] = {}  # by operation path
         self._creates_accepted = 0
+        # TPU pools accepted whose nodes could not pull an image or write gs:// (node_access).
+        self._crippled_pools = 0
         self._calls: Counter[str] = Counter()
         self._responses: Counter[str] = Counter()
         self._injected: Counter[str] = Counter()
@@ -498,6 +612,10 @@ class GkeSimulator:
         self._peak_ops = 0
         # Every CreateNodePoolRequest received, as on the wire: parent (the URL) + the JSON body.
         self._received: list[dict[str, Any]] = []
+        # Compute Engine: resource policies by path, their operations, inserts as received.
+        self._policies: dict[str, _ResourcePolicy] = {}
+        self._compute_ops: dict[str, _ComputeOperation] = {}
+        self._received_policies: list[dict[str, Any]] = []
         self._scheduler = _Scheduler()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -584,6 +702,7 @@ class GkeSimulator:
                 "responses": dict(self._responses),
                 "injected": dict(self._injected),
                 "createsAccepted": self._creates_accepted,
+                "tpuPoolsWithoutStorageAccess": self._crippled_pools,
                 "livePools": len(self._pools),
                 "runningOperations": sum(self._ops_running.values()),
                 "peakConcurrentOperations": self._peak_ops,
@@ -604,11 +723,45 @@ class GkeSimulator:
     def pool(self, name: str) -> dict[str, Any] | None:
         return self.pools().get(name)
 
+    def node_access(self, name: str) -> dict[str, bool] | None:
+        """What the nodes of pool `name` can do with Google APIs as their service account,
+        from the scopes GKE gives them (:func:`node_access`); None when no such pool."""
+        with self._lock:
+            pool = next((p for p in self._pools.values() if p.name == name), None)
+            return None if pool is None else node_access(pool.spec.get("config", {}))
+
     def received_creates(self) -> list[dict[str, Any]]:
         """Every create_node_pool request received, accepted or not: ``parent`` and the body."""
         with self._lock:
             received: list[dict[str, Any]] = json.loads(json.dumps(self._received))
         return received
+
+    def received_policy_inserts(self) -> list[dict[str, Any]]:
+        """Every resourcePolicies.insert received: ``project``, ``region`` (the URL) and the body
+        as ``resourcePolicyResource`` (the InsertResourcePolicyRequest's JSON form)."""
+        with self._lock:
+            received: list[dict[str, Any]] = json.loads(json.dumps(self._received_policies))
+        return received
+
+    def policies(self) -> dict[str, dict[str, Any]]:
+        """Every resource policy by name (across projects and regions), as GET returns it."""
+        with self._lock:
+            return {rp.name: rp.to_json() for rp in self._policies.values()}
+
+    def add_policy(self, project: str, region: str, body: dict[str, Any]) -> None:
+        """Make a resource policy exist as if someone else had inserted it (tests)."""
+        with self._lock:
+            rp = _ResourcePolicy(project, region, str(body["name"]), dict(body))
+            self._policies[rp.path] = rp
+
+    def grant_flex_start(self, name: str) -> None:
+        """Dynamic Workload Scheduler found capacity for a waiting flex-start pool: its whole
+        slice is provisioned now."""
+        pool = self._find(name)
+        with self._lock:
+            pool.flex_held = False
+            epoch = pool.flex_epoch
+        self._flex_provision(pool, epoch)
 
     def start_cluster_upgrade(self, cluster: str, duration_s: float) -> str:
         """Start an UPGRADE_MASTER operation on ``projects/P/locations/L/clusters/C``: node pool
@@ -629,6 +782,7 @@ class GkeSimulator:
         with self._lock:
             return {
                 "pools": [p.to_json() | {"nodes": p.nodes} for p in self._pools.values()],
+                "resourcePolicies": [rp.to_json() for rp in self._policies.values()],
                 "operations": [o.to_json() for o in self._ops.values()],
                 "counters": self.counters(),
                 "faults": self.faults.to_json(),
@@ -741,7 +895,7 @@ class GkeSimulator:
         self._received.append({"parent": cluster_path, **json.loads(body or b"{}")})
         spec = _parse_create(body)
         name = str(spec.get("name", ""))
-        self._validate(spec, location)
+        self._validate(spec, location, project)
         self._refuse_if_faulted(spec, location, project)
         path = f"{cluster_path}/nodePools/{name}"
         if path in self._pools:
@@ -749,9 +903,28 @@ class GkeSimulator:
         self._check_cluster_operation(cluster_path)
         self._check_conflict(cluster_path)
         self._creates_accepted += 1
+        access = node_access(spec.get("config", {}))
+        if spec.get("config", {}).get("machineType") in TPU_MACHINES and not all(access.values()):
+            # GKE accepts it (no refusal to model), but the job will not run: flag it.
+            self._crippled_pools += 1
+            log.warning(
+                "gke-sim TPU pool %s has scopes %s: its nodes cannot %s", name,
+                effective_scopes(spec.get("config", {})),
+                " or ".join(k for k, ok in (("pull images", access["pullImages"]),
+                            ("write Cloud Storage", access["writeStorage"])) if not ok),
+            )  # fmt: skip
         pool = _Pool(cluster_path, name, spec)
+        max_pods = int(spec.get("maxPodsConstraint", {}).get("maxPodsPerNode", 0))
+        pool.pod_cidr_size = pod_cidr_size(max_pods or self.config.default_max_pods_per_node)
+        if pool.flex_start and self.faults.flex_start_hold > 0:
+            self.faults.flex_start_hold -= 1
+            pool.flex_held = True
         op = self._start_op(location, project, "CREATE_NODE_POOL", path)
-        op.failure = self._planned_failure(spec, location)
+        op.failure = (
+            self._placement_failure(pool)
+            or self._ip_space_failure(pool)
+            or self._planned_failure(spec, location)
+        )
         pool.op = op.path
         self._pools[path] = pool
         log.info(
@@ -810,6 +983,116 @@ class GkeSimulator:
         ops = [o.to_json() for o in self._ops.values() if o.location == prefix]
         return {"operations": ops} if ops else {}
 
+    def _api_get_cluster(
+        self, project: str, location: str, cluster: str, *, body: bytes
+    ) -> dict[str, Any]:
+        path = self._cluster(project, location, cluster)
+        channel = self.config.release_channel
+        out: dict[str, Any] = {
+            "name": cluster,
+            "location": location,
+            "selfLink": f"https://container.googleapis.com/v1/{path}",
+            "currentMasterVersion": self.config.cluster_version,
+            "currentNodeVersion": self.config.cluster_version,
+            "status": "RUNNING",
+            "clusterIpv4Cidr": f"10.0.0.0/{self.config.pod_range_prefix}",
+        }
+        if channel:
+            out["releaseChannel"] = {"channel": channel}
+        if self.config.workload_identity:
+            out["workloadIdentityConfig"] = {"workloadPool": f"{project}.svc.id.goog"}
+        return out
+
+    # -- Compute Engine v1: resource policies and region operations ------------------------------
+
+    def _api_insert_resource_policy(
+        self, project: str, region: str, *, body: bytes
+    ) -> dict[str, Any]:
+        self._received_policies.append(
+            {
+                "resourcePolicyResource": json.loads(body or b"{}"),
+                "region": region,
+                "project": project,
+            }
+        )
+        spec = _parse_policy(body)
+        name = str(spec.get("name", ""))
+        _validate_policy(spec)
+        rp = _ResourcePolicy(project, region, name, spec)
+        if rp.path in self._policies:
+            # GCE: 409 alreadyExists "The resource '...' already exists".
+            raise ApiError(409, "ALREADY_EXISTS", f"The resource '{rp.path}' already exists")
+        op = self._compute_op(project, region, "insert", rp.path)
+
+        def finish() -> None:
+            with self._lock:
+                self._policies[rp.path] = rp
+                op.status, op.end = "DONE", _now()
+
+        if self.config.policy_latency_s <= 0:
+            finish()
+        else:
+            self._scheduler.after(self.config.policy_latency_s, finish)
+        log.info("gke-sim resource policy insert policy=%s region=%s", name, region)
+        return op.to_json()
+
+    def _api_get_resource_policy(
+        self, project: str, region: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        return self._policy(project, region, name).to_json()
+
+    def _api_list_resource_policies(
+        self, project: str, region: str, *, body: bytes
+    ) -> dict[str, Any]:
+        prefix = f"projects/{project}/regions/{region}/"
+        items = [rp.to_json() for path, rp in self._policies.items() if path.startswith(prefix)]
+        return {"kind": "compute#resourcePolicyList", "items": items}
+
+    def _api_delete_resource_policy(
+        self, project: str, region: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        rp = self._policy(project, region, name)
+        users = [p for p in self._pools.values() if _policy_of(p) == (project, region, name)]
+        if users:
+            # GCE refuses to delete a resource in use: 400 resourceInUseByAnotherResource "The
+            # resource_policy resource '...' is already being used by '...'" (Compute Engine
+            # error reasons; wording UNCONFIRMED for workload policies).
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                f"The resource_policy resource '{rp.path}' is already being used by "
+                f"'{users[0].path}'",
+            )
+        del self._policies[rp.path]
+        op = self._compute_op(project, region, "delete", rp.path)
+        op.status, op.end = "DONE", _now()
+        return op.to_json()
+
+    def _api_get_region_operation(
+        self, project: str, region: str, name: str, *, body: bytes
+    ) -> dict[str, Any]:
+        op = self._compute_ops.get(f"projects/{project}/regions/{region}/operations/{name}")
+        if op is None:
+            raise ApiError(404, "NOT_FOUND", f"The resource 'operations/{name}' was not found")
+        return op.to_json()
+
+    def _policy(self, project: str, region: str, name: str) -> _ResourcePolicy:
+        rp = self._policies.get(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        if rp is None:
+            raise ApiError(
+                404,
+                "NOT_FOUND",
+                f"The resource 'projects/{project}/regions/{region}/resourcePolicies/{name}' "
+                "was not found",
+            )
+        return rp
+
+    def _compute_op(self, project: str, region: str, kind: str, target: str) -> _ComputeOperation:
+        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
+        op = _ComputeOperation(project, region, name, kind, target)
+        self._compute_ops[f"projects/{project}/regions/{region}/operations/{name}"] = op
+        return op
+
     # -- Cloud TPU v2 ---------------------------------------------------------------------------
 
     def _api_list_accelerator_types(
@@ -829,7 +1112,7 @@ class GkeSimulator:
             raise ApiError(404, "NOT_FOUND", f"Not found: {cluster_path}/nodePools/{name}.")
         return pool
 
-    def _validate(self, spec: dict[str, Any], location: str) -> None:
+    def _validate(self, spec: dict[str, Any], location: str, project: str = "") -> None:
         """GKE's synchronous validation of a CreateNodePoolRequest: each refusal is 400
         INVALID_ARGUMENT unless noted, with its public source; wording marked UNCONFIRMED is
         ours where no public copy of GKE's message was found."""
@@ -852,12 +1135,114 @@ class GkeSimulator:
             )
         _validate_node_labels(config.get("labels", {}))
         _validate_resource_labels(config.get("resourceLabels", {}))
-        self._validate_management(spec.get("management"))
+        self._validate_management(spec.get("management"), flex_start=bool(config.get("flexStart")))
         self._validate_identity(config)
         _validate_reservation(config.get("reservationAffinity"))
+        _validate_max_pods(spec.get("maxPodsConstraint"))
+        self._validate_version(machine, bool(config.get("flexStart")))
+        self._validate_flex_start(spec, machine)
         self._validate_tpu(spec, location, machine)
+        self._validate_placement(spec, location, machine, project)
 
-    def _validate_management(self, management: dict[str, Any] | None) -> None:
+    def _validate_version(self, machine: str, flex_start: bool) -> None:
+        tpu = TPU_MACHINES.get(machine)
+        gen = tpu.generation if tpu is not None else None
+        if gen is None:
+            return
+        version = self.config.cluster_version
+        # tpu7x: GKE Standard 1.34.0-gke.2201000 and later (GKE "About Ironwood (TPU7x) in GKE");
+        # flex-start TPU pools: 1.33.0-gke.1712000 and later (GKE "About flex-start"). Wording
+        # UNCONFIRMED.
+        if gen.min_gke and not catalog.gke_at_least(version, gen.min_gke):
+            raise _invalid(
+                f"Machine type {machine} requires GKE version {gen.min_gke} or later; the cluster "
+                f"runs {version}."
+            )
+        if (
+            flex_start
+            and gen.flex_start_min_gke
+            and not catalog.gke_at_least(version, gen.flex_start_min_gke)
+        ):
+            raise _invalid(
+                f"Flex-start node pools with machine type {machine} require GKE version "
+                f"{gen.flex_start_min_gke} or later; the cluster runs {version}."
+            )
+
+    def _validate_flex_start(self, spec: dict[str, Any], machine: str) -> None:
+        config = spec.get("config", {})
+        if not config.get("flexStart"):
+            if config.get("maxRunDuration"):
+                # maxRunDuration bounds flex-start (and spot) VMs; on-demand VMs run until
+                # deleted. Wording UNCONFIRMED; refused here, stricter than GKE may be.
+                raise _invalid("maxRunDuration is only supported with flexStart node pools.")
+            return
+        tpu = TPU_MACHINES.get(machine)
+        gen = tpu.generation if tpu is not None else None
+        if tpu is not None and (gen is None or gen.flex_start_min_gke is None):
+            # GKE "About flex-start provisioning mode": "TPU v3 and v4 are not supported".
+            raise _invalid(f"Flex-start is not supported for machine type {machine}.")
+        if config.get("spot") or config.get("preemptible"):
+            # One provisioning model per VM: flex-start, spot or standard (Compute Engine
+            # "Provisioning models"). Wording UNCONFIRMED.
+            raise _invalid("flexStart cannot be combined with spot or preemptible.")
+        affinity = config.get("reservationAffinity", {}).get("consumeReservationType")
+        if affinity not in (None, "NO_RESERVATION"):
+            # Flex-start capacity is not reserved: xpk and GKE's guides create the pools with
+            # --reservation-affinity=none. Wording UNCONFIRMED.
+            raise _invalid("Flex-start node pools require reservationAffinity NO_RESERVATION.")
+        duration = _seconds(config.get("maxRunDuration"))
+        if duration is not None and not 0 < duration <= models.FLEX_START_MAX_RUN_S:
+            # "for up to seven days" (GKE "About flex-start"). Wording UNCONFIRMED.
+            raise _invalid(
+                f"maxRunDuration must be at most {models.FLEX_START_MAX_RUN_S}s (7 days), got "
+                f"{config.get('maxRunDuration')}."
+            )
+        scaling = spec.get("autoscaling", {})
+        if tpu is not None and (
+            not scaling.get("enabled")
+            or int(spec.get("initialNodeCount", 0)) != 0
+            or int(scaling.get("minNodeCount", 0)) != 0
+        ):
+            # Flex-start TPU pools start empty and scale to the slice when capacity comes: xpk
+            # (--flex-start --enable-autoscaling --num-nodes=0) and cluster-toolkit's gke-tpu-7x
+            # DWS blueprint ("autoscaling_min_node_count: Must be 0"). Refused otherwise here;
+            # wording UNCONFIRMED.
+            raise _invalid(
+                "Flex-start TPU node pools need autoscaling enabled with minNodeCount 0 and "
+                "initialNodeCount 0."
+            )
+
+    def _validate_placement(
+        self, spec: dict[str, Any], location: str, machine: str, project: str
+    ) -> None:
+        tpu = TPU_MACHINES.get(machine)
+        gen = tpu.generation if tpu is not None else None
+        placement = spec.get("placementPolicy", {})
+        name = placement.get("policyName")
+        if name:
+            # "The resource policy must be in the same project and region as the node pool. If
+            # not found, InvalidArgument error is returned." (container v1 NodePool
+            # .PlacementPolicy.policy_name). Wording UNCONFIRMED.
+            region = _region(self._zones(spec, location)[0])
+            path = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+            if path not in self._policies:
+                raise _invalid(
+                    f"Placement policy {name} was not found: resource policy {path} does not exist."
+                )
+        if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY:
+            return
+        if placement.get("tpuTopology") and not name and placement.get("type") != "COMPACT":
+            # A multi-host tpu7x pool names its workload policy ("This policy replaces the
+            # --tpu-topology flag used by other TPU versions", GKE "About Ironwood (TPU7x) in
+            # GKE"). Refused without one; wording UNCONFIRMED.
+            raise _invalid(
+                f"Multi-host TPU slice node pools with machine type {machine} need "
+                "placementPolicy.policyName, a HIGH_THROUGHPUT workload policy."
+            )
+
+    def _validate_management(
+        self, management: dict[str, Any] | None, flex_start: bool = False
+    ) -> None:
         # "Auto_upgrade cannot be false when release_channel REGULAR is set." (400 badRequest;
         # GitHub nkoson/gke-tutorial#8, Percona-Lab/jenkins-pipelines#471 for RAPID) and GKE
         # "Release channels": node auto-upgrade and auto-repair are enabled and cannot be
@@ -868,6 +1253,10 @@ class GkeSimulator:
         if channel is None or management is None:
             return
         for key, label in (("autoUpgrade", "Auto_upgrade"), ("autoRepair", "Auto_repair")):
+            # Flex-start pools run without auto-repair (xpk --no-enable-autorepair; GKE's
+            # flex-start guides), which GKE accepts in a release channel.
+            if key == "autoRepair" and flex_start:
+                continue
             if not management.get(key):
                 raise _invalid(f"{label} cannot be false when release_channel {channel} is set.")
 
@@ -920,7 +1309,12 @@ class GkeSimulator:
                 f"TPU topology {topology} with machine type {machine} is a single-host slice: "
                 "tpuTopology is only valid for multi-host TPU slice node pools."
             )
-        if int(spec.get("initialNodeCount", 0)) != nodes:
+        sized = (
+            int(spec.get("autoscaling", {}).get("maxNodeCount", 0))
+            if spec.get("config", {}).get("flexStart")
+            else int(spec.get("initialNodeCount", 0))
+        )
+        if sized != nodes:
             raise _invalid(
                 f"Node pool with TPU topology {topology} and machine type {machine} needs "
                 f"initialNodeCount {nodes}, got {spec.get('initialNodeCount', 0)}."
@@ -976,6 +1370,46 @@ class GkeSimulator:
             "once it is done.",
         )
 
+    def _placement_failure(self, pool: _Pool) -> str | None:
+        """How GKE fails a create it accepted because of its placement: a tpu7x pool with COMPACT
+        goes to ERROR (vllm-project/ci-infra#547); one whose workload policy has another type or
+        accelerator topology fails at managed-instance-group creation (cluster-toolkit#6274)."""
+        tpu = TPU_MACHINES.get(str(pool.spec.get("config", {}).get("machineType", "")))
+        gen = tpu.generation if tpu is not None else None
+        placement = pool.spec.get("placementPolicy", {})
+        workload_gen = gen is not None and gen.placement == catalog.Placement.WORKLOAD_POLICY
+        if workload_gen and placement.get("type") == "COMPACT":
+            return "placement"
+        where = _policy_of(pool)
+        if where is None:
+            return None
+        project, region, name = where
+        rp = self._policies.get(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        if rp is None:
+            return None
+        workload = rp.workload
+        if workload_gen and (
+            workload.get("type") != "HIGH_THROUGHPUT"
+            or workload.get("acceleratorTopology") != placement.get("tpuTopology")
+        ):
+            return "policy_mismatch"
+        return None
+
+    def _ip_space_failure(self, pool: _Pool) -> str | None:
+        """Node creation is limited by the free addresses of the pod range (GKE "Configure
+        maximum Pods per node"): each node takes a /podIpv4CidrSize block; past the range the
+        instance group fails with [IP_SPACE_EXHAUSTED]."""
+        capacity = 2 ** (32 - self.config.pod_range_prefix)
+        used = sum(
+            p.reserved_addresses
+            for p in self._pools.values()
+            if p.cluster == pool.cluster and p.status != "ERROR"  # failed VMs hold no addresses
+        )
+        if used + pool.reserved_addresses > capacity:
+            self._injected["ipSpaceExhausted"] += 1
+            return "ip_space"
+        return None
+
     def _planned_failure(self, spec: dict[str, Any], location: str) -> str | None:
         f = self.faults
         k = self._creates_accepted
@@ -1019,6 +1453,9 @@ class GkeSimulator:
             if op.failure is not None:
                 self._fail_create(op, pool)
                 return
+            if pool.flex_start:
+                self._flex_wait(op, pool)
+                return
             group = _node_group(pool)
         error = self._register(group)
         with self._lock:
@@ -1031,10 +1468,63 @@ class GkeSimulator:
             self._end_op(op)
         log.info("gke-sim pool running pool=%s nodes=%d", pool.name, group.count)
 
+    def _flex_wait(self, op: _Operation, pool: _Pool) -> None:
+        """A flex-start pool is created empty (RUNNING, no nodes) and waits for Dynamic Workload
+        Scheduler to find capacity for the whole slice: waiting is not an error (GKE "About
+        flex-start provisioning mode"). Real GKE scales up for the pending pods (or a
+        ProvisioningRequest); the simulator grants after flex_start_wait_s, or when
+        grant_flex_start() is called for a held pool. Called with the lock held."""
+        pool.status, pool.status_message, pool.nodes, pool.op = "RUNNING", "", 0, None
+        self._end_op(op)
+        log.info("gke-sim flex-start pool waiting for capacity pool=%s", pool.name)
+        if not pool.flex_held:
+            epoch = pool.flex_epoch
+            self._scheduler.after(
+                self.config.flex_start_wait(), lambda: self._flex_provision(pool, epoch)
+            )
+
+    def _flex_provision(self, pool: _Pool, epoch: int) -> None:
+        with self._lock:
+            current = self._pools.get(pool.path)
+            if (
+                current is not pool
+                or pool.flex_held
+                or pool.flex_epoch != epoch
+                or pool.nodes
+                or pool.status != "RUNNING"
+            ):
+                return
+            group = _node_group(pool)
+        error = self._register(group)
+        with self._lock:
+            if self._pools.get(pool.path) is not pool or pool.flex_epoch != epoch:
+                return
+            pool.nodes = group.count
+            if error:
+                pool.status, pool.status_message = "RUNNING_WITH_ERROR", error
+            duration = _seconds(pool.spec.get("config", {}).get("maxRunDuration"))
+            run_s = (duration or models.FLEX_START_MAX_RUN_S) * self.config.flex_start_run_scale
+        log.info("gke-sim flex-start capacity granted pool=%s nodes=%d", pool.name, group.count)
+        self._scheduler.after(run_s, lambda: self._flex_expire(pool, epoch))
+
+    def _flex_expire(self, pool: _Pool, epoch: int) -> None:
+        """maxRunDuration reached: GKE removes the flex-start VMs (the pool stays, empty)."""
+        with self._lock:
+            if self._pools.get(pool.path) is not pool or pool.flex_epoch != epoch:
+                return
+            pool.flex_epoch += 1
+        self.registrar.unregister(pool.name)
+        with self._lock:
+            pool.nodes = 0
+        log.info("gke-sim flex-start max run duration reached pool=%s", pool.name)
+
     def _fail_create(self, op: _Operation, pool: _Pool) -> None:
         zone = self._zones(pool.spec, op.location.rsplit("/", 1)[1])[0]
         message = _failure_message(op.failure or "", pool, zone)
-        self._end_op(op, error={"code": 8, "message": message})
+        # google.rpc codes: INVALID_ARGUMENT (3) for what the request got wrong, else
+        # RESOURCE_EXHAUSTED (8): capacity that may come back.
+        code = 3 if op.failure in ("placement", "policy_mismatch") else 8
+        self._end_op(op, error={"code": code, "message": message})
         pool.op = None
         if self.config.failed_create_leaves_pool:
             pool.status, pool.status_message = "ERROR", message
@@ -1121,11 +1611,42 @@ class GkeSimulator:
                 self.preempt(name, data.get("recreateAfterS", "config"))
             elif action == "break":
                 self.break_pool(name, data.get("message", ""), data.get("removeNodes", True))
+            elif action == "grant":
+                self.grant_flex_start(name)
             else:
                 raise ApiError(404, "NOT_FOUND", f"unknown pool action {action!r}")
         except KeyError as err:
             raise ApiError(404, "NOT_FOUND", str(err)) from None
         return self._find(name).to_json()
+
+
+SCOPE = "https://www.googleapis.com/auth/"
+# NodeConfig.oauth_scopes (container v1 API reference): "If unspecified, no scopes are added,
+# unless Cloud Logging or Cloud Monitoring are enabled, in which case their required scopes will
+# be added" (both are on by default in GKE clusters). gcloud's "default scopes" are its own alias.
+LOGGING_MONITORING_SCOPES = (f"{SCOPE}logging.write", f"{SCOPE}monitoring")
+# Scopes that let a node's service account read (pull an image from Artifact Registry or
+# Container Registry: "devstorage.read_only is required for communicating with gcr.io", same
+# docstring) and write Cloud Storage (a gs:// checkpoint); cloud-platform covers every API.
+READ_STORAGE = {f"{SCOPE}devstorage.{s}" for s in ("read_only", "read_write", "full_control")}
+WRITE_STORAGE = {f"{SCOPE}devstorage.{s}" for s in ("read_write", "full_control")}
+CLOUD_PLATFORM = f"{SCOPE}cloud-platform"
+
+
+def effective_scopes(config: dict[str, Any]) -> list[str]:
+    """The scopes GKE gives the nodes of a pool created with `config`."""
+    return list(config.get("oauthScopes") or LOGGING_MONITORING_SCOPES)
+
+
+def node_access(config: dict[str, Any]) -> dict[str, bool]:
+    """Whether the nodes' service account may pull images and write gs:// (IAM aside: the
+    scopes cap what any role grants, GKE "Service accounts: access scopes")."""
+    scopes = set(effective_scopes(config))
+    everything = CLOUD_PLATFORM in scopes
+    return {
+        "pullImages": everything or bool(scopes & READ_STORAGE),
+        "writeStorage": everything or bool(scopes & WRITE_STORAGE),
+    }
 
 
 def _invalid(message: str) -> ApiError:
@@ -1170,10 +1691,35 @@ def _validate_resource_labels(labels: dict[str, Any]) -> None:
             )
 
 
+def _seconds(duration: Any) -> float | None:
+    """A protobuf Duration in JSON ("604800s") as seconds; None when absent."""
+    if duration in (None, ""):
+        return None
+    return float(str(duration).rstrip("s") or 0)
+
+
+def _validate_max_pods(constraint: dict[str, Any] | None) -> None:
+    # Max pods per node: 8 to 256 on Standard clusters (GKE "Configure maximum Pods per node").
+    # Wording UNCONFIRMED.
+    if not constraint:
+        return
+    value = int(constraint.get("maxPodsPerNode", 0))
+    if not 8 <= value <= 256:
+        raise _invalid(f"maxPodsPerNode must be between 8 and 256, got {value}.")
+
+
+def pod_cidr_size(max_pods: int) -> int:
+    """The per-node pod range block GKE reserves: the smallest power of two holding twice the
+    max pods per node (GKE "Configure maximum Pods per node": 110 -> /24, 8 -> /28, 15 -> /27)."""
+    return 32 - math.ceil(math.log2(2 * max_pods))
+
+
 def _validate_reservation(affinity: dict[str, Any] | None) -> None:
     # SPECIFIC_RESERVATION names one reservation under compute.googleapis.com/reservation-name,
     # by name or as projects/P/reservations/R for a shared one (GKE "Consume reserved zonal
-    # resources"; tpu-provisioner internal/cloud/gke.go). Wording UNCONFIRMED.
+    # resources"; tpu-provisioner internal/cloud/gke.go), optionally down to a block or
+    # sub-block, R/reservationBlocks/B[/reservationSubBlocks/S], as xpk sends it
+    # (src/xpk/core/capacity.py to_reservation_path). Wording UNCONFIRMED.
     if not affinity or affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
         return
     values = affinity.get("values", [])
@@ -1184,7 +1730,8 @@ def _validate_reservation(affinity: dict[str, Any] | None) -> None:
     ):
         raise _invalid(
             "SPECIFIC_RESERVATION needs key compute.googleapis.com/reservation-name and one "
-            f"value, a reservation name or projects/PROJECT/reservations/NAME; got {affinity}."
+            "value, a reservation name or projects/PROJECT/reservations/NAME, optionally followed "
+            f"by /reservationBlocks/BLOCK[/reservationSubBlocks/SUB_BLOCK]; got {affinity}."
         )
 
 
@@ -1209,15 +1756,18 @@ def _busy(op: _Operation) -> ApiError:
     )
 
 
-# Compute Engine quota metric per TPU machine family (UNCONFIRMED names; the wording around them
-# is GKE's, see _quota_message).
-_QUOTA_METRICS = {
-    "ct4p": "TPU_V4_PODSLICE",
-    "ct5lp": "TPU_LITE_PODSLICE_V5",
-    "ct5p": "TPU_V5P",
-    "ct6e": "TPU_V6E",
-    "tpu7x": "TPU7X",
-}
+def quota_metric(spec: dict[str, Any]) -> str:
+    """The Compute Engine quota a pool's chips count against: the generation's on-demand metric,
+    or its preemptible one for spot and flex-start VMs ("When you create a Flex-start VM,
+    preemptible quota is consumed", Compute Engine "Provisioning models"). Names per generation:
+    catalog.Generation.quota_metric / spot_quota_metric, sources in docs/provisioning.md."""
+    config = spec.get("config", {})
+    tpu = TPU_MACHINES.get(str(config.get("machineType", "")))
+    if tpu is None or tpu.generation is None:
+        return "CPUS"
+    preemptible = config.get("spot") or config.get("preemptible") or config.get("flexStart")
+    gen = tpu.generation
+    return gen.spot_quota_metric if preemptible else gen.quota_metric
 
 
 def _quota_message(spec: dict[str, Any], project: str) -> str:
@@ -1227,8 +1777,11 @@ def _quota_message(spec: dict[str, Any], project: str) -> str:
     kaiwaehner/hivemq-mqtt-tensorflow-kafka-realtime-iot-machine-learning-training-inference#48)."""
     machine = str(spec.get("config", {}).get("machineType", ""))
     tpu = TPU_MACHINES.get(machine)
-    chips = float(int(spec.get("initialNodeCount", 0)) * (tpu.chips_per_host if tpu else 1))
-    metric = _QUOTA_METRICS.get(machine.split("-")[0], "CPUS")
+    nodes = int(spec.get("initialNodeCount", 0)) or int(
+        spec.get("autoscaling", {}).get("maxNodeCount", 0)
+    )
+    chips = float(nodes * (tpu.chips_per_host if tpu else 1))
+    metric = quota_metric(spec)
     return (
         f'Insufficient regional quota to satisfy request: resource "{metric}": request requires '
         f"'{chips}' and is short '{chips}'. project has a quota of '0.0' with '0.0' available. "
@@ -1241,6 +1794,34 @@ def _failure_message(failure: str, pool: _Pool, zone: str) -> str:
     cluster = pool.cluster.rsplit("/", 1)[1]
     instance = f"gke-{cluster}-{pool.name}-{secrets.token_hex(4)}-{secrets.token_hex(2)}"
     project = pool.cluster.split("/")[1]
+    machine = pool.spec.get("config", {}).get("machineType", "")
+    nodes = pool.slice_nodes
+    if failure == "placement":
+        # vllm-project/ci-infra#547: the pool "created and then went straight to ERROR".
+        return (
+            f"Creation of a managed instance group with {machine} machine type with placement "
+            "policy is not supported. Use workload policy instead."
+        )
+    if failure == "policy_mismatch":
+        # cluster-toolkit#6274: an incompatible policy fails at MIG creation with a GCE 400.
+        # Wording UNCONFIRMED.
+        policy = pool.spec.get("placementPolicy", {})
+        return (
+            f"Google Compute Engine: Invalid value for field 'resource.resourcePolicies[0]': "
+            f"workload policy {policy.get('policyName')} does not match the TPU topology "
+            f"{policy.get('tpuTopology')} of machine type {machine}."
+        )
+    if failure == "ip_space":
+        # "Not all instances running in IGM after ... Current errors: [IP_SPACE_EXHAUSTED]:
+        # Instance '...' creation failed: IP space of '...' is exhausted." (hashicorp/
+        # terraform-cdk#1964).
+        region = zone.rsplit("-", 1)[0]
+        return (
+            f"Not all instances running in IGM after 31.2s. Expected {nodes}, running 0, "
+            f"transitioning {nodes}. Current errors: [IP_SPACE_EXHAUSTED]: Instance '{instance}' "
+            f"creation failed: IP space of 'projects/{project}/regions/{region}/subnetworks/"
+            f"gke-{cluster}-pods' is exhausted."
+        )
     if failure == "quota":
         return (
             f"Google Compute Engine: Instance '{instance}' creation failed: Code: "
@@ -1249,7 +1830,6 @@ def _failure_message(failure: str, pool: _Pool, zone: str) -> str:
         )
     # The managed instance group gives up on a stockout: "Not all instances running in IGM after
     # ... Current errors: [GCE_STOCKOUT]" (facts.md section 10; issue 12).
-    nodes = int(pool.spec.get("initialNodeCount", 0))
     return (
         f"Not all instances running in IGM after 1h0m0.5s. Expected {nodes}, running 0, "
         f"transitioning {nodes}. Current errors: [GCE_STOCKOUT]: Instance '{instance}' creation "
@@ -1262,11 +1842,12 @@ def _node_group(pool: _Pool) -> NodeGroup:
     config = pool.spec.get("config", {})
     machine = str(config.get("machineType", ""))
     zones = pool.spec.get("locations") or [pool.cluster.split("/")[3]]
-    count = int(pool.spec.get("initialNodeCount", 0)) * len(zones)
+    count = pool.slice_nodes
     user = {str(k): str(v) for k, v in config.get("labels", {}).items()}
     labels = dict(user)
     labels[keys.GKE_NODEPOOL] = pool.name
     labels[ZONE_LABEL] = zones[0]
+    labels[keys.INSTANCE_TYPE] = machine  # the kubelet's well-known label, from the VM
     spot = bool(config.get("spot") or config.get("preemptible"))
     if spot:
         labels[keys.GKE_SPOT] = "true"
@@ -1304,6 +1885,67 @@ def _accelerator_type(parent: str, accel: str) -> dict[str, Any]:
     return body
 
 
+def _region(zone: str) -> str:
+    parts = zone.split("-")
+    return "-".join(parts[:-1]) if len(parts) == 3 and len(parts[-1]) == 1 else zone
+
+
+def _policy_of(pool: _Pool) -> tuple[str, str, str] | None:
+    """(project, region, name) of the resource policy a pool names, if any: a bare name is
+    looked up "in the same project and region as the node pool" (NodePool.PlacementPolicy
+    .policy_name)."""
+    name = pool.spec.get("placementPolicy", {}).get("policyName")
+    if not name:
+        return None
+    zones = pool.spec.get("locations") or [pool.cluster.split("/")[3]]
+    return pool.cluster.split("/")[1], _region(zones[0]), str(name)
+
+
+def _parse_policy(body: bytes) -> dict[str, Any]:
+    """Parse a ResourcePolicy body with the API's own schema (unknown fields: 400)."""
+    from google.cloud import compute_v1
+
+    message = compute_v1.ResourcePolicy.pb()()
+    try:
+        json_format.Parse(body or b"{}", message)
+    except json_format.ParseError as err:
+        raise ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload received. {err}") from None
+    spec: dict[str, Any] = json_format.MessageToDict(message)
+    return spec
+
+
+_GCE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _validate_policy(spec: dict[str, Any]) -> None:
+    # GCE resource names: RFC 1035, at most 63 ("Invalid value for field 'resource.name'").
+    name = str(spec.get("name", ""))
+    if not _GCE_NAME_RE.match(name):
+        raise _invalid(
+            f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
+            "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"
+        )
+    workload = spec.get("workloadPolicy")
+    if workload is None:
+        return
+    # gcloud compute resource-policies create workload-policy: --type HIGH_AVAILABILITY or
+    # HIGH_THROUGHPUT is required; the accelerator topology "can be set only when the workload
+    # policy type is HIGH_THROUGHPUT and cannot be set if max topology distance is set"
+    # (google_compute_resource_policy workload_policy). Wording UNCONFIRMED.
+    kind = workload.get("type")
+    if kind not in ("HIGH_AVAILABILITY", "HIGH_THROUGHPUT"):
+        raise _invalid(
+            "Invalid value for field 'resource.workloadPolicy.type': "
+            f"'{kind}'. Must be HIGH_AVAILABILITY or HIGH_THROUGHPUT."
+        )
+    topology = workload.get("acceleratorTopology")
+    if topology and (kind != "HIGH_THROUGHPUT" or workload.get("maxTopologyDistance")):
+        raise _invalid(
+            "acceleratorTopology can be set only with type HIGH_THROUGHPUT and without "
+            "maxTopologyDistance."
+        )
+
+
 def _parse_create(body: bytes) -> dict[str, Any]:
     """Parse a CreateNodePoolRequest body with the API's own schema (unknown fields: 400)."""
     request = cluster_service.CreateNodePoolRequest.pb()()
@@ -1319,23 +1961,41 @@ def _parse_create(body: bytes) -> dict[str, Any]:
 
 # Routes: (HTTP method, regex) -> handler name.
 _SEG = r"([^/:?]+)"
-_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    (m, re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}{p}$"), h)
-    for m, p, h in (
-        ("POST", rf"/clusters/{_SEG}/nodePools", "create_node_pool"),
-        ("GET", rf"/clusters/{_SEG}/nodePools", "list_node_pools"),
-        ("GET", rf"/clusters/{_SEG}/nodePools/{_SEG}", "get_node_pool"),
-        ("DELETE", rf"/clusters/{_SEG}/nodePools/{_SEG}", "delete_node_pool"),
-        ("GET", rf"/operations/{_SEG}", "get_operation"),
-        ("GET", r"/operations", "list_operations"),
-    )
-] + [
-    (
-        "GET",
-        re.compile(rf"^/v2/projects/{_SEG}/locations/{_SEG}/acceleratorTypes$"),
-        "list_accelerator_types",
-    )
-]
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = (
+    [
+        (m, re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}{p}$"), h)
+        for m, p, h in (
+            ("POST", rf"/clusters/{_SEG}/nodePools", "create_node_pool"),
+            ("GET", rf"/clusters/{_SEG}/nodePools", "list_node_pools"),
+            ("GET", rf"/clusters/{_SEG}/nodePools/{_SEG}", "get_node_pool"),
+            ("DELETE", rf"/clusters/{_SEG}/nodePools/{_SEG}", "delete_node_pool"),
+            ("GET", rf"/operations/{_SEG}", "get_operation"),
+            ("GET", r"/operations", "list_operations"),
+        )
+    ]
+    + [
+        (
+            "GET",
+            re.compile(rf"^/v2/projects/{_SEG}/locations/{_SEG}/acceleratorTypes$"),
+            "list_accelerator_types",
+        ),
+        (
+            "GET",
+            re.compile(rf"^/v1/projects/{_SEG}/locations/{_SEG}/clusters/{_SEG}$"),
+            "get_cluster",
+        ),
+    ]
+    + [
+        (m, re.compile(rf"^/compute/v1/projects/{_SEG}/regions/{_SEG}{p}$"), h)
+        for m, p, h in (
+            ("POST", "/resourcePolicies", "insert_resource_policy"),
+            ("GET", "/resourcePolicies", "list_resource_policies"),
+            ("GET", rf"/resourcePolicies/{_SEG}", "get_resource_policy"),
+            ("DELETE", rf"/resourcePolicies/{_SEG}", "delete_resource_policy"),
+            ("GET", rf"/operations/{_SEG}", "get_region_operation"),
+        )
+    ]
+)
 
 
 def _route(method: str, path: str) -> tuple[str, tuple[str, ...]] | None:

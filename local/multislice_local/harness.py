@@ -74,6 +74,21 @@ def install_crds(api: client.ApiClient, jobset_crd: Path | None = None) -> None:
             return any(c.type == "Established" and c.status == "True" for c in conds)
 
         wait_for(established, 30, f"CRD {name} established")
+        # Established is not served: until the new storage is ready a list or watch gets 429
+        # "storage is (re)initializing" (and kopf logs an ERROR for its first retry).
+        group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+        version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
+
+        def served(g: str = group, v: str = version, p: str = plural) -> bool:
+            try:
+                client.CustomObjectsApi(api).list_cluster_custom_object(g, v, p, limit=1)
+            except ApiException as exc:
+                if exc.status in (404, 429, 503):
+                    return False
+                raise
+            return True
+
+        wait_for(served, 30, f"CRD {name} served")
 
 
 class OperatorProcess:

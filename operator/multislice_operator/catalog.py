@@ -33,12 +33,22 @@ def generate_3d_topologies(max_cubes: int, nondecreasing: bool = True) -> tuple[
     return tuple(shapes)
 
 
+class Placement:
+    """How GKE places a multi-host slice's VMs (the node pool's ``placementPolicy``)."""
+
+    # type COMPACT + tpuTopology: GKE makes the compact placement policy itself (v4-v6e).
+    COMPACT = "compact"
+    # policyName (a Compute Engine HIGH_THROUGHPUT workload policy with the accelerator
+    # topology) + tpuTopology, no type: tpu7x (GKE "About Ironwood (TPU7x) in GKE").
+    WORKLOAD_POLICY = "workload-policy"
+
+
 @dataclass(frozen=True)
 class Generation:
     """One TPU generation as Cloud TPU and GKE name it."""
 
-    name: str  # v4, v5e, v5p, v6e
-    prefix: str  # the accelerator-type prefix: v4, v5litepod, v5p, v6e
+    name: str  # v4, v5e, v5p, v6e, tpu7x
+    prefix: str  # the accelerator-type prefix: v4, v5litepod, v5p, v6e, tpu7x
     cores_per_chip: int  # the number in the accelerator type counts cores for v4/v5p, chips else
     gke_accelerator: str  # cloud.google.com/gke-tpu-accelerator
     peak_bf16_flops: float  # per chip
@@ -53,6 +63,25 @@ class Generation:
     # single-host (the 8t VM): xpk runs it as two 4t VMs so that it can be multisliced.
     single_host_chips: tuple[int, ...]
     multi_host_chips_per_vm: int = 4
+    placement: str = Placement.COMPACT
+    # JAX devices per chip: 1 where the two TensorCores of a v4/v5p chip run as one megacore;
+    # 2 on tpu7x, whose two chiplets are two devices (Cloud TPU "TPU7x (Ironwood)", dual-chiplet
+    # architecture).
+    devices_per_chip: int = 1
+    # Flex-start (Dynamic Workload Scheduler) node pools: the first GKE version that has them for
+    # this generation, None where GKE has none (v4; GKE "About flex-start": "TPU v3 and v4 are
+    # not supported"). GKE 1.33.0-gke.1712000 for TPUs.
+    flex_start_min_gke: str | None = "1.33.0-gke.1712000"
+    # The first GKE Standard version that runs the generation at all (None: every supported one).
+    min_gke: str | None = None
+    # Served by the Cloud TPU API (tpu.googleapis.com, acceleratorTypes); tpu7x is GKE/Compute
+    # Engine only ("The Cloud TPU API is not supported on TPU7x and later TPU versions", Cloud
+    # TPU "Create Cloud TPU VMs").
+    cloud_tpu_api: bool = True
+    # Compute Engine quota metrics GKE reports for on-demand and spot/flex-start chips of this
+    # generation (regional; the 403 names them: resource "..."); see docs/provisioning.md.
+    quota_metric: str = ""
+    spot_quota_metric: str = ""
 
 
 _2D_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -72,6 +101,9 @@ GENERATIONS: dict[str, Generation] = {
             topologies=generate_3d_topologies(64, nondecreasing=False),
             machine_types={4: "ct4p-hightpu-4t"},
             single_host_chips=(4,),
+            flex_start_min_gke=None,
+            quota_metric="TPU_V4_PODSLICE",  # UNCONFIRMED (the v5e naming pattern)
+            spot_quota_metric="PREEMPTIBLE_TPU_V4_PODSLICE",  # UNCONFIRMED
         ),
         Generation(
             name="v5e",
@@ -85,6 +117,9 @@ GENERATIONS: dict[str, Generation] = {
             topologies=_2D_TOPOLOGIES,
             machine_types={1: "ct5lp-hightpu-1t", 4: "ct5lp-hightpu-4t", 8: "ct5lp-hightpu-8t"},
             single_host_chips=(1, 4),
+            # `gcloud compute regions describe` lists both (public quota checks of v5e users).
+            quota_metric="TPU_LITE_PODSLICE_V5",
+            spot_quota_metric="PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
         ),
         Generation(
             name="v5p",
@@ -98,6 +133,9 @@ GENERATIONS: dict[str, Generation] = {
             topologies=generate_3d_topologies(140),
             machine_types={4: "ct5p-hightpu-4t"},
             single_host_chips=(4,),
+            # compute.googleapis.com/tpu_v5p and /preemptible_tpu_v5p (console quota links).
+            quota_metric="TPU_V5P",
+            spot_quota_metric="PREEMPTIBLE_TPU_V5P",
         ),
         Generation(
             name="v6e",
@@ -111,14 +149,59 @@ GENERATIONS: dict[str, Generation] = {
             topologies=_2D_TOPOLOGIES,
             machine_types={1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"},
             single_host_chips=(1, 4),
+            # Cloud Quotas only: on-demand chips count against the family quota
+            # TPUS-PER-TPU-FAMILY-per-project-region (tpu_family=CT6E), spot and flex-start
+            # against PREEMPTIBLE-TPU-V6E-per-project-region; there is no TPU_V6E metric.
+            quota_metric="TPUS_PER_TPU_FAMILY",
+            spot_quota_metric="PREEMPTIBLE_TPU_V6E",
+        ),
+        Generation(
+            # Ironwood. xpk system_characteristics.py: prefix tpu7x, 2 TensorCores per chip,
+            # gke_accelerator tpu7x, tpu7x-standard-4t over generate_tpu_topologies(max_cubes=144)
+            # (A <= B <= C; 144 cubes = 9,216 chips, the TPU7x pod) and tpu7x-standard-1t for 1x1x1;
+            # requires_workload_policy for multi-host slices. Cloud TPU "TPU7x (Ironwood)": 2,307
+            # bf16 TFLOP/s, 192 GiB HBM and 100 Gbit/s DCN per chip; 4 chips, 2 NICs, 2 NUMA
+            # nodes per VM (GKE "About Ironwood (TPU7x) in GKE").
+            name="tpu7x",
+            prefix="tpu7x",
+            cores_per_chip=2,
+            gke_accelerator="tpu7x",
+            peak_bf16_flops=2307e12,
+            hbm_bytes=192 * 2**30,
+            dcn_bits_per_chip=100 * GBIT,
+            dims=3,
+            topologies=("1x1x1", *generate_3d_topologies(144)),
+            machine_types={1: "tpu7x-standard-1t", 4: "tpu7x-standard-4t"},
+            single_host_chips=(1, 4),
+            placement=Placement.WORKLOAD_POLICY,
+            devices_per_chip=2,
+            # GKE "About Ironwood (TPU7x) in GKE": Standard 1.34.0-gke.2201000 and later.
+            # Flex-start TPU7x pools: public GKE examples (cluster-toolkit gke-tpu-7x DWS
+            # flex-start blueprint); not in GKE's flex-start zone list: UNCONFIRMED, allowed from
+            # the TPU7x minimum.
+            min_gke="1.34.0-gke.2201000",
+            flex_start_min_gke="1.34.0-gke.2201000",
+            cloud_tpu_api=False,
+            # On-demand: the family quota, as for v6e (Cloud Quotas); spot: UNCONFIRMED name.
+            quota_metric="TPUS_PER_TPU_FAMILY",
+            spot_quota_metric="PREEMPTIBLE_TPU7X",
         ),
     )
 }
 
-ACCELERATOR_PATTERN = r"^(v4|v5litepod|v5p|v6e)-[0-9]+$"
+ACCELERATOR_PATTERN = r"^(v4|v5litepod|v5p|v6e|tpu7x)-[0-9]+$"
 _ACCELERATOR_RE = re.compile(r"^([a-z0-9]+)-([0-9]+)$")
 # Names people type that mean one of ours.
-_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e", "v5": "v5p"}
+_ALIASES = {
+    "v5e": "v5litepod",
+    "v5lite": "v5litepod",
+    "v6": "v6e",
+    "v5": "v5p",
+    "v7x": "tpu7x",
+    "v7": "tpu7x",
+    "tpu7": "tpu7x",
+    "ironwood": "tpu7x",
+}
 
 
 class CatalogError(ValueError):
@@ -152,6 +235,16 @@ class SliceShape:
     @property
     def multi_host(self) -> bool:
         return self.hosts > 1
+
+    @property
+    def tensorcores(self) -> int:
+        """TensorCores per slice: the number in v4/v5p/tpu7x names (2 per chip), chips else."""
+        return self.chips * self.generation.cores_per_chip
+
+    @property
+    def workload_policy(self) -> bool:
+        """Whether GKE places this slice with a workload policy (multi-host tpu7x)."""
+        return self.multi_host and self.generation.placement == Placement.WORKLOAD_POLICY
 
     @property
     def peak_flops_per_slice(self) -> float:
@@ -272,3 +365,20 @@ def _chips_per_host(gen: Generation, chips: int) -> int:
     if chips in gen.single_host_chips:
         return chips
     return gen.multi_host_chips_per_vm
+
+
+_GKE_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-gke\.(\d+))?")
+
+
+def gke_version_key(version: str) -> tuple[int, int, int, int]:
+    """1.34.0-gke.2201000 -> (1, 34, 0, 2201000), for comparing GKE versions; a version that
+    does not parse sorts first (it is never taken to be new enough)."""
+    match = _GKE_VERSION_RE.match(version.strip())
+    if not match:
+        return (0, 0, 0, 0)
+    major, minor, patch, gke = match.groups()
+    return (int(major), int(minor), int(patch), int(gke or 0))
+
+
+def gke_at_least(version: str, minimum: str) -> bool:
+    return gke_version_key(version) >= gke_version_key(minimum)

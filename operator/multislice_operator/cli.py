@@ -1,4 +1,5 @@
-"""The `multislice-operator` command: validate, plan, render, crd, status, run.
+"""The `multislice-operator` command (and `kubectl msj`): validate, plan, render, crd, status, run;
+the cluster verbs list, logs, events, suspend, resume, checkpoint, delete live in cli_verbs.py.
 
 Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
 and a non-zero exit, never a traceback.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,6 +22,7 @@ from multislice_operator.errors import FieldError, SpecError
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process killed by SIGPIPE
 
 
 class InputError(Exception):
@@ -67,6 +70,28 @@ def _plan(obj: dict[str, Any]) -> Any:
     return plan_job(load_job(obj))
 
 
+def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
+    """Who the pods will be to Google APIs, under the operator settings given (--gke-*, MSJ_*)."""
+    from multislice_operator.identity import pod_identity
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    return pod_identity(
+        obj["spec"].get("template") or {},
+        plan.namespace,
+        managed=plan.managed,
+        workload_identity=settings.gke_workload_identity,
+        service_account=settings.gke_node_service_account,
+    )
+
+
+def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[FieldError]:
+    found = list(plan.warnings)
+    if identity.warning:
+        found.append(FieldError("spec.template.spec.hostNetwork", identity.warning))
+    return found
+
+
 def _print_errors(obj: dict[str, Any], exc: SpecError, out: TextIO) -> None:
     for err in exc.errors:
         print(f"{_label(obj)}: {err}", file=out)
@@ -85,34 +110,59 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{_label(obj)}: valid ({plan.slices} x {plan.shape.accelerator}, "
             f"{plan.total_chips} chips, DCN {plan.advice.verdict})"
         )
+        for warning in _warnings(obj, plan, _identity(obj, plan, args)):
+            print(f"{_label(obj)}: warning: {warning}", file=sys.stderr)
     return status
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from multislice_operator.identity import node_identity
+    from multislice_operator.settings import Settings, gke_settings
+
+    settings = Settings(**gke_settings(args))
+    nodes = node_identity(
+        settings.gke_workload_identity,
+        settings.gke_node_service_account,
+        settings.gke_node_scopes,
+    )
     plans, status = [], EXIT_OK
     for obj in _jobs(args.file):
         try:
-            plans.append(_plan(obj))
+            plan = _plan(obj)
         except SpecError as exc:
             _print_errors(obj, exc, sys.stderr)
             status = EXIT_INVALID
+            continue
+        identity = _identity(obj, plan, args)
+        plans.append((plan, identity, _warnings(obj, plan, identity)))
     if args.output == "json":
-        data = [p.as_dict() for p in plans]
+        data = [
+            {
+                **p.as_dict(),
+                "podIdentity": i.as_dict(),
+                **({"nodeIdentity": nodes} if p.managed else {}),
+                "warnings": [{"path": w.path, "message": w.message} for w in warnings],
+            }
+            for p, i, warnings in plans
+        ]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
-        for plan in plans:
-            print(format_plan(plan))
+        for plan, identity, warnings in plans:
+            extra = [("pod identity", identity.principal)]
+            extra += [("tpu nodes", nodes)] if plan.managed else []
+            text = format_plan(plan, extra)
+            print(text + "".join(f"warning: {w}\n" for w in warnings))
     return status
 
 
-def format_plan(plan: Any) -> str:
+def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
     shape, par, advice = plan.shape, plan.parallelism, plan.advice
     rows = [
         ("job", f"{plan.namespace}/{plan.name}"),
         ("accelerator", f"{shape.accelerator} ({shape.generation.name})"),
         ("topology", shape.topology),
         ("slices", str(plan.slices)),
-        ("chips", f"{shape.chips} per slice, {plan.total_chips} total"),
+        ("chips", _chips_row(plan)),
         (
             "hosts",
             f"{shape.hosts} per slice ({shape.chips_per_host} chips each), "
@@ -128,6 +178,7 @@ def format_plan(plan: Any) -> str:
             f"x tensor {par.dcn_tensor}",
         ),
         ("dcn advice", f"{advice.verdict}: {advice.message}"),
+        *(extra or []),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
@@ -136,16 +187,31 @@ def format_plan(plan: Any) -> str:
         lines += [
             f"  {p.name}  slice {p.slice_index}  {p.node_count} x {p.machine_type}"
             + (f"  topology {p.tpu_topology}" if p.tpu_topology else "")
+            + (f"  workload policy {p.workload_policy}" if p.workload_policy else "")
             + ("  spot" if p.spot else "")
+            + (f"  flex-start (max run {p.max_run_duration_s} s)" if p.flex_start else "")
             + (f"  reservation {p.reservation or '(any)'}" if p.reservation is not None else "")
             for p in plan.node_pools
         ]
     return "\n".join(lines) + "\n"
 
 
+def _chips_row(plan: Any) -> str:
+    shape = plan.shape
+    row = f"{shape.chips} per slice, {plan.total_chips} total"
+    cores = shape.generation.cores_per_chip
+    if cores > 1:  # v4, v5p, tpu7x: the number in the name counts TensorCores
+        devices = shape.chips * shape.generation.devices_per_chip
+        row += (
+            f" ({shape.accelerator} counts TensorCores: {shape.tensorcores} = {shape.chips} "
+            f"chips x {cores}; {devices} JAX devices per slice)"
+        )
+    return row
+
+
 # Dry-run placeholders for what only the running operator knows.
 PLACEHOLDER_PROJECT, PLACEHOLDER_LOCATION, PLACEHOLDER_CLUSTER = "PROJECT", "LOCATION", "CLUSTER"
-PLACEHOLDER_ZONE, PLACEHOLDER_UID = "ZONE", "JOB_UID"
+PLACEHOLDER_ZONE, PLACEHOLDER_UID, PLACEHOLDER_REGION = "ZONE", "JOB_UID", "REGION"
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -168,10 +234,18 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def render_gke_requests(args: argparse.Namespace) -> int:
-    """Print the CreateNodePoolRequests the operator will send, as JSON (`terraform plan`)."""
+    """Print the requests the operator will send, as JSON (`terraform plan`): the workload
+    policies the slices need (InsertResourcePolicyRequest, sent when the policy does not exist
+    yet), then one CreateNodePoolRequest per slice."""
     from multislice_operator.plan import load_job, plan_job
     from multislice_operator.provisioning.gke import resolve_node_locations
-    from multislice_operator.provisioning.gke_requests import cluster_path, create_requests
+    from multislice_operator.provisioning.gke_requests import (
+        cluster_path,
+        create_requests,
+        policy_insert_json,
+        region_of,
+        workload_policies,
+    )
     from multislice_operator.settings import Settings, gke_settings
 
     settings = Settings(**gke_settings(args))
@@ -189,6 +263,9 @@ def render_gke_requests(args: argparse.Namespace) -> int:
         location,
         settings.gke_cluster or PLACEHOLDER_CLUSTER,
     )
+    project = settings.gke_project or PLACEHOLDER_PROJECT
+    region = PLACEHOLDER_REGION if zones == [PLACEHOLDER_ZONE] else region_of(zones[0])
+    policies: dict[str, dict[str, Any]] = {}
     requests: list[dict[str, Any]] = []
     status = EXIT_OK
     for obj in _jobs(args.file):
@@ -205,10 +282,12 @@ def render_gke_requests(args: argparse.Namespace) -> int:
             )
             continue
         uid = job.metadata.uid or PLACEHOLDER_UID
+        for policy in workload_policies(plan, region):
+            policies.setdefault(policy.name, policy_insert_json(project, policy))
         requests += create_requests(
             plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
         )
-    print(json.dumps(requests, indent=2))
+    print(json.dumps([*policies.values(), *requests], indent=2))
     return status
 
 
@@ -272,13 +351,24 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("validate", help="check MultisliceJobs; exit 1 listing every error")
+    from multislice_operator.settings import add_gke_arguments
+
+    p = sub.add_parser(
+        "validate",
+        help="check MultisliceJobs; exit 1 listing every error; warnings on stderr (the --gke-* "
+        "flags of run say which identity the pods get)",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="show slices, hosts, node pools, parallelism, DCN advice")
+    p = sub.add_parser(
+        "plan",
+        help="show slices, hosts, node pools, parallelism, DCN advice, the pods' Google identity",
+    )
     p.add_argument("-f", "--file", required=True, help="YAML file (or - for stdin)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_gke_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
@@ -291,15 +381,14 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
         "--gke-requests",
         action="store_true",
         help="print the CreateNodePoolRequest of every slice as sent on the wire (REST JSON: "
-        "parent and nodePool), with the same --gke-* flags as run; placeholders when omitted",
+        "parent and nodePool), after the InsertResourcePolicyRequest of each workload policy the "
+        "slices need (tpu7x), with the same --gke-* flags as run; placeholders when omitted",
     )
     p.add_argument(
         "--enum-names",
         action="store_true",
         help="with --gke-requests: enums by name instead of the integers sent on the wire",
     )
-    from multislice_operator.settings import add_gke_arguments
-
     add_gke_arguments(p)
     p.set_defaults(func=cmd_render)
 
@@ -320,6 +409,10 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubeconfig file (passed to kubectl)")
     p.add_argument("--now", help=argparse.SUPPRESS)  # tests: a fixed 'now' (ISO 8601)
     p.set_defaults(func=cmd_status)
+
+    from multislice_operator.cli_verbs import add_verbs
+
+    add_verbs(sub)  # list, logs, events, suspend, resume, checkpoint, delete
 
     p = sub.add_parser("run", help="run the operator (kopf)")
     from multislice_operator.settings import add_run_arguments
@@ -342,6 +435,22 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `... -o json | head`: the reader left. Python would print a traceback on exit while
+        # flushing stdout again; point stdout at /dev/null and exit as a SIGPIPE would (141).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except ModuleNotFoundError as exc:  # the CLI alone (pip install multislice-operator)
+        # A module of ours is a bug; any other is a dependency of `run` or `render
+        # --gke-requests` (kopf, the Google client libraries and theirs) the thin install lacks.
+        if not exc.name or exc.name.split(".")[0] == "multislice_operator":
+            raise
+        print(
+            f"error: {args.command} needs the operator's dependencies ({exc.name} is not "
+            "installed): pip install 'multislice-operator[operator]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return code
 
 

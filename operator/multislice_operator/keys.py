@@ -26,9 +26,15 @@ CHECKPOINT_SAVED = f"{PREFIX}/checkpoint-saved"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "multislice-operator"
 JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+# Pod Security admission: the level a namespace enforces (privileged, baseline, restricted).
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+# Well-known node label the kubelet sets from the cloud provider: the VM's machine type.
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 
 # ---- JobSet (labels and annotations it sets on Jobs and Pods)
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+# The uid of the JobSet a Job or pod belongs to: tells a job's pods from its predecessor's.
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"

@@ -39,9 +39,15 @@ class Parallelism:
 
 
 def _fill(
-    given: dict[str, int | None], total: int, fill_axis: str, path: str, unit: str
+    given: dict[str, int | None],
+    total: int,
+    fill_axis: str,
+    path: str,
+    unit: str,
+    pinned: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], list[FieldError]]:
-    """Default unset axes to 1, except `fill_axis`, which takes whatever makes the product right."""
+    """Default unset axes to 1, except `fill_axis`, which takes whatever makes the product right.
+    `pinned` axes have one valid value (dcn.tensor: 1): the example offered keeps it."""
     errors: list[FieldError] = []
     values = {axis: v for axis, v in given.items() if v is not None}
     if fill_axis not in values:
@@ -55,7 +61,7 @@ def _fill(
     if product != total:
         formula = " x ".join(given)
         shown = " x ".join(str(full[a]) for a in given)
-        example = _example(full, total, fill_axis)
+        example = _example({**full, **(pinned or {})}, total, fill_axis, set(values) - {fill_axis})
         errors.append(
             FieldError(
                 path,
@@ -66,13 +72,16 @@ def _fill(
     return full, errors
 
 
-def _example(full: dict[str, int], total: int, fill_axis: str) -> str:
+def _example(full: dict[str, int], total: int, fill_axis: str, given: set[str]) -> str:
+    """A valid setting close to `full`; the axes the user set are shown even where 1."""
     others = math.prod(v for a, v in full.items() if a != fill_axis)
     if others and total % others == 0:
         fixed = dict(full, **{fill_axis: total // others})
     else:
         fixed = {a: (total if a == fill_axis else 1) for a in full}
-    return ", ".join(f"{a}: {v}" for a, v in fixed.items() if v != 1 or a == fill_axis)
+    return ", ".join(
+        f"{a}: {v}" for a, v in fixed.items() if v != 1 or a == fill_axis or a in given
+    )
 
 
 def resolve(
@@ -96,6 +105,7 @@ def resolve(
         "data",
         "spec.parallelism.dcn",
         f"spec.slices is {slices}",
+        pinned={"tensor": 1},
     )
     errors += dcn_errors
     if dcn_full["tensor"] != 1:

@@ -18,6 +18,7 @@ from multislice_operator import (
     catalog,
     keys,
     parallelism,
+    placement,
 )
 from multislice_operator.api import podtemplate
 from multislice_operator.api.models import (
@@ -33,18 +34,17 @@ from multislice_operator.errors import (
     FieldError,
     SpecError,
 )
+from multislice_operator.names import (
+    DNS1035_RE,
+    DNS_LABEL_MAX,
+    longest_pod_name,
+    max_name_length,
+)
 
 # Labels and annotations the operator owns.
 
 
 NODE_POOL_NAME_MAX = 40
-REPLICATED_JOB = "slice"
-DNS_LABEL_MAX = 63
-# JobSet v0.10.1's webhook (pkg/webhooks/jobset_webhook.go, ValidateCreate) refuses a JobSet
-# unless its subdomain (here: the job name) and its longest pod name,
-# `<jobset>-<replicatedJob>-<maxJobIndex>-<maxPodIndex>-abcde`, are DNS-1035 labels.
-POD_NAME_SUFFIX = "-abcde"
-DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,16 @@ class NodePoolSpec:
     node_count: int
     machine_type: str
     topology: str
-    tpu_topology: str | None  # placement COMPACT + tpu_topology for multi-host slices only
+    tpu_topology: str | None  # multi-host slices only: with COMPACT, or with a workload policy
     gke_accelerator: str
     spot: bool
     reservation: str | None  # None: no reservation; else a name or projects/P/reservations/R
     node_labels: dict[str, str]
+    # The Compute Engine workload policy the pool is placed with (multi-host tpu7x), by name in
+    # the pools' region; None: COMPACT placement (or none, single-host).
+    workload_policy: str | None = None
+    flex_start: bool = False
+    max_run_duration_s: int | None = None  # flex-start: GKE removes the VMs after this long
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +79,9 @@ class NodePoolSpec:
             "spot": self.spot,
             "reservation": self.reservation,
             "nodeLabels": dict(self.node_labels),
+            "workloadPolicy": self.workload_policy,
+            "flexStart": self.flex_start,
+            "maxRunDurationSeconds": self.max_run_duration_s,
         }
 
 
@@ -89,6 +97,8 @@ class Plan:
     capacity: str
     mode: str
     node_pools: list[NodePoolSpec] = field(default_factory=list)
+    # What `validate` and `plan` warn about: the job can run, but probably not as meant.
+    warnings: list[FieldError] = field(default_factory=list)
 
     @property
     def total_chips(self) -> int:
@@ -110,6 +120,8 @@ class Plan:
             "generation": self.shape.generation.name,
             "topology": self.shape.topology,
             "chipsPerSlice": self.shape.chips,
+            "tensorCoresPerChip": self.shape.generation.cores_per_chip,
+            "tensorCoresPerSlice": self.shape.tensorcores,
             "hostsPerSlice": self.shape.hosts,
             "chipsPerHost": self.shape.chips_per_host,
             "machineType": self.shape.machine_type,
@@ -124,6 +136,7 @@ class Plan:
             "parallelism": self.parallelism.as_dict(),
             "dcn": self.advice.as_dict(),
             "nodePools": [p.as_dict() for p in self.node_pools],
+            "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
         }
 
 
@@ -138,6 +151,18 @@ def node_pool_name(namespace: str, name: str, index: int) -> str:
     room = NODE_POOL_NAME_MAX - len("msj-") - len(suffix)
     stem = re.sub(r"[^a-z0-9-]", "-", name.lower())[:room].strip("-") or "job"
     return f"msj-{stem}{suffix}"
+
+
+WORKLOAD_POLICY_PREFIX = "msj-"
+
+
+def workload_policy_name(shape: catalog.SliceShape) -> str | None:
+    """The workload policy a slice of this shape is placed with, one per generation and topology
+    (and region: the policy lives in the pools' region), shared by every job of that shape; None
+    when GKE places the slice itself (COMPACT, or a single host). <= 63 characters, RFC 1035."""
+    if not shape.workload_policy:
+        return None
+    return f"{WORKLOAD_POLICY_PREFIX}{shape.generation.prefix}-{shape.topology}"
 
 
 def load_job(obj: dict[str, Any]) -> MultisliceJob:
@@ -191,17 +216,18 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     )
     errors += par_errors
     errors += _check_rules(spec, {e.path for e in errors})
-    errors += _check_template(spec.template)
+    template_errors = _check_template(spec.template)
+    errors += template_errors
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
+    managed = spec.provisioning.mode == ProvisioningMode.MANAGED.value
+    pools = _node_pools(spec, shape, namespace, name) if managed else []
+    if not template_errors:
+        errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
+        errors += _check_placement(spec.template["spec"], pools)
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
-    pools = (
-        _node_pools(spec, shape, namespace, name)
-        if spec.provisioning.mode == ProvisioningMode.MANAGED.value
-        else []
-    )
     return Plan(
         namespace=namespace,
         name=name,
@@ -213,6 +239,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         capacity=str(spec.capacity.type),
         mode=str(spec.provisioning.mode),
         node_pools=pools,
+        warnings=checkpoint_warnings(spec),
     )
 
 
@@ -254,6 +281,10 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
     typed = podtemplate.check(template)
     if typed:
         return typed
+    # A misspelt field (`contianers`) first: what follows from it ("no containers") would hide it.
+    unknown = podtemplate.unknown_fields(template)
+    if unknown:
+        return unknown
     pod = template.get("spec")
     if not isinstance(pod, dict):
         return [FieldError("spec.template.spec", "required: a pod spec with containers")]
@@ -281,16 +312,6 @@ def _check_template(template: dict[str, Any]) -> list[FieldError]:
             )
         )
     return errors
-
-
-def longest_pod_name(name: str, slices: int, hosts: int) -> str:
-    """The longest pod name JobSet will generate for this job (its webhook checks this one)."""
-    return f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}{POD_NAME_SUFFIX}"
-
-
-def max_name_length(slices: int, hosts: int) -> int:
-    """The longest metadata.name a job of ``slices`` x ``hosts`` can have."""
-    return DNS_LABEL_MAX - len(longest_pod_name("", slices, hosts))
 
 
 def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:
@@ -344,6 +365,173 @@ def _node_pools(
                 spot=cap.type == CapacityType.SPOT.value,
                 reservation=reservation,
                 node_labels=labels,
+                workload_policy=workload_policy_name(shape),
+                flex_start=cap.type == CapacityType.FLEX_START.value,
+                max_run_duration_s=cap.run_duration_seconds(),
             )
         )
     return pools
+
+
+# ---------------------------------------------------------------- what the operator sets itself
+
+
+def _same_quantity(value: Any, chips: int) -> bool:
+    try:
+        return float(str(value)) == chips
+    except ValueError:
+        return False
+
+
+def _check_tpu_overrides(
+    pod: dict[str, Any], shape: catalog.SliceShape, key: str
+) -> list[FieldError]:
+    """The template may not say otherwise than the operator about the TPUs: the render sets the
+    TPU container's google.com/tpu and the node selector's accelerator and topology (and, in
+    Managed mode, the job key), so a different value would be silently replaced."""
+    errors = []
+    ours = {
+        keys.GKE_TPU_ACCELERATOR: shape.generation.gke_accelerator,
+        keys.GKE_TPU_TOPOLOGY: shape.topology,
+        keys.JOB_KEY: key,
+    }
+    for label, theirs in sorted((pod.get("nodeSelector") or {}).items()):
+        if label in ours and str(theirs) != ours[label]:
+            errors.append(
+                FieldError(
+                    f"spec.template.spec.nodeSelector.{label}",
+                    f"{theirs!r} conflicts with the operator's {ours[label]!r} for "
+                    f"{shape.accelerator} ({shape.topology}): the operator sets this selector "
+                    "itself; remove it (or change spec.accelerator / spec.topology)",
+                )
+            )
+    for i, c in enumerate(pod.get("containers") or []):
+        resources = c.get("resources") or {}
+        for kind in ("requests", "limits"):
+            value = (resources.get(kind) or {}).get(keys.TPU_RESOURCE)
+            if value is None:
+                continue
+            path = f"spec.template.spec.containers[{i}].resources.{kind}.{keys.TPU_RESOURCE}"
+            if i > 0:
+                errors.append(
+                    FieldError(
+                        path,
+                        "only the first container gets the TPUs (the operator sets "
+                        f"{shape.chips_per_host} there): remove it from this container",
+                    )
+                )
+            elif not _same_quantity(value, shape.chips_per_host):
+                errors.append(
+                    FieldError(
+                        path,
+                        f"{value!r} conflicts with the {shape.chips_per_host} chips per host of "
+                        f"{shape.accelerator} ({shape.machine_type}), which the operator sets: "
+                        "remove it",
+                    )
+                )
+    return errors
+
+
+def pool_node_labels(pool: NodePoolSpec) -> dict[str, str]:
+    """The labels every node of `pool` will carry that the plan knows: the operator's (sent in
+    the CreateNodePoolRequest, but the job uid) and those GKE derives from the request
+    (facts.md sections 2 and 6; node.kubernetes.io/instance-type from the machine type)."""
+    labels = dict(pool.node_labels)
+    labels[keys.GKE_NODEPOOL] = pool.name
+    labels[keys.GKE_TPU_ACCELERATOR] = pool.gke_accelerator
+    labels[keys.GKE_TPU_TOPOLOGY] = pool.topology
+    labels[keys.INSTANCE_TYPE] = pool.machine_type
+    if pool.spot:
+        labels[keys.GKE_SPOT] = "true"
+    return labels
+
+
+def _check_placement(pod: dict[str, Any], pools: list[NodePoolSpec]) -> list[FieldError]:
+    if not pools:
+        return []  # Existing mode: the nodes are someone else's
+    return placement.never_matched(
+        pod,
+        [(p.name, pool_node_labels(p)) for p in pools],
+        unknown=frozenset({keys.JOB_UID}),
+        # Conflicts with what the operator sets are _check_tpu_overrides' to report.
+        skip=frozenset({keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}),
+    )
+
+
+# ---------------------------------------------------------------- warnings
+
+# Volume types whose data outlives the pod and is reachable from every host of a slice again
+# after a restart (a restart recreates every pod, a lost slice gets a new node pool).
+PERSISTENT_VOLUMES = (
+    "persistentVolumeClaim",
+    "csi",  # e.g. Cloud Storage FUSE (gcsfuse.csi.storage.gke.io), Filestore
+    "nfs",
+    "gcePersistentDisk",
+    "cephfs",
+    "glusterfs",
+    "iscsi",
+    "rbd",
+    "fc",
+    "azureFile",
+    "azureDisk",
+)
+
+
+def _under(path: str, mount_path: str) -> bool:
+    root = mount_path.rstrip("/")
+    return mount_path.startswith("/") and (path == root or path.startswith(root + "/"))
+
+
+def checkpoint_warnings(spec: MultisliceJobSpec) -> list[FieldError]:
+    """A job whose progress does not survive a restart of all slices (any preemption,
+    maintenance or failure restarts every slice from its last checkpoint)."""
+    directory = spec.checkpoint.directory
+    path = "spec.checkpoint.directory"
+    if not directory:
+        return [
+            FieldError(
+                path,
+                "unset: the workload gets no MULTISLICE_CHECKPOINT_DIR, so unless the program "
+                "checkpoints somewhere of its own, every restart of all slices (preemption, "
+                "maintenance, a failure) starts training from step 0; set gs://BUCKET/PATH",
+            )
+        ]
+    if not directory.startswith("/"):
+        return []
+    pod = spec.template.get("spec") or {}
+    containers = pod.get("containers") or [{}]
+    mounts = [m for m in containers[0].get("volumeMounts") or [] if isinstance(m, dict)]
+    mount = max(
+        (m for m in mounts if _under(directory, str(m.get("mountPath") or ""))),
+        key=lambda m: len(str(m["mountPath"]).rstrip("/")),
+        default=None,
+    )
+    if mount is None:
+        return [
+            FieldError(
+                path,
+                f"{directory} is on no volume of the TPU container: it is the container's own "
+                "filesystem, lost when the pods are recreated at every restart; mount a "
+                "persistent volume there (a PersistentVolumeClaim, Cloud Storage FUSE) or use "
+                "gs://BUCKET/PATH",
+            )
+        ]
+    volume = next(
+        (
+            v
+            for v in pod.get("volumes") or []
+            if isinstance(v, dict) and v.get("name") == mount.get("name")
+        ),
+        {},
+    )
+    kind = next((k for k in volume if k != "name"), "none")
+    if kind in PERSISTENT_VOLUMES:
+        return []
+    return [
+        FieldError(
+            path,
+            f"{directory} is on volume {mount.get('name')!r} ({kind}), which does not outlive "
+            "the pod on every host (a restart recreates every pod, a lost slice gets new "
+            "nodes): use a PersistentVolumeClaim, Cloud Storage FUSE or gs://BUCKET/PATH",
+        )
+    ]

@@ -14,10 +14,8 @@ from multislice_operator.api.models import (
     ExitCodePolicy,
     MultisliceJobSpec,
 )
-from multislice_operator.plan import (
-    REPLICATED_JOB,
-    Plan,
-)
+from multislice_operator.names import REPLICATED_JOB
+from multislice_operator.plan import Plan
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
@@ -125,6 +123,12 @@ def job_labels(plan: Plan) -> dict[str, str]:
     return {keys.JOB_NAME: plan.name, keys.MANAGED_BY: keys.MANAGED_BY_VALUE}
 
 
+def host_network(pod: dict[str, Any]) -> bool:
+    """Whether the rendered pods run on the host network: yes unless the template says false."""
+    value = pod.get("hostNetwork")
+    return True if value is None else bool(value)
+
+
 def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     template = copy.deepcopy(spec.template)
     meta = template.setdefault("metadata", {}) or {}
@@ -136,8 +140,7 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     # on the host network. A template that sets hostNetwork itself (false) opts out. The
     # hostnames in the environment still resolve: JobSet's headless service publishes each pod's
     # hostname.subdomain, and ClusterFirstWithHostNet keeps cluster DNS on the host network.
-    if pod.get("hostNetwork") is None:
-        pod["hostNetwork"] = True
+    pod["hostNetwork"] = host_network(pod)
     if pod["hostNetwork"] and not pod.get("dnsPolicy"):
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     selector = dict(pod.get("nodeSelector") or {})

@@ -2,7 +2,9 @@
 
 Every field of :class:`Settings` is a command-line flag ``--name-with-dashes`` and an environment
 variable ``MSJ_NAME_IN_CAPS`` (flags win), both derived from the field here, so the Helm chart, the
-docs and the parser cannot drift from the defaults (tests/unit/test_settings.py checks the chart).
+docs and the parser cannot drift from the defaults (tests/unit/test_docs.py checks the settings
+table of docs/install.md, that the chart sets only variables read here, and that the docs name
+only flags, variables and defaults defined here).
 """
 
 from __future__ import annotations
@@ -60,16 +62,23 @@ class Settings:
     # How TPU nodes reach Google APIs (provisioning.gke_requests.NodeOptions).
     gke_workload_identity: bool = _opt(
         "the cluster uses Workload Identity: TPU nodes get workloadMetadataConfig GKE_METADATA "
-        "and GKE's default scopes (else storage-full, gke-default, cloud-platform, as xpk)",
+        "(pods off the host network act as their Kubernetes service account; host-network pods, "
+        "the default, still act as the nodes' service account)",
         False,
     )
     gke_node_service_account: str | None = _opt(
         "service account of the TPU nodes (default: the Compute Engine default one)"
     )
     gke_node_scopes: list[str] = _opt(  # noqa: RUF009
-        "OAuth scope of the TPU nodes (repeatable; replaces the default for the mode)",
+        "OAuth scope URL of the TPU nodes (repeatable; replaces the default: storage-full, "
+        "gke-default and cloud-platform, as xpk)",
         [],
         flag="gke-node-scope",
+    )
+    gke_max_pods_per_node: int = _opt(
+        "maxPodsConstraint of TPU node pools: each node reserves a pod-range block of twice this, "
+        "rounded up to a power of two (GKE's default 110 takes a /24 per VM); 15, as xpk sends",
+        15,
     )
     metrics_port: int = _opt("port of the Prometheus /metrics endpoint (0 disables it)", 8000)
     metrics_bind_address: str = _opt(
@@ -127,6 +136,7 @@ class Settings:
             workload_identity=self.gke_workload_identity,
             service_account=self.gke_node_service_account or None,
             oauth_scopes=tuple(self.gke_node_scopes) if self.gke_node_scopes else None,
+            max_pods_per_node=self.gke_max_pods_per_node,
         )
 
 
@@ -171,6 +181,7 @@ GKE_REQUEST_SETTINGS = (
     "gke_workload_identity",
     "gke_node_service_account",
     "gke_node_scopes",
+    "gke_max_pods_per_node",
 )
 
 

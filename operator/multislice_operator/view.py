@@ -91,7 +91,8 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
     else:
         by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
     return {
-        "namespace": meta.get("namespace"),
+        # A file from `kubectl get -o yaml` always has one; a hand-written one means default.
+        "namespace": meta.get("namespace") or "default",
         "name": meta.get("name"),
         "accelerator": spec.get("accelerator"),
         "slicesWanted": spec.get("slices"),
@@ -143,6 +144,13 @@ def percent(ratio: float | None) -> str:
     return f"{ratio * 100:.1f}%" if ratio is not None else "-"
 
 
+NO_STATUS = "(no status yet)"
+NO_STATUS_HINT = (
+    "no operator has written this job's status yet: is multislice-operator running, and "
+    "watching namespace {namespace}?"
+)
+
+
 def render(v: dict[str, Any], console: Any) -> None:
     """Draw the view on a rich Console."""
     from rich import box
@@ -153,13 +161,15 @@ def render(v: dict[str, Any], console: Any) -> None:
     g = v["goodput"]
     head = Text()
     head.append(f"{v['namespace']}/{v['name']}", style="bold")
-    head.append(f"  {v['phase'] or 'New'}", style="bold " + _phase_style(v["phase"]))
+    head.append(f"  {v['phase'] or NO_STATUS}", style="bold " + _phase_style(v["phase"]))
     if v["accelerator"]:
         chips = f", {v['totalChips']} chips" if v["totalChips"] else ""
         head.append(f"  {v['slicesWanted']} x {v['accelerator']}{chips}")
     console.print(head)
     if v["message"]:
         console.print(Text(f"  {v['message']}"))
+    elif not v["phase"]:
+        console.print(Text(f"  {NO_STATUS_HINT.format(namespace=v['namespace'])}"))
 
     if v["slices"]:
         table = Table(box=box.SIMPLE, title="slices", title_justify="left", pad_edge=False)

@@ -181,7 +181,11 @@ def test_jobset_webhook_refusal_fails_before_any_pool(env):
 def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     stack, ns = env
     body = job("nosched", failurePolicy={"maxRestarts": 5, "unschedulableTimeoutSeconds": 10})
-    body["spec"]["template"]["spec"]["nodeSelector"] = {"disktype": "ssd"}
+    # A label the plan cannot judge (a node-feature-discovery one, under kubernetes.io), which
+    # the job's nodes lack: the plan refuses only what the pools can never carry (issue 21).
+    body["spec"]["template"]["spec"]["nodeSelector"] = {
+        "feature.node.kubernetes.io/storage-nonrotationaldisk": "true"
+    }
     create(stack.api, ns, body)
     wait_for(lambda: len(pools_of(stack, ns, "nosched")) == 2, 60, "pools created")
     st = wait_phase(stack, ns, "nosched", "Failed", 120)

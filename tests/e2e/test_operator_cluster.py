@@ -145,3 +145,50 @@ def test_delete_cascades_to_jobset(env):
         return False
 
     wait_for(jobset_gone, 60, "JobSet garbage-collected with its owner")
+
+
+def test_a_job_recreated_under_the_same_name_never_adopts_its_predecessors_jobset(env):
+    """Argo CD's Force=true,Replace=true deletes and recreates a job; the garbage collector
+    deletes the old JobSet in the background. Matched by name, the new job would adopt the old
+    JobSet with its Completed condition and succeed without running (issue 22). It waits for the
+    predecessor's JobSet to go, then runs its own."""
+    api, ns, op = env
+    custom = msj.custom(api)
+    create(api, ns, job("again", "2s", ns))
+    wait_phase(api, ns, "again", "Succeeded", op)
+    old = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again")
+    old_uid = old["metadata"]["uid"]
+    # Hold the old JobSet while the garbage collector works on it (what a slow GC looks like).
+    hold = {"metadata": {"finalizers": ["e2e.multislice.dev/hold"]}}
+    custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again",
+                                          hold)  # fmt: skip
+    msj.custom(api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "again"
+    )
+    wait_for(lambda: get(api, ns, "again", missing_ok=True) is None, 30, "the first job gone")
+    create(api, ns, job("again", "2s", ns))
+    waiting = msj.wait_status(
+        api,
+        ns,
+        "again",
+        "the new job waiting for the earlier job's JobSet",
+        lambda st: st.get("phase") == "Pending" and "earlier job" in (st.get("message") or ""),
+        60,
+        log=op.log_tail,
+    )
+    assert waiting["status"].get("restarts", 0) == 0
+    assert "OrphanJobSet" in [e.reason for e in events(api, ns, "again")]
+    still = custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again"
+    )
+    assert still["metadata"]["uid"] == old_uid and still["metadata"].get("deletionTimestamp")
+    custom.patch_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again", {"metadata": {"finalizers": None}}
+    )
+    running = wait_phase(api, ns, "again", "Running", op)
+    new = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again")
+    assert new["metadata"]["uid"] != old_uid
+    owner = new["metadata"]["ownerReferences"][0]["uid"]
+    assert owner == running["metadata"]["uid"]
+    done = wait_phase(api, ns, "again", "Succeeded", op)
+    assert done["status"]["restarts"] == 0

@@ -16,10 +16,8 @@ from google.api_core import exceptions as gexc
 
 from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_operator.plan import Plan, load_job, make_plan
-from multislice_operator.provisioning.base import (
-    GangObservation,
-    PoolState,
-)
+from multislice_operator.pools import PoolState
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.provisioning.gke import (
     GkeProvisioner,
     OwnedPool,
@@ -40,7 +38,11 @@ from multislice_operator.provisioning.gke_errors import (
     classify_exception,
     classify_message,
 )
-from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
+from multislice_operator.provisioning.gke_requests import (
+    XPK_NODE_SCOPES,
+    NodeOptions,
+    build_node_pool,
+)
 
 T = TypeVar("T")
 PROJECT, ZONE, CLUSTER = "proj", "us-east5-b", "local"
@@ -499,7 +501,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
         None,
         old,
         Observed(now=now, slices=slices, admission=Admission()),  # the JobSet was accepted
-        DecideConfig(),
+        DecideConfig.from_settings(),
     )
     status = d.status.to_dict()
     assert status["phase"] == "Provisioning" and "nextAttemptTime" in status
@@ -555,7 +557,8 @@ def test_workload_identity_and_node_service_account(
     config = sim.pool(plan.node_pools[0].name)["config"]  # type: ignore[index]
     assert config["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert config["serviceAccount"] == "tpu@proj.iam.gserviceaccount.com"
-    assert "oauthScopes" not in config
+    assert tuple(config["oauthScopes"]) == XPK_NODE_SCOPES  # issue 21: xpk keeps them under WI
+    assert sim.node_access(plan.node_pools[0].name) == {"pullImages": True, "writeStorage": True}
 
 
 def test_dry_run_prints_exactly_what_the_simulator_receives(
@@ -739,3 +742,120 @@ def test_availability_answers_expire_and_failures_are_not_remembered(sim: GkeSim
         assert run(short.check_offered(plan_of())) is None
     finally:
         short.close()
+
+
+# ---------------------------------------------------------------- issue 24: Ironwood, flex-start
+
+
+def ironwood_plan(name: str = "iw", **spec: Any) -> Plan:
+    return plan_of(name, accelerator="tpu7x-128", slices=2, **spec)
+
+
+def test_tpu7x_gang_finds_or_creates_its_workload_policy(
+    sim: GkeSimulator, prov: GkeProvisioner, registrar: InMemoryRegistrar
+) -> None:
+    plan = ironwood_plan()
+    assert run(prov.check_offered(plan)) is None  # no Cloud TPU API for tpu7x: not a refusal
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    # One policy for both slices, HIGH_THROUGHPUT with the slice's topology, in the zone's region.
+    [insert] = sim.received_policy_inserts()
+    body = insert["resourcePolicyResource"]
+    assert (insert["region"], body["name"]) == ("us-east5", "msj-tpu7x-4x4x4")
+    assert body["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4x4"}
+    assert "managed-by=multislice-operator" in body["description"]
+    placements = [r["nodePool"]["placementPolicy"] for r in sim.received_creates()]
+    assert placements == [{"policyName": "msj-tpu7x-4x4x4", "tpuTopology": "4x4x4"}] * 2
+    run(until(prov, plan, {PoolState.READY}))
+    assert [registrar.node_count(p.name) for p in plan.node_pools] == [16, 16]
+    # A second job of the same shape reuses the policy: no second insert.
+    other = ironwood_plan("iw2")
+    assert run(prov.create(other, other.node_pools, UID)).errors == []
+    assert len(sim.received_policy_inserts()) == 1
+
+
+def test_tpu7x_policy_of_another_topology_is_a_permanent_error(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    sim.add_policy(
+        PROJECT,
+        "us-east5",
+        {
+            "name": "msj-tpu7x-4x4x4",
+            "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4x8"},
+        },
+    )
+    plan = ironwood_plan()
+    result = run(prov.create(plan, plan.node_pools, UID))
+    assert [e.code for e in result.errors] == ["WORKLOAD_POLICY_UNUSABLE"] * 2
+    assert all(e.permanent and "4x4x8" in e.message for e in result.errors)
+    assert sim.received_creates() == []  # no pool was created on a policy that cannot place it
+
+
+def test_tpu7x_compact_error_is_permanent() -> None:
+    code, permanent = classify_message(
+        "Creation of a managed instance group with tpu7x-standard-4t machine type with "
+        "placement policy is not supported. Use workload policy instead."
+    )
+    assert (code, permanent) == ("PLACEMENT_UNSUPPORTED", True)
+
+
+def test_old_cluster_refuses_tpu7x_and_flex_start_before_any_create(
+    sim: GkeSimulator, prov: GkeProvisioner
+) -> None:
+    sim.configure(cluster_version="1.33.2-gke.1000")
+    err = run(prov.check_offered(ironwood_plan()))
+    assert err is not None and err.permanent and err.code == "GKE_VERSION_TOO_OLD"
+    assert "1.34.0-gke.2201000" in err.message
+    prov._cluster_version = None  # the version is cached; a new check reads it again
+    sim.configure(cluster_version="1.32.9-gke.1000")
+    err = run(prov.check_offered(plan_of("fx", capacity={"type": "FlexStart"})))
+    assert err is not None and "flex-start v5e node pools need 1.33.0-gke.1712000" in err.message
+
+
+def test_flex_start_pool_waits_for_capacity_then_gets_its_nodes(
+    sim: GkeSimulator, prov: GkeProvisioner, registrar: InMemoryRegistrar
+) -> None:
+    sim.set_faults(flex_start_hold=3)
+    plan = plan_of("fx", capacity={"type": "FlexStart", "maxRunDurationSeconds": 7200})
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    [req, *_] = sim.received_creates()
+    pool = req["nodePool"]
+    assert pool["config"]["flexStart"] is True and pool["config"]["maxRunDuration"] == "7200s"
+    assert pool.get("initialNodeCount", 0) == 0 and pool["autoscaling"]["maxNodeCount"] == 4
+    assert pool["management"] == {"autoUpgrade": True}  # auto-repair off: proto3 JSON omits it
+    assert pool["config"]["reservationAffinity"] == {"consumeReservationType": 1}  # NO_RESERVATION
+    obs = run(until(prov, plan, {PoolState.READY}))
+    # READY and empty: waiting for capacity, said by the provider-neutral flag, not an error.
+    assert all(p.waits_for_capacity and p.error is None for p in obs.pools.values())
+    assert all(p.max_run_duration_s == 7200 for p in obs.pools.values())
+    assert sum(registrar.node_count(p.name) for p in plan.node_pools) == 0
+    for p in plan.node_pools:
+        sim.grant_flex_start(p.name)
+    assert [registrar.node_count(p.name) for p in plan.node_pools] == [4, 4, 4]
+
+
+def test_dry_run_prints_the_policy_and_pools_the_simulator_receives(
+    sim: GkeSimulator, make_prov: Callable[..., GkeProvisioner], tmp_path: Any, capsys: Any
+) -> None:
+    import json
+
+    import yaml
+
+    from multislice_operator.cli import main
+
+    obj = copy.deepcopy(BASE_JOB)
+    obj["metadata"]["uid"] = UID
+    obj["spec"].update(accelerator="tpu7x-128", slices=2)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    args = ["--gke-project", PROJECT, "--gke-location", ZONE, "--gke-cluster", CLUSTER]
+    assert main(["render", "--gke-requests", "-f", str(path), *args]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    prov = make_prov()
+    job = load_job(obj)
+    plan = make_plan(job.spec, job.metadata.namespace, job.metadata.name)
+    assert run(prov.create(plan, plan.node_pools, UID)).errors == []
+    assert printed[:1] == sim.received_policy_inserts()
+    key = lambda r: r["nodePool"]["name"]  # noqa: E731 - created concurrently
+    assert sorted(sim.received_creates(), key=key) == sorted(printed[1:], key=key)
+    assert all("type" not in r["nodePool"]["placementPolicy"] for r in printed[1:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.reconcile import Admission
+from multislice_operator.reconcile import Admission, Pod, Termination
 from multislice_operator.reconcile import Observed as _Observed
 
 
@@ -39,3 +39,48 @@ def Observed(**kw: Any) -> _Observed:
     any pool, issue 14); the tests of admission itself pass `admission` explicitly."""
     kw.setdefault("admission", Admission())
     return _Observed(**kw)
+
+
+def failed(
+    name: str,
+    slice_index: int | None,
+    exit_code: int | None,
+    reason: str = "Error",
+    attempt: int = 0,
+    *,
+    step: int | None = None,
+    checkpoint_step: int | None = None,
+    termination_reason: str | None = None,
+    checkpoint_request: tuple[str, int] | None = None,
+    disruption: str | None = None,
+) -> Pod:
+    """A failed pod, with what its termination message said (when it said anything)."""
+    said = (step, checkpoint_step, termination_reason, checkpoint_request)
+    termination = Termination(*said) if any(v is not None for v in said) else None
+    return Pod(
+        name,
+        slice_index,
+        attempt,
+        "Failed",
+        exit_code=exit_code,
+        reason=reason,
+        termination=termination,
+        disruption=disruption,
+    )
+
+
+def running(counts: dict[int, int], attempt: int = 0) -> list[Pod]:
+    """Pods running and ready: `counts` per slice."""
+    return [
+        Pod(f"job-slice-{i}-{h}", i, attempt, "Running", ready=True)
+        for i, n in sorted(counts.items())
+        for h in range(n)
+    ]
+
+
+def succeeded(counts: dict[int, int], attempt: int = 0) -> list[Pod]:
+    return [
+        Pod(f"job-slice-{i}-{h}-done", i, attempt, "Succeeded")
+        for i, n in sorted(counts.items())
+        for h in range(n)
+    ]

@@ -148,3 +148,41 @@ def test_render_gke_requests_placeholders_and_flags(capsys, monkeypatch):
         capsys, "render", "--gke-requests", "-f", str(EXAMPLE), "--gke-location", "us-east5"
     )
     assert code == 2 and "--gke-node-location" in err
+
+
+def test_validate_warns_on_stderr_without_failing(capsys):
+    # Issue 21: no checkpoint, and Workload Identity with host-network pods.
+    code, out, err = run(capsys, "validate", "-f", str(EXAMPLE), "--gke-workload-identity")
+    assert code == 0 and "valid" in out
+    warnings = [line for line in err.splitlines() if ": warning: " in line]
+    assert any("act as the Compute Engine default service account" in w for w in warnings), err
+    code, _, err = run(capsys, "validate", "-f", str(EXAMPLE))
+    assert "Workload Identity" not in err
+
+
+def test_plan_names_the_pods_identity(capsys, monkeypatch):
+    monkeypatch.setenv("MSJ_GKE_NODE_SERVICE_ACCOUNT", "tpu@p.iam.gserviceaccount.com")
+    code, out, _ = run(capsys, "plan", "-f", str(EXAMPLE), "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["podIdentity"]["via"] == "node-service-account"
+    assert "tpu@p.iam.gserviceaccount.com" in data["podIdentity"]["principal"]
+    assert "tpu@p.iam.gserviceaccount.com" in data["nodeIdentity"]
+    code, out, _ = run(capsys, "plan", "-f", str(EXAMPLE))
+    assert code == 0 and "pod identity" in out and "tpu nodes" in out
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    # Issue 21: `plan -o json | head` printed a BrokenPipeError traceback.
+    many = tmp_path / "many.yaml"
+    many.write_text("---\n".join([EXAMPLE.read_text()] * 400))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multislice_operator.cli", "plan", "-f", str(many), "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves, as head does
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
+    assert proc.returncode == 141

@@ -15,12 +15,11 @@ import pytest
 
 from multislice_operator.cli import main
 from multislice_operator.plan import load_job, plan_job
-from multislice_operator.provisioning.base import PoolError, PoolState
+from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     DecideConfig,
     JobMeta,
     JobSetObservation,
-    PodFailure,
     SliceObservation,
     decide,
 )
@@ -29,7 +28,7 @@ from tests.unit import jobs
 from tests.unit.jobs import Observed
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig(resync_seconds=10)
+CFG = DecideConfig.from_settings(None, resync_seconds=10)
 
 
 def at(s: float) -> datetime:
@@ -54,7 +53,7 @@ def restarted_job() -> dict:
     plan = plan_job(job)
     meta = JobMeta("team", "llm", "uid", 1, creation_time=T0)
     slices = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
-    failed = PodFailure("llm-slice-1-0-a", 1, 13, "Error", 0, step=120, checkpoint_step=100)
+    failed = jobs.failed("llm-slice-1-0-a", 1, 13, "Error", 0, step=120, checkpoint_step=100)
     run = {0: 4, 1: 4}
     status = None
     for t, js, failures, running in (
@@ -64,9 +63,8 @@ def restarted_job() -> dict:
         (105, JobSetObservation(restarts=1, restarts_counted=1), [failed], {}),
         (130, JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1), [], run),
     ):
-        obs = Observed(
-            now=at(t), slices=list(slices), jobset=js, pod_failures=failures, running_pods=running
-        )
+        pods = [*failures, *jobs.running(running, js.restarts if js else 0)]
+        obs = Observed(now=at(t), slices=list(slices), jobset=js, pods=pods)
         status = decide(meta, job.spec, plan, None, status, obs, CFG).status
     assert status is not None
     obj["status"] = status.to_dict()
@@ -167,7 +165,8 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
     assert data["nextAttemptInSeconds"] == wait
     assert data["goodput"]["seconds"]["provisioning"] == 25
     # No pool until the pass at 20 saw them (one creating, one failed): both held since.
-    assert data["goodput"]["chipSeconds"]["provisioning"] == 5 * 32
+    # Held from the pass that created the pools (t=1), as the next pass sees them: 25 s x 32.
+    assert data["goodput"]["chipSeconds"]["provisioning"] == 25 * 32
     text = status_of(tmp_path, obj, at(25), capsys=capsys)
     assert (
         f"next gang attempt at {iso(st.next_attempt_time)} (in {duration(wait)}, attempt 2)" in text
@@ -175,8 +174,18 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
 
 
 def test_a_job_without_status_yet(tmp_path, capsys):
+    # Issue 21: it said phase "New", which no doc and no status ever names.
     text = status_of(tmp_path, body(), at(3), capsys=capsys)
-    assert "team/llm  New" in text and "restarts: 0" in text
+    assert "team/llm  (no status yet)" in text and "restarts: 0" in text
+    assert "New" not in text and "watching namespace team?" in text
+
+
+def test_a_job_file_without_namespace_is_in_default(tmp_path, capsys):
+    # Issue 21: a hand-written job without metadata.namespace showed as "None/llm".
+    obj = body()
+    del obj["metadata"]["namespace"]
+    text = status_of(tmp_path, obj, at(3), capsys=capsys)
+    assert text.startswith("default/llm ") and "None" not in text
 
 
 def fake_kubectl(tmp_path: Path, obj: dict, code: int = 0) -> Path:

@@ -13,13 +13,13 @@ from multislice_operator.controller.observe import (
     checkpoint_saved,
     jobset_observation,
     maintenance_observations,
-    pod_views,
+    pod_records,
     summarize_jobset,
     summarize_node,
     summarize_pod,
 )
 from multislice_operator.plan import load_job, plan_job
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     AnnotatePods,
     DecideConfig,
@@ -30,14 +30,14 @@ from multislice_operator.reconcile import (
     JobSetObservation,
     NodeMaintenance,
     Observed,
-    PodFailure,
-    PodObservation,
+    Pod,
     SliceObservation,
     decide,
 )
+from tests.unit.jobs import failed, succeeded
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig(resync_seconds=10)
+CFG = DecideConfig.from_settings(None, resync_seconds=10)
 
 
 def at(seconds: float) -> datetime:
@@ -75,9 +75,7 @@ def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices
         now=at(t),
         slices=list(EXISTING if slices is None else slices),
         jobset=js,
-        pod_failures=list(failures),
-        running_pods={i: sum(1 for x in pods if x.slice_index == i and x.ready) for i in range(2)},
-        pods=list(pods),
+        pods=[*failures, *pods],
         maintenance=list(maint),
     )
     old = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
@@ -92,12 +90,12 @@ def reasons(d) -> list[str]:
     return [e.reason for e in d.events]
 
 
-def preempted(attempt: int, pod: str = "job-slice-1-0-a") -> PodFailure:
-    return PodFailure(pod, 1, 143, "Terminated", attempt, disruption="TerminationByKubelet")
+def preempted(attempt: int, pod: str = "job-slice-1-0-a") -> Pod:
+    return failed(pod, 1, 143, "Terminated", attempt, disruption="TerminationByKubelet")
 
 
-def crashed(attempt: int, code: int = 1, reason: str | None = None) -> PodFailure:
-    return PodFailure("job-slice-0-2-b", 0, code, "Error", attempt, termination_reason=reason)
+def crashed(attempt: int, code: int = 1, reason: str | None = None) -> Pod:
+    return failed("job-slice-0-2-b", 0, code, "Error", attempt, termination_reason=reason)
 
 
 # ---------------------------------------------------------------- restarts by cause
@@ -201,8 +199,9 @@ def test_disruption_budget_fails_the_job_then_its_jobset_is_deleted():
     assert cond is not None and cond.reason == "MaxDisruptionRestarts"
     assert "more than spec.failurePolicy.maxDisruptionRestarts (2)" in cond.message
     assert "MaxDisruptionRestarts" in reasons(d)
-    assert DeleteJobSet() not in d.actions  # first the status says why
-    assert d.requeue_after is not None and d.requeue_after <= 1  # then the delete, at once
+    # The verdict's own actions in the same pass (the shell writes the status, which says why,
+    # before it applies them): the JobSet would restart the slices forever.
+    assert d.actions == [DeleteJobSet()]
     after = run(d.status, js, failurePolicy={"maxDisruptionRestarts": 2})
     assert DeleteJobSet() in after.actions and after.status.phase == "Failed"
     gone = run(after.status, None, failurePolicy={"maxDisruptionRestarts": 2})
@@ -261,12 +260,12 @@ def test_pod_summary_carries_disruption_schedule_and_checkpoint_fields():
         },
     }
     s = summarize_pod(pod)
-    assert (s["node"], s["disruption"], s["terminationReason"]) == (
+    assert (s["node"], s["disruption"], s["termination"].reason) == (
         "node-a",
         "PreemptionByScheduler",
         "hang",
     )
-    assert s["terminationCheckpoint"] == ("7", 120)
+    assert s["termination"].checkpoint_request == ("7", 120)
     assert s["checkpointRequest"] == "1733050000"
     assert s["checkpointSaved"] == ("1733050000", 120)
     pending = summarize_pod(
@@ -280,8 +279,8 @@ def test_pod_summary_carries_disruption_schedule_and_checkpoint_fields():
             },
         }
     )
-    (view,) = pod_views([pending, s])
-    assert view == PodObservation("p", 0, 0, "Pending", unschedulable=True)
+    (view,) = [p for p in pod_records([pending, s], JobSetObservation()) if p.live]
+    assert view == Pod("p", 0, 0, "Pending", unschedulable_since=None)  # no time: creation
 
 
 @pytest.mark.parametrize(
@@ -322,8 +321,8 @@ def test_maintenance_is_read_from_the_jobs_nodes_only():
     }
     _, plan = job("Existing")
     pods = [
-        PodObservation("p0", 0, 0, "Running", True, node="a-0"),
-        PodObservation("p1", 1, 0, "Running", True, node="b-0"),
+        Pod("p0", 0, 0, "Running", True, node="a-0"),
+        Pod("p1", 1, 0, "Running", True, node="b-0"),
     ]
     found = maintenance_observations(plan, nodes, pods)
     assert found == [
@@ -352,7 +351,7 @@ def test_managed_maintenance_maps_pools_to_slices():
     (m,) = maintenance_observations(plan, nodes, [])
     assert (m.slice_index, m.pool) == (1, pool)
     # A pod of an attempt that ended does not say which slice the node serves now.
-    old = [PodObservation("p", 0, 0, "Running", True, node="n")]
+    old = [Pod("p", 0, 0, "Running", True, node="n")]
     (m,) = maintenance_observations(plan, nodes, old, attempt=1)
     assert m.slice_index == 1
     (m,) = maintenance_observations(plan, nodes, old, attempt=0)
@@ -371,11 +370,9 @@ def maint(seconds: float, slice_index: int = 1, active: bool = False) -> NodeMai
 RUNNING = JobSetObservation(ready_jobs=2)
 
 
-def pods_of(attempt: int = 0, annotated: str | None = None) -> list[PodObservation]:
+def pods_of(attempt: int = 0, annotated: str | None = None) -> list[Pod]:
     return [
-        PodObservation(
-            f"job-slice-{s}-{h}", s, attempt, "Running", True, checkpoint_request=annotated
-        )
+        Pod(f"job-slice-{s}-{h}", s, attempt, "Running", True, checkpoint_request=annotated)
         for s in range(2)
         for h in range(4)
     ]
@@ -455,10 +452,10 @@ def test_a_users_request_reaches_every_pod_including_later_ones():
         0,
     )
     annotated = [
-        PodObservation(p.name, p.slice_index, 0, "Running", True, checkpoint_request="1733050000")
+        Pod(p.name, p.slice_index, 0, "Running", True, checkpoint_request="1733050000")
         for p in some
     ]
-    later = [*annotated, PodObservation("job-slice-1-9", 1, 0, "Pending")]
+    later = [*annotated, Pod("job-slice-1-9", 1, 0, "Pending")]
     again = run(d.status, RUNNING, pods=later, annotations=USER, t=5)
     (ann,) = [a for a in again.actions if isinstance(a, AnnotatePods)]
     assert ann.pods == ("job-slice-1-9",)
@@ -468,7 +465,7 @@ def test_a_users_request_reaches_every_pod_including_later_ones():
 def test_the_saved_step_comes_from_the_acknowledgement():
     d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
     acked = pods_of(0, "1733050000")
-    acked[0] = PodObservation(
+    acked[0] = Pod(
         acked[0].name,
         0,
         0,
@@ -489,7 +486,7 @@ def test_the_saved_step_comes_from_the_acknowledgement():
 
 def test_the_saved_step_also_comes_from_a_termination_message():
     d = run({"phase": "Running"}, RUNNING, pods=pods_of(), annotations=USER)
-    f = PodFailure("job-slice-0-0", 0, 143, "Error", 0, checkpoint_request=("1733050000", 90))
+    f = failed("job-slice-0-0", 0, 143, "Error", 0, checkpoint_request=("1733050000", 90))
     js = JobSetObservation(ready_jobs=0, restarts=1)
     saved = run(d.status, js, [f], annotations=USER, t=30)
     assert saved.status.checkpoint is not None and saved.status.checkpoint.saved_step == 90
@@ -546,16 +543,21 @@ def test_no_request_while_the_jobset_is_suspended_or_absent():
 STARTUP = {"failurePolicy": {"startupTimeoutSeconds": 60}}
 
 
-def slow_pods(
-    unschedulable: bool = True, attempt: int = 0, pool: str | None = None
-) -> list[PodObservation]:
+def slow_pods(unschedulable: bool = True, attempt: int = 0, pool: str | None = None) -> list[Pod]:
     """Slice 0 runs (on `pool`, when given), slice 1's pods do not."""
+    stuck = unschedulable
     up = [
-        PodObservation(f"job-slice-0-{h}", 0, attempt, "Running", True, node=f"n{h}", pool=pool)
+        Pod(f"job-slice-0-{h}", 0, attempt, "Running", True, node=f"n{h}", pool=pool)
         for h in range(4)
     ]
     down = [
-        PodObservation(f"job-slice-1-{h}", 1, attempt, "Pending", unschedulable=unschedulable)
+        Pod(
+            f"job-slice-1-{h}",
+            1,
+            attempt,
+            "Pending",
+            unschedulable_since=at(-600) if stuck else None,
+        )
         for h in range(4)
     ]
     return up + down
@@ -584,8 +586,8 @@ def test_startup_deadline_restarts_all_slices_naming_the_slow_one():
     assert fired.status.startup is not None and fired.status.startup.evicted
     # The JobSet restarts without charging maxRestarts: cause startup.
     js = JobSetObservation(restarts=1, restarts_counted=0)
-    failed = PodFailure("job-slice-1-0", 1, None, "", 0, disruption="EvictionByEvictionAPI")
-    restarted = run(fired.status, js, [failed], pods=slow_pods(attempt=1), t=80, **STARTUP)
+    evicted = failed("job-slice-1-0", 1, None, "", 0, disruption="EvictionByEvictionAPI")
+    restarted = run(fired.status, js, [evicted], pods=slow_pods(attempt=1), t=80, **STARTUP)
     assert by_cause(restarted)["startup"] == 1 and by_cause(restarted)["disruption"] == 0
     assert restarted.status.last_restart is not None
     assert restarted.status.last_restart.cause == "startup"
@@ -596,7 +598,11 @@ def test_startup_deadline_restarts_all_slices_naming_the_slow_one():
 
 def test_startup_deadline_waits_again_if_no_restart_follows():
     fired = run(
-        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:59:00Z"}},
+        {
+            "phase": "Starting",
+            "capacityReadyTime": "2026-11-30T11:59:00Z",
+            "startup": {"attempt": 0, "since": "2026-11-30T11:59:00Z"},
+        },
         STARTING,
         pods=slow_pods(),
         **STARTUP,
@@ -627,6 +633,7 @@ def test_managed_slice_whose_pods_cannot_schedule_gets_a_new_pool_once():
     slices = managed_slices()
     old = {
         "phase": "Starting",
+        "capacityReadyTime": "2026-11-30T11:58:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
         "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
@@ -642,7 +649,7 @@ def test_managed_slice_whose_pods_cannot_schedule_gets_a_new_pool_once():
     # Still stuck after the new pool: every slice restarts instead.
     later = d.status.model_copy(deep=True)
     assert later.startup is not None
-    later.startup.since = at(-120)
+    later.startup.since = later.capacity_ready_time = at(-120)
     again = run(later, STARTING, pods=pods, slices=slices, mode="Managed", t=5, **STARTUP)
     assert [a for a in again.actions if isinstance(a, EvictPods)]
     assert not [a for a in again.actions if isinstance(a, DeletePools)]
@@ -652,6 +659,7 @@ def test_pods_that_schedule_but_do_not_run_are_evicted_in_managed_mode_too():
     slices = managed_slices()
     old = {
         "phase": "Starting",
+        "capacityReadyTime": "2026-11-30T11:58:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
         "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
@@ -668,13 +676,16 @@ def test_the_clock_stops_while_capacity_is_not_ready():
     lost = [slices[0], SliceObservation(1, slices[1].pool, PoolState.ABSENT)]
     old = {
         "phase": "Restarting",
+        "capacityReadyTime": "2026-11-30T11:50:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:50:00Z"},
         "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     d = run(old, STARTING, pods=slow_pods(), slices=lost, mode="Managed", **STARTUP)
     assert not [a for a in d.actions if isinstance(a, EvictPods)]
-    assert d.status.startup is not None and d.status.startup.since is None
+    # The one clock stops: the capacity is not ready (the attempt's own start is kept).
+    assert d.status.capacity_ready_time is None
+    assert d.status.startup is not None and d.status.startup.since == at(-600)
 
 
 def test_a_pods_pool_is_known_for_the_jobs_own_nodes():
@@ -685,25 +696,28 @@ def test_a_pods_pool_is_known_for_the_jobs_own_nodes():
             "status": {"phase": "Running"},
         }
     )
-    (view,) = pod_views([running], {"n-3": "msj-job-1"})
+    (view,) = pod_records([running], JobSetObservation(), {"n-3": "msj-job-1"})
     assert (view.node, view.pool) == ("n-3", "msj-job-1")
-    (view,) = pod_views([running])
+    (view,) = pod_records([running], JobSetObservation())
     assert view.pool is None
 
 
 def test_a_slice_that_already_finished_is_not_slow():
     # Slice 1 ran and succeeded; slice 0 still starts: only slice 0 is named and evicted.
-    pods = [PodObservation(f"job-slice-0-{h}", 0, 0, "Pending") for h in range(4)]
+    pods = [Pod(f"job-slice-0-{h}", 0, 0, "Pending") for h in range(4)]
     s, p = job("Existing", **STARTUP)
     obs = Observed(
         now=NOW,
         slices=list(EXISTING),
         jobset=STARTING,
-        pods=pods,
-        succeeded_pods={1: 4},
+        pods=[*pods, *succeeded({1: 4})],
     )
     old = MultisliceJobStatus.from_dict(
-        {"phase": "Starting", "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"}}
+        {
+            "phase": "Starting",
+            "capacityReadyTime": "2026-11-30T11:58:00Z",
+            "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
+        }
     )
     d = decide(meta(), s, p, None, old, obs, CFG)
     (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]

@@ -1,21 +1,27 @@
-"""The docs say what the code does: the generated API reference is current, and each reference
-table covers every name the code defines (env contract, metrics, condition reasons, settings)."""
+"""The docs say what the code does: the generated API reference is current, each reference
+table covers every name the code defines (env contract, metrics, condition reasons, settings),
+and every name the docs use exists in the code, every YAML block validates (issue 21)."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from multislice_operator import advisor, catalog, metrics
+from multislice_operator import advisor, catalog, keys, metrics
 from multislice_operator.api import docs, models
 from multislice_operator.cli import build_parser
-from multislice_operator.plan import make_plan
-from multislice_operator.render import FATAL_RULE, contract_env
+from multislice_operator.cli import main as cli_main
+from multislice_operator.plan import load_job, make_plan, plan_job
+from multislice_operator.reconcile.reasons import REGISTRY
+from multislice_operator.reconcile.reasons import table as reasons_table
+from multislice_operator.render import FATAL_RULE, contract_env, render_jobset
 from multislice_operator.settings import Settings, env_of, settings_table
+from tests.unit import doccheck
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -64,60 +70,29 @@ def test_metrics_reference_matches_the_registry() -> None:
         assert name in exposed, name
 
 
-def _reasons_written_by_decide() -> set[str]:
-    tree = ast.Module(
-        body=[
-            n
-            for p in sorted((PKG / "reconcile").glob("*.py"))
-            for n in ast.parse(p.read_text()).body
-        ],
-        type_ignores=[],
-    )
-    reasons: set[str] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        fn = ast.unparse(node.func)
-        if fn == "ctx.cond" and len(node.args) >= 3 and isinstance(node.args[2], ast.Constant):
-            reasons.add(node.args[2].value)
-        if fn == "_rollback" and isinstance(node.args[2], ast.Constant):
-            reasons.add(f"Gang{node.args[2].value}")  # ctx.cond(..., f"Gang{reason}", ...)
-        if fn == "complete" and isinstance(node.args[2], ast.Constant):
-            reasons.add(node.args[2].value)
-    for node in ast.walk(tree):  # the DCN reasons live in a dict literal
-        if isinstance(node, ast.FunctionDef) and node.name == "_dcn_condition":
-            reasons |= {
-                c.value
-                for c in ast.walk(node)
-                if isinstance(c, ast.Constant)
-                and isinstance(c.value, str)
-                and re.fullmatch(r"[A-Z][A-Za-z]+", c.value)
-            } - {"True", "False"}  # condition statuses, not reasons
-    return reasons
-
-
 def test_troubleshooting_covers_every_condition_and_reason() -> None:
     text = read("troubleshooting.md")
     for ctype in models.ConditionType:
         assert f"`{ctype.value}`" in text, ctype
-    reasons = _reasons_written_by_decide()
-    assert {"GangSliceFailed", "GangTimeout", "BatchTooSmall", "WaitingForNodePools"} <= reasons
-    for reason in reasons:
-        assert f"`{reason}`" in text, reason
-    # The JobSet's own failure reasons the operator copies; and the fallback.
-    for reason in ("FailJobSetFailurePolicyAction", "ReachedMaxRestarts", "JobSetFailed"):
+    for reason, info in REGISTRY.items():
+        if info.condition or info.terminal:
+            assert f"`{reason.value}`" in text, reason
+    # The JobSet's own failure reasons the operator copies.
+    for reason in ("FailJobSetFailurePolicyAction", "ReachedMaxRestarts"):
         assert f"`{reason}`" in text, reason
 
 
-def test_every_event_reason_is_documented() -> None:
-    sources = [*(PKG / "reconcile").glob("*.py"), *(PKG / "controller").glob("*.py")]
-    events = set()
-    for source in sources:
-        events |= set(re.findall(r'"(?:Normal|Warning)",\s*"(\w+)",', source.read_text()))
-    assert {"RestartingAllSlices", "GangRolledBack", "SliceLost", "GangProvisioned"} <= events
-    corpus = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
-    for reason in events:
-        assert f"`{reason}`" in corpus, reason
+def test_the_reasons_table_is_generated_from_the_registry() -> None:
+    assert reasons_table() in read("failures.md"), "run make docs"
+
+
+def test_every_reason_decide_gives_is_in_the_registry() -> None:
+    """Conditions and events take a Reason (mypy checks it); the only other reasons are the
+    ones copied from JobSet: nothing in reconcile/ writes a reason literal."""
+    for source in (PKG / "reconcile").glob("*.py"):
+        text = source.read_text()
+        assert not re.search(r'\.cond\([^)]*"(True|False)",\s*"', text), source.name
+        assert not re.search(r'\.event\(\s*"', text), source.name
 
 
 def test_install_settings_table_is_generated_from_settings() -> None:
@@ -198,3 +173,180 @@ def test_relative_links_resolve(doc: str) -> None:
         if anchor and path.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)
             assert anchor in {_slug(h) for h in headings}, f"{doc}: no #{anchor} in {target}"
+
+
+# ---------------------------------------------------------------- drift: docs name what exists
+# (issue 21). tests/unit/doccheck.py holds the checks; each runs on every page, and on a wrong
+# snippet to show that it can fail.
+
+DOC_NAMES = [p.relative_to(ROOT).as_posix() for p in doccheck.doc_files()]
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("doc", DOC_NAMES)
+@pytest.mark.parametrize(
+    "check",
+    [
+        doccheck.check_commands,
+        doccheck.check_environment,
+        doccheck.check_defaults,
+        doccheck.check_states,
+    ],
+    ids=["commands-and-flags", "environment", "defaults", "phases-conditions-reasons"],
+)
+def test_every_name_in_the_docs_exists_in_the_code(doc: str, check: Any) -> None:
+    findings = check((ROOT / doc).read_text(), doc)
+    assert not findings, "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize(
+    ("snippet", "check", "needle"),
+    [
+        ("`multislice-operator run --gke-node-pool-size 3`", doccheck.check_commands,
+         "has no flag --gke-node-pool-size"),
+        ("```sh\n.venv/bin/multislice-operator explain -f job.yaml\n```", doccheck.check_commands,
+         "`multislice-operator explain`: no such command"),
+        ("set `--gke-pool-prefix` to share a cluster", doccheck.check_commands,
+         "no command of ours has the flag --gke-pool-prefix"),
+        ("`make demo SCENARIO=flood`; `make smoke`", doccheck.check_commands,
+         "`make smoke`: no such target"),
+        ("`python -m benchmarks.chaos --trails 3`", doccheck.check_commands,
+         "has no flag --trails"),
+        ("`MSJ_RESYNC_INTERVAL=5`", doccheck.check_environment, "no variable MSJ_RESYNC_INTERVAL"),
+        ("`--resync-seconds` (default 30)", doccheck.check_defaults,
+         "--resync-seconds defaults to 10.0, not 30"),
+        ("`spec.provisioning.timeoutSeconds` (default 600)", doccheck.check_defaults,
+         "defaults to [1800], not 600"),
+        ("`maxRestarts` (default 3)", doccheck.check_defaults, "defaults to [10], not 3"),
+        ("the job shows phase `New` first", doccheck.check_states, "phase `New` is not a phase"),
+        ("`Provisioned=False` `GangStuck`", doccheck.check_states,
+         "`GangStuck` is named nowhere"),
+        ("condition `Wedged` reason `Admitted`", doccheck.check_states,
+         "condition `Wedged` does not exist"),
+        ("event `ReleasingNodePools`", doccheck.check_states, "`ReleasingNodePools`"),
+    ],
+)  # fmt: skip
+def test_each_check_fails_on_a_wrong_doc(snippet: str, check: Any, needle: str) -> None:
+    findings = check(snippet, "wrong.md")
+    assert any(needle in str(f) for f in findings), findings
+
+
+def _base_job() -> dict[str, Any]:
+    obj: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "v5e-16x2-fsdp.yaml").read_text())
+    return obj
+
+
+def _validated(obj: dict[str, Any], tmp_path: Path, capsys: Any) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    code = cli_main(["validate", "-f", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def _subtree(part: Any, whole: Any, at: str = "") -> list[str]:
+    """Where `part` says something `whole` does not (lists: element by element)."""
+    if isinstance(part, dict):
+        if not isinstance(whole, dict):
+            return [f"{at}: not a mapping"]
+        return [d for k, v in part.items() for d in _subtree(v, whole.get(k), f"{at}.{k}")]
+    if isinstance(part, list):
+        if not isinstance(whole, list) or len(part) > len(whole):
+            return [f"{at}: not a list of at least {len(part)}"]
+        return [d for i, v in enumerate(part) for d in _subtree(v, whole[i], f"{at}[{i}]")]
+    return [] if part == whole else [f"{at}: {part!r} != {whole!r}"]
+
+
+def check_yaml(obj: Any, tmp_path: Path, capsys: Any) -> None:
+    """One YAML document of the docs or examples, checked by what it is."""
+    spec_fields = {f.alias or n for n, f in models.MultisliceJobSpec.model_fields.items()}
+    assert isinstance(obj, dict), obj
+    kind = obj.get("kind")
+    if kind == models.KIND:
+        assert "valid (" in _validated(obj, tmp_path, capsys)
+    elif kind is not None:
+        assert obj.get("apiVersion"), obj
+        if str(obj["apiVersion"]).startswith("kueue.x-k8s.io/"):
+            assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2", obj  # what the operator needs
+        if kind == "AdmissionCheck":
+            assert obj["spec"]["controllerName"] == keys.GANG_CHECK_CONTROLLER
+    elif set(obj) <= spec_fields:  # a fragment of a spec: it must validate inside a job
+        job = _base_job()
+        job["spec"].update(obj)
+        _validated(job, tmp_path, capsys)
+    elif set(obj) == {"spec"} and "replicatedJobs" in obj["spec"]:  # an excerpt of a JobSet
+        job = load_job(_base_job())
+        rendered = render_jobset(plan_job(job), job.spec)
+        assert not _subtree(obj, rendered), _subtree(obj, rendered)
+    elif set(obj) == {"spec"}:
+        job = _base_job()
+        assert set(obj["spec"]) <= spec_fields, obj
+        job["spec"].update(obj["spec"])
+        _validated(job, tmp_path, capsys)
+    elif set(obj) == {"status"}:
+        models.MultisliceJobStatus.model_validate(obj["status"])  # every field a real one
+    elif set(obj) == {"groups"}:  # Prometheus rules: every metric is the operator's
+        exposed = {
+            f"{m.name}_total" if m.type == "counter" else m.name for m in metrics.REGISTRY.collect()
+        }
+        for group in obj["groups"]:
+            for rule in group["rules"]:
+                for name in re.findall(r"\bmultislice_[a-z_]+\b", rule["expr"]):
+                    assert name in exposed, name
+    else:
+        raise AssertionError(f"a YAML block of an unknown shape: {sorted(obj)}")
+
+
+@pytest.mark.parametrize("doc", DOC_NAMES)
+def test_every_yaml_block_of_the_docs_is_valid(doc: str, tmp_path: Path, capsys: Any) -> None:
+    for line, body in doccheck.yaml_blocks((ROOT / doc).read_text()):
+        for obj in yaml.safe_load_all(body):
+            if obj is not None:
+                try:
+                    check_yaml(obj, tmp_path, capsys)
+                except AssertionError as exc:
+                    raise AssertionError(f"{doc}:{line}: {exc}") from None
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_example_is_valid(example: Path, tmp_path: Path, capsys: Any) -> None:
+    for obj in yaml.safe_load_all(example.read_text()):
+        if obj is not None:
+            check_yaml(obj, tmp_path, capsys)
+
+
+def test_a_wrong_yaml_block_fails(tmp_path: Path, capsys: Any) -> None:
+    wrong = _base_job()
+    wrong["spec"]["parallelism"] = {"dcn": {"tensor": 2}}
+    with pytest.raises(AssertionError):
+        check_yaml(wrong, tmp_path, capsys)
+    with pytest.raises(AssertionError):
+        check_yaml({"failurePolicy": {"maxRestart": 3}}, tmp_path, capsys)
+    with pytest.raises(AssertionError):
+        check_yaml({"spec": {"replicatedJobs": [{"replicas": 3}]}}, tmp_path, capsys)
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's ValidationError
+        check_yaml({"status": {"phse": "Running"}}, tmp_path, capsys)
+
+
+def test_the_retry_and_backoff_numbers_are_the_codes() -> None:
+    # Issue 21: metrics.md said a failed pass is retried after 5 s.
+    from multislice_operator.controller.reconciler import ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX
+
+    errors = f"{ERROR_BACKOFF_BASE:.0f} s, doubling, at most {ERROR_BACKOFF_MAX:.0f} s"
+    for doc in ("metrics.md", "troubleshooting.md"):
+        assert errors in read(doc), doc
+    s = Settings()
+    base, top = s.backoff_base_seconds, s.backoff_max_seconds
+    gang = f"{base:.0f} s, {2 * base:.0f} s, {4 * base:.0f} s, … capped at {top:.0f} s"
+    assert gang in " ".join(read("provisioning.md").split())
+
+
+def test_gitops_lists_exactly_the_immutable_fields() -> None:
+    from multislice_operator.api.crd import IMMUTABLE
+
+    text = read("gitops.md")
+    listed = re.search(r"Changing an immutable field \(([^)]*)\)", text)
+    assert listed is not None
+    named = set(re.findall(r"`([A-Za-z.]+)`", listed.group(1)))
+    assert named == {*IMMUTABLE, "topology", "provisioning.mode"}

@@ -62,6 +62,14 @@ def test_seed_scenarios_are_covered() -> None:
     assert {p.reservation for p in reserved.node_pools} == {"tpu-v5p-reservation"}
     existing = by_file["v6e-16x2-existing.yaml"]
     assert not existing.managed and existing.node_pools == []
+    # Ironwood (issue 24): 64 chips, 16 hosts, 4x4x4 per slice, placed by a workload policy,
+    # from a reservation block.
+    iw = by_file["tpu7x-128x2.yaml"]
+    assert (iw.shape.chips, iw.shape.hosts, iw.shape.topology) == (64, 16, "4x4x4")
+    assert {p.workload_policy for p in iw.node_pools} == {"msj-tpu7x-4x4x4"}
+    assert {p.reservation for p in iw.node_pools} == {
+        "ironwood-reservation/reservationBlocks/block-0001"
+    }
 
 
 def test_cli_validates_every_example(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ HEAVY = (
     "grpc",
     "google.cloud.container_v1",
     "google.cloud.tpu_v2",
+    "google.cloud.compute_v1",
     "jax",
     "rich",  # the status view's terminal library (the cli extra): never in the operator
 )

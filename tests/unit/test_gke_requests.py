@@ -63,8 +63,11 @@ def test_management_keeps_auto_upgrade_on():
     assert (management.auto_upgrade, management.auto_repair) == (True, True)
 
 
-def test_scopes_let_checkpoints_write_and_workload_identity_replaces_them():
-    # Defect 8: default node scopes give read-only Cloud Storage.
+def test_scopes_let_checkpoints_write_in_both_identity_modes():
+    # Defect 8: default node scopes give read-only Cloud Storage. Issue 21: Workload Identity
+    # sent no scopes at all (the API adds none), so nodes could neither pull a private image
+    # (the kubelet pulls as the node) nor write gs:// from host-network pods (the node's
+    # identity); xpk keeps storage-full, gke-default, cloud-platform next to GKE_METADATA.
     config = pool_of(plan_of()).config
     assert "https://www.googleapis.com/auth/devstorage.full_control" in config.oauth_scopes
     assert "https://www.googleapis.com/auth/cloud-platform" in config.oauth_scopes
@@ -75,7 +78,7 @@ def test_scopes_let_checkpoints_write_and_workload_identity_replaces_them():
         NodeOptions(workload_identity=True, service_account="tpu@p.iam.gserviceaccount.com"),
     ).config
     assert wi.workload_metadata_config.mode == cs.WorkloadMetadataConfig.Mode.GKE_METADATA
-    assert list(wi.oauth_scopes) == []  # GKE's defaults: the pods carry their own identity
+    assert tuple(wi.oauth_scopes) == XPK_NODE_SCOPES
     assert wi.service_account == "tpu@p.iam.gserviceaccount.com"
     custom = NodeOptions(oauth_scopes=("https://www.googleapis.com/auth/cloud-platform",))
     assert list(pool_of(plan_of(), custom).config.oauth_scopes) == list(custom.oauth_scopes or ())

@@ -312,6 +312,52 @@ def test_what_gke_accepts_is_accepted(
     assert sim.counters()["createsAccepted"] == 3
 
 
+def test_a_tpu_pool_without_scopes_is_accepted_and_flagged(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    """GKE adds no scopes to a pool created without them (only logging and monitoring): it
+    accepts the pool, whose nodes then cannot pull an image or write gs://. So does the
+    simulator, and it says so."""
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool("bare"))
+    assert sim.node_access("bare") == {"pullImages": False, "writeStorage": False}
+    read_only = tpu_pool("read")
+    read_only.config.oauth_scopes.append("https://www.googleapis.com/auth/devstorage.read_only")
+    gke.create_node_pool(parent=CLUSTER, node_pool=read_only)
+    assert sim.node_access("read") == {"pullImages": True, "writeStorage": False}
+    assert sim.counters()["tpuPoolsWithoutStorageAccess"] == 2
+    assert sim.counters()["createsAccepted"] == 2
+
+
+def test_the_operators_workload_identity_pool_can_pull_and_write(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    """Issue 21: in Workload Identity mode the operator sent no scopes (fails on that code)."""
+    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
+
+    sim.configure(workload_identity=True)
+    plan = plan_job(
+        load_job(
+            {
+                "apiVersion": "multislice.dev/v1alpha1",
+                "kind": "MultisliceJob",
+                "metadata": {"name": "wi"},
+                "spec": {
+                    "accelerator": "v5litepod-16",
+                    "slices": 1,
+                    "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}},
+                },
+            }
+        )
+    )
+    pool = build_node_pool(
+        plan, plan.node_pools[0], "uid", [ZONE], node=NodeOptions(workload_identity=True)
+    )
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    assert sim.node_access(pool.name) == {"pullImages": True, "writeStorage": True}
+    assert sim.counters()["tpuPoolsWithoutStorageAccess"] == 0
+
+
 def test_quota_is_a_synchronous_403(
     sim: GkeSimulator, gke: container_v1.ClusterManagerClient
 ) -> None:
@@ -565,3 +611,279 @@ def test_cli_prints_url_and_serves() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+# ---------------------------------------------------------------- issue 24: Ironwood, flex-start,
+# reservation blocks, the pod range. Each rule cites its source in GkeSimulator._validate and
+# the create path; every test below fails on the simulator before issue 24.
+
+REGION = "us-east5"
+
+
+def compute_policies(url: str) -> Any:
+    from google.cloud import compute_v1
+
+    return compute_v1.ResourcePoliciesClient(**_options(url))
+
+
+def tpu7x_pool(
+    name: str = "iw-a", policy: str | None = "wp-4x4x4", topology: str = "4x4x4"
+) -> cs.NodePool:
+    pool = cs.NodePool(
+        name=name,
+        initial_node_count=16,
+        locations=[ZONE],
+        config=cs.NodeConfig(machine_type="tpu7x-standard-4t"),
+        placement_policy=cs.NodePool.PlacementPolicy(policy_name=policy, tpu_topology=topology),
+    )
+    return pool
+
+
+def insert_policy(sim: GkeSimulator, name: str = "wp-4x4x4", topology: str = "4x4x4") -> None:
+    from google.cloud import compute_v1
+
+    client = compute_policies(sim.url)
+    client.insert(
+        project="p",
+        region=REGION,
+        resource_policy_resource=compute_v1.ResourcePolicy(
+            name=name,
+            workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
+                type_="HIGH_THROUGHPUT", accelerator_topology=topology
+            ),
+        ),
+    )
+    wait_for(lambda: name in sim.policies())
+    close(client)
+
+
+def test_resource_policy_api_through_the_compute_client(sim: GkeSimulator) -> None:
+    from google.cloud import compute_v1
+
+    client = compute_policies(sim.url)
+    with pytest.raises(gexc.NotFound):
+        client.get(project="p", region=REGION, resource_policy="wp-4x4x4")
+    insert_policy(sim)
+    got = client.get(project="p", region=REGION, resource_policy="wp-4x4x4")
+    assert got.workload_policy.type_ == "HIGH_THROUGHPUT"
+    assert got.workload_policy.accelerator_topology == "4x4x4"
+    ops = compute_v1.RegionOperationsClient(**_options(sim.url))
+    [received] = sim.received_policy_inserts()
+    assert received["region"] == REGION and received["project"] == "p"
+    with pytest.raises(gexc.Conflict):
+        client.insert(
+            project="p",
+            region=REGION,
+            resource_policy_resource=compute_v1.ResourcePolicy(name="wp-4x4x4"),
+        )
+    # acceleratorTopology only with HIGH_THROUGHPUT (google_compute_resource_policy)
+    with pytest.raises(gexc.BadRequest, match="HIGH_THROUGHPUT"):
+        client.insert(
+            project="p",
+            region=REGION,
+            resource_policy_resource=compute_v1.ResourcePolicy(
+                name="wp-bad",
+                workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
+                    type_="HIGH_AVAILABILITY", accelerator_topology="4x4x4"
+                ),
+            ),
+        )
+    assert [p.name for p in client.list(project="p", region=REGION)] == ["wp-4x4x4"]
+    close(client)
+    close(ops)
+
+
+def test_tpu7x_pool_needs_an_existing_workload_policy(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    with pytest.raises(gexc.BadRequest, match="Placement policy wp-4x4x4 was not found"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
+    with pytest.raises(gexc.BadRequest, match=r"need placementPolicy\.policyName"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool(policy=None))
+    insert_policy(sim)
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
+    wait_for(lambda: registrar.node_count("iw-a") == 16)
+    group = registrar.groups["iw-a"]
+    assert (group.accelerator_label, group.topology, group.chips_per_host) == ("tpu7x", "4x4x4", 4)
+    # A policy in use is not deleted (GCE resourceInUseByAnotherResource).
+    client = compute_policies(sim.url)
+    with pytest.raises(gexc.BadRequest, match="already being used"):
+        client.delete(project="p", region=REGION, resource_policy="wp-4x4x4")
+    close(client)
+
+
+def test_tpu7x_compact_placement_goes_to_error(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    pool = tpu7x_pool(policy=None)
+    pool.placement_policy.type_ = cs.NodePool.PlacementPolicy.Type.COMPACT
+    gke.create_node_pool(parent=CLUSTER, node_pool=pool)  # accepted, then ERROR
+    got = wait_for(lambda: (p := sim.pool("iw-a")) and p["status"] == "ERROR" and p)
+    assert (
+        "with placement policy is not supported. Use workload policy instead."
+        in (got["statusMessage"])
+    )
+    assert registrar.node_count("iw-a") == 0
+
+
+def test_workload_policy_of_another_topology_fails_the_create(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    insert_policy(sim, "wp-4x4x4", topology="4x4x8")
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
+    got = wait_for(lambda: (p := sim.pool("iw-a")) and p["status"] == "ERROR" and p)
+    assert "does not match the TPU topology 4x4x4" in got["statusMessage"]
+
+
+def test_reservation_blocks_and_sub_blocks_are_accepted(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    for i, value in enumerate(
+        [
+            "res/reservationBlocks/block-1",
+            "projects/owner-proj/reservations/res/reservationBlocks/b/reservationSubBlocks/s-2",
+        ]
+    ):
+        pool = tpu_pool(f"blk-{i}")
+        pool.config.spot = False
+        pool.config.reservation_affinity = cs.ReservationAffinity(
+            consume_reservation_type=cs.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+            key="compute.googleapis.com/reservation-name",
+            values=[value],
+        )
+        gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+    bad = tpu_pool("blk-bad")
+    bad.config.reservation_affinity = cs.ReservationAffinity(
+        consume_reservation_type=cs.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+        key="compute.googleapis.com/reservation-name",
+        values=["res/reservationSubBlocks/s"],
+    )
+    with pytest.raises(gexc.BadRequest, match="SPECIFIC_RESERVATION needs"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=bad)
+    assert sim.counters()["createsAccepted"] == 2
+
+
+def test_pod_range_limits_the_gang_by_max_pods_per_node(
+    registrar: InMemoryRegistrar,
+) -> None:
+    # A /21 pod range (2,048 addresses) and a gang of three 4-node pools: at GKE's default 110
+    # pods per node each node takes a /24 (256), 3,072 in all, and the third pool fails; at 15
+    # each takes a /27 (32), 384 in all, and the gang fits.
+    def gang(max_pods: int | None) -> list[dict[str, Any]]:
+        config = SimConfig(op_latency_s=LATENCY, pod_range_prefix=21)
+        with GkeSimulator(config, registrar=InMemoryRegistrar()) as sim:
+            gke = gke_client(sim.url)
+            for name in ("ip-a", "ip-b", "ip-c"):
+                pool = tpu_pool(name)
+                if max_pods:
+                    pool.max_pods_constraint = cs.MaxPodsConstraint(max_pods_per_node=max_pods)
+                gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+            assert sim.wait_idle(10)
+            close(gke)
+            return [sim.pools()[n] for n in ("ip-a", "ip-b", "ip-c")]
+
+    default = gang(None)
+    assert [p["status"] for p in default] == ["RUNNING", "RUNNING", "ERROR"]
+    assert "[IP_SPACE_EXHAUSTED]" in default[2]["statusMessage"]
+    assert default[0]["podIpv4CidrSize"] == 24
+    small = gang(15)
+    assert [p["status"] for p in small] == ["RUNNING"] * 3
+    assert small[0]["podIpv4CidrSize"] == 27
+
+
+def flex_pool(name: str = "flex-a", machine: str = "ct5lp-hightpu-4t") -> cs.NodePool:
+    pool = tpu_pool(name)
+    pool.config.spot = False
+    pool.config.machine_type = machine
+    pool.config.flex_start = True
+    pool.config.max_run_duration = {"seconds": 3600}
+    pool.initial_node_count = 0
+    pool.autoscaling = cs.NodePoolAutoscaling(enabled=True, min_node_count=0, max_node_count=4)
+    pool.management = cs.NodeManagement(auto_repair=False, auto_upgrade=True)
+    return pool
+
+
+def test_flex_start_pool_waits_then_runs_then_expires(
+    registrar: InMemoryRegistrar,
+) -> None:
+    config = SimConfig(op_latency_s=LATENCY, flex_start_run_scale=0.0005)  # 1 h -> 1.8 s
+    with GkeSimulator(config, Faults(flex_start_hold=1), registrar=registrar) as sim:
+        gke = gke_client(sim.url)
+        gke.create_node_pool(parent=CLUSTER, node_pool=flex_pool())
+        # Waiting for capacity is RUNNING with no nodes, not an error.
+        wait_for(lambda: (p := sim.pool("flex-a")) and p["status"] == "RUNNING")
+        time.sleep(3 * LATENCY)
+        assert registrar.node_count("flex-a") == 0 and "statusMessage" not in sim.pool("flex-a")
+        sim.grant_flex_start("flex-a")
+        assert registrar.node_count("flex-a") == 4
+        wait_for(lambda: registrar.node_count("flex-a") == 0, timeout=10)  # max run duration
+        assert sim.pool("flex-a")["status"] == "RUNNING"  # type: ignore[index]
+        close(gke)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda p: setattr(p.config, "machine_type", "ct4p-hightpu-4t"), "not supported for"),
+        (lambda p: setattr(p.config, "spot", True), "cannot be combined with spot"),
+        (lambda p: setattr(p.config, "max_run_duration", {"seconds": 8 * 86400}), "7 days"),
+        (lambda p: setattr(p, "initial_node_count", 4), "minNodeCount 0"),
+        (
+            lambda p: setattr(
+                p.config,
+                "reservation_affinity",
+                cs.ReservationAffinity(
+                    consume_reservation_type=cs.ReservationAffinity.Type.ANY_RESERVATION
+                ),
+            ),
+            "NO_RESERVATION",
+        ),
+    ],
+)
+def test_flex_start_rules(
+    gke: container_v1.ClusterManagerClient, mutate: Callable[[cs.NodePool], Any], match: str
+) -> None:
+    pool = flex_pool()
+    mutate(pool)
+    if pool.config.machine_type == "ct4p-hightpu-4t":
+        pool.placement_policy.tpu_topology = "2x2x2"
+        pool.autoscaling.max_node_count = 2
+    with pytest.raises(gexc.BadRequest, match=match):
+        gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+
+
+def test_cluster_version_gates_tpu7x_and_flex_start(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    cluster = gke.get_cluster(name=CLUSTER)
+    assert cluster.current_master_version == sim.config.cluster_version
+    sim.configure(cluster_version="1.32.4-gke.1000")
+    insert_policy(sim)
+    with pytest.raises(gexc.BadRequest, match=r"requires GKE version 1\.34\.0-gke\.2201000"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu7x_pool())
+    with pytest.raises(gexc.BadRequest, match=r"require GKE version 1\.33\.0-gke\.1712000"):
+        gke.create_node_pool(parent=CLUSTER, node_pool=flex_pool())
+
+
+def test_quota_names_follow_generation_and_provisioning_model(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    # v5e spot: the PREEMPTIBLE_ form; v6e on demand: the family quota (no TPU_V6E metric);
+    # flex-start spends preemptible quota (Compute Engine "Provisioning models").
+    cases = [
+        (tpu_pool("q-a"), "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
+        (flex_pool("q-b"), "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
+    ]
+    v6e = tpu_pool("q-c")
+    v6e.config.spot, v6e.config.machine_type = False, "ct6e-standard-4t"
+    cases.append((v6e, "TPUS_PER_TPU_FAMILY"))
+    for pool, metric in cases:
+        sim.set_faults(quota_sync_next=1)
+        with pytest.raises(gexc.Forbidden) as err:
+            gke.create_node_pool(parent=CLUSTER, node_pool=pool)
+        assert f'resource "{metric}"' in err.value.response.json()["error"]["message"]
+
+
+def test_accelerator_types_never_list_tpu7x(sim: GkeSimulator) -> None:
+    # "The Cloud TPU API is not supported on TPU7x and later TPU versions."
+    assert not [t for t in default_offered_types() if t.startswith("tpu7x")]

@@ -18,25 +18,26 @@ from multislice_operator.api.models import (
     Phase,
     PodFailureStatus,
 )
-from multislice_operator.controller.observe import pod_observations, summarize_pod
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.controller.observe import pod_records, summarize_pod
+from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     DecideConfig,
     JobMeta,
     JobSetObservation,
-    PodFailure,
     SliceObservation,
+    Termination,
     decide,
+    termination,
 )
 from multislice_operator.reconcile.goodput import (
     STATE_OF_PHASE,
     accounting_state,
     advance,
     live,
-    parse_termination_message,
     steps_lost,
 )
-from tests.unit.jobs import Observed, spec_and_plan
+from tests.unit import jobs
+from tests.unit.jobs import Observed, failed, spec_and_plan
 
 S = GoodputState
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -293,7 +294,7 @@ def test_contract_termination_message_is_parsed():
         '{"v": 1, "reason": "hang", "exitCode": 75, "step": 123, "checkpointStep": 120, '
         '"checkpointRequest": {"id": "1733050000", "step": 120}, "message": "no step for 312 s"}'
     )
-    assert parse_termination_message(text) == (123, 120)
+    assert termination.parse(text) == Termination(123, 120, "hang", ("1733050000", 120))
 
 
 @pytest.mark.parametrize(
@@ -308,12 +309,13 @@ def test_contract_termination_message_is_parsed():
     ],
 )
 def test_anything_else_says_nothing(text):
-    assert parse_termination_message(text) == (None, None)
+    said = termination.parse(text)
+    assert said is None or (said.step, said.checkpoint_step) == (None, None)
 
 
 def test_nulls_before_the_first_step_and_checkpoint():
-    assert parse_termination_message('{"step": null, "checkpointStep": null}') == (None, None)
-    assert parse_termination_message('{"step": 40, "checkpointStep": null}') == (40, None)
+    assert termination.parse('{"step": null, "checkpointStep": null}') == Termination()
+    assert termination.parse('{"step": 40, "checkpointStep": null}') == Termination(40)
     assert steps_lost(PodFailureStatus(pod="p", step=40)) == 40  # no checkpoint: all of it
     assert steps_lost(PodFailureStatus(pod="p", step=40, checkpoint_step=30)) == 10
     assert steps_lost(PodFailureStatus(pod="p")) is None
@@ -344,16 +346,15 @@ def test_failed_pod_summary_carries_the_steps():
         },
     }
     summary = summarize_pod(pod)
-    assert (summary["step"], summary["checkpointStep"]) == (57, 50)
-    failures, _, _ = pod_observations([summary], 0)
-    assert failures == [
-        PodFailure("job-slice-1-0-abc", 1, 13, "Error", 0, step=57, checkpoint_step=50)
+    assert summary["termination"] == Termination(57, 50)
+    assert pod_records([summary], JobSetObservation()) == [
+        failed("job-slice-1-0-abc", 1, 13, "Error", 0, step=57, checkpoint_step=50)
     ]
 
 
 # ---------------------------------------------------------------- through decide()
 
-CFG = DecideConfig(resync_seconds=10)
+CFG = DecideConfig.from_settings(None, resync_seconds=10)
 META = JobMeta("ns", "job", "uid-1", 1, creation_time=T0, has_finalizer=True)
 
 
@@ -370,8 +371,7 @@ def step(old, t, blind=None, jobset=None, failures=(), running=None):
         now=at(t),
         slices=list(SLICES),
         jobset=jobset,
-        pod_failures=list(failures),
-        running_pods=running or {},
+        pods=[*failures, *jobs.running(running or {}, jobset.restarts if jobset else 0)],
         blind_since=at(blind) if blind is not None else None,
     )
     return decide(META, spec, plan, None, old, obs, CFG).status
@@ -383,14 +383,12 @@ def test_one_restart_reports_cause_lost_steps_and_recovery():
     s = step(s, 10, None, JobSetObservation(ready_jobs=2), running=run)
     assert s.phase == "Running" and s.goodput is not None and s.goodput.since == at(10)
     # A pod of attempt 0 fails after step 120, last checkpoint at 100.
-    failed = PodFailure("job-slice-1-0-a", 1, 13, "Error", 0, step=120, checkpoint_step=100)
-    s = step(s, 100, None, JobSetObservation(ready_jobs=1), [failed], running={0: 4})
+    crash = failed("job-slice-1-0-a", 1, 13, "Error", 0, step=120, checkpoint_step=100)
+    s = step(s, 100, None, JobSetObservation(ready_jobs=1), [crash], running={0: 4})
     assert s.goodput is not None and s.goodput.state == "restarting"
     assert s.goodput.since == at(100)
     assert s.last_failure is not None and s.last_failure.step == 120
-    s = step(
-        s, 105, None, JobSetObservation(ready_jobs=0, restarts=1, restarts_counted=1), [failed]
-    )
+    s = step(s, 105, None, JobSetObservation(ready_jobs=0, restarts=1, restarts_counted=1), [crash])
     assert s.last_restart is not None
     assert s.last_restart.model_dump() == {
         "restart": 1,
@@ -480,7 +478,8 @@ def test_a_lost_slice_is_repairing_time_with_its_pool_held():
     )
     s = decide(META, managed_spec, mplan, None, old, obs, CFG).status
     assert s.goodput is not None
-    assert (s.goodput.state, s.goodput.held_chips) == ("repairing", 16)
+    # The surviving pool, and the replacement this very pass creates (held from now on).
+    assert s.goodput.held_chips == 32 and s.goodput.state == "repairing"
     assert s.goodput.seconds.running == 60 and s.goodput.chip_seconds.running == 60 * 32
 
 
@@ -526,20 +525,16 @@ def test_heartbeat_reads_the_previous_operator_then_renews_as_itself():
     assert asyncio.run(refused.start()) is None and refused.failing
 
 
-def test_the_status_patch_deletes_keys_gone_from_nested_objects():
-    """A merge patch merges objects: goodput.state must be sent as null when the job finished."""
-    from multislice_operator.controller.reconciler import status_patch
+def test_keys_another_manager_still_holds_are_removed_with_nulls():
+    """Server-side apply drops the keys it owned and no longer sends; a key written before (by
+    an operator that merge-patched) stays until a merge patch of nulls removes it."""
+    from multislice_operator.controller.reconciler import _stale
 
-    old = {"phase": "Running", "goodput": {"state": "running", "since": "t1", "heldChips": 32}}
+    stored = {"phase": "Succeeded", "goodput": {"state": "running", "since": "t2", "heldChips": 0}}
     new = {"phase": "Succeeded", "goodput": {"since": "t2", "heldChips": 0}}
-    patch = status_patch(old, new)
-    assert patch == {
-        "phase": "Succeeded",
-        "goodput": {"since": "t2", "heldChips": 0, "state": None},
-    }
-    assert status_patch(new, new) is None
-    assert status_patch({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
-    assert status_patch({"a": 1}, {"a": {"b": 1}}) == {"a": {"b": 1}}
+    assert _stale(stored, new) == {"goodput": {"state": None}}
+    assert _stale(new, new) is None
+    assert _stale({"a": {"b": 1}, "c": 2}, {"a": 2}) == {"c": None}
 
 
 def test_resuming_a_managed_job_is_provisioning_time():

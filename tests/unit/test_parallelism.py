@@ -1,3 +1,5 @@
+import pytest
+
 from multislice_operator import parallelism
 
 
@@ -45,3 +47,15 @@ def test_dcn_tensor_must_be_one_and_says_why():
     assert "spec.parallelism.dcn.tensor" in paths
     msg = next(e.message for e in errors if e.path == "spec.parallelism.dcn.tensor")
     assert "DCN bandwidth" in msg
+
+
+@pytest.mark.parametrize("slices", [2, 4])
+def test_the_dcn_example_offered_is_itself_valid(slices):
+    # Issue 21: dcn.tensor 2 was offered "e.g. data: 1, tensor: 2", then told tensor must be 1.
+    _, errors = resolve(dcn={"data": slices, "tensor": 2}, slices=slices)
+    product = next(e.message for e in errors if e.path == "spec.parallelism.dcn")
+    example = product.split("e.g. ")[1]
+    fixed = {k: int(v) for k, v in (kv.split(": ") for kv in example.split(", "))}
+    assert fixed.get("tensor", 1) == 1 and "tensor" in fixed  # the user's axis, corrected
+    _, again = resolve(dcn=fixed, slices=slices)
+    assert again == []

@@ -231,3 +231,178 @@ def test_restart_policy_must_be_never():
         template={"spec": {"restartPolicy": "Always", "containers": [{"name": "a", "image": "b"}]}}
     )
     assert "spec.template.spec.restartPolicy" in errors_of(obj)
+
+
+# ---------------------------------------------------------------- issue 21: fail before any pool
+
+
+def pod(**fields):
+    return {"spec": {"containers": [{"name": "train", "image": "img:1"}], **fields}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "path", "needle"),
+    [
+        ({"nodeSelector": {"disktype": "ssd"}}, "spec.template.spec.nodeSelector.disktype", ""),
+        (
+            {"nodeSelector": {"cloud.google.com/gke-nodepool": "tpu-pool"}},
+            "spec.template.spec.nodeSelector.cloud.google.com/gke-nodepool",
+            "each slice runs on a node pool of its own",
+        ),
+        (
+            {"nodeSelector": {"cloud.google.com/gke-spot": "true"}},  # on-demand pools
+            "spec.template.spec.nodeSelector.cloud.google.com/gke-spot",
+            "",
+        ),
+        (
+            {"nodeSelector": {"node.kubernetes.io/instance-type": "ct5lp-hightpu-8t"}},
+            "spec.template.spec.nodeSelector.node.kubernetes.io/instance-type",
+            "",
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "pool", "operator": "In",
+                                                       "values": ["a"]}]},
+                                {"matchExpressions": [{"key": "multislice.dev/slice",
+                                                       "operator": "Gt", "values": ["5"]}]},
+                            ]
+                        }
+                    }
+                }
+            },
+            "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+            "no nodeSelectorTerm matches",
+        ),
+    ],
+    ids=["foreign-label", "another-pool", "spot-on-on-demand", "machine-type", "affinity"],
+)  # fmt: skip
+def test_node_selection_the_managed_pools_never_satisfy_is_refused(fields, path, needle):
+    # Issue 21: the gang was provisioned and held for unschedulableTimeoutSeconds (600 s).
+    errors = errors_of(job(template=pod(**fields)))
+    assert path in errors, errors
+    assert "msj-llm-" in errors[path] and "multislice.dev/job-key=" in errors[path]  # the labels
+    assert needle in errors[path]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"nodeSelector": {"cloud.google.com/gke-spot": "true"}},
+        {"nodeSelector": {"node.kubernetes.io/instance-type": "ct5lp-hightpu-4t"}},
+        {"nodeSelector": {"topology.kubernetes.io/zone": "us-east5-b"}},  # GKE's: unknown here
+        {"nodeSelector": {"feature.node.kubernetes.io/cpu-sse4": "true"}},  # added by a daemon
+        {"nodeSelector": {"cloud.google.com/gke-tpu-topology": "4x4"}},  # the operator's own
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "Exists"}]},
+                            {"matchExpressions": [{"key": "multislice.dev/slice",
+                                                   "operator": "In", "values": ["0", "1"]}]},
+                        ]
+                    }
+                }
+            }
+        },
+    ],
+    ids=["spot", "machine-type", "zone", "platform-domain", "same-topology", "one-term-matches"],
+)  # fmt: skip
+def test_node_selection_the_pools_can_satisfy_passes(fields):
+    plan = plan_of(job(template=pod(**fields), capacity={"type": "Spot"}))
+    assert len(plan.node_pools) == 2
+
+
+def test_existing_mode_node_selection_is_the_users_business():
+    plan = plan_of(
+        job(template=pod(nodeSelector={"pool": "mine"}), provisioning={"mode": "Existing"})
+    )
+    assert plan.node_pools == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "path", "needle"),
+    [
+        (
+            {"nodeSelector": {"cloud.google.com/gke-tpu-topology": "2x4"}},
+            "spec.template.spec.nodeSelector.cloud.google.com/gke-tpu-topology",
+            "'2x4' conflicts with the operator's '4x4'",
+        ),
+        (
+            {"nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice"}},
+            "spec.template.spec.nodeSelector.cloud.google.com/gke-tpu-accelerator",
+            "conflicts with the operator's 'tpu-v5-lite-podslice'",
+        ),
+        (
+            {"containers": [{"name": "t", "image": "i",
+                             "resources": {"limits": {"google.com/tpu": 8}}}]},
+            "spec.template.spec.containers[0].resources.limits.google.com/tpu",
+            "conflicts with the 4 chips per host",
+        ),
+        (
+            {"containers": [{"name": "t", "image": "i"},
+                            {"name": "s", "image": "i",
+                             "resources": {"requests": {"google.com/tpu": "4"}}}]},
+            "spec.template.spec.containers[1].resources.requests.google.com/tpu",
+            "only the first container gets the TPUs",
+        ),
+    ],
+    ids=["topology", "accelerator", "chips", "second-container"],
+)  # fmt: skip
+def test_a_template_that_contradicts_what_the_operator_sets_is_refused(fields, path, needle):
+    # Issue 21: the render silently replaced them.
+    for mode in ("Managed", "Existing"):
+        errors = errors_of(job(template=pod(**fields), provisioning={"mode": mode}))
+        assert needle in errors[path], errors
+
+
+def test_the_operators_own_values_are_accepted_in_the_template():
+    fields = {
+        "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice"},
+        "containers": [
+            {"name": "t", "image": "i", "resources": {"limits": {"google.com/tpu": "4"}}}
+        ],
+    }
+    assert plan_of(job(template=pod(**fields))).total_chips == 32
+
+
+def test_no_checkpoint_is_a_warning():
+    plan = plan_of(job())
+    assert [w.path for w in plan.warnings] == ["spec.checkpoint.directory"]
+    assert "starts training from step 0" in plan.warnings[0].message
+    assert plan_of(job(checkpoint={"directory": "gs://bkt/run"})).warnings == []
+
+
+@pytest.mark.parametrize(
+    ("volumes", "mounts", "needle"),
+    [
+        ([], [], "is on no volume of the TPU container"),
+        ([{"name": "ck", "emptyDir": {}}], [{"name": "ck", "mountPath": "/ckpt"}], "(emptyDir)"),
+        ([{"name": "ck", "hostPath": {"path": "/x"}}], [{"name": "ck", "mountPath": "/"}],
+         "(hostPath)"),
+        ([{"name": "ck", "persistentVolumeClaim": {"claimName": "c"}}],
+         [{"name": "ck", "mountPath": "/ckpt/run-other"}], "is on no volume"),
+        ([{"name": "ck", "persistentVolumeClaim": {"claimName": "c"}}],
+         [{"name": "ck", "mountPath": "/ckpt"}], None),
+        ([{"name": "ck", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}}],
+         [{"name": "ck", "mountPath": "/ckpt/"}], None),
+    ],
+    ids=["no-volume", "empty-dir", "host-path", "other-dir", "pvc", "gcs-fuse"],
+)  # fmt: skip
+def test_a_local_checkpoint_needs_a_volume_that_persists(volumes, mounts, needle):
+    template = {
+        "spec": {
+            "containers": [{"name": "t", "image": "i", "volumeMounts": mounts}],
+            "volumes": volumes,
+        }
+    }
+    plan = plan_of(job(template=template, checkpoint={"directory": "/ckpt/run"}))
+    if needle is None:
+        assert plan.warnings == []
+    else:
+        [warning] = plan.warnings
+        assert needle in warning.message, warning

@@ -1,4 +1,4 @@
-"""Table tests for Kueue mode (reconcile/queue.py): quota first, then the gang, then admission."""
+"""Table tests for Kueue mode (reconcile/gate.py): quota first, then the gang, then admission."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.provisioning.base import PoolError, PoolState
+from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
     AdmissionCheckObservation,
@@ -28,12 +28,12 @@ from multislice_operator.reconcile import (
     WorkloadObservation,
     decide,
 )
-from multislice_operator.reconcile.queue import activate
+from multislice_operator.reconcile.gate import activate
 from tests.unit import jobs
 from tests.unit.jobs import Observed
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig(
+CFG = DecideConfig.from_settings(None,
     backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10,
     kueue_workload_wait_seconds=60,
 )  # fmt: skip

@@ -6,9 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.provisioning.base import PoolError, PoolState
+from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
-    AddFinalizer,
     Admission,
     CreateJobSet,
     CreatePools,
@@ -18,17 +17,22 @@ from multislice_operator.reconcile import (
     JobMeta,
     JobSetObservation,
     Observed,
+    Pod,
     RemoveFinalizer,
     SliceObservation,
-    UnschedulablePod,
     ValidateJobSet,
     decide,
 )
+from tests.unit import jobs
 from tests.unit.jobs import spec_and_plan
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig(
-    backoff_base_seconds=30, backoff_max_seconds=600, resync_seconds=10, not_ready_grace_seconds=60
+CFG = DecideConfig.from_settings(
+    None,
+    backoff_base_seconds=30,
+    backoff_max_seconds=600,
+    resync_seconds=10,
+    not_ready_grace_seconds=60,
 )
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 OK = Admission()
@@ -72,6 +76,7 @@ RUNNING = {
     "slices": [{"index": i, "phase": "Running", "hosts": 4, "seenReady": True} for i in range(2)],
 }
 JS_RUNNING = JobSetObservation(ready_jobs=2, active_jobs=2)
+PODS = jobs.running({0: 4, 1: 4})  # a running JobSet has its pods
 
 
 # ---------------------------------------------------------------- admission before any pool
@@ -82,18 +87,22 @@ def test_the_jobset_is_judged_before_any_pool():
     d = run(
         meta=new, obs=Observed(now=NOW, slices=[SliceObservation(i, POOL[i]) for i in range(2)])
     )
-    assert d.actions == [AddFinalizer(), ValidateJobSet()]
-    assert d.status.phase == "Pending" and "dry run" in (d.status.message or "")
+    assert d.actions == [ValidateJobSet()]
+    # Nothing else changes until the apiserver answered (a moment later): nothing is written.
+    assert d.status == MultisliceJobStatus() and d.events == []
 
 
-def test_an_existing_mode_job_is_judged_before_its_jobset():
+def test_an_existing_mode_job_is_judged_by_its_jobset_create():
+    # No capacity to protect: the create itself is the apiserver's verdict (no dry run).
     d = run(
         obs=Observed(
-            now=NOW, slices=[SliceObservation(i, f"p{i}", PoolState.READY, 4) for i in (0, 1)]
+            now=NOW,
+            slices=[SliceObservation(i, f"p{i}", PoolState.READY, 4) for i in (0, 1)],
+            admission=None,
         ),
         provisioning={"mode": "Existing"},
     )
-    assert d.actions == [ValidateJobSet()]
+    assert d.actions == [CreateJobSet()]
 
 
 def test_a_refused_jobset_fails_the_job_with_the_apiservers_words_and_no_pool():
@@ -120,9 +129,11 @@ def test_a_refusal_after_pools_exist_releases_them():
 # ---------------------------------------------------------------- unschedulable pods
 
 
-def unschedulable(since: datetime) -> list[UnschedulablePod]:
+def unschedulable(since: datetime) -> list[Pod]:
+    """Slice 0 runs; a pod of slice 1 cannot be placed since `since`."""
     message = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
-    return [UnschedulablePod("job-slice-1-0-abc", 1, since, message)]
+    stuck = Pod("job-slice-1-0-abc", 1, unschedulable_since=since, scheduler_message=message)
+    return [*jobs.running({0: 4}), stuck]
 
 
 def test_unschedulable_pods_wait_out_the_deadline_from_when_capacity_was_ready():
@@ -132,7 +143,7 @@ def test_unschedulable_pods_wait_out_the_deadline_from_when_capacity_was_ready()
         slices=ready(4, 4),
         jobset=JobSetObservation(ready_jobs=1, active_jobs=2),
         admission=OK,
-        unschedulable=unschedulable(NOW - timedelta(hours=1)),  # Pending while repairing
+        pods=unschedulable(NOW - timedelta(hours=1)),  # Pending while repairing
     )
     d = run(old=old, obs=obs, failurePolicy={"unschedulableTimeoutSeconds": 300})
     assert d.status.phase != "Failed" and d.actions == []
@@ -145,7 +156,7 @@ def test_unschedulable_past_the_deadline_fails_with_the_schedulers_reason_and_re
         slices=ready(4, 4),
         jobset=JobSetObservation(ready_jobs=1, active_jobs=2),
         admission=OK,
-        unschedulable=unschedulable(NOW - timedelta(seconds=301)),
+        pods=unschedulable(NOW - timedelta(seconds=301)),
     )
     d = run(old=RUNNING, obs=obs, failurePolicy={"unschedulableTimeoutSeconds": 300})
     assert d.status.phase == "Failed"
@@ -166,9 +177,12 @@ def test_unschedulable_past_the_deadline_fails_with_the_schedulers_reason_and_re
 
 def test_the_capacity_clock_starts_when_every_slice_is_ready_and_stops_when_one_is_not():
     old = {k: v for k, v in RUNNING.items() if k != "capacityReadyTime"}
-    d = run(old=old, obs=Observed(now=NOW, slices=ready(4, 4), jobset=JS_RUNNING, admission=OK))
+    d = run(
+        old=old,
+        obs=Observed(now=NOW, slices=ready(4, 4), jobset=JS_RUNNING, pods=PODS, admission=OK),
+    )
     assert d.status.capacity_ready_time == NOW
-    lost = Observed(now=NOW, slices=ready(4, 0), jobset=JS_RUNNING, admission=OK)
+    lost = Observed(now=NOW, slices=ready(4, 0), jobset=JS_RUNNING, pods=PODS, admission=OK)
     assert run(old=d.status, obs=lost).status.capacity_ready_time is None
 
 
@@ -176,7 +190,9 @@ def test_the_capacity_clock_starts_when_every_slice_is_ready_and_stops_when_one_
 
 
 def test_a_not_ready_blip_is_an_event_not_a_repair():
-    blip = Observed(now=NOW, slices=ready(4, 0, present=(4, 4)), jobset=JS_RUNNING, admission=OK)
+    blip = Observed(
+        now=NOW, slices=ready(4, 0, present=(4, 4)), jobset=JS_RUNNING, pods=PODS, admission=OK
+    )
     d = run(old=RUNNING, obs=blip)
     assert d.actions == []
     assert reasons(d) == ["SliceNotReady"]
@@ -188,12 +204,17 @@ def test_a_not_ready_blip_is_an_event_not_a_repair():
         now=NOW + timedelta(seconds=30),
         slices=ready(4, 0, present=(4, 4)),
         jobset=JS_RUNNING,
+        pods=PODS,
         admission=OK,
     )
     d2 = run(old=d.status, obs=later)
     assert d2.actions == [] and reasons(d2) == []  # announced once
     back = Observed(
-        now=NOW + timedelta(seconds=40), slices=ready(4, 4), jobset=JS_RUNNING, admission=OK
+        now=NOW + timedelta(seconds=40),
+        slices=ready(4, 4),
+        jobset=JS_RUNNING,
+        pods=PODS,
+        admission=OK,
     )
     d3 = run(old=d2.status, obs=back)
     assert d3.actions == [] and reasons(d3) == ["SliceReady"]
@@ -203,12 +224,15 @@ def test_a_not_ready_blip_is_an_event_not_a_repair():
 def test_not_ready_past_the_grace_period_is_a_lost_slice():
     d = run(
         old=RUNNING,
-        obs=Observed(now=NOW, slices=ready(4, 1, present=(4, 4)), jobset=JS_RUNNING, admission=OK),
+        obs=Observed(
+            now=NOW, slices=ready(4, 1, present=(4, 4)), jobset=JS_RUNNING, pods=PODS, admission=OK
+        ),
     )
     late = Observed(
         now=NOW + timedelta(seconds=61),
         slices=ready(4, 1, present=(4, 4)),
         jobset=JS_RUNNING,
+        pods=PODS,
         admission=OK,
     )
     d2 = run(old=d.status, obs=late)
@@ -218,7 +242,9 @@ def test_not_ready_past_the_grace_period_is_a_lost_slice():
 
 
 def test_nodes_gone_is_a_lost_slice_at_once():
-    gone = Observed(now=NOW, slices=ready(4, 0, present=(4, 0)), jobset=JS_RUNNING, admission=OK)
+    gone = Observed(
+        now=NOW, slices=ready(4, 0, present=(4, 0)), jobset=JS_RUNNING, pods=PODS, admission=OK
+    )
     d = run(old=RUNNING, obs=gone)
     assert d.actions == [DeletePools((POOL[1],))]
     assert "SliceLost" in reasons(d)
@@ -229,7 +255,10 @@ def test_nodes_gone_is_a_lost_slice_at_once():
 
 def test_a_terminal_status_the_world_contradicts_is_ignored():
     old = {**RUNNING, "phase": "Succeeded", "completionTime": "2026-11-30T11:59:00Z"}
-    d = run(old=old, obs=Observed(now=NOW, slices=ready(4, 4), jobset=JS_RUNNING, admission=OK))
+    d = run(
+        old=old,
+        obs=Observed(now=NOW, slices=ready(4, 4), jobset=JS_RUNNING, pods=PODS, admission=OK),
+    )
     assert not any(isinstance(a, DeletePools) for a in d.actions)
     assert "StatusIgnored" in reasons(d)
     assert d.status.phase == "Running" and d.status.completion_time is None
@@ -250,7 +279,10 @@ def test_a_permanent_pool_error_while_running_stops_the_jobset_too():
     err = PoolError(1, POOL[1], "PERMISSION_DENIED", "no", True)
     slices = ready(4, 4)
     slices[1] = SliceObservation(1, POOL[1], PoolState.FAILED, 0, err)
-    d = run(old=RUNNING, obs=Observed(now=NOW, slices=slices, jobset=JS_RUNNING, admission=OK))
+    d = run(
+        old=RUNNING,
+        obs=Observed(now=NOW, slices=slices, jobset=JS_RUNNING, pods=PODS, admission=OK),
+    )
     assert d.status.phase == "Failed"
     assert DeleteJobSet() in d.actions and any(isinstance(a, DeletePools) for a in d.actions)
 
@@ -308,7 +340,7 @@ def test_pools_of_this_uid_that_no_plan_names_are_released_in_any_mode():
 
 def test_an_invalid_job_still_releases_its_pools_and_jobset():
     err = SpecError([FieldError("spec.template", "no longer valid")])
-    obs = Observed(now=NOW, strays={POOL[0]: PoolState.READY}, jobset=JS_RUNNING)
+    obs = Observed(now=NOW, strays={POOL[0]: PoolState.READY}, jobset=JS_RUNNING, pods=PODS)
     deleting = JobMeta("ns", "job", "uid-1", 1, deleting=True, has_finalizer=True)
     d = decide(deleting, None, None, err, MultisliceJobStatus(), obs, CFG)
     assert DeleteJobSet() in d.actions and DeletePools((POOL[0],)) in d.actions
@@ -325,7 +357,7 @@ def test_a_slice_without_any_pod_fails_after_the_deadline():
             slices=ready(4, 4),
             jobset=JobSetObservation(ready_jobs=1, active_jobs=1),
             admission=OK,
-            pods_by_slice=pods,
+            pods=jobs.running(pods),
         )
 
     old = {**RUNNING, "capacityReadyTime": "2026-11-30T11:58:00Z"}  # 120 s ago
@@ -345,7 +377,6 @@ def test_the_clock_does_not_run_while_a_queue_keeps_the_jobset_suspended():
         slices=ready(4, 4),
         jobset=JobSetObservation(suspended=True),
         admission=OK,
-        pods_by_slice={},
     )
     d = run(old=RUNNING, obs=queued)
     assert d.status.capacity_ready_time is None

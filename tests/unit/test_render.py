@@ -22,7 +22,9 @@ OBJ = {
         "template": {
             "metadata": {"labels": {"team": "a"}},
             "spec": {
-                "nodeSelector": {"pool-class": "tpu"},
+                # A label GKE gives the job's nodes (node selection GKE never satisfies is refused
+                # by the plan in Managed mode).
+                "nodeSelector": {"node.kubernetes.io/instance-type": "ct5lp-hightpu-4t"},
                 "containers": [
                     {
                         "name": "train",
@@ -104,7 +106,8 @@ def test_pod_gets_tpu_parts():
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v5-lite-podslice"
     assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
-    assert spec["nodeSelector"]["pool-class"] == "tpu"  # the user's selector is kept
+    # The user's selector is kept.
+    assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == "ct5lp-hightpu-4t"
     assert "multislice.dev/job-key" in spec["nodeSelector"]  # Managed: this job's pools only
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"

@@ -15,9 +15,10 @@ from multislice_operator.controller import admission, handlers, reconciler
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.runtime import Indexes, Runtime
 from multislice_operator.plan import load_job, plan_job
-from multislice_operator.provisioning.base import GangObservation, PoolError, PoolState
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.provisioning.gke import OwnedPool
-from multislice_operator.reconcile import Admission, DecideConfig, JobMeta
+from multislice_operator.reconcile import Admission, DecideConfig, JobMeta, JobSetObservation
 from multislice_operator.render import render_jobset, render_probe_job
 from multislice_operator.settings import Settings
 
@@ -56,7 +57,7 @@ def runtime(provisioner: Any = None, kube: Any = None) -> Runtime:
         settings=Settings(),
         kube=kube,
         provisioner=provisioner,
-        cfg=DecideConfig(),
+        cfg=DecideConfig.from_settings(),
         indexes=Indexes(jobsets={}, pods={}, nodes={}),
     )
 
@@ -245,10 +246,10 @@ def test_unschedulable_pods_are_read_from_the_pod_scheduled_condition():
             ],
         },
     }
-    (got,) = ob.unschedulable_pods([ob.summarize_pod(pod)], 0)
-    assert got.slice_index == 1 and got.message == "0/8 nodes are available"
-    assert got.since == datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
-    assert ob.unschedulable_pods([ob.summarize_pod(pod)], 1) == []  # another attempt's pod
+    (got,) = ob.pod_records([ob.summarize_pod(pod)], JobSetObservation())
+    assert got.slice_index == 1 and got.scheduler_message == "0/8 nodes are available"
+    assert got.unschedulable_since == datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
+    assert got.attempt == 0  # facts.py: only the current attempt's pods count
 
 
 # ---------------------------------------------------------------- the orphan sweep and Roles

@@ -142,3 +142,35 @@ def test_any_template_either_renders_or_is_refused_by_field(template):
         assert all(e.path.startswith(("spec.", "metadata.")) for e in exc.errors), exc
         return
     render_jobset(plan, job.spec)  # never raises on a template the plan accepted
+
+
+@pytest.mark.parametrize(
+    ("template", "path", "hint"),
+    [
+        ({"spec": {"contianers": [{"name": "c", "image": "i"}]}},
+         "spec.template.spec.contianers", "did you mean containers?"),
+        ({"spec": {"containers": [{"name": "c", "image": "i", "imagePullPolcy": "Always"}]}},
+         "spec.template.spec.containers[0].imagePullPolcy", "did you mean imagePullPolicy?"),
+        ({"metdata": {}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+         "spec.template.metdata", "did you mean metadata?"),
+        ({"spec": {"containers": [{"name": "c", "image": "i"}], "gpus": 1}},
+         "spec.template.spec.gpus", "not a field of a pod spec"),
+    ],
+    ids=["containers", "container-field", "metadata", "no-close-match"],
+)  # fmt: skip
+def test_a_misspelt_field_is_named(template, path, hint):
+    # Issue 21: `contianers` was reported as "at least one container is required".
+    text = errors(body(template))
+    assert f"{path}: unknown field" in text and hint in text, text
+    assert "at least one container is required" not in text
+
+
+def test_the_field_lists_are_kubernetes_own():
+    # The JobSet v0.10.1 CRD's pod template (k8s.io/api v0.34); the Kubernetes client the
+    # tests use may know newer alpha fields, never fewer.
+    from kubernetes.client import V1Container, V1PodSpec, V1PodTemplateSpec
+
+    newer = {"evictionResponders", "schedulingGroup"}  # Kubernetes 1.35 alpha fields
+    assert set(V1PodSpec.attribute_map.values()) - newer == podtemplate.POD_SPEC_FIELDS
+    assert set(V1Container.attribute_map.values()) == podtemplate.CONTAINER_FIELDS
+    assert set(V1PodTemplateSpec.attribute_map.values()) == podtemplate.TEMPLATE_FIELDS

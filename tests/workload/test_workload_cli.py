@@ -134,7 +134,8 @@ def test_sigterm_saves_then_exits_143_and_resume_is_exact(tmp_path: Path) -> Non
     preempted = next(e for e in events if e["event"] == "preempted")
     assert preempted["checkpoint_saved"] and preempted["step"] == 4
     assert (ckpt / "4" / "commit_success.txt").is_file()  # async save finished before the exit
-    assert (ckpt / "4" / "data" / "process_0-of-1.json").is_file()  # the Grain iterator
+    # The data position: one global example index, not a file per process.
+    assert json.loads((ckpt / "4" / "data" / "metadata").read_text()) == {"next_example": 16}
     message = read_message(log)
     assert (message["reason"], message["exitCode"]) == ("preempted", 143)
     assert (message["step"], message["checkpointStep"]) == (4, 4)
@@ -149,7 +150,7 @@ def test_sigterm_saves_then_exits_143_and_resume_is_exact(tmp_path: Path) -> Non
     assert code == exitcodes.EXIT_OK
     restored = next(e for e in events if e["event"] == "restored")
     assert restored["message"] == "restored from step 4"
-    assert restored["data_state"] == {"next_index": 4}  # the iterator came back with the model
+    assert restored["data_state"] == {"next_example": 16}  # came back with the model
     message = read_message(log)
     assert (message["reason"], message["step"], message["checkpointStep"]) == ("finished", 8, 8)
     code, _, _ = run_workload([*train, "--final-params-out", str(reference_out)])

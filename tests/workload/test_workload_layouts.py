@@ -1,6 +1,7 @@
 """GKE TPU host layouts, on stand-in devices that carry what the TPU runtime reports (``coords``,
 ``core_on_chip``, ``process_index``, ``slice_index``, ``device_kind``), through the same mesh
-code (`mesh.device_array`, JAX's mesh_utils) and the input pipeline's row assignment.
+code (`mesh.device_array`, JAX's mesh_utils) and the row assignment `datasets.GlobalBatches` uses
+(`datasets.local_rows`, `datasets.device_blocks`).
 
 Hosts are Kubernetes nodes: 4-chip VMs holding a 2x2 block of chips (2x2x1 on 3D tori), the
 block of GKE's multi-host TPU node pools; a TPU7x chip is 2 devices (its 2 TensorCores).
@@ -15,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from multislice_workload import data, hardware
+from multislice_workload import datasets, hardware
 from multislice_workload.env import Parallelism
 from multislice_workload.mesh import MESH_AXES, device_array
 from multislice_workload.sharding import named
@@ -107,21 +108,6 @@ def arrange(shape: Shape, p: Parallelism, slices: int) -> np.ndarray:
     )
 
 
-def local_layout(sharding: object, global_shape: tuple[int, int], process: int) -> dict[int, range]:
-    """Where each of the process's devices finds its rows in the process-local array, by the
-    rule of `jax.make_array_from_process_local_data` (its docstring and array.py: the distinct
-    shard starts, sorted, each shard-size long)."""
-    indices = {
-        d: idx[0]
-        for d, idx in sharding.devices_indices_map(global_shape).items()  # type: ignore[attr-defined]
-        if d.process_index == process
-    }
-    starts = sorted({i.start or 0 for i in indices.values()})
-    size = next(iter(indices.values())).stop - (next(iter(indices.values())).start or 0)
-    return {d.id: range(starts.index(i.start or 0) * size, (starts.index(i.start or 0) + 1) * size)
-            for d, i in indices.items()}  # fmt: skip
-
-
 @pytest.mark.parametrize(("name", "parallelism", "slices"), cases(), ids=lambda v: str(v))
 def test_every_process_reads_exactly_the_rows_its_devices_hold(
     name: str, parallelism: Parallelism, slices: int
@@ -137,21 +123,26 @@ def test_every_process_reads_exactly_the_rows_its_devices_hold(
     held = sharding.devices_indices_map(global_shape)
     seen: set[int] = set()
     for process in range(slices * shape.hosts):
-        rows = data.process_rows(sharding, global_shape, process_index=process)
+        rows = datasets.local_rows(sharding, global_shape, process_index=process)
         mine = {d: idx[0] for d, idx in held.items() if d.process_index == process}
         assert len(rows) == len(set(rows))
         assert set(rows) == {r for s in mine.values() for r in range(s.start, s.stop)}
-        # Each device's rows sit where make_array_from_process_local_data will look for them.
-        layout = local_layout(sharding, global_shape, process)
-        for device, index in mine.items():
-            assert [rows[i] for i in layout[device.id]] == list(range(index.start, index.stop))
+        # Each device is handed exactly its rows of the process-local batch (row i of which is
+        # global row rows[i]), as `GlobalBatches.to_global` puts them on it.
+        blocks = datasets.device_blocks(sharding, global_shape, rows, process)
+        assert set(blocks) == set(mine)
+        for device, (positions, columns) in blocks.items():
+            index = mine[device]
+            assert [rows[i] for i in positions] == list(range(index.start, index.stop))
+            assert columns == held[device][1]
         seen |= set(rows)
     assert seen == set(range(global_shape[0]))
 
 
 def test_the_layouts_that_broke_the_old_pipeline_are_not_contiguous() -> None:
     """v5e 4x4 with 2x2-chip hosts and all-FSDP: a host's rows are not one block (the old
-    `process_rows` refused them with a ValueError, exit 1, retried until the budget ran out)."""
+    `data.process_rows` refused them with a ValueError, exit 1, retried until the budget ran
+    out)."""
     import jax
 
     arranged = arrange(SHAPES["v5e 4x4"], Parallelism(ici_fsdp=16), 1)
@@ -159,11 +150,11 @@ def test_the_layouts_that_broke_the_old_pipeline_are_not_contiguous() -> None:
     gaps = [
         rows
         for p in range(4)
-        if (rows := data.process_rows(sharding, (32, 17), process_index=p))
+        if (rows := datasets.local_rows(sharding, (32, 17), process_index=p))
         and list(rows) != list(range(rows[0], rows[0] + len(rows)))
     ]
     assert gaps  # at least one host holds rows from several places of the batch
-    assert data.row_ranges(gaps[0]) != [(gaps[0][0], gaps[0][-1] + 1)]
+    assert datasets.row_ranges(gaps[0]) != [(gaps[0][0], gaps[0][-1] + 1)]
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from multislice_workload import data, hlo, train
+from multislice_workload import datasets, hlo, train
 from multislice_workload.mesh import MESH_AXES
 from multislice_workload.sharding import bytes_per_device
 from tests.workload.compiled import cached_trainer
@@ -115,9 +115,9 @@ def test_compiled_step_reduce_scatters_gradients_under_fsdp(fsdp_tensor: train.T
 
 
 def run_steps(t: train.Trainer, steps: int) -> tuple[list[float], dict[str, np.ndarray]]:
-    pipeline = data.DataPipeline(
-        data.DataConfig(CFG.batch_size, CFG.seq_len, CFG.seed, steps, threads=0),
-        t.batch_sharding,
+    windows = datasets.stdlib_windows(CFG.seq_len + 1, "train")
+    pipeline = datasets.GlobalBatches(
+        windows, CFG.batch_size, t.batch_sharding, CFG.seed, threads=0
     )
     state, losses = t.init_state(), []
     for _ in range(steps):
@@ -157,8 +157,19 @@ def test_layers_must_split_over_the_stages() -> None:
         train.check_shapes(cfg, mesh(2, 1, 2, 1))
 
 
-def test_flops_per_token_is_6n_plus_attention() -> None:
+def test_flops_per_token_is_6n_plus_causal_attention() -> None:
     model = train.model_config(CFG)
-    n = 4 * (4 * 32 * 2 * 16 + 2 * 32 * 64) + 32 * 256
+    assert model.padded_vocab == 384  # 257 byte tokens, rounded up to a multiple of 128
+    n = 4 * (4 * 32 * 2 * 16 + 2 * 32 * 64) + 32 * 384
     assert model.matmul_parameters() == n
-    assert model.flops_per_token() == 6 * n + 12 * 4 * 2 * 16 * 16
+    # Causal: half of PaLM's 12 x L x H x Q x T (MaxText's causal_attention_flops).
+    assert model.flops_per_token() == 6 * n + 6 * 4 * 2 * 16 * 16
+
+
+def test_flops_count_grouped_query_attention_and_swiglu() -> None:
+    cfg = dataclasses.replace(CFG, kv_heads=1, mlp_activation="swiglu")
+    model = train.model_config(cfg)
+    # wq, wo: 32 x 2 x 16 each; wk, wv: 32 x 1 x 16 each; wi, wi_gate, wo_mlp: 32 x 64 each.
+    n = 4 * (2 * 32 * 2 * 16 + 2 * 32 * 1 * 16 + 3 * 32 * 64) + 32 * 384
+    assert model.matmul_parameters() == n
+    assert model.parameter_count() == n + 384 * 32 + 4 * 2 * 32 + 32

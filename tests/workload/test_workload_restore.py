@@ -4,14 +4,13 @@ elastic case: another number of slices, another dcn.data), in this process on 8 
 from __future__ import annotations
 
 import gc
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from multislice_workload import data, train
+from multislice_workload import datasets, train
 from multislice_workload.checkpoint import Checkpointer
 from multislice_workload.podinfo import AnnotationWatcher, CheckpointRequests
 from tests.workload.compiled import cached_trainer
@@ -20,9 +19,9 @@ from tests.workload.test_workload_model import CFG, flat
 SAVED_LAYOUT = (1, 2, 4, 1)  # "2 slices": dcn.data = 2, fsdp 4 in each
 
 
-def pipeline_for(t: train.Trainer, steps: int = 8) -> data.DataPipeline:
-    cfg = data.DataConfig(CFG.batch_size, CFG.seq_len, CFG.seed, steps, threads=0)
-    return data.DataPipeline(cfg, t.batch_sharding)
+def pipeline_for(t: train.Trainer) -> datasets.GlobalBatches:
+    windows = datasets.stdlib_windows(CFG.seq_len + 1, "train")
+    return datasets.GlobalBatches(windows, CFG.batch_size, t.batch_sharding, CFG.seed, threads=0)
 
 
 def requests() -> CheckpointRequests:
@@ -37,7 +36,7 @@ def saved_run(directory: Path, steps: int = 2) -> dict[str, np.ndarray]:
     for _ in range(steps):
         state, _ = t.step(state, next(feed))
     saver = Checkpointer(str(directory), every=1, keep=1)
-    saver.save(steps, state, feed.iterator, {"checkpoint_request": None})
+    saver.save(steps, state, feed.get_state(), {"checkpoint_request": None})
     saver.wait()
     saver.close()
     return {k: np.asarray(v) for k, v in flat(state).items()}
@@ -95,21 +94,7 @@ def test_restore_onto_another_layout_gives_identical_values(tmp_path: Path) -> N
             np.testing.assert_array_equal(np.asarray(got[name]), value, err_msg=name)
         for name, leaf in flat(state["params"]).items():
             assert leaf.sharding == flat(t.abstract_state["params"])[name].sharding, name
-        assert feed.get_state() == {"next_index": 2}
+        assert feed.get_state() == {"next_example": 2 * CFG.batch_size}
         # It trains on from there, on the new layout.
         state, loss = t.step(state, next(feed))
         assert np.isfinite(float(loss)) and int(state["step"]) == 3
-
-
-def test_a_process_without_its_iterator_file_resumes_at_the_step(tmp_path: Path) -> None:
-    """Grain saves process_I-of-N.json per process; a job restored with another number of
-    processes has no file of its own, and the position is the step's (one batch per step)."""
-    saved_run(tmp_path, steps=3)
-    files = list((tmp_path / "3" / "data").glob("process_*.json"))
-    assert [f.name for f in files] == ["process_0-of-1.json"]
-    files[0].rename(files[0].with_name("process_0-of-2.json"))
-    t = cached_trainer(SAVED_LAYOUT, CFG)
-    feed = pipeline_for(t)
-    assert json.loads(files[0].with_name("process_0-of-2.json").read_text()) == {"next_index": 3}
-    state = train.restore_or_init(t, Checkpointer(str(tmp_path), 1, 1), feed, requests())
-    assert int(state["step"]) == 3 and feed.get_state() == {"next_index": 3}

@@ -3,11 +3,14 @@
 `traffic.py` for FSDP, tensor, data and pipeline layouts, and the operator's DCN advisor against
 both. 8 CPU devices (conftest.py), the tiny model of test_workload_model.py.
 
-Tolerance: 1% per (collective, mesh axes). The HLO matches the analytic count exactly today; the
-margin is for XLA splitting or combining collectives differently across versions, which moves no
-bytes, and rounding of the per-token reductions. A design that moves more (an all-reduce of a
-weight gradient before its reduce-scatter, a weight gathered in float32 under bf16, a pipeline
-buffer replicated over stages) misses by far more than 1%.
+Tolerance: 1% per (collective, mesh axes) for the weights, gradients and activations, and 1% of
+the step's total; the small reductions (norm scales, loss, global norm for clipping, per-token
+loss terms: `traffic.expected_parts`) may land in other groups (XLA folds an all-reduce over
+``tensor`` into a later one over ``fsdp`` where the ops between are linear), so their bytes are
+a slack on every key. The margins are for XLA splitting or combining collectives differently
+across versions, which moves no bytes. A design that moves more (an all-reduce of a weight
+gradient before its reduce-scatter, a weight gathered in float32 under bf16, a pipeline buffer
+replicated over stages) misses by far more.
 """
 
 from __future__ import annotations
@@ -42,11 +45,22 @@ def measured(t: train.Trainer, text: str | None = None) -> dict[Any, dict[str, f
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_collective_moves_the_analytic_minimum(layout: str) -> None:
     t = cached_trainer(LAYOUTS[layout], CFG)
-    got = measured(t)
-    want = traffic.expected_bytes(t.model, dict(t.mesh.shape), CFG.batch_size, t.microbatches)
-    assert set(got) == set(want), (sorted(got), sorted(want))
-    for key, expected in want.items():
-        assert got[key]["bytes"] == pytest.approx(expected, rel=TOLERANCE), key
+    got = {key: found["bytes"] for key, found in measured(t).items()}
+    big, tiny = traffic.expected_parts(t.model, dict(t.mesh.shape), CFG.batch_size, t.microbatches)
+    # The small reductions (norm scales, loss, global norm, per-token loss terms: a few KB)
+    # may be regrouped by XLA; they bound how far any key may move, and nothing else does.
+    slack = sum(tiny.values())
+    assert slack < 0.02 * sum(big.values())
+    for key, expected in big.items():
+        assert abs(got.get(key, 0.0) - expected - tiny.get(key, 0.0)) <= (
+            TOLERANCE * expected + slack
+        ), (key, got.get(key), expected)
+    for key in set(got) - set(big):
+        # A small reduction moved into a larger group costs up to 2x its bytes (ring model:
+        # 2 (n - 1) / n of the array), no more.
+        assert got[key] <= 2 * slack, (key, got[key], slack)
+    total = sum(big.values()) + slack
+    assert sum(got.values()) == pytest.approx(total, rel=TOLERANCE)
 
 
 def test_fsdp_reduce_scatters_each_gradient_once_and_all_reduces_none() -> None:
@@ -57,9 +71,12 @@ def test_fsdp_reduce_scatters_each_gradient_once_and_all_reduces_none() -> None:
     # embedding and output layer once; one reduce-scatter per weight gradient.
     assert got[("all-gather", ("fsdp",))]["executions"] == 2 * LAYER_WEIGHTS * layers + 2
     assert got[("reduce-scatter", ("fsdp",))]["executions"] == LAYER_WEIGHTS * layers + 2
-    # The only all-reduce over fsdp is the norm scales' and the loss's: a few hundred floats,
-    # not a weight gradient (the old step all-reduced every weight gradient at full size).
-    norms = 2 * layers * CFG.embed + CFG.embed + 1
+    # The only all-reduce over fsdp is the norm scales', the loss's and the global norm's
+    # partial sums (one per sharded parameter): a few hundred floats, not a weight gradient
+    # (the old step all-reduced every weight gradient at full size).
+    partials = len(traffic.sharded_axes(t.model, dict(t.mesh.shape)))
+    assert partials == LAYER_WEIGHTS + 2
+    norms = 2 * layers * CFG.embed + CFG.embed + 1 + partials
     assert got[("all-reduce", ("fsdp",))]["bytes"] == pytest.approx(2 * 7 / 8 * 4 * norms)
 
 
@@ -133,7 +150,7 @@ def test_the_advisors_traffic_is_the_compiled_steps(layout: str) -> None:
     got = measured(t)
     model = t.model
     params = model.parameter_count()
-    vocab_params = 2 * model.vocab * model.embed
+    vocab_params = 2 * model.padded_vocab * model.embed
 
     def bits(*keys: tuple[str, tuple[str, ...]]) -> float:
         return 8 * sum(got[k]["bytes"] for k in keys if k in got)

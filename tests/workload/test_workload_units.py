@@ -38,44 +38,6 @@ def test_byte_windows_are_file_bytes(tmp_path: Path) -> None:
     assert source[3].dtype == np.int32 and bytes(source[3].astype(np.uint8)) == b"0123"
 
 
-def test_a_process_reads_its_rows_of_the_same_global_batches() -> None:
-    """Rows 4..7 of each global batch are the same windows whoever reads them."""
-    cfg = data.DataConfig(global_batch=8, seq_len=15, seed=3, steps=5)
-    source = data.ByteWindows(data.corpus_files(), 16)
-    everything = data.local_dataset(cfg, source, range(8))
-    second_half = data.local_dataset(cfg, source, range(4, 8))
-    for step in range(5):
-        np.testing.assert_array_equal(second_half[step], everything[step][4:])
-    other_seed = data.local_dataset(data.DataConfig(8, 15, 4, 5), source, range(8))
-    assert not np.array_equal(other_seed[0], everything[0])
-
-
-def test_iterator_state_resumes_the_same_batches() -> None:
-    import jax
-
-    from multislice_workload.sharding import named
-
-    mesh = jax.sharding.Mesh(
-        np.array(jax.devices()[:4]).reshape(1, 1, 4, 1), ("pipeline", "data", "fsdp", "tensor")
-    )
-    cfg = data.DataConfig(global_batch=8, seq_len=15, seed=0, steps=10, threads=2)
-    first = data.DataPipeline(cfg, named(mesh, ("batch", None)))
-    assert first.rows == tuple(range(8))
-    next(first), next(first)
-    state = first.get_state()
-    expected = [np.asarray(next(first)) for _ in range(3)]
-    second = data.DataPipeline(cfg, named(mesh, ("batch", None)))
-    second.set_state(state)
-    assert state == {"next_index": 2}
-    for batch in expected:
-        got = next(second)
-        assert got.shape == (8, 16) and tuple(got.sharding.spec) == (
-            ("pipeline", "data", "fsdp"),
-            None,
-        )
-        np.testing.assert_array_equal(np.asarray(got), batch)
-
-
 # --- Termination message. ---------------------------------------------------------------------
 
 

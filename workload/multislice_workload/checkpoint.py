@@ -1,10 +1,12 @@
 """Orbax checkpoints of the training state, the data iterator and run metadata; async saves.
 
 One checkpoint holds three items: ``state`` (step, parameters, optimizer state: every process
-writes the shards it owns), ``data`` (each process's Grain iterator position, one JSON file per
-process, Grain's own Orbax handler) and ``meta`` (the last checkpoint request served, the corpus
-fingerprint). The primary process commits a step only after every process finished writing
-(the temporary directory is renamed), so a crash mid-save leaves the previous step the latest.
+writes the shards it owns), ``data`` (the data iterator's global position,
+``{"next_example": n}``, the same on every process: one JSON file, so a checkpoint resumes on any
+process count; Grain's own handler writes one file per process and ties the checkpoint to that
+count) and ``meta`` (the last checkpoint request served, the corpus fingerprint). The primary
+process commits a step only after every process finished writing (the temporary directory is
+renamed), so a crash mid-save leaves the previous step the latest.
 
 Saves are asynchronous: `save` returns once the arrays are copied to host memory (Orbax 0.12.8
 copies every array before returning unless a device-host byte limit is set, none here), so the
@@ -17,7 +19,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 STATE, DATA, META = "state", "data", "meta"
@@ -42,7 +43,6 @@ class Checkpointer:
         self._abandoned = False  # a wait timed out: the save in flight will never finish
         self._manager: Any = None
         if directory:
-            import grain
             import orbax.checkpoint as ocp
 
             options = ocp.CheckpointManagerOptions(
@@ -56,7 +56,7 @@ class Checkpointer:
                 options=options,
                 item_handlers={
                     STATE: ocp.StandardCheckpointHandler(),
-                    DATA: grain.checkpoint.CheckpointHandler(),
+                    DATA: ocp.JsonCheckpointHandler(),
                     META: ocp.JsonCheckpointHandler(),
                 },
             )
@@ -80,55 +80,42 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step() if self._manager else None
 
-    def restore(
-        self,
-        step: int,
-        abstract: Any,
-        data: Any,
-        data_state_at_step: Callable[[int], dict[str, Any]] | None = None,
-    ) -> tuple[Any, dict[str, Any]]:
-        """The state saved at `step` and its metadata; `data` (the iterator) is moved to where
-        it was at that step.
+    def restore(self, step: int, abstract: Any, data: Any) -> tuple[Any, dict[str, Any]]:
+        """The state saved at `step` and its metadata; `data` (the iterator: `set_state`) is
+        moved to where it was at that step.
 
         `abstract` gives each leaf's shape, dtype and sharding (`jax.ShapeDtypeStruct`s, e.g.
         from `jax.eval_shape`): Orbax reads every array straight into those shardings, so nothing
         is allocated but the restored state, and the mesh may differ from the one that saved it
         (another number of slices, another dcn.data): each process reads the slices its devices
-        now hold. Grain keeps one iterator file per process (``process_I-of-N.json``); when this
-        process has none (the job had another number of processes), `data_state_at_step` gives
-        the position instead."""
-        import grain
+        now hold. The data position is global (one JSON file), so any process count resumes."""
         import orbax.checkpoint as ocp
 
-        items: dict[str, Any] = {
-            STATE: ocp.args.StandardRestore(abstract),
-            META: ocp.args.JsonRestore(),
-        }
-        own_iterator = self._has_iterator_state(step)
-        if own_iterator or data_state_at_step is None:
-            items[DATA] = grain.checkpoint.CheckpointRestore(data)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        if not own_iterator and data_state_at_step is not None:
-            data.set_state(data_state_at_step(step))
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE: ocp.args.StandardRestore(abstract),
+                    DATA: ocp.args.JsonRestore(),
+                    META: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        data.set_state(dict(restored[DATA]))
         self._last_saved = self._durable = step
         return restored[STATE], dict(restored[META] or {})
-
-    def _has_iterator_state(self, step: int) -> bool:
-        """Grain's handler names the file after this process and the process count."""
-        import jax
-
-        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        return bool((_directory(self.directory or "") / str(step) / DATA / name).exists())
 
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
-    def save(self, step: int, state: Any, data: Any, meta: dict[str, Any]) -> float | None:
-        """Start saving (collective: every process calls it at the same step). Returns the
-        seconds it blocked, None when nothing was started (disabled, or already saved)."""
+    def save(
+        self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any]
+    ) -> float | None:
+        """Start saving (collective: every process calls it at the same step) the state, the
+        data position `data` and `meta`. Returns the seconds it blocked, None when nothing was
+        started (disabled, or already saved)."""
         if not self._manager or self._last_saved == step:
             return None
-        import grain
         import orbax.checkpoint as ocp
 
         start = time.perf_counter()
@@ -137,7 +124,7 @@ class Checkpointer:
             args=ocp.args.Composite(
                 **{
                     STATE: ocp.args.StandardSave(state),
-                    DATA: grain.checkpoint.CheckpointSave(data),
+                    DATA: ocp.args.JsonSave(data),
                     META: ocp.args.JsonSave(meta),
                 }
             ),

@@ -1,4 +1,4 @@
-"""Command line: ``python -m multislice_workload {shardings,train} [flags]``.
+"""Command line: ``python -m multislice_workload {shardings,train,prepare} [flags]``.
 
 Maps every outcome to the exit codes of `exitcodes` and leaves the termination message
 (`termination.py`) on each: configuration problems (bad environment, inconsistent variables, bad
@@ -15,13 +15,17 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from multislice_workload import exitcodes, logs, runtime, shardings, termination, train
+from multislice_workload import exitcodes, logs, prepare, runtime, shardings, termination, train
 from multislice_workload.env import ConfigError, WorkloadEnv, from_environ
 
 Mode = Callable[[WorkloadEnv, argparse.Namespace], int]
 MODES: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Mode, str]] = {
     "shardings": (shardings.add_arguments, shardings.run, "sharding benchmark: TFLOP/s and MFU"),
     "train": (train.add_arguments, train.run, "train the transformer LM, resumable exactly"),
+}
+# Modes that run on one machine, outside any mesh: no environment contract, no JAX start-up.
+OFFLINE: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int], str]] = {
+    "prepare": (prepare.add_arguments, prepare.run, "corpus -> tokenizer + ArrayRecord shards"),
 }
 
 
@@ -41,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for every process to join",
     )
     sub = parser.add_subparsers(dest="mode", required=True)
-    for name, (add_arguments, _, help_text) in MODES.items():
+    for name, (add_arguments, _, help_text) in {**MODES, **OFFLINE}.items():
         add_arguments(sub.add_parser(name, help=help_text))
     return parser
 
@@ -58,6 +62,8 @@ def _local_device_count() -> int:
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.mode in OFFLINE:
+        return OFFLINE[args.mode][1](args)
     env = from_environ(os.environ, local_device_count=_local_device_count)
     logs.set_context(
         process=env.process_id,

@@ -138,22 +138,45 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str]:
 def _execution_counts(bodies: dict[str, list[str]], entry: str) -> dict[str, int]:
     """How many times one run executes each computation (while bodies x their trip counts)."""
     counts: dict[str, int] = {entry: 1}
+    reaching = _reaching_collectives(bodies)
     order = [entry]
     while order:
         name = order.pop()
         for line in bodies.get(name, []):
+            callees = [
+                (kind, callee) for kind, callee in _callees(line)
+                if callee in reaching and not (kind == "to_apply" and "all-reduce" in line)
+            ]  # fmt: skip
+            if not callees:
+                continue  # a loop without collectives (attention's causal loops) needs no count
             trip = _trip_count(line, bodies)
-            callees = [(kind, callee) for kind, callee in _CALLEE.findall(line)]
-            branches = _BRANCHES.search(line)
-            if branches:
-                callees += [("branch", b.strip().lstrip("%")) for b in branches.group(1).split(",")]
             for kind, callee in callees:
-                if callee not in bodies or (kind == "to_apply" and "all-reduce" in line):
-                    continue
                 times = trip if kind in ("body", "condition") else 1
                 counts[callee] = counts.get(callee, 0) + counts[name] * times
                 order.append(callee)
     return counts
+
+
+def _callees(line: str) -> list[tuple[str, str]]:
+    callees = [(kind, callee) for kind, callee in _CALLEE.findall(line)]
+    branches = _BRANCHES.search(line)
+    if branches:
+        callees += [("branch", b.strip().lstrip("%")) for b in branches.group(1).split(",")]
+    return callees
+
+
+def _reaching_collectives(bodies: dict[str, list[str]]) -> set[str]:
+    """The computations that contain a collective, directly or through what they call."""
+    calls = {
+        name: {c for line in lines for _, c in _callees(line)} for name, lines in bodies.items()
+    }
+    reaching = {name for name, lines in bodies.items() if any(_OP.search(x) for x in lines)}
+    grew = True
+    while grew:
+        more = {name for name, called in calls.items() if called & reaching} - reaching
+        reaching |= more
+        grew = bool(more)
+    return reaching
 
 
 def _trip_count(line: str, bodies: dict[str, list[str]]) -> int:

@@ -1,11 +1,14 @@
 """A decoder-only transformer LM in plain JAX: parameters are a dict of arrays, each leaf with
-logical axis names (`PARAM_AXES`) that `sharding.LOGICAL_RULES` maps onto the mesh.
+logical axis names (`PARAM_AXES`, `param_axes`) that `sharding.LOGICAL_RULES` maps onto the mesh.
 
-Token embedding, then `layers` pre-norm blocks (RMSNorm, causal multi-head attention with rotary
-positions, RMSNorm, GELU MLP), a final RMSNorm and an untied output projection. The blocks are
-one stacked array per weight (leading ``layers`` dimension), run by ``lax.scan`` with each block
-rematerialized; under pipeline parallelism the same stack is split into contiguous stages
-(`pipeline.py`). Parameters are float32; the matmuls run in `ModelConfig.dtype`.
+Token embedding, then `layers` pre-norm blocks (RMSNorm, causal attention with rotary positions,
+multi-head or grouped-query (`kv_heads`), through `attention.attend`; RMSNorm, a GELU or SwiGLU
+MLP), a final RMSNorm and an untied output projection. The vocabulary is the tokenizer's, padded
+to a multiple of 128 (`padded_vocab`). The blocks are one stacked array per weight (leading
+``layers`` dimension), run by ``lax.scan`` with each block rematerialized (`remat_policy`: the
+names `decoder_layer` tags its projections with); under pipeline parallelism the same stack is
+split into contiguous stages (`pipeline.py`). Parameters are float32 (or bfloat16 with a float32
+master copy, `train.py`); the matmuls run in `ModelConfig.dtype`.
 
 The forward pass below works on this device's shards (it runs inside the ``shard_map`` of
 `loss`; `sharding.py` says which collective each helper adds): activations are
@@ -19,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from multislice_workload import attention as attn
 from multislice_workload.sharding import (
     BATCH_AXES,
     Logical,
@@ -42,18 +46,39 @@ LAYER_AXES: dict[str, Logical] = {
     "wi": ("embed", "mlp"),
     "wo_mlp": ("mlp", "embed"),
 }
+# SwiGLU's gate projection (only in a model with mlp_activation="swiglu").
+GATE_AXES: dict[str, Logical] = {"wi_gate": ("embed", "mlp")}
+WEIGHT_AXES: dict[str, Logical] = {**LAYER_AXES, **GATE_AXES}
+# The default model's (GELU) parameter axes; `param_axes(cfg)` for any model.
 PARAM_AXES: dict[str, Any] = {
     "embedding": ("vocab", "embed"),
     "layers": {name: ("layers", *axes) for name, axes in LAYER_AXES.items()},
     "final_norm": ("norm",),
     "unembed": ("embed", "vocab"),
 }
-REMAT_POLICIES = ("full", "dots", "none")
+# What each remat policy saves of a block's forward pass, by the names `decoder_layer` gives its
+# projections (MaxText's `remat_policy` names and sets, layers/decoders.py get_remat_policy);
+# "full" saves nothing, "none" does not rematerialize, "dots"/"minimal" save every matmul
+# without batch dimensions.
+_SAVED_NAMES: dict[str, tuple[str, ...]] = {
+    "save_dot_with_context_except_mlp": (
+        "query_proj", "value_proj", "key_proj", "qkv_proj", "context", "out_proj",
+    ),
+    "save_dot_except_mlpwi": (
+        "query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwo",
+    ),
+    "save_dot_except_mlp": ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj"),
+    "save_qkv_proj": ("query_proj", "value_proj", "key_proj", "qkv_proj"),
+    "save_out_proj": ("out_proj",),
+}  # fmt: skip
+REMAT_POLICIES = ("full", "dots", "minimal", *_SAVED_NAMES, "none")
+MLP_ACTIVATIONS = ("gelu", "swiglu")
+VOCAB_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    vocab: int = 256  # byte-level tokens
+    vocab: int = 257  # the tokenizer's (bytes + end-of-text by default)
     embed: int = 256
     heads: int = 4
     head_dim: int = 64
@@ -62,6 +87,20 @@ class ModelConfig:
     seq_len: int = 256
     dtype: str = "float32"  # of the matmuls; parameters and the loss stay float32
     remat: str = "full"
+    kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = heads (multi-head)
+    mlp_activation: str = "gelu"
+    attention: str = "auto"  # attn.IMPLEMENTATIONS
+    attention_block: int = attn.DEFAULT_BLOCK
+
+    @property
+    def padded_vocab(self) -> int:
+        """The embedding and logits width: the vocabulary rounded up to a multiple of 128 (the
+        ids past the tokenizer's never occur as targets)."""
+        return -(-self.vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+    @property
+    def groups_kv(self) -> int:
+        return self.kv_heads or self.heads
 
     def shapes(self) -> dict[str, Any]:
         e, n, h, m, v, layers = (
@@ -69,17 +108,19 @@ class ModelConfig:
             self.heads,
             self.head_dim,
             self.mlp,
-            self.vocab,
+            self.padded_vocab,
             self.layers,
         )
+        kv = self.groups_kv
         per_layer = {
             "attn_norm": (e,),
             "wq": (e, n, h),
-            "wk": (e, n, h),
-            "wv": (e, n, h),
+            "wk": (e, kv, h),
+            "wv": (e, kv, h),
             "wo": (n, h, e),
             "mlp_norm": (e,),
             "wi": (e, m),
+            **({"wi_gate": (e, m)} if self.mlp_activation == "swiglu" else {}),
             "wo_mlp": (m, e),
         }
         return {
@@ -98,15 +139,22 @@ class ModelConfig:
 
     def matmul_parameters(self) -> int:
         """Parameters that take part in a matmul: all but the embedding table and the norms."""
-        e, n, h, m = self.embed, self.heads, self.head_dim, self.mlp
-        return self.layers * (4 * e * n * h + 2 * e * m) + e * self.vocab
+        e, n, h, m, kv = self.embed, self.heads, self.head_dim, self.mlp, self.groups_kv
+        mlp_matrices = 3 if self.mlp_activation == "swiglu" else 2
+        attention = 2 * e * n * h + 2 * e * kv * h
+        return self.layers * (attention + mlp_matrices * e * m) + e * self.padded_vocab
+
+    def attention_flops_per_token(self) -> float:
+        """Training FLOPs per token of the scores and the weighted sum, counted causally: a
+        query sees on average half the sequence, so 6 x layers x heads x head_dim x seq_len,
+        half of PaLM's 12 x L x H x Q x T (appendix B), which counts the masked half too (as
+        MaxText's `causal_attention_flops` halves it)."""
+        return 6.0 * self.layers * self.heads * self.head_dim * self.seq_len
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 x matmul parameters (forward 2, backward 4) plus causal
-        attention's scores and weighted sum, 12 x layers x heads x head_dim x sequence (PaLM's
-        model-FLOPs formula, appendix B; rematerialization is not counted)."""
-        attention = 12 * self.layers * self.heads * self.head_dim * self.seq_len
-        return 6.0 * self.matmul_parameters() + attention
+        """Model FLOPs per trained token: 6 x matmul parameters (forward 2, backward 4) plus the
+        causal attention count; rematerialization is not counted (model, not hardware, FLOPs)."""
+        return 6.0 * self.matmul_parameters() + self.attention_flops_per_token()
 
 
 def _is_shape(x: Any) -> bool:
@@ -139,7 +187,16 @@ def _fan_in(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> int:
         return 1  # unit-variance embeddings, as usual
     if name == "wo":
         return cfg.heads * cfg.head_dim
-    return shape[-2] if name in ("wi", "wo_mlp", "unembed") else cfg.embed
+    return shape[-2] if name in ("wi", "wi_gate", "wo_mlp", "unembed") else cfg.embed
+
+
+def param_axes(cfg: ModelConfig) -> dict[str, Any]:
+    """The logical axes of `cfg`'s parameters (PARAM_AXES plus the options' weights)."""
+    layers = cfg.shapes()["layers"]
+    return {
+        **PARAM_AXES,
+        "layers": {name: ("layers", *WEIGHT_AXES[name]) for name in layers},
+    }
 
 
 # --- Forward, on this device's shards. -------------------------------------------------------
@@ -165,14 +222,6 @@ def rotary(x: Any) -> Any:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attention(q: Any, k: Any, v: Any, cfg: ModelConfig) -> Any:
-    """Causal attention over [batch, sequence, heads, head_dim], this device's heads only (the
-    heads are tensor-parallel, so no collective is needed here)."""
-    import jax
-
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
-
-
 def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False) -> dict[str, Any]:
     """One block's weights (`stacked`: several, with the leading ``layers`` dimension), cast to
     the compute dtype and gathered over ``fsdp``; the norm scales stay float32 (`rms_norm`
@@ -182,7 +231,7 @@ def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False)
     dtype = jnp.dtype(cfg.dtype)
     lead: Logical = ("layers",) if stacked else ()
     return {
-        name: w if name.endswith("norm") else gather(w, (*lead, *LAYER_AXES[name]), dtype)
+        name: w if name.endswith("norm") else gather(w, (*lead, *WEIGHT_AXES[name]), dtype)
         for name, w in layer.items()
     }
 
@@ -190,17 +239,32 @@ def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False)
 def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
     """One block on activations [local batch, sequence, embed], with gathered weights `w`:
     2 all-reduces over ``tensor`` forward (after the row-parallel ``wo`` and ``wo_mlp``), 2 in the
-    backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``)."""
+    backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``/``wi_gate``). The
+    query and key/value heads are this device's (tensor-parallel), so attention needs no
+    collective; `attend` runs per device (``mesh=None``: its splash kernel is called directly,
+    already inside the manual region)."""
     import jax
     import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
 
     h = to_tensor(rms_norm(x, w["attn_norm"]))
-    q, k, v = (jnp.einsum("bte,ehd->bthd", h, w[n]) for n in ("wq", "wk", "wv"))
-    attended = attention(rotary(q), rotary(k), v, cfg)
-    x = x + tensor_sum(jnp.einsum("bthd,hde->bte", attended, w["wo"]))
+    q, k, v = (
+        checkpoint_name(jnp.einsum("bte,ehd->bthd", h, w[n]), tag)
+        for n, tag in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj"))
+    )
+    attended = attn.attend(rotary(q), rotary(k), v, impl=cfg.attention, block=cfg.attention_block)
+    attended = checkpoint_name(attended, "context")
+    out = checkpoint_name(jnp.einsum("bthd,hde->bte", attended, w["wo"]), "out_proj")
+    x = x + tensor_sum(out)
     h = to_tensor(rms_norm(x, w["mlp_norm"]))
-    hidden = jax.nn.gelu(jnp.einsum("bte,em->btm", h, w["wi"]))
-    return x + tensor_sum(jnp.einsum("btm,me->bte", hidden, w["wo_mlp"]))
+    up = checkpoint_name(jnp.einsum("bte,em->btm", h, w["wi"]), "mlpwi")
+    if "wi_gate" in w:  # SwiGLU (Shazeer 2020): silu(x W_gate) * (x W_in)
+        gate = checkpoint_name(jnp.einsum("bte,em->btm", h, w["wi_gate"]), "mlpwi")
+        hidden = jax.nn.silu(gate) * up
+    else:
+        hidden = jax.nn.gelu(up)
+    down = checkpoint_name(jnp.einsum("btm,me->bte", hidden, w["wo_mlp"]), "mlpwo")
+    return x + tensor_sum(down)
 
 
 def remat_policy(name: str) -> Callable[..., Any] | None:
@@ -209,6 +273,11 @@ def remat_policy(name: str) -> Callable[..., Any] | None:
     policies: dict[str, Callable[..., Any]] = {
         "full": jax.checkpoint_policies.nothing_saveable,
         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+        **{
+            name: jax.checkpoint_policies.save_only_these_names(*saved)
+            for name, saved in _SAVED_NAMES.items()
+        },
     }
     return policies.get(name)
 
@@ -309,7 +378,7 @@ def loss(
     mapped = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(tree_specs(PARAM_AXES), logical_to_spec(("batch", None))),
+        in_specs=(tree_specs(param_axes(cfg)), logical_to_spec(("batch", None))),
         out_specs=P(),
     )
     return mapped(params, tokens)

@@ -138,10 +138,10 @@ def _probe(
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from multislice_workload.model import PARAM_AXES
+    from multislice_workload.model import param_axes
     from multislice_workload.sharding import BATCH_AXES, logical_to_spec, tree_specs, vary
 
-    layer_specs = tree_specs(PARAM_AXES["layers"])
+    layer_specs = tree_specs(param_axes(cfg)["layers"])
     lead: tuple[None, ...] = (None,) * (len(shape) - 3)
     act = logical_to_spec((*lead, "batch", None, None))
     per_stage = cfg.layers // stages

@@ -40,6 +40,8 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...]] = {
     "vocab": "tensor",
     "heads": "tensor",
     "mlp": "tensor",
+    # An activation's heads (`attention.splash` called under a mesh, outside `model.loss`).
+    "act_heads": "tensor",
 }
 BATCH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp")
 
@@ -65,6 +67,13 @@ def named(mesh: Any, names: Sequence[str | None]) -> Any:
     from jax.sharding import NamedSharding
 
     return NamedSharding(mesh, logical_to_spec(names))
+
+
+def constrain(x: Any, mesh: Any, names: Sequence[str | None]) -> Any:
+    """A sharding constraint outside the manual region (gradient accumulation's microbatches)."""
+    import jax
+
+    return jax.lax.with_sharding_constraint(x, named(mesh, names))
 
 
 def tree_specs(logical_tree: Any) -> Any:
@@ -99,14 +108,22 @@ def vary(x: Any, axes: Sequence[str]) -> Any:
     over those of `axes` it was replicated on, once, where this is called."""
     import jax
 
-    missing = tuple(a for a in axes if a not in _varying(jax.typeof(x)))
+    missing = tuple(a for a in axes if a not in varying_axes(x))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _varying(aval: Any) -> frozenset[str]:
-    # JAX 0.10 names it ``mat.varying`` (earlier releases: ``vma``).
-    mat = getattr(aval, "mat", None)
-    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+def varying_axes(*xs: Any) -> tuple[str, ...]:
+    """The manual mesh axes over which any of `xs` varies (none outside `shard_map`): a loop
+    carry started from constants must be marked with them to keep its type."""
+    import jax
+
+    found: set[str] = set()
+    for x in xs:
+        aval = jax.typeof(x)
+        # JAX 0.10 names it ``mat.varying`` (earlier releases: ``vma``).
+        mat = getattr(aval, "mat", None)
+        found |= set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+    return tuple(sorted(found))
 
 
 def gather(w: Any, names: Sequence[str | None], dtype: Any) -> Any:

@@ -47,8 +47,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if gt (int .Values.replicaCount) 1 }}true{{- end }}
 {{- end }}
 
+{{/* repository:tag, or repository@digest when image.digest is set (the digest names the
+bytes; the tag is then ignored). */}}
 {{- define "multislice-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* What the operator does to namespaced objects (templates/rbac.yaml): in the ClusterRole, or
@@ -90,17 +96,21 @@ in one Role per watched namespace. */}}
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
-# Events on the job (what `kubectl describe msj` shows).
+# Events on the job (what `kubectl describe msj` shows); a repeat updates the first one's
+# count and last timestamp (patch), as client-go's event recorder does.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- if .Values.kueue.enabled }}
 # Kueue (--kueue): the Workload of each job's JobSet and the LocalQueue it names (its
-# ClusterQueue and pending count) are watched; the operator writes only its check's state on a
-# Workload.
+# ClusterQueue and pending count) are watched; the operator writes its check's state on a
+# Workload, and spec.active of a queued job's Workload when the job is suspended or resumed.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads", "localqueues"]
   verbs: ["list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from multislice_operator import catalog, plan
+from multislice_operator import catalog, names
 from multislice_operator.api import models
 
 # Fields that shape the node pools or the JobSet: they cannot be added, changed or removed once
@@ -79,8 +79,8 @@ METADATA_SCHEMA = {
     "properties": {
         "name": {
             "type": "string",
-            "maxLength": plan.DNS_LABEL_MAX,
-            "pattern": plan.DNS1035_RE.pattern,
+            "maxLength": names.DNS_LABEL_MAX,
+            "pattern": names.DNS1035_RE.pattern,
             "description": "A DNS-1035 label (JobSet names pods and a headless service after "
             "it): short enough for the longest pod name of this job's slices and hosts.",
         }
@@ -93,17 +93,17 @@ def root_rules() -> list[dict[str, str]]:
     checked at admission instead of at the JobSet create (plan._check_name: the same rule for
     `validate` and the operator)."""
     hosts = _hosts_expr()
-    fixed = len(plan.longest_pod_name("", 1, 1)) - 2  # "-slice--" and "-abcde"
+    fixed = len(names.longest_pod_name("", 1, 1)) - 2  # "-slice--" and "-abcde"
     digits = "(size(string(self.spec.slices - 1)) + size(string(" + hosts + " - 1)))"
     parsable = "self.spec.accelerator.matches('^[a-z0-9]+-[0-9]{1,6}$')"
-    room = f"({plan.DNS_LABEL_MAX} - {fixed} - {digits})"
+    room = f"({names.DNS_LABEL_MAX} - {fixed} - {digits})"
     return [
         {
             "rule": f"!has(self.spec) || !has(self.spec.slices) || !{parsable} || "
             f"size(self.metadata.name) <= {room}",
             "message": "metadata.name is too long for this job's slices and hosts: JobSet pod "
             "names (NAME-slice-SLICE-HOST-xxxxx) must fit a DNS label of "
-            f"{plan.DNS_LABEL_MAX} characters; `multislice-operator validate` prints the longest "
+            f"{names.DNS_LABEL_MAX} characters; `multislice-operator validate` prints the longest "
             "name allowed",
         },
     ]
@@ -185,6 +185,7 @@ def spec_schema() -> dict[str, Any]:
         *SPEC_RULES[:1],
         *(_unchanged(name) for name in IMMUTABLE),
         *SPEC_RULES[1:],
+        *schema.get("x-kubernetes-validations", []),  # the model's rules on spec itself
     ]
     return schema
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from multislice_operator.api import podtemplate
-from multislice_operator.catalog import ACCELERATOR_PATTERN
+from multislice_operator.catalog import ACCELERATOR_PATTERN, GENERATIONS
 
 GROUP = "multislice.dev"
 VERSION = "v1alpha1"
@@ -37,11 +37,26 @@ DEFAULT_NON_RETRYABLE_EXIT_CODES = [EXIT_CONFIG_ERROR]
 XPK_RESTART_EXIT_CODES = [EXIT_RESTART_REQUESTED, *range(127, 256)]
 EXIT_CODE_MIN, EXIT_CODE_MAX = 1, 255  # what a process can exit with, besides 0 (success)
 # Compute Engine names (RFC 1035, <= 63) and project ids (6-30 characters); a shared reservation
-# is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources").
+# is named projects/OWNER_PROJECT/reservations/NAME (GKE "Consume reserved zonal resources"). A
+# reservation block or sub-block is RESERVATION/reservationBlocks/BLOCK[/reservationSubBlocks/SUB]
+# after either form, as xpk sends it in --reservation (src/xpk/core/capacity.py
+# to_reservation_path; GKE "Consume reserved zonal resources", reservation blocks).
 _GCE_NAME = r"([a-z]|[a-z][-a-z0-9]{0,61}[a-z0-9])"
 _PROJECT_ID = r"[a-z][-a-z0-9]{4,28}[a-z0-9]"
-RESERVATION_PATTERN = rf"^({_GCE_NAME}|projects/{_PROJECT_ID}/reservations/{_GCE_NAME})$"
-RESERVATION_MAX = len("projects/") + 30 + len("/reservations/") + 63
+_BLOCKS = rf"(/reservationBlocks/{_GCE_NAME}(/reservationSubBlocks/{_GCE_NAME})?)?"
+RESERVATION_PATTERN = rf"^({_GCE_NAME}|projects/{_PROJECT_ID}/reservations/{_GCE_NAME}){_BLOCKS}$"
+# Generations GKE has no flex-start for (catalog.Generation.flex_start_min_gke None): v4.
+NO_FLEX_START = tuple(p for p, g in GENERATIONS.items() if g.flex_start_min_gke is None)
+RESERVATION_MAX = (
+    (len("projects/") + 30 + len("/reservations/") + 63)
+    + len("/reservationBlocks/")
+    + 63
+    + len("/reservationSubBlocks/")
+    + 63
+)
+# Flex-start VMs run at most seven days; GKE's default maxRunDurationSeconds is that maximum
+# (GKE "About flex-start provisioning mode").
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600
 
 
 class _Model(BaseModel):
@@ -58,6 +73,7 @@ class CapacityType(StrEnum):
     ON_DEMAND = "OnDemand"
     SPOT = "Spot"
     RESERVED = "Reserved"
+    FLEX_START = "FlexStart"  # Dynamic Workload Scheduler: waits for capacity, runs <= 7 days
 
 
 class ProvisioningMode(StrEnum):
@@ -72,7 +88,10 @@ class Capacity(_Model):
         default=CapacityType.ON_DEMAND,
         description=(
             "OnDemand (queued on on-demand quota), Spot (preemptible; a preempted slice is "
-            "replaced and all slices restart from the last checkpoint) or Reserved (a reservation)."
+            "replaced and all slices restart from the last checkpoint), Reserved (a reservation) "
+            "or FlexStart (GKE flex-start, Dynamic Workload Scheduler: each slice's node pool "
+            "waits for capacity without a reservation, then runs at most maxRunDurationSeconds; "
+            "v5e, v5p, v6e and tpu7x, not v4)."
         ),
     )
     reservation: str | None = Field(
@@ -82,9 +101,27 @@ class Capacity(_Model):
         description=(
             "The reservation to consume (required with type Reserved, invalid otherwise): a name "
             "in the node pools' project, or projects/PROJECT/reservations/NAME for a shared "
-            "reservation owned by another project."
+            "reservation owned by another project; either followed by /reservationBlocks/BLOCK "
+            "or /reservationBlocks/BLOCK/reservationSubBlocks/SUB_BLOCK to consume one block or "
+            "sub-block of it."
         ),
     )
+    max_run_duration_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=FLEX_START_MAX_RUN_S,
+        description=(
+            "FlexStart only: how long the slices' VMs may run once provisioned before GKE removes "
+            f"them (default and maximum {FLEX_START_MAX_RUN_S} s, seven days). Reaching it is a "
+            "disruption: the slice is replaced and all slices restart from the last checkpoint."
+        ),
+    )
+
+    def run_duration_seconds(self) -> int | None:
+        """FlexStart: the max run duration sent to GKE (the default is GKE's maximum)."""
+        if self.type != CapacityType.FLEX_START:
+            return None
+        return self.max_run_duration_seconds or FLEX_START_MAX_RUN_S
 
 
 class Provisioning(_Model):
@@ -306,8 +343,9 @@ class MultisliceJobSpec(_Model):
         pattern=ACCELERATOR_PATTERN,
         max_length=32,
         description=(
-            "Cloud TPU accelerator type of every slice: v4-N or v5p-N (N counts TensorCores, two "
-            "per chip), v5litepod-N or v6e-N (N counts chips). e.g. v5litepod-16."
+            "Cloud TPU accelerator type of every slice: v4-N, v5p-N or tpu7x-N (N counts "
+            "TensorCores, two per chip: tpu7x-128 is 64 chips), v5litepod-N or v6e-N (N counts "
+            "chips). e.g. v5litepod-16."
         ),
     )
     topology: str | None = Field(
@@ -339,7 +377,10 @@ class MultisliceJobSpec(_Model):
         description=(
             "Pod template (metadata and spec) run on every host of every slice. The first "
             "container is the TPU container: the operator adds the TPU resource, node selector, "
-            "toleration and the multislice environment, whose variables no container may set. "
+            "toleration and the multislice environment, whose variables no container may set; a "
+            "google.com/tpu count or TPU accelerator/topology selector of the template that "
+            "differs from the operator's is refused, and so (Managed) is node selection the "
+            "job's own node pools can never satisfy. "
             "Pods run with hostNetwork: true and dnsPolicy: ClusterFirstWithHostNet (DCN traffic "
             "over the hosts' NICs, as GKE's Multislice example and xpk do) unless the template "
             "sets hostNetwork itself: hostNetwork: false opts out. The whole template is checked "
@@ -414,6 +455,32 @@ SPEC_RULES: list[Rule] = [
         "(RESERVATION, or projects/PROJECT/reservations/RESERVATION for a shared one); without a "
         "name the slices could land on on-demand capacity; use type: OnDemand for that",
         holds=lambda s: s.capacity.type != CapacityType.RESERVED or bool(s.capacity.reservation),
+    ),
+    Rule(
+        path=("capacity",),
+        field="spec.capacity.maxRunDurationSeconds",
+        cel="!has(self.maxRunDurationSeconds) || (has(self.type) && self.type == 'FlexStart')",
+        message="spec.capacity.maxRunDurationSeconds is only valid with type: FlexStart (GKE "
+        "bounds the run time of flex-start VMs only); remove it or set type: FlexStart",
+        holds=lambda s: (
+            s.capacity.max_run_duration_seconds is None
+            or s.capacity.type == CapacityType.FLEX_START
+        ),
+    ),
+    Rule(
+        path=(),
+        field="spec.capacity.type",
+        cel="!has(self.capacity) || !has(self.capacity.type) || "
+        "self.capacity.type != 'FlexStart' || "
+        + " && ".join(f"!self.accelerator.startsWith('{p}-')" for p in NO_FLEX_START),
+        message="spec.capacity.type FlexStart is not offered for "
+        + ", ".join(f"{p}-N" for p in NO_FLEX_START)
+        + " (GKE flex-start supports TPU v5e, v5p, v6e and tpu7x; not v3 or v4): use OnDemand, "
+        "Spot or Reserved, or another accelerator",
+        holds=lambda s: (
+            s.capacity.type != CapacityType.FLEX_START
+            or s.accelerator.split("-")[0] not in NO_FLEX_START
+        ),
     ),
     Rule(
         path=("failurePolicy",),
@@ -491,6 +558,23 @@ SPEC_RULES: list[Rule] = [
         holds=lambda s: (
             "non_retryable_exit_codes" not in s.failure_policy.model_fields_set
             or s.failure_policy.exit_code_policy == ExitCodePolicy.RESTART_UNLESS_LISTED
+        ),
+    ),
+    # Both deadlines judge the same stall from the same clock (status.capacityReadyTime): the
+    # startup deadline can only act on unschedulable pods if it comes first.
+    Rule(
+        path=("failurePolicy",),
+        field="spec.failurePolicy.startupTimeoutSeconds",
+        cel="!has(self.startupTimeoutSeconds) || self.startupTimeoutSeconds < "
+        "(has(self.unschedulableTimeoutSeconds) ? self.unschedulableTimeoutSeconds : 600)",
+        message="spec.failurePolicy.startupTimeoutSeconds must be less than "
+        "unschedulableTimeoutSeconds (default 600): both count from the moment every slice's "
+        "capacity is ready, and past the unschedulable deadline the job has failed already; "
+        "lower startupTimeoutSeconds or raise unschedulableTimeoutSeconds",
+        holds=lambda s: (
+            s.failure_policy.startup_timeout_seconds is None
+            or s.failure_policy.startup_timeout_seconds
+            < s.failure_policy.unschedulable_timeout_seconds
         ),
     ),
 ]
@@ -636,7 +720,7 @@ class StateSeconds(_Model):
     """A total per accounting state (seconds, or chip-seconds)."""
 
     queued: int = Field(
-        default=0, ge=0, description="Waiting for capacity or admission (phase Pending)."
+        default=0, ge=0, description="Waiting for capacity or admission (phases Pending, Queued)."
     )
     provisioning: int = Field(
         default=0, ge=0, description="Creating node pools, rollbacks and backoff included."
@@ -761,8 +845,22 @@ class RestartCause(StrEnum):
     STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
 
 
+class Budget(StrEnum):
+    """The failurePolicy field a restart is charged to."""
+
+    MAX_RESTARTS = "maxRestarts"  # enforced by JobSet (restartsCountTowardsMax)
+    MAX_DISRUPTION_RESTARTS = "maxDisruptionRestarts"  # enforced by the operator
+
+
+# Every cause's budget: a new cause without one is a KeyError in the tests, never uncharged.
+BUDGET_OF_CAUSE: dict[RestartCause, Budget] = {
+    RestartCause.DISRUPTION: Budget.MAX_DISRUPTION_RESTARTS,
+    RestartCause.WORKLOAD: Budget.MAX_RESTARTS,
+    RestartCause.HANG: Budget.MAX_RESTARTS,
+    RestartCause.STARTUP: Budget.MAX_DISRUPTION_RESTARTS,
+}
 # Causes charged to failurePolicy.maxRestarts; the others to maxDisruptionRestarts.
-PROGRAM_CAUSES = (RestartCause.WORKLOAD, RestartCause.HANG)
+PROGRAM_CAUSES = tuple(c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_RESTARTS)
 
 
 class RestartsByCause(_Model):
@@ -799,7 +897,7 @@ class RestartsByCause(_Model):
 
     def not_program(self) -> int:
         """Charged to maxDisruptionRestarts."""
-        return self.disruption + self.startup
+        return sum(self.get(c) for c in RestartCause if c not in PROGRAM_CAUSES)
 
     def total(self) -> int:
         return sum(self.get(c) for c in RestartCause)
@@ -871,8 +969,8 @@ class StartupStatus(_Model):
     attempt: int = Field(description="The attempt (status.restarts) being timed.")
     since: datetime | None = Field(
         default=None,
-        description="Since when every slice's capacity has been ready and not every pod "
-        "running; unset while capacity is not ready.",
+        description="When this attempt was first seen, or when the operator last acted on it; "
+        "the deadline counts from this or status.capacityReadyTime, whichever is later.",
     )
     evicted: bool = Field(
         default=False,
@@ -929,6 +1027,11 @@ class QueueStatus(_Model):
     preemptions: int = Field(
         default=0, description="Times Kueue preempted the job after it held quota."
     )
+    suspended: bool = Field(
+        default=False,
+        description="spec.suspend deactivated the Workload (spec.active: false); it is activated "
+        "again when the job resumes.",
+    )
     last_eviction: EvictionStatus | None = Field(default=None)
 
 
@@ -970,16 +1073,14 @@ class MultisliceJobStatus(_Model):
     attempt_start_time: datetime | None = Field(
         default=None, description="When the current gang provisioning attempt started."
     )
-    provisioned_time: datetime | None = Field(
-        default=None, description="When every slice was last provisioned and ready."
-    )
     running_time: datetime | None = Field(
         default=None, description="When every slice was first seen running."
     )
     capacity_ready_time: datetime | None = Field(
         default=None,
-        description="Since when every slice's capacity has been ready without a break: "
-        "spec.failurePolicy.unschedulableTimeoutSeconds counts from here at the earliest.",
+        description="Since when every slice's capacity has been ready without a break while the "
+        "job's JobSet may run: the one clock both spec.failurePolicy.unschedulableTimeoutSeconds "
+        "and startupTimeoutSeconds count from.",
     )
     goodput: GoodputStatus | None = Field(
         default=None,

@@ -200,3 +200,63 @@ def reserved_env(template: Any) -> list[str]:
             if name in RESERVED_ENV and name not in found:
                 found.append(name)
     return found
+
+
+# ---------------------------------------------------------------- field names (typos)
+
+# The fields of a PodTemplateSpec, PodSpec and Container as the JobSet v0.10.1 CRD types them
+# (config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml: k8s.io/api v0.34). A name outside
+# these is a typo to the JobSet: its structural schema would prune it (or, with
+# fieldValidation=Strict, refuse it), so `contianers` would read as "no containers".
+# tests/unit/test_template_rules.py compares them with the Kubernetes client's models.
+TEMPLATE_FIELDS = frozenset({"metadata", "spec"})
+POD_SPEC_FIELDS = frozenset(
+    {
+        "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers",
+        "dnsConfig", "dnsPolicy", "enableServiceLinks", "ephemeralContainers", "hostAliases",
+        "hostIPC", "hostNetwork", "hostPID", "hostUsers", "hostname", "hostnameOverride",
+        "imagePullSecrets", "initContainers", "nodeName", "nodeSelector", "os", "overhead",
+        "preemptionPolicy", "priority", "priorityClassName", "readinessGates", "resourceClaims",
+        "resources", "restartPolicy", "runtimeClassName", "schedulerName", "schedulingGates",
+        "securityContext", "serviceAccount", "serviceAccountName", "setHostnameAsFQDN",
+        "shareProcessNamespace", "subdomain", "terminationGracePeriodSeconds", "tolerations",
+        "topologySpreadConstraints", "volumes",
+    }
+)  # fmt: skip
+CONTAINER_FIELDS = frozenset(
+    {
+        "args", "command", "env", "envFrom", "image", "imagePullPolicy", "lifecycle",
+        "livenessProbe", "name", "ports", "readinessProbe", "resizePolicy", "resources",
+        "restartPolicy", "restartPolicyRules", "securityContext", "startupProbe", "stdin",
+        "stdinOnce", "terminationMessagePath", "terminationMessagePolicy", "tty", "volumeDevices",
+        "volumeMounts", "workingDir",
+    }
+)  # fmt: skip
+
+
+def _unknown(obj: Any, known: frozenset[str], path: str, what: str) -> list[FieldError]:
+    import difflib
+
+    out = []
+    for key in obj if isinstance(obj, dict) else ():
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(FieldError(f"{path}.{key}", f"unknown field: not a field of a {what}{hint}"))
+    return out
+
+
+def unknown_fields(template: Any, path: str = "spec.template") -> list[FieldError]:
+    """Every field of the template, its pod spec and its containers that Kubernetes does not
+    have, by path, with the closest real name (``contianers``: did you mean containers?)."""
+    if not isinstance(template, dict):
+        return []
+    out = _unknown(template, TEMPLATE_FIELDS, path, "pod template (metadata, spec)")
+    pod = template.get("spec")
+    out += _unknown(pod, POD_SPEC_FIELDS, f"{path}.spec", "pod spec")
+    for kind in ("containers", "initContainers"):
+        items = pod.get(kind) if isinstance(pod, dict) else None
+        for i, c in enumerate(items if isinstance(items, list) else []):
+            out += _unknown(c, CONTAINER_FIELDS, f"{path}.spec.{kind}[{i}]", "container")
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from multislice_operator.controller import versions
 from multislice_operator.controller.kube import ApiError, Conflict
 from multislice_operator.reconcile import Admission
 from multislice_operator.render import render_probe_job
@@ -24,12 +25,25 @@ log = logging.getLogger("multislice_operator")
 REFUSED_STATUSES = (400, 422)
 
 
+def explain(message: str) -> str:
+    """The apiserver's refusal, with what it means where the operator knows better: a strict
+    decoding error (fieldValidation=Strict, controller/kube.py) on a field of the failure policy
+    the operator renders means an older JobSet than the operator needs."""
+    if "strict decoding error" in message and versions.JOBSET_FIELD in message:
+        return (
+            f"{message}: the installed JobSet is older than {versions.JOBSET_MINIMUM} "
+            f"(its CRD has no {versions.JOBSET_FIELD}); install JobSet {versions.JOBSET_MINIMUM} "
+            f"or newer (tested with {versions.JOBSET_TESTED})"
+        )
+    return message
+
+
 def refusal(exc: ApiError) -> str | None:
     """The apiserver's message when `exc` refuses the object; None when it is about the operator
     or the moment (RBAC, a missing CRD, 409, 429, 5xx): those are retried, never a verdict."""
     message = exc.message or str(exc)
     if exc.status in REFUSED_STATUSES:
-        return message
+        return explain(message)
     if exc.status == 403 and "admission webhook" in message:  # a webhook's denial, not RBAC
         return message
     return None

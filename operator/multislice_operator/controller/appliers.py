@@ -20,9 +20,9 @@ from multislice_operator.api.models import MultisliceJob
 from multislice_operator.controller import admission, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, Conflict, owner_reference
-from multislice_operator.controller.runtime import Runtime
+from multislice_operator.controller.runtime import Runtime, template_key
 from multislice_operator.plan import Plan
-from multislice_operator.provisioning.base import PoolError
+from multislice_operator.pools import PoolError
 from multislice_operator.reconcile import (
     Action,
     AddFinalizer,
@@ -38,9 +38,9 @@ from multislice_operator.reconcile import (
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
     SetJobSetSuspend,
+    SetWorkloadActive,
     ValidateJobSet,
 )
-from multislice_operator.reconcile.types import CheckState
 from multislice_operator.render import render_jobset
 
 log = logging.getLogger("multislice_operator")
@@ -130,8 +130,25 @@ def _jobset(t: Target) -> dict[str, Any]:
 
 
 async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
-    verdict = await admission.judge(rt.kube, _jobset(t))
-    rt.judged(t.key, t.uid, t.generation, verdict)
+    """One dry run per template at a time: jobs of a template being judged wait for its
+    verdict (a burst of a thousand identical jobs costs two requests, not two thousand)."""
+    template = template_key(t.body)
+    pending = rt.judging.get(template)
+    if pending is not None:
+        verdict = await asyncio.shield(pending)
+    else:
+        future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        rt.judging[template] = future
+        try:
+            verdict = await admission.judge(rt.kube, _jobset(t))
+            future.set_result(verdict)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: the waiters raise it, nobody logs it twice
+            raise
+        finally:
+            rt.judging.pop(template, None)
+    rt.judged(t.key, t.uid, t.generation, verdict, template)
     rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
 
 
@@ -146,22 +163,24 @@ async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
         rt.judged(t.key, t.uid, t.generation, Admission(refused=refused))
         rt.queue.add(t.key)
         return
-    if created:
+    if created is not None:
+        # Seen as it is until the watch brings it: a pass in between must not create it again.
+        rt.created_jobsets[t.key] = ob.summarize_jobset(created)
         log.info("jobset created job=%s/%s", t.namespace, t.name)
         return
     existing = await rt.kube.get_jobset(t.namespace, t.name)
     if existing is not None:
         owners = (existing.get("metadata") or {}).get("ownerReferences") or []
         if not any(o.get("uid") == t.uid for o in owners):
-            summary = ob.summarize_jobset(existing)
-            summary["owned"] = False
-            rt.strangers[(t.namespace, t.name)] = summary
+            # Not labelled ours (the index holds those): observe() judges whose it is.
+            rt.strangers[(t.namespace, t.name)] = ob.summarize_jobset(existing)
 
 
-async def delete_jobset(rt: Runtime, t: Target, _: DeleteJobSet) -> None:
-    await rt.kube.delete_jobset(t.namespace, t.name)
+async def delete_jobset(rt: Runtime, t: Target, a: DeleteJobSet) -> None:
+    await rt.kube.delete_jobset(t.namespace, t.name, a.uid)
     rt.deleted_jobsets.add(t.key)
-    log.info("jobset deleted job=%s/%s", t.namespace, t.name)
+    what = f" (an earlier job's, uid {a.uid})" if a.uid else ""
+    log.info("jobset deleted%s job=%s/%s", what, t.namespace, t.name)
 
 
 async def set_jobset_suspend(rt: Runtime, t: Target, action: SetJobSetSuspend) -> None:
@@ -215,46 +234,51 @@ def _now() -> str:
 
 
 async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheckState) -> None:
-    """Our check's state on the Workload decide() looked at; every other entry and field (the
-    other checks, retryCount) exactly as Kueue wrote them. Written against the resourceVersion
-    decided on: if the Workload moved since (Kueue evicted it, say), nothing is written and the
-    watch event of that change brings the next pass."""
+    """Our check's state on the Workload decide() looked at: our own entry of
+    status.admissionChecks, server-side applied (Kueue's entries and fields stay Kueue's). Written
+    against the resourceVersion decided on: if the Workload moved since (Kueue evicted it, say),
+    nothing is written and the watch event of that change brings the next pass."""
     summary = kueue.workload_summary(rt, t.namespace, t.name)
     if summary is None or summary["name"] != a.workload:
         return
     if summary["resourceVersion"] != a.resource_version:
         log.info("workload moved, check not written job=%s/%s", t.namespace, t.name)
         return
-    checks = [dict(c) for c in summary["admissionChecks"]]
-    for entry in checks:
-        if entry.get("name") != a.check:
-            continue
-        if entry.get("state") != a.state:
-            entry["lastTransitionTime"] = _now()
-        entry["state"], entry["message"] = a.state, a.message
-        if a.pod_set_updates:
-            entry["podSetUpdates"] = [
-                {
-                    "name": u.name,
-                    **({"nodeSelector": dict(u.node_selector)} if u.node_selector else {}),
-                    **({"labels": dict(u.labels)} if u.labels else {}),
-                }
-                for u in a.pod_set_updates
-            ]
-        else:
-            entry.pop("podSetUpdates", None)
-        if a.state == CheckState.RETRY:
-            # Kueue v0.17.0 keeps the quota until requeueAt when a Retry carries it
-            # (reconcile/queue.py): a Retry of ours never does.
-            entry.pop("requeueAfterSeconds", None)
+    checks: list[dict[str, Any]] = summary["admissionChecks"]
+    before: dict[str, Any] = next((c for c in checks if c.get("name") == a.check), {})
+    moved = before.get("state") != a.state
+    entry: dict[str, Any] = {
+        "name": a.check,
+        "state": a.state,
+        "message": a.message,
+        "lastTransitionTime": _now()
+        if moved or not before.get("lastTransitionTime")
+        else (before["lastTransitionTime"]),
+    }
+    if a.pod_set_updates:
+        entry["podSetUpdates"] = [
+            {
+                "name": u.name,
+                **({"nodeSelector": dict(u.node_selector)} if u.node_selector else {}),
+                **({"labels": dict(u.labels)} if u.labels else {}),
+            }
+            for u in a.pod_set_updates
+        ]
+    # No requeueAfterSeconds: in Kueue v0.17.0 a Retry that carries it keeps the quota until
+    # requeueAt (reconcile/gate.py); a Retry of ours never does.
     try:
-        await rt.kube.patch_workload_checks(t.namespace, a.workload, a.resource_version, checks)
+        await rt.kube.apply_workload_check(t.namespace, a.workload, a.resource_version, entry)
     except Conflict:
         log.info("workload changed under us, check not written job=%s/%s", t.namespace, t.name)
         return
     log.info(
         "admission check %s %s job=%s/%s: %s", a.check, a.state, t.namespace, t.name, a.message
     )
+
+
+async def set_workload_active(rt: Runtime, t: Target, a: SetWorkloadActive) -> None:
+    await rt.kube.set_workload_active(t.namespace, a.workload, a.active)
+    log.info("workload %s active=%s job=%s/%s", a.workload, a.active, t.namespace, t.name)
 
 
 async def set_admission_check_active(rt: Runtime, a: SetAdmissionCheckActive) -> None:
@@ -293,6 +317,7 @@ APPLIERS: dict[type[Any], Applier] = {
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,
     SetAdmissionCheckState: set_admission_check_state,
+    SetWorkloadActive: set_workload_active,
     AnnotatePods: annotate_pods,
     EvictPods: evict_pods,
 }

@@ -1,4 +1,8 @@
-"""The orphan sweep: node pools labelled as ours whose job is gone or is another incarnation."""
+"""The orphan sweep: node pools labelled as ours whose job is gone or is another incarnation.
+
+Workload policies (tpu7x placement, Compute Engine resource policies) are never swept: they are
+shared by every job of a shape, free, and a delete could race another job's create that names
+the policy, which GKE would then refuse as INVALID_ARGUMENT (docs/provisioning.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import logging
 
 from multislice_operator import metrics
 from multislice_operator.controller.runtime import Runtime
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.ownership import orphaned
+from multislice_operator.pools import PoolState
 
 log = logging.getLogger("multislice_operator")
 
@@ -47,8 +52,7 @@ async def collect_orphans(rt: Runtime) -> list[str]:
             continue
         if patterns and not any(fnmatch.fnmatch(ns, p) for p in patterns):
             continue
-        uid = jobs.get((ns, name))
-        if uid is None or (pool.owner_uid and uid != pool.owner_uid):
+        if orphaned(pool.owner_uid, (ns, name), jobs, complete=True):
             orphans.append(pool.name)
     if orphans:
         log.warning("deleting orphaned node pools pools=%s", ",".join(orphans))

@@ -24,7 +24,7 @@ import kopf
 
 from multislice_operator import keys, metrics
 from multislice_operator.api import models
-from multislice_operator.controller import kueue
+from multislice_operator.controller import kueue, versions
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop
 from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
@@ -33,6 +33,7 @@ from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
 from multislice_operator.controller.runtime import Indexes, Runtime
+from multislice_operator.identity import node_identity
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
 from multislice_operator.settings import Settings
@@ -91,13 +92,7 @@ async def startup(
         settings=ours,
         kube=Kube(settings),
         provisioner=provisioner,
-        cfg=DecideConfig(
-            backoff_base_seconds=ours.backoff_base_seconds,
-            backoff_max_seconds=ours.backoff_max_seconds,
-            resync_seconds=ours.resync_seconds,
-            not_ready_grace_seconds=ours.node_not_ready_grace_seconds,
-            kueue_workload_wait_seconds=ours.kueue_workload_wait_seconds,
-        ),
+        cfg=DecideConfig.from_settings(ours),
         indexes=Indexes(
             jobsets=jobset_index,
             pods=pod_index,
@@ -121,6 +116,14 @@ async def startup(
         ours.leader_elect,
         ours.kueue,
     )
+    if provisioner is not None:
+        # Who the training pods are to Google APIs follows from this (identity.py, docs/install.md).
+        log.info(
+            "tpu nodes: %s",
+            node_identity(
+                ours.gke_workload_identity, ours.gke_node_service_account, ours.gke_node_scopes
+            ),
+        )
 
 
 @kopf.on.cleanup()
@@ -133,6 +136,13 @@ async def cleanup(**_: Any) -> None:
 
 async def _run(rt: Runtime) -> None:
     """Wait for the Lease if asked, then run the workers (and the GC) until cancelled."""
+    # Before any pass, and after start-up (kopf logs in once the startup handlers are done): a
+    # Kueue or JobSet this operator cannot work with is named at once, then looked at again.
+    try:
+        await versions.check(rt)
+    except Exception as exc:  # the loop tries again
+        log.warning("versions not checked: %s", exc)
+    rt.tasks.append(asyncio.create_task(versions.check_loop(rt)))
     if rt.settings.leader_elect:
         elector = LeaderElector(rt.kube, _lease_config(rt.settings))
         rt.tasks.append(asyncio.create_task(elector.run()))

@@ -24,19 +24,35 @@ log = logging.getLogger("multislice_operator.kube")
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # controller/versions.py refuses a Kueue without it
+KUEUE = f"/apis/{KUEUE_API_VERSION}"
 COMPONENT = "multislice-operator"
 # kopf retries a failed call (5xx, 429, 403 during upgrades) after each of these delays; ours are
 # short because the work queue backs the job off after that, without holding a worker.
 BACKOFFS = (0.5, 1.0, 2.0)
+# On every create and dry run of an object the operator renders: an apiserver whose schema lacks
+# a field (a JobSet CRD older than v0.10.0 has no onJobFailureMessagePatterns) refuses the object
+# with 400 "strict decoding error: unknown field ..." instead of dropping the field silently.
+STRICT = "fieldValidation=Strict"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+# Server-side apply (JSON is YAML): the operator owns the fields it sends, by field manager.
+APPLY_PATCH = {"Content-Type": "application/apply-patch+yaml"}
+FIELD_MANAGER = "multislice-operator"
+# Its own manager for the one entry of a Workload's status.admissionChecks it answers for (Kueue
+# owns the others, and the list is a map keyed by name: kueue.x-k8s.io_workloads.yaml).
+CHECK_FIELD_MANAGER = "multislice-operator-gang-check"
 
 ApiError = kopf_errors.APIError
 NotFound = kopf_errors.APINotFoundError
 Conflict = kopf_errors.APIConflictError
 Invalid = kopf_errors.APIUnprocessableEntityError
 ClientError = kopf_errors.APIClientError
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _q(value: str) -> str:
@@ -71,14 +87,16 @@ class Kube:
 
     # -- JobSets -------------------------------------------------------------------------------
 
-    async def create_jobset(self, body: dict[str, Any]) -> bool:
-        """Create the JobSet; False when one of that name exists already (idempotent)."""
+    async def create_jobset(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the JobSet and return it; None when one of that name exists (idempotent)."""
         ns = body["metadata"]["namespace"]
         try:
-            await self._call("post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets", payload=body)
+            created: dict[str, Any] = await self._call(
+                "post", f"{JOBSETS}/namespaces/{_q(ns)}/jobsets?{STRICT}", payload=body
+            )
         except Conflict:
-            return False
-        return True
+            return None
+        return created
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -89,19 +107,23 @@ class Kube:
             return None
         return obj
 
-    async def delete_jobset(self, namespace: str, name: str) -> None:
-        """Delete the JobSet now (its Jobs and pods go with it, background); gone is success."""
+    async def delete_jobset(self, namespace: str, name: str, uid: str = "") -> None:
+        """Delete the JobSet now (its Jobs and pods go with it, background); gone is success.
+        With `uid`: only that object (a precondition: a newer JobSet of the name is kept)."""
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            options["preconditions"] = {"uid": uid}
         try:
             await self._call(
                 "delete",
                 f"{JOBSETS}/namespaces/{_q(namespace)}/jobsets/{_q(name)}",
-                payload={
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "propagationPolicy": "Background",
-                },
+                payload=options,
             )
-        except NotFound:
+        except (NotFound, Conflict):  # gone, or another object of that name now
             return
 
     async def dry_run_create(self, body: dict[str, Any]) -> None:
@@ -114,7 +136,7 @@ class Kube:
         plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
         await self._call(
             "post",
-            f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All",
+            f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All&{STRICT}",
             payload=body,
             backoffs=(),
         )
@@ -127,19 +149,65 @@ class Kube:
             headers=MERGE_PATCH,
         )
 
+    # -- what is installed (start-up checks) -----------------------------------------------------
+
+    async def served_versions(self, group: str) -> list[str] | None:
+        """The versions of API group `group` the apiserver serves (discovery), None when it
+        serves none: the group's CRDs are not installed."""
+        try:
+            found = await self._call("get", f"/apis/{_q(group)}", backoffs=())
+        except NotFound:
+            return None
+        return [str(v.get("version")) for v in found.get("versions") or []]
+
+    async def get_crd(self, name: str) -> dict[str, Any] | None:
+        """A CustomResourceDefinition by name, None when absent. A list with a field selector:
+        the operator may list and watch CRDs (kopf follows them), not get them."""
+        found = await self._call(
+            "get", f"{CRDS}?fieldSelector={_q(f'metadata.name={name}')}", backoffs=()
+        )
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items[0] if items else None
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """A Namespace (its labels: Pod Security's enforce level), None when it is gone."""
+        try:
+            found: dict[str, Any] = await self._call("get", f"/api/v1/namespaces/{_q(name)}")
+        except NotFound:
+            return None
+        return found
+
     # -- MultisliceJobs ------------------------------------------------------------------------
 
     def _job_url(self, namespace: str, name: str, sub: str = "") -> str:
         return f"{MSJ}/namespaces/{_q(namespace)}/{models.PLURAL}/{_q(name)}{sub}"
 
-    async def patch_job_status(
+    async def apply_job_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
-        """Merge-patch the status; return the job as the apiserver has it after the patch."""
+        """Server-side apply of the whole status (the operator is its only writer; forced, so a
+        status edited by hand is taken back); the job as the apiserver has it after."""
         updated: dict[str, Any] = await self._call(
             "patch",
-            self._job_url(namespace, name, "/status"),
-            payload={"status": status},
+            self._job_url(namespace, name, f"/status?fieldManager={FIELD_MANAGER}&force=true"),
+            payload={
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "metadata": {"name": name, "namespace": namespace},
+                "status": status,
+            },
+            headers=APPLY_PATCH,
+        )
+        return updated
+
+    async def merge_job_status(
+        self, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A merge patch of the status (nulls remove keys another field manager still owns)."""
+        updated: dict[str, Any] = await self._call(
+            "patch",
+            self._job_url(namespace, name, f"/status?fieldManager={FIELD_MANAGER}"),
+            payload={"status": patch},
             headers=MERGE_PATCH,
         )
         return updated
@@ -231,19 +299,39 @@ class Kube:
 
     # -- Kueue ---------------------------------------------------------------------------------
 
-    async def patch_workload_checks(
-        self, namespace: str, name: str, resource_version: str, checks: list[dict[str, Any]]
+    async def apply_workload_check(
+        self, namespace: str, name: str, resource_version: str, check: dict[str, Any]
     ) -> None:
-        """Replace status.admissionChecks, as of `resource_version` (409 if it moved since)."""
+        """Server-side apply of this operator's own entry of status.admissionChecks, as of
+        `resource_version` (409 if the Workload moved since); Kueue's entries are untouched."""
         await self._call(
             "patch",
-            f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}/status",
+            f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}/status"
+            f"?fieldManager={CHECK_FIELD_MANAGER}&force=true",
             payload={
-                "metadata": {"resourceVersion": resource_version},
-                "status": {"admissionChecks": checks},
+                "apiVersion": KUEUE_API_VERSION,
+                "kind": "Workload",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "resourceVersion": resource_version,
+                },
+                "status": {"admissionChecks": [check]},
             },
-            headers=MERGE_PATCH,
+            headers=APPLY_PATCH,
         )
+
+    async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
+        """Kueue's Workload spec.active: false evicts it (Kueue then suspends the JobSet)."""
+        try:
+            await self._call(
+                "patch",
+                f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}",
+                payload={"spec": {"active": active}},
+                headers=MERGE_PATCH,
+            )
+        except NotFound:
+            return
 
     async def patch_admission_check_conditions(
         self, name: str, resource_version: str, conditions: list[dict[str, Any]]
@@ -261,11 +349,13 @@ class Kube:
 
     # -- events --------------------------------------------------------------------------------
 
-    async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the MultisliceJob (what `kubectl describe msj` shows)."""
+    async def post_event(
+        self, job: dict[str, Any], type_: str, reason: str, message: str
+    ) -> str | None:
+        """A core/v1 Event on the MultisliceJob (what `kubectl describe msj` shows); its name."""
         meta = job.get("metadata") or {}
         ns = meta.get("namespace") or "default"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _now()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -288,11 +378,31 @@ class Kube:
             "reportingInstance": COMPONENT,
         }
         try:
-            await self._call(
+            created = await self._call(
                 "post", f"/api/v1/namespaces/{_q(ns)}/events", payload=event, backoffs=()
             )
         except ApiError as exc:  # events are best effort; never fail a reconcile on them
             log.warning("event not posted reason=%s status=%s", reason, exc.status)
+            return None
+        name = ((created or {}).get("metadata") or {}).get("name")
+        return str(name) if name else None
+
+    async def repeat_event(self, namespace: str, name: str, count: int) -> bool:
+        """The same event again: its count and last timestamp, as client-go's event correlator
+        aggregates repeats. False when it is gone (expired): post it anew."""
+        try:
+            await self._call(
+                "patch",
+                f"/api/v1/namespaces/{_q(namespace)}/events/{_q(name)}",
+                payload={"count": count, "lastTimestamp": _now()},
+                headers=MERGE_PATCH,
+                backoffs=(),
+            )
+        except NotFound:
+            return False
+        except ApiError as exc:
+            log.warning("event not updated name=%s status=%s", name, exc.status)
+        return True
 
     # -- leases (leader election) ----------------------------------------------------------------
 

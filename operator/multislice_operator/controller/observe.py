@@ -13,26 +13,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator import keys
-from multislice_operator.plan import (
-    REPLICATED_JOB,
-    Plan,
-)
-from multislice_operator.provisioning.base import (
-    GangObservation,
-    PoolError,
-    PoolState,
-)
+from multislice_operator.names import REPLICATED_JOB
+from multislice_operator.ownership import Owner, owner_of
+from multislice_operator.plan import Plan
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Admission,
     JobSetObservation,
     NodeMaintenance,
     Observed,
-    PodFailure,
-    PodObservation,
+    Pod,
     SliceObservation,
-    UnschedulablePod,
+    termination,
 )
-from multislice_operator.reconcile.goodput import parse_termination_message
 from multislice_operator.render import DISRUPTION_CONDITION
 
 # ---------------------------------------------------------------- index summaries
@@ -52,7 +46,10 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
             succeeded = int(rj.get("succeeded") or 0)
     failed_cond = conds.get("Failed") or {}
     terminal = status.get("terminalState")
-    labels = (body.get("metadata") or {}).get("labels") or {}
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    refs = meta.get("ownerReferences") or []
+    controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
     return {
         "suspended": bool((body.get("spec") or {}).get("suspend")),
         "restarts": int(status.get("restarts") or 0),
@@ -65,27 +62,27 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "ready": ready,
         "active": active,
         "succeeded": succeeded,
-        "owned": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
+        "madeByUs": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
+        "ownerUid": controller.get("uid"),
+        "uid": meta.get("uid", ""),
         "jobName": labels.get(keys.JOB_NAME),
-        "deleting": bool((body.get("metadata") or {}).get("deletionTimestamp")),
-        "created": (body.get("metadata") or {}).get("creationTimestamp"),
+        "deleting": bool(meta.get("deletionTimestamp")),
+        "created": meta.get("creationTimestamp"),
     }
 
 
 def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a pod the decision reads (kept for every pod of every job: small)."""
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
     exit_code, reason = None, status.get("reason") or ""
-    step = checkpoint_step = None
-    said: dict[str, Any] = {}
+    said = None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
-            # Where the run stood (contract section 2); only a few fields are kept.
-            step, checkpoint_step = parse_termination_message(term.get("message"))
-            said = termination_extras(term.get("message"))
+            said = termination.parse(term.get("message"))  # where the run stood
             break
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == "True"
@@ -97,14 +94,14 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     annotations = meta.get("annotations") or {}
     return {
         "pod": meta.get("name", ""),
+        "jobsetUid": labels.get(keys.JOBSET_UID),
         "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
         "attempt": _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
         "phase": status.get("phase", "Pending"),
         "ready": ready,
         "exitCode": exit_code,
         "reason": reason,
-        "step": step,
-        "checkpointStep": checkpoint_step,
+        "termination": said,
         "deleting": bool(meta.get("deletionTimestamp")),
         # The scheduler's verdict, only while it cannot place the pod.
         "unschedulable": (
@@ -117,21 +114,9 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
         if disruption.get("status") == "True"
         else None,
-        "terminationReason": said.get("reason"),
-        "terminationCheckpoint": said.get("checkpointRequest"),
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
     }
-
-
-def _request(value: Any) -> tuple[str, int] | None:
-    """{"id": ..., "step": ...} (contract section 3) as (id, step); None for anything else."""
-    if not isinstance(value, Mapping):
-        return None
-    rid, step = value.get("id"), value.get("step")
-    if not isinstance(rid, str) or not rid or isinstance(step, bool) or not isinstance(step, int):
-        return None
-    return rid, step
 
 
 def checkpoint_saved(text: str | None) -> tuple[str, int] | None:
@@ -139,26 +124,9 @@ def checkpoint_saved(text: str | None) -> tuple[str, int] | None:
     if not text:
         return None
     try:
-        return _request(json.loads(text))
+        return termination.request(json.loads(text))
     except ValueError:
         return None
-
-
-def termination_extras(text: str | None) -> dict[str, Any]:
-    """The termination message's `reason` (bounded: a short word) and `checkpointRequest`."""
-    if not text or not text.lstrip().startswith("{"):
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {}
-    if not isinstance(data, Mapping):
-        return {}
-    reason = data.get("reason")
-    return {
-        "reason": reason[:32] if isinstance(reason, str) and reason else None,
-        "checkpointRequest": _request(data.get("checkpointRequest")),
-    }
 
 
 def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,9 +216,20 @@ class PoolOwner:
     gone: bool  # that job no longer exists (the sweep would delete the pool; so may we)
 
 
-def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | None:
+def jobset_observation(
+    summary: dict[str, Any] | None, job_key: tuple[str, str] = ("", ""), job_uid: str = ""
+) -> JobSetObservation | None:
+    """The JobSet of the job's name, with whose it is (ownership.py: by its controller owner's
+    uid, never by name alone)."""
     if summary is None:
         return None
+    owner = owner_of(
+        made_by_us=bool(summary.get("madeByUs")),
+        claim_uid=summary.get("ownerUid"),
+        claim_key=job_key,
+        job_key=job_key,
+        job_uid=job_uid,
+    )
     return JobSetObservation(
         suspended=summary["suspended"],
         restarts=summary["restarts"],
@@ -262,92 +241,51 @@ def jobset_observation(summary: dict[str, Any] | None) -> JobSetObservation | No
         ready_jobs=summary["ready"],
         active_jobs=summary["active"],
         succeeded_jobs=summary["succeeded"],
-        owned=summary["owned"],
+        owner=owner,
+        uid=summary.get("uid", ""),
         deleting=bool(summary.get("deleting")),
         created=parse_time(summary.get("created")),
     )
 
 
-def unschedulable_pods(pods: Iterable[dict[str, Any]], attempt: int) -> list[UnschedulablePod]:
-    """Pods of the current attempt that the scheduler says it cannot place."""
-    out = []
-    for p in pods:
-        since = parse_time(p.get("unschedulable"))
-        if since is None or p["attempt"] != attempt or p["deleting"] or p["phase"] != "Pending":
-            continue
-        out.append(UnschedulablePod(p["pod"], p["slice"], since, p.get("schedulerMessage") or ""))
-    return out
-
-
-def pods_by_slice(pods: Iterable[dict[str, Any]], attempt: int) -> dict[int, int]:
-    """Pods of the current attempt that exist (any phase, not being deleted), per slice."""
-    out: dict[int, int] = {}
-    for p in pods:
-        if p["attempt"] == attempt and p["slice"] is not None and not p["deleting"]:
-            out[p["slice"]] = out.get(p["slice"], 0) + 1
-    return out
-
-
-def pod_observations(
-    pods: Iterable[dict[str, Any]], attempt: int
-) -> tuple[list[PodFailure], dict[int, int], dict[int, int]]:
-    failures: list[PodFailure] = []
-    running: dict[int, int] = {}
-    succeeded: dict[int, int] = {}
-    for p in pods:
-        if p["phase"] == "Failed" or (p["exitCode"] is not None and p["phase"] != "Succeeded"):
-            failures.append(
-                PodFailure(
-                    p["pod"],
-                    p["slice"],
-                    p["exitCode"],
-                    p["reason"],
-                    p["attempt"],
-                    step=p.get("step"),
-                    checkpoint_step=p.get("checkpointStep"),
-                    disruption=p.get("disruption"),
-                    termination_reason=p.get("terminationReason"),
-                    checkpoint_request=p.get("terminationCheckpoint"),
-                )
-            )
-        if p["attempt"] != attempt or p["slice"] is None or p["deleting"]:
-            continue
-        if p["phase"] == "Running" and p["ready"]:
-            running[p["slice"]] = running.get(p["slice"], 0) + 1
-        elif p["phase"] == "Succeeded":
-            succeeded[p["slice"]] = succeeded.get(p["slice"], 0) + 1
-    return failures, running, succeeded
-
-
-def pod_views(
-    pods: Iterable[dict[str, Any]], pool_of_node: Mapping[str, str] | None = None
-) -> list[PodObservation]:
-    """The job's pods that have not finished (every attempt): what checkpoint requests and the
-    startup deadline look at. `pool_of_node`: the job's own pools' nodes (Managed)."""
+def pod_records(
+    summaries: Iterable[dict[str, Any]],
+    jobset: JobSetObservation | None,
+    pool_of_node: Mapping[str, str] | None = None,
+) -> list[Pod]:
+    """The pods of the job's own JobSet (by its uid, which JobSet puts on every pod: an earlier
+    job's pods of the same name are not this job's). `pool_of_node`: the job's own pools."""
+    if jobset is None or jobset.owner != Owner.MINE:
+        return []
     pools = pool_of_node or {}
     return [
-        PodObservation(
+        Pod(
             name=p["pod"],
             slice_index=p["slice"],
             attempt=p["attempt"],
             phase=p["phase"],
             ready=p["ready"],
-            unschedulable=p.get("unschedulable") is not None,
             deleting=p["deleting"],
             node=p.get("node"),
             pool=pools.get(p.get("node") or ""),
+            exit_code=p["exitCode"],
+            reason=p["reason"],
+            termination=p.get("termination"),
+            disruption=p.get("disruption"),
+            unschedulable_since=parse_time(p.get("unschedulable")),
+            scheduler_message=p.get("schedulerMessage") or "",
             checkpoint_request=p.get("checkpointRequest"),
             checkpoint_saved=p.get("checkpointSaved"),
         )
-        for p in pods
-        if p["phase"] in ("Pending", "Running")
+        for p in summaries
+        if not jobset.uid or not p.get("jobsetUid") or p["jobsetUid"] == jobset.uid
     ]
 
 
 def maintenance_observations(
     plan: Plan,
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
-    pods: list[PodObservation],
+    pods: list[Pod],
     attempt: int | None = None,
 ) -> list[NodeMaintenance]:
     """The job's nodes with maintenance announced: the nodes of its own pools (Managed) or the
@@ -356,7 +294,7 @@ def maintenance_observations(
     hosting = {
         p.node: p.slice_index
         for p in pods
-        if p.node and not p.deleting and (attempt is None or p.attempt == attempt)
+        if p.live and p.node and not p.deleting and (attempt is None or p.attempt == attempt)
     }
     if plan.managed:
         pools: Iterable[tuple[Any, int | None]] = [
@@ -475,31 +413,24 @@ def observe(
     owners: Mapping[str, PoolOwner] | None = None,
     blind_since: datetime | None = None,
 ) -> Observed:
-    js = jobset_observation(jobset)
-    pods = list(pods)
-    attempt = js.restarts if js else 0
-    failures, running, succeeded = pod_observations(pods, attempt)
+    js = jobset_observation(jobset, (plan.namespace, plan.name), uid)
     own = (
         {n["name"]: pool.name for pool in plan.node_pools for n in items(nodes, pool.name)}
         if plan.managed
         else {}
     )
-    views = pod_views(pods, own)
+    records = pod_records(pods, js, own)
+    attempt = js.restarts if js is not None and js.owned else None
     obs = Observed(
         now=now,
         blind_since=blind_since,
         jobset=js,
-        pod_failures=failures,
-        running_pods=running,
-        succeeded_pods=succeeded,
+        pods=records,
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
         admission=admission,
-        unschedulable=unschedulable_pods(pods, attempt),
-        pods_by_slice=pods_by_slice(pods, attempt),
         strays=dict(strays or {}),
-        pods=views,
-        maintenance=maintenance_observations(plan, nodes, views, js.restarts if js else None),
+        maintenance=maintenance_observations(plan, nodes, records, attempt),
     )
     if plan.managed:
         if gang is not None:

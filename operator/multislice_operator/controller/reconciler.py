@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,10 +20,11 @@ from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCa
 from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
-from multislice_operator.controller.runtime import JobKey, Runtime
+from multislice_operator.controller.runtime import JobKey, Runtime, template_key
 from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.ownership import Owner, owner_of
 from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.provisioning.base import PoolState
+from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     Decision,
     JobMeta,
@@ -31,21 +33,14 @@ from multislice_operator.reconcile import (
     decide,
     goodput,
 )
+from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
 
 log = logging.getLogger("multislice_operator")
 
-# Events that mean a slice failed, by the metric's reason label, and the causes each carries
-# (the first is the default for an event that names none); bounded label values.
-CAUSE_PROVISIONING = "provisioning"
-SLICE_FAILURE_REASONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "RestartingAllSlices": ("pod_failure", tuple(c.value for c in RestartCause)),
-    "SliceLost": ("capacity_lost", (RestartCause.DISRUPTION.value,)),
-    "GangRolledBack": ("gang_rollback", (CAUSE_PROVISIONING,)),
-    "StartupDeadlineExceeded": ("startup_deadline", (RestartCause.STARTUP.value,)),
-}
-for _reason, _causes in SLICE_FAILURE_REASONS.values():
-    for _cause in _causes:  # exported at 0 before the first failure
-        metrics.SLICE_FAILURES_TOTAL.labels(_reason, _cause)
+# Exported at 0 before the first failure: every label set the registry can produce.
+for _info in SLICE_FAILURE_REASONS.values():
+    for _cause in _info.causes:
+        metrics.SLICE_FAILURES_TOTAL.labels(_info.metric, _cause)
 for _restart in RestartCause:
     metrics.RESTARTS_TOTAL.labels(_restart.value)
 for _source in ("user", "maintenance"):
@@ -111,10 +106,14 @@ def job_meta(body: dict[str, Any]) -> JobMeta:
 
 
 def _jobset(rt: Runtime, key: JobKey) -> dict[str, Any] | None:
-    jobset: dict[str, Any] | None = ob.first(rt.indexes.jobsets, key) or rt.strangers.get(key)
+    indexed: dict[str, Any] | None = ob.first(rt.indexes.jobsets, key)
+    if indexed is not None:
+        rt.created_jobsets.pop(key, None)  # the watch caught up
+    jobset = indexed or rt.strangers.get(key) or rt.created_jobsets.get(key)
     if jobset is None:
         rt.deleted_jobsets.discard(key)
     elif key in rt.deleted_jobsets:  # deleted by us; the watch has not caught up yet
+        rt.created_jobsets.pop(key, None)
         jobset = {**jobset, "deleting": True}
     return jobset
 
@@ -126,21 +125,47 @@ def _watched(rt: Runtime, namespace: str | None) -> bool:
     )
 
 
+class _LiveJobs(Mapping[JobKey, str]):
+    """The uid of every job this operator watches, read from the store only when asked."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def __getitem__(self, key: JobKey) -> str:
+        body = self.rt.store.get(key) if _watched(self.rt, key[0]) else None
+        uid = ((body or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            raise KeyError(key)
+        return str(uid)
+
+    def __iter__(self) -> Iterator[JobKey]:
+        return (k for k in self.rt.store.bodies if _watched(self.rt, k[0]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _owner(rt: Runtime, key: JobKey, meta: JobMeta, pool: Any) -> ob.PoolOwner:
     """Who a pool of one of our names belongs to, when its owner uid is not ours."""
     ns, name = getattr(pool, "namespace", None), getattr(pool, "job_name", None)
     job = f"{ns}/{name}"
-    if (ns, name) == key:  # a previous incarnation of this very job: ours to replace
+    claim = (ns, name) if ns and name else None
+    # A namespace this operator does not watch is another install's: it cannot tell.
+    live = _LiveJobs(rt) if claim is None or _watched(rt, ns) else None
+    whose = owner_of(
+        made_by_us=True,
+        claim_uid=pool.owner_uid,
+        claim_key=claim,
+        job_key=key,
+        job_uid=meta.uid,
+        live_jobs=live,
+    )
+    if whose == Owner.ORPHAN:
         return ob.PoolOwner(job, older=False, gone=True)
-    other = rt.store.get((ns, name)) if ns and name else None
-    other_meta = (other or {}).get("metadata") or {}
-    if other is None or not _watched(rt, ns):
+    other = rt.store.get(claim) if claim else None
+    theirs = job_meta(other) if other else None
+    if theirs is None or theirs.creation_time is None or meta.creation_time is None:
         return ob.PoolOwner(job, older=True, gone=False)  # cannot be told: never touched
-    if other_meta.get("uid") != pool.owner_uid:  # that job was recreated since: an orphan
-        return ob.PoolOwner(job, older=False, gone=True)
-    theirs = job_meta(other)
-    if theirs.creation_time is None or meta.creation_time is None:
-        return ob.PoolOwner(job, older=True, gone=False)
     older = (theirs.creation_time, theirs.uid) <= (meta.creation_time, meta.uid)
     return ob.PoolOwner(job, older=older, gone=False)
 
@@ -192,7 +217,7 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
         provisioner_configured=configured,
         offered_error=offered,
         node_selector=template.get("nodeSelector") or {},
-        admission=rt.admission_of(key, meta.uid, meta.generation),
+        admission=rt.admission_of(key, meta.uid, meta.generation, template_key(body)),
         strays=strays,
         owners=owners,
         blind_since=rt.blind_since(key),
@@ -234,11 +259,10 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
         return -delay
     finally:
         metrics.RECONCILE_TIME.observe(time.perf_counter() - started)
-    metrics.RECONCILE_TOTAL.labels("requeue" if decision.requeue_after else "success").inc()
-    if decision.requeue_after is not None:
-        return decision.requeue_after
-    terminal = decision.status.phase in (Phase.SUCCEEDED, Phase.FAILED)
-    return rt.cfg.resync_seconds * (6 if terminal else 1)
+    metrics.RECONCILE_TOTAL.labels("success").inc()
+    for why in decision.violations:  # a bug in decide(): the action was dropped
+        log.error("invariant violated, action dropped job=%s/%s: %s", *key, why)
+    return decision.requeue_after
 
 
 async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision:
@@ -249,7 +273,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     if parsed.plan is None:
         # No plan, but the job's own pools (by uid) and JobSet are still known and released.
         strays, _ = await _ownership(rt, key, meta, None)
-        js = ob.jobset_observation(_jobset(rt, key))
+        js = ob.jobset_observation(_jobset(rt, key), key, meta.uid)
         obs = Observed(
             now=datetime.now(UTC), strays=strays, jobset=js, blind_since=rt.blind_since(key)
         )
@@ -258,69 +282,87 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         obs = await observe(rt, key, body, parsed.plan)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
     target = appliers.Target(body, parsed.job, parsed.plan)
-    await appliers.apply(rt, target, decision.actions)
-    body = target.body
     if meta.deleting and not meta.has_finalizer:
+        await appliers.apply(rt, target, decision.actions)
         return decision  # going away with nothing of ours attached: nothing to write
-    # Our finalizer just came off: the job goes now (its DELETED event may be handled while this
-    # pass still writes), so nothing of it is stored, tracked or counted again.
+    # Our finalizer comes off in this pass: the job goes (its DELETED event may be handled while
+    # this pass still runs), so nothing of it is stored, tracked or counted again.
     gone = meta.deleting and any(isinstance(a, RemoveFinalizer) for a in decision.actions)
-    await _write(rt, key, body, raw_old, decision, record=not gone)
+    # The status first: it says why before anything is done (a verdict's JobSet delete, a new
+    # pool), so a crash between the two never loses the reason; the actions then start from the
+    # object the write returned (its resourceVersion guards the finalizer patch).
+    if not gone:  # a job whose finalizer comes off is gone a moment later: no status to write
+        target.body = await _write_status(rt, key, body, raw_old, decision)
+    await appliers.apply(rt, target, decision.actions)
+    await _post_events(rt, key, target.body, decision)
     if gone or key not in rt.store.bodies:  # deleted while this pass ran: no series comes back
+        rt.forget_events(key)
         return decision
+    _record_metrics(key, decision)
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now)
     return decision
 
 
-def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """A merge patch turning old into new (None deletes a key); None when nothing changed.
-
-    Objects are patched key by key (RFC 7386 merges them): a key gone from a nested object, such
-    as goodput.state once a job finished, must be sent as None or the stored one stays."""
+def _stale(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """Keys the apiserver still has that `new` has not (another field manager's, e.g. a status
+    written by an operator before server-side apply): a merge patch of nulls, or None."""
     patch: dict[str, Any] = {}
-    for k, v in new.items():
-        was = old.get(k)
-        if was == v:
-            continue
-        if isinstance(v, dict) and isinstance(was, dict):
-            patch[k] = status_patch(was, v) or {}
-        else:
-            patch[k] = v
-    patch.update({k: None for k in old if k not in new})
+    for k, v in stored.items():
+        if k not in new:
+            patch[k] = None
+        elif isinstance(v, dict) and isinstance(new[k], dict):
+            inner = _stale(v, new[k])
+            if inner:
+                patch[k] = inner
     return patch or None
 
 
-async def _write(
+async def _write_status(
     rt: Runtime,
     key: JobKey,
     body: dict[str, Any],
     old: dict[str, Any],
     d: Decision,
     record: bool = True,
-) -> None:
+) -> dict[str, Any]:
+    """Apply the status decide() returned when it differs from the stored one (an unchanged
+    status costs no write); the job as stored after it."""
+    if d.keep_status:
+        return body
     new = d.status.to_dict()
-    patch = status_patch(old, new)
-    if patch is not None:
-        try:
-            updated = await rt.kube.patch_job_status(key[0], key[1], patch)
-        except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
-            return
-        (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
-        if record:
-            rt.store.put(updated)
+    if new == old:
+        return body
+    try:
+        updated = await rt.kube.apply_job_status(key[0], key[1], new)
+        stale = _stale(dict(updated.get("status") or {}), new)
+        if stale is not None:
+            updated = await rt.kube.merge_job_status(key[0], key[1], stale)
+    except NotFound:  # deleted meanwhile (our finalizer just came off): nothing to record
+        return body
+    (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
+    if record:
+        rt.store.put(updated)
+    return updated
+
+
+async def _post_events(rt: Runtime, key: JobKey, body: dict[str, Any], d: Decision) -> None:
+    """After the status write succeeded: the events, a repeat aggregated into its first post
+    (count and lastTimestamp, as client-go's event correlator does)."""
     for event in d.events:
-        if event.reason in SLICE_FAILURE_REASONS:
-            label, causes = SLICE_FAILURE_REASONS[event.reason]
-            cause = event.cause if event.cause in causes else causes[0]
-            metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
         log.info(
             "event job=%s/%s type=%s reason=%s %s", *key, event.type, event.reason, event.message
         )
-        await rt.kube.post_event(body, event.type, event.reason, event.message)
-    if record and key in rt.store.bodies:  # not deleted while this pass ran
-        _record_metrics(key, MultisliceJobStatus.from_dict(old), d.status)
+        seen = rt.event_seen(key, event.type, event.reason, event.message)
+        if seen is not None:
+            name, count = seen
+            if await rt.kube.repeat_event(key[0], name, count + 1):
+                rt.event_posted(key, event.type, event.reason, event.message, name, count + 1)
+                continue
+        posted = await rt.kube.post_event(body, event.type, event.reason, event.message)
+        if posted is not None:
+            rt.event_posted(key, event.type, event.reason, event.message, posted, 1)
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
@@ -330,38 +372,28 @@ def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
     rt.wait_for_nodes(key, shape if waiting else None)
 
 
-def _record_metrics(key: JobKey, old: MultisliceJobStatus, new: MultisliceJobStatus) -> None:
+def _record_metrics(key: JobKey, d: Decision) -> None:
+    """The gauges from the status; the counters and histograms by the decision's deltas."""
+    new, m = d.status, d.metrics
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
-    if new.restarts_by_cause is not None:
-        before = old.restarts_by_cause
-        for cause in RestartCause:
-            added = new.restarts_by_cause.get(cause) - (before.get(cause) if before else 0)
-            if added > 0:
-                metrics.RESTARTS_TOTAL.labels(cause.value).inc(added)
     maint = new.maintenance
     metrics.MAINTENANCE.set(key, maint.time.timestamp() if maint and maint.time else None)
-    cp, cp_was = new.checkpoint, old.checkpoint
-    if cp is not None and cp.request_id and (cp_was is None or cp_was.request_id != cp.request_id):
-        metrics.CHECKPOINT_REQUESTS_TOTAL.labels(cp.source).inc()
-    if (new.provisioning_attempts or 0) > (old.provisioning_attempts or 0):
-        metrics.GANG_ATTEMPTS_TOTAL.inc(
-            (new.provisioning_attempts or 0) - (old.provisioning_attempts or 0)
-        )
-    restart, was = new.last_restart, old.last_restart
-    if restart is not None:
-        first_seen = was is None or was.restart != restart.restart
-        if first_seen and restart.lost_steps is not None:
-            metrics.RESTART_LOST_STEPS.observe(restart.lost_steps)
-        if restart.recovery_seconds is not None and (
-            first_seen or (was is not None and was.recovery_seconds is None)
-        ):
-            metrics.RESTART_RECOVERY.observe(restart.recovery_seconds)
-    if new.provisioned_time and new.provisioned_time != old.provisioned_time and new.start_time:
-        metrics.PROVISIONING_DURATION.observe(
-            (new.provisioned_time - new.start_time).total_seconds()
-        )
-    if new.running_time and not old.running_time and new.start_time:
-        metrics.TIME_TO_RUNNING.observe((new.running_time - new.start_time).total_seconds())
+    for label, cause in m.slice_failures:
+        metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
+    for cause, added in m.restarts.items():
+        metrics.RESTARTS_TOTAL.labels(cause).inc(added)
+    for source in m.checkpoint_requests:
+        metrics.CHECKPOINT_REQUESTS_TOTAL.labels(source).inc()
+    if m.gang_attempts:
+        metrics.GANG_ATTEMPTS_TOTAL.inc(m.gang_attempts)
+    for steps in m.lost_steps:
+        metrics.RESTART_LOST_STEPS.observe(steps)
+    for seconds in m.recovery_seconds:
+        metrics.RESTART_RECOVERY.observe(seconds)
+    for elapsed in m.provisioning_seconds:
+        metrics.PROVISIONING_DURATION.observe(elapsed)
+    for elapsed in m.time_to_running_seconds:
+        metrics.TIME_TO_RUNNING.observe(elapsed)
 
 
 def _record_goodput(key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,6 +18,22 @@ from multislice_operator.reconcile import Admission, DecideConfig
 from multislice_operator.settings import Settings
 
 JobKey = tuple[str, str]  # (namespace, name)
+EVENTS_KEPT_PER_JOB = 32
+TEMPLATE_VERDICTS_KEPT = 1024
+TEMPLATE_VERDICT_TTL_SECONDS = 600.0
+
+
+def template_key(body: Mapping[str, Any]) -> str:
+    """What the apiserver's dry run judges, less the job's name: its namespace (quotas,
+    webhooks, Pod Security apply per namespace), spec and labels (they reach the JobSet). The
+    name-dependent rules (DNS labels, lengths) are the plan's, checked for every job."""
+    meta = body.get("metadata") or {}
+    what = {
+        "namespace": meta.get("namespace"),
+        "labels": meta.get("labels") or {},
+        "spec": body.get("spec") or {},
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -82,6 +101,12 @@ class Runtime:
     # The apiserver's verdict on each job's JobSet, for (uid, generation): asked once before the
     # first pool (dry run), replaced by a refused create. Memory only: asked again after restart.
     admission: dict[JobKey, tuple[str, int, Admission]] = field(default_factory=dict)
+    # The dry run's verdicts by template_key (oldest first): a thousand jobs of one template in
+    # one namespace are judged once, not a thousand times.
+    template_verdicts: dict[str, tuple[float, Admission]] = field(default_factory=dict)
+    judging: dict[str, asyncio.Future[Admission]] = field(default_factory=dict)  # in flight
+    # JobSets we created that the index may not hold yet (summaries): seen as they were made.
+    created_jobsets: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
     deleted_jobsets: set[JobKey] = field(default_factory=set)
     # Consecutive failed passes per job (shared by every worker): the exponential backoff.
@@ -93,8 +118,16 @@ class Runtime:
     # blind since then, and that time is charged to the state it sees.
     watched: set[JobKey] = field(default_factory=set)
     previous_alive: datetime | None = None
+    # The events posted per job, by (type, reason, message): a repeat updates the first one's
+    # count (bounded per job; released with the job).
+    events: dict[JobKey, dict[tuple[str, str, str], tuple[str, int]]] = field(default_factory=dict)
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # What is installed, as controller/versions.py last found it: why the installed Kueue (with
+    # --kueue) or JobSet cannot work with this operator, naming the installed and needed
+    # versions; None when it can (or is not installed at all).
+    kueue_problem: str | None = None
+    jobset_problem: str | None = None
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
@@ -117,16 +150,49 @@ class Runtime:
         self.watched.discard(key)
         self.admission.pop(key, None)
         self.deleted_jobsets.discard(key)
+        self.created_jobsets.pop(key, None)
         self.errors.pop(key, None)
+        self.forget_events(key)
+
+    def event_seen(
+        self, key: JobKey, type_: str, reason: str, message: str
+    ) -> tuple[str, int] | None:
+        return self.events.get(key, {}).get((type_, reason, message))
+
+    def event_posted(
+        self, key: JobKey, type_: str, reason: str, message: str, name: str, count: int
+    ) -> None:
+        posted = self.events.setdefault(key, {})
+        posted.pop((type_, reason, message), None)  # re-inserted last: the newest is kept
+        posted[(type_, reason, message)] = (name, count)
+        while len(posted) > EVENTS_KEPT_PER_JOB:
+            posted.pop(next(iter(posted)))
+
+    def forget_events(self, key: JobKey) -> None:
+        self.events.pop(key, None)
 
     def blind_since(self, key: JobKey) -> datetime | None:
         return None if key in self.watched else self.previous_alive
 
-    def admission_of(self, key: JobKey, uid: str, generation: int) -> Admission | None:
+    def admission_of(
+        self, key: JobKey, uid: str, generation: int, template: str = ""
+    ) -> Admission | None:
+        """The apiserver's verdict on this job's JobSet: its own, or that of an identical
+        template in the same namespace (`template_key`) judged a moment ago."""
         known = self.admission.get(key)
-        if known is None or known[0] != uid or known[1] != generation:
+        if known is not None and known[0] == uid and known[1] == generation:
+            return known[2]
+        cached = self.template_verdicts.get(template) if template else None
+        if cached is None or time.monotonic() - cached[0] > TEMPLATE_VERDICT_TTL_SECONDS:
             return None
-        return known[2]
+        return cached[1]
 
-    def judged(self, key: JobKey, uid: str, generation: int, verdict: Admission) -> None:
+    def judged(
+        self, key: JobKey, uid: str, generation: int, verdict: Admission, template: str = ""
+    ) -> None:
         self.admission[key] = (uid, generation, verdict)
+        if template:
+            self.template_verdicts.pop(template, None)
+            self.template_verdicts[template] = (time.monotonic(), verdict)
+            while len(self.template_verdicts) > TEMPLATE_VERDICTS_KEPT:
+                self.template_verdicts.pop(next(iter(self.template_verdicts)))

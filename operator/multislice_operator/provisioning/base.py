@@ -9,40 +9,10 @@ and return, and the next observation shows the progress.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 from multislice_operator.plan import NodePoolSpec, Plan
-
-
-class PoolState(StrEnum):
-    """A slice's capacity as the core sees it, whoever provides it. Each provisioner maps its
-    cloud's own states onto these (the GKE adapter: PROVISIONING -> CREATING, RUNNING -> READY,
-    RUNNING_WITH_ERROR -> DEGRADED, RECONCILING -> UPDATING, STOPPING -> DELETING, ERROR ->
-    FAILED)."""
-
-    ABSENT = "Absent"  # does not exist
-    CREATING = "Creating"
-    READY = "Ready"  # its nodes can run pods (once registered)
-    DEGRADED = "Degraded"  # running, but the cloud reports an error on it
-    UPDATING = "Updating"  # running while the cloud changes it (upgrade, repair)
-    DELETING = "Deleting"
-    FAILED = "Failed"
-
-
-@dataclass(frozen=True)
-class PoolError:
-    """A failure of one slice's pool: names the slice, the cloud's code and message."""
-
-    slice_index: int | None
-    pool: str
-    code: str  # e.g. GCE_STOCKOUT, GCE_QUOTA_EXCEEDED, INVALID_ARGUMENT, PERMISSION_DENIED
-    message: str
-    permanent: bool  # True: retrying cannot help (bad machine type, permission); fail the job
-
-    def __str__(self) -> str:
-        where = f"slice {self.slice_index} " if self.slice_index is not None else ""
-        return f"{where}node pool {self.pool}: {self.code}: {self.message}"
+from multislice_operator.pools import PoolError, PoolState
 
 
 @dataclass(frozen=True)
@@ -56,6 +26,11 @@ class PoolObservation:
     owner_uid: str | None = None  # from the pool's labels; None when absent
     error: PoolError | None = None  # set when the pool (or its create operation) failed
     operation_pending: bool = False  # a create/delete/repair operation is still running
+    # The pool gets its nodes when the cloud finds capacity for the whole slice (GKE flex-start,
+    # Dynamic Workload Scheduler): READY with fewer nodes than the slice needs is waiting for
+    # capacity, not failing; and the nodes go when the run reaches max_run_duration_s.
+    waits_for_capacity: bool = False
+    max_run_duration_s: int | None = None
 
 
 @dataclass

@@ -57,27 +57,26 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import container_v1, tpu_v2
 from google.cloud.container_v1.types import cluster_service as cs
 
-from multislice_operator import keys
+from multislice_operator import catalog, keys
+from multislice_operator.ownership import Owner, owner_of
 from multislice_operator.plan import (
     NodePoolSpec,
     Plan,
 )
-from multislice_operator.provisioning.base import (
-    ActionResult,
-    GangObservation,
-    PoolError,
-    PoolObservation,
-    PoolState,
-)
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.provisioning.base import ActionResult, GangObservation, PoolObservation
 from multislice_operator.provisioning.gke_errors import (
     CODE_ALREADY_EXISTS,
     CODE_CONFLICT,
+    CODE_GKE_VERSION,
     CODE_NAME_TAKEN,
     CODE_NOT_FOUND,
     CODE_NOT_OFFERED,
     CODE_OWNED_BY_OTHER,
     CODE_QUOTA,
     CODE_STOCKOUT,
+    CODE_UNAVAILABLE,
+    CODE_WORKLOAD_POLICY,
     DELETING_RE,
     Classified,
     classify_exception,
@@ -88,10 +87,14 @@ from multislice_operator.provisioning.gke_requests import (
     RL_JOB_UID,
     RL_MANAGED_BY,
     RL_SLICE,
+    WORKLOAD_POLICY_TYPE,
     NodeOptions,
+    WorkloadPolicySpec,
     build_node_pool,
+    build_workload_policy,
     cluster_path,
     gce_label_value,
+    workload_policies,
 )
 
 log = logging.getLogger(__name__)
@@ -265,6 +268,8 @@ class GkeProvisioner:
         self._mutated_at = 0.0  # last create/delete this process started: older listings are stale
         self.list_calls = 0
         self._offered: dict[str, tuple[float, frozenset[str]]] = {}  # zone -> (expiry, types)
+        self._compute: Any = None  # compute_v1 ResourcePolicies/RegionOperations, built lazily
+        self._cluster_version: tuple[float, str] | None = None  # (expiry, currentMasterVersion)
 
     # -- construction helpers -------------------------------------------------------------------
 
@@ -325,7 +330,7 @@ class GkeProvisioner:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for c in (self._client, self._tpu_client):
+        for c in (self._client, self._tpu_client, *(self._compute or ())):
             transport = getattr(c, "transport", None)
             if transport is not None:
                 transport.close()
@@ -424,11 +429,108 @@ class GkeProvisioner:
         ``OWNED_BY_OTHER_JOB`` error (the caller should delete it, then create again); one without
         this operator's managed-by label is a permanent ``NAME_TAKEN`` error (never touched).
         """
-        errors = await asyncio.gather(*(self._create_one(plan, s, owner_uid) for s in pools))
+        policy_errors = await self._ensure_policies(plan, pools)
+        errors = await asyncio.gather(
+            *(self._create_one(plan, s, owner_uid, policy_errors) for s in pools)
+        )
         return ActionResult(errors=[e for e in errors if e is not None])
 
-    async def _create_one(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
-        err = await self._create(plan, spec, owner_uid)
+    # -- workload policies ------------------------------------------------------------------------
+
+    async def _ensure_policies(self, plan: Plan, pools: list[NodePoolSpec]) -> dict[str, PoolError]:
+        """Find or create every workload policy these pools name; errors by policy name.
+
+        A pool naming a policy that does not exist is refused by GKE with INVALID_ARGUMENT, which
+        would fail the job: so the policy is made to exist first, and a pool whose policy is not
+        ready yet is not created in this pass (a transient error; the next pass creates it).
+        Policies are shared by every job of the same shape and never deleted (see
+        docs/provisioning.md): a delete could race another job's create that names it."""
+        names = {p.workload_policy for p in pools if p.workload_policy}
+        wanted = [w for w in workload_policies(plan, self.region) if w.name in names]
+        results = await asyncio.gather(*(self._ensure_policy(w) for w in wanted))
+        return {w.name: e for w, e in zip(wanted, results, strict=True) if e is not None}
+
+    async def _ensure_policy(
+        self, want: WorkloadPolicySpec, may_insert: bool = True
+    ) -> PoolError | None:
+        policies, operations = self._compute_clients()
+        get = functools.partial(
+            policies.get,
+            project=self.project,
+            region=want.region,
+            resource_policy=want.name,
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            found = await self._call("resource_policies.get", get, want.name)
+        except Exception as exc:
+            c = classify_exception(exc)
+            if c.code != CODE_NOT_FOUND:
+                return c.pool_error(want.name)
+            found = None
+        if found is not None:
+            return _policy_mismatch(want, found)
+        if not may_insert:
+            return PoolError(None, want.name, CODE_CONFLICT, "workload policy not found", False)
+        return await self._insert_policy(want, policies, operations)
+
+    async def _insert_policy(
+        self, want: WorkloadPolicySpec, policies: Any, operations: Any
+    ) -> PoolError | None:
+        insert = functools.partial(
+            policies.insert,
+            project=self.project,
+            region=want.region,
+            resource_policy_resource=build_workload_policy(want),
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            op = await self._call("resource_policies.insert", insert, want.name)
+        except Exception as exc:
+            c = classify_exception(exc)
+            if c.code == CODE_ALREADY_EXISTS:  # another job (or replica) made it meanwhile
+                return await self._ensure_policy(want, may_insert=False)
+            log.warning("gke workload policy insert failed policy=%s code=%s", want.name, c.code)
+            return c.pool_error(want.name)
+        log.info("gke workload policy insert started policy=%s region=%s", want.name, want.region)
+        # The client's own ExtendedOperation polls a RegionOperationsClient built without this
+        # provisioner's endpoint: poll with ours, a few seconds at most, then leave it to the next
+        # pass (the pool creates wait for the policy).
+        wait = functools.partial(
+            _wait_region_operation, operations, self.project, want.region, op.name, 5.0
+        )
+        done = await self._call("region_operations.get", wait, want.name)
+        if done is not None:
+            return done.pool_error(want.name)
+        return None
+
+    def _compute_clients(self) -> tuple[Any, Any]:
+        if self._compute is None:
+            from google.cloud import compute_v1  # large: loads only for workload policies
+
+            self._compute = (
+                compute_v1.ResourcePoliciesClient(**self._client_args),
+                compute_v1.RegionOperationsClient(**self._client_args),
+            )
+            for client in self._compute:
+                _widen_connection_pool(client, self._max_concurrency)
+        return self._compute[0], self._compute[1]
+
+    async def _create_one(
+        self,
+        plan: Plan,
+        spec: NodePoolSpec,
+        owner_uid: str,
+        policy_errors: Mapping[str, PoolError] | None = None,
+    ) -> PoolError | None:
+        refused = (policy_errors or {}).get(spec.workload_policy or "")
+        err = (
+            replace(refused, slice_index=spec.slice_index, pool=spec.name)
+            if refused is not None
+            else await self._create(plan, spec, owner_uid)
+        )
         if err is not None and (err.permanent or err.code in (CODE_STOCKOUT, CODE_QUOTA)):
             self._refused[spec.name] = err  # observed as the slice's error (no second decide)
         return err
@@ -502,7 +604,15 @@ class GkeProvisioner:
                 f"{keys.MANAGED_BY_VALUE}; rename the job or delete that pool",
                 True,
             )
-        if owner and owner != owner_uid:
+        # No uid recorded (an older operator): taken as this job's, as it always was.
+        whose = owner_of(
+            made_by_us=True,
+            claim_uid=owner or owner_uid,
+            claim_key=None,
+            job_key=("", spec.name),
+            job_uid=owner_uid,
+        )
+        if whose != Owner.MINE:
             return PoolError(
                 spec.slice_index,
                 spec.name,
@@ -672,7 +782,14 @@ class GkeProvisioner:
         Cloud TPU ``list_accelerator_types`` per zone, cached ``offered_ttl_s``. When the check
         itself fails, None (an availability check must not block provisioning) and a log line.
         """
+        too_old = await self._check_version(plan)
+        if too_old is not None:
+            return too_old
         wanted = plan.shape.accelerator
+        if not plan.shape.generation.cloud_tpu_api:
+            # tpu7x has no Cloud TPU API ("not supported on TPU7x and later", Cloud TPU "Create
+            # Cloud TPU VMs"): acceleratorTypes never lists it; GKE's create answers instead.
+            return None
         offered: dict[str, frozenset[str]] = {}
         for zone in self.node_locations:
             types = await self._offered_types(zone)
@@ -686,6 +803,49 @@ class GkeProvisioner:
         )
         log.warning("gke accelerator not offered accelerator=%s zones=%s", wanted, list(offered))
         return PoolError(None, "", CODE_NOT_OFFERED, message, True)
+
+    async def _check_version(self, plan: Plan) -> PoolError | None:
+        """A permanent error when the cluster's GKE version cannot run the plan's generation
+        (tpu7x: 1.34.0-gke.2201000) or its flex-start pools (GKE "About flex-start": TPUs from
+        1.33.0-gke.1712000). None when it can, or when the version cannot be read."""
+        gen = plan.shape.generation
+        flex = any(p.flex_start for p in plan.node_pools)
+        needs = [(gen.min_gke, f"{gen.name} node pools")] if gen.min_gke else []
+        if flex and gen.flex_start_min_gke:
+            needs.append((gen.flex_start_min_gke, f"flex-start {gen.name} node pools"))
+        if not needs:
+            return None
+        version = await self._master_version()
+        if not version:
+            return None
+        for minimum, what in needs:
+            if minimum and not catalog.gke_at_least(version, minimum):
+                message = (
+                    f"cluster {self.cluster} runs GKE {version}; {what} need "
+                    f"{minimum} or later: upgrade the cluster (or its release channel)"
+                )
+                return PoolError(None, "", CODE_GKE_VERSION, message, True)
+        return None
+
+    async def _master_version(self) -> str | None:
+        cached = self._cluster_version
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        call = functools.partial(
+            self._client.get_cluster,
+            name=self.cluster_path,
+            retry=None,
+            timeout=self.call_timeout_s,
+        )
+        try:
+            cluster = await self._call("get_cluster", call)
+        except Exception as exc:  # a version check must not block provisioning
+            c = classify_exception(exc)
+            log.warning("gke version check skipped code=%s msg=%r", c.code, c.message[:200])
+            return None
+        version = str(cluster.current_master_version)
+        self._cluster_version = (time.monotonic() + self.offered_ttl_s, version)
+        return version
 
     async def _offered_types(self, zone: str) -> frozenset[str] | None:
         cached = self._offered.get(zone)
@@ -827,15 +987,59 @@ def _map_pool(
     pending = status in (PoolState.CREATING, PoolState.DELETING, PoolState.UPDATING) or (
         record is not None and not record.done
     )
+    flex = bool(pool.config.flex_start)
+    sized = pool.autoscaling.max_node_count if flex else pool.initial_node_count
+    duration = pool.config.max_run_duration.seconds if flex else 0
     return PoolObservation(
         name=pool.name,
         slice_index=slice_index,
         status=status,
-        node_count=pool.initial_node_count * max(1, len(pool.locations)),
+        node_count=sized * max(1, len(pool.locations)),
         owner_uid=owner or None,
         error=error,
         operation_pending=pending,
+        waits_for_capacity=flex,
+        max_run_duration_s=int(duration) or None,
     )
+
+
+def _policy_mismatch(want: WorkloadPolicySpec, found: Any) -> PoolError | None:
+    """A permanent error when an existing policy of the wanted name cannot place the slices:
+    another type or accelerator topology (cluster-toolkit#6274: an incompatible policy under the
+    canonical name otherwise fails later, at MIG scale-up, with an obscure 400)."""
+    policy = found.workload_policy
+    if policy.type_ == WORKLOAD_POLICY_TYPE and policy.accelerator_topology == (
+        want.accelerator_topology
+    ):
+        return None
+    message = (
+        f"workload policy {want.name} in {want.region} has type {policy.type_ or 'none'} and "
+        f"accelerator topology {policy.accelerator_topology or 'none'}; the slices need "
+        f"{WORKLOAD_POLICY_TYPE} with {want.accelerator_topology}: delete that policy (gcloud "
+        f"compute resource-policies delete {want.name} --region {want.region}) so the operator "
+        "can create it"
+    )
+    return PoolError(None, want.name, CODE_WORKLOAD_POLICY, message, True)
+
+
+def _wait_region_operation(
+    operations: Any, project: str, region: str, name: str, timeout_s: float
+) -> Classified | None:
+    """Poll a Compute Engine region operation until DONE (blocking, bounded): its error, a
+    transient 'still running' past ``timeout_s``, or None when it succeeded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        op = operations.get(project=project, region=region, operation=name, timeout=timeout_s)
+        if getattr(op.status, "name", str(op.status)) == "DONE":
+            if op.error and op.error.errors:
+                first = op.error.errors[0]
+                message = f"{first.code}: {first.message}"
+                code, permanent = classify_message(message)
+                return Classified(code, message, permanent, False)
+            return None
+        if time.monotonic() >= deadline:
+            return Classified(CODE_UNAVAILABLE, f"operation {name} still running", False, False)
+        time.sleep(0.2)
 
 
 def _apply_operation(

@@ -14,7 +14,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
 from multislice_operator.plan import NodePoolSpec
-from multislice_operator.provisioning.base import PoolError
+from multislice_operator.pools import PoolError
 
 # PoolError codes this module produces (besides the cloud's own GCE_* ones).
 CODE_STOCKOUT = "GCE_STOCKOUT"
@@ -35,6 +35,10 @@ CODE_OWNED_BY_OTHER = "OWNED_BY_OTHER_JOB"  # same name, another job's uid: dele
 CODE_NAME_TAKEN = "NAME_TAKEN"  # same name, not created by this operator: never touched
 CODE_NOT_OFFERED = "ACCELERATOR_NOT_OFFERED"
 CODE_POOL_ERROR = "NODE_POOL_ERROR"  # an ERROR pool whose message says nothing more specific
+CODE_IP_SPACE = "IP_SPACE_EXHAUSTED"  # the cluster's pod range is full: capacity, comes back
+CODE_PLACEMENT = "PLACEMENT_UNSUPPORTED"  # a placement GKE refuses for the machine type
+CODE_WORKLOAD_POLICY = "WORKLOAD_POLICY_UNUSABLE"  # missing, or another type/topology
+CODE_GKE_VERSION = "GKE_VERSION_TOO_OLD"  # the cluster cannot run what the job asks for
 CODE_UNKNOWN = "UNKNOWN"
 
 _BUSY_RE = re.compile(
@@ -73,6 +77,22 @@ _RESERVATION_RE = re.compile(
     re.IGNORECASE,
 )
 _PERMISSION_RE = re.compile(r"permission|forbidden|not authorized", re.IGNORECASE)
+# The managed instance group cannot take node IPs from the cluster's pod range: "Current errors:
+# [IP_SPACE_EXHAUSTED]: Instance '...' creation failed: IP space of '...' is exhausted."
+# (hashicorp/terraform-cdk#1964, GoogleCloudPlatform/cloud-foundation-fabric#1644). Capacity: it
+# comes back when other pools go.
+_IP_SPACE_RE = re.compile(r"IP_SPACE_EXHAUSTED|IP space of .* is exhausted", re.IGNORECASE)
+# A tpu7x pool with COMPACT placement goes to ERROR: "Creation of a managed instance group with
+# tpu7x-standard-4t machine type with placement policy is not supported. Use workload policy
+# instead." (vllm-project/ci-infra#547). Retrying the same request cannot help.
+_PLACEMENT_RE = re.compile(
+    r"with placement policy is not supported|use workload policy instead", re.IGNORECASE
+)
+# GKE refuses a pool naming a resource policy it cannot find ("If not found, InvalidArgument
+# error is returned", NodePool.PlacementPolicy.policy_name) or one that does not fit.
+_WORKLOAD_POLICY_RE = re.compile(
+    r"(resource|workload) policy\b.*\b(not found|does not match)", re.IGNORECASE
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,6 +148,12 @@ def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bo
         return CODE_STOCKOUT, False
     if _QUOTA_RE.search(message):
         return CODE_QUOTA, False
+    if _IP_SPACE_RE.search(message):
+        return CODE_IP_SPACE, False
+    if _PLACEMENT_RE.search(message):
+        return CODE_PLACEMENT, True
+    if _WORKLOAD_POLICY_RE.search(message):
+        return CODE_WORKLOAD_POLICY, True
     if _MACHINE_RE.search(message):
         return CODE_INVALID_MACHINE_TYPE, True
     if _RESERVATION_RE.search(message):
@@ -167,7 +193,7 @@ def classify_exception(exc: BaseException) -> Classified:
     if status == "FAILED_PRECONDITION" or isinstance(exc, gexc.FailedPrecondition):
         return Classified(CODE_FAILED_PRECONDITION, message, False, False)
     if isinstance(exc, gexc.ClientError):
-        if code in (CODE_INVALID_MACHINE_TYPE, CODE_RESERVATION):
+        if code in (CODE_INVALID_MACHINE_TYPE, CODE_RESERVATION, CODE_WORKLOAD_POLICY):
             return Classified(code, message, True, False)
         return Classified(CODE_INVALID, message, True, False)
     return Classified(CODE_UNKNOWN, message, False, False)

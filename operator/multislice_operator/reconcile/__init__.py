@@ -1,15 +1,19 @@
 """The reconcile brain: decide() and the plain data it reads and returns (all pure).
 
-Modules: ``types`` (observations, actions, decision), ``context`` (one decision's scratch),
-``flow`` (decide: the job's lifecycle), ``capacity`` (gang provisioning, repair, Existing pools),
-``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices), ``queue`` (Kueue:
-quota first, then the gang, through this operator's AdmissionCheck), ``restarts`` (restarts by
-cause, the disruption budget), ``maintenance`` (GKE's announced host maintenance), ``checkpoint``
-(checkpoints on demand), ``startup`` (the startup deadline).
+Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
+once), ``verdicts`` (the ordered verdicts that end a pass), ``gate`` (Kueue: what a queued job
+may do), ``flow`` (decide: verdicts, then the lifecycle), ``capacity`` (gang provisioning, repair,
+Existing pools), ``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices),
+``restarts`` (restarts by cause, the disruption budget), ``maintenance`` (GKE's announced host
+maintenance), ``checkpoint`` (checkpoints on demand), ``startup`` (the startup deadline),
+``goodput`` (where the time went), ``reasons`` (every reason, its event type and metric),
+``invariants`` (the promises every decision keeps), ``deltas`` (metric increments),
+``termination`` (the workload's termination message), ``context`` (the decision being built).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition
 from multislice_operator.reconcile.flow import decide
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
@@ -29,18 +33,19 @@ from multislice_operator.reconcile.types import (
     EvictPods,
     JobMeta,
     JobSetObservation,
+    MetricDeltas,
     NodeMaintenance,
     Observed,
-    PodFailure,
-    PodObservation,
+    Pod,
     PodSetUpdate,
     QueueObservation,
     RemoveFinalizer,
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
     SetJobSetSuspend,
+    SetWorkloadActive,
     SliceObservation,
-    UnschedulablePod,
+    Termination,
     ValidateJobSet,
     WorkloadObservation,
 )
@@ -64,18 +69,20 @@ __all__ = [
     "EvictPods",
     "JobMeta",
     "JobSetObservation",
+    "MetricDeltas",
     "NodeMaintenance",
     "Observed",
-    "PodFailure",
-    "PodObservation",
+    "Pod",
     "PodSetUpdate",
     "QueueObservation",
+    "Reason",
     "RemoveFinalizer",
     "SetAdmissionCheckActive",
     "SetAdmissionCheckState",
     "SetJobSetSuspend",
+    "SetWorkloadActive",
     "SliceObservation",
-    "UnschedulablePod",
+    "Termination",
     "ValidateJobSet",
     "WorkloadObservation",
     "at_second",

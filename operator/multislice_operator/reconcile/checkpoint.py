@@ -14,8 +14,10 @@ is a new request); maintenance asks `maint-<start>` checkpointAheadSeconds befor
 from __future__ import annotations
 
 from multislice_operator import keys
-from multislice_operator.api.models import CheckpointStatus, MultisliceJobSpec
-from multislice_operator.reconcile.context import Ctx
+from multislice_operator.api.models import CheckpointStatus
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import AnnotatePods
 
 MAX_ID_LENGTH = 63  # contract section 3
@@ -26,42 +28,41 @@ def valid_id(value: str) -> bool:
     return 0 < len(value) <= MAX_ID_LENGTH and value.isprintable() and '"' not in value
 
 
-def _request(ctx: Ctx, cp: CheckpointStatus | None, rid: str, source: str) -> CheckpointStatus:
-    js = ctx.obs.jobset
-    attempt = js.restarts if js is not None else 0
+def _request(
+    f: Facts, b: Builder, cp: CheckpointStatus | None, rid: str, source: str
+) -> CheckpointStatus:
+    attempt = f.attempt
     new = CheckpointStatus(
         request_id=rid,
         source=source,
-        request_time=ctx.now,
+        request_time=f.now,
         restart_attempt=attempt,
         user_request=cp.user_request if cp else None,
         maintenance_request=cp.maintenance_request if cp else None,
     )
-    ctx.event(
-        "Normal",
-        "CheckpointRequested",
+    b.event(
+        Reason.CHECKPOINT_REQUESTED,
         f"checkpoint {rid} requested ({source}): annotating every pod of attempt {attempt} "
         f"with {keys.CHECKPOINT_REQUEST}",
     )
     return new
 
 
-def decide(ctx: Ctx, spec: MultisliceJobSpec, maintenance_request: str | None) -> None:
+def decide(f: Facts, b: Builder, maintenance_request: str | None) -> None:
     """While the JobSet runs: take new requests, put the current one on its attempt's pods,
     and record the step saved for it."""
-    js = ctx.obs.jobset
-    if js is None or js.suspended or not js.owned:
+    js = f.js
+    if js is None or js.suspended:
         return
-    old = ctx.old.checkpoint
+    old = f.old.checkpoint
     cp = old.model_copy(deep=True) if old is not None else None
-    asked = ctx.meta.annotations.get(keys.CHECKPOINT_REQUEST)
+    asked = f.meta.annotations.get(keys.CHECKPOINT_REQUEST)
     if asked is not None and asked != (cp.user_request if cp else None):
         if valid_id(asked):
-            cp = _request(ctx, cp, asked, SOURCE_USER)
+            cp = _request(f, b, cp, asked, SOURCE_USER)
         else:
-            ctx.event(
-                "Warning",
-                "CheckpointRequestInvalid",
+            b.event(
+                Reason.CHECKPOINT_REQUEST_INVALID,
                 f"{keys.CHECKPOINT_REQUEST}={asked!r} ignored: an id is 1-{MAX_ID_LENGTH} "
                 "printable characters (e.g. $(date +%s))",
             )
@@ -70,24 +71,22 @@ def decide(ctx: Ctx, spec: MultisliceJobSpec, maintenance_request: str | None) -
     if maintenance_request is not None and maintenance_request != (
         cp.maintenance_request if cp else None
     ):
-        cp = _request(ctx, cp, maintenance_request, SOURCE_MAINTENANCE)
+        cp = _request(f, b, cp, maintenance_request, SOURCE_MAINTENANCE)
         cp.maintenance_request = maintenance_request
-    ctx.status.checkpoint = cp
+    b.status.checkpoint = cp
     if cp is None or cp.request_id is None:
         return
     rid = cp.request_id
     if cp.restart_attempt == js.restarts:
-        mine = [p for p in ctx.obs.pods if p.attempt == cp.restart_attempt and not p.deleting]
+        mine = [p for p in f.live_pods if p.attempt == cp.restart_attempt and not p.deleting]
         missing = tuple(sorted(p.name for p in mine if p.checkpoint_request != rid))
         if missing:
-            ctx.actions.append(AnnotatePods(missing, keys.CHECKPOINT_REQUEST, rid))
+            b.add(AnnotatePods(missing, keys.CHECKPOINT_REQUEST, rid))
         cp.pods_annotated = sum(1 for p in mine if p.checkpoint_request == rid)
     if cp.saved_step is None:
-        acks = [p.checkpoint_saved for p in ctx.obs.pods]
-        acks += [f.checkpoint_request for f in ctx.obs.pod_failures]
+        acks = [p.checkpoint_saved for p in f.live_pods]
+        acks += [p.termination.checkpoint_request for p in f.failures if p.termination]
         steps = [ack[1] for ack in acks if ack is not None and ack[0] == rid]
         if steps:
-            cp.saved_step, cp.saved_time = max(steps), ctx.now
-            ctx.event(
-                "Normal", "CheckpointSaved", f"checkpoint {rid} saved at step {cp.saved_step}"
-            )
+            cp.saved_step, cp.saved_time = max(steps), f.now
+            b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")

@@ -1,8 +1,9 @@
-"""The scratch of one decision: the status being built from the old one, actions, events."""
+"""What one decision writes (the status being built, actions, events) and small pure helpers."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from multislice_operator.api.models import (
@@ -11,13 +12,13 @@ from multislice_operator.api.models import (
     MultisliceJobStatus,
     Phase,
 )
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     Action,
     DecideConfig,
-    Decision,
+    DeletePools,
     Event,
     JobMeta,
-    Observed,
 )
 
 
@@ -63,14 +64,14 @@ def backoff_seconds(uid: str, attempt: int, cfg: DecideConfig) -> float:
     return float(round(base * (1 + jitter), 1))
 
 
-class Ctx:
-    """Mutable scratch for one decision. `old` is the status as read; `status` is being built."""
+class Builder:
+    """What one pass writes: the status being built from the old one, the actions and the events.
 
-    def __init__(
-        self, meta: JobMeta, old: MultisliceJobStatus, obs: Observed, cfg: DecideConfig
-    ) -> None:
-        self.meta, self.old, self.obs, self.cfg = meta, old, obs, cfg
-        self.now = at_second(obs.now)
+    Steps return what they found; only decide() (flow.py) settles the phase, once. Deleting
+    pools goes through `release`/`delete_pools`, which merge into one DeletePools per pass."""
+
+    def __init__(self, meta: JobMeta, old: MultisliceJobStatus, now: datetime) -> None:
+        self.meta, self.old, self.now = meta, old, now
         self.status = old.model_copy(deep=True)
         self.status.phase = None
         self.status.message = None
@@ -78,37 +79,57 @@ class Ctx:
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.requeue: float | None = None
-        self.repairing: set[int] = set()
-        self.not_ready: set[int] = set()  # slices NotReady within the grace period (a blip)
-        self.rolled_back: str | None = None  # this pass rolled the gang back: why
-        self.restart_cause: str | None = None  # the cause of the newest restart counted now
+        self._deleting: list[str] = []
 
-    def cond(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:
+    def cond(self, ctype: ConditionType, status: str, reason: Reason, message: str) -> None:
+        """A condition with one of the registry's reasons (reasons.py)."""
+        self.cond_copied(ctype, status, reason.value, message)
+
+    def cond_copied(self, ctype: ConditionType, status: str, reason: str, message: str) -> None:
+        """A condition whose reason another controller gave (JobSet's failure reason)."""
         set_condition(
             self.status.conditions, ctype, status, reason, message, self.now, self.meta.generation
         )
 
-    def phase(self, phase: Phase, message: str) -> None:
+    def settle(self, phase: Phase, message: str) -> None:
+        """The phase of this pass: decided once (a second call is a bug)."""
+        if self.status.phase is not None:
+            raise RuntimeError(f"phase settled twice: {self.status.phase} then {phase}")
         self.status.phase = phase
         self.status.message = message
 
-    def event(self, type_: str, reason: str, message: str, cause: str = "") -> None:
-        self.events.append(Event(type_, reason, message, cause))
+    def event(self, reason: Reason, message: str, cause: str = "") -> None:
+        self.events.append(Event(reason.event_type, str(reason), message, cause))
+
+    def add(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def delete_pools(self, pools: Iterable[str]) -> None:
+        new = [p for p in pools if p not in self._deleting]
+        if not new:
+            return
+        if not self._deleting:
+            self.actions.append(DeletePools(()))  # its place in the order; filled below
+        self._deleting.extend(new)
+        for i, a in enumerate(self.actions):
+            if isinstance(a, DeletePools):
+                self.actions[i] = DeletePools(tuple(self._deleting))
+                break
 
     def requeue_in(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
-    def decision(self) -> Decision:
-        self._transition_event()
-        return Decision(self.status, self.actions, self.events, self.requeue)
-
-    def _transition_event(self) -> None:
+    def transition_event(self) -> None:
+        """An event for every change of phase; a new job's first phase is its status alone
+        (its creation is its own record), which saves every job a write."""
         old_phase, new_phase = self.old.phase, self.status.phase
-        if new_phase != old_phase:
+        if new_phase != old_phase and new_phase is not None and old_phase is not None:
             warn = new_phase == Phase.FAILED
-            self.event(
-                "Warning" if warn else "Normal",
-                str(new_phase),
-                f"{old_phase or 'New'} -> {new_phase}: {self.status.message or ''}",
+            self.events.append(
+                Event(
+                    "Warning" if warn else "Normal",
+                    str(new_phase),
+                    f"{old_phase} -> {new_phase}: {self.status.message or ''}",
+                )
             )

@@ -18,8 +18,6 @@ from creation to completion (or to now). A finished job's clock stops at complet
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,8 +34,10 @@ from multislice_operator.api.models import (
     StateSeconds,
 )
 from multislice_operator.plan import Plan
-from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile.context import Ctx, at_second
+from multislice_operator.pools import PoolState
+from multislice_operator.reconcile.context import Builder, at_second
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.types import CreatePools
 
 S = GoodputState
 
@@ -226,26 +226,6 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
 # ---------------------------------------------------------------- steps lost (contract section 2)
 
 
-def parse_termination_message(text: str | None) -> tuple[int | None, int | None]:
-    """(step, checkpointStep) from the workload's termination message; (None, None) for anything
-    that is not the JSON object of the contract (FallbackToLogsOnError may put logs there)."""
-    if not text or not text.lstrip().startswith("{"):
-        return None, None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None, None
-    if not isinstance(data, Mapping):
-        return None, None
-    return _step(data.get("step")), _step(data.get("checkpointStep"))
-
-
-def _step(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
-
-
 def steps_lost(f: PodFailureStatus) -> int | None:
     """last step - last checkpoint step (everything, without a checkpoint); None: not said."""
     if f.step is None:
@@ -256,68 +236,80 @@ def steps_lost(f: PodFailureStatus) -> int | None:
 # ---------------------------------------------------------------- the hook in decide()
 
 
-def held_chips(ctx: Ctx, plan: Plan | None, state: GoodputState | None) -> int:
+def held_chips(
+    f: Facts, plan: Plan | None, state: GoodputState | None, creating: frozenset[int] = frozenset()
+) -> int:
+    """The chips of the job's pools: those that exist, and those this pass creates (held from
+    now on, as the next pass will see them: no second write)."""
     if plan is None or state is None:
         return 0
     if plan.managed:
-        held = sum(1 for s in ctx.obs.slices if s.pool_state != PoolState.ABSENT and not s.foreign)
+        held = sum(
+            1
+            for s in f.obs.slices
+            if (s.pool_state != PoolState.ABSENT or s.index in creating) and not s.foreign
+        )
     else:
         held = plan.slices if state in EXISTING_HOLDS else 0
     return held * plan.shape.chips
 
 
-def account(ctx: Ctx, plan: Plan | None) -> None:
+def account(f: Facts, b: Builder, repairing: bool) -> None:
     """Called once per decide(), after the phase and status.slices are decided."""
-    if ctx.status.phase is None:  # no phase decided: nothing says the state changed
+    if b.status.phase is None:  # no phase decided: nothing says the state changed
         return
-    state = accounting_state(ctx.status.phase, bool(ctx.repairing))
+    state = accounting_state(b.status.phase, repairing)
     g = advance(
-        ctx.status.goodput,  # a copy of the old one: returned as is when nothing changed
+        b.status.goodput,  # a copy of the old one: returned as is when nothing changed
         state,
-        held_chips(ctx, plan, state),
-        ctx.now,
-        ctx.meta.creation_time,
-        ctx.obs.blind_since,
+        held_chips(f, f.plan, state, _creating(b)),
+        f.now,
+        f.meta.creation_time,
+        f.obs.blind_since,
     )
     if g is None:
         return
-    ctx.status.goodput = g
-    if ctx.status.restarts > ctx.old.restarts or ctx.status.last_restart is not None:
-        _restarts(ctx, g)
+    b.status.goodput = g
+    if b.status.restarts > f.old.restarts or b.status.last_restart is not None:
+        _restarts(f, b, g)
 
 
-def _restarts(ctx: Ctx, g: GoodputStatus) -> None:
+def _creating(b: Builder) -> frozenset[int]:
+    return frozenset(i for a in b.actions if isinstance(a, CreatePools) for i in a.slices)
+
+
+def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
     """status.lastRestart: cause and steps lost when a restart is counted; recovery once every
     slice runs again."""
-    last = ctx.status.last_restart
-    if ctx.status.restarts > ctx.old.restarts:
-        f = ctx.status.last_failure
+    last = b.status.last_restart
+    if b.status.restarts > f.old.restarts:
+        failure = b.status.last_failure
         # The failure that caused restart n was seen on a pod of attempt n-1; an older record
         # belongs to an earlier restart and says nothing about this one.
-        known = f is not None and f.restart_attempt == ctx.status.restarts - 1
-        lost = steps_lost(f) if known and f is not None else None
-        cause = ctx.restart_cause or CAUSE_WORKLOAD
+        known = failure is not None and failure.restart_attempt == b.status.restarts - 1
+        lost = steps_lost(failure) if known and failure is not None else None
+        cause = f.restarts.cause.value if f.restarts.cause else CAUSE_WORKLOAD
         if g.state in RECOVERING and g.since is not None:
             began = g.since  # when the slices stopped running, as accounted
         else:  # stopped and recovered unseen (while the operator was down, or within a pass)
-            blind = ctx.obs.blind_since
-            began = min(at_second(blind), ctx.now) if blind is not None else ctx.now
-        last = RestartStatus(restart=ctx.status.restarts, cause=cause, time=began, lost_steps=lost)
+            blind = f.obs.blind_since
+            began = min(at_second(blind), f.now) if blind is not None else f.now
+        last = RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
         g.lost_steps += lost or 0
-    if last is not None and last.recovery_seconds is None and _all_running(ctx, g):
-        old = ctx.old.goodput
+    if last is not None and last.recovery_seconds is None and _all_running(b, g):
+        old = f.old.goodput
         opened_now = old is None or g.since != old.since or g.state != old.state
-        end = g.since if opened_now and g.since is not None else ctx.now
+        end = g.since if opened_now and g.since is not None else f.now
         began = last.time or end
         seconds = int((max(end, began) - began).total_seconds())
         last = last.model_copy(update={"recovery_seconds": seconds})
-    ctx.status.last_restart = last
+    b.status.last_restart = last
 
 
-def _all_running(ctx: Ctx, g: GoodputStatus) -> bool:
+def _all_running(b: Builder, g: GoodputStatus) -> bool:
     up = (SlicePhase.RUNNING.value, SlicePhase.SUCCEEDED.value)
     return (
         g.state == S.RUNNING
-        and bool(ctx.status.slices)
-        and all(s.phase in up for s in ctx.status.slices)
+        and bool(b.status.slices)
+        and all(s.phase in up for s in b.status.slices)
     )

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from multislice_operator.api.models import ConditionType, MaintenanceStatus, MultisliceJobSpec
-from multislice_operator.reconcile.context import Ctx
+from multislice_operator.api.models import ConditionType, MaintenanceStatus
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
 
 MAINTENANCE = ConditionType.MAINTENANCE_SCHEDULED
 REQUEST_PREFIX = "maint-"
@@ -29,18 +31,18 @@ def request_id(when: datetime) -> str:
     return f"{REQUEST_PREFIX}{int(when.timestamp())}"
 
 
-def assess(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
+def assess(f: Facts, b: Builder) -> str | None:
     """Condition, status, event; the checkpoint request due now, if any."""
-    found = ctx.obs.maintenance
-    old = ctx.old.maintenance
+    found = f.obs.maintenance
+    old = f.old.maintenance
     if not found:
-        ctx.status.maintenance = None
-        before = ctx.old.condition(MAINTENANCE)
+        b.status.maintenance = None
+        before = f.old.condition(MAINTENANCE)
         if before is not None and before.status == "True":
-            ctx.cond(
+            b.cond(
                 MAINTENANCE,
                 "False",
-                "NoMaintenanceScheduled",
+                Reason.NO_MAINTENANCE_SCHEDULED,
                 "no node of the job announces host maintenance any more",
             )
         return None
@@ -53,19 +55,20 @@ def assess(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
         nodes=len({m.node for m in found}),
         active=any(m.active for m in found),
     )
-    ctx.status.maintenance = now
+    b.status.maintenance = now
     where = (
         f"slice{'s' if len(now.slices) > 1 else ''} {', '.join(map(str, now.slices))}"
         if now.slices
         else "the job's nodes"
     )
     nodes = f"{now.nodes} node{'s' if now.nodes > 1 else ''}"
-    ahead = spec.maintenance.checkpoint_ahead_seconds
+    assert f.spec is not None
+    ahead = f.spec.maintenance.checkpoint_ahead_seconds
     if now.active:
-        reason = "MaintenanceInProgress"
+        reason = Reason.MAINTENANCE_IN_PROGRESS
         message = f"host maintenance in progress on {where} ({nodes}): those hosts stop"
     else:
-        reason = "MaintenanceScheduled"
+        reason = Reason.MAINTENANCE_SCHEDULED
         when = iso(now.time) if now.time else "an unannounced time"
         latest_note = f" (latest start {iso(now.latest_time)})" if now.latest_time else ""
         message = (
@@ -74,18 +77,18 @@ def assess(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
         )
         if ahead is not None and now.time is not None:
             message += f"; a checkpoint is requested {ahead}s before"
-    ctx.cond(MAINTENANCE, "True", reason, message)
+    b.cond(MAINTENANCE, "True", reason, message)
     changed = old is None or (old.time, old.slices, old.active) != (
         now.time,
         now.slices,
         now.active,
     )
     if changed:
-        ctx.event("Warning", reason, message)
+        b.event(reason, message)
     if ahead is None or now.time is None:
         return None
-    due = (now.time - ctx.now).total_seconds() - ahead
+    due = (now.time - f.now).total_seconds() - ahead
     if due > 0:
-        ctx.requeue_in(due)
+        b.requeue_in(due)
         return None
     return request_id(now.time)

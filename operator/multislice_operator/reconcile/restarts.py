@@ -15,59 +15,75 @@ restarts are the program's: `hang` when a pod of the attempt that ended exited w
 code (or said hang in its termination message), else `workload`. Restarts not charged are
 `startup` when the operator evicted the pods of that attempt itself (startup.py), else
 `disruption`. JobSet does not bound the restarts it does not charge: the operator fails the job
-once they exceed failurePolicy.maxDisruptionRestarts.
+once they exceed failurePolicy.maxDisruptionRestarts (verdicts.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from multislice_operator.api.models import (
+    BUDGET_OF_CAUSE,
     EXIT_HANG,
+    Budget,
     MultisliceJobSpec,
+    MultisliceJobStatus,
     RestartCause,
     RestartsByCause,
 )
-from multislice_operator.reconcile.context import Ctx
-from multislice_operator.reconcile.types import JobSetObservation, PodFailure
+from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 C = RestartCause
 HANG_REASON = "hang"  # the termination message's reason for EXIT_HANG (contract section 2)
-DISRUPTION_BUDGET_REASON = "MaxDisruptionRestarts"
 
 
-def failure_cause(f: PodFailure) -> RestartCause:
+@dataclass(frozen=True)
+class Attribution:
+    """status.restartsByCause after this pass, and the cause of the newest restart counted now
+    (None: the JobSet made no restart since the status was written)."""
+
+    by_cause: RestartsByCause | None
+    new: int = 0
+    cause: RestartCause | None = None
+
+
+def failure_cause(p: Pod) -> RestartCause:
     """What one pod failure counts as."""
-    if f.disruption:
+    if p.disruption:
         return C.DISRUPTION
-    if f.exit_code == EXIT_HANG or f.termination_reason == HANG_REASON:
+    reason = p.termination.reason if p.termination else None
+    if p.exit_code == EXIT_HANG or reason == HANG_REASON:
         return C.HANG
     return C.WORKLOAD
 
 
-def _seed(ctx: Ctx, js: JobSetObservation) -> RestartsByCause:
+def _seed(old: MultisliceJobStatus, js: JobSetObservation) -> RestartsByCause:
     """The split so far. A status written before restarts were split (an older operator) has
     only the total: the restarts JobSet charged are the program's, the others disruptions."""
-    if ctx.old.restarts_by_cause is not None:
-        return ctx.old.restarts_by_cause.model_copy()
-    charged = min(ctx.old.restarts, js.restarts_counted)
-    return RestartsByCause(workload=charged, disruption=ctx.old.restarts - charged)
+    if old.restarts_by_cause is not None:
+        return old.restarts_by_cause.model_copy()
+    charged = min(old.restarts, js.restarts_counted)
+    return RestartsByCause(workload=charged, disruption=old.restarts - charged)
 
 
-def attribute(ctx: Ctx, js: JobSetObservation) -> RestartCause | None:
-    """Split the restarts the JobSet made since the status was written into
-    status.restartsByCause; returns the cause of the latest one (None: no new restart)."""
-    before = ctx.old.restarts
+def attribute(
+    old: MultisliceJobStatus, js: JobSetObservation | None, failures: Sequence[Pod]
+) -> Attribution:
+    """Split the restarts the JobSet made since the status was written by cause."""
+    before = old.restarts
+    if js is None or js.restarts - before <= 0:
+        return Attribution(old.restarts_by_cause)
     new = js.restarts - before
-    if new <= 0:
-        return None
-    by = _seed(ctx, js)
+    by = _seed(old, js)
     charged = min(new, max(0, js.restarts_counted - by.program()))
     free = new - charged
     # The failures behind these restarts were seen on pods of the attempts that just ended.
-    ending = [f for f in ctx.obs.pod_failures if before <= f.restart_attempt < js.restarts]
-    causes = [failure_cause(f) for f in ending]
+    ending = [p for p in failures if before <= p.attempt < js.restarts]
+    causes = [failure_cause(p) for p in ending]
     added: list[RestartCause] = []
     if free:
-        started = ctx.old.startup
+        started = old.startup
         evicted = started is not None and started.evicted and before <= started.attempt
         cause = C.STARTUP if evicted else C.DISRUPTION
         by.add(cause, free)
@@ -76,16 +92,14 @@ def attribute(ctx: Ctx, js: JobSetObservation) -> RestartCause | None:
         cause = C.HANG if C.HANG in causes else C.WORKLOAD
         by.add(cause, charged)
         added.append(cause)
-    ctx.status.restarts_by_cause = by
-    latest = max(ending, key=lambda f: (f.restart_attempt, f.pod), default=None)
+    latest = max(ending, key=lambda p: (p.attempt, p.name), default=None)
     newest = failure_cause(latest) if latest is not None else None
-    ctx.restart_cause = (newest if newest in added else added[-1]).value
-    return RestartCause(ctx.restart_cause)
+    return Attribution(by, new, newest if newest in added else added[-1])
 
 
 def budget_note(spec: MultisliceJobSpec, by: RestartsByCause, cause: RestartCause) -> str:
     fp = spec.failure_policy
-    if cause in (C.WORKLOAD, C.HANG):
+    if BUDGET_OF_CAUSE[cause] == Budget.MAX_RESTARTS:
         return f"{by.program()}/{fp.max_restarts} of spec.failurePolicy.maxRestarts"
     return (
         f"not charged to maxRestarts; {by.not_program()}/{fp.max_disruption_restarts} of "
@@ -93,10 +107,9 @@ def budget_note(spec: MultisliceJobSpec, by: RestartsByCause, cause: RestartCaus
     )
 
 
-def over_budget(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
+def over_budget(by: RestartsByCause | None, spec: MultisliceJobSpec) -> str | None:
     """Why the job fails now: more restarts not caused by the program than
     maxDisruptionRestarts allows (the JobSet would go on restarting)."""
-    by = ctx.status.restarts_by_cause
     budget = spec.failure_policy.max_disruption_restarts
     if by is None or by.not_program() <= budget:
         return None
@@ -108,9 +121,11 @@ def over_budget(ctx: Ctx, spec: MultisliceJobSpec) -> str | None:
     )
 
 
-def max_restarts_message(ctx: Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> str:
+def max_restarts_message(
+    by: RestartsByCause | None, spec: MultisliceJobSpec, js: JobSetObservation
+) -> str:
     """The JobSet reached maxRestarts: only the program's own failures count there."""
-    by = ctx.status.restarts_by_cause or RestartsByCause(workload=js.restarts_counted)
+    by = by or RestartsByCause(workload=js.restarts_counted)
     counted = max(js.restarts_counted, by.program())
     others = by.not_program()
     note = f"; {others} disruption/startup restarts not counted" if others else ""

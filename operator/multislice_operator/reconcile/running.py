@@ -1,6 +1,8 @@
-"""Once the JobSet exists: its state drives the phase; restarts are counted and explained."""
+"""Once the JobSet runs: its state says the phase; restarts are recorded and explained. Pure."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from multislice_operator.api.models import (
     ConditionType,
@@ -9,50 +11,20 @@ from multislice_operator.api.models import (
     Phase,
     PodFailureStatus,
 )
-from multislice_operator.plan import Plan
 from multislice_operator.reconcile import restarts
-from multislice_operator.reconcile.context import Ctx
-from multislice_operator.reconcile.types import JobSetObservation, PodFailure
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 SLICES_READY = ConditionType.SLICES_READY
 
 
-def complete(ctx: Ctx, phase: Phase, reason: str, message: str) -> None:
-    ctx.status.completion_time = ctx.now
-    ctype = ConditionType.COMPLETED if phase == Phase.SUCCEEDED else ConditionType.FAILED
-    ctx.cond(ctype, "True", reason, message)
-    ctx.phase(phase, message)
-    if ctx.obs.jobset is not None:
-        ctx.status.restarts = max(ctx.status.restarts, ctx.obs.jobset.restarts)
-
-
-def why_failed(ctx: Ctx, spec: MultisliceJobSpec) -> str:
-    fp = spec.failure_policy
-    js = ctx.obs.jobset
-    for failure in sorted(ctx.obs.pod_failures, key=lambda f: (-f.restart_attempt, f.pod)):
-        if not failure.disruption and fp.is_fatal(failure.exit_code):
-            where = f" (slice {failure.slice_index})" if failure.slice_index is not None else ""
-            field = (
-                "not in spec.failurePolicy.restartExitCodes"
-                if fp.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED
-                else "spec.failurePolicy.nonRetryableExitCodes"
-            )
-            return (
-                f"pod {failure.pod}{where} exited with non-retryable code {failure.exit_code} "
-                f"({field})"
-            )
-    if js is not None and (
-        "ReachedMaxRestarts" in js.failure_reason
-        or (not js.failure_reason and js.restarts_counted >= fp.max_restarts)
-    ):
-        return f"{restarts.max_restarts_message(ctx, spec, js)}{_last_failure_note(ctx)}"
-    text = js.failure_message if js else ""
-    return f"JobSet failed: {text}{_last_failure_note(ctx)}"
-
-
-def latest_failure(failures: list[PodFailure]) -> PodFailure | None:
+def latest_failure(failures: Sequence[Pod]) -> Pod | None:
     # Of the latest attempt, a pod that said where the run stood (its termination message) first.
-    key = lambda f: (f.restart_attempt, f.step is not None, f.pod)  # noqa: E731
+    def key(p: Pod) -> tuple[int, bool, str]:
+        return (p.attempt, p.termination is not None and p.termination.step is not None, p.name)
+
     return max(failures, key=key) if failures else None
 
 
@@ -62,60 +34,84 @@ def describe(f: PodFailureStatus) -> str:
     return f"pod {f.pod} failed{code} {f.reason}".rstrip() + disrupted
 
 
-def _last_failure_note(ctx: Ctx) -> str:
-    f = latest_failure(ctx.obs.pod_failures)
-    return f"; last failure: {describe(_record(f))}" if f else ""
-
-
-def _record(f: PodFailure) -> PodFailureStatus:
+def record(p: Pod) -> PodFailureStatus:
+    t = p.termination
     return PodFailureStatus(
-        pod=f.pod,
-        slice=f.slice_index,
-        exit_code=f.exit_code,
-        reason=f.reason,
-        restart_attempt=f.restart_attempt,
-        step=f.step,
-        checkpoint_step=f.checkpoint_step,
-        cause=restarts.failure_cause(f).value,
-        disruption=f.disruption,
+        pod=p.name,
+        slice=p.slice_index,
+        exit_code=p.exit_code,
+        reason=p.reason,
+        restart_attempt=p.attempt,
+        step=t.step if t else None,
+        checkpoint_step=t.checkpoint_step if t else None,
+        cause=restarts.failure_cause(p).value,
+        disruption=p.disruption,
     )
 
 
-def count_restarts(ctx: Ctx, spec: MultisliceJobSpec, js: JobSetObservation) -> None:
-    seen = latest_failure(ctx.obs.pod_failures)
+def why_failed(f: Facts, spec: MultisliceJobSpec, js: JobSetObservation) -> str:
+    fp = spec.failure_policy
+    for p in sorted(f.failures, key=lambda p: (-p.attempt, p.name)):
+        if not p.disruption and fp.is_fatal(p.exit_code):
+            where = f" (slice {p.slice_index})" if p.slice_index is not None else ""
+            field = (
+                "not in spec.failurePolicy.restartExitCodes"
+                if fp.exit_code_policy == ExitCodePolicy.RESTART_IF_LISTED
+                else "spec.failurePolicy.nonRetryableExitCodes"
+            )
+            return f"pod {p.name}{where} exited with non-retryable code {p.exit_code} ({field})"
+    note = _last_failure_note(f)
+    if "ReachedMaxRestarts" in js.failure_reason or (
+        not js.failure_reason and js.restarts_counted >= fp.max_restarts
+    ):
+        return f"{restarts.max_restarts_message(f.restarts.by_cause, spec, js)}{note}"
+    return f"JobSet failed: {js.failure_message}{note}"
+
+
+def _last_failure_note(f: Facts) -> str:
+    p = latest_failure(f.failures)
+    return f"; last failure: {describe(record(p))}" if p else ""
+
+
+def count_restarts(f: Facts, b: Builder) -> None:
+    """status.restarts, restartsByCause and lastFailure from the JobSet and its pods; the
+    RestartingAllSlices event for a restart counted now."""
+    js, spec = f.js, f.spec
+    if js is None or spec is None:
+        return
+    seen = latest_failure(f.failures)
     if seen is not None:
         # The failed pod is deleted by the restart; keep what it said for the event and users.
-        ctx.status.last_failure = _record(seen)
-    before = ctx.old.restarts
-    ctx.status.restarts = max(before, js.restarts)
-    cause = restarts.attribute(ctx, js)
-    by = ctx.status.restarts_by_cause
-    if js.restarts > before and cause is not None and by is not None:
-        last = ctx.status.last_failure
+        b.status.last_failure = record(seen)
+    b.status.restarts = max(f.old.restarts, js.restarts)
+    b.status.restarts_by_cause = f.restarts.by_cause
+    by, cause = f.restarts.by_cause, f.restarts.cause
+    if f.restarts.new > 0 and cause is not None and by is not None:
+        last = b.status.last_failure
         what = describe(last) if last else "a slice failed"
-        ctx.event(
-            "Warning",
-            "RestartingAllSlices",
+        b.event(
+            Reason.RESTARTING_ALL_SLICES,
             f"restart {js.restarts} (cause {cause}: {restarts.budget_note(spec, by, cause)}): "
             f"{what}; all slices restart and resume from the last checkpoint",
             cause=cause.value,
         )
 
 
-def running_phase(ctx: Ctx, plan: Plan, js: JobSetObservation, capacity_ready: bool) -> None:
+def running_phase(f: Facts, b: Builder, js: JobSetObservation, capacity_ready: bool
+                  ) -> tuple[Phase, str]:  # fmt: skip
+    assert f.plan is not None
+    slices = f.plan.slices
     # A slice that already finished counts as running: slices rarely finish in the same second.
     up = js.ready_jobs + js.succeeded_jobs
-    if up >= plan.slices and capacity_ready:
-        ctx.cond(SLICES_READY, "True", "AllSlicesRunning", f"{plan.slices}/{plan.slices} running")
-        if ctx.status.running_time is None:
-            ctx.status.running_time = ctx.now
-        ctx.phase(Phase.RUNNING, f"{plan.slices}/{plan.slices} slices running")
-        return
-    message = f"{up}/{plan.slices} slices running"
-    ctx.cond(SLICES_READY, "False", "SlicesStarting", message)
-    was_running = ctx.status.running_time is not None
+    if up >= slices and capacity_ready:
+        b.cond(SLICES_READY, "True", Reason.ALL_SLICES_RUNNING, f"{slices}/{slices} running")
+        if b.status.running_time is None:
+            b.status.running_time = f.now
+        return Phase.RUNNING, f"{slices}/{slices} slices running"
+    message = f"{up}/{slices} slices running"
+    b.cond(SLICES_READY, "False", Reason.SLICES_STARTING, message)
+    was_running = b.status.running_time is not None
     if js.restarts > 0 or not capacity_ready or was_running:
         attempt = f"restart {js.restarts}" if js.restarts else "a slice stopped"
-        ctx.phase(Phase.RESTARTING, f"restarting all slices ({attempt}): {message}")
-    else:
-        ctx.phase(Phase.STARTING, message)
+        return Phase.RESTARTING, f"restarting all slices ({attempt}): {message}"
+    return Phase.STARTING, message

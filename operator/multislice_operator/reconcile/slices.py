@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from multislice_operator.api.models import Phase, SlicePhase, SliceStatus
 from multislice_operator.plan import Plan
-from multislice_operator.provisioning.base import PoolState
-from multislice_operator.reconcile.capacity import slice_ready
-from multislice_operator.reconcile.context import Ctx
-from multislice_operator.reconcile.types import SliceObservation
+from multislice_operator.pools import PoolState
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts, slice_ready
+from multislice_operator.reconcile.types import CreatePools, SliceObservation
 
 UP = (SlicePhase.READY, SlicePhase.RUNNING, SlicePhase.SUCCEEDED)
 
 
-def slice_statuses(ctx: Ctx, plan: Plan) -> None:
+def slice_statuses(
+    f: Facts, b: Builder, plan: Plan, repairing: frozenset[int], blips: frozenset[int]
+) -> None:
+    """`repairing`: slices whose lost pool this pass replaces; `blips`: slices NotReady within
+    the grace period (both from the capacity step)."""
     hosts = plan.shape.hosts
-    by_index = {s.index: s for s in ctx.obs.slices}
+    by_index = {s.index: s for s in f.obs.slices}
     out = []
     for i in range(plan.slices):
         s = by_index.get(i)
@@ -24,17 +28,24 @@ def slice_statuses(ctx: Ctx, plan: Plan) -> None:
             entry.ready_hosts = min(s.ready_hosts, hosts)
             if s.error is not None:
                 entry.message = f"{s.error.code}: {s.error.message}"
-        entry.phase = _slice_phase(ctx, s, i, hosts)
-        _remember(ctx, entry, s, hosts)
+        entry.phase = _slice_phase(f, b, s, i, repairing, blips)
+        _remember(f, entry, s, hosts, repairing, blips)
         out.append(entry)
-    ctx.status.slices = out
+    b.status.slices = out
     ready = sum(1 for e in out if e.phase in UP)
-    ctx.status.ready_slices = f"{ready}/{plan.slices}"
+    b.status.ready_slices = f"{ready}/{plan.slices}"
 
 
-def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: int) -> None:
+def _remember(
+    f: Facts,
+    entry: SliceStatus,
+    s: SliceObservation | None,
+    hosts: int,
+    repairing: frozenset[int],
+    blips: frozenset[int],
+) -> None:
     """The per-slice memory: nodes seen Ready since the pool was created, and when it was lost."""
-    old = ctx.old.slice(entry.index)
+    old = f.old.slice(entry.index)
     if (
         s is None
         or s.pool_state in (PoolState.ABSENT, PoolState.CREATING)
@@ -44,14 +55,14 @@ def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: i
         entry.seen_ready = False
     else:
         entry.seen_ready = slice_ready(s, hosts) or bool(old and old.seen_ready)
-    if entry.index in ctx.repairing:
-        entry.lost_time = (old.lost_time if old else None) or ctx.now
+    if entry.index in repairing:
+        entry.lost_time = (old.lost_time if old else None) or f.now
     elif s is not None and slice_ready(s, hosts):
         entry.lost_time = None
     else:
         entry.lost_time = old.lost_time if old else None
-    if entry.index in ctx.not_ready:
-        entry.not_ready_time = (old.not_ready_time if old else None) or ctx.now
+    if entry.index in blips:
+        entry.not_ready_time = (old.not_ready_time if old else None) or f.now
         entry.message = entry.message or (
             f"{entry.ready_hosts}/{hosts} hosts Ready, nodes there: NotReady since "
             f"{entry.not_ready_time.strftime('%Y-%m-%dT%H:%M:%SZ')}"
@@ -60,27 +71,41 @@ def _remember(ctx: Ctx, entry: SliceStatus, s: SliceObservation | None, hosts: i
         entry.not_ready_time = None
 
 
-def _slice_phase(ctx: Ctx, s: SliceObservation | None, i: int, hosts: int) -> SlicePhase:
-    phase = ctx.status.phase
+def _created_now(b: Builder, i: int) -> bool:
+    return any(isinstance(a, CreatePools) and i in a.slices for a in b.actions)
+
+
+def _slice_phase(
+    f: Facts,
+    b: Builder,
+    s: SliceObservation | None,
+    i: int,
+    repairing: frozenset[int],
+    blips: frozenset[int],
+) -> SlicePhase:
+    hosts = f.slices.hosts
+    phase = b.status.phase
     if phase == Phase.SUCCEEDED:
         return SlicePhase.SUCCEEDED
     if phase == Phase.FAILED:
         return SlicePhase.FAILED
     if s is None:
         return SlicePhase.PENDING
-    if i in ctx.repairing:
+    if i in repairing:
         return SlicePhase.REPAIRING
-    if i in ctx.not_ready:  # a blip: the slice keeps its capacity (see entry.message)
-        return SlicePhase.RUNNING if ctx.obs.running_pods.get(i, 0) >= hosts else SlicePhase.READY
+    if i in blips:  # a blip: the slice keeps its capacity (see entry.message)
+        return SlicePhase.RUNNING if f.running.get(i, 0) >= hosts else SlicePhase.READY
     if phase == Phase.SUSPENDED and s.pool_state != PoolState.ABSENT:
         return SlicePhase.RELEASING
-    if ctx.obs.succeeded_pods.get(i, 0) >= hosts:
+    if f.succeeded.get(i, 0) >= hosts:
         return SlicePhase.SUCCEEDED
     if slice_ready(s, hosts):
-        running = ctx.obs.running_pods.get(i, 0) >= hosts
+        running = f.running.get(i, 0) >= hosts
         return SlicePhase.RUNNING if running else SlicePhase.READY
     if s.pool_state in (PoolState.CREATING, PoolState.UPDATING) or s.operation_pending:
         return SlicePhase.PROVISIONING
+    if s.pool_state == PoolState.ABSENT and _created_now(b, i):
+        return SlicePhase.PROVISIONING  # as the next pass will see it: one status write
     if s.error is not None or s.pool_state == PoolState.FAILED:
         return SlicePhase.FAILED
     return SlicePhase.PENDING

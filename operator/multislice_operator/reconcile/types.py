@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.provisioning.base import PoolError, PoolState
+from multislice_operator.ownership import Owner
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.settings import Settings
 
 # ---------------------------------------------------------------- observed state
 
@@ -36,38 +38,52 @@ class SliceObservation:
 
 
 @dataclass(frozen=True)
-class PodFailure:
-    pod: str
-    slice_index: int | None
-    exit_code: int | None
-    reason: str = ""
-    restart_attempt: int = 0
-    # From the workload's termination message (contract section 2), when it wrote one.
-    step: int | None = None
-    checkpoint_step: int | None = None
-    # The reason of the pod's DisruptionTarget condition (preemption, node shutdown, eviction,
-    # PodGC of a vanished node): the failure is a disruption, whatever the exit code.
-    disruption: str | None = None
-    termination_reason: str | None = None  # the termination message's `reason` (e.g. hang)
-    # The termination message's checkpointRequest served: (id, step).
-    checkpoint_request: tuple[str, int] | None = None
+class Termination:
+    """What the workload wrote in its termination message (environment contract section 2)."""
+
+    step: int | None = None  # the last step it reached
+    checkpoint_step: int | None = None  # the step of its last checkpoint
+    reason: str | None = None  # e.g. hang (exit code 75)
+    checkpoint_request: tuple[str, int] | None = None  # a checkpoint request served: (id, step)
 
 
 @dataclass(frozen=True)
-class PodObservation:
-    """A pod of the job that is not finished, as far as checkpoints and startup care."""
+class Pod:
+    """One pod of the job's JobSet (every attempt, every phase): the one record decide() reads.
+    Views of it (failures, running per slice, unschedulable, ...) are derived in facts.py."""
 
     name: str
     slice_index: int | None
-    attempt: int
-    phase: str = "Pending"
+    attempt: int = 0  # jobset.sigs.k8s.io/restart-attempt
+    phase: str = "Pending"  # Pending | Running | Succeeded | Failed
     ready: bool = False
-    unschedulable: bool = False  # PodScheduled=False, reason Unschedulable
     deleting: bool = False
     node: str | None = None
     pool: str | None = None  # the node's pool, when it is one of the job's own (Managed)
+    exit_code: int | None = None  # of the first container that exited non-zero
+    reason: str = ""
+    termination: Termination | None = None
+    # The reason of the pod's DisruptionTarget condition (preemption, node shutdown, eviction,
+    # PodGC of a vanished node): the failure is a disruption, whatever the exit code.
+    disruption: str | None = None
+    # PodScheduled=False, reason Unschedulable: since when (else None) and the scheduler's words.
+    unschedulable_since: datetime | None = None
+    scheduler_message: str = ""
     checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
     checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "Failed" or (self.exit_code is not None and self.phase != "Succeeded")
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and self.ready and not self.deleting
+
+    @property
+    def live(self) -> bool:
+        """Not finished: what checkpoint requests and the startup deadline look at."""
+        return self.phase in ("Pending", "Running")
 
 
 @dataclass(frozen=True)
@@ -96,9 +112,16 @@ class JobSetObservation:
     ready_jobs: int = 0
     active_jobs: int = 0
     succeeded_jobs: int = 0
-    owned: bool = True  # labelled/owned by this job; a stranger of the same name is not touched
+    # Whose JobSet of the job's name this is (ownership.py): only MINE is this job's; an ORPHAN
+    # (an earlier job of this name) is deleted and waited for; a STRANGER is never touched.
+    owner: Owner = Owner.MINE
+    uid: str = ""
     created: datetime | None = None  # metadata.creationTimestamp
     deleting: bool = False  # being deleted (metadata.deletionTimestamp, or our own delete)
+
+    @property
+    def owned(self) -> bool:
+        return self.owner == Owner.MINE
 
 
 @dataclass(frozen=True)
@@ -107,16 +130,6 @@ class Admission:
     Job it would make: a server-side dry run before the first pool, or the create itself."""
 
     refused: str = ""  # the apiserver's message; empty: accepted
-
-
-@dataclass(frozen=True)
-class UnschedulablePod:
-    """A pod of the current attempt the scheduler cannot place (PodScheduled False)."""
-
-    pod: str
-    slice_index: int | None
-    since: datetime  # the condition's lastTransitionTime (else the pod's creation)
-    message: str  # the scheduler's own words
 
 
 @dataclass(frozen=True)
@@ -198,19 +211,14 @@ class AdmissionCheckObservation:
 class Observed:
     now: datetime
     slices: list[SliceObservation] = field(default_factory=list)
-    jobset: JobSetObservation | None = None
-    pod_failures: list[PodFailure] = field(default_factory=list)
-    running_pods: dict[int, int] = field(default_factory=dict)  # slice index -> running pods
-    succeeded_pods: dict[int, int] = field(default_factory=dict)
+    jobset: JobSetObservation | None = None  # the JobSet of the job's name, whoever owns it
+    pods: list[Pod] = field(default_factory=list)  # of the job's own JobSet, every attempt
     # The accelerator type is not offered where pools would go (None: offered, or not known).
     offered_error: PoolError | None = None
     provisioner_configured: bool = True  # Managed mode needs a GKE cluster configured
     existing_pools_found: int = 0  # Existing mode: matching pools seen, ready or not
     # None: the rendered JobSet was not judged yet for this spec generation.
     admission: Admission | None = None
-    unschedulable: list[UnschedulablePod] = field(default_factory=list)
-    # Pods of the current attempt per slice index, in any phase (None: not observed).
-    pods_by_slice: dict[int, int] | None = None
     # Pools labelled with this job's uid that its plan does not name (any other mode or shape,
     # an older naming): never used, always released. Name -> state.
     strays: dict[str, PoolState] = field(default_factory=dict)
@@ -219,18 +227,38 @@ class Observed:
     # charges that time to the state seen now. None: the operator was watching all along.
     blind_since: datetime | None = None
     queue: QueueObservation | None = None  # only for a job with the queue-name label
-    pods: list[PodObservation] = field(default_factory=list)  # not finished, every attempt
     maintenance: list[NodeMaintenance] = field(default_factory=list)  # the job's nodes only
+    # The namespace's Pod Security `enforce` level refuses the job's pods (host network): the
+    # apiserver's words for it (controller/podsecurity.py); None: allowed or not known.
+    pod_security: str | None = None
+    # Kueue cannot be served (its served API version is not one this operator speaks): why.
+    kueue_problem: str | None = None
 
 
 @dataclass(frozen=True)
 class DecideConfig:
-    backoff_base_seconds: float = 30.0
-    backoff_max_seconds: float = 600.0
-    resync_seconds: float = 10.0
-    not_ready_grace_seconds: float = 300.0  # a slice NotReady this long (nodes there) is lost
+    """The settings decide() reads; built from Settings (`from_settings`), whose defaults these
+    are: one home for each default."""
+
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    resync_seconds: float
+    not_ready_grace_seconds: float  # a slice NotReady this long (nodes there) is lost
     # A queued job's JobSet without a Kueue Workload after this long: say that none exists.
-    kueue_workload_wait_seconds: float = 60.0
+    kueue_workload_wait_seconds: float
+
+    @classmethod
+    def from_settings(cls, s: Settings | None = None, **override: float) -> DecideConfig:
+        s = s or Settings()
+        values = {
+            "backoff_base_seconds": s.backoff_base_seconds,
+            "backoff_max_seconds": s.backoff_max_seconds,
+            "resync_seconds": s.resync_seconds,
+            "not_ready_grace_seconds": s.node_not_ready_grace_seconds,
+            "kueue_workload_wait_seconds": s.kueue_workload_wait_seconds,
+        }
+        values.update(override)
+        return cls(**values)
 
 
 # ---------------------------------------------------------------- actions
@@ -270,12 +298,24 @@ class ValidateJobSet:
 class DeleteJobSet:
     """The job failed for a reason of ours while its JobSet runs: stop its pods (JobSet would
     keep them waiting for released capacity, or, for a spent maxDisruptionRestarts, restart them
-    forever: it does not bound RestartJobSetAndIgnoreMaxRestarts)."""
+    forever: it does not bound RestartJobSetAndIgnoreMaxRestarts). With `uid`: an orphan JobSet
+    of an earlier job of this name, deleted only if it is still that object (a precondition)."""
+
+    uid: str = ""
 
 
 @dataclass(frozen=True)
 class SetJobSetSuspend:
     suspend: bool
+
+
+@dataclass(frozen=True)
+class SetWorkloadActive:
+    """A queued job suspended or resumed: Kueue's Workload spec.active (Kueue unsuspends an
+    admitted JobSet itself, so a suspend must go through the Workload)."""
+
+    workload: str
+    active: bool
 
 
 @dataclass(frozen=True)
@@ -343,7 +383,7 @@ Action = (
     | SetJobSetSuspend
     | DeleteJob
     | SetAdmissionCheckState
-    | DeleteJobSet
+    | SetWorkloadActive
     | AnnotatePods
     | EvictPods
 )
@@ -351,10 +391,25 @@ Action = (
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # Normal | Warning
+    type: str  # Normal | Warning (reasons.py says which, per reason)
     reason: str
     message: str
     cause: str = ""  # a slice failure's cause (the metric's label); "" for other events
+
+
+@dataclass
+class MetricDeltas:
+    """What this decision adds to the operator's counters and histograms, computed in the core
+    from the old and new status; the shell only applies them (metrics.py)."""
+
+    restarts: dict[str, int] = field(default_factory=dict)  # cause -> restarts added
+    slice_failures: list[tuple[str, str]] = field(default_factory=list)  # (reason label, cause)
+    gang_attempts: int = 0
+    checkpoint_requests: list[str] = field(default_factory=list)  # sources
+    lost_steps: list[int] = field(default_factory=list)
+    recovery_seconds: list[int] = field(default_factory=list)
+    provisioning_seconds: list[float] = field(default_factory=list)
+    time_to_running_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -362,4 +417,9 @@ class Decision:
     status: MultisliceJobStatus
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
+    requeue_after: float | None = None  # seconds until the next pass; None: no job left
+    metrics: MetricDeltas = field(default_factory=MetricDeltas)
+    # Actions the invariant check dropped (invariants.py): a bug, logged by the shell.
+    violations: list[str] = field(default_factory=list)
+    # Nothing to write this pass: the status is the stored one (the dry-run pass).
+    keep_status: bool = False

@@ -1,0 +1,315 @@
+"""Kueue as a gate: quota first, then the gang, then admission. Pure, like the rest.
+
+Kueue does not get a lifecycle of its own: `gate()` maps what Kueue says (a switch over a few
+predicates, as Kueue's own provisioning admission check is) to what this pass may do (hold in
+the queue, provision the gang, wait for admission, run) and the check state to report; the one
+lifecycle (flow.py) runs under it.
+
+A job that names a queue (label kueue.x-k8s.io/queue-name) gets its JobSet at once, suspended and
+labelled; Kueue makes a Workload for it and reserves quota in a ClusterQueue. If that ClusterQueue
+lists an AdmissionCheck whose controllerName is this operator's (multislice.dev/gang-provisioning),
+the check is ours, and it works like Kueue's own ProvisioningRequest check
+(pkg/controller/admissionchecks/provisioning, v0.17.0), with node pools for capacity:
+
+* no quota reserved, or evicted: no node pool, whatever happened before (release them);
+* quota reserved and the check Pending: provision the gang (capacity.py, all or none);
+* every slice ready: the check Ready, with podSetUpdates pinning the pods to this job's pools;
+  Kueue admits and resumes the JobSet;
+* a stockout or timeout rolls the gang back: the check Retry, so Kueue evicts the Workload,
+  releases the quota and queues it again (the check back to Pending, retryCount + 1);
+* a permanent error: the check Rejected (Kueue deactivates the Workload) and the job fails.
+
+Retry is written without requeueAfterSeconds on purpose: in Kueue v0.17.0 a check's
+requeueAfterSeconds sets the Workload's requeueState.requeueAt at once, and the workload controller
+returns "Waiting for backoff to finish" before it reaches the check-based eviction
+(workload_controller.go, Reconcile), so the quota stays held for the whole backoff, the opposite of
+what a Retry is for. Without it Kueue evicts in the same reconcile. The pace of cloud attempts stays
+ours: if Kueue hands the quota straight back before status.nextAttemptTime, the job holds it
+without any node pool until then (docs/kueue.md says when that happens).
+
+Without a check of ours on the Workload (a ClusterQueue for quota only, or Existing mode) Kueue
+admits on quota alone; Managed pools are then provisioned once the JobSet runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from multislice_operator import keys
+from multislice_operator.api.models import ConditionType, EvictionStatus, Phase, QueueStatus
+from multislice_operator.names import REPLICATED_JOB
+from multislice_operator.plan import Plan
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import (
+    AdmissionCheckObservation,
+    CheckObservation,
+    CheckState,
+    PodSetUpdate,
+    QueueObservation,
+    SetAdmissionCheckActive,
+    SetAdmissionCheckState,
+    SetWorkloadActive,
+    WorkloadObservation,
+)
+
+ADMITTED = ConditionType.ADMITTED
+ACTIVE_MESSAGE = "multislice-operator provisions the node pools of each admitted gang"
+# Kueue's eviction reason when a check said Retry (kueue.WorkloadEvictedByAdmissionCheck).
+EVICTED_BY_CHECK = "AdmissionCheck"
+PREEMPTED = "Preempted"
+
+
+class Pass(StrEnum):
+    HOLD = "Hold"  # waits in the queue (or for a Workload): no node pool, nothing runs
+    PROVISION = "Provision"  # quota reserved and our check Pending: the gang, all or none
+    ADMISSION = "Admission"  # quota (and our check) ready: Kueue admits and resumes the JobSet
+    RUN = "Run"  # admitted and resumed: the ordinary running job
+
+
+@dataclass(frozen=True)
+class Gate:
+    allows: Pass
+    reason: Reason | None = None  # the Admitted condition's reason while not admitted
+    message: str = ""
+    phase: Phase = Phase.QUEUED  # HOLD: Queued, or Pending when nothing queues it
+    workload: WorkloadObservation | None = None
+    check: CheckObservation | None = None
+
+
+def workload(f: Facts) -> WorkloadObservation | None:
+    q = f.obs.queue
+    return q.workload if f.queue and q is not None else None
+
+
+def gate(f: Facts, b: Builder) -> Gate:
+    """What Kueue allows this pass; records status.queue and announces evictions."""
+    assert f.queue is not None and f.plan is not None
+    q = f.obs.queue or QueueObservation(local_queue=f.queue, watching=False)
+    _record(f, b, q)
+    js, plan = f.js, f.plan
+    if f.obs.kueue_problem:
+        if f.old.queue is None or f.old.queue.message != f.obs.kueue_problem:
+            b.event(Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem)
+        return Gate(Pass.HOLD, Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem, Phase.PENDING)
+    if js is None:  # created now, suspended; said as the next pass will see it (one write)
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(plan, f.queue))
+    wl = q.workload
+    if wl is None:
+        if not js.suspended:  # resumed by someone else (no Kueue to ask): it runs
+            return Gate(Pass.RUN, message="the JobSet runs without a Kueue Workload")
+        return _no_workload(f, b, q, js.created)
+    _note_eviction(f, b, wl)
+    if not wl.active:
+        if b.status.queue is not None and b.status.queue.suspended:  # our suspend, now lifted
+            b.add(SetWorkloadActive(wl.name, True))
+            b.status.queue.suspended = False
+        return Gate(
+            Pass.HOLD,
+            Reason.DEACTIVATED,
+            f"Kueue deactivated Workload {wl.name} (spec.active: false)"
+            f"{': ' + wl.eviction_message if wl.eviction_message else ''}; the job waits, "
+            "without node pools, until it is active again",
+            workload=wl,
+        )
+    if wl.evicted or not wl.quota_reserved:
+        return _queued(f, q, wl)
+    check = wl.check
+    admitted = f"admitted by Kueue in ClusterQueue {wl.cluster_queue}"
+    if check is None:  # the ClusterQueue lists no check of ours: quota only
+        if js.suspended:
+            return Gate(Pass.ADMISSION, Reason.WAITING_FOR_ADMISSION,
+                        "quota reserved; waiting for Kueue to admit and resume the JobSet",
+                        workload=wl)  # fmt: skip
+        return Gate(Pass.RUN, message=admitted, workload=wl)
+    if check.state == CheckState.RETRY:
+        return Gate(
+            Pass.HOLD,
+            Reason.CHECK_RETRY,
+            f"admission check {check.name} is Retry ({check.message}): Kueue takes the quota "
+            "back and queues the job again",
+            workload=wl,
+            check=check,
+        )
+    if check.state == CheckState.PENDING:
+        return Gate(Pass.PROVISION, Reason.GANG_PROVISIONING, workload=wl, check=check)
+    if js.suspended:  # Ready
+        return Gate(Pass.ADMISSION, Reason.WAITING_FOR_ADMISSION,
+                    f"admission check {check.name} Ready: waiting for Kueue to admit and resume "
+                    "the JobSet", workload=wl, check=check)  # fmt: skip
+    return Gate(Pass.RUN, message=admitted, workload=wl, check=check)
+
+
+def hold(f: Facts, b: Builder, g: Gate) -> tuple[Phase, str]:
+    """The job waits: it says where and why (its pools are released by the caller)."""
+    b.cond(ADMITTED, "False", g.reason or Reason.QUOTA_PENDING, g.message)
+    if b.status.queue is not None:
+        b.status.queue.message = g.message
+    b.requeue_in(f.cfg.resync_seconds)
+    return g.phase, g.message
+
+
+def waiting_for_admission(f: Facts, b: Builder, message: str) -> tuple[Phase, str]:
+    b.cond(ADMITTED, "False", Reason.WAITING_FOR_ADMISSION, message)
+    b.requeue_in(f.cfg.resync_seconds)
+    return Phase.STARTING, message
+
+
+def admitted(b: Builder, g: Gate) -> None:
+    b.cond(ADMITTED, "True", Reason.ADMITTED, g.message)
+
+
+def report(f: Facts, b: Builder, g: Gate, state: str, message: str, pin: bool = False) -> None:
+    """Our check's state on the Workload, when it changes."""
+    wl, check = g.workload, g.check
+    if wl is None or check is None:
+        return
+    message = message[:1024]  # Kueue truncates condition messages; ours are short
+    if check.state == state and check.message == message:
+        return
+    updates = pin_to_pools(f.plan) if pin and f.plan is not None else ()
+    b.add(SetAdmissionCheckState(wl.name, wl.resource_version, check.name, state, message, updates))
+    if b.status.queue is not None:
+        b.status.queue.check_state = state
+
+
+def pin_to_pools(plan: Plan) -> tuple[PodSetUpdate, ...]:
+    """podSetUpdates for the one pod set ("slice"): this job's node pools only."""
+    return (PodSetUpdate(REPLICATED_JOB, node_selector={keys.JOB_KEY: plan.job_key}),)
+
+
+def _queued(f: Facts, q: QueueObservation, wl: WorkloadObservation) -> Gate:
+    """No quota (or being evicted): no node pool; say where the job waits and why."""
+    cq = q.cluster_queue or wl.cluster_queue
+    where = f"LocalQueue {q.local_queue}" + (f" (ClusterQueue {cq})" if cq else "")
+    if wl.evicted:
+        reason, why = (
+            Reason.EVICTED,
+            f"evicted by Kueue ({wl.eviction_reason}): {wl.eviction_message}",
+        )
+    elif wl.pending_reason == "Inadmissible":
+        reason, why = Reason.INADMISSIBLE, wl.pending_message or "Kueue cannot admit it"
+    else:
+        reason, why = Reason.QUOTA_PENDING, wl.pending_message or "waiting for quota"
+    return Gate(Pass.HOLD, reason, f"queued in {where}: {why}", workload=wl, check=wl.check)
+
+
+def _waiting_for_workload(plan: Plan, queue: str) -> str:
+    return f"JobSet {plan.name} in LocalQueue {queue}: waiting for Kueue to create its Workload"
+
+
+def _no_workload(f: Facts, b: Builder, q: QueueObservation, created: datetime | None) -> Gate:
+    assert f.plan is not None
+    waited = (f.now - created).total_seconds() if created else 0.0
+    bound = f.cfg.kueue_workload_wait_seconds
+    if waited < bound:
+        b.requeue_in(bound - waited)
+        return Gate(
+            Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(f.plan, q.local_queue)
+        )
+    cause = (
+        "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"
+        if not q.watching
+        else "Kueue is not installed, or it does not manage this JobSet (its Configuration must "
+        "list jobset.x-k8s.io/jobset in integrations.frameworks and not exclude this namespace)"
+    )
+    message = (
+        f"no Kueue Workload exists for JobSet {f.plan.name} after {bound:.0f}s: {cause}; the job "
+        f"holds no node pools and stays suspended until Kueue admits it"
+    )
+    before = f.old.condition(ADMITTED)
+    if before is None or before.reason != Reason.NO_KUEUE_WORKLOAD:
+        b.event(Reason.NO_KUEUE_WORKLOAD, message)
+    b.requeue_in(f.cfg.resync_seconds * 3)
+    # Pending, not Queued: nothing queues it.
+    return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING)
+
+
+# ---------------------------------------------------------------- memory and display
+
+
+def _record(f: Facts, b: Builder, q: QueueObservation) -> None:
+    """status.queue from this observation; the eviction and suspend memory is carried over."""
+    old = f.old.queue
+    wl = q.workload
+    assert f.queue is not None
+    b.status.queue = QueueStatus(
+        local_queue=f.queue,
+        cluster_queue=(wl.cluster_queue if wl else None) or q.cluster_queue,
+        workload=wl.name if wl else None,
+        admission_check=wl.check.name if wl and wl.check else None,
+        check_state=wl.check.state if wl and wl.check else None,
+        retry_count=wl.check.retry_count if wl and wl.check and wl.check.retry_count else None,
+        pending_workloads=q.pending_workloads,
+        message=old.message if old else None,
+        preemptions=old.preemptions if old else 0,
+        last_eviction=old.last_eviction.model_copy() if old and old.last_eviction else None,
+        suspended=old.suspended if old else False,
+    )
+
+
+def remember_suspended(b: Builder) -> None:
+    if b.status.queue is not None:
+        b.status.queue.suspended = True
+
+
+def _note_eviction(f: Facts, b: Builder, wl: WorkloadObservation) -> None:
+    """A new eviction (Evicted=True with a transition time not seen before) is remembered, and a
+    preemption counted and announced once."""
+    status = b.status.queue
+    if not wl.evicted or wl.eviction_time is None or status is None:
+        return
+    last = status.last_eviction
+    if last is not None and last.time == wl.eviction_time:
+        return
+    status.last_eviction = EvictionStatus(
+        reason=wl.eviction_reason,
+        message=wl.eviction_message,
+        preempted_by=wl.preempted_by,
+        time=wl.eviction_time,
+    )
+    if wl.eviction_reason == EVICTED_BY_CHECK:
+        return  # our own Retry: GangRolledBack said it
+    by = f" by {wl.preempted_by}" if wl.preempted_by else ""
+    if wl.eviction_reason == PREEMPTED:
+        status.preemptions += 1
+    b.event(
+        Reason.PREEMPTED if wl.eviction_reason == PREEMPTED else Reason.EVICTED,
+        f"Kueue evicted Workload {wl.name}{by} ({wl.eviction_reason}): {wl.eviction_message}; "
+        "its node pools are released, it queues again and resumes from its last checkpoint "
+        "once admitted",
+    )
+
+
+# ---------------------------------------------------------------- a failed job
+
+
+def reject(f: Facts, b: Builder, message: str) -> None:
+    """A job that failed on its own must not leave its Workload holding quota with our check
+    Pending: Rejected hands the quota back (level-based: also after a crash)."""
+    wl = workload(f)
+    if wl is None or wl.check is None or wl.finished or not wl.active or not wl.quota_reserved:
+        return
+    if wl.check.state in (CheckState.PENDING, CheckState.RETRY):
+        g = Gate(Pass.HOLD, workload=wl, check=wl.check)
+        report(f, b, g, CheckState.REJECTED, message or "the job failed")
+
+
+# ---------------------------------------------------------------- the AdmissionCheck objects
+
+
+def activate(
+    checks: Iterable[AdmissionCheckObservation], _now: datetime | None = None
+) -> list[SetAdmissionCheckActive]:
+    """Every AdmissionCheck naming our controller gets Active=True for its generation, as
+    Kueue's own acReconciler does for its ProvisioningRequest checks; until then every
+    ClusterQueue listing it is inactive and admits nothing."""
+    return [
+        SetAdmissionCheckActive(c.name, c.resource_version, c.generation, ACTIVE_MESSAGE)
+        for c in sorted(checks, key=lambda c: c.name)
+        if not c.active or c.observed_generation != c.generation
+    ]

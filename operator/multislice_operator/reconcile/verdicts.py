@@ -1,0 +1,425 @@
+"""The verdicts that end a pass: checked in one order, the first that fires wins. Pure.
+
+Like JobSet, which returns right after its failure policy acts, and Kueue's job reconciler,
+whose numbered steps return early: every way a pass can end without the lifecycle (capacity,
+JobSet, pods) running is a verdict below, a pure function of the pass's facts. `VERDICTS` lists
+them once, in order; `finish` carries one out with its own actions only (a failed job deletes
+its JobSet and releases its pools in the same pass; nothing is created), so a late verdict can
+never leave an earlier step's create behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from multislice_operator.api.models import ConditionType, Phase
+from multislice_operator.names import REPLICATED_JOB
+from multislice_operator.ownership import Owner
+from multislice_operator.reconcile import gate as kueue
+from multislice_operator.reconcile import restarts
+from multislice_operator.reconcile.capacity import pools_present, release
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.running import why_failed
+from multislice_operator.reconcile.types import (
+    CheckState,
+    DeleteJob,
+    DeleteJobSet,
+    RemoveFinalizer,
+    SetJobSetSuspend,
+    SetWorkloadActive,
+)
+
+RELEASING_NOTE = " (releasing node pools)"
+
+
+class End(StrEnum):
+    FAIL = "Fail"  # the job fails now (condition Failed)
+    SUCCEED = "Succeed"  # the job succeeds now (condition Completed)
+    FINISHED = "Finished"  # it had finished: release, TTL
+    DELETING = "Deleting"  # being deleted: release, then let it go
+    SUSPENDED = "Suspended"  # spec.suspend: release and hold
+    WAIT = "Wait"  # an orphan JobSet of an earlier job of this name: delete it, wait
+
+
+@dataclass(frozen=True)
+class Verdict:
+    end: End
+    reason: Reason | None  # None: a pass that ends without a condition (deleting)
+    message: str
+    # Provisioned=False with this reason (the capacity verdicts).
+    provisioned: Reason | None = None
+    # Admitted=False with this reason (a job that names a queue).
+    admitted: Reason | None = None
+    event: Reason | None = None  # announced besides the phase transition
+    copied_reason: str = ""  # JobSet's own failure reason, kept as the condition's reason
+
+
+Rule = Callable[[Facts], Verdict | None]
+
+
+# ---------------------------------------------------------------- the verdicts, in order
+
+
+def invalid_spec(f: Facts) -> Verdict | None:
+    if f.error is None and f.spec is not None and f.plan is not None:
+        return None
+    message = str(f.error) if f.error else "the spec could not be read"
+    return Verdict(End.FAIL, Reason.INVALID_SPEC, message)
+
+
+def deleting(f: Facts) -> Verdict | None:
+    return Verdict(End.DELETING, None, "") if f.deleting else None
+
+
+def finished(f: Facts) -> Verdict | None:
+    if not (f.finished_before and f.world_agrees):
+        return None
+    phase = Phase(f.old.phase or Phase.FAILED)
+    ctype = ConditionType.COMPLETED if phase == Phase.SUCCEEDED else ConditionType.FAILED
+    cond = f.old.condition(ctype)
+    message = cond.message if cond and cond.message else phase.value
+    reason = Reason.COMPLETED if phase == Phase.SUCCEEDED else Reason.JOBSET_FAILED
+    return Verdict(End.FINISHED, reason, message, copied_reason=cond.reason if cond else "")
+
+
+def suspended(f: Facts) -> Verdict | None:
+    if f.spec is None or not f.spec.suspend:
+        return None
+    return Verdict(End.SUSPENDED, Reason.SUSPENDED, "suspended")
+
+
+def orphan_jobset(f: Facts) -> Verdict | None:
+    js = f.js_other
+    if js is None or js.owner != Owner.ORPHAN:
+        return None
+    return Verdict(
+        End.WAIT,
+        Reason.ORPHAN_JOBSET,
+        f"JobSet {f.meta.name} (uid {js.uid or '?'}) belongs to an earlier job of this name: "
+        "it is deleted, never adopted; this job starts once it is gone",
+    )
+
+
+def jobset_conflict(f: Facts) -> Verdict | None:
+    js = f.js_other
+    if js is None or js.owner == Owner.ORPHAN:
+        return None
+    return Verdict(
+        End.FAIL,
+        Reason.JOBSET_CONFLICT,
+        f"a JobSet named {f.meta.name} exists and is not owned by this job; delete or rename it",
+    )
+
+
+def completed(f: Facts) -> Verdict | None:
+    if f.js is None or not f.js.completed:
+        return None
+    return Verdict(End.SUCCEED, Reason.COMPLETED, "all slices finished")
+
+
+def jobset_failed(f: Facts) -> Verdict | None:
+    js, spec = f.js, f.spec
+    if js is None or not js.failed or spec is None:
+        return None
+    return Verdict(
+        End.FAIL, Reason.JOBSET_FAILED, why_failed(f, spec, js), copied_reason=js.failure_reason
+    )
+
+
+def check_rejected(f: Facts) -> Verdict | None:
+    wl = kueue.workload(f)
+    if wl is None or wl.check is None or wl.check.state != CheckState.REJECTED:
+        return None
+    message = f"admission check {wl.check.name} rejected the Workload: {wl.check.message}"
+    return Verdict(End.FAIL, Reason.ADMISSION_CHECK_REJECTED, message, admitted=Reason.REJECTED)
+
+
+def before_first_pool(f: Facts) -> bool:
+    """Nothing of the job holds capacity yet: no JobSet of its own, no pool of its own."""
+    return f.js is None and not pools_present(f)
+
+
+def pod_security(f: Facts) -> Verdict | None:
+    refused = f.obs.pod_security
+    if not refused or not before_first_pool(f):
+        return None
+    return Verdict(End.FAIL, Reason.POD_SECURITY_REFUSED, refused)
+
+
+def jobset_refused(f: Facts) -> Verdict | None:
+    verdict = f.obs.admission
+    if f.js is not None or verdict is None or not verdict.refused:
+        return None
+    return Verdict(
+        End.FAIL,
+        Reason.JOBSET_REFUSED,
+        f"the apiserver refuses the JobSet this job renders: {verdict.refused}; fix "
+        "spec.template and recreate the job",
+    )
+
+
+def pool_name_taken(f: Facts) -> Verdict | None:
+    if not f.managed:
+        return None
+    taken = [s for s in f.obs.slices if s.taken_by and s.taken_by_older]
+    if not taken:
+        return None
+    s = taken[0]
+    message = (
+        f"node pool {s.pool} (slice {s.index}) belongs to job {s.taken_by}, which was created "
+        "first: the two jobs' node pool names collide; nothing of that job is touched; rename "
+        "this job and recreate it"
+    )
+    return Verdict(End.FAIL, Reason.POOL_NAME_TAKEN, message, provisioned=Reason.POOL_NAME_TAKEN)
+
+
+def provisioning_failed(f: Facts) -> Verdict | None:
+    if not f.managed or not f.obs.provisioner_configured:
+        return None
+    permanent = [s.error for s in f.obs.slices if s.error and s.error.permanent]
+    if f.obs.offered_error is not None and not gang_up(f) and not pools_present(f):
+        permanent.insert(0, f.obs.offered_error)  # only matters before the first pool exists
+    if not permanent:
+        return None
+    message = (
+        f"{permanent[0]}; retrying cannot help, fix the spec or the project and recreate the job"
+    )
+    reason = Reason.PROVISIONING_FAILED
+    return Verdict(End.FAIL, reason, message, provisioned=reason, admitted=Reason.REJECTED)
+
+
+def disruption_budget(f: Facts) -> Verdict | None:
+    if f.spec is None or f.js is None:
+        return None
+    over = restarts.over_budget(f.restarts.by_cause, f.spec)
+    if over is None:
+        return None
+    reason = Reason.MAX_DISRUPTION_RESTARTS
+    return Verdict(End.FAIL, reason, over, event=reason)
+
+
+def _unschedulable_waits(f: Facts) -> list[tuple[float, str]]:
+    """(seconds left, message) for each unschedulable pod while every slice's capacity is ready."""
+    since, spec = f.capacity_ready_since, f.spec
+    if since is None or spec is None:
+        return []
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    out = []
+    for pod in sorted(f.unschedulable, key=lambda p: (p.unschedulable_since, p.name)):
+        assert pod.unschedulable_since is not None
+        waited = (f.now - max(pod.unschedulable_since, since)).total_seconds()
+        where = f" (slice {pod.slice_index})" if pod.slice_index is not None else ""
+        out.append(
+            (
+                timeout - waited,
+                f"pod {pod.name}{where} could not be scheduled for {timeout}s while every "
+                "slice's capacity was ready (spec.failurePolicy.unschedulableTimeoutSeconds); "
+                f"the scheduler says: {pod.scheduler_message}",
+            )
+        )
+    return out
+
+
+def unschedulable(f: Facts) -> Verdict | None:
+    due = [message for left, message in _unschedulable_waits(f) if left <= 0]
+    return Verdict(End.FAIL, Reason.UNSCHEDULABLE, due[0]) if due else None
+
+
+def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
+    since, spec, plan = f.capacity_ready_since, f.spec, f.plan
+    if since is None or spec is None or plan is None:
+        return None
+    missing = [i for i in range(plan.slices) if not f.pods_by_slice.get(i)]
+    if not missing:
+        return None
+    timeout = spec.failure_policy.unschedulable_timeout_seconds
+    first = missing[0]
+    return (
+        timeout - (f.now - since).total_seconds(),
+        f"no pod of slice {first} was created within {timeout}s while every slice's capacity "
+        "was ready (spec.failurePolicy.unschedulableTimeoutSeconds): the apiserver refuses the "
+        f"Job controller's pods; `kubectl describe job {plan.name}-{REPLICATED_JOB}-{first}` "
+        "shows why (FailedCreate)",
+    )
+
+
+def pods_not_created(f: Facts) -> Verdict | None:
+    wait = _pods_not_created_wait(f)
+    if wait is None or wait[0] > 0:
+        return None
+    return Verdict(End.FAIL, Reason.PODS_NOT_CREATED, wait[1])
+
+
+VERDICTS: tuple[Rule, ...] = (
+    invalid_spec,
+    deleting,
+    finished,
+    suspended,
+    orphan_jobset,
+    jobset_conflict,
+    completed,
+    jobset_failed,
+    check_rejected,
+    pod_security,
+    jobset_refused,
+    pool_name_taken,
+    provisioning_failed,
+    disruption_budget,
+    unschedulable,
+    pods_not_created,
+)
+
+
+def first(f: Facts) -> Verdict | None:
+    for rule in VERDICTS:
+        verdict = rule(f)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def next_deadline(f: Facts) -> float | None:
+    """Seconds until a time-based verdict would fire (a pass is wanted then)."""
+    lefts = [left for left, _ in _unschedulable_waits(f)]
+    wait = _pods_not_created_wait(f)
+    if wait is not None:
+        lefts.append(wait[0])
+    return min(lefts) if lefts else None
+
+
+def gang_up(f: Facts) -> bool:
+    """The gang was provisioned and its JobSet runs on it: a lost slice is repaired alone.
+    A queued job's JobSet exists (suspended) before its gang: the Provisioned memory says."""
+    if f.js is None:
+        return False
+    if f.queue is None:
+        return True
+    provisioned = f.old.condition(ConditionType.PROVISIONED)
+    return provisioned is not None and provisioned.status == "True"
+
+
+# ---------------------------------------------------------------- carrying one out
+
+
+def finish(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
+    """The verdict's actions and memory; the phase and message of the pass."""
+    b.status.startup = None
+    if v.end in (End.FAIL, End.SUCCEED):
+        return _complete(f, b, v)
+    if v.end == End.FINISHED:
+        return _finished(f, b, v)
+    if v.end == End.DELETING:
+        return _deleting(f, b)
+    if v.end == End.SUSPENDED:
+        return _suspended(f, b)
+    return _wait_for_orphan(f, b, v)
+
+
+def _stop_jobset(f: Facts, b: Builder) -> None:
+    """A JobSet of the job's own that still runs pods: deleted (JobSet would run it on, or keep
+    its pods waiting for capacity that is released)."""
+    js = f.js
+    if js is not None and not (js.failed or js.completed or js.suspended or js.deleting):
+        b.add(DeleteJobSet())
+
+
+def _complete(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
+    succeeded = v.end == End.SUCCEED
+    phase = Phase.SUCCEEDED if succeeded else Phase.FAILED
+    b.status.completion_time = f.now
+    assert v.reason is not None
+    if v.reason == Reason.INVALID_SPEC:
+        b.cond(ConditionType.VALIDATED, "False", v.reason, v.message)
+    ctype = ConditionType.COMPLETED if succeeded else ConditionType.FAILED
+    b.cond_copied(ctype, "True", v.copied_reason or v.reason.value, v.message)
+    if v.provisioned:
+        b.cond(ConditionType.PROVISIONED, "False", v.provisioned, v.message)
+    if v.admitted and f.queue:
+        b.cond(ConditionType.ADMITTED, "False", v.admitted, v.message)
+    if v.event is not None:
+        b.event(v.event, v.message)
+    if f.js is not None:
+        b.status.restarts = max(b.status.restarts, f.js.restarts)
+    if not succeeded:
+        _stop_jobset(f, b)
+        kueue.reject(f, b, v.message)
+    keep = succeeded and f.spec is not None and f.spec.provisioning.keep_node_pools
+    released = True if keep else release(f, b)
+    if f.deleting and f.meta.has_finalizer and released:
+        b.add(RemoveFinalizer())  # an invalid spec being deleted: nothing of it is left
+    elif not f.deleting:
+        _ttl(f, b, f.now, released)
+    return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
+
+
+def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
+    phase = Phase(f.old.phase or Phase.FAILED)
+    if phase == Phase.FAILED:
+        _stop_jobset(f, b)  # failed by the operator: JobSet would run it on
+        kueue.reject(f, b, v.message)
+    keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
+    released = True if keep else release(f, b)
+    _ttl(f, b, f.old.completion_time, released)
+    return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
+
+
+def _ttl(f: Facts, b: Builder, done: datetime | None, released: bool) -> None:
+    """ttlSecondsAfterFinished, from the completion (this pass's, when it completes now)."""
+    ttl = f.spec.ttl_seconds_after_finished if f.spec else None
+    if ttl is None or done is None or not released:
+        return
+    left = (done + timedelta(seconds=ttl) - f.now).total_seconds()
+    if left <= 0:
+        b.add(DeleteJob())
+    else:
+        b.requeue_in(left)
+
+
+def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
+    """The job is being deleted: release every pool, then let it go."""
+    released = release(f, b)
+    phase = Phase(f.old.phase or Phase.PENDING)
+    if released:
+        if f.meta.has_finalizer:
+            b.add(RemoveFinalizer())
+        return phase, "deleted; every node pool released"
+    # No count in the text: one status write for the deletion, not one per pool released.
+    return phase, "deleting: releasing the node pools first"
+
+
+def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
+    js, wl = f.js, kueue.workload(f)
+    if wl is not None:
+        # Kueue unsuspends an admitted JobSet itself: a queued job is suspended through its
+        # Workload (spec.active false), and Kueue then evicts it and suspends the JobSet.
+        if wl.active:
+            b.add(SetWorkloadActive(wl.name, False))
+        kueue.remember_suspended(b)
+    elif js is not None and not js.suspended:
+        b.add(SetJobSetSuspend(True))
+    released = release(f, b)
+    b.status.attempt_start_time = None
+    b.status.next_attempt_time = None
+    b.status.capacity_ready_time = None
+    b.cond(
+        ConditionType.PROVISIONED, "False", Reason.SUSPENDED, "capacity released while suspended"
+    )
+    b.cond(ConditionType.SLICES_READY, "False", Reason.SUSPENDED, "job is suspended")
+    detail = "" if released else RELEASING_NOTE
+    return Phase.SUSPENDED, f"suspended{detail}; set spec.suspend: false to resume"
+
+
+def _wait_for_orphan(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
+    js = f.js_other
+    assert js is not None
+    if not js.deleting:
+        b.add(DeleteJobSet(uid=js.uid))
+    if f.old.message != v.message:
+        b.event(Reason.ORPHAN_JOBSET, v.message)
+    b.requeue_in(f.cfg.resync_seconds)
+    return Phase.PENDING, v.message

@@ -1,0 +1,55 @@
+"""hack/build-bins.sh on a machine that has built nothing: every module it reads files from is
+downloaded before its directory is read, and a lookup that cannot succeed stops the build with the
+module's name instead of carrying on with an empty path (issue 21: a cold machine read
+`/cmd/kueue` because `go list -m -f {{.Dir}}` prints an empty line for a module not downloaded).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "hack" / "build-bins.sh"
+# What the build reads from each module (the CRDs, webhook manifests, Kueue's main.go).
+EXPECTED = {
+    "sigs.k8s.io/jobset": "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+    "sigs.k8s.io/kueue": "cmd/kueue/main.go",
+}
+
+
+def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    cache = tmp_path / "gomodcache"
+    cache.mkdir(exist_ok=True)
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--module-dirs"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "GOMODCACHE": str(cache),
+            "GOCACHE": str(tmp_path / "gocache"),
+            "MULTISLICE_BIN_CACHE": str(tmp_path / "bin"),
+            **env,
+        },
+    )
+
+
+def test_every_module_lookup_works_on_an_empty_module_cache(tmp_path: Path) -> None:
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    dirs = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert set(dirs) == set(EXPECTED)
+    for module, path in EXPECTED.items():
+        found = Path(dirs[module])
+        assert found.is_relative_to(tmp_path / "gomodcache"), found  # downloaded, not pre-cached
+        assert (found / path).is_file(), (module, path)
+
+
+def test_a_lookup_that_cannot_succeed_stops_the_build_naming_the_module(tmp_path: Path) -> None:
+    done = _run(tmp_path, GOPROXY="off", GOFLAGS="-mod=mod")
+    assert done.returncode != 0
+    assert "sigs.k8s.io/jobset" in done.stderr and "FAILED" in done.stderr
+    assert done.stdout == ""  # nothing printed as if it had worked

@@ -1,0 +1,1190 @@
+"""A state machine over decide() (issue 22): a small world, every decision fed back into it.
+
+The world is what the operator observes of one Managed job of 2 slices: its node pools (create
+and delete take time; a create fails: stockout, quota, a permanent error; a pool vanishes: spot
+preemption or a delete out of band; nodes vanish or go NotReady; the pool errors; another job's
+pool takes one of our names; a stray pool with our uid), its JobSet (restarts charged or not,
+completion and failure, as render.py's failure policy makes JobSet act), the pods of the current
+attempt (retryable, fatal, hang and disruption failures), Kueue (quota reserved, this operator's
+admission check, admission, preemption), the user (a terminal phase written by hand, the
+finalizer removed, suspend, delete) and the operator itself (a restart loses its memory: the
+apiserver's dry-run verdict, and it did not watch the job meanwhile).
+
+A pass (`reconcile`; `tick` runs the passes the decisions asked for) is what the shell does
+(controller/reconciler.py): observe, decide(), check, write the status (read back through JSON:
+the next pass's old status), apply the actions to the world. World changes are seen by the next
+pass, together with whatever else changed meanwhile. Checked on every decision:
+
+- `violations(meta_before, decision, observed)`: the invariants of one decision (a plain
+  function, to be replaced by the core's own);
+- late verdict: a pool created by a pass is not deleted by the next one unless the world changed
+  in between (any rule but a pass or an operator restart; time passing counts as a change);
+- fixpoint: a pass without actions leaves the world as it was; deciding again on it (the same
+  observation, the time advanced 0 s, the job now watched, the status just written as the old
+  status) writes the same status and returns no action and no event.
+
+The world -> Observed translation is one function, `observed`. `make test` runs a bounded,
+derandomized search (MACHINE_EXAMPLES, MACHINE_STEPS); `make fuzz` a long one from a fresh seed
+(MACHINE_RANDOM=1). Each broken invariant is an exception class of its own, so that hypothesis
+reports and shrinks each as a bug of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.internal.conjecture import engine
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+)
+
+from multislice_operator import keys
+from multislice_operator.api.models import MultisliceJobSpec, MultisliceJobStatus, Phase
+from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.reconcile import (
+    AddFinalizer,
+    Admission,
+    AnnotatePods,
+    CheckObservation,
+    CheckState,
+    CreateJobSet,
+    CreatePools,
+    DecideConfig,
+    Decision,
+    DeleteJob,
+    DeleteJobSet,
+    DeletePools,
+    EvictPods,
+    JobMeta,
+    JobSetObservation,
+    Observed,
+    QueueObservation,
+    RemoveFinalizer,
+    SetAdmissionCheckState,
+    SetJobSetSuspend,
+    SetWorkloadActive,
+    SliceObservation,
+    ValidateJobSet,
+    WorkloadObservation,
+    decide,
+)
+from multislice_operator.reconcile import (
+    Pod as PodRecord,
+)
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig.from_settings()
+SLICES, HOSTS = 2, 4  # 2 x v5litepod-16: 4 hosts (VMs, nodes) per slice
+NAMESPACE, NAME, UID = "ns", "job", "uid-1"
+QUEUE, CLUSTER_QUEUE, CHECK = "tpu-queue", "tpu-cq", "gang"
+TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
+PASSES_PER_TICK = 10
+QUEUED_SHARE = 0.4  # of MACHINE_EXAMPLES, for the queued job's machine
+
+# ---------------------------------------------------------------- the invariants of one decision
+
+
+def violations(meta_before: JobMeta, decision: Decision, observed: Observed) -> list[str]:
+    """What one decision must never do, whatever branch made it. Each line starts with the
+    invariant's key (`kind(line)`); empty: the decision is sound.
+
+    `meta_before`: the job as the pass read it; `observed`: what the pass saw (its slices name
+    the plan's pools, by index, and who owns each)."""
+    out: list[str] = []
+    actions = decision.actions
+    phase = decision.status.phase
+    pool_of = {s.index: s.pool for s in observed.slices if s.pool}
+    taken = {s.pool for s in observed.slices if s.pool and s.taken_by}
+    ours = {s.pool for s in observed.slices if s.pool and not s.taken_by} | set(observed.strays)
+
+    if phase in TERMINAL:
+        for a in actions:
+            resumes = a == SetJobSetSuspend(False) or (
+                isinstance(a, SetWorkloadActive) and a.active
+            )
+            if isinstance(a, CreatePools | CreateJobSet) or resumes:
+                out.append(f"terminal-create: phase {phase} with {a}")
+
+    finalized = meta_before.has_finalizer
+    for a in actions:
+        if isinstance(a, AddFinalizer):
+            finalized = True
+        elif isinstance(a, CreatePools) and not finalized:
+            out.append(f"create-without-finalizer: {a} and no AddFinalizer before it")
+
+    deleted: dict[str, int] = {}
+    for a in actions:
+        if isinstance(a, DeletePools):
+            for name in a.pools:
+                deleted[name] = deleted.get(name, 0) + 1
+    for name, n in sorted(deleted.items()):
+        if n > 1:
+            out.append(f"duplicate-delete: node pool {name} deleted {n} times")
+    created = {
+        pool_of.get(i, f"slice {i}")
+        for a in actions
+        if isinstance(a, CreatePools)
+        for i in a.slices
+    }
+    for name in sorted(created & set(deleted)):
+        out.append(f"create-and-delete: node pool {name} created and deleted")
+    for name in sorted((created | set(deleted)) - ours):
+        owner = "another live job's" if name in taken else "no pool of this job"
+        out.append(f"not-ours: action on node pool {name}, {owner}")
+    return out
+
+
+def _decision(phase: Phase | None, *actions: Any) -> Decision:
+    return Decision(MultisliceJobStatus(phase=phase), list(actions))
+
+
+def _seen_pools(taken: bool = False) -> Observed:
+    return Observed(
+        now=T0,
+        slices=[
+            SliceObservation(0, "p0", PoolState.READY, HOSTS),
+            SliceObservation(
+                1, "p1", PoolState.READY, HOSTS, taken_by="ns/other" if taken else None
+            ),
+        ],
+        strays={"old": PoolState.READY},
+    )
+
+
+@pytest.mark.parametrize(
+    ("finalizer", "decision", "taken", "expected"),
+    [
+        (True, _decision(Phase.RUNNING, DeletePools(("p0",)), DeletePools(("old",))), False, []),
+        (False, _decision(None, AddFinalizer(), CreatePools((0,))), False, []),
+        (True, _decision(Phase.FAILED, CreatePools((1,))), False, ["terminal-create"]),
+        (True, _decision(Phase.SUCCEEDED, CreateJobSet()), False, ["terminal-create"]),
+        (True, _decision(Phase.FAILED, SetJobSetSuspend(False)), False, ["terminal-create"]),
+        (True, _decision(Phase.FAILED, SetJobSetSuspend(True)), False, []),
+        (False, _decision(None, CreatePools((0,))), False, ["create-without-finalizer"]),
+        (
+            False,
+            _decision(None, CreatePools((0,)), AddFinalizer()),
+            False,
+            ["create-without-finalizer"],
+        ),
+        (
+            True,
+            _decision(None, DeletePools(("p0",)), DeletePools(("p0",))),
+            False,
+            ["duplicate-delete"],
+        ),
+        (
+            True,
+            _decision(None, CreatePools((0,)), DeletePools(("p0",))),
+            False,
+            ["create-and-delete"],
+        ),
+        (True, _decision(None, DeletePools(("p1",))), True, ["not-ours"]),
+        (True, _decision(None, CreatePools((1,))), True, ["not-ours"]),
+        (True, _decision(None, DeletePools(("someone-elses",))), False, ["not-ours"]),
+    ],
+)
+def test_violations_name_each_broken_invariant(finalizer, decision, taken, expected):
+    meta = JobMeta(NAMESPACE, NAME, UID, 1, has_finalizer=finalizer)
+    assert [kind(v) for v in violations(meta, decision, _seen_pools(taken))] == expected
+
+
+def kind(violation: str) -> str:
+    return violation.split(":", 1)[0]
+
+
+class Violation(AssertionError):
+    """An invariant broken; one subclass per invariant, so that hypothesis reports (and shrinks)
+    each broken invariant as a bug of its own."""
+
+
+_VIOLATIONS: dict[str, type[Violation]] = {}
+
+
+def violation(key: str, message: str) -> Violation:
+    cls = _VIOLATIONS.get(key)
+    if cls is None:
+        name = "".join(part.title() for part in key.split("-"))
+        cls = _VIOLATIONS[key] = type(name, (Violation,), {})
+    return cls(message)
+
+
+# ---------------------------------------------------------------- the world
+
+
+@dataclass
+class Pool:
+    """One slice's node pool as GKE has it (ABSENT with an error: a create GKE refused)."""
+
+    state: PoolState
+    until: datetime | None = None  # when the operation in flight (create, delete) ends
+    fate: str = "ok"  # how the create in flight ends: ok | stockout | permanent
+    ready: int = 0  # nodes Ready
+    present: int = 0  # nodes that exist
+    error: PoolError | None = None
+    taken_by: str | None = None  # another live job's pool with our pool's name
+    taken_by_older: bool = True
+
+    @property
+    def up(self) -> bool:
+        return self.state in (PoolState.READY, PoolState.DEGRADED, PoolState.UPDATING)
+
+
+@dataclass
+class Pod:
+    """One pod record with every field (what issue 22's one Pod record will hold)."""
+
+    name: str
+    slice: int
+    attempt: int
+    phase: str  # Pending | Running | Succeeded | Failed
+    since: datetime  # created (Pending: unschedulable since)
+    ready: bool = False
+    node: str | None = None
+    pool: str | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    disruption: str | None = None
+
+
+@dataclass
+class JobSet:
+    created: datetime
+    suspended: bool
+    restarts: int = 0
+    counted: int = 0  # restartsCountTowardsMax
+    completed: bool = False
+    failed: bool = False
+    failure_reason: str = ""
+    failure_message: str = ""
+    gone_at: datetime | None = None  # being deleted (its pods terminate) until then
+
+
+@dataclass
+class Workload:
+    check: str | None  # our AdmissionCheck's state; None: the ClusterQueue lists no check of ours
+    rv: int = 1
+    active: bool = True
+    reserved: bool = False
+    admitted: bool = False
+    finished: bool = False
+    evicted: bool = False
+    eviction_reason: str = ""
+    eviction_time: datetime | None = None
+    check_message: str = ""
+    retry_count: int = 0
+
+
+@dataclass
+class World:
+    now: datetime
+    create_latency: int
+    delete_latency: int
+    pools: dict[int, Pool] = field(default_factory=dict)
+    strays: dict[str, Pool] = field(default_factory=dict)  # ours by uid, named by no plan
+    jobset: JobSet | None = None
+    pods: list[Pod] = field(default_factory=list)
+    workload: Workload | None = None
+    armed: dict[int, str] = field(default_factory=dict)  # the next create of slice i fails so
+    # The operator's memory: the dry-run verdict by generation, and since when it was blind.
+    verdict: tuple[int, Admission] | None = None
+    blind_since: datetime | None = None
+    # The job object, as far as the observation depends on it.
+    generation: int = 1
+    queued: bool = False  # it names a queue (Kueue's objects are observed)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The knobs drawn once per example."""
+
+    spot: bool
+    queue: str | None  # None | "quota" (a ClusterQueue without our check) | "check"
+    max_restarts: int
+    max_disruption_restarts: int
+    ttl: int | None
+    startup_timeout: int | None
+    keep_node_pools: bool
+    refused: bool  # the apiserver refuses the rendered JobSet
+
+    def body(self, suspend: bool) -> dict[str, Any]:
+        failure_policy: dict[str, Any] = {
+            "maxRestarts": self.max_restarts,
+            "maxDisruptionRestarts": self.max_disruption_restarts,
+        }
+        if self.startup_timeout is not None:
+            failure_policy["startupTimeoutSeconds"] = self.startup_timeout
+        spec: dict[str, Any] = {
+            "accelerator": "v5litepod-16",
+            "slices": SLICES,
+            "capacity": {"type": "Spot" if self.spot else "OnDemand"},
+            "provisioning": {"keepNodePools": self.keep_node_pools},
+            "failurePolicy": failure_policy,
+            "suspend": suspend,
+            "template": {"spec": {"containers": [{"name": "train", "image": "i"}]}},
+        }
+        if self.ttl is not None:
+            spec["ttlSecondsAfterFinished"] = self.ttl
+        labels = {keys.KUEUE_QUEUE_NAME: QUEUE} if self.queue else {}
+        return {
+            "apiVersion": "multislice.dev/v1alpha1",
+            "kind": "MultisliceJob",
+            "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": labels},
+            "spec": spec,
+        }
+
+
+@functools.lru_cache(maxsize=512)
+def spec_and_plan(job: Job, suspend: bool) -> tuple[MultisliceJobSpec, Plan]:
+    """Planned once per knob set (decide() only reads them)."""
+    parsed = load_job(job.body(suspend))
+    plan = plan_job(parsed)
+    assert plan.managed and plan.shape.hosts == HOSTS and plan.slices == SLICES
+    return parsed.spec, plan
+
+
+# ---------------------------------------------------------------- world -> Observed (one place)
+
+
+def observed(w: World, plan: Plan) -> Observed:
+    """What the shell would hand decide() in this world (controller/observe.py's projections)."""
+    js = w.jobset
+    attempt = js.restarts if js else 0
+    current = [p for p in w.pods if p.attempt == attempt and p.phase != "Failed"]
+
+    def slices_where(pred: Any) -> int:
+        return sum(1 for i in range(SLICES) if pred([p for p in current if p.slice == i]))
+
+    jobset = None
+    if js is not None:
+        jobset = JobSetObservation(
+            suspended=js.suspended,
+            restarts=js.restarts,
+            restarts_counted=js.counted,
+            completed=js.completed,
+            failed=js.failed,
+            failure_reason=js.failure_reason,
+            failure_message=js.failure_message,
+            ready_jobs=slices_where(
+                lambda ps: len(ps) == HOSTS and all(p.phase == "Running" and p.ready for p in ps)
+            ),
+            active_jobs=slices_where(lambda ps: any(p.phase in ("Pending", "Running") for p in ps)),
+            succeeded_jobs=slices_where(
+                lambda ps: len(ps) == HOSTS and all(p.phase == "Succeeded" for p in ps)
+            ),
+            created=js.created,
+            deleting=js.gone_at is not None,
+        )
+    slices = []
+    for spec in plan.node_pools:
+        pool = w.pools.get(spec.slice_index)
+        if pool is None:
+            slices.append(SliceObservation(spec.slice_index, spec.name, PoolState.ABSENT))
+            continue
+        slices.append(
+            SliceObservation(
+                index=spec.slice_index,
+                pool=spec.name,
+                pool_state=pool.state,
+                ready_hosts=pool.ready,
+                error=pool.error,
+                operation_pending=pool.until is not None,
+                present_hosts=pool.present,
+                taken_by=pool.taken_by,
+                taken_by_older=pool.taken_by_older,
+            )
+        )
+    verdict = w.verdict[1] if w.verdict is not None and w.verdict[0] == w.generation else None
+    return Observed(
+        now=w.now,
+        slices=slices,
+        jobset=jobset,
+        admission=verdict,
+        pods=[
+            PodRecord(
+                p.name,
+                p.slice,
+                p.attempt,
+                p.phase,
+                ready=p.ready,
+                node=p.node,
+                pool=p.pool,
+                exit_code=p.exit_code,
+                reason=p.reason,
+                disruption=p.disruption,
+                unschedulable_since=p.since if p.phase == "Pending" else None,
+                scheduler_message="0/8 nodes are available" if p.phase == "Pending" else "",
+            )
+            for p in w.pods
+        ],
+        strays={name: pool.state for name, pool in w.strays.items()},
+        blind_since=w.blind_since,
+        queue=_queue(w),
+    )
+
+
+def _queue(w: World) -> QueueObservation | None:
+    if not w.queued:
+        return None
+    wl = w.workload
+    workload = None
+    if wl is not None:
+        workload = WorkloadObservation(
+            name=f"jobset-{NAME}-0001",
+            resource_version=str(wl.rv),
+            active=wl.active,
+            quota_reserved=wl.reserved,
+            admitted=wl.admitted,
+            finished=wl.finished,
+            cluster_queue=CLUSTER_QUEUE if wl.reserved else None,
+            pending_reason="" if wl.reserved else "Pending",
+            pending_message="" if wl.reserved else "waiting for quota in ClusterQueue tpu-cq",
+            evicted=wl.evicted,
+            eviction_reason=wl.eviction_reason,
+            eviction_message=f"evicted ({wl.eviction_reason})" if wl.evicted else "",
+            eviction_time=wl.eviction_time,
+            check=(
+                CheckObservation(CHECK, wl.check, wl.check_message, wl.retry_count)
+                if wl.check is not None
+                else None
+            ),
+        )
+    return QueueObservation(QUEUE, cluster_queue=CLUSTER_QUEUE, workload=workload)
+
+
+# ---------------------------------------------------------------- the machine
+
+
+def settings_from_env(share: float = 1.0) -> settings:
+    """Bounded and deterministic for `make test`; `make fuzz` sets MACHINE_EXAMPLES (and
+    MACHINE_RANDOM=1 for a fresh seed each run: hypothesis prints it with a failure)."""
+    return settings(
+        max_examples=max(1, int(share * int(os.environ.get("MACHINE_EXAMPLES", "500")))),
+        stateful_step_count=int(os.environ.get("MACHINE_STEPS", "20")),
+        derandomize=os.environ.get("MACHINE_RANDOM", "") != "1",
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+slice_index = st.integers(0, SLICES - 1)
+
+
+def jobs(queues: list[str | None]) -> st.SearchStrategy[Job]:
+    return st.builds(
+        Job,
+        spot=st.booleans(),
+        queue=st.sampled_from(queues),
+        max_restarts=st.sampled_from([0, 3, 10]),
+        max_disruption_restarts=st.sampled_from([0, 1, 2, 30]),
+        ttl=st.sampled_from([None, 0, 120]),
+        startup_timeout=st.sampled_from([None, None, 60]),
+        keep_node_pools=st.booleans(),
+        refused=st.sampled_from([False] * 9 + [True]),
+    )
+
+
+LATENCIES = {
+    "create_latency": st.sampled_from([1, 60, 300]),
+    "delete_latency": st.sampled_from([1, 30]),
+    "warm": st.sampled_from([True, True, False]),
+}
+
+
+class DecideMachine(RuleBasedStateMachine):
+    """One Managed job of 2 slices, from creation (or from Running) to wherever the rules lead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.job: Job | None = None
+        self.status: dict[str, Any] = {}  # as the apiserver stores it
+        self.has_finalizer = False
+        self.deleting = False
+        self.gone = False  # the job object no longer exists
+        self.suspend = False
+        # The late-verdict check: the pools the last pass created, and whether anything but the
+        # operator's own actions changed the world since.
+        self.creating: set[str] = set()
+        self.changed = True
+        self.requeue: float | None = None  # the last decision's requeue_after
+        self.w = World(T0, 60, 30)
+
+    # ------------------------------------------------------------ setup
+
+    def start(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+        """`warm`: start from a running job, reached by the machine itself (every pass of the
+        way checked), so that the rules spend their steps on what happens to a running job."""
+        self._reset()
+        self.job = job
+        self.plans = {s: spec_and_plan(job, s) for s in (False, True)}
+        self.w = World(T0, create_latency, delete_latency, queued=job.queue is not None)
+        if warm and not job.refused:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        for _ in range(30):
+            if self.status.get("phase") == Phase.RUNNING:
+                return
+            self._pass()
+            wl = self.w.workload
+            if wl is not None and wl.active and not wl.reserved:
+                self._reserve()
+            elif wl is not None and self._admissible():
+                self._admit()
+            self._advance_to(self.w.now + timedelta(seconds=self.w.create_latency))
+        raise AssertionError(f"the warm start never ran: {self.status.get('message')}")
+
+    @property
+    def spec(self) -> MultisliceJobSpec:
+        return self.plans[self.suspend][0]
+
+    @property
+    def plan(self) -> Plan:
+        return self.plans[self.suspend][1]
+
+    def meta(self) -> JobMeta:
+        labels = {keys.KUEUE_QUEUE_NAME: QUEUE} if self.job and self.job.queue else {}
+        return JobMeta(
+            NAMESPACE,
+            NAME,
+            UID,
+            self.w.generation,
+            creation_time=T0,
+            labels=labels,
+            deleting=self.deleting,
+            has_finalizer=self.has_finalizer,
+        )
+
+    def observe(self) -> Observed:
+        return observed(self.w, self.plan)
+
+    # ------------------------------------------------------------ the operator's pass
+
+    def _pass(self) -> Decision:
+        meta, obs = self.meta(), self.observe()
+        old = MultisliceJobStatus.from_dict(self.status)
+        d = decide(meta, self.spec, self.plan, None, old, obs, CFG)
+        problems = violations(meta, d, obs)
+        deleted = {n for a in d.actions if isinstance(a, DeletePools) for n in a.pools}
+        late = sorted(deleted & self.creating) if not self.changed else []
+        if late:
+            problems.append(
+                f"late-verdict: node pool {', '.join(late)} created by the previous pass is "
+                "deleted by this one, and nothing but that pass's own actions changed the world"
+            )
+        if problems:
+            raise violation(kind(problems[0]), self._explain(problems, old, obs, d))
+        if not d.actions:
+            self._fixpoint(meta, obs, d)
+        if not (meta.deleting and not meta.has_finalizer):
+            self.status = d.status.to_dict()
+        pool_of = {p.slice_index: p.name for p in self.plan.node_pools}
+        self.creating = {
+            pool_of[i] for a in d.actions if isinstance(a, CreatePools) for i in a.slices
+        }
+        self.changed = False
+        self.requeue = d.requeue_after
+        self.w.blind_since = None  # watched from now on
+        for action in d.actions:
+            self._apply(action)
+        return d
+
+    def _fixpoint(self, meta: JobMeta, obs: Observed, d: Decision) -> None:
+        """A pass that acted on nothing changed nothing in the world; deciding again on the same
+        world (the same observation, the time advanced 0 s, the job now watched) with the status
+        it wrote as the old status must write nothing: the same status, no action, no event."""
+        again = decide(
+            meta,
+            self.spec,
+            self.plan,
+            None,
+            MultisliceJobStatus.from_dict(d.status.to_dict()),
+            replace(obs, blind_since=None),
+            CFG,
+        )
+        first, second = d.status.to_dict(), again.status.to_dict()
+        if first != second or again.actions or again.events:
+            diff = {
+                k: (first.get(k), second.get(k))
+                for k in sorted(set(first) | set(second))
+                if first.get(k) != second.get(k)
+            }
+            raise violation(
+                "fixpoint",
+                "fixpoint: deciding again on an unchanged world writes "
+                f"{diff or 'the same status'}, actions {again.actions}, events "
+                f"{[(e.reason, e.message) for e in again.events]}",
+            )
+
+    def _explain(
+        self, problems: list[str], old: MultisliceJobStatus, obs: Observed, d: Decision
+    ) -> str:
+        js = obs.jobset
+        pools = {s.index: (str(s.pool_state), s.ready_hosts) for s in obs.slices}
+        return "\n".join(
+            [
+                *problems,
+                f"  old phase {old.phase} ({old.message}), restarts {old.restarts}",
+                f"  finalizer {self.has_finalizer}, deleting {self.deleting}, suspend "
+                f"{self.suspend}, job {self.job}",
+                f"  pools {pools}, jobset {js}",
+                f"  -> phase {d.status.phase} ({d.status.message})",
+                f"  -> actions {d.actions}",
+                f"  -> events {[e.reason for e in d.events]}",
+            ]
+        )
+
+    def _apply(self, a: object) -> None:
+        w = self.w
+        if isinstance(a, AddFinalizer):
+            self.has_finalizer = True
+        elif isinstance(a, RemoveFinalizer):
+            self.has_finalizer = False
+            if self.deleting:
+                self._gone()
+        elif isinstance(a, CreatePools):
+            for i in a.slices:
+                self._create_pool(i)
+        elif isinstance(a, DeletePools):
+            for name in a.pools:
+                self._delete_pool(name)
+        elif isinstance(a, CreateJobSet):
+            if w.jobset is None:
+                queued = self.job is not None and self.job.queue is not None
+                w.jobset = JobSet(w.now, suspended=self.suspend or queued)
+                if queued:
+                    w.workload = Workload(
+                        CheckState.PENDING if self.job and self.job.queue == "check" else None
+                    )
+        elif isinstance(a, ValidateJobSet):
+            refused = "spec.replicatedJobs: Invalid value" if self.job and self.job.refused else ""
+            w.verdict = (w.generation, Admission(refused=refused))
+        elif isinstance(a, DeleteJobSet):
+            if w.jobset is not None and w.jobset.gone_at is None:
+                w.jobset.gone_at = w.now + timedelta(seconds=5)
+        elif isinstance(a, SetJobSetSuspend):
+            if w.jobset is not None:
+                w.jobset.suspended = a.suspend
+        elif isinstance(a, DeleteJob):
+            self._delete_job()
+        elif isinstance(a, SetAdmissionCheckState):
+            self._check_state(a)
+        elif isinstance(a, EvictPods):
+            evicted = sorted({p.slice for p in w.pods if p.name in a.pods})
+            if evicted:  # DisruptionTarget: one restart of all slices
+                self._pod_fails(evicted[0], 143, "EvictionByEvictionAPI")
+        elif isinstance(a, AnnotatePods):
+            pass  # checkpoints on demand are not modelled
+        elif isinstance(a, SetWorkloadActive):
+            wl = w.workload
+            if wl is not None and wl.active != a.active:
+                wl.active, wl.rv = a.active, wl.rv + 1
+                if not a.active:  # Kueue evicts an inactive Workload and suspends the JobSet
+                    self._evict("Deactivated")
+        else:
+            raise AssertionError(f"unknown action {a}")
+        self._sync()
+
+    # ------------------------------------------------------------ the cloud
+
+    def _create_pool(self, i: int) -> None:
+        w = self.w
+        pool = w.pools.get(i)
+        if pool is not None and pool.state != PoolState.ABSENT:
+            return  # adopted (create is idempotent)
+        fate = w.armed.pop(i, "ok")
+        name = self.plan.node_pools[i].name
+        if fate == "quota":  # refused at once: HTTP 403, no pool (facts.md section 10)
+            err = PoolError(i, name, "GCE_QUOTA_EXCEEDED", "Insufficient regional quota", False)
+            w.pools[i] = Pool(PoolState.ABSENT, error=err)
+            self.changed = True  # the cloud's answer, not the operator's doing
+            return
+        w.pools[i] = Pool(
+            PoolState.CREATING, until=w.now + timedelta(seconds=w.create_latency), fate=fate
+        )
+
+    def _delete_pool(self, name: str) -> None:
+        w = self.w
+        if name in w.strays:
+            stray = w.strays[name]
+            if stray.state != PoolState.DELETING:
+                w.strays[name] = Pool(
+                    PoolState.DELETING, until=w.now + timedelta(seconds=w.delete_latency)
+                )
+            return
+        index = next(p.slice_index for p in self.plan.node_pools if p.name == name)
+        pool = w.pools.get(index)
+        if pool is None or pool.state == PoolState.DELETING:
+            return
+        if pool.state == PoolState.ABSENT:
+            del w.pools[index]
+            return
+        if pool.state == PoolState.CREATING:
+            return  # GKE: 400 "is currently creating a node pool" (facts.md section 10)
+        w.pools[index] = Pool(
+            PoolState.DELETING,
+            until=w.now + timedelta(seconds=w.delete_latency),
+            taken_by=pool.taken_by,
+        )
+
+    def _advance_to(self, when: datetime) -> None:
+        """Time passes: the operations in flight end (a change in the world)."""
+        w = self.w
+        self.changed = True
+        w.now = when
+        for i, pool in list(w.pools.items()):
+            if pool.until is None or pool.until > w.now:
+                continue
+            name = self.plan.node_pools[i].name
+            if pool.state == PoolState.DELETING:
+                del w.pools[i]
+            elif pool.fate == "stockout":
+                err = PoolError(i, name, "GCE_STOCKOUT", "Not all instances running", False)
+                w.pools[i] = Pool(PoolState.FAILED, error=err)
+            elif pool.fate == "permanent":
+                err = PoolError(i, name, "INVALID_ARGUMENT", "unknown machine type", True)
+                w.pools[i] = Pool(PoolState.FAILED, error=err)
+            else:
+                w.pools[i] = Pool(PoolState.READY, ready=HOSTS, present=HOSTS)
+        for name, stray in list(w.strays.items()):
+            if stray.until is not None and stray.until <= w.now:
+                del w.strays[name]
+        if w.jobset is not None and w.jobset.gone_at is not None and w.jobset.gone_at <= w.now:
+            w.jobset = None
+            w.workload = None  # owned by the JobSet
+            w.pods = []
+        self._sync()
+
+    # ------------------------------------------------------------ JobSet, Jobs, pods
+
+    def _sync(self) -> None:
+        """The JobSet, Job, scheduler and kubelet of this world: the pods of the current
+        attempt follow the pools."""
+        w, js = self.w, self.w.jobset
+        if js is None or js.gone_at is not None or js.suspended or js.failed:
+            w.pods = [p for p in w.pods if p.phase == "Failed"] if js is not None else []
+            return
+        if js.completed:
+            return
+        # Pods of a vanished node fail (PodGC, DisruptionTarget): one restart of all slices.
+        for i in range(SLICES):
+            pool = w.pools.get(i)
+            lost = pool is None or not pool.up or pool.present < HOSTS or pool.taken_by
+            on_it = [p for p in w.pods if p.slice == i and p.attempt == js.restarts]
+            if lost and any(p.phase == "Running" for p in on_it):
+                self._pod_fails(i, 143, "DeletionByPodGC")
+                return
+        live = [p for p in w.pods if p.attempt == js.restarts and p.phase != "Failed"]
+        w.pods = [p for p in w.pods if p.phase == "Failed" and p.attempt >= js.restarts - 1]
+        for i in range(SLICES):
+            pool = w.pools.get(i)
+            name = self.plan.node_pools[i].name
+            up = pool is not None and pool.up and not pool.taken_by and pool.present >= HOSTS
+            for h in range(HOSTS):
+                pod = next((p for p in live if p.slice == i and p.name.endswith(f"-{h}")), None)
+                if pod is None:
+                    pod = Pod(
+                        f"{NAME}-slice-{i}-a{js.restarts}-{h}", i, js.restarts, "Pending", w.now
+                    )
+                if up and pool is not None:
+                    pod.phase, pod.node, pod.pool = "Running", f"{name}-node-{h}", name
+                    pod.ready = h < pool.ready
+                w.pods.append(pod)
+
+    def _pod_fails(self, i: int, code: int, disruption: str | None) -> None:
+        """A pod of slice i failed: JobSet's failure policy, as render.py writes it."""
+        w, js, fp = self.w, self.w.jobset, self.spec.failure_policy
+        if js is None or js.failed or js.completed:
+            return
+        w.pods.append(
+            Pod(
+                f"{NAME}-slice-{i}-a{js.restarts}-0",
+                i,
+                js.restarts,
+                "Failed",
+                w.now,
+                exit_code=code,
+                reason="Error",
+                disruption=disruption,
+            )
+        )
+        if disruption is not None:  # RestartJobSetAndIgnoreMaxRestarts
+            js.restarts += 1
+        elif fp.is_fatal(code):  # FailJobSet
+            js.failed, js.failure_reason = True, "FailJobSetFailurePolicyAction"
+            js.failure_message = f"pod failed with exit code {code}"
+        elif js.counted >= fp.max_restarts:
+            js.failed, js.failure_reason = True, "ReachedMaxRestarts"
+            js.failure_message = "jobset failed due to reaching max number of restarts"
+        else:  # RestartJobSet
+            js.restarts += 1
+            js.counted += 1
+        if js.failed and w.workload is not None:
+            w.workload.finished = True
+        self._sync()
+
+    # ------------------------------------------------------------ Kueue
+
+    def _admissible(self) -> bool:
+        wl = self.w.workload
+        return (
+            wl is not None
+            and wl.reserved
+            and not wl.admitted
+            and wl.check in (None, CheckState.READY)
+        )
+
+    def _reserve(self) -> None:
+        wl = self.w.workload
+        assert wl is not None
+        wl.reserved, wl.evicted, wl.rv = True, False, wl.rv + 1
+
+    def _admit(self) -> None:
+        wl, js = self.w.workload, self.w.jobset
+        assert wl is not None
+        wl.admitted, wl.rv = True, wl.rv + 1
+        if js is not None:
+            js.suspended = False
+        self._sync()
+
+    def _evict(self, reason: str) -> None:
+        w, wl = self.w, self.w.workload
+        assert wl is not None
+        wl.reserved = wl.admitted = False
+        wl.evicted, wl.eviction_reason, wl.eviction_time = True, reason, w.now
+        if wl.check is not None:
+            wl.check, wl.check_message = CheckState.PENDING, ""
+        wl.rv += 1
+        if w.jobset is not None:
+            w.jobset.suspended = True
+        self._sync()
+
+    def _check_state(self, a: SetAdmissionCheckState) -> None:
+        wl = self.w.workload
+        if wl is None or wl.check is None or str(wl.rv) != a.resource_version:
+            return  # the Workload moved since: nothing written
+        wl.check, wl.check_message, wl.rv = a.state, a.message, wl.rv + 1
+        if a.state == CheckState.RETRY:  # Kueue evicts at once and queues it again
+            wl.retry_count += 1
+            self._evict("AdmissionCheck")
+        elif a.state == CheckState.REJECTED:  # Kueue deactivates it
+            wl.active = False
+            self._evict("Deactivated")
+
+    # ------------------------------------------------------------ the job object
+
+    def _gone(self) -> None:
+        """The job object is gone: its JobSet is garbage-collected (owner reference)."""
+        self.gone = True
+        if self.w.jobset is not None:
+            self.w.jobset.gone_at = self.w.now
+
+    def _delete_job(self) -> None:
+        self.deleting = True
+        if not self.has_finalizer:
+            self._gone()
+
+    def _over(self) -> bool:
+        """Nothing of the job is left to act on: gone, or finished with its pools and JobSet
+        gone (a hand-written terminal phase over a running JobSet is not over)."""
+        finished = self.status.get("phase") in TERMINAL and not self.w.pools
+        return self.gone or (finished and self.w.jobset is None)
+
+    # ------------------------------------------------------------ rules: the operator
+
+    def _seen(self) -> None:
+        """The world changed (by anything but the operator's own actions): the next pass
+        (`reconcile`, `tick`) sees it, with whatever else changed meanwhile."""
+        self.changed = True
+        self._sync()
+
+    @precondition(lambda self: not self.gone)
+    @rule()
+    def reconcile(self) -> None:
+        """A pass now (a watch event, a resync)."""
+        self._pass()
+
+    @precondition(lambda self: self.w.blind_since is None)
+    @rule()
+    def restart_the_operator(self) -> None:
+        """Its memory is lost (the dry-run verdict) and it did not watch the job meanwhile:
+        its first pass (the next) has blind_since. Not a change in the world: no pass may undo
+        its predecessor's work for that."""
+        self.w.verdict = None
+        self.w.blind_since = self.w.now
+
+    # ------------------------------------------------------------ rules: time and the cloud
+
+    @rule(seconds=st.sampled_from([1, 10, 60, 301, 700, 1900]))
+    def tick(self, seconds: int) -> None:
+        """Time passes; the operator runs the passes its decisions asked for (requeue_after, a
+        few at most: it may also be slow), and one at the end."""
+        end = self.w.now + timedelta(seconds=seconds)
+        for _ in range(PASSES_PER_TICK):
+            if self.requeue is None or self.gone:
+                break
+            at = self.w.now + timedelta(seconds=max(1, int(self.requeue)))
+            if at >= end:
+                break
+            self._advance_to(at)
+            self._pass()
+        self._advance_to(end)
+        if not self.gone:
+            self._pass()
+
+    @precondition(lambda self: len(self.w.armed) < SLICES)
+    @rule(i=slice_index, fate=st.sampled_from(["stockout", "quota", "permanent"]))
+    def arm_create_failure(self, i: int, fate: str) -> None:
+        """The next create of slice i's pool fails so (the cloud's answer, when it comes)."""
+        self.w.armed[i] = fate
+
+    def _any_up(self) -> bool:
+        return any(self._up(i) is not None for i in range(SLICES))
+
+    def _all_running(self) -> bool:
+        js = self.w.jobset
+        running = [p for p in self.w.pods if p.phase == "Running" and p.ready]
+        return js is not None and js.gone_at is None and len(running) == SLICES * HOSTS
+
+    def _up(self, i: int) -> Pool | None:
+        pool = self.w.pools.get(i)
+        return pool if pool is not None and pool.up and not pool.taken_by else None
+
+    @staticmethod
+    def _pick(i: int, ok: Any) -> int:
+        """Slice i if `ok(i)`, else the first that is (the rule's precondition says one is):
+        a rule drawn for a slice it cannot act on acts on another, not on nothing."""
+        return i if ok(i) else next(j for j in range(SLICES) if ok(j))
+
+    @precondition(lambda self: self._any_up())
+    @rule(i=slice_index)
+    def pool_vanishes(self, i: int) -> None:
+        """GKE reclaims a spot slice (preemption), or someone deletes the pool out of band
+        (gcloud, a cleanup script): the pool and its nodes are gone."""
+        del self.w.pools[self._pick(i, self._up)]
+        self._seen()
+
+    @precondition(lambda self: self._any_up())
+    @rule(i=slice_index, how=st.sampled_from(["nodes gone", "pool error", "node NotReady"]))
+    def slice_degrades(self, i: int, how: str) -> None:
+        """Nodes gone: the pool is there, its nodes not; pool error: GKE says ERROR; node
+        NotReady: one node (its pods keep running, not Ready)."""
+        i = self._pick(i, self._up)
+        pool = self.w.pools[i]
+        if how == "nodes gone":
+            pool.ready = pool.present = 0
+        elif how == "pool error":
+            name = self.plan.node_pools[i].name
+            err = PoolError(i, name, "ERROR", "the node pool is in ERROR", False)
+            self.w.pools[i] = Pool(PoolState.FAILED, error=err)
+        else:
+            pool.ready = max(0, pool.ready - 1)
+        self._seen()
+
+    def _not_ready(self, i: int) -> bool:
+        return self.w.pools[i].ready < self.w.pools[i].present
+
+    @precondition(lambda self: any(self._not_ready(i) for i in self.w.pools))
+    @rule(i=slice_index)
+    def nodes_ready_again(self, i: int) -> None:
+        pool = self.w.pools[self._pick(i, lambda j: j in self.w.pools and self._not_ready(j))]
+        pool.ready = pool.present
+        self._seen()
+
+    @precondition(lambda self: len(self.w.pools) < SLICES)
+    @rule(i=slice_index, older=st.booleans())
+    def another_job_takes_the_name(self, i: int, older: bool) -> None:
+        """Another live job's pool gets our pool's name (a collision) while ours is absent."""
+        i = self._pick(i, lambda j: j not in self.w.pools)
+        self.w.pools[i] = Pool(
+            PoolState.READY, ready=HOSTS, present=HOSTS, taken_by="ns/other", taken_by_older=older
+        )
+        self._seen()
+
+    @precondition(lambda self: not self.w.strays)
+    @rule()
+    def stray_appears(self) -> None:
+        """A pool labelled with this job's uid that its plan does not name (an older naming)."""
+        if "old-naming-pool" in self.w.strays:
+            return
+        self.w.strays["old-naming-pool"] = Pool(PoolState.READY, ready=HOSTS, present=HOSTS)
+        self._seen()
+
+    # ------------------------------------------------------------ rules: the JobSet's pods
+
+    @precondition(lambda self: any(p.phase in ("Pending", "Running") for p in self.w.pods))
+    @rule(
+        i=slice_index,
+        failure=st.sampled_from([(1, None), (78, None), (75, None), (143, "TerminationByKubelet")]),
+    )
+    def pod_fails(self, i: int, failure: tuple[int, str | None]) -> None:
+        """Retryable, fatal (nonRetryableExitCodes), hang, or a disruption (DisruptionTarget)."""
+        if not any(p.slice == i and p.phase in ("Pending", "Running") for p in self.w.pods):
+            return
+        self._pod_fails(i, *failure)
+        self._seen()
+
+    @precondition(lambda self: self._all_running())
+    @rule()
+    def training_finishes(self) -> None:
+        w, js = self.w, self.w.jobset
+        if js is None or not self._all_running():
+            return
+        js.completed = True
+        running = [p for p in w.pods if p.phase == "Running" and p.ready]
+        for p in running:
+            p.phase, p.ready = "Succeeded", False
+        if w.workload is not None:
+            w.workload.finished = True
+        self._seen()
+
+    @precondition(lambda self: self.w.jobset is not None and self.w.jobset.gone_at is None)
+    @rule()
+    def user_deletes_the_jobset(self) -> None:
+        js = self.w.jobset
+        if js is None or js.gone_at is not None:
+            return
+        js.gone_at = self.w.now + timedelta(seconds=5)
+        self._seen()
+
+    # ------------------------------------------------------------ rules: Kueue
+
+    @precondition(lambda self: self.w.workload is not None)
+    @rule()
+    def kueue_reserves_quota(self) -> None:
+        wl = self.w.workload
+        if wl is None or not wl.active or wl.reserved or wl.finished:
+            return
+        self._reserve()
+        self._seen()
+
+    @precondition(lambda self: self._admissible())
+    @rule()
+    def kueue_admits(self) -> None:
+        if not self._admissible():
+            return
+        self._admit()
+        self._seen()
+
+    @precondition(lambda self: self.w.workload is not None)
+    @rule()
+    def kueue_preempts(self) -> None:
+        wl = self.w.workload
+        if wl is None or not wl.reserved or wl.finished:
+            return
+        self._evict("Preempted")
+        self._seen()
+
+    # ------------------------------------------------------------ rules: the user
+
+    @precondition(lambda self: bool(self.status) and not self.gone)
+    @rule(
+        phase=st.sampled_from([None, Phase.SUCCEEDED, Phase.FAILED]),
+        drop_finalizer=st.booleans(),
+    )
+    def user_forces(self, phase: Phase | None, drop_finalizer: bool) -> None:
+        """What users do to a job that seems stuck: write a terminal phase by hand (kubectl
+        edit --subresource=status), remove the finalizers, or both at once."""
+        if phase is None and not (drop_finalizer and self.has_finalizer):
+            return
+        if phase is not None:
+            self.status = {**self.status, "phase": str(phase)}
+        if drop_finalizer:
+            self.has_finalizer = False
+            if self.deleting:
+                self._gone()
+        self._seen()
+
+    @precondition(lambda self: not self.gone and not self.deleting)
+    @rule()
+    def user_toggles_suspend(self) -> None:
+        self.suspend = not self.suspend
+        self.w.generation += 1  # a spec change: the dry-run verdict was for the old generation
+        self._seen()
+
+    @precondition(lambda self: not self.gone and not self.deleting)
+    @rule()
+    def user_deletes_the_job(self) -> None:
+        self._delete_job()
+        self._seen()
+
+
+class ManagedJob(DecideMachine):
+    """A job without a queue: the operator's own lifecycle."""
+
+    @initialize(job=jobs([None]), **LATENCIES)
+    def setup(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+        self.start(job, create_latency, delete_latency, warm)
+
+    @precondition(lambda self: self._over())
+    @rule(job=jobs([None]), **LATENCIES)
+    def next_job(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+        """The job is over: the rest of the steps go to another (a fresh world)."""
+        self.start(job, create_latency, delete_latency, warm)
+
+
+class QueuedJob(DecideMachine):
+    """A job in a Kueue LocalQueue: its ClusterQueue with this operator's admission check, or
+    for quota only."""
+
+    @initialize(job=jobs(["check", "quota"]), **LATENCIES)
+    def setup(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+        self.start(job, create_latency, delete_latency, warm)
+
+    @precondition(lambda self: self._over())
+    @rule(job=jobs(["check", "quota"]), **LATENCIES)
+    def next_job(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+        """The job is over: the rest of the steps go to another (a fresh world)."""
+        self.start(job, create_latency, delete_latency, warm)
+
+
+@contextlib.contextmanager
+def shrink_budget(seconds: int) -> Iterator[None]:
+    """Hypothesis shrinks failures for up to 5 minutes (engine.MAX_SHRINKING_SECONDS, no
+    setting); `make test` gives it MACHINE_SHRINK_SECONDS, `make fuzz` the full 5 minutes."""
+    before = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if before is None:  # another hypothesis: its own default
+        yield
+        return
+    engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = before
+
+
+SHRINK_SECONDS = int(os.environ.get("MACHINE_SHRINK_SECONDS", "60"))
+
+
+class TestManagedJob(ManagedJob.TestCase):  # type: ignore[misc,valid-type]
+    settings = settings_from_env()
+
+    def runTest(self) -> None:
+        with shrink_budget(SHRINK_SECONDS):
+            super().runTest()
+
+
+class TestQueuedJob(QueuedJob.TestCase):  # type: ignore[misc,valid-type]
+    settings = settings_from_env(share=QUEUED_SHARE)
+
+    def runTest(self) -> None:
+        with shrink_budget(SHRINK_SECONDS):
+            super().runTest()
