@@ -17,8 +17,19 @@ $(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requ
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test]'
 	@touch $(STAMP)
 
+# Two layers (tests/README.md), each on TEST_JOBS pytest-xdist workers (0: serial, one process):
+# the unit layer, then the control-plane layer with one worker per session control plane
+# (--dist loadgroup; the groups are set in tests/conftest.py). Both layers always run; the exit
+# status is the first failure's. The binaries are built first when missing (cold: minutes).
+TEST_JOBS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	@rc=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) tests/unit tests/workload || rc=$$?; \
+	$(BIN)/python -c 'from multislice_local.controlplane import ensure_binaries as e; e()' \
+		|| exit $$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup tests/integration tests/e2e \
+		|| { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+	exit $$rc
 
 # The decide() state machine (tests/unit/test_decide_machine.py), searched much longer than
 # make test does, from a fresh seed each run (a failure prints how to reproduce it):

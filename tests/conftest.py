@@ -10,13 +10,33 @@
   fake TPU nodes in ``kube_cluster``, deleted after the test.
 
 Tests under tests/integration and tests/e2e get the ``integration`` / ``e2e`` markers.
+
+How the suite runs in parallel (``make test``, tests/README.md): the unit layer with
+``pytest -n 2``, then tests/integration and tests/e2e with ``pytest -n 2 --dist loadgroup``. Every
+test that uses a control-plane fixture is put in the xdist group of that fixture (the first of
+``_CONTROL_PLANE_FIXTURES`` it uses), so each session control plane boots in one worker only and
+its tests run one after another there; a test without one is grouped with its module (module
+fixtures, such as a built wheel, are built once). Groups in ``_SERIAL_GROUPS`` keep tests that
+start many processes of their own off each other. A new test needs no marker: ask for
+``kube_api`` / ``kube_cluster`` / ``kube_kueue`` and a ``namespace`` of them; a new control-plane
+fixture must be added to ``_CONTROL_PLANE_FIXTURES``.
+
+The groups reach xdist's scheduler through a file per worker, not through xdist's own
+``--dist loadgroup``: pytest-xdist 3.8.0 marks a group by appending ``@group`` to the test's
+node id, which pytest 9.2's structured node ids ignore, so its grouping silently does nothing
+(pytest-dev/pytest-xdist#1386, fix open in #1388). ``_GroupScheduling`` is xdist's
+LoadScopeScheduling (biggest scope first, one scope per worker at a time) with these groups as
+the scopes.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +45,32 @@ from kubernetes import client
 from multislice_local.controlplane import ControlPlane, ensure_binaries
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
-_CONTROL_PLANE_FIXTURES = {"kube_api", "kube_cluster", "kube_kueue"}
+# In order: a test using more than one is grouped with the first.
+_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api")
+# Modules whose tests start many CPU-bound processes (the JAX workload's multi-process runs): one
+# group, so that two of them never run at once on a 2-core machine.
+_SERIAL_GROUPS = {
+    "tests/workload/test_workload_local.py": "workload-processes",
+    "tests/workload/test_workload_cli.py": "workload-processes",
+}
 
 
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The xdist group of `item`: its control plane's, its serial group, or (integration and
+    e2e tests) its module; None: any worker."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for name in _CONTROL_PLANE_FIXTURES:
+        if name in fixtures:
+            return name
+    module = item.path.relative_to(item.config.rootpath).as_posix()
+    if module in _SERIAL_GROUPS:
+        return _SERIAL_GROUPS[module]
+    if {"integration", "e2e"} & set(item.path.parts):
+        return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.parts
@@ -35,11 +78,81 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
-    # A cold binary build takes many minutes: do it here, outside any per-test timeout.
+        group = _xdist_group(item)
+        if group is not None and not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(group))
+    # A cold binary build takes many minutes: do it here, outside any per-test timeout (under
+    # xdist every worker asks; ensure_binaries lets one build and the others wait for it).
     if not config.option.collectonly and any(
-        _CONTROL_PLANE_FIXTURES & set(getattr(item, "fixturenames", ())) for item in items
+        set(_CONTROL_PLANE_FIXTURES) & set(getattr(item, "fixturenames", ())) for item in items
     ):
         ensure_binaries()
+
+
+# ---------------------------------------------------------------- xdist groups (see the docstring)
+
+_GROUPS_DIR = "msj_xdist_groups_dir"  # workerinput key: where workers write their group maps
+
+
+def _loadgroup(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "dist", "no") == "loadgroup")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Controller side: tell each worker where to write its node id -> group map."""
+    config = node.config
+    if _loadgroup(config):
+        if not hasattr(config, "_msj_groups_dir"):
+            config._msj_groups_dir = tempfile.mkdtemp(prefix="msj-xdist-groups-")  # type: ignore[attr-defined]
+        node.workerinput[_GROUPS_DIR] = config._msj_groups_dir  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own tells the controller collection is done
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Worker side: the map of this worker's collection (all workers collect the same tests)."""
+    workerinput = getattr(session.config, "workerinput", None)
+    if not workerinput or _GROUPS_DIR not in workerinput:
+        return
+    groups = {}
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs["name"])
+    path = Path(workerinput[_GROUPS_DIR]) / f"{workerinput['workerid']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups))
+    tmp.rename(path)  # whole or absent for the controller
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if not _loadgroup(config):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """Scopes are the groups the workers wrote (read once every worker has collected:
+        schedule() runs then); a test in no group is a scope of its own."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for path in Path(config._msj_groups_dir).glob("*.json"):  # type: ignore[attr-defined]
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return _GroupScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    directory = getattr(config, "_msj_groups_dir", None)
+    if directory:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _control_plane(request: pytest.FixtureRequest, profile: str) -> ControlPlane:

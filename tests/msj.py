@@ -1,6 +1,17 @@
 """Helpers the integration and e2e tests share: a MultisliceJob body, the CustomObjectsApi calls
 on it over a ``kubernetes.client.ApiClient`` (``LocalStack.api`` is one), waits with the
-operator's log on timeout, and the operator (or whole local stack) a test module runs.
+operator's log on timeout, the operator's metrics, and the operator (or whole local stack) a
+test module runs.
+
+Waiting (tests/README.md): wait for exactly what the test asserts, never sleep then assert.
+
+* a status: ``wait_status(..., check)`` / ``wait_phase``; assert on the object they return;
+* events: ``wait_events(api, ns, name, "Reason", ...)`` (the operator posts them after the
+  status write, so a status seen does not mean its events are there yet);
+* a metric: poll it with ``wait_for(lambda: metric(op, ...) == expected, ...)`` (recorded after
+  the status and the events);
+* "nothing happens": ``wait_reconciles(op, passes)`` (the operator's reconcile counter), then
+  assert that nothing happened; never a fixed sleep, which covers no pass at all under load.
 
 Imported as ``from tests import msj`` (pytest's ``pythonpath`` puts the repository root on
 ``sys.path``).
@@ -9,6 +20,8 @@ Imported as ``from tests import msj`` (pytest's ``pythonpath`` puts the reposito
 from __future__ import annotations
 
 import copy
+import re
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,6 +154,31 @@ def event_lines(api: client.ApiClient, ns: str, name: str) -> list[str]:
 # ---------------------------------------------------------------- waits
 
 
+def wait_events(
+    api: client.ApiClient,
+    ns: str,
+    name: str,
+    *needles: str,
+    timeout: float = 30,
+    log: Callable[[int], str] | None = None,
+) -> list[str]:
+    """The events about `name` ("Reason: message" lines) once every one of `needles` is a
+    substring of one of them. The operator posts a pass's events after its status write: a
+    test that saw the status waits here for the events instead of reading them once."""
+
+    def look() -> list[str] | None:
+        lines = event_lines(api, ns, name)
+        return lines if all(any(n in line for line in lines) for n in needles) else None
+
+    return wait_for(
+        look,
+        timeout,
+        f"events {list(needles)} about {name}",
+        interval=0.5,
+        on_timeout=lambda: "\n".join(event_lines(api, ns, name)) + (f"\n{log(40)}" if log else ""),
+    )
+
+
 def wait_status(
     api: client.ApiClient,
     ns: str,
@@ -201,6 +239,56 @@ def wait_phase(
         log=log,
         tail=tail,
         missing_ok=missing_ok,
+    )
+
+
+# ---------------------------------------------------------------- the operator's metrics
+
+
+def metrics(op: OperatorProcess) -> dict[str, float]:
+    """The operator's /metrics as {'family{label="v",...}': value} (samples only)."""
+    with urllib.request.urlopen(op.metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def metric(op: OperatorProcess, family: str, **labels: str) -> float:
+    """The sum of `family`'s samples whose labels include `labels` (0 when none)."""
+    total = 0.0
+    for series, value in metrics(op).items():
+        fam, _, rest = series.partition("{")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if fam == family and all(found.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+def reconciles(op: OperatorProcess) -> int:
+    """Reconcile passes the operator finished (every result): the counter is incremented once a
+    pass has written its status, posted its events and recorded its metrics."""
+    return int(metric(op, "multislice_reconcile_total"))
+
+
+def wait_reconciles(op: OperatorProcess, passes: int = 2, timeout: float = 90) -> int:
+    """Until the operator has finished `passes` more reconcile passes per job it knows (the
+    ``multislice_jobs`` gauge, at least 1) than when called; the counter then. The wait before
+    asserting that something did *not* happen (no pool deleted, the phase kept): it lasts as many
+    passes as it says whatever the load, where a sleep may cover none. The counter is the
+    operator's, for all jobs: passes per job are an average (a Running job is resynced every
+    --resync-seconds, a finished one 6 times less often)."""
+    start = reconciles(op)
+    jobs = max(1, int(metric(op, "multislice_jobs")))
+    want = start + passes * jobs
+    return wait_for(
+        lambda: (n := reconciles(op)) >= want and n,
+        timeout,
+        f"{passes} reconcile passes for each of {jobs} job(s) (counter {start} -> {want})",
+        interval=0.25,
+        on_timeout=lambda: op.log_tail(30),
     )
 
 

@@ -116,13 +116,28 @@ def _missing(directory: Path) -> list[str]:
 
 
 def ensure_binaries(verbose: bool = True) -> Path:
-    """Return the binary directory, running hack/build-bins.sh first when the cache is cold."""
+    """Return the binary directory, running hack/build-bins.sh first when the cache is cold.
+
+    Callers at once (pytest-xdist workers, two checkouts) take turns on a lock beside the cache:
+    one builds, the others then find the binaries there instead of starting a second build."""
     directory = bin_dir()
     missing = _missing(directory)
     if not missing:
         return directory
     if os.environ.get("MULTISLICE_BIN_DIR"):
         raise ControlPlaneError(f"MULTISLICE_BIN_DIR={directory} lacks {', '.join(missing)}")
+    import fcntl
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _build(directory, verbose)
+
+
+def _build(directory: Path, verbose: bool) -> Path:
+    missing = _missing(directory)
+    if not missing:  # built by whoever held the lock before us
+        return directory
     if verbose:
         print(f"controlplane: building {', '.join(missing)} (cold cache: minutes)", flush=True)
     # Progress goes straight to our stdout/stderr; a cold build takes many minutes.

@@ -4,6 +4,11 @@ Builds what is missing, starts the local default (a real control plane with kwok
 GKE API simulator and the operator), applies a MultisliceJob, drives one scenario, shows the job
 live and a timeline at the end, checks the outcome, shows where the job's TPU time went (the
 goodput breakdown of `multislice-operator status`), and cleans everything up (Ctrl-C included).
+
+With ``--kubeconfig`` it borrows a running cluster of the local ``cluster`` profile's kind (the
+``kueue`` profile for the queue scenario; the e2e tests pass their session's) instead of starting
+one: only the GKE simulator and the operator are started, the operator watches only the demo's
+namespaces (``--namespace``), and what the demo created there is deleted at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from multislice_local.gke_sim import Faults
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
-from multislice_local.stack import LocalStack, StackOptions
+from multislice_local.stack import ExistingCluster, LocalStack, StackOptions
 from multislice_operator import keys
 from multislice_operator.api import models
 from multislice_operator.plan import load_job, node_pool_name, plan_job
@@ -106,7 +111,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # The queue scenario: examples/kueue/queues.yaml, plus team-a's LocalQueue in the demo namespace;
 # two other 32-chip jobs take both teams' quota first.
 TEAM_QUEUE = "team-a"
-OTHERS = (("team-b", "team-b", "team-b-train"), (NAMESPACE, TEAM_QUEUE, "team-a-first"))
+OTHER_NAMESPACE = "team-b"  # examples/kueue/queues.yaml's other team
+
+
+def others(namespace: str) -> tuple[tuple[str, str, str], ...]:
+    """(namespace, LocalQueue, job) of the two jobs that fill both teams' quota first."""
+    return (
+        (OTHER_NAMESPACE, "team-b", "team-b-train"),
+        (namespace, TEAM_QUEUE, "team-a-first"),
+    )
 
 
 class Narrator:
@@ -121,12 +134,14 @@ class Narrator:
         self.marks.append((time.monotonic() - self.t0, what))
 
 
-def demo_job(scenario: Scenario, run_workload: bool = False) -> dict[str, Any]:
+def demo_job(
+    scenario: Scenario, run_workload: bool = False, namespace: str = NAMESPACE
+) -> dict[str, Any]:
     example = Path(__file__).resolve().parents[2] / "examples" / "v5e-16x2-fsdp.yaml"
     import yaml
 
     body: dict[str, Any] = yaml.safe_load(example.read_text())
-    body["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    body["metadata"] = {"name": JOB, "namespace": namespace}
     spec = body["spec"]
     spec.pop("checkpoint", None)
     if scenario.name == "preemption":
@@ -152,6 +167,12 @@ class Demo:
     def __init__(self, args: argparse.Namespace, out: TextIO = sys.stdout) -> None:
         self.args = args
         self.scenario = SCENARIOS[args.scenario]
+        self.ns: str = getattr(args, "namespace", None) or NAMESPACE
+        self.borrowed = bool(getattr(args, "kubeconfig", None))  # a cluster we did not start
+        # What the demo created on a borrowed cluster, deleted at the end (jobs first).
+        self.created_jobs: list[tuple[str, str]] = []
+        self.created_namespaces: list[str] = []
+        self.created_queue_objects: list[dict[str, Any]] = []
         self.n = Narrator(out)
         self.stack: LocalStack | None = None
         self.seen_events: set[str] = set()
@@ -176,21 +197,42 @@ class Demo:
         if s.kueue and self.args.cluster != "local":
             self.n.say("the queue scenario runs on the local cluster only (its kueue profile)")
             return 2
+        profile = "kueue" if s.kueue else "cluster"
         options = StackOptions(
-            profile="kueue" if s.kueue else "cluster",
+            profile=profile,
             cluster=self.args.cluster,
             op_latency_s=self.args.pool_latency,
             faults=s.faults,
             operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
         )
-        self.stack = LocalStack(options)
+        borrowed: ExistingCluster | None = None
+        if self.borrowed:
+            borrowed = ExistingCluster(Path(self.args.kubeconfig), profile)
+            # Off every other job of that cluster; the heartbeat Lease in our namespace, so it
+            # goes with it (and no other operator's is read as ours).
+            options.namespaces = [self.ns] + ([OTHER_NAMESPACE] if s.kueue else [])
+            options.operator_env = {
+                "MSJ_LEADER_ELECTION_NAMESPACE": self.ns,
+                "MSJ_LEADER_ELECTION_NAME": "multislice-demo",
+            }
+            self.n.say(
+                f"using the running cluster of {borrowed.kubeconfig} ({profile} profile): "
+                f"namespace {self.ns}, nothing of the cluster is started or stopped"
+            )
+            api = borrowed.api_client()
+            try:  # before the operator starts: its heartbeat Lease goes there
+                self.ensure_namespace(api, self.ns)
+            finally:
+                api.close()
+        self.stack = LocalStack(options, control_plane=borrowed)
         self.stack.start(progress=self.n.say)
         assert self.stack.cp is not None
-        self.n.say(f"control-plane state in {self.stack.cp.workdir}")
+        if not self.borrowed:
+            self.n.say(f"control-plane state in {self.stack.cp.workdir}")
         self.n.mark("local cluster, GKE simulator and operator up")
         if s.kueue:
             self.queues()
-        body = demo_job(s, self.args.run_workload)
+        body = demo_job(s, self.args.run_workload, self.ns)
         self.apply(body)
         outcome = self.watch(body)
         self.timeline()
@@ -202,23 +244,35 @@ class Demo:
             self.keep()
         return 0 if ok else 1
 
-    def apply(self, body: dict[str, Any]) -> None:
-        assert self.stack is not None
-        core: Any = client.CoreV1Api(self.stack.api)  # plain dicts in
+    def ensure_namespace(self, api: Any, name: str) -> None:
+        """Create namespace `name` unless it exists (remembered: deleted at the end on a
+        borrowed cluster)."""
+        core: Any = client.CoreV1Api(api)  # plain dicts in
         try:
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            core.create_namespace({"metadata": {"name": name}})
+            self.created_namespaces.append(name)
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+    def create_job(self, body: dict[str, Any]) -> None:
+        assert self.stack is not None
+        meta = body["metadata"]
+        client.CustomObjectsApi(self.stack.api).create_namespaced_custom_object(
+            models.GROUP, models.VERSION, meta["namespace"], models.PLURAL, body
+        )
+        self.created_jobs.append((meta["namespace"], meta["name"]))
+
+    def apply(self, body: dict[str, Any]) -> None:
+        assert self.stack is not None
+        self.ensure_namespace(self.stack.api, self.ns)
         plan = plan_job(load_job(body))
         self.n.say(
-            f"applying MultisliceJob {NAMESPACE}/{JOB}: {plan.slices} x {plan.shape.accelerator} "
+            f"applying MultisliceJob {self.ns}/{JOB}: {plan.slices} x {plan.shape.accelerator} "
             f"({plan.shape.hosts} hosts each, {plan.total_chips} chips), "
             f"{plan.capacity}, DCN {plan.advice.verdict}"
         )
-        client.CustomObjectsApi(self.stack.api).create_namespaced_custom_object(
-            models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, body
-        )
+        self.create_job(body)
         self.n.mark("job applied")
 
     def queues(self) -> None:
@@ -227,17 +281,10 @@ class Demo:
         from multislice_local import queues
 
         objects = queues.load(EXAMPLES / "kueue" / "queues.yaml")
-        core: Any = client.CoreV1Api(self.stack.api)
-        for ns in [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] + [
-            NAMESPACE
-        ]:
-            try:
-                core.create_namespace({"metadata": {"name": ns}})
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        objects.append(queues.local_queue(NAMESPACE, TEAM_QUEUE, TEAM_QUEUE))
-        queues.apply(self.stack.api, objects)
+        for ns in [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] + [self.ns]:
+            self.ensure_namespace(self.stack.api, ns)
+        objects.append(queues.local_queue(self.ns, TEAM_QUEUE, TEAM_QUEUE))
+        self.created_queue_objects += queues.apply(self.stack.api, objects)
         for cq in ("team-a", "team-b"):
             queues.wait_active(self.stack.api, cq)
         self.n.say(
@@ -246,21 +293,18 @@ class Demo:
             "the operator), LocalQueues, WorkloadPriorityClasses"
         )
         self.n.mark("Kueue queues ready")
-        custom = client.CustomObjectsApi(self.stack.api)
-        for ns, queue, name in OTHERS:
+        for ns, queue, name in others(self.ns):
             other = demo_job(self.scenario)
             other["metadata"] = {
                 "name": name,
                 "namespace": ns,
                 "labels": {keys.KUEUE_QUEUE_NAME: queue},
             }
-            custom.create_namespaced_custom_object(
-                models.GROUP, models.VERSION, ns, models.PLURAL, other
-            )
+            self.create_job(other)
             self.n.say(f"submitted {ns}/{name} (32 chips) to LocalQueue {queue}")
         deadline = time.monotonic() + self.args.timeout
         while time.monotonic() < deadline:
-            phases = [self.status_of(ns, name).get("phase") for ns, _, name in OTHERS]
+            phases = [self.status_of(ns, name).get("phase") for ns, _, name in others(self.ns)]
             if all(p in ("Provisioning", "Starting", "Running") for p in phases):
                 break
             time.sleep(0.5)
@@ -284,7 +328,7 @@ class Demo:
         assert self.stack is not None
         try:
             obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
-                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -344,7 +388,7 @@ class Demo:
         assert self.stack is not None
         items = (
             client.CoreV1Api(self.stack.api)
-            .list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={JOB}")
+            .list_namespaced_event(self.ns, field_selector=f"involvedObject.name={JOB}")
             .items
         )
         for e in sorted(items, key=lambda e: str(e.last_timestamp or e.event_time or "")):
@@ -387,12 +431,12 @@ class Demo:
             self.n.say("deleting the job while its node pools are being created")
             self.n.mark("delete requested")
             client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
-                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
             )
         elif st.get("phase") == "Running" and name in ("restart", "fatal", "preemption"):
             self.injected = True
             if name == "preemption":
-                pool = node_pool_name(NAMESPACE, JOB, 1)
+                pool = node_pool_name(self.ns, JOB, 1)
                 self.n.say(f"preempting spot node pool {pool} (slice 1): its nodes disappear")
                 self.stack.sim.preempt(pool, recreate_after_s=None)
                 self.n.mark("slice 1 preempted")
@@ -409,13 +453,13 @@ class Demo:
                     f"  its termination message: last step {LAST_STEPS['step']}, last checkpoint "
                     f"at step {LAST_STEPS['checkpointStep']}"
                 )
-            fail_pod(self.stack.api, NAMESPACE, pod, code, message=message)
+            fail_pod(self.stack.api, self.ns, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
 
     def maintenance(self, st: dict[str, Any]) -> None:
         """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""
         assert self.stack is not None
-        pool = node_pool_name(NAMESPACE, JOB, 1)
+        pool = node_pool_name(self.ns, JOB, 1)
         stage = self.maintenance_stage
         if stage == "announce" and st.get("phase") == "Running":
             self.maintenance_at = int(time.time()) + MAINTENANCE_IN_S
@@ -440,7 +484,7 @@ class Demo:
             )
             ack = json.dumps({"id": cp["requestId"], "step": SAVED_STEP})
             client.CoreV1Api(self.stack.api).patch_namespaced_pod(
-                pod, NAMESPACE, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: ack}}}
+                pod, self.ns, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: ack}}}
             )
             self.maintenance_stage = "host-event"
         elif (
@@ -465,9 +509,7 @@ class Demo:
                 }
             )
             for pod in self.pods_of(1):
-                fail_pod(
-                    self.stack.api, NAMESPACE, pod, 143, message=said, disruption=NODE_SHUTDOWN
-                )
+                fail_pod(self.stack.api, self.ns, pod, 143, message=said, disruption=NODE_SHUTDOWN)
             self.n.mark("maintenance: slice 1 stopped")
             self.maintenance_stage = "done"
         elif stage == "done" and int(st.get("restarts") or 0) >= 1:
@@ -484,7 +526,7 @@ class Demo:
         pods: list[Any] = (
             client.CoreV1Api(self.stack.api)
             .list_namespaced_pod(
-                NAMESPACE, label_selector=f"jobset.sigs.k8s.io/job-index={slice_index}"
+                self.ns, label_selector=f"jobset.sigs.k8s.io/job-index={slice_index}"
             )
             .items
         )
@@ -497,13 +539,13 @@ class Demo:
         assert self.stack is not None
         core = client.CoreV1Api(self.stack.api)
         pods: list[Any] = core.list_namespaced_pod(
-            NAMESPACE, label_selector="jobset.sigs.k8s.io/job-index=1"
+            self.ns, label_selector="jobset.sigs.k8s.io/job-index=1"
         ).items
         return str(sorted(str(p.metadata.name) for p in pods)[0])
 
     def job_pools(self) -> list[str]:
         assert self.stack is not None and self.stack.sim is not None
-        prefix = node_pool_name(NAMESPACE, JOB, 0)[:-2]
+        prefix = node_pool_name(self.ns, JOB, 0)[:-2]
         return [p for p in self.stack.sim.pools() if p.startswith(prefix)]
 
     def released(self) -> bool:
@@ -517,7 +559,7 @@ class Demo:
         assert self.stack is not None
         core = client.CoreV1Api(self.stack.api)
         pods: list[Any] = core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"multislice.dev/job-name={JOB}"
+            self.ns, label_selector=f"multislice.dev/job-name={JOB}"
         ).items
         pod = sorted(pods, key=lambda p: str(p.metadata.name))[0]
         meta = {
@@ -687,7 +729,7 @@ class Demo:
         assert self.stack is not None
         try:
             obj: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
-                models.GROUP, models.VERSION, NAMESPACE, models.PLURAL, JOB
+                models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -698,17 +740,28 @@ class Demo:
 
         from multislice_operator import view
 
-        self.n.say(f"where the TPU time went (multislice-operator status {JOB} -n {NAMESPACE}):")
+        self.n.say(f"where the TPU time went (multislice-operator status {JOB} -n {self.ns}):")
         view.render(view.view(obj, view.now_utc()), Console(file=self.n.out, highlight=False))
 
     def fake_nodes(self) -> list[str]:
-        assert self.stack is not None
-
+        """The TPU nodes left: every one on our own cluster; on a borrowed one, those of the node
+        pools this demo's simulator was asked for (the cluster may hold others' nodes)."""
+        assert self.stack is not None and self.stack.sim is not None
+        sim = self.stack.sim
         core = client.CoreV1Api(self.stack.api)
+
+        def ours(pool: str) -> bool:
+            if not self.borrowed:
+                return True
+            asked = {(c.get("body") or {}).get("nodePool", {}).get("name") for c in
+                     sim.received_creates()}  # fmt: skip
+            return pool in asked
 
         def names() -> list[str]:
             items: list[Any] = core.list_node(label_selector=keys.GKE_NODEPOOL).items
-            return [str(n.metadata.name) for n in items]
+            return [
+                str(n.metadata.name) for n in items if ours(n.metadata.labels[keys.GKE_NODEPOOL])
+            ]
 
         deadline = time.monotonic() + 20
         while names() and time.monotonic() < deadline:  # node deletion trails the pool's
@@ -727,9 +780,56 @@ class Demo:
 
     def stop(self) -> None:
         if self.stack is not None:
+            if self.borrowed:
+                self.clean_borrowed()
             self.n.say("stopping every process the demo started")
             self.stack.stop()
             self.stack = None
+
+    def clean_borrowed(self) -> None:
+        """Leave a borrowed cluster as found: the jobs deleted while our operator still runs (it
+        releases their pools and lifts its finalizer), then the Kueue objects and namespaces
+        the demo created."""
+        assert self.stack is not None
+        if not (self.created_jobs or self.created_namespaces or self.created_queue_objects):
+            return
+        self.n.say("deleting what the demo created on the borrowed cluster")
+        custom = client.CustomObjectsApi(self.stack.api)
+        for ns, name in self.created_jobs:
+            try:
+                custom.delete_namespaced_custom_object(
+                    models.GROUP, models.VERSION, ns, models.PLURAL, name
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(
+            self.exists(ns, name) for ns, name in self.created_jobs
+        ):
+            time.sleep(0.5)
+        from multislice_local import queues
+
+        queues.delete(self.stack.api, self.created_queue_objects)
+        core = client.CoreV1Api(self.stack.api)
+        for ns in self.created_namespaces:
+            try:
+                core.delete_namespace(ns)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+    def exists(self, ns: str, name: str) -> bool:
+        assert self.stack is not None
+        try:
+            client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                models.GROUP, models.VERSION, ns, models.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -756,6 +856,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["local", "kind"],
         default="local",
         help="local: the control plane built from Go modules (default); kind: needs Docker",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        help="borrow this running cluster (the local cluster profile, kueue for the queue "
+        "scenario; a session's in the e2e tests) instead of starting one: only the GKE simulator "
+        "and the operator start, the operator watches only the demo's namespaces, and what the "
+        "demo created is deleted at the end",
+    )
+    p.add_argument(
+        "--namespace",
+        default=NAMESPACE,
+        help="the demo job's namespace (unique per run on a borrowed cluster)",
     )
     p.add_argument(
         "--run-workload",

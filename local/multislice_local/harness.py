@@ -142,8 +142,12 @@ class OperatorProcess:
         )
         log.close()
         if wait:
-            wait_for(self._live, 60, "operator liveness endpoint", on_timeout=self.log_tail)
+            self.wait_live()
         return self
+
+    def wait_live(self, timeout: float = 60) -> None:
+        """Until its liveness endpoint answers (raises at once if the process exited)."""
+        wait_for(self._live, timeout, "operator liveness endpoint", on_timeout=self.log_tail)
 
     def _live(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

@@ -112,10 +112,11 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def apply(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> None:
+def apply(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Create each Kueue object, or replace its spec when it exists (cluster-scoped ones are
-    shared by every test of a session)."""
+    shared by every test of a session). Returns the objects it created (not those it found)."""
     custom = client.CustomObjectsApi(api)
+    created: list[dict[str, Any]] = []
     for obj in objects:
         if obj.get("apiVersion") != API_VERSION:
             continue
@@ -126,6 +127,7 @@ def apply(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> None:
                 custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, obj)
             else:
                 custom.create_cluster_custom_object(GROUP, VERSION, plural, obj)
+            created.append(obj)
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -135,6 +137,7 @@ def apply(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> None:
                 custom.patch_namespaced_custom_object(GROUP, VERSION, ns, plural, name, body)
             else:
                 custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body)
+    return created
 
 
 def delete(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> None:

@@ -3,6 +3,10 @@
 A real control plane (`cluster` profile: apiserver, controller-manager, scheduler, kwok, JobSet),
 the local GKE API simulator (node pools become kwok TPU nodes) and the operator as a real process
 talking to both. Used by the end-to-end tests, the demo and the benchmarks.
+
+The control plane is the stack's own (started and stopped with it), or one it is given: a
+:class:`ControlPlane` a test session shares, or an :class:`ExistingCluster` named by a kubeconfig
+(``multislice-local demo --kubeconfig``); a given one is never stopped by the stack.
 """
 
 from __future__ import annotations
@@ -25,6 +29,28 @@ PROJECT, LOCATION, CLUSTER, ZONE = (
 )
 
 
+class ExistingCluster:
+    """A running cluster of the `cluster` (or `kueue`) profile's kind, named by its kubeconfig:
+    the stack borrows it and never stops it (``stop`` does nothing)."""
+
+    def __init__(self, kubeconfig: Path, profile: str = "cluster") -> None:
+        self.kubeconfig = Path(kubeconfig)
+        self.profile = profile
+        self.workdir: Path | None = None  # nothing of it is on this machine's disk for us
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {}
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        return None
+
+
 @dataclass
 class StackOptions:
     profile: str = "cluster"
@@ -37,6 +63,9 @@ class StackOptions:
     operator_env: dict[str, str] = field(default_factory=dict)
     operator_log: Path | None = None
     start_operator: bool = True
+    # The operator watches only these namespaces ([]: all): what keeps a stack on a shared
+    # control plane off the other jobs there.
+    namespaces: list[str] = field(default_factory=list)
     # The operator watches Kueue (--kueue); None: when the profile runs Kueue.
     kueue: bool | None = None
     kueue_workload_wait_seconds: float = 20.0
@@ -46,11 +75,13 @@ class LocalStack:
     """Start with `start()` (or `with`), stop with `stop()`: every process it started ends."""
 
     def __init__(
-        self, options: StackOptions | None = None, control_plane: ControlPlane | None = None
+        self,
+        options: StackOptions | None = None,
+        control_plane: ControlPlane | ExistingCluster | None = None,
     ) -> None:
         self.options = options or StackOptions()
         self._own_cp = control_plane is None
-        self.cp: ControlPlane | KindControlPlane | None = control_plane
+        self.cp: ControlPlane | KindControlPlane | ExistingCluster | None = control_plane
         self.sim: GkeSimulator | None = None
         self.op: OperatorProcess | None = None
         self._api: Any = None
@@ -118,7 +149,11 @@ class LocalStack:
         assert self.cp is not None
         env = {**self.options.operator_env, **(extra_env or {})}
         self.op = OperatorProcess(
-            self.cp.kubeconfig, self.operator_args(), env=env, log_path=self.options.operator_log
+            self.cp.kubeconfig,
+            self.operator_args(),
+            env=env,
+            log_path=self.options.operator_log,
+            namespaces=self.options.namespaces,
         ).start()
         return self.op
 

@@ -90,14 +90,21 @@ def resolve(
     chips_per_slice: int,
     slices: int,
     accelerator: str,
+    devices_per_chip: int = 1,
 ) -> tuple[Parallelism, list[FieldError]]:
-    """Fill defaults (ici.fsdp takes the chips, dcn.data the slices) and check both products."""
+    """Fill defaults (ici.fsdp takes the slice, dcn.data the slices) and check both products.
+    ICI axes split the JAX devices of one slice: one per chip, except where each TensorCore of
+    a chip is a device of its own (tpu7x: 2, no megacore; jax.experimental.pallas.tpu
+    ChipVersion)."""
+    devices = chips_per_slice * devices_per_chip
+    what = (
+        f"{accelerator} has {chips_per_slice} chips per slice"
+        if devices_per_chip == 1
+        else f"{accelerator} has {devices} JAX devices per slice ({chips_per_slice} chips x "
+        f"{devices_per_chip} TensorCores)"
+    )
     ici_full, errors = _fill(
-        {a: ici.get(a) for a in ICI_AXES},
-        chips_per_slice,
-        "fsdp",
-        "spec.parallelism.ici",
-        f"{accelerator} has {chips_per_slice} chips per slice",
+        {a: ici.get(a) for a in ICI_AXES}, devices, "fsdp", "spec.parallelism.ici", what
     )
     dcn_full, dcn_errors = _fill(
         {a: dcn.get(a) for a in DCN_AXES},

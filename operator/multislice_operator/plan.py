@@ -213,6 +213,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         shape.chips,
         spec.slices,
         spec.accelerator,
+        shape.generation.devices_per_chip,
     )
     errors += par_errors
     errors += _check_rules(spec, {e.path for e in errors})

@@ -1,5 +1,12 @@
 """The README's main command, in its non-interactive form: every scenario reaches its outcome,
-leaves no node pool, no fake node and no process behind."""
+leaves no node pool, no fake node and no process behind.
+
+One run is the whole standalone command (it boots and stops a control plane of its own: no
+process and no state left). The other scenarios borrow the session's control plane
+(``--kubeconfig``, ``kube_cluster``, ``kube_kueue`` for the queue scenario) in a namespace of
+their own: a control-plane boot each is most of what a demo run costs, and what they test is
+the story on a cluster, not the boot (``test_controlplane.py`` and the standalone run test it).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,21 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes import client
+
+from multislice_local.controlplane import ControlPlane
+from multislice_operator import keys
+from multislice_operator.api import models
 
 
 def processes_mentioning(text: str) -> list[int]:
-    """Processes whose command line names `text` (the demo's control-plane directory)."""
+    """Processes whose command line names `text` (the demo's control-plane directory, or the
+    namespace its operator watches)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -27,68 +42,91 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def run_demo(scenario: str, *extra: str) -> tuple[int, str]:
+def demo(*args: str, env: dict[str, str] | None = None, timeout: float = 420) -> tuple[int, str]:
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "multislice_local.cli",
             "demo",
-            "--scenario",
-            scenario,
             "--pool-latency",
             "1.5",
-            *extra,
+            *args,
         ],
         capture_output=True,
         text=True,
-        timeout=420,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
-    out = proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_standalone(scenario: str, *extra: str) -> tuple[int, str]:
+    """The demo as `make demo` runs it: its own control plane, gone afterwards."""
+    code, out = demo("--scenario", scenario, *extra)
     match = re.search(r"control-plane state in (\S+)", out)
     assert match, out[-3000:]
     workdir = match.group(1)
     assert not processes_mentioning(workdir), f"processes left running for {workdir}"
     assert not Path(workdir).exists(), "temporary control-plane state left behind"
-    return proc.returncode, out
+    return code, out
 
 
-@pytest.mark.parametrize(
-    ("scenario", "must_see"),
-    [
-        ("restart", ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"]),
-        ("stockout", ["GangRolledBack", "GCE_STOCKOUT"]),
-        ("preemption", ["SliceLost", "preempting spot node pool"]),
-        ("fatal", ["exited with non-retryable code 78"]),
-        (
-            "maintenance",
-            [
-                "MaintenanceScheduled",
-                "CheckpointRequested",
-                "CheckpointSaved",
-                "cause disruption: not charged to maxRestarts",
-                "restarts: 1 (disruption 1)",
-                "0 steps lost",
-            ],
-        ),
-        ("delete", ["deleting the job while its node pools are being created", "the job is gone"]),
-        (
-            "queue",
-            [
-                "insufficient unused quota for google.com/tpu",
-                "the job held 0 node pools while queued",
-                "admission check multislice-gang=Ready",
-                "Admitted by clusterQueue team-a",
-            ],
-        ),
+def run_borrowed(cp: ControlPlane, scenario: str, *extra: str, **kw: Any) -> tuple[int, str]:
+    """The demo on `cp` in a namespace of its own; it leaves that cluster as it found it."""
+    ns = f"demo-{scenario}-{uuid.uuid4().hex[:6]}"
+    code, out = demo(
+        "--scenario", scenario, "--kubeconfig", str(cp.kubeconfig), "--namespace", ns, *extra, **kw
+    )
+    assert f"using the running cluster of {cp.kubeconfig}" in out, out[-3000:]
+    assert "control-plane state in" not in out  # it started no control plane
+    # Its operator (which watches `-n <ns>`) is gone, and so is everything it created there.
+    assert not processes_mentioning(f"-n {ns} "), f"processes left running for {ns}"
+    api = cp.api_client()
+    try:
+        left = client.CustomObjectsApi(api).list_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL
+        )["items"]
+        assert not left, [j["metadata"]["name"] for j in left]
+        namespace = client.CoreV1Api(api).read_namespace(ns)  # deleted in the background
+        assert namespace.status.phase == "Terminating" or namespace.metadata.deletion_timestamp
+        nodes = client.CoreV1Api(api).list_node(label_selector=f"{keys.JOB_NAMESPACE}={ns}").items
+        assert not nodes, [n.metadata.name for n in nodes]
+    except client.ApiException as exc:
+        assert exc.status == 404, exc  # the namespace already gone
+    finally:
+        api.close()
+    return code, out
+
+
+SCENARIOS = {
+    "restart": ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"],
+    "stockout": ["GangRolledBack", "GCE_STOCKOUT"],
+    "preemption": ["SliceLost", "preempting spot node pool"],
+    "fatal": ["exited with non-retryable code 78"],
+    "maintenance": [
+        "MaintenanceScheduled",
+        "CheckpointRequested",
+        "CheckpointSaved",
+        "cause disruption: not charged to maxRestarts",
+        "restarts: 1 (disruption 1)",
+        "0 steps lost",
     ],
-)
-def test_demo_scenario(scenario, must_see):
-    code, out = run_demo(scenario)
+    "delete": ["deleting the job while its node pools are being created", "the job is gone"],
+    "queue": [
+        "insufficient unused quota for google.com/tpu",
+        "the job held 0 node pools while queued",
+        "admission check multislice-gang=Ready",
+        "Admitted by clusterQueue team-a",
+    ],
+}
+
+
+def check_story(scenario: str, code: int, out: str) -> None:
     assert code == 0, out[-4000:]
     assert "outcome reached" in out
     assert "0 node pools and 0 TPU nodes left" in out
-    for needle in must_see:
+    for needle in SCENARIOS[scenario]:
         assert needle in out, f"{needle!r} missing:\n{out[-3000:]}"
     assert "timeline:" in out
     if scenario != "delete":  # it ends with where the job's TPU time went
@@ -98,8 +136,41 @@ def test_demo_scenario(scenario, must_see):
         assert "the job was deleted, and its status with it" in out
 
 
-def test_demo_runs_the_real_workload_with_the_injected_environment():
-    code, out = run_demo("restart", "--run-workload")
+def test_demo_standalone_boots_runs_and_stops_everything():
+    """`make demo` itself (the restart scenario): its own control plane, nothing left."""
+    code, out = run_standalone("restart")
+    check_story("restart", code, out)
+
+
+# restart: the standalone run's; queue: on the kueue profile.
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in ("restart", "queue")])
+def test_demo_scenario(scenario, kube_cluster):
+    code, out = run_borrowed(kube_cluster, scenario)
+    check_story(scenario, code, out)
+
+
+def test_demo_queue_scenario(kube_kueue):
+    code, out = run_borrowed(kube_kueue, "queue")
+    check_story("queue", code, out)
+
+
+# The workload tests' compile flag (tests/workload/conftest.py): compiling, not running, is what
+# four JAX processes spend their time on (about 6x less at level 0); the launcher passes it on.
+FAST_COMPILE = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
+@pytest.mark.timeout(900)
+def test_demo_runs_the_real_workload_with_the_injected_environment(kube_cluster):
+    # Four JAX processes on a loaded 2-core machine: bounds for that (seen past 240 s).
+    code, out = run_borrowed(
+        kube_cluster,
+        "restart",
+        "--run-workload",
+        "--timeout",
+        "600",
+        env=FAST_COMPILE,
+        timeout=840,
+    )
     assert code == 0, out[-4000:]
     assert "MEGASCALE_NUM_SLICES=2" in out  # read back from a JobSet pod
     assert re.search(r"workload: exit 0, [1-9] restart\(s\), restored from step [1-9]", out), out[

@@ -264,6 +264,9 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
         api, ns, "maint", op, "saved step", lambda s: (s.get("checkpoint") or {}).get("savedStep")
     )
     assert saved["checkpoint"]["savedStep"] == 240 and saved["checkpoint"]["podsAnnotated"] == 8
+    # CheckpointSaved is posted after the status write just seen: waited for, not read once.
+    msj.wait_events(api, ns, "maint", "MaintenanceScheduled", "CheckpointRequested",
+                    "CheckpointSaved", log=op.log_tail)  # fmt: skip
     reasons = {e.reason for e in events(api, ns, "maint")}
     assert {"MaintenanceScheduled", "CheckpointRequested", "CheckpointSaved"} <= reasons
     wait_for(

@@ -125,8 +125,13 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
     assert "20 steps lost" in text and "restarts: 1 (workload 1)" in text
     # Metrics: the job's goodput gauge is the status' figure, and goes with the job.
     series = f'multislice_job_goodput_ratio{{name="restart",namespace="{ns}"}}'
-    assert scrape(stack).get(series) == g["chipGoodput"]
-    phases = scrape(stack)
+    # Recorded after the status write (and the phase gauge before it): polled, not read once.
+    phases = wait_for(
+        lambda: (m := scrape(stack)).get(series) == g["chipGoodput"] and m,
+        30,
+        "the job's goodput series at the status' figure",
+        on_timeout=lambda: f"{scrape(stack).get(series)}\n{stack.op.log_tail(30)}",
+    )
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "restart"
     )
@@ -141,15 +146,7 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
 
 
 def scrape(stack) -> dict[str, float]:
-    import urllib.request
-
-    with urllib.request.urlopen(stack.op.metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    return msj.metrics(stack.op)
 
 
 def heartbeat(stack) -> datetime:

@@ -61,3 +61,49 @@ def test_tpu7x_128_two_slices_run_on_workload_policy_pools(stack, namespace, kub
     wait_for(lambda: not pools_of(stack.sim, ns, "ironwood"), 60, "pools deleted after success")
     assert "msj-tpu7x-4x4x4" in stack.sim.policies()  # shared, never deleted by the operator
     assert any(e.startswith("GangProvisioned") for e in event_lines(stack.api, ns, "ironwood"))
+
+
+def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_cluster):
+    """Flex-start (DWS): pools up but empty for longer than provisioning.timeoutSeconds are no
+    failure: no rollback, no timeout; once the capacity comes, the job runs to Succeeded."""
+    ns = namespace(kube_cluster, "flex")
+    stack.sim.set_faults(flex_start_hold=2)
+    body = msj.job(
+        "flex",
+        run="3s",
+        capacity={"type": "FlexStart", "maxRunDurationSeconds": 3600},
+        provisioning={"timeoutSeconds": 10},
+    )
+    create(stack.api, ns, body)
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731
+
+    def waiting(st: dict) -> bool:
+        cond = {c["type"]: c for c in st.get("conditions") or []}.get("Provisioned") or {}
+        return cond.get("reason") == "WaitingForFlexStartCapacity" and bool(st.get("jobSet"))
+
+    first = msj.wait_status(stack.api, ns, "flex", "waiting for flex-start", waiting, 60, log=log)
+    since = first["status"]["attemptStartTime"]
+    # Past timeoutSeconds (10 s) and several passes: still waiting, nothing rolled back.
+    passes = reconciles(stack)
+    wait_for(lambda: reconciles(stack) > passes + 10, 60, "ten more passes")
+    later = msj.wait_status(stack.api, ns, "flex", "still waiting", waiting, 30, log=log)
+    assert later["status"]["attemptStartTime"] == since
+    assert not [e for e in event_lines(stack.api, ns, "flex") if e.startswith("GangRolledBack")]
+    creates = [c for c in stack.sim.received_creates() if "msj-flex-" in str(c)]
+    assert len(creates) == 2  # one create per slice, never again
+    for name in pools_of(stack.sim, ns, "flex"):
+        stack.sim.grant_flex_start(name)
+    msj.wait_phase(stack.api, ns, "flex", "Succeeded", 120, log=log)
+
+
+def reconciles(stack) -> float:
+    """The operator's passes so far (its multislice_reconcile_total)."""
+    import urllib.request
+
+    with urllib.request.urlopen(stack.op.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("multislice_reconcile_total") and not line.startswith("#")
+    )

@@ -3,8 +3,6 @@ against the local GKE API simulator, whose pools become kwok TPU nodes in the cl
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +34,8 @@ def env(stack, namespace, kube_cluster):
 
 
 def job(name: str, run: str = "4s", **spec) -> dict:
+    """A job whose pods run `run`: a test that waits for Running and reads it there gives it a
+    run long enough to be seen (a 4 s Running can pass between two polls under load)."""
     return msj.job(name, run=run, failure_policy={"maxRestarts": 5}, **spec)
 
 
@@ -55,7 +55,8 @@ def nodes_of(stack, pool: str) -> list:
 
 def test_gang_provisioned_runs_succeeds_and_releases(env):
     stack, ns = env
-    create(stack.api, ns, job("gang"))
+    # Runs long enough for its Running status to be seen under load (what the test reads).
+    create(stack.api, ns, job("gang", run="10s"))
     wait_phase(stack, ns, "gang", "Provisioning", 30)
     running = wait_phase(stack, ns, "gang", "Running")
     assert running["readySlices"] == "2/2"
@@ -68,13 +69,14 @@ def test_gang_provisioned_runs_succeeds_and_releases(env):
     wait_for(lambda: not pools_of(stack.sim, ns, "gang"), 30, "pools deleted after success")
     for name in pools:
         wait_for(lambda n=name: not nodes_of(stack, n), 30, f"nodes of {name} removed")
-    assert any(e.startswith("GangProvisioned") for e in event_lines(stack.api, ns, "gang"))
+    lines = msj.wait_events(stack.api, ns, "gang", "GangProvisioned", log=stack.op.log_tail)
+    assert any(e.startswith("GangProvisioned") for e in lines), lines
 
 
 def test_stockout_rolls_back_whole_gang_then_retries(env):
     stack, ns = env
     stack.sim.set_faults(stockout_next=1)
-    create(stack.api, ns, job("stock"))
+    create(stack.api, ns, job("stock", run="1h"))  # the test ends Running: it stays there
 
     def rolled_back():
         return [e for e in event_lines(stack.api, ns, "stock") if e.startswith("GangRolledBack")]
@@ -109,7 +111,7 @@ def test_429_and_5xx_are_retried(env):
     stack, ns = env
     stack.sim.reset_counters()
     stack.sim.set_faults(http_429_next=2, http_5xx_next=2)
-    create(stack.api, ns, job("flaky"))
+    create(stack.api, ns, job("flaky", run="1h"))
     wait_phase(stack, ns, "flaky", "Running")
     codes = stack.sim.counters().get("responses", {})
     assert int(codes.get("429", codes.get(429, 0))) >= 1
@@ -183,8 +185,9 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     # A lost slice is a disruption: not charged to maxRestarts (issue 15).
     assert done["restartsByCause"]["disruption"] == done["restarts"], done["restartsByCause"]
     assert stack.sim.counters()["calls"].get("create_node_pool", 0) == 1  # only the victim
-    reasons = " | ".join(event_lines(stack.api, ns, "spot"))
-    assert "SliceLost" in reasons and "slice 1" in reasons, (reasons, stack.op.log_tail(60))
+    lost = [e for e in msj.wait_events(stack.api, ns, "spot", "SliceLost", log=stack.op.log_tail)
+            if e.startswith("SliceLost")]  # fmt: skip
+    assert any("slice 1" in e for e in lost), (lost, stack.op.log_tail(60))
     # The survivor's pool was never replaced: the only create after the preemption is the
     # victim's (the release after success deletes both, which is checked elsewhere).
     assert survivor != victim
@@ -234,7 +237,7 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     running = wait_phase(stack, ns, "stuck", "Running", 120)
     assert running["readySlices"] == "2/2"
     assert running.get("restarts", 0) == 0  # the scheduled slice kept its pods: no restart
-    assert "SliceLost" in " | ".join(event_lines(stack.api, ns, "stuck"))
+    msj.wait_events(stack.api, ns, "stuck", "SliceLost", log=stack.op.log_tail)
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "stuck"
     )
@@ -246,7 +249,7 @@ def test_crash_between_create_and_status_no_duplicates(env):
     stack.stop_operator()
     stack.sim.reset_counters()
     op = stack.start_operator(extra_env={"MSJ_CRASH_POINT": "after-pool-create"})
-    create(stack.api, ns, job("crash"))
+    create(stack.api, ns, job("crash", run="1h"))
     assert op.wait_exit(60) == 3  # died right after asking GKE for the pools
     stack.start_operator()
     wait_phase(stack, ns, "crash", "Running")
@@ -290,8 +293,8 @@ def test_orphaned_pools_are_collected(env):
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "orphan"
     )
-    time.sleep(1)
-    assert set(pools_of(stack.sim, ns, "orphan")) == pools  # still there: leaked, for now
+    # No operator runs, so nothing can delete them yet: leaked, for now.
+    assert set(pools_of(stack.sim, ns, "orphan")) == pools
     stack.start_operator()
     wait_for(
         lambda: not pools_of(stack.sim, ns, "orphan"),

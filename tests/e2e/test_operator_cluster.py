@@ -57,7 +57,7 @@ def pods(api, ns, name):
 
 def test_job_succeeds_on_its_own(env):
     api, ns, op = env
-    create(api, ns, job("ok", "3s", ns))
+    create(api, ns, job("ok", "10s", ns))  # long enough for Running to be seen under load
     running = wait_phase(api, ns, "ok", "Running", op)
     assert running["status"]["readySlices"] == "2/2"
     ps = pods(api, ns, "ok")

@@ -166,8 +166,10 @@ BASE_RULES = {
     ("", "pods/eviction", "create"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
+    ("", "namespaces", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     # The Role in the release namespace: the heartbeat Lease always, leader election with
@@ -290,7 +292,8 @@ def test_custom_render(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_GC_INTERVAL_SECONDS"] == "60"  # extraEnv replaces the chart-set one
 
 
-CLUSTER_SCOPED = ("nodes", "customresourcedefinitions", "leases")  # leases: their own Role
+# leases: their own Role
+CLUSTER_SCOPED = ("nodes", "namespaces", "customresourcedefinitions", "leases")
 NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
 LEASES = {r for r in BASE_RULES if r[1] == "leases"}
 
@@ -356,7 +359,8 @@ def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
     assert one(docs, "RoleBinding")["roleRef"]["name"] == "multislice-operator-leader-election"
-    assert not any(r[1] == "namespaces" for r in rules_of(docs))
+    # electing a leader watches no namespaces: only reading a job's own one (its Pod Security level)
+    assert {r for r in rules_of(docs) if r[1] == "namespaces"} == {("", "namespaces", "get")}
 
 
 def test_rendered_env_is_what_the_operator_reads(

@@ -159,16 +159,33 @@ class Batch:
             )
 
 
+# Jobs as the docs write them: with a checkpoint directory (one without one costs one more write,
+# its NoCheckpoint warning event, counted by test_a_job_without_a_checkpoint_is_warned_once).
+CHECKPOINT = {"directory": "gs://bkt/run"}
+
+
 def existing(name: str) -> dict[str, Any]:
-    return msj.job(name, existing=True, image="img:1", failure_policy={"maxRestarts": 3})
+    return msj.job(
+        name,
+        existing=True,
+        image="img:1",
+        failure_policy={"maxRestarts": 3},
+        checkpoint=CHECKPOINT,
+    )
 
 
 def managed(name: str) -> dict[str, Any]:
-    return msj.job(name, image="img:1")
+    return msj.job(name, image="img:1", checkpoint=CHECKPOINT)
 
 
 def queued(name: str) -> dict[str, Any]:
-    return msj.job(name, existing=True, image="img:1", labels={keys.KUEUE_QUEUE_NAME: "team-a"})
+    return msj.job(
+        name,
+        existing=True,
+        image="img:1",
+        labels={keys.KUEUE_QUEUE_NAME: "team-a"},
+        checkpoint=CHECKPOINT,
+    )
 
 
 def check(lifecycle: str, spent: tuple[float, dict[str, int]]) -> None:
@@ -260,3 +277,14 @@ def test_a_queued_job_to_queued(api, ns, op) -> None:
     b.create(queued)
     b.phase("Queued")
     check("queued-start", b.spent())
+
+
+def test_a_job_without_a_checkpoint_is_warned_once(api, ns, op) -> None:
+    b = Batch(api, ns, op, "nc")
+    b.start()
+    b.create(lambda name: msj.job(name, existing=True, image="img:1"))
+    b.phase("Starting")
+    per_job, diff = b.spent()
+    # exactly one write more than a job with one: its NoCheckpoint event, not one per pass
+    check("existing-start", (per_job - 1, diff))
+    assert diff.get("POST events", 0) == BATCH, diff

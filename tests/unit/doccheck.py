@@ -115,7 +115,11 @@ def module_flags() -> dict[str, set[str]]:
         flags = {
             arg.value
             for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+            if isinstance(node, ast.Call)
+            # parser.add_argument, or the `add = parser.add_argument` alias the workload uses
+            and (
+                getattr(node.func, "attr", "") == "add_argument" or ast.unparse(node.func) == "add"
+            )
             for arg in node.args
             if isinstance(arg, ast.Constant)
             and isinstance(arg.value, str)

@@ -23,6 +23,8 @@ def body(
             "accelerator": "v5litepod-16",
             "slices": 2,
             "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+            # Progress survives restarts (else the first pass warns NoCheckpoint, once).
+            "checkpoint": {"directory": "gs://bucket/job"},
             **spec,
         },
     }

@@ -59,3 +59,30 @@ def test_the_dcn_example_offered_is_itself_valid(slices):
     assert fixed.get("tensor", 1) == 1 and "tensor" in fixed  # the user's axis, corrected
     _, again = resolve(dcn=fixed, slices=slices)
     assert again == []
+
+
+def test_ironwood_splits_two_devices_per_chip_over_ici():
+    # tpu7x: each chip is 2 JAX devices (2 TensorCores, no megacore), so a 64-chip slice is 128
+    par, errors = parallelism.resolve({}, {}, 64, 2, "tpu7x-128", devices_per_chip=2)
+    assert errors == [] and par.ici_fsdp == 128
+    _, errors = parallelism.resolve({"fsdp": 64}, {}, 64, 2, "tpu7x-128", devices_per_chip=2)
+    assert [e.path for e in errors] == ["spec.parallelism.ici"]
+    assert "128 JAX devices per slice (64 chips x 2 TensorCores)" in errors[0].message
+
+
+def test_the_plan_of_an_ironwood_job_counts_devices_not_chips():
+    from multislice_operator.plan import load_job, make_plan
+
+    obj = {
+        "apiVersion": "multislice.dev/v1alpha1",
+        "kind": "MultisliceJob",
+        "metadata": {"name": "llm", "namespace": "team-a"},
+        "spec": {
+            "accelerator": "tpu7x-128",
+            "slices": 2,
+            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
+        },
+    }
+    j = load_job(obj)
+    plan = make_plan(j.spec, "team-a", "llm")
+    assert plan.parallelism.ici_fsdp == 128

@@ -476,6 +476,18 @@ def test_deleting_releases_every_pool_then_removes_the_finalizer():
     assert gone.actions == [RemoveFinalizer()]
 
 
+def test_releasing_the_pools_writes_the_status_once_whatever_states_they_pass():
+    """Found by the write budget under load: each pool state seen while releasing rewrote
+    status.slices, one more write per job deleted."""
+    deleting = JobMeta("ns", "job", "uid-1", 1, deleting=True, has_finalizer=True)
+    creating = Observed(now=NOW, slices=pools(PoolState.CREATING, PoolState.CREATING))
+    first = run(old={"phase": "Provisioning"}, obs=creating, meta=deleting)
+    for states in [(PoolState.READY, PoolState.CREATING), (PoolState.DELETING, PoolState.READY)]:
+        later = Observed(now=NOW + timedelta(seconds=5), slices=pools(*states))
+        again = run(old=first.status, obs=later, meta=deleting)
+        assert st(again) == st(first), states
+
+
 def test_creating_the_jobset_costs_one_status_write():
     """The pass that creates the JobSet writes the status the next pass (JobSet seen, nothing
     running yet) computes, so that pass writes nothing."""

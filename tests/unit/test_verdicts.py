@@ -168,3 +168,27 @@ def test_a_broken_promise_raises_in_tests_and_is_dropped_in_production(facts, de
 def test_a_kept_promise_passes():
     d = _decision(AddFinalizer(), CreatePools((0,)))
     assert invariants.violations(_facts(False), d) == []
+
+
+def test_a_namespace_that_refuses_the_pods_fails_the_job_before_any_pool():
+    refused = "namespace ns enforces Pod Security level baseline (...)"
+    obs = Observed(now=NOW, slices=slices(PoolState.ABSENT, PoolState.ABSENT), admission=None)
+    obs.pod_security = refused
+    d = run({}, obs, meta=JobMeta("ns", "job", "uid-1", 1))
+    assert d.status.phase == Phase.FAILED and d.actions == []  # no dry run, no finalizer, no pool
+    assert d.status.condition("Failed").reason == "PodSecurityRefused"  # type: ignore[union-attr]
+    # Once pools exist (the namespace changed under a running job), it is not this verdict's.
+    later = Observed(now=NOW, slices=slices(PoolState.READY, PoolState.READY))
+    later.pod_security = refused
+    assert run({}, later).status.phase != Phase.FAILED
+
+
+def test_a_job_without_a_checkpoint_says_so_once():
+    s, p = spec_and_plan(checkpoint={})
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
+    obs = Observed(now=NOW, slices=slices(PoolState.ABSENT, PoolState.ABSENT))
+    first = decide(meta, s, p, None, MultisliceJobStatus(), obs, CFG)
+    (warned,) = [e for e in first.events if e.reason == "NoCheckpoint"]
+    assert "spec.checkpoint.directory" in warned.message and warned.type == "Warning"
+    again = decide(meta, s, p, None, first.status, obs, CFG)
+    assert "NoCheckpoint" not in [e.reason for e in again.events]

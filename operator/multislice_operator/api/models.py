@@ -936,8 +936,9 @@ class CheckpointStatus(_Model):
     )
     source: str = Field(
         default="user",
-        description="user (the job's multislice.dev/checkpoint-request annotation) or "
-        "maintenance (spec.maintenance.checkpointAheadSeconds).",
+        description="user (the job's multislice.dev/checkpoint-request annotation), "
+        "maintenance (spec.maintenance.checkpointAheadSeconds before GKE's maintenance) or "
+        "flex-start (as long before a flex-start pool's VMs reach their maximum run duration).",
     )
     request_time: datetime | None = Field(default=None, description="When it was requested.")
     restart_attempt: int = Field(
@@ -960,6 +961,10 @@ class CheckpointStatus(_Model):
     )
     maintenance_request: str | None = Field(
         default=None, description="The last request made for a maintenance window."
+    )
+    flex_start_request: str | None = Field(
+        default=None,
+        description="The last request made ahead of flex-start capacity's maximum run duration.",
     )
 
 

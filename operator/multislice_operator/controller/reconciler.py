@@ -15,8 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from multislice_operator import keys, metrics
-from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCause
+from multislice_operator import keys, metrics, podsecurity
+from multislice_operator.api.models import (
+    MultisliceJobSpec,
+    MultisliceJobStatus,
+    Phase,
+    RestartCause,
+)
 from multislice_operator.controller import appliers, kueue
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
@@ -34,6 +39,7 @@ from multislice_operator.reconcile import (
     goodput,
 )
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
+from multislice_operator.render import render_pod_template
 
 log = logging.getLogger("multislice_operator")
 
@@ -43,7 +49,7 @@ for _info in SLICE_FAILURE_REASONS.values():
         metrics.SLICE_FAILURES_TOTAL.labels(_info.metric, _cause)
 for _restart in RestartCause:
     metrics.RESTARTS_TOTAL.labels(_restart.value)
-for _source in ("user", "maintenance"):
+for _source in ("user", "maintenance", "flex-start"):
     metrics.CHECKPOINT_REQUESTS_TOTAL.labels(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
@@ -194,7 +200,30 @@ async def _ownership(
     return strays, owners
 
 
-async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) -> Observed:
+async def _pod_security(
+    rt: Runtime, key: JobKey, plan: Plan, spec: MultisliceJobSpec
+) -> str | None:
+    """Whether the namespace's Pod Security level refuses the job's pods (podsecurity.py): read
+    only before the first pool, for pods that share a host namespace (host network, the
+    default); the namespace's labels are cached briefly. Unknown (no RBAC, an error) is None."""
+    pod = render_pod_template(plan, spec)["spec"]
+    if not any(pod.get(f) for f in podsecurity.HOST_NAMESPACES):
+        return None
+    labels = rt.namespace_labels(key[0])
+    if labels is None:
+        try:
+            ns = await rt.kube.get_namespace(key[0])
+        except ApiError as exc:
+            log.warning("namespace %s not readable (Pod Security not checked): %s", key[0], exc)
+            return None
+        labels = dict(((ns or {}).get("metadata") or {}).get("labels") or {})
+        rt.remember_namespace_labels(key[0], labels)
+    return podsecurity.refusal(key[0], labels, pod)
+
+
+async def observe(
+    rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
+) -> Observed:
     gang, offered = None, None
     configured = rt.provisioner is not None
     meta = job_meta(body)
@@ -225,6 +254,12 @@ async def observe(rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan) ->
     queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
         observed.queue = kueue.queue_observation(rt, key, queue)
+        observed.kueue_problem = rt.kueue_problem
+    nothing_yet = not (observed.jobset and observed.jobset.owned) and (
+        not plan.managed or all(s.pool_state == PoolState.ABSENT for s in observed.slices)
+    )
+    if nothing_yet:  # before the first pool: a namespace that refuses the pods fails the job
+        observed.pod_security = await _pod_security(rt, key, plan, spec)
     return observed
 
 
@@ -279,7 +314,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         )
         decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
     else:
-        obs = await observe(rt, key, body, parsed.plan)
+        obs = await observe(rt, key, body, parsed.plan, parsed.job.spec)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
     target = appliers.Target(body, parsed.job, parsed.plan)
     if meta.deleting and not meta.has_finalizer:

@@ -21,6 +21,7 @@ JobKey = tuple[str, str]  # (namespace, name)
 EVENTS_KEPT_PER_JOB = 32
 TEMPLATE_VERDICTS_KEPT = 1024
 TEMPLATE_VERDICT_TTL_SECONDS = 600.0
+NAMESPACE_LABELS_TTL_SECONDS = 30.0
 
 
 def template_key(body: Mapping[str, Any]) -> str:
@@ -105,6 +106,8 @@ class Runtime:
     # one namespace are judged once, not a thousand times.
     template_verdicts: dict[str, tuple[float, Admission]] = field(default_factory=dict)
     judging: dict[str, asyncio.Future[Admission]] = field(default_factory=dict)  # in flight
+    # Namespaces' labels (Pod Security's level), read before a job's first pool; kept briefly.
+    _namespaces: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
     created_jobsets: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
@@ -128,6 +131,15 @@ class Runtime:
     # versions; None when it can (or is not installed at all).
     kueue_problem: str | None = None
     jobset_problem: str | None = None
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        seen = self._namespaces.get(namespace)
+        if seen is None or time.monotonic() - seen[0] > NAMESPACE_LABELS_TTL_SECONDS:
+            return None
+        return seen[1]
+
+    def remember_namespace_labels(self, namespace: str, labels: dict[str, str]) -> None:
+        self._namespaces[namespace] = (time.monotonic(), labels)
 
     def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
         """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart

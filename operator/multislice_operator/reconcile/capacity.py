@@ -33,6 +33,9 @@ class Capacity:
     rolled_back: str | None = None  # this pass rolled the gang back: why
     repairing: frozenset[int] = frozenset()  # slices whose lost pool is being replaced
     blips: frozenset[int] = frozenset()  # slices NotReady within the grace period
+    # Every slice ready or a flex-start pool waiting for capacity: the JobSet can exist (its
+    # pending pods are what makes GKE scale a flex-start pool up); why it waits.
+    flex_wait: str | None = None
 
 
 def capacity(f: Facts, b: Builder, started: bool) -> Capacity:
@@ -78,6 +81,9 @@ def _gang(f: Facts, b: Builder, plan: Plan, gang_up: bool) -> Capacity:
     if len(slices) == plan.slices and all(slice_ready(s, hosts) for s in slices):
         _provisioned(f, b, plan)
         return Capacity(True)
+    flex = _flex_wait(f, b, plan)
+    if flex is not None:  # not a failure: no rollback, no timeout while DWS queues it
+        return flex
     next_at = f.old.next_attempt_time
     if next_at is not None and f.now < next_at:
         release(f, b)
@@ -110,6 +116,24 @@ def _gang(f: Facts, b: Builder, plan: Plan, gang_up: bool) -> Capacity:
             f"({timeout}s)",
         )
     return _advance(f, b, plan, started is None)
+
+
+def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
+    """Every slice that is not ready is a flex-start pool waiting for capacity."""
+    unready = [s for s in f.obs.slices if s.index not in f.slices.ready]
+    if not unready or len(f.obs.slices) != plan.slices:
+        return None
+    if any(s.index not in f.slices.waiting for s in unready):
+        return None
+    since = f.old.attempt_start_time or b.status.attempt_start_time or f.now
+    b.status.attempt_start_time = since
+    message = (
+        f"waiting for flex-start capacity (Dynamic Workload Scheduler) for {len(unready)}/"
+        f"{plan.slices} slices since {since.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    )
+    b.cond(PROVISIONED, "False", Reason.WAITING_FOR_FLEX_START_CAPACITY, message)
+    b.requeue_in(f.cfg.resync_seconds)
+    return Capacity(False, Phase.PROVISIONING, message, flex_wait=message)
 
 
 def _retry_message(b: Builder) -> str:
@@ -205,6 +229,10 @@ def _repair(f: Facts, b: Builder, plan: Plan) -> Capacity:
     lost = [by_index[i] for i in sorted(f.slices.lost)]
     _delete(b, [s for s in lost if not s.taken_by])
     _create_absent(f, b)
+    if not lost and not f.slices.blips:
+        flex = _flex_wait(f, b, plan)
+        if flex is not None:  # the JobSet exists and its pods wait for the pools' nodes
+            return flex
     for s in lost:
         old = f.old.slice(s.index)
         if not (old and old.lost_time):  # announced once per loss, by the pass that starts it

@@ -21,7 +21,7 @@ from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import AnnotatePods
 
 MAX_ID_LENGTH = 63  # contract section 3
-SOURCE_USER, SOURCE_MAINTENANCE = "user", "maintenance"
+SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START = "user", "maintenance", "flex-start"
 
 
 def valid_id(value: str) -> bool:
@@ -39,6 +39,7 @@ def _request(
         restart_attempt=attempt,
         user_request=cp.user_request if cp else None,
         maintenance_request=cp.maintenance_request if cp else None,
+        flex_start_request=cp.flex_start_request if cp else None,
     )
     b.event(
         Reason.CHECKPOINT_REQUESTED,
@@ -48,7 +49,9 @@ def _request(
     return new
 
 
-def decide(f: Facts, b: Builder, maintenance_request: str | None) -> None:
+def decide(
+    f: Facts, b: Builder, maintenance_request: str | None, flex_start_request: str | None = None
+) -> None:
     """While the JobSet runs: take new requests, put the current one on its attempt's pods,
     and record the step saved for it."""
     js = f.js
@@ -73,6 +76,11 @@ def decide(f: Facts, b: Builder, maintenance_request: str | None) -> None:
     ):
         cp = _request(f, b, cp, maintenance_request, SOURCE_MAINTENANCE)
         cp.maintenance_request = maintenance_request
+    if flex_start_request is not None and flex_start_request != (
+        cp.flex_start_request if cp else None
+    ):
+        cp = _request(f, b, cp, flex_start_request, SOURCE_FLEX_START)
+        cp.flex_start_request = flex_start_request
     b.status.checkpoint = cp
     if cp is None or cp.request_id is None:
         return

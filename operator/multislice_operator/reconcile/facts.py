@@ -61,6 +61,11 @@ def slice_lost(s: SliceObservation, seen_ready: bool) -> bool:
     )
 
 
+def _seen(old: MultisliceJobStatus, index: int) -> bool:
+    before = old.slice(index)
+    return bool(before and before.seen_ready)
+
+
 def live(s: SliceObservation) -> bool:
     """The slice's pool exists and is not already going away."""
     return bool(s.pool) and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
@@ -77,6 +82,8 @@ class Slices:
     # NotReady with their nodes there, within the grace period (a blip): slice -> seconds.
     blips: dict[int, float] = field(default_factory=dict)
     all_ready: bool = False  # every slice ready, or ready but for a blip
+    # Flex-start pools up and error-free whose nodes have not come yet: waiting for capacity.
+    waiting: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,16 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
     ready = frozenset(s.index for s in obs.slices if slice_ready(s, hosts))
     if not plan.managed:
         return Slices(hosts, ready, all_ready=len(ready) >= plan.slices)
+    waiting = frozenset(
+        s.index
+        for s in obs.slices
+        if s.flex_start
+        and s.index not in ready
+        and s.pool_state == PoolState.READY
+        and s.error is None
+        and s.hosts_present < hosts
+        and not _seen(f_old, s.index)  # once its nodes came, nodes gone are a loss
+    )
     lost: dict[int, str] = {}
     blips: dict[int, float] = {}
     for s in obs.slices:
@@ -191,7 +208,7 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
             blips[s.index] = elapsed
     complete = len(obs.slices) == plan.slices
     up = complete and all(s.index in ready or s.index in blips for s in obs.slices)
-    return Slices(hosts, ready, lost, blips, up)
+    return Slices(hosts, ready, lost, blips, up, waiting)
 
 
 def derive(

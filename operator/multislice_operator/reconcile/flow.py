@@ -21,6 +21,8 @@ One pass, in order:
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from multislice_operator.api.models import (
     ConditionType,
     MultisliceJobSpec,
@@ -67,6 +69,7 @@ from multislice_operator.reconcile.types import (
 
 NO_CAPACITY = Capacity(False)
 TERMINAL_RESYNC_FACTOR = 6  # a finished job is looked at less often (TTL, a lying status)
+FLEX_START_REQUEST_PREFIX = "flexend-"  # one request per end of a run
 
 
 def decide(
@@ -101,7 +104,9 @@ def decide(
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
-    if f.plan is not None and f.error is None:
+    if f.plan is not None and f.error is None and not f.deleting:
+        # Being deleted: the slices stay as last written (one status write for the deletion,
+        # not one per pool state seen while the pools are released).
         slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
     goodput.account(f, b, bool(cap.repairing))
     b.transition_event()
@@ -169,8 +174,12 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     assert f.plan is not None and f.spec is not None
     plan = f.plan
     b.status.startup = None  # timed again below, only while the JobSet starts
-    if b.status.start_time is None:
+    if b.status.start_time is None:  # the job's first active pass
         b.status.start_time = f.now
+        if plan.warnings:  # said once: validate printed it too, but nobody may have run it
+            b.event(
+                Reason.NO_CHECKPOINT, "; ".join(f"{w.path}: {w.message}" for w in plan.warnings)
+            )
     if plan.managed and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
@@ -190,6 +199,10 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None:
         kueue.admitted(b, g)
     if js is None:
+        if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
+            b.add(CreateJobSet())
+            b.status.job_set = plan.name
+            return Phase.PROVISIONING, cap.flex_wait, cap
         if not cap.ready:
             return cap.phase or Phase.PENDING, cap.message, cap
         b.add(CreateJobSet())
@@ -210,11 +223,32 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
         waiting = cond.message if cond and cond.message else "waiting for capacity"
         phase = Phase.PROVISIONING if plan.managed else Phase.PENDING
         return phase, f"resuming: {waiting}", cap
+    if cap.flex_wait is not None:
+        b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
+        return Phase.PROVISIONING, cap.flex_wait, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, bool(cap.repairing))
-    checkpoint.decide(f, b, due)
+    checkpoint.decide(f, b, due, _flex_start_end(f, b))
     return phase, message, cap
+
+
+def _flex_start_end(f: Facts, b: Builder) -> str | None:
+    """A checkpoint request spec.maintenance.checkpointAheadSeconds before flex-start capacity
+    reaches its maximum run duration (GKE removes the VMs then: a disruption, every slice
+    restarts). Counted from when every slice's capacity was ready (the nodes came then)."""
+    assert f.spec is not None
+    ahead = f.spec.maintenance.checkpoint_ahead_seconds
+    runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
+    since = f.capacity_ready_since
+    if ahead is None or not runs or since is None:
+        return None
+    end = since + timedelta(seconds=min(runs))
+    due = (end - f.now).total_seconds() - ahead
+    if due > 0:
+        b.requeue_in(due)
+        return None
+    return f"{FLEX_START_REQUEST_PREFIX}{int(end.timestamp())}"
 
 
 def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
@@ -257,8 +291,10 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
             "and queues the job again",
         )
         return (*kueue.hold(f, b, retry), cap)
-    if cap.ready:
-        message = f"all {f.plan.slices} node pools of the gang ready"
+    if cap.ready or cap.flex_wait is not None:
+        # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
+        # Kueue resumes it, are what makes GKE scale the pools up.
+        message = cap.flex_wait or f"all {f.plan.slices} node pools of the gang ready"
         kueue.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
         return (*kueue.waiting_for_admission(f, b, text), cap)

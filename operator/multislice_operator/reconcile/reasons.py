@@ -95,6 +95,7 @@ class Reason(StrEnum):
     QUOTA_PENDING = "QuotaPending"
     INADMISSIBLE = "Inadmissible"
     REJECTED = "Rejected"
+    WAITING_FOR_FLEX_START_CAPACITY = "WaitingForFlexStartCapacity"
 
     @property
     def info(self) -> Info:
@@ -310,6 +311,11 @@ _CONDITION_REASONS = {
         "Kueue cannot admit the Workload (e.g. no such ClusterQueue).",
     ),
     Reason.REJECTED: ("Admitted", "The admission check rejected the Workload."),
+    Reason.WAITING_FOR_FLEX_START_CAPACITY: (
+        "Provisioned",
+        "Flex-start pools wait for capacity (Dynamic Workload Scheduler): not a failure, no "
+        "rollback or timeout while they wait.",
+    ),
 }
 for _reason, (_condition, _doc) in _CONDITION_REASONS.items():
     REGISTRY[_reason] = Info(NORMAL, _doc, condition=_condition, event=False)

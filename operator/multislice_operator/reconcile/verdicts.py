@@ -141,7 +141,7 @@ def check_rejected(f: Facts) -> Verdict | None:
 
 def before_first_pool(f: Facts) -> bool:
     """Nothing of the job holds capacity yet: no JobSet of its own, no pool of its own."""
-    return f.js is None and not pools_present(f)
+    return f.js is None and not (f.managed and pools_present(f))
 
 
 def pod_security(f: Facts) -> Verdict | None:

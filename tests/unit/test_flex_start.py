@@ -1,0 +1,115 @@
+"""Flex-start capacity (GKE's Dynamic Workload Scheduler) in decide(): a pool waiting for
+capacity is not a failure, the JobSet exists meanwhile (its pending pods are what scales the
+pools up), and the end of the run is a disruption the workload checkpoints ahead of."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.pools import PoolState
+from multislice_operator.reconcile import (
+    AnnotatePods,
+    CreateJobSet,
+    CreatePools,
+    DecideConfig,
+    DeletePools,
+    JobMeta,
+    JobSetObservation,
+    Pod,
+    SliceObservation,
+    decide,
+)
+from tests.unit import jobs
+from tests.unit.jobs import Observed, spec_and_plan
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig.from_settings()
+META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
+FLEX = {
+    "accelerator": "v6e-16",
+    "parallelism": {"ici": {"fsdp": 16}, "dcn": {"data": 2}},
+    "capacity": {"type": "FlexStart", "maxRunDurationSeconds": 3600},
+    "provisioning": {"timeoutSeconds": 600},
+    "maintenance": {"checkpointAheadSeconds": 300},
+}
+SPEC, PLAN = spec_and_plan(**FLEX)
+
+
+def flex(ready: int = 0) -> list[SliceObservation]:
+    return [
+        SliceObservation(
+            i, p.name, PoolState.READY, ready, present_hosts=ready, flex_start=True,
+            max_run_seconds=3600,
+        )
+        for i, p in enumerate(PLAN.node_pools)
+    ]  # fmt: skip
+
+
+def run(old, obs):
+    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
+    return decide(META, SPEC, PLAN, None, status, obs, CFG)
+
+
+def reason(d, ctype="Provisioned"):
+    cond = d.status.condition(ctype)
+    return cond.reason if cond else None
+
+
+def test_pools_waiting_for_flex_start_capacity_are_no_failure_and_get_their_jobset():
+    started = NOW - timedelta(hours=2)  # far past provisioning.timeoutSeconds
+    old = {
+        "phase": "Provisioning",
+        "attemptStartTime": started.isoformat(),
+        "provisioningAttempts": 1,
+    }
+    d = run(old, Observed(now=NOW, slices=flex()))
+    assert d.status.phase == Phase.PROVISIONING
+    assert reason(d) == "WaitingForFlexStartCapacity"
+    assert "since 2026-12-01T10:00:00Z" in (d.status.message or "")
+    assert "GangRolledBack" not in [e.reason for e in d.events]
+    assert d.actions == [CreateJobSet()]  # pending pods make GKE scale the pools up
+    # The JobSet exists, its pods pending: still waiting; no repair, no deadline runs.
+    pending = [Pod(f"job-slice-{i}-0", i) for i in range(2)]
+    again = run(d.status, Observed(now=NOW + timedelta(minutes=20), slices=flex(),
+                                   jobset=JobSetObservation(), pods=pending))  # fmt: skip
+    assert again.status.phase == Phase.PROVISIONING
+    assert not [a for a in again.actions if isinstance(a, CreatePools | DeletePools)]
+    assert again.status.capacity_ready_time is None
+    assert again.status.to_dict().get("message") == d.status.to_dict().get("message")
+
+
+def test_once_the_capacity_comes_the_job_runs_and_checkpoints_before_the_run_ends():
+    ready = flex(ready=4)
+    js = JobSetObservation(ready_jobs=2)
+    up = run({"phase": "Provisioning"}, Observed(now=NOW, slices=ready, jobset=js,
+                                                 pods=jobs.running({0: 4, 1: 4})))  # fmt: skip
+    assert up.status.phase == Phase.RUNNING and up.status.capacity_ready_time == NOW
+    assert not [a for a in up.actions if isinstance(a, AnnotatePods)]
+    assert up.requeue_after is not None and up.requeue_after <= 3600 - 300
+    # 3600 s of run minus 300 s ahead: the workload is asked for a checkpoint.
+    late = NOW + timedelta(seconds=3300)
+    pods = jobs.running({0: 4, 1: 4})
+    d = run(up.status, Observed(now=late, slices=ready, jobset=js, pods=pods))
+    (ann,) = [a for a in d.actions if isinstance(a, AnnotatePods)]
+    assert ann.value.startswith("flexend-") and len(ann.pods) == 8
+    assert d.status.checkpoint is not None and d.status.checkpoint.source == "flex-start"
+    # Once asked, not again.
+    acked = [Pod(p.name, p.slice_index, 0, "Running", ready=True,
+                      checkpoint_request=ann.value) for p in pods]  # fmt: skip
+    d2 = run(d.status, Observed(now=late + timedelta(seconds=5), slices=ready, jobset=js,
+                                pods=acked))  # fmt: skip
+    assert "CheckpointRequested" not in [e.reason for e in d2.events]
+
+
+def test_the_nodes_going_at_the_end_of_the_run_are_a_lost_slice():
+    seen = {
+        "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
+        "phase": "Running",
+        "conditions": [{"type": "Provisioned", "status": "True"}],
+    }
+    gone = flex(ready=0)
+    d = run(seen, Observed(now=NOW, slices=gone, jobset=JobSetObservation(ready_jobs=0)))
+    assert d.status.phase == Phase.RESTARTING
+    assert "SliceLost" in [e.reason for e in d.events]
+    assert any(isinstance(a, DeletePools) for a in d.actions)
