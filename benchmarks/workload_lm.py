@@ -5,7 +5,8 @@ Not a test. The LM trains on the prepared corpus (`prepare`: the Language Refere
 ships, a 4096-token BPE trained on it) with its tokenizer. Each "slice" is one host process with
 --devices CPU devices (local launcher, gloo between processes). Cases: 1 slice (ici_fsdp =
 devices); 2 slices with data parallelism over DCN (dcn_data=2); 2 slices as two pipeline stages
-(dcn_pipeline=2, GPipe, bubble logged). Step time is the interval between completed steps (data
+(dcn_pipeline=2, GPipe; its bubble measured per stage with --measure_bubble, next to the
+schedule's bound). Step time is the interval between completed steps (data
 loading included: the loop never idles the devices for it, it just is inside), mean and median
 over the steady state (every step after the first 2; the run's `finished` event), not a best-of.
 MFU is the workload's own, from the mean: 6 x matmul parameters + causal attention FLOPs
@@ -61,6 +62,8 @@ def run_case(
     devices = slices * args.devices
     run_args = [*model_args(args), "--steps", str(args.steps)]
     run_args += ["--log_every", str(args.steps // 3), "--peak_flops", str(peak / devices)]
+    if parallelism.dcn_pipeline > 1:
+        run_args.append("--measure_bubble")
     result = launch_case(
         slices,
         args.devices,
@@ -77,7 +80,11 @@ def run_case(
         "flops_per_token": config["flops_per_token"],
         "stages": config["stages"],
         "microbatches": config["microbatches"],
-        "bubble_fraction": config["bubble_fraction"],
+        "bubble_bound": config["bubble_bound"],
+        # Per stage, its own work timed alone against the pipelined blocks; the worst stage.
+        "bubble_measured": max(
+            (e["bubble_measured"] for e in result.events_named("pipeline_bubble")), default=0.0
+        ),
         "compile_seconds": config["compile_seconds"],
         "attention_flops_per_token": config["attention_flops_per_token"],
         "attention_impl": config["attention_impl"],
@@ -109,13 +116,14 @@ def print_table(peak: float, rows: list[dict[str, Any]], fsdp1: int, fsdp4: int)
     first = rows[0]
     print(f"model: {first['parameters']:,} parameters, {first['flops_per_token']:,.0f} FLOPs/token")
     header = f"{'case':<24} {'devices':>7} {'mean s':>8} {'p50 s':>8} {'tokens/s':>9} "
-    print(header + f"{'/device':>8} {'MFU':>6} {'bubble':>6} {'loss':>13}")
+    print(header + f"{'/device':>8} {'MFU':>6} {'bubble':>6} {'bound':>6} {'loss':>13}")
     for r in rows:
         print(
             f"{r['case']:<24} {r['global_devices']:>7} {r['step_seconds']:>8.3f} "
             f"{r['step_seconds_p50']:>8.3f} {r['tokens_per_sec']:>9.0f} "
             f"{r['tokens_per_sec_per_device']:>8.0f} {100 * r['mfu']:>5.1f}% "
-            f"{r['bubble_fraction']:>6.3f} {r['first_loss']:>6.2f}>{r['final_loss']:<6.2f}"
+            f"{r['bubble_measured']:>6.3f} {r['bubble_bound']:>6.3f} "
+            f"{r['first_loss']:>6.2f}>{r['final_loss']:<6.2f}"
         )
     print(
         f"Adam state per device: FSDP 1 {fsdp1 / 1e6:.2f} MB, FSDP 4 {fsdp4 / 1e6:.2f} MB "

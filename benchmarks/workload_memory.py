@@ -7,9 +7,9 @@ Adam's moments), and the compiled step's peak bytes per parameter from XLA's
 saved activations, scratch). The baseline is float32 parameters and moments, full remat, one
 microbatch, in the same run.
 
-On CPU the bf16-parameter option widens the parameters before the layers use them (an XLA:CPU
-crash on bf16 reduce-scatters, train.py), so its temporaries hold a float32 copy a TPU would not;
-its state bytes are exact on every platform.
+The layers cast each weight to the compute dtype (float32 here) before gathering it, block by
+block (`sharding.gather`), so the bf16-parameter options' temporaries hold one block's float32
+weights at a time; their state bytes are exact on every platform.
 
     .venv/bin/python -m benchmarks.workload_memory [--seq_len 256] [--batch_size 8]
     .venv/bin/python -m benchmarks.workload_memory --attention-only   # scratch bytes vs T

@@ -5,23 +5,28 @@ hardware intensity = chips per host x peak FLOP/s per chip / DCN bit/s per host;
 backward-pass FLOPs per parameter = 4 x B, B the per-slice batch in tokens; a layout scales when
 4 x B / (DCN bits per parameter per step) > hardware intensity.
 
-The bits per parameter are those of the workload in this repository (workload/multislice_workload,
-float32 parameters and gradients, layers rematerialized), per DCN axis:
+The bits per parameter are those of the workload in this repository (workload/multislice_workload:
+float32 parameters and gradients, bf16 matmuls on TPU, layers rematerialized), per DCN axis, in
+the ring model (an all-reduce over n moves 2 (n - 1) / n of the array per participant, a gather
+or a reduce-scatter (n - 1) / n). `dcn_traffic` gives them exactly; they match the bytes of the
+workload's compiled step (tests/workload/test_workload_traffic.py parses its HLO):
 
-- ``dcn.data``: one all-reduce of every gradient per step: 32 bits with two slices, up to 64 with
-  more (the seed's figures).
-- ``dcn.fsdp``: every weight is all-gathered twice per step (the forward and its recomputation in
-  the backward) and its gradient reduce-scattered once: 3 x 32 x (n - 1) / n bits, 48 with two
-  slices, up to 96 with more. With ``dcn.data`` as well, the all-reduce moves each slice's
-  1 / dcn.fsdp share of the gradients.
-- ``dcn.pipeline``: no weight or gradient of the staged layers crosses the DCN (the embedding and
-  output layers run on every stage from the same inputs); activations do: each of the M + S - 1
-  GPipe iterations moves one microbatch's activations across every stage boundary, 7 times
-  (collective-permutes forward and backward, the finished microbatch's broadcast, the input
-  gradient's reduction; counted in the compiled step). That traffic grows with tokens exactly as
-  compute does, so the batch does not help: a stage hides it when
-  6 x 12 x layers x d_model^2 FLOPs per token exceed intensity x 7 x 16 x d_model bits (bf16),
-  i.e. layers per stage x d_model > intensity x 7 x 16 / 72.
+- ``dcn.data``: one all-reduce of every float32 gradient per step: 2 x 32 x (n - 1) / n bits, 32
+  with two slices, up to 64 with more (the seed's figures, which the verdict uses).
+- ``dcn.fsdp``: every weight is all-gathered in the compute dtype (bf16) twice per step (the
+  forward and its recomputation in the backward) and its gradient reduce-scattered once, in the
+  same dtype: 3 x 16 x (n - 1) / n bits, 24 with two slices, up to 48 with more. With
+  ``dcn.data`` as well, the all-reduce moves each slice's 1 / dcn.fsdp share of the gradients.
+- ``dcn.pipeline``: no weight or gradient of the staged layers crosses the DCN. Outside them the
+  stages split the batch (each embeds and scores its own rows), so the embedding and output
+  layers are data-parallel over the stages: their float32 gradients are all-reduced over them,
+  2 x 32 x (S - 1) / S bits per parameter of those layers. Activations cross too: each of the
+  M + S - 1 GPipe iterations moves one microbatch's activations across every stage boundary 4
+  times (2 collective-permutes forward: the pipeline's shift and the input/output rotation, as
+  MaxText's; 2 backward). That traffic grows with tokens exactly as compute does, so the batch
+  does not help: a stage hides it when 6 x 12 x layers x d_model^2 FLOPs per token exceed
+  intensity x 4 x 16 x d_model bits (bf16), i.e. layers per stage x d_model > intensity x 4 x
+  16 / 72.
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ VERDICT_OK = "ok"
 VERDICT_DCN_BOUND = "dcn-bound"
 VERDICT_UNKNOWN = "unknown"
 
-GRADIENT_BITS = 32  # float32 gradients and weights in the shipped workload
+GRADIENT_BITS = 32  # float32 gradients, all-reduced as float32, in the shipped workload
+COMPUTE_BITS = 16  # bf16 matmuls on TPU: weights are gathered and reduce-scattered in bf16
 FSDP_TRANSFERS = 3  # all-gather (forward), all-gather (recomputed forward), reduce-scatter
 # Per GPipe iteration, transfers of one microbatch's activations between neighbouring stages, in
-# the workload's compiled step (tests/workload/test_workload_model.py counts them).
-PIPELINE_TRANSFERS = 7
-ACTIVATION_BITS = 16  # bf16 activations on TPU
+# the workload's compiled step (tests/workload/test_workload_traffic.py counts them).
+PIPELINE_TRANSFERS = 4
+ACTIVATION_BITS = COMPUTE_BITS
 LAYER_PARAMS_PER_WIDTH_SQUARED = 12  # 4 d^2 attention + 8 d^2 MLP (mlp = 4 x d_model)
 
 
@@ -85,16 +91,84 @@ def bits_per_parameter(gradient_groups: int) -> int:
     return 32 if gradient_groups == 2 else 64
 
 
-def fsdp_bits_per_parameter(groups: int) -> int:
-    """FSDP over DCN: two gathers and a reduce-scatter, (n - 1) / n each; 96 taken beyond two."""
+def fsdp_bits_per_parameter(groups: int, compute_bits: int = COMPUTE_BITS) -> int:
+    """FSDP over DCN: two gathers and a reduce-scatter in the compute dtype, (n - 1) / n each;
+    the seed's rounding: 1/2 with two slices, 1 beyond (48 bits on TPU)."""
     if groups <= 1:
         return 0
-    return FSDP_TRANSFERS * GRADIENT_BITS // 2 if groups == 2 else FSDP_TRANSFERS * GRADIENT_BITS
+    full = FSDP_TRANSFERS * compute_bits
+    return full // 2 if groups == 2 else full
 
 
 def dcn_bits_per_parameter(par: Parallelism) -> float:
-    """All per-parameter DCN traffic of one slice per step (data and FSDP axes)."""
+    """All per-parameter DCN traffic of one slice per step (data and FSDP axes), rounded up as
+    the seed does beyond two slices: what the verdict uses."""
     return bits_per_parameter(par.dcn_data) / par.dcn_fsdp + fsdp_bits_per_parameter(par.dcn_fsdp)
+
+
+@dataclass(frozen=True)
+class AxisTraffic:
+    """What one DCN axis carries per step, exactly (ring model), in bits per parameter of the
+    group `of` (the whole model's parameters of that group, per slice)."""
+
+    axis: str  # data | fsdp | pipeline
+    what: str
+    bits_per_parameter: float
+    of: str  # ALL | BLOCKS | VOCAB
+
+
+ALL = "all parameters"
+BLOCKS = "the blocks' weights"  # the staged layers under pipeline parallelism
+VOCAB = "the embedding and output layers"
+
+
+def _ring(n: int, all_reduce: bool) -> float:
+    return (2.0 if all_reduce else 1.0) * (n - 1) / n
+
+
+def dcn_traffic(
+    par: Parallelism, compute_bits: int = COMPUTE_BITS, remat: bool = True
+) -> list[AxisTraffic]:
+    """Each DCN axis's traffic per step as the workload's compiled step moves it."""
+    out = []
+    stages = par.dcn_pipeline  # a slice holds 1/S of the blocks
+    if par.dcn_data > 1:
+        share = f" (each slice's 1/{par.dcn_fsdp} share)" if par.dcn_fsdp > 1 else ""
+        bits = GRADIENT_BITS * _ring(par.dcn_data, True) / par.dcn_fsdp
+        what = f"an all-reduce of every float32 gradient{share}"
+        out.append(
+            AxisTraffic("data", what, bits / stages, BLOCKS)
+            if stages > 1
+            else AxisTraffic("data", what, bits, ALL)
+        )
+    if par.dcn_fsdp > 1:
+        ring = compute_bits * _ring(par.dcn_fsdp, False)
+        # Blocks: gathered in the forward and in its recomputation, except under the pipeline,
+        # which gathers a stage's weights once per step; the embedding and output layer once.
+        twice = remat and stages == 1
+        gathered = "twice (forward and its recomputation)" if twice else "once"
+        blocks = f"every block weight all-gathered {gathered}"
+        out.append(
+            AxisTraffic(
+                "fsdp",
+                f"{blocks} and its gradient reduce-scattered once, in {compute_bits}-bit floats",
+                (3 if twice else 2) * ring / stages,
+                BLOCKS,
+            )
+        )
+        vocab = "the embedding and output layers gathered and reduce-scattered once"
+        out.append(AxisTraffic("fsdp", vocab, 2 * ring, VOCAB))
+    if stages > 1:
+        out.append(
+            AxisTraffic(
+                "pipeline",
+                "the stages split the batch outside the staged layers: an all-reduce of the "
+                "embedding and output layers' float32 gradients",
+                GRADIENT_BITS * _ring(stages * par.dcn_data, True) / par.dcn_fsdp,
+                VOCAB,
+            )
+        )
+    return out
 
 
 def min_tokens_per_slice(intensity: float, bits: float) -> int:
@@ -104,30 +178,29 @@ def min_tokens_per_slice(intensity: float, bits: float) -> int:
 
 def pipeline_min_layers_x_width(intensity: float) -> int:
     """Layers per stage x d_model above which a stage computes longer than its activations take
-    to cross the DCN (the bubble, (S - 1) / (M + S - 1), not counted)."""
+    to cross the DCN (the bubble, (S - 1) / (M + S - 1), not counted; nor the embedding and
+    output layers' gradients, which are data parallelism over the stages)."""
     return round(
         intensity * PIPELINE_TRANSFERS * ACTIVATION_BITS / (6 * LAYER_PARAMS_PER_WIDTH_SQUARED)
     )
 
 
 def traffic(par: Parallelism, intensity: float) -> str:
-    """What the shipped workload sends over DCN each step with this layout, in words."""
-    parts = []
-    if par.dcn_data > 1:
-        parts.append(
-            f"data x{par.dcn_data}: an all-reduce of every float32 gradient"
-            + (f" (each slice's 1/{par.dcn_fsdp} share)" if par.dcn_fsdp > 1 else "")
-        )
-    if par.dcn_fsdp > 1:
-        parts.append(
-            f"fsdp x{par.dcn_fsdp}: every float32 weight all-gathered twice (forward and its "
-            "recomputation) and its gradient reduce-scattered once"
-        )
+    """What the shipped workload sends over DCN each step with this layout, in words, with the
+    exact bits per parameter of `dcn_traffic`."""
+    sizes = {"data": par.dcn_data, "fsdp": par.dcn_fsdp, "pipeline": par.dcn_pipeline}
+    parts: list[str] = []
+    for t in dcn_traffic(par):
+        figure = f"{t.what}, {t.bits_per_parameter:g} bits per parameter"
+        figure += "" if t.of == ALL else f" of {t.of}"
+        if parts and parts[-1].startswith(f"{t.axis} x"):
+            parts[-1] += f", {figure}"
+        else:
+            parts.append(f"{t.axis} x{sizes[t.axis]}: {figure}")
     if par.dcn_pipeline > 1:
-        parts.append(
-            f"pipeline x{par.dcn_pipeline}: no weights or gradients; activations, "
-            f"{PIPELINE_TRANSFERS} transfers of one microbatch per GPipe iteration across each "
-            f"stage boundary, hidden when layers per stage x d_model > "
+        parts[-1] += (
+            f"; activations, {PIPELINE_TRANSFERS} transfers of one microbatch per GPipe "
+            f"iteration across each stage boundary, hidden when layers per stage x d_model > "
             f"{pipeline_min_layers_x_width(intensity):,}"
         )
     return "; ".join(parts) or "nothing: one slice, or no DCN parallelism"
@@ -182,8 +255,9 @@ def advise(
 
 def _pipeline_only(intensity: float) -> str:
     return (
-        f"pipeline only across slices: no gradient or weight traffic, but activations cross "
-        f"every stage boundary ({PIPELINE_TRANSFERS} microbatch transfers per GPipe iteration); "
-        f"hidden when layers per stage x d_model > {pipeline_min_layers_x_width(intensity):,}, "
-        f"whatever the batch"
+        f"pipeline only across slices: no gradient or weight traffic for the staged layers (the "
+        f"embedding and output layers' gradients are all-reduced over the stages), but "
+        f"activations cross every stage boundary ({PIPELINE_TRANSFERS} microbatch transfers per "
+        f"GPipe iteration); hidden when layers per stage x d_model > "
+        f"{pipeline_min_layers_x_width(intensity):,}, whatever the batch"
     )

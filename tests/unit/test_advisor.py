@@ -57,32 +57,51 @@ def test_other_generations_use_their_own_numbers():
 
 
 def test_fsdp_over_dcn_sends_two_gathers_and_a_reduce_scatter():
-    # The workload gathers each float32 weight twice (forward, recomputed forward) and
-    # reduce-scatters its gradient: 3 x 32 x (n - 1) / n bits per parameter.
+    # The workload gathers each weight twice (forward, recomputed forward) after casting it to
+    # bf16, and reduce-scatters its bf16 gradient: 3 x 16 x (n - 1) / n bits per parameter.
     assert advisor.fsdp_bits_per_parameter(1) == 0
-    assert advisor.fsdp_bits_per_parameter(2) == 48
-    assert advisor.fsdp_bits_per_parameter(4) == 96
+    assert advisor.fsdp_bits_per_parameter(2) == 24
+    assert advisor.fsdp_bits_per_parameter(4) == 48
+    assert advisor.fsdp_bits_per_parameter(2, compute_bits=32) == 48  # float32 matmuls
     shape = catalog.slice_shape("v4-16")
     fsdp = advisor.advise(shape, 2, par_for(2, data=1, fsdp=2), 2 * 400_000)
-    assert fsdp.bits_per_parameter == 48
-    assert fsdp.min_tokens_per_slice == 264_000  # 22,000 x 48 / 4: more than data's 176,000
+    assert fsdp.bits_per_parameter == 24
+    assert fsdp.min_tokens_per_slice == 132_000  # 22,000 x 24 / 4: less than data's 176,000
     assert fsdp.verdict == "ok"
-    assert "all-gathered twice" in fsdp.traffic
+    assert "all-gathered twice" in fsdp.traffic and "24 bits per parameter" in fsdp.traffic
+
+
+def test_exact_traffic_is_the_ring_model_and_the_verdict_rounds_it_up():
+    four = advisor.dcn_traffic(par_for(4, data=4))
+    assert [(t.axis, t.bits_per_parameter) for t in four] == [("data", 48.0)]  # 64 x 3/4
+    assert advisor.dcn_bits_per_parameter(par_for(4, data=4)) == 64  # the seed's figure
+    both = advisor.dcn_traffic(par_for(4, data=2, fsdp=2))
+    assert [(t.axis, t.bits_per_parameter, t.of) for t in both] == [
+        ("data", 16.0, advisor.ALL),
+        ("fsdp", 24.0, advisor.BLOCKS),  # gathered twice (remat), reduce-scattered once, bf16
+        ("fsdp", 16.0, advisor.VOCAB),  # gathered once
+    ]
+    assert advisor.dcn_bits_per_parameter(par_for(4, data=2, fsdp=2)) == 16 + 24
+    pipe = advisor.dcn_traffic(par_for(2, data=1, pipeline=2))
+    assert [(t.axis, t.bits_per_parameter, t.of) for t in pipe] == [
+        ("pipeline", 32.0, advisor.VOCAB)
+    ]
 
 
 def test_data_with_fsdp_over_dcn_reduces_each_slices_share():
     par = par_for(4, data=2, fsdp=2)
-    assert advisor.dcn_bits_per_parameter(par) == 32 / 2 + 48
+    assert advisor.dcn_bits_per_parameter(par) == 32 / 2 + 24
 
 
 def test_pipeline_only_sends_activations_not_gradients():
     shape = catalog.slice_shape("v4-16")
     pipe = advisor.advise(shape, 2, par_for(2, data=1, pipeline=2), 2 * 100_000)
     assert pipe.verdict == "ok" and pipe.bits_per_parameter == 0
-    # 22,000 FLOPs/bit x 7 transfers x 16 bits / (6 x 12 d^2 per layer): layers x d_model.
-    assert advisor.pipeline_min_layers_x_width(22_000) == 34_222
+    # 22,000 FLOPs/bit x 4 transfers x 16 bits / (6 x 12 d^2 per layer): layers x d_model.
+    assert advisor.pipeline_min_layers_x_width(22_000) == 19_556
     assert "activations cross every stage boundary" in pipe.message
-    assert "no gradient or weight traffic" in pipe.message and "34,222" in pipe.message
+    assert "no gradient or weight traffic for the staged layers" in pipe.message
+    assert "19,556" in pipe.message
     assert "pipeline x2" in pipe.traffic and "data" not in pipe.traffic
 
 

@@ -116,3 +116,35 @@ def test_splash_attention_kernel_matches_the_reference_per_device_under_a_mesh()
         )
     )(q, k, v)
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["blockwise", "splash"])
+def test_attention_runs_per_device_inside_the_models_manual_region(impl: str) -> None:
+    """`model.decoder_layer` calls `attend` inside `model.loss`'s shard_map (every axis manual,
+    replication checked): each device's heads (over tensor) and rows (over fsdp) alone, loop
+    carries that vary over the axes q, k and v vary over; a Pallas kernel, which has no
+    replication type, inside a nested unchecked region. Output and gradients equal the
+    reference's on the whole arrays; splash runs in the Pallas interpreter."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(1, 1, 2, 2), MESH_AXES)
+    length, block, dim = (256, 128, 128) if impl == "splash" else (64, 16, 16)
+    q, k, v = qkv(2, length, 4, 2, dim, "float32")
+    spec = P("fsdp", None, "tensor", None)
+    kw: dict[str, Any] = {"interpret": True} if impl == "splash" else {}
+
+    def per_device(q: Any, k: Any, v: Any) -> Any:
+        return attention.attend(q, k, v, impl=impl, block=block, **kw)
+
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
+    ref = attention.attend(q, k, v, impl="xla")
+    np.testing.assert_allclose(jax.jit(mapped)(q, k, v), ref, atol=2e-5, rtol=1e-4)
+
+    def total(q: Any, k: Any, v: Any) -> Any:
+        return (mapped(q, k, v) ** 2).sum()
+
+    grads = jax.jit(jax.grad(total, argnums=(0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(loss("xla"), argnums=(0, 1, 2)))(q, k, v)
+    for name, got, expected in zip("qkv", grads, want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4, err_msg=f"d{name}")

@@ -87,6 +87,17 @@ def test_bad_flag_exits_78_with_a_termination_message(tmp_path: Path) -> None:
     assert "--no-such-flag" in message["message"]
 
 
+def test_a_sequence_the_corpus_cannot_serve_exits_78_before_compiling() -> None:
+    """A training configuration error is fatal (78), never a crash (1) that the operator would
+    retry until the restart budget is spent: here the data pipeline refuses --seq_len, and it is
+    built before the step is compiled (a 50M-token sequence would not compile in memory)."""
+    code, events, stderr = run_workload(["train", *TINY, "--seq_len", "50000000"])
+    assert code == exitcodes.EXIT_CONFIG_ERROR, stderr
+    error = next(e for e in events if e["event"] == "config_error")
+    assert "--seq_len=50000000" in error["message"] and "shorter --seq_len" in error["message"]
+    assert not [e for e in events if e["event"] == "crash"]
+
+
 def test_inconsistent_env_exits_78_before_joining() -> None:
     environ = contract.build_contract_env(
         num_slices=2,

@@ -149,11 +149,19 @@ class _Windows:
 
 
 def test_local_rows_need_not_be_contiguous() -> None:
-    class Sharding:
-        def addressable_devices_indices_map(self, shape: tuple[int, ...]) -> dict[str, Any]:
-            return {"a": (slice(0, 2), slice(None)), "b": (slice(4, 6), slice(None))}
+    class Device:
+        def __init__(self, process_index: int) -> None:
+            self.process_index = process_index
 
-    assert datasets.local_rows(Sharding(), (8, 5)) == [0, 1, 4, 5]
+    a, b, c = Device(0), Device(0), Device(1)
+
+    class Sharding:
+        def devices_indices_map(self, shape: tuple[int, ...]) -> dict[Any, Any]:
+            rows = {a: (0, 2), b: (4, 6), c: (2, 4)}
+            return {d: (slice(*r), slice(None)) for d, r in rows.items()}
+
+    assert datasets.local_rows(Sharding(), (8, 5), process_index=0) == [0, 1, 4, 5]
+    assert datasets.local_rows(Sharding(), (8, 5), process_index=1) == [2, 3]
 
 
 def test_batches_and_their_position_are_the_same_on_any_layout() -> None:
@@ -185,7 +193,10 @@ def test_set_state_resumes_at_the_global_example() -> None:
     second.set_state(state)
     for batch in expected:
         got = next(second)
-        assert got.shape == (8, 5) and tuple(got.sharding.spec) == (("data", "fsdp"), None)
+        assert got.shape == (8, 5) and tuple(got.sharding.spec) == (
+            ("pipeline", "data", "fsdp"),
+            None,
+        )
         np.testing.assert_array_equal(np.asarray(got), batch)
     # Another global batch size resumes from the same example (an elastic resize).
     wider = datasets.GlobalBatches(_Windows(), 16, sharding, seed=0, threads=0)

@@ -147,6 +147,7 @@ def test_standalone_accepts_ici_overrides() -> None:
         ("v5litepod-16", 16, "v5e"),
         ("v5p-8", 4, "v5p"),
         ("v6e-256", 256, "v6e"),
+        ("tpu7x-128", 64, "tpu7x"),  # TensorCores, 2 per chip: 64 chips, 4x4x4
         ("cpu", None, None),
     ],
 )

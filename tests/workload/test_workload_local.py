@@ -280,7 +280,7 @@ def test_a_hung_pipeline_stage_is_caught_by_every_watchdog(tmp_path: Path) -> No
         1,
         2,
         args=["train", *TINY, "--steps", "40", "--num_layers", "2", "--hang_timeout_s", "3",
-              "--hang_min_s", "0", "--log_every", "1"],
+              "--hang_min_s", "0", "--log_every", "1", "--measure_bubble"],
         parallelism=Parallelism(ici_fsdp=2, dcn_pipeline=2),
         faults={1: {contract.HANG_AT_STEP: "3"}},
         log_dir=str(tmp_path / "logs"),
@@ -290,7 +290,12 @@ def test_a_hung_pipeline_stage_is_caught_by_every_watchdog(tmp_path: Path) -> No
     print(result.format_timeline())
     config = result.events_named("train_config")[0]
     assert (config["stages"], config["microbatches"]) == (2, 4)  # 8 rows, 2 per fsdp shard
-    assert config["bubble_fraction"] == pytest.approx(1 / 5, abs=1e-4)
+    assert config["bubble_bound"] == pytest.approx(1 / 5, abs=1e-4)
+    # Each stage timed its own work alone and against the pipelined blocks (both processes).
+    bubbles = result.events_named("pipeline_bubble")
+    assert sorted(e["stage"] for e in bubbles) == [0.0, 1.0]
+    assert all(0 < e["stage_seconds"] < e["pipelined_seconds"] for e in bubbles)
+    assert all(0 <= e["bubble_measured"] <= 1 for e in bubbles)
     assert result.events_named("step")  # steps ran through the pipeline before the hang
     assert result.attempts[0].first_failure is not None
     assert result.attempts[0].first_failure[1] == exitcodes.EXIT_HANG

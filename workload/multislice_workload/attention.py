@@ -121,9 +121,12 @@ def _forward(q: Any, k: Any, v: Any, block: int) -> tuple[Any, Any]:
     import jax
     import jax.numpy as jnp
 
+    from multislice_workload.sharding import vary, varying_axes
+
     scale = q.shape[-1] ** -0.5
     qb, kb, vb = (_blocks(x, block) for x in (q, k, v))
     b, h, n, _, d = qb.shape
+    axes = varying_axes(q, k, v)  # inside `model.loss`'s shard_map: the carries vary as q, k, v
 
     def query_block(i: Any) -> tuple[Any, Any]:
         qi = (qb[:, :, i] * scale).astype(q.dtype)
@@ -141,9 +144,9 @@ def _forward(q: Any, k: Any, v: Any, block: int) -> tuple[Any, Any]:
             return m_new, total * correction + p.sum(-1), acc * correction[..., None] + pv
 
         init = (
-            jnp.full((b, h, block), _MASKED, jnp.float32),
-            jnp.zeros((b, h, block), jnp.float32),
-            jnp.zeros((b, h, block, d), jnp.float32),
+            vary(jnp.full((b, h, block), _MASKED, jnp.float32), axes),
+            vary(jnp.zeros((b, h, block), jnp.float32), axes),
+            vary(jnp.zeros((b, h, block, d), jnp.float32), axes),
         )
         m, total, acc = jax.lax.fori_loop(0, i + 1, step, init)  # key blocks 0..i: causal
         return (acc / total[..., None]).astype(q.dtype), m + jnp.log(total)
@@ -177,7 +180,10 @@ def _flash_bwd(block: int, residuals: tuple[Any, ...], dout: Any) -> tuple[Any, 
     import jax
     import jax.numpy as jnp
 
+    from multislice_workload.sharding import vary, varying_axes
+
     q, k, v, out, lse = residuals
+    axes = varying_axes(q, k, v, dout)
     scale = q.shape[-1] ** -0.5
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     qb, kb, vb, dob = (_blocks(x, block) for x in (q, k, v, dout))
@@ -208,7 +214,7 @@ def _flash_bwd(block: int, residuals: tuple[Any, ...], dout: Any) -> tuple[Any, 
             )
             return dk, dv
 
-        zeros = jnp.zeros((b, h, block, d), jnp.float32)
+        zeros = vary(jnp.zeros((b, h, block, d), jnp.float32), axes)
         dk, dv = jax.lax.fori_loop(j, n, step, (zeros, zeros))
         return dk, dv  # query blocks j..n-1: causal
 
@@ -220,7 +226,8 @@ def _flash_bwd(block: int, residuals: tuple[Any, ...], dout: Any) -> tuple[Any, 
                 preferred_element_type=jnp.float32,
             )  # fmt: skip
 
-        return jax.lax.fori_loop(0, i + 1, step, jnp.zeros((b, h, block, d), jnp.float32))
+        zeros = vary(jnp.zeros((b, h, block, d), jnp.float32), axes)
+        return jax.lax.fori_loop(0, i + 1, step, zeros)
 
     dk, dv = jax.lax.map(key_block, jnp.arange(n))
     dq = jax.lax.map(query_block, jnp.arange(n)) * scale
@@ -265,7 +272,7 @@ def splash(
         return jnp.swapaxes(jax.vmap(kernel)(qh, kh, vh), 1, 2)
 
     if mesh is None or mesh.size == 1:
-        return per_device(q, k, v)
+        return _in_manual_region(per_device, q, k, v)
     from multislice_workload.sharding import logical_to_spec
 
     spec = logical_to_spec(("batch", None, "act_heads", None))
@@ -273,3 +280,54 @@ def splash(
     return jax.shard_map(
         per_device, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
     )(q, k, v)
+
+
+def _in_manual_region(kernel: Any, q: Any, k: Any, v: Any) -> Any:
+    """`kernel(q, k, v)`, also inside a ``shard_map`` that checks replication (`model.loss`).
+
+    A Pallas call has no replication type for its outputs, so under ``check_vma=True`` it is
+    refused ("manual_axis_type ... must not be None"); JAX's own Pallas collectives run under
+    ``check_vma=False`` instead. Here the kernel and its VJP run in a nested ``shard_map`` that
+    makes no new axis manual and checks nothing, on untyped copies of their inputs, inside a
+    custom VJP that marks the output and the input cotangents varying as q, k and v are: per
+    device the values and gradients are the kernel's, and no collective is added. The forward's
+    residuals (the kernel's own, from `jax.vjp`) are passed to the backward, so the forward runs
+    once per (rematerialized) pass."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from multislice_workload.sharding import vary, varying_axes
+
+    axes = varying_axes(q, k, v)
+    if not axes:
+        return kernel(q, k, v)
+    each = [varying_axes(x) for x in (q, k, v)]  # static: the cotangents vary as their inputs
+
+    def unchecked(fn: Any) -> Any:
+        mesh = jax.sharding.get_abstract_mesh()
+        return jax.shard_map(
+            fn, mesh=mesh, in_specs=P(), out_specs=P(), axis_names=frozenset(), check_vma=False
+        )
+
+    def forward(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        def run(q: Any, k: Any, v: Any) -> Any:
+            return jax.vjp(kernel, _untyped(q), _untyped(k), _untyped(v))
+
+        out, vjp = unchecked(run)(q, k, v)
+        return vary(out, axes), vjp
+
+    def backward(vjp: Any, g: Any) -> tuple[Any, Any, Any]:
+        grads = unchecked(lambda vjp, g: vjp(_untyped(g)))(vjp, g)
+        return tuple(vary(d, a) for d, a in zip(grads, each, strict=True))
+
+    call = jax.custom_vjp(lambda q, k, v: forward(q, k, v)[0])
+    call.defvjp(forward, backward)
+    return call(q, k, v)
+
+
+def _untyped(x: Any) -> Any:
+    """`x` as a computed value: in a region that checks nothing it carries no replication type
+    (an input keeps its own), as the kernel's output has none; the select is folded by XLA."""
+    import jax.numpy as jnp
+
+    return jnp.where(True, x, jnp.zeros((), x.dtype))

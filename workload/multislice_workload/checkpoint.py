@@ -80,13 +80,17 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step() if self._manager else None
 
-    def restore(self, step: int, like: Any, data: Any) -> tuple[Any, dict[str, Any]]:
-        """The state saved at `step` (shapes, dtypes, shardings of `like`) and its metadata;
-        `data` (the iterator: `set_state`) is moved to where it was at that step."""
-        import jax
+    def restore(self, step: int, abstract: Any, data: Any) -> tuple[Any, dict[str, Any]]:
+        """The state saved at `step` and its metadata; `data` (the iterator: `set_state`) is
+        moved to where it was at that step.
+
+        `abstract` gives each leaf's shape, dtype and sharding (`jax.ShapeDtypeStruct`s, e.g.
+        from `jax.eval_shape`): Orbax reads every array straight into those shardings, so nothing
+        is allocated but the restored state, and the mesh may differ from the one that saved it
+        (another number of slices, another dcn.data): each process reads the slices its devices
+        now hold. The data position is global (one JSON file), so any process count resumes."""
         import orbax.checkpoint as ocp
 
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(

@@ -51,9 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _local_device_count() -> int:
+    """Chips of this host (standalone mode): JAX devices, less on TPU7x (2 devices per chip)."""
     import jax
 
-    return jax.local_device_count()
+    from multislice_workload.hardware import devices_per_chip
+
+    local = jax.local_devices()
+    return len(local) // devices_per_chip(local)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 from multislice_workload import logs
 from multislice_workload.env import Parallelism, WorkloadEnv
+from multislice_workload.hardware import devices_per_chip
 from multislice_workload.mesh import MESH_AXES, build_mesh, slice_layout
 
 # Flag names follow the seed's shardings.py; dcn_pipeline is the operator's extra DCN axis.
@@ -47,7 +48,7 @@ def make_mesh(
         "mesh",
         global_devices=jax.device_count(),
         local_devices=jax.local_device_count(),
-        expected_devices=env.global_chips,
+        expected_devices=env.global_chips * devices_per_chip(jax.devices()),
         platform=jax.devices()[0].platform,
         device_kind=jax.devices()[0].device_kind,
         axes=dict(zip(MESH_AXES, mesh.devices.shape, strict=True)),

@@ -15,9 +15,10 @@ import bisect
 import hashlib
 import sysconfig
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from multislice_workload.env import ConfigError
 
 SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 
@@ -46,8 +47,10 @@ class ByteWindows:
         self._starts: list[int] = []  # index of each file's first window
         total = 0
         digest = hashlib.sha256(str(window).encode())
+        largest = 0
         for path in files:
             size = path.stat().st_size
+            largest = max(largest, size)
             digest.update(f"{path.relative_to(root) if root else path.name}:{size}\n".encode())
             if size // window:
                 self._files.append(path)
@@ -56,7 +59,11 @@ class ByteWindows:
         self._len = total
         self.fingerprint = digest.hexdigest()[:16]
         if not total:
-            raise ValueError(f"no file of the corpus holds a window of {window} bytes")
+            # A flag problem (--seq_len too long for the corpus): fatal, not retried.
+            raise ConfigError(
+                f"--seq_len={window - 1}: no file of the corpus holds a window of {window} bytes "
+                f"(the largest has {largest}); use a shorter --seq_len"
+            )
 
     def __len__(self) -> int:
         return self._len
@@ -68,18 +75,3 @@ class ByteWindows:
             handle.seek((index - self._starts[f]) * self.window)
             data = handle.read(self.window)
         return np.frombuffer(data, np.uint8).astype(np.int32)
-
-
-def process_rows(sharding: Any, global_shape: tuple[int, ...]) -> tuple[int, int]:
-    """The contiguous rows [lo, hi) of the global batch this process's devices hold."""
-    rows: set[tuple[int, int]] = set()
-    for index in sharding.addressable_devices_indices_map(global_shape).values():
-        r = index[0]
-        rows.add((r.start or 0, global_shape[0] if r.stop is None else r.stop))
-    lo, hi = min(r[0] for r in rows), max(r[1] for r in rows)
-    covered = np.zeros(hi - lo, bool)
-    for a, b in rows:
-        covered[a - lo : b - lo] = True
-    if not covered.all():
-        raise ValueError(f"this process's batch rows are not contiguous: {sorted(rows)}")
-    return lo, hi

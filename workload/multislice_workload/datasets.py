@@ -258,13 +258,48 @@ def stdlib_windows(window: int, split: str) -> Windows:
 # --- The global batch iterator. ------------------------------------------------------------------
 
 
-def local_rows(sharding: Any, global_shape: tuple[int, ...]) -> list[int]:
-    """The rows of the global batch held by this process's devices, in order (any layout: the
-    rows need not be contiguous)."""
+def local_rows(
+    sharding: Any, global_shape: tuple[int, ...], process_index: int | None = None
+) -> list[int]:
+    """The rows of the global batch held by the devices of process `process_index` (default:
+    this one), sorted. Any layout: on TPU hosts the rows are rarely one block (a host of 2x2
+    chips holds two rows of the torus, and the mesh's physical order spreads them over the
+    batch); devices replicated over other axes hold the same rows, counted once."""
+    import jax
+
+    process = jax.process_index() if process_index is None else process_index
     rows: set[int] = set()
-    for index in sharding.addressable_devices_indices_map(global_shape).values():
-        rows.update(range(*index[0].indices(global_shape[0])))
+    for device, index in sharding.devices_indices_map(global_shape).items():
+        if device.process_index == process:
+            rows.update(range(*index[0].indices(global_shape[0])))
     return sorted(rows)
+
+
+def row_ranges(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """[lo, hi) runs of consecutive rows, for logs."""
+    out: list[tuple[int, int]] = []
+    for row in rows:
+        if out and out[-1][1] == row:
+            out[-1] = (out[-1][0], row + 1)
+        else:
+            out.append((row, row + 1))
+    return out
+
+
+def device_blocks(
+    sharding: Any, global_shape: tuple[int, ...], rows: Sequence[int], process_index: int | None
+) -> dict[Any, tuple[list[int], slice]]:
+    """For each device of the process, where its shard lies in the process-local batch (whose
+    row i is global row ``rows[i]``): the local row positions and the column slice."""
+    import jax
+
+    process = jax.process_index() if process_index is None else process_index
+    position = {r: i for i, r in enumerate(rows)}
+    return {
+        device: ([position[r] for r in range(*index[0].indices(global_shape[0]))], index[1])
+        for device, index in sharding.devices_indices_map(global_shape).items()
+        if device.process_index == process
+    }
 
 
 class GlobalBatches:
@@ -289,7 +324,7 @@ class GlobalBatches:
         self.sharding = sharding
         self.global_shape = (global_batch, windows.window)
         self.rows = local_rows(sharding, self.global_shape)
-        self._row_of = {r: i for i, r in enumerate(self.rows)}
+        self._blocks = device_blocks(sharding, self.global_shape, self.rows, None)
         self._examples = grain.MapDataset.source(windows)
         if shuffle:
             self._examples = self._examples.shuffle(seed=seed)
@@ -332,11 +367,8 @@ class GlobalBatches:
         """Each device gets its rows of the local batch (its slice of the global rows)."""
         import jax
 
-        arrays = []
-        for device, index in self.sharding.addressable_devices_indices_map(
-            self.global_shape
-        ).items():
-            rows = range(*index[0].indices(self.global_shape[0]))
-            block = local[[self._row_of[r] for r in rows]][:, index[1]]
-            arrays.append(jax.device_put(block, device))
+        arrays = [
+            jax.device_put(local[positions][:, columns], device)
+            for device, (positions, columns) in self._blocks.items()
+        ]
         return jax.make_array_from_single_device_arrays(self.global_shape, self.sharding, arrays)

@@ -37,9 +37,12 @@ class EmergencyCheckpointer:
         local_every: int,
         keep: int,
         mesh: Any,
-        like: dict[str, Any],
+        abstract: dict[str, Any],
     ) -> None:
+        """`abstract`: the train state's shapes, dtypes and shardings (`Trainer.abstract_state`;
+        arrays work too): the manager restores into them, and nothing is allocated for it."""
         import jax
+        import jax.numpy as jnp
         import orbax.checkpoint as ocp
         from absl import flags
         from orbax.checkpoint._src.multihost import multihost
@@ -65,7 +68,13 @@ class EmergencyCheckpointer:
         self.local_directory = os.path.join(local_directory, f"process-{jax.process_index()}")
         os.makedirs(self.local_directory, exist_ok=True)
         self._mesh = mesh
-        self._abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.with_position(like, 0))
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        position = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+        self._abstract = jax.tree.map(
+            ocp.utils.to_shape_dtype_struct, {**abstract, POSITION: position}
+        )
         replica_axis = list(mesh.axis_names).index(REPLICA_AXIS)
         options = emergency.CheckpointManagerOptions(
             local=emergency.LocalCheckpointOptions(save_interval_steps=local_every, max_to_keep=2),

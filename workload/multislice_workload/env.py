@@ -415,9 +415,10 @@ def _standalone(environ: Mapping[str, str], chips: int) -> WorkloadEnv:
 
 # --- Accelerator names. --------------------------------------------------------------------------
 
-# Cloud TPU counts TensorCores in v4/v5p names (2 per chip) and chips in v5e/v6e names.
-_CORES_PER_NAME_UNIT = {"v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1}
-_ACCELERATOR_RE = re.compile(r"^(v4|v5p|v5litepod|v6e)-(\d+)$")
+# Cloud TPU counts TensorCores in v4/v5p/tpu7x names (2 per chip) and chips in v5e/v6e names
+# (tpu7x-128 = 64 chips: xpk's system_characteristics.py, GKE's Ironwood pages).
+_CORES_PER_NAME_UNIT = {"v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1, "tpu7x": 2}
+_ACCELERATOR_RE = re.compile(r"^(v4|v5p|v5litepod|v6e|tpu7x)-(\d+)$")
 
 
 def accelerator_chips(accelerator: str) -> int | None:
@@ -429,7 +430,7 @@ def accelerator_chips(accelerator: str) -> int | None:
 
 
 def accelerator_generation(accelerator: str) -> str | None:
-    """'v4', 'v5e', 'v5p' or 'v6e' for a Cloud TPU accelerator type name."""
+    """'v4', 'v5e', 'v5p', 'v6e' or 'tpu7x' for a Cloud TPU accelerator type name."""
     match = _ACCELERATOR_RE.match(accelerator.strip())
     if not match:
         return None

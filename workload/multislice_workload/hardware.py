@@ -9,20 +9,39 @@ measured: it is the denominator of the CPU benchmarks here.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from multislice_workload.env import accelerator_generation
 
-# Dense bf16 peak per chip, from the Cloud TPU system architecture pages.
+# Dense bf16 peak per chip, from the Cloud TPU system architecture pages. TPU7x (Ironwood): the
+# table of https://cloud.google.com/tpu/docs/tpu7x ("Peak compute per chip (BF16) (TFLOPs)
+# 2307", FP8 4614, "HBM capacity per chip (GiB) 192").
 TPU_PEAK_BF16_FLOPS: dict[str, float] = {
     "v4": 275e12,
     "v5e": 197e12,
     "v5p": 459e12,
     "v6e": 918e12,
+    "tpu7x": 2307e12,
 }
+
+# HBM per chip (the same pages; GiB where they say GiB, GB where they say GB).
+TPU_HBM_BYTES: dict[str, int] = {
+    "v4": 32 * 2**30,
+    "v5e": 16 * 10**9,
+    "v5p": 95 * 2**30,
+    "v6e": 32 * 10**9,
+    "tpu7x": 192 * 2**30,
+}
+
+# JAX devices per chip. v4 and v5p run their 2 TensorCores as one device ("megacore"); a TPU7x
+# chip's 2 TensorCores are 2 devices (``core_on_chip`` 0 and 1; JAX's mesh_utils lays TPU7x out
+# as [x, y, z, core]), so a 4-chip tpu7x-standard-4t VM shows 8 devices.
+DEVICES_PER_CHIP: dict[str, int] = {"tpu7x": 2}
 
 # device.device_kind as the TPU runtime reports it, longest match first.
 _DEVICE_KIND_GENERATION: tuple[tuple[str, str], ...] = (
+    ("tpu7x", "tpu7x"),  # "TPU7x" (JAX's mesh_utils and Pallas TPU info)
     ("tpu v5 lite", "v5e"),
     ("tpu v5e", "v5e"),
     ("tpu v6 lite", "v6e"),
@@ -49,9 +68,28 @@ def tpu_generation(device_kind: str, accelerator: str = "") -> str | None:
 
 
 def catalog_peak(device_kind: str, accelerator: str = "") -> float | None:
-    """Catalogued peak for a TPU device, None off TPU or for an unknown generation."""
+    """Catalogued peak of one JAX device (a chip's share on TPU7x, whose chips are 2 devices),
+    None off TPU or for an unknown generation."""
     generation = tpu_generation(device_kind, accelerator)
-    return TPU_PEAK_BF16_FLOPS.get(generation) if generation else None
+    peak = TPU_PEAK_BF16_FLOPS.get(generation) if generation else None
+    return None if peak is None else peak / DEVICES_PER_CHIP.get(generation or "", 1)
+
+
+def catalog_hbm(device_kind: str, accelerator: str = "") -> int | None:
+    """HBM of one JAX device (per chip / devices per chip), None when unknown."""
+    generation = tpu_generation(device_kind, accelerator)
+    hbm = TPU_HBM_BYTES.get(generation) if generation else None
+    return None if hbm is None else hbm // DEVICES_PER_CHIP.get(generation or "", 1)
+
+
+def devices_per_chip(devices: Sequence[Any]) -> int:
+    """JAX devices per chip among `devices`: distinct (slice, chip coordinates) on TPU (chip
+    coordinates repeat across slices), 1 elsewhere."""
+    tpu = [d for d in devices if getattr(d, "platform", "") == "tpu" and hasattr(d, "coords")]
+    if not tpu or len(tpu) != len(devices):
+        return 1
+    chips = {(getattr(d, "slice_index", 0), tuple(d.coords)) for d in tpu}
+    return max(1, len(tpu) // len(chips))
 
 
 def gpu_peak(device_kind: str) -> float | None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from multislice_workload.env import ConfigError, Parallelism
+from multislice_workload.hardware import devices_per_chip
 
 MESH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp", "tensor")
 
@@ -67,14 +68,30 @@ def _tag_by_process(devices: Sequence[Any], hosts_per_slice: int) -> list[_Slice
     return [_SliceTagged(d, d.process_index // hosts_per_slice) for d in ordered]
 
 
-def check_device_count(num_devices: int, num_slices: int, chips_per_slice: int) -> None:
+def check_device_count(
+    num_devices: int, num_slices: int, chips_per_slice: int, per_chip: int = 1
+) -> None:
     """The seed's `len(jax.devices())` check: every chip of every slice must be visible."""
-    expected = num_slices * chips_per_slice
+    expected = num_slices * chips_per_slice * per_chip
     if num_devices != expected:
+        cores = f" x {per_chip} TensorCore devices per chip" if per_chip > 1 else ""
         raise ConfigError(
             f"JAX sees {num_devices} devices but the job has {num_slices} slices x "
-            f"{chips_per_slice} chips = {expected}; a host or slice did not join"
+            f"{chips_per_slice} chips{cores} = {expected}; a host or slice did not join"
         )
+
+
+def per_device(parallelism: Parallelism, per_chip: int, chips_per_slice: int) -> Parallelism:
+    """The ICI parallelism over devices. The operator counts chips (ICI products = chips per
+    slice); where a chip is several devices (TPU7x: 2 TensorCores), the chip's devices join the
+    innermost parallel axis (tensor if tensor-parallel, else fsdp), which the TensorCores of one
+    chip serve best (mesh_utils lays TPU7x out with the core as the fastest physical axis).
+    Products already given in devices (flags) are kept."""
+    if per_chip == 1 or parallelism.ici_product != chips_per_slice:
+        return parallelism
+    if parallelism.ici_tensor > 1:
+        return parallelism.replace(ici_tensor=parallelism.ici_tensor * per_chip)
+    return parallelism.replace(ici_fsdp=parallelism.ici_fsdp * per_chip)
 
 
 def device_array(
@@ -93,8 +110,10 @@ def device_array(
     axis, for ICI shapes that do not follow the torus (e.g. tensor=2 on a 4-long axis)."""
     from jax.experimental import mesh_utils  # here so env-only users never import JAX
 
-    check_device_count(len(devices), num_slices, chips_per_slice)
-    parallelism.check(num_slices, chips_per_slice)
+    per_chip = devices_per_chip(devices)
+    check_device_count(len(devices), num_slices, chips_per_slice, per_chip)
+    parallelism = per_device(parallelism, per_chip, chips_per_slice)
+    parallelism.check(num_slices, chips_per_slice * per_chip)
     native = has_native_slices(devices)
     candidates: Sequence[Any] = devices if native else _tag_by_process(devices, hosts_per_slice)
     try:

@@ -1,13 +1,19 @@
 """A decoder-only transformer LM in plain JAX: parameters are a dict of arrays, each leaf with
-logical axis names (`PARAM_AXES`) that `sharding.LOGICAL_RULES` maps onto the mesh.
+logical axis names (`PARAM_AXES`, `param_axes`) that `sharding.LOGICAL_RULES` maps onto the mesh.
 
 Token embedding, then `layers` pre-norm blocks (RMSNorm, causal attention with rotary positions,
 multi-head or grouped-query (`kv_heads`), through `attention.attend`; RMSNorm, a GELU or SwiGLU
 MLP), a final RMSNorm and an untied output projection. The vocabulary is the tokenizer's, padded
-to a multiple of 128 (`padded_vocab`). The blocks are
-one stacked array per weight (leading ``layers`` dimension), run by ``lax.scan`` with each block
-rematerialized; under pipeline parallelism the same stack is split into contiguous stages
-(`pipeline.py`). Parameters are float32; the matmuls run in `ModelConfig.dtype`.
+to a multiple of 128 (`padded_vocab`). The blocks are one stacked array per weight (leading
+``layers`` dimension), run by ``lax.scan`` with each block rematerialized (`remat_policy`: the
+names `decoder_layer` tags its projections with); under pipeline parallelism the same stack is
+split into contiguous stages (`pipeline.py`). Parameters are float32 (or bfloat16 with a float32
+master copy, `train.py`); the matmuls run in `ModelConfig.dtype`.
+
+The forward pass below works on this device's shards (it runs inside the ``shard_map`` of
+`loss`; `sharding.py` says which collective each helper adds): activations are
+[local batch, sequence, embed], replicated over ``tensor``; a weight arrives as its shard and is
+gathered over ``fsdp`` (after the cast to the compute dtype) in the computation that uses it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,17 @@ from collections.abc import Callable
 from typing import Any
 
 from multislice_workload import attention as attn
-from multislice_workload.sharding import Logical, constrain, fsdp_gather
+from multislice_workload.sharding import (
+    BATCH_AXES,
+    Logical,
+    gather,
+    logical_to_spec,
+    tensor_offset,
+    tensor_sum,
+    to_tensor,
+    tree_specs,
+    vary,
+)
 
 # Per-layer weights (the stacked arrays add a leading "layers" dimension).
 LAYER_AXES: dict[str, Logical] = {
@@ -40,8 +56,6 @@ PARAM_AXES: dict[str, Any] = {
     "final_norm": ("norm",),
     "unembed": ("embed", "vocab"),
 }
-ACT = ("batch", None, None)  # [batch, sequence, embed]
-
 # What each remat policy saves of a block's forward pass, by the names `decoder_layer` gives its
 # projections (MaxText's `remat_policy` names and sets, layers/decoders.py get_remat_policy);
 # "full" saves nothing, "none" does not rematerialize, "dots"/"minimal" save every matmul
@@ -185,7 +199,7 @@ def param_axes(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-# --- Forward. -------------------------------------------------------------------------------------
+# --- Forward, on this device's shards. -------------------------------------------------------
 
 
 def rms_norm(x: Any, scale: Any, eps: float = 1e-6) -> Any:
@@ -208,46 +222,49 @@ def rotary(x: Any) -> Any:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def gather_layer(layer: dict[str, Any], cfg: ModelConfig, mesh: Any, lead: Logical = ()) -> Any:
-    """One block's weights, gathered over ``fsdp`` and cast to the compute dtype. `lead` names
-    extra leading dimensions (the pipeline's ``stage``)."""
+def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False) -> dict[str, Any]:
+    """One block's weights (`stacked`: several, with the leading ``layers`` dimension), cast to
+    the compute dtype and gathered over ``fsdp``; the norm scales stay float32 (`rms_norm`
+    applies them in float32)."""
     import jax.numpy as jnp
 
     dtype = jnp.dtype(cfg.dtype)
+    lead: Logical = ("layers",) if stacked else ()
     return {
-        name: fsdp_gather(w, mesh, (*lead, *WEIGHT_AXES[name])).astype(dtype)
+        name: w if name.endswith("norm") else gather(w, (*lead, *WEIGHT_AXES[name]), dtype)
         for name, w in layer.items()
     }
 
 
-def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig, mesh: Any) -> Any:
-    """One block on activations [batch, sequence, embed], with gathered weights `w`."""
+def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
+    """One block on activations [local batch, sequence, embed], with gathered weights `w`:
+    2 all-reduces over ``tensor`` forward (after the row-parallel ``wo`` and ``wo_mlp``), 2 in the
+    backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``/``wi_gate``). The
+    query and key/value heads are this device's (tensor-parallel), so attention needs no
+    collective; `attend` runs per device (``mesh=None``: its splash kernel is called directly,
+    already inside the manual region)."""
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
 
-    heads = ("batch", None, "act_heads", None)
-    h = rms_norm(x, w["attn_norm"])
+    h = to_tensor(rms_norm(x, w["attn_norm"]))
     q, k, v = (
-        checkpoint_name(constrain(jnp.einsum("bte,ehd->bthd", h, w[n]), mesh, heads), tag)
+        checkpoint_name(jnp.einsum("bte,ehd->bthd", h, w[n]), tag)
         for n, tag in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj"))
     )
-    attended = attn.attend(
-        rotary(q), rotary(k), v, impl=cfg.attention, block=cfg.attention_block, mesh=mesh
-    )
+    attended = attn.attend(rotary(q), rotary(k), v, impl=cfg.attention, block=cfg.attention_block)
     attended = checkpoint_name(attended, "context")
     out = checkpoint_name(jnp.einsum("bthd,hde->bte", attended, w["wo"]), "out_proj")
-    x = constrain(x + out, mesh, ACT)
-    h = rms_norm(x, w["mlp_norm"])
+    x = x + tensor_sum(out)
+    h = to_tensor(rms_norm(x, w["mlp_norm"]))
     up = checkpoint_name(jnp.einsum("bte,em->btm", h, w["wi"]), "mlpwi")
     if "wi_gate" in w:  # SwiGLU (Shazeer 2020): silu(x W_gate) * (x W_in)
         gate = checkpoint_name(jnp.einsum("bte,em->btm", h, w["wi_gate"]), "mlpwi")
         hidden = jax.nn.silu(gate) * up
     else:
         hidden = jax.nn.gelu(up)
-    h = constrain(hidden, mesh, ("batch", None, "act_mlp"))
-    down = checkpoint_name(jnp.einsum("btm,me->bte", h, w["wo_mlp"]), "mlpwo")
-    return constrain(x + down, mesh, ACT)
+    down = checkpoint_name(jnp.einsum("btm,me->bte", hidden, w["wo_mlp"]), "mlpwo")
+    return x + tensor_sum(down)
 
 
 def remat_policy(name: str) -> Callable[..., Any] | None:
@@ -271,34 +288,97 @@ def remat(fn: Callable[..., Any], cfg: ModelConfig) -> Callable[..., Any]:
     return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=remat_policy(cfg.remat))
 
 
-def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig, mesh: Any) -> Any:
-    """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan."""
+def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig) -> Any:
+    """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan.
+    Each block gathers its own weights inside its rematerialized body: the gathered weights of
+    one block live at a time, and the recomputation in the backward pass gathers them again."""
     import jax
 
     def block(h: Any, layer: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(h, gather_layer(layer, cfg, mesh), cfg, mesh), None
+        return decoder_layer(h, gather_layer(layer, cfg), cfg), None
 
     out, _ = jax.lax.scan(remat(block, cfg), x, layers)
     return out
 
 
-def embed(params: dict[str, Any], inputs: Any, cfg: ModelConfig, mesh: Any) -> Any:
+def embed(table: Any, inputs: Any, cfg: ModelConfig) -> Any:
+    """Vocabulary-parallel lookup (Megatron): each tensor shard looks up the tokens in its rows of
+    the table, and one all-reduce over ``tensor`` adds the shards' rows (zero elsewhere)."""
     import jax.numpy as jnp
 
-    table = fsdp_gather(params["embedding"], mesh, PARAM_AXES["embedding"])
-    return constrain(jnp.take(table, inputs, axis=0).astype(jnp.dtype(cfg.dtype)), mesh, ACT)
+    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype))  # [vocab / tensor, embed]
+    local = inputs - tensor_offset(rows.shape[0])
+    inside = (local >= 0) & (local < rows.shape[0])
+    looked_up = jnp.take(rows, jnp.clip(local, 0, rows.shape[0] - 1), axis=0)
+    return tensor_sum(jnp.where(inside[..., None], looked_up, jnp.zeros((), rows.dtype)))
 
 
-def logits(params: dict[str, Any], x: Any, cfg: ModelConfig, mesh: Any) -> Any:
+def token_losses(params: dict[str, Any], x: Any, targets: Any, cfg: ModelConfig) -> Any:
+    """Cross-entropy per token [local batch, sequence] of the vocabulary-parallel logits: the
+    logits stay sharded over ``tensor``; the log-sum-exp and the target's logit are reduced over
+    it ([batch, sequence] floats, not [batch, sequence, vocab])."""
+    import jax
     import jax.numpy as jnp
 
-    unembed = fsdp_gather(params["unembed"], mesh, PARAM_AXES["unembed"])
-    h = rms_norm(x, params["final_norm"])
-    out = jnp.einsum("bte,ev->btv", h, unembed.astype(h.dtype), preferred_element_type=jnp.float32)
-    return constrain(out, mesh, ("batch", None, "vocab"))
+    unembed = gather(params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype))
+    h = to_tensor(rms_norm(x, params["final_norm"]))
+    out = jnp.einsum("bte,ev->btv", h, unembed, preferred_element_type=jnp.float32)
+    peak = jax.lax.pmax(jax.lax.stop_gradient(out.max(axis=-1)), "tensor")
+    lse = jnp.log(tensor_sum(jnp.exp(out - peak[..., None]).sum(axis=-1))) + peak
+    local = targets - tensor_offset(out.shape[-1])
+    inside = (local >= 0) & (local < out.shape[-1])
+    picked = jnp.take_along_axis(out, jnp.clip(local, 0, out.shape[-1] - 1)[..., None], -1)
+    return lse - tensor_sum(jnp.where(inside, picked[..., 0], 0.0))
 
 
-def cross_entropy(out: Any, targets: Any) -> Any:
-    import optax
+def local_loss(
+    params: dict[str, Any], tokens: Any, cfg: ModelConfig, stages: int, microbatches: int
+) -> Any:
+    """Mean next-token loss of the global batch, from this device's rows [local batch, seq + 1]."""
+    import jax
 
-    return optax.softmax_cross_entropy_with_integer_labels(out, targets).mean()
+    # Each parameter's gradient is all-reduced once over the batch axes it is replicated on.
+    params = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
+    x = embed(params["embedding"], tokens[:, :-1], cfg)
+    if stages == 1:
+        x = run_layers(params["layers"], x, cfg)
+    else:
+        from multislice_workload.pipeline import run_pipeline
+
+        x = run_pipeline(params["layers"], x, cfg, stages, microbatches)
+    losses = token_losses(params, x, tokens[:, 1:], cfg)
+    count = losses.size * _batch_shards()
+    return jax.lax.psum(losses.sum(), BATCH_AXES) / count
+
+
+def _batch_shards() -> int:
+    import math
+
+    import jax
+
+    return math.prod(int(jax.lax.axis_size(a)) for a in BATCH_AXES)
+
+
+def loss(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    mesh: Any,
+    stages: int = 1,
+    microbatches: int = 1,
+) -> Any:
+    """The model's loss on tokens [batch, seq + 1] sharded as ("batch", None), every mesh axis
+    manual (`sharding.py`)."""
+    import functools
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    body = functools.partial(local_loss, cfg=cfg, stages=stages, microbatches=microbatches)
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(tree_specs(param_axes(cfg)), logical_to_spec(("batch", None))),
+        out_specs=P(),
+    )
+    return mapped(params, tokens)

@@ -1,99 +1,192 @@
-"""GPipe over the ``pipeline`` mesh axis: stage-stacked layers, microbatches, collective permutes.
+"""GPipe over the ``pipeline`` mesh axis, written per device (inside `model.loss`'s shard_map).
 
 The layer stack [layers, ...] is sharded over ``pipeline`` on its first dimension, so stage s
-holds the contiguous layers s x L/S .. (s + 1) x L/S - 1; viewed as [stages, L/S, ...] that split
-is free (no data moves). Every iteration each stage runs its layers on the activation it holds
-(a ``vmap`` over stages per layer, partitioned by ``spmd_axis_name='pipeline'``, the weights
-gathered over ``fsdp`` outside it), then the activations
-move one stage on: ``jnp.roll`` over the stage dimension, which the partitioner lowers to a
-collective-permute between neighbouring stages (over DCN when stages are slices). Stage 0 takes
-microbatch t at iteration t; the last stage finishes microbatch t - (S - 1). M microbatches
-take M + S - 1 iterations, so each stage idles for (S - 1) / (M + S - 1) of them: the bubble.
-The backward pass is the transpose of this loop (activation gradients permute the other way).
+holds the contiguous layers s x L/S .. (s + 1) x L/S - 1 as its local block. Outside the staged
+layers ``pipeline`` is a batch axis: each stage embeds, and later scores, only its own rows of
+the batch, viewed as M/S microbatch slots ("state_io", as MaxText's `layers/pipeline.py`).
 
-Microbatch m holds rows m, m + M, m + 2M, ... of the batch, so each microbatch stays spread over
-every data-parallel device (a contiguous split would put whole microbatches on single devices).
+Every iteration t each stage runs its layers on the activation it holds, then two
+collective-permutes move one microbatch's local activations across each stage boundary:
+
+- ``shift``: stage s hands its result to stage s + 1 (the pipeline itself);
+- ``state_io``: slot t mod M/S of every stage moves to the stage below, and the last stage puts
+  the microbatch it just finished there. Stage 0 so reads microbatch t at iteration t for t < M,
+  and each finished microbatch ends, after the last iteration, on the stage whose rows it is
+  (microbatch j of a stage in slot (j + S - 1) mod M/S, undone by a roll).
+
+Neither permute has a wrap-around pair: the last stage sends nothing on ``shift`` and stage 0
+nothing on ``state_io``. The backward pass is the transpose: two permutes per iteration the other
+way. M microbatches take M + S - 1 iterations, so each stage idles (S - 1) / (M + S - 1) of them
+(the schedule's bound; `measure_bubble` measures it from per-stage timings).
+
+FSDP: a stage's weights are gathered once, before the loop, and their gradients reduce-scattered
+once after it (MaxText's ``pipeline_fsdp_ag_once``), not on each of the M + S - 1 iterations;
+the price is the stage's full weights (compute dtype) held during the step.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from multislice_workload.model import WEIGHT_AXES, ModelConfig, decoder_layer, gather_layer, remat
-from multislice_workload.sharding import constrain, local_reshape
+from multislice_workload.model import ModelConfig, decoder_layer, gather_layer, remat
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Share of stage-iterations that do no useful work in a GPipe schedule."""
+    """Share of stage-iterations that do no useful work in a GPipe schedule (its bound)."""
     return (stages - 1) / (microbatches + stages - 1)
 
 
 def default_microbatches(stages: int, batch: int, batch_shards: int) -> int:
-    """The most microbatches up to 4 per stage that split the batch evenly over its shards."""
-    for m in range(4 * stages, 0, -1):
+    """The most microbatches up to 4 per stage, a multiple of the stages, whose rows split
+    evenly over the data-parallel devices of a stage (`batch_shards`)."""
+    for m in range(4 * stages, 0, -stages):
         if batch % m == 0 and (batch // m) % batch_shards == 0:
             return m
-    return 1
+    return stages
 
 
-def stage_view(layers: dict[str, Any], stages: int, mesh: Any) -> dict[str, Any]:
-    """[layers, ...] -> [stages, layers per stage, ...]; local because the stack is sharded over
-    ``pipeline`` in contiguous blocks."""
+def run_stage(weights: dict[str, Any], h: Any, cfg: ModelConfig) -> Any:
+    """A stage's blocks (gathered `weights` [L/S, ...]) on one microbatch, each rematerialized."""
+    import jax
 
-    def split(name: str, w: Any) -> Any:
-        shape = (stages, w.shape[0] // stages, *w.shape[1:])
-        return local_reshape(w, mesh, ("layers", *WEIGHT_AXES[name]), shape)
+    def block(x: Any, w: dict[str, Any]) -> tuple[Any, None]:
+        return decoder_layer(x, w, cfg), None
 
-    return {name: split(name, w) for name, w in layers.items()}
+    out, _ = jax.lax.scan(remat(block, cfg), h, weights)
+    return out
 
 
 def run_pipeline(
-    layers: dict[str, Any], x: Any, cfg: ModelConfig, mesh: Any, stages: int, microbatches: int
+    layers: dict[str, Any], x: Any, cfg: ModelConfig, stages: int, microbatches: int
 ) -> Any:
-    """`run_layers` on x [batch, seq, embed], as a GPipe schedule over `stages` stages."""
+    """This stage's `layers` [L/S, ...] applied, as a GPipe schedule, to every row of the batch;
+    x: this device's rows [local batch, seq, embed] (this stage's M/S microbatches)."""
     import jax
     import jax.numpy as jnp
 
-    batch, seq, width = x.shape
-    mb = batch // microbatches
-    staged = stage_view(layers, stages, mesh)
-    # [batch] -> [microbatch, rows of it]: row r goes to microbatch r % M.
-    xs = constrain(
-        x.reshape(mb, microbatches, seq, width).swapaxes(0, 1), mesh, (None, "batch", None, None)
-    )
-    stage_index = jnp.arange(stages)[:, None, None, None]
-    buffer_axes = ("stage", "batch", None, None)
-
-    # [stages, per stage, ...] -> [per stage, stages, ...] (local): scan over a stage's layers,
-    # every stage at once. The FSDP gather runs outside the vmap, on all stages' weights.
-    by_layer = jax.tree.map(lambda w: w.swapaxes(0, 1), staged)
-    compute = jax.vmap(lambda w, h: decoder_layer(h, w, cfg, mesh), spmd_axis_name="pipeline")
-
-    def block(h: Any, layer: dict[str, Any]) -> tuple[Any, None]:
-        return compute(gather_layer(layer, cfg, mesh, lead=("stage",)), h), None
-
-    def per_stage(h: Any) -> Any:
-        out, _ = jax.lax.scan(remat(block, cfg), h, by_layer)
-        return out
+    slots = microbatches // stages
+    rows, seq, width = x.shape
+    state_io = x.reshape(slots, rows // slots, seq, width)
+    weights = gather_layer(layers, cfg, stacked=True)  # once per step, not per iteration
+    stage = jax.lax.axis_index("pipeline")
+    down = [(s, s + 1) for s in range(stages - 1)]
+    up = [(s + 1, s) for s in range(stages - 1)]
 
     def iteration(carry: tuple[Any, Any], t: Any) -> tuple[tuple[Any, Any], None]:
-        held, outputs = carry
-        fresh = jax.lax.dynamic_index_in_dim(xs, jnp.minimum(t, microbatches - 1), keepdims=True)
-        inputs = constrain(jnp.where(stage_index == 0, fresh, held), mesh, buffer_axes)
-        out = constrain(per_stage(inputs), mesh, buffer_axes)
-        finished = t - (stages - 1)  # the microbatch leaving the last stage, if any
-        slot = jnp.clip(finished, 0, microbatches - 1)
-        current = jax.lax.dynamic_index_in_dim(outputs, slot, keepdims=False)
-        done = jnp.where(finished >= 0, out[stages - 1], current)
-        outputs = jax.lax.dynamic_update_index_in_dim(outputs, done, slot, axis=0)
-        # Stage s hands its result to stage s + 1: a collective-permute over `pipeline`.
-        return (constrain(jnp.roll(out, 1, axis=0), mesh, buffer_axes), outputs), None
+        shift, state_io = carry
+        slot = t % slots
+        held = jax.lax.dynamic_index_in_dim(state_io, slot, keepdims=False)
+        out = run_stage(weights, jnp.where(stage == 0, held, shift), cfg)
+        shift = jax.lax.ppermute(out, "pipeline", down)
+        moved = jax.lax.ppermute(held, "pipeline", up)
+        landed = jnp.where(stage == stages - 1, out, moved)
+        return (shift, jax.lax.dynamic_update_index_in_dim(state_io, landed, slot, 0)), None
 
-    held = constrain(jnp.zeros((stages, mb, seq, width), x.dtype), mesh, buffer_axes)
-    outputs = jnp.zeros_like(xs)
     # No checkpoint around an iteration: its layers already rematerialize, and a second level
-    # would run every forward a third time (and gather every FSDP weight a third time).
-    (_, outputs), _ = jax.lax.scan(
-        iteration, (held, outputs), jnp.arange(microbatches + stages - 1)
-    )
-    return outputs.swapaxes(0, 1).reshape(batch, seq, width)
+    # would run every forward a third time.
+    carry = (jnp.zeros_like(state_io[0]), state_io)
+    (_, state_io), _ = jax.lax.scan(iteration, carry, jnp.arange(microbatches + stages - 1))
+    return jnp.roll(state_io, -(stages - 1), axis=0).reshape(rows, seq, width)
+
+
+def measure_bubble(
+    cfg: ModelConfig, mesh: Any, microbatches: int, batch: int, tries: int = 3
+) -> dict[str, float]:
+    """The bubble from timings of this process's stage: its busy time is that of its own work
+    for one step (its blocks, forward and backward, on all M microbatches, on its devices alone,
+    weights gathered once as in the pipeline); the pipelined blocks take longer by the idle
+    iterations and the transfers: ``bubble = 1 - stage / pipelined``.
+
+    Collective (every process calls it). On CPU the forced devices share the cores, so a stage
+    alone runs faster than inside the full pipeline and the figure reads high; on TPU each stage
+    has chips of its own."""
+    import jax
+    import numpy as np
+
+    stages = int(mesh.shape["pipeline"])
+    width = (cfg.seq_len, cfg.embed)
+    pipelined = _probe(cfg, mesh, (batch, *width), microbatches, stages)
+    mine = [s for s in range(stages) if any(
+        d.process_index == jax.process_index() for d in mesh.devices[s].flat
+    )]  # fmt: skip
+    stage = mine[0]
+    stage_mesh = jax.sharding.Mesh(mesh.devices[stage : stage + 1], mesh.axis_names)
+    alone = _probe(cfg, stage_mesh, (microbatches, batch // microbatches, *width), 1, stages)
+    pipelined_s = _median_seconds(pipelined, tries)
+    stage_s = _median_seconds(alone, tries)
+    return {
+        "stage": float(stage),
+        "pipelined_seconds": pipelined_s,
+        "stage_seconds": stage_s,
+        "bubble_measured": float(np.clip(1.0 - stage_s / pipelined_s, 0.0, 1.0)),
+        "bubble_bound": bubble_fraction(stages, microbatches),
+    }
+
+
+def _probe(
+    cfg: ModelConfig, mesh: Any, shape: tuple[int, ...], microbatches: int, stages: int
+) -> Callable[[], Any]:
+    """A thunk running forward + backward of the blocks of one step: pipelined over `mesh`
+    (x [batch, seq, embed]), or, with `microbatches` 1, one stage's blocks on its own mesh over
+    x [M, batch / M, seq, embed], microbatch after microbatch."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from multislice_workload.model import param_axes
+    from multislice_workload.sharding import BATCH_AXES, logical_to_spec, tree_specs, vary
+
+    layer_specs = tree_specs(param_axes(cfg)["layers"])
+    lead: tuple[None, ...] = (None,) * (len(shape) - 3)
+    act = logical_to_spec((*lead, "batch", None, None))
+    per_stage = cfg.layers // stages
+    shapes = {
+        k: (per_stage * int(mesh.shape["pipeline"]), *v[1:])
+        for k, v in cfg.shapes()["layers"].items()
+    }
+
+    def local(layers: dict[str, Any], x: Any) -> Any:
+        layers = jax.tree.map(lambda w: vary(w, BATCH_AXES), layers)
+        if microbatches > 1:
+            out = run_pipeline(layers, x, cfg, stages, microbatches)
+        else:
+            weights = gather_layer(layers, cfg, stacked=True)
+            out = jax.lax.map(lambda h: run_stage(weights, h, cfg), x)
+        return jax.lax.psum(out.astype(jnp.float32).sum(), BATCH_AXES)
+
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(layer_specs, act), out_specs=P())
+    step = jax.jit(jax.grad(mapped, argnums=(0, 1)))
+    made = jax.jit(
+        functools.partial(_inputs, shapes, shape, jnp.dtype(cfg.dtype)),
+        out_shardings=(
+            {k: NamedSharding(mesh, spec) for k, spec in layer_specs.items()},
+            NamedSharding(mesh, act),
+        ),
+    )()
+    return lambda: step(*made)
+
+
+def _inputs(shapes: dict[str, tuple[int, ...]], x: tuple[int, ...], dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    layers = {k: jnp.full(s, 0.02, jnp.float32) for k, s in shapes.items()}
+    return layers, jnp.full(x, 0.1, dtype)
+
+
+def _median_seconds(fn: Callable[[], Any], tries: int) -> float:
+    import statistics
+
+    import jax
+
+    jax.block_until_ready(fn())  # compile, warm up
+    timings = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        timings.append(time.perf_counter() - start)
+    return statistics.median(timings)

@@ -1,4 +1,4 @@
-"""Logical axis names -> mesh axes, and the explicit FSDP weight gather.
+"""Logical axis names -> mesh axes, and the collectives of the explicitly partitioned model.
 
 Every parameter and activation dimension has a logical name (``embed``, ``heads``, ``batch``, ...);
 one table maps the names onto the mesh axes ``pipeline``, ``data``, ``fsdp`` and ``tensor`` (the
@@ -6,11 +6,22 @@ idea of flax's ``logical_axis_rules`` and MaxText's ``logical_axis_rules``, with
 The DCN factors need no rules of their own: the mesh axis ``fsdp`` is ``ici_fsdp x dcn_fsdp``
 devices long, ``data`` is ``ici_data x dcn_data`` and ``pipeline`` is ``dcn_pipeline``.
 
-FSDP gathers are explicit: each weight is all-gathered over ``fsdp`` right before its layer uses
-it (`fsdp_gather`), inside a ``shard_map`` manual over ``fsdp`` only. JAX transposes that
-``all_gather`` into a ``psum_scatter``, so the compiled step reduce-scatters every gradient back
-to its shard on every backend. Left to the partitioner, XLA emits all-reduce + dynamic-slice and
-only the GPU/TPU pipelines rewrite that into a reduce-scatter (``ReduceScatterCreator``).
+The loss runs inside one ``shard_map`` manual over every mesh axis (`model.loss`), so each
+collective of the step is one written here, where it is needed, and nothing is left to the
+partitioner (which, in a partially manual region, re-gathered weights over ``tensor`` and made
+each FSDP weight's cotangent replicated before reduce-scattering it: 3x the gradient bytes).
+This is the pattern of JAX's shard_map FSDP example (the matmul inside the ``shard_map`` next to
+its ``all_gather``; https://docs.jax.dev/en/latest/notebooks/shard_map.html, "FSDP"):
+
+- a weight is cast to the compute dtype, then all-gathered over ``fsdp`` (`gather`), where it
+  is used; JAX transposes that ``all_gather`` into one ``psum_scatter``: one reduce-scatter per
+  weight gradient, in the compute dtype;
+- a parameter replicated over batch axes is marked varying over them once, at the top of the
+  loss (`vary`): the transpose of that ``pcast`` is the gradient's one all-reduce over those
+  axes (``data``, and ``pipeline`` for the embedding), on the fsdp shard, in float32;
+- tensor parallelism is Megatron's: column-parallel matmuls on activations marked varying over
+  ``tensor`` (`to_tensor`; its transpose is the backward all-reduce) and row-parallel matmuls
+  followed by a ``psum`` (`tensor_sum`; its transpose moves nothing).
 """
 
 from __future__ import annotations
@@ -20,16 +31,19 @@ from typing import Any
 
 # Logical dimension name -> mesh axis (or axes, major first); unnamed dims are replicated.
 LOGICAL_RULES: dict[str, str | tuple[str, ...]] = {
-    "batch": ("data", "fsdp"),  # activations: examples over every data-parallel device
+    # Activations: examples over every device that is not tensor-parallel. The pipeline axis is
+    # a batch axis outside the staged layers: embedding, logits and loss run once per example,
+    # on the stage that holds it (`pipeline.py`), not on every stage.
+    "batch": ("pipeline", "data", "fsdp"),
     "layers": "pipeline",  # the layer stack: contiguous blocks of layers per pipeline stage
-    "stage": "pipeline",  # the stage dimension of the pipeline's activation buffer
     "embed": "fsdp",  # weights: the model dimension is what FSDP shards
     "vocab": "tensor",
     "heads": "tensor",
     "mlp": "tensor",
+    # An activation's heads (`attention.splash` called under a mesh, outside `model.loss`).
     "act_heads": "tensor",
-    "act_mlp": "tensor",
 }
+BATCH_AXES: tuple[str, ...] = ("pipeline", "data", "fsdp")
 
 Logical = tuple[str | None, ...]
 
@@ -56,77 +70,17 @@ def named(mesh: Any, names: Sequence[str | None]) -> Any:
 
 
 def constrain(x: Any, mesh: Any, names: Sequence[str | None]) -> Any:
+    """A sharding constraint outside the manual region (gradient accumulation's microbatches)."""
     import jax
 
     return jax.lax.with_sharding_constraint(x, named(mesh, names))
 
 
-def without(names: Sequence[str | None], dropped: str) -> Logical:
-    """The logical names with every dimension that maps to mesh axis `dropped` unnamed."""
-
-    def maps_to(name: str | None) -> bool:
-        rule = LOGICAL_RULES.get(name) if name else None
-        return rule == dropped or (isinstance(rule, tuple) and dropped in rule)
-
-    return tuple(None if maps_to(n) else n for n in names)
-
-
-def fsdp_gather(w: Any, mesh: Any, names: Sequence[str | None]) -> Any:
-    """The full weight over ``fsdp`` (still sharded over ``tensor`` and ``pipeline``); its
-    gradient is reduce-scattered back onto the ``fsdp`` shards."""
+def tree_specs(logical_tree: Any) -> Any:
+    """PartitionSpecs for a pytree whose leaves are tuples of logical names."""
     import jax
 
-    spec = logical_to_spec(names)
-    if "fsdp" not in spec or mesh.shape["fsdp"] == 1:
-        return w
-    dim = list(spec).index("fsdp")
-    # Manual over fsdp, and over pipeline when a stage dimension is present, so that the stage
-    # dimension stays local by construction; tensor stays automatic.
-    manual = {"fsdp", "pipeline"} & set(a for a in spec if isinstance(a, str))
-    inner = _restrict(spec, manual)
-    gathered = jax.shard_map(
-        lambda shard: jax.lax.all_gather(shard, "fsdp", axis=dim, tiled=True),
-        mesh=mesh,
-        in_specs=inner,
-        out_specs=_restrict(inner, manual - {"fsdp"}),
-        axis_names=frozenset(manual),
-        # all_gather's result is the same on every fsdp member; the replication check cannot
-        # infer that through the tiled gather.
-        check_vma=False,
-    )(w)
-    return constrain(gathered, mesh, without(names, "fsdp"))
-
-
-def local_reshape(x: Any, mesh: Any, names: Sequence[str | None], shape: tuple[int, ...]) -> Any:
-    """Reshape whose split of the leading ``pipeline``-sharded dimension is local to each stage
-    (the partitioner would otherwise gather the dimension first)."""
-    import jax
-
-    spec = _restrict(logical_to_spec(names), {"pipeline"})
-    stages = mesh.shape["pipeline"]
-    local = (shape[0] // stages, *shape[1:])
-    out_spec = _restrict(logical_to_spec(("stage",)), {"pipeline"})
-    return jax.shard_map(
-        lambda block: block.reshape(local),
-        mesh=mesh,
-        in_specs=spec,
-        out_specs=out_spec,
-        axis_names=frozenset({"pipeline"}),
-    )(x)
-
-
-def _restrict(spec: Any, axes: set[str]) -> Any:
-    """The spec with every mesh axis outside `axes` removed (for a partially manual shard_map)."""
-    from jax.sharding import PartitionSpec as P
-
-    def keep(entry: Any) -> Any:
-        if entry is None:
-            return None
-        entries = (entry,) if isinstance(entry, str) else tuple(entry)
-        kept = tuple(a for a in entries if a in axes)
-        return None if not kept else kept[0] if len(kept) == 1 else kept
-
-    return P(*[keep(e) for e in spec])
+    return jax.tree.map(logical_to_spec, logical_tree, is_leaf=_is_names)
 
 
 def tree_shardings(mesh: Any, logical_tree: Any) -> Any:
@@ -138,6 +92,70 @@ def tree_shardings(mesh: Any, logical_tree: Any) -> Any:
 
 def _is_names(x: Any) -> bool:
     return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
+
+
+# --- Inside the manual region (every function below runs under `shard_map`). ----------------
+
+
+def axis_size(axis: str) -> int:
+    import jax
+
+    return int(jax.lax.axis_size(axis))
+
+
+def vary(x: Any, axes: Sequence[str]) -> Any:
+    """`x` marked device-varying over `axes`: no data moves; the gradient of `x` is all-reduced
+    over those of `axes` it was replicated on, once, where this is called."""
+    import jax
+
+    missing = tuple(a for a in axes if a not in varying_axes(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def varying_axes(*xs: Any) -> tuple[str, ...]:
+    """The manual mesh axes over which any of `xs` varies (none outside `shard_map`): a loop
+    carry started from constants must be marked with them to keep its type."""
+    import jax
+
+    found: set[str] = set()
+    for x in xs:
+        aval = jax.typeof(x)
+        # JAX 0.10 names it ``mat.varying`` (earlier releases: ``vma``).
+        mat = getattr(aval, "mat", None)
+        found |= set(mat.varying if mat is not None else getattr(aval, "vma", ()))
+    return tuple(sorted(found))
+
+
+def gather(w: Any, names: Sequence[str | None], dtype: Any) -> Any:
+    """This device's shard of a weight, cast to `dtype` and then all-gathered over ``fsdp`` (so
+    the gather moves compute-dtype bytes); its gradient is reduce-scattered back to the shard."""
+    import jax
+
+    w = w.astype(dtype)
+    spec = logical_to_spec(names)
+    if "fsdp" not in spec or axis_size("fsdp") == 1:
+        return w
+    return jax.lax.all_gather(w, "fsdp", axis=list(spec).index("fsdp"), tiled=True)
+
+
+def to_tensor(x: Any) -> Any:
+    """An activation replicated over ``tensor`` entering column-parallel matmuls: no data moves
+    forward; its gradient is summed over ``tensor`` (one all-reduce) in the backward pass."""
+    return vary(x, ("tensor",))
+
+
+def tensor_sum(x: Any) -> Any:
+    """Sum of the partial results of a row-parallel matmul over ``tensor`` (one all-reduce)."""
+    import jax
+
+    return jax.lax.psum(x, "tensor")
+
+
+def tensor_offset(local_size: int) -> Any:
+    """First global index of this device's slice of a dimension sharded over ``tensor``."""
+    import jax
+
+    return jax.lax.axis_index("tensor") * local_size if axis_size("tensor") > 1 else 0
 
 
 def bytes_per_device(tree: Any) -> dict[str, int]:

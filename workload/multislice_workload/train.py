@@ -6,10 +6,11 @@ of the standard library's source. The vocabulary is the tokenizer's.
 
 The recipe (`optim.py`): AdamW, warmup + cosine, clipping by global norm, weight decay off the
 norms and the embedding; `--eval_every` evaluates the held-out split. Memory options:
-`--param_dtype bfloat16` keeps bf16 parameters (what the layers gather and use, and bf16
-gradients) with a float32 master copy the optimizer updates; `--opt_state_dtype bfloat16` halves
-Adam's moments; `--grad_accum N` runs the global batch as N microbatches per step (the same
-update, 1/N of the activations); `--remat` takes MaxText's policy names.
+`--param_dtype bfloat16` keeps bf16 parameters (bf16 gradients; the layers cast each weight to
+the compute dtype before gathering it) with a float32 master copy the optimizer updates;
+`--opt_state_dtype bfloat16` halves Adam's moments; `--grad_accum N` runs the global batch as N
+microbatches per step (the same update, 1/N of the activations); `--remat` takes MaxText's
+policy names.
 
 The loop dispatches step s + 1 before it waits for step s (it blocks on the loss only when it
 logs), so the host loads the next batch while the devices compute; step times are the intervals
@@ -39,10 +40,10 @@ import time
 from typing import Any
 
 from multislice_workload import attention as attn
-from multislice_workload import hardware, logs, optim, runtime, tokenizer
+from multislice_workload import hardware, logs, model, optim, runtime, tokenizer
 from multislice_workload.checkpoint import Checkpointer
 from multislice_workload.common import add_parallelism_flags, divisible, make_mesh, parallelism_from
-from multislice_workload.datasets import DatasetSpec, GlobalBatches, open_windows
+from multislice_workload.datasets import DatasetSpec, GlobalBatches, open_windows, row_ranges
 from multislice_workload.emergency import EmergencyCheckpointer
 from multislice_workload.env import ConfigError, WorkloadEnv
 from multislice_workload.exitcodes import (
@@ -56,14 +57,10 @@ from multislice_workload.model import (
     MLP_ACTIVATIONS,
     REMAT_POLICIES,
     ModelConfig,
-    cross_entropy,
-    embed,
     init_params,
-    logits,
     param_axes,
-    run_layers,
 )
-from multislice_workload.pipeline import bubble_fraction, default_microbatches, run_pipeline
+from multislice_workload.pipeline import bubble_fraction, default_microbatches, measure_bubble
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
     SAVED_ANNOTATION,
@@ -133,6 +130,7 @@ class TrainConfig:
     hang_min_s: float = 30.0
     checkpoint_request_every: int = 10
     podinfo_poll_s: float = DEFAULT_POLL_S
+    measure_bubble: bool = False  # time each pipeline stage alone at start-up (two compiles)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--profile_dir", default=None, help="write a profiler trace of a window of steps")
     add("--local_checkpoint_dir", default=None, help="Orbax emergency checkpointing local tier")
     add("--peak_flops", type=float, default=None, help="per device; overrides the catalogue")
+    add("--measure_bubble", action="store_true", help="time the pipeline stages at start-up")
     add("--checkpoint_dir", "--checkpoint-dir", default=None, help="$MULTISLICE_CHECKPOINT_DIR")
     add("--final_params_out", "--final-params-out", default=None, help=".npz (tests)")
     add_parallelism_flags(parser)
@@ -241,6 +240,7 @@ def check_shapes(cfg: TrainConfig, mesh: Any) -> int:
     if stages == 1:
         microbatches = 1
     problems = divisible("batch_size", cfg.batch_size, batch_shards * microbatches * cfg.grad_accum)
+    problems += divisible("microbatches", microbatches, stages)
     problems += divisible("num_layers", cfg.num_layers, stages)
     problems += divisible("embed", cfg.embed, shape["fsdp"])
     for name in ("heads", "mlp"):
@@ -259,7 +259,6 @@ def check_shapes(cfg: TrainConfig, mesh: Any) -> int:
 class Trainer:
     def __init__(self, cfg: TrainConfig, mesh: Any, microbatches: int) -> None:
         import jax
-        import jax.numpy as jnp
         import optax
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
@@ -288,24 +287,49 @@ class Trainer:
         if self.master:
             self.shardings["master"] = param_shardings
 
-        def fresh() -> dict[str, Any]:
-            params = init_params(self.model, cfg.seed)
-            step = jnp.zeros((), jnp.int32)
-            state = {"step": step, "params": params, "opt_state": self.optimizer.init(params)}
-            if self.master:
-                state["master"] = params
-                state["params"] = self.to_param_dtype(params)
-            return state
+        # Shapes, dtypes and shardings only: the compiled step and a restore need no arrays, so
+        # a resumed run never builds (and holds) a random init next to the restored state.
+        self.abstract_state = jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            jax.eval_shape(self._fresh),
+            self.shardings,
+        )
+        self.compile_seconds = 0.0
 
-        init = jax.jit(fresh, out_shardings=self.shardings).lower()
+    def _fresh(self) -> dict[str, Any]:
+        import jax.numpy as jnp
+
+        params = init_params(self.model, self.cfg.seed)
+        step = jnp.zeros((), jnp.int32)
+        state = {"step": step, "params": params, "opt_state": self.optimizer.init(params)}
+        if self.master:
+            state["master"] = params
+            state["params"] = self.to_param_dtype(params)
+        return state
+
+    @functools.cached_property
+    def compiled_init(self) -> Any:
+        """The initializer, compiled (no arrays: a restore compiles it, never runs it)."""
+        import jax
+
+        init = jax.jit(self._fresh, out_shardings=self.shardings).lower()
         # It runs once: on CPU, skip LLVM's expensive passes (same numbers, a quarter of the
         # compile time, which the random initializers dominate).
-        cpu = mesh.devices.flat[0].platform == "cpu"
+        cpu = self.mesh.devices.flat[0].platform == "cpu"
         options: dict[str, str | bool] | None = (
             {"xla_llvm_disable_expensive_passes": True} if cpu else None
         )
-        self.initial_state = init.compile(compiler_options=options)()
-        self.compile_seconds = 0.0
+        return init.compile(compiler_options=options)
+
+    def init_state(self) -> dict[str, Any]:
+        """A fresh state (random parameters of the seed, zero moments), built sharded."""
+        state: dict[str, Any] = self.compiled_init()
+        return state
+
+    @functools.cached_property
+    def initial_state(self) -> dict[str, Any]:
+        """`init_state()`, built once (tests; the loop calls `init_state` on a fresh start)."""
+        return self.init_state()
 
     @functools.cached_property
     def compiled(self) -> Any:
@@ -326,29 +350,14 @@ class Trainer:
                 out_shardings=(self.shardings, NamedSharding(self.mesh, P())),
                 donate_argnums=0,
             )
-            .lower(self.initial_state, batch)
+            .lower(self.abstract_state, batch)
             .compile()
         )
         self.compile_seconds = time.perf_counter() - start
         return compiled
 
     def loss(self, params: dict[str, Any], tokens: Any) -> Any:
-        if self.master and self.mesh.devices.flat[0].platform == "cpu":
-            # XLA:CPU (jax 0.10.2) aborts compiling the bf16 reduce-scatter that transposes a
-            # bf16 FSDP gather ("Invalid binary instruction opcode copy", hlo_instruction.cc):
-            # on CPU the bf16 parameters are widened before the layers gather them.
-            import jax
-            import jax.numpy as jnp
-
-            params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-        x = embed(params, tokens[:, :-1], self.model, self.mesh)
-        if self.stages == 1:
-            x = run_layers(params["layers"], x, self.model, self.mesh)
-        else:
-            x = run_pipeline(
-                params["layers"], x, self.model, self.mesh, self.stages, self.microbatches
-            )
-        return cross_entropy(logits(params, x, self.model, self.mesh), tokens[:, 1:])
+        return model.loss(params, tokens, self.model, self.mesh, self.stages, self.microbatches)
 
     def to_param_dtype(self, tree: Any) -> Any:
         import jax
@@ -417,7 +426,7 @@ class Trainer:
                 in_shardings=(self.shardings["params"], self.batch_sharding),
                 out_shardings=NamedSharding(self.mesh, P()),
             )
-            .lower(self.initial_state["params"], batch)
+            .lower(self.abstract_state["params"], batch)
             .compile()
         )
 
@@ -443,7 +452,17 @@ def optim_config(cfg: TrainConfig) -> optim.OptimConfig:
 
 
 def max_device_bytes(tree: Any) -> int:
-    return max(bytes_per_device(tree).values(), default=0)
+    """Largest bytes held by one device, for arrays or their abstract (sharded) shapes."""
+    import math
+
+    import jax
+
+    leaves = jax.tree.leaves(tree)
+    if all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return max(bytes_per_device(tree).values(), default=0)
+    return sum(
+        math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize for leaf in leaves
+    )
 
 
 # --- The loop. ----------------------------------------------------------------------------------
@@ -719,10 +738,17 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     cache_hits = enable_compilation_cache(cfg.compilation_cache_dir)
     mesh = make_mesh(env, parallelism_from(args, env), args.allow_split_physical_axes)
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
-    trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
+    # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
+    trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
+    trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
     if eval_data is not None:
         trainer.compiled_eval  # noqa: B018
+    if cfg.measure_bubble and trainer.stages > 1:
+        logs.emit(
+            "pipeline_bubble",
+            **measure_bubble(trainer.model, mesh, trainer.microbatches, cfg.batch_size),
+        )
     peak, peak_source = hardware.device_peak(cfg.peak_flops, env.accelerator, trainer.model.dtype)
     log_config(cfg, trainer, data, peak, peak_source, tok, cache_hits)
     figures = Figures(
@@ -763,7 +789,7 @@ def make_checkpointer(cfg: TrainConfig, trainer: Trainer) -> Checkpointer | Emer
             cfg.local_checkpoint_every,
             cfg.keep_checkpoints,
             trainer.mesh,
-            trainer.initial_state,
+            trainer.abstract_state,
         )
     return Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, cfg.keep_checkpoints)
 
@@ -832,7 +858,7 @@ def log_config(
     tok: tokenizer.Tokenizer,
     cache_hits: Any,
 ) -> None:
-    state = trainer.initial_state
+    state = trainer.abstract_state
     logs.emit(
         "train_config",
         **{
@@ -852,11 +878,11 @@ def log_config(
         compilation_cache_hits=cache_hits[0],
         stages=trainer.stages,
         microbatches=trainer.microbatches,
-        bubble_fraction=round(trainer.bubble, 4),
+        bubble_bound=round(trainer.bubble, 4),  # the schedule's (S - 1) / (M + S - 1)
         param_bytes_per_device=max_device_bytes(state["params"]),
         master_bytes_per_device=max_device_bytes(state.get("master", {})),
         opt_state_bytes_per_device=max_device_bytes(state["opt_state"]),
-        data_rows=[data.rows[0], data.rows[-1] + 1] if data.rows else [],
+        data_rows=row_ranges(data.rows),  # [lo, hi) runs: on TPU hosts rarely one block
         data_rows_count=len(data.rows),
         corpus_windows=len(data.source),
         corpus_fingerprint=data.fingerprint,
@@ -875,11 +901,10 @@ def restore_or_init(
     latest = checkpointer.latest_step()
     if latest is None:
         logs.emit("fresh_start", checkpoint_dir=checkpointer.directory)
-        fresh: dict[str, Any] = trainer.initial_state
-        return fresh
+        return trainer.init_state()
     start = time.perf_counter()
     state: dict[str, Any]
-    state, meta = checkpointer.restore(latest, trainer.initial_state, data)
+    state, meta = checkpointer.restore(latest, trainer.abstract_state, data)
     STATUS.step = STATUS.checkpoint_step = latest
     served = meta.get("checkpoint_request")
     if served:
