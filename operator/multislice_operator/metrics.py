@@ -150,11 +150,13 @@ CHECKPOINT_REQUESTS_TOTAL = PerNamespace(
         registry=REGISTRY,
     )
 )
+# Seconds, for what takes from seconds (a local run) to an hour (a TPU slice at a stockout).
+SLOW_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 PROVISIONING_DURATION = PerNamespace(
     Histogram(
         "multislice_provisioning_duration_seconds",
         "From job start to every slice's node pool running and ready (Managed).",
-        buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        buckets=SLOW_BUCKETS,
         labelnames=["namespace"],
         registry=REGISTRY,
     )
@@ -163,7 +165,7 @@ TIME_TO_RUNNING = PerNamespace(
     Histogram(
         "multislice_time_to_running_seconds",
         "From the job becoming active (status.startTime) to all slices first running.",
-        buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        buckets=SLOW_BUCKETS,
         labelnames=["namespace"],
         registry=REGISTRY,
     )

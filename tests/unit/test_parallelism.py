@@ -71,18 +71,7 @@ def test_ironwood_splits_two_devices_per_chip_over_ici():
 
 
 def test_the_plan_of_an_ironwood_job_counts_devices_not_chips():
-    from multislice_operator.plan import load_job, make_plan
+    from tests.unit.jobs import spec_and_plan
 
-    obj = {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "llm", "namespace": "team-a"},
-        "spec": {
-            "accelerator": "tpu7x-128",
-            "slices": 2,
-            "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}]}},
-        },
-    }
-    j = load_job(obj)
-    plan = make_plan(j.spec, "team-a", "llm")
+    _, plan = spec_and_plan(accelerator="tpu7x-128", slices=2)
     assert plan.parallelism.ici_fsdp == 128
