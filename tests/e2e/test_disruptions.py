@@ -273,7 +273,7 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
         lambda: (
             (metric(op, "multislice_checkpoint_requests_total", source="maintenance") or 0) >= 1
         ),
-        10,
+        60,
         "the checkpoint request counted",
         on_timeout=op.log_tail,
     )
