@@ -67,9 +67,9 @@ mkdir -p "$LOGS"
 # build is, so a first build that takes half an hour does not look stuck.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
   jobset-controller kueue-controller helm)
-declare -A COLD_SECONDS=( # measured 2026-12-01: cold `make demo`, 2 loaded cores (hack/README.md)
-  [etcd]=80 [kube-apiserver]=300 [kube-controller-manager]=160 [kube-scheduler]=10 [kubectl]=35
-  [kwok]=115 [kwokctl]=20 [jobset-controller]=165 [kueue-controller]=285 [helm]=90
+declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
+  [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
+  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [kueue-controller]=410 [helm]=151
 )
 TOTAL=${#COMPONENTS[@]}
 step=0
