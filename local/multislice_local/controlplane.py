@@ -29,7 +29,6 @@ import contextlib
 import ctypes
 import datetime as dt
 import functools
-import ipaddress
 import json
 import os
 import re
@@ -58,6 +57,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from multislice_operator import keys
+from multislice_operator.controller.serving import subject_alt_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-bins.sh"
@@ -238,12 +238,7 @@ class CertificateAuthority:
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
         if hosts:
-            names: list[x509.GeneralName] = []
-            for host in hosts:
-                try:
-                    names.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    names.append(x509.DNSName(host))
+            names = subject_alt_names(list(hosts))
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         return _cert_pem(builder.sign(self.key, hashes.SHA256())), _key_pem(key)
 

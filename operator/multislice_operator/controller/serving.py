@@ -177,7 +177,6 @@ def metrics_app(check: Check | None) -> web.Application:
 def self_signed(hosts: list[str]) -> tuple[bytes, bytes]:
     """A throwaway certificate and key (PEM), as controller-runtime makes when given no
     certificate: scrapers of a self-signed endpoint skip verification (insecureSkipVerify)."""
-    import ipaddress
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -185,12 +184,7 @@ def self_signed(hosts: list[str]) -> tuple[bytes, bytes]:
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
+    names = subject_alt_names(hosts)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "multislice-operator-metrics")])
     now = datetime.now(UTC)
     cert = (
@@ -216,6 +210,21 @@ def _context() -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
+
+
+def subject_alt_names(hosts: list[str]) -> list[Any]:
+    """x509 SANs for `hosts`: an IP address where one parses, a DNS name otherwise."""
+    import ipaddress
+
+    from cryptography import x509
+
+    names: list[Any] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
 
 
 def tls_context(cert_dir: str | None, hosts: list[str]) -> ssl.SSLContext:
