@@ -20,13 +20,12 @@ import calendar
 import json
 import re
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from multislice_local.harness import OperatorProcess, wait_for
+from multislice_local.harness import wait_for
 from multislice_local.nodes import (
     NODE_SHUTDOWN,
     fail_pod,
@@ -128,18 +127,6 @@ def jobset(api, ns: str, name: str) -> dict[str, Any]:
     return obj
 
 
-def metric(op: OperatorProcess, family: str, **labels: str) -> float | None:
-    with urllib.request.urlopen(op.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    for line in text.splitlines():
-        if not line.startswith(family + "{") and not line.startswith(family + " "):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 # ---------------------------------------------------------------- restarts by cause
 
 
@@ -235,7 +222,7 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     # Metrics are recorded after the status write and its events: poll, do not race the pass.
     wait_for(
         lambda: (
-            metric(op, "multislice_job_maintenance_time_seconds", namespace=ns, name="maint")
+            msj.metric(op, "multislice_job_maintenance_time_seconds", namespace=ns, name="maint")
             == when
         ),
         10,
@@ -271,7 +258,10 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     assert {"MaintenanceScheduled", "CheckpointRequested", "CheckpointSaved"} <= reasons
     wait_for(
         lambda: (
-            (metric(op, "multislice_checkpoint_requests_total", source="maintenance") or 0) >= 1
+            msj.metric(
+                op, "multislice_checkpoint_requests_total", namespace=ns, source="maintenance"
+            )
+            >= 1
         ),
         60,
         "the checkpoint request counted",

@@ -84,8 +84,8 @@ def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_clus
     first = msj.wait_status(stack.api, ns, "flex", "waiting for flex-start", waiting, 60, log=log)
     since = first["status"]["attemptStartTime"]
     # Past timeoutSeconds (10 s) and several passes: still waiting, nothing rolled back.
-    passes = reconciles(stack)
-    wait_for(lambda: reconciles(stack) > passes + 10, 60, "ten more passes")
+    passes = msj.reconciles(stack.op)
+    wait_for(lambda: msj.reconciles(stack.op) > passes + 10, 60, "ten more passes")
     later = msj.wait_status(stack.api, ns, "flex", "still waiting", waiting, 30, log=log)
     assert later["status"]["attemptStartTime"] == since
     assert not [e for e in event_lines(stack.api, ns, "flex") if e.startswith("GangRolledBack")]
@@ -94,16 +94,3 @@ def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_clus
     for name in pools_of(stack.sim, ns, "flex"):
         stack.sim.grant_flex_start(name)
     msj.wait_phase(stack.api, ns, "flex", "Succeeded", 120, log=log)
-
-
-def reconciles(stack) -> float:
-    """The operator's passes so far (its multislice_reconcile_total)."""
-    import urllib.request
-
-    with urllib.request.urlopen(stack.op.metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("multislice_reconcile_total") and not line.startswith("#")
-    )

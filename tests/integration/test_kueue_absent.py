@@ -14,6 +14,7 @@ from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
 from multislice_operator import keys
 from multislice_operator.api import models
+from tests import msj
 
 WAIT = 3.0  # --kueue-workload-wait-seconds
 
@@ -108,7 +109,7 @@ def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
         wait_for(lambda: "NoKueueWorkload" in reasons(), 10, "the event")
         # Several resyncs later: still one event, still no pool ever asked for.
         wait_for(
-            lambda: int(op_metric(op, "multislice_reconcile_total")) > 10,
+            lambda: msj.reconciles(op) > 10,
             60,
             "more reconciles",
         )
@@ -136,15 +137,3 @@ def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
 
 
 JS = ("jobset.x-k8s.io", "v1alpha2")
-
-
-def op_metric(op: OperatorProcess, name: str) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
-    )

@@ -149,6 +149,12 @@ class Batch:
         for name in self.names:
             msj.wait_phase(self.api, self.ns, name, phase, timeout, log=self.op.log_tail)
 
+    def events(self, *needles: str) -> None:
+        """Until every job's events hold `needles`: a pass posts its events after the status
+        write a phase wait saw, so a window started at the phase alone may count them."""
+        for name in self.names:
+            msj.wait_events(self.api, self.ns, name, *needles, log=self.op.log_tail)
+
     def gone(self, timeout: float = 60) -> None:
         for name in self.names:
             wait_for(
@@ -231,6 +237,7 @@ def test_a_restart_of_all_slices(api, ns, op) -> None:
     b.phase("Starting")
     b.jobset_status({"replicatedJobsStatus": [{"name": "slice", "ready": 2, "active": 2}]})
     b.phase("Running")
+    b.events("Running: Starting -> Running")
     b.start()
     b.jobset_status(
         {"restarts": 1, "restartsCountTowardsMax": 1,
