@@ -28,6 +28,14 @@ TRAIN = ["train", *TINY, "--steps", "16", "--checkpoint_every", "5", "--log_ever
 REQUEST_ID = "maint-1733050000"
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """One JAX compilation cache for the module's training runs: compile time dominates them,
+    and the runs of one layout and model compile the same programs, so the first run compiles
+    them and the others load them (a loaded program is the one compiled: results stay exact)."""
+    return ["--compilation_cache_dir", str(tmp_path_factory.mktemp("compilation-cache"))]
+
+
 def run(tmp: Path, args: list[str], **kwargs: object) -> LaunchResult:
     result = launch(
         SLICES,
@@ -161,13 +169,16 @@ def test_shardings_sees_every_device_of_every_slice(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path]:
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, cache: list[str]
+) -> tuple[LaunchResult, Path]:
     """An uninterrupted run, same seed and layout. Process 3 alone sees a checkpoint request
     from the start (its kubelet refreshed first); saving changes nothing in the training."""
     tmp = tmp_path_factory.mktemp("reference")
     result = run(
         tmp,
-        [*TRAIN, "--final-params-out", str(tmp / "params.npz"), "--checkpoint_request_every", "3",
+        [*TRAIN, *cache, "--final-params-out", str(tmp / "params.npz"),
+         "--checkpoint_request_every", "3",
          "--podinfo_poll_s", "0", "--keep_checkpoints", "10"],
         checkpoint_dir=str(tmp / "ckpt"),
         checkpoint_request=REQUEST_ID,
@@ -214,14 +225,14 @@ def assert_same_params(path: Path, reference: dict[str, np.ndarray]) -> None:
 
 
 def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint_exactly(
-    tmp_path: Path, reference_params: dict[str, np.ndarray]
+    tmp_path: Path, reference_params: dict[str, np.ndarray], cache: list[str]
 ) -> None:
     """Process 3 is SIGKILLed while the step-10 checkpoint is being written: step 10 never
     commits, everyone restarts from step 5, and the end result is bit-identical."""
     out = tmp_path / "params.npz"
     result = run(
         tmp_path,
-        [*TRAIN, "--final-params-out", str(out)],
+        [*TRAIN, *cache, "--final-params-out", str(out)],
         max_restarts=2,
         faults={3: {contract.KILL_IN_SAVE_AT_STEP: "10"}},
         checkpoint_dir=str(tmp_path / "ckpt"),
@@ -243,12 +254,12 @@ def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint_exactly(
 
 
 def test_preemption_checkpoints_on_every_process_and_resume_is_exact(
-    tmp_path: Path, reference_params: dict[str, np.ndarray]
+    tmp_path: Path, reference_params: dict[str, np.ndarray], cache: list[str]
 ) -> None:
     out = tmp_path / "params.npz"
     result = run(
         tmp_path,
-        [*TRAIN, "--checkpoint_every", "1000", "--final-params-out", str(out)],
+        [*TRAIN, *cache, "--checkpoint_every", "1000", "--final-params-out", str(out)],
         max_restarts=1,
         preempt_process=1,
         preempt_at_step=7,
