@@ -220,8 +220,13 @@ class Demo:
                 f"namespace {self.ns}, nothing of the cluster is started or stopped"
             )
             api = borrowed.api_client()
-            try:  # before the operator starts: its heartbeat Lease goes there
-                self.ensure_namespace(api, self.ns)
+            # Every namespace it watches exists before the operator starts: its heartbeat Lease
+            # goes in ours, and a job in team-b, a namespace created only after the operator
+            # had started, was once never seen at all (the queue scenario then waited out its
+            # timeout; the cause is in kopf's discovery of new namespaces, not pinned down).
+            try:
+                for ns in options.namespaces:
+                    self.ensure_namespace(api, ns)
             finally:
                 api.close()
         self.stack = LocalStack(options, control_plane=borrowed)
