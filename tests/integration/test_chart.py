@@ -1042,6 +1042,8 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         # ttlSecondsAfterFinished: the operator deletes the job itself (multislicejobs delete)
         jobs.create(job("ttl", ttlSecondsAfterFinished=0))
         jobs.phase("ttl", "Starting")
+        # The Starting status is written before the JobSet is created (it says why first).
+        wait_for(lambda: jobs.jobset("ttl"), 10, "JobSet ttl created")
         jobs.jobset_status("ttl", COMPLETED)
         jobs.gone("ttl")
 
