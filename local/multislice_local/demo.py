@@ -221,9 +221,9 @@ class Demo:
             )
             api = borrowed.api_client()
             # Every namespace it watches exists before the operator starts: its heartbeat Lease
-            # goes in ours, and a job in team-b, a namespace created only after the operator
-            # had started, was once never seen at all (the queue scenario then waited out its
-            # timeout; the cause is in kopf's discovery of new namespaces, not pinned down).
+            # goes in ours. (team-b, created just after the operator started, once fell into
+            # kopf's gap between two namespace listings and its job was never seen; the
+            # operator now closes that gap, controller/discovery.py.)
             try:
                 for ns in options.namespaces:
                     self.ensure_namespace(api, ns)

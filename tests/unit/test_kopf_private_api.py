@@ -1,5 +1,7 @@
-"""kopf's private API, the one piece the operator leans on (controller/kube.py rides kopf's own
-API client: its session, credentials and re-authentication). kopf is pinned exactly in
+"""kopf's private API, the two pieces the operator leans on: controller/kube.py rides kopf's own
+API client (its session, credentials and re-authentication), and controller/discovery.py wraps
+the two processors of kopf's namespace and CRD discovery (tests/unit/test_discovery.py pins their
+behaviour). kopf is pinned exactly in
 pyproject.toml's `operator` extra (and image/requirements.lock); these tests fail when a kopf
 upgrade moves what kube.py calls, and when new code reaches for another private name."""
 
@@ -16,7 +18,11 @@ from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED_PRIVATE = {"kopf._cogs.clients.api", "kopf._cogs.clients.errors"}
+ALLOWED_PRIVATE = {
+    "kopf._cogs.clients.api",
+    "kopf._cogs.clients.errors",
+    "kopf._core.reactor.observation",
+}
 IMPORT = re.compile(r"^from (kopf\._[\w.]+) import (\w+)|^import (kopf\._[\w.]+)", re.M)
 
 

@@ -393,6 +393,11 @@ async def admission_check_event(**_: Any) -> None:
             rt.queue.add(key)
 
 
+def api_groups() -> set[str]:
+    """The API groups of the CRDs the registered handlers watch (controller/discovery.py)."""
+    return {MSJ[0], JOBSETS[0]} | ({kueue.GROUP} if _KUEUE_WATCHED else set())
+
+
 def _watch_kueue() -> None:
     global _KUEUE_WATCHED
     if _KUEUE_WATCHED:

@@ -61,7 +61,7 @@ def make_provisioner(settings: Settings) -> Provisioner | None:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from multislice_operator.controller import handlers
+    from multislice_operator.controller import discovery, handlers
 
     settings = from_args(args)
     problems = settings.problems()
@@ -71,6 +71,7 @@ def run_operator(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings)
     handlers.configure(settings, make_provisioner)
+    discovery.install(handlers.api_groups())
     namespaces = settings.namespaces
     try:
         asyncio.run(

@@ -1,0 +1,72 @@
+"""kopf's discovery of watched namespaces and of CRDs, made to count what it lists.
+
+kopf (pinned in pyproject.toml) resolves `watchNamespaces` by listing the namespaces once and then
+starting a watch of them, and it learns of CRDs by one discovery scan and then a watch of the
+CRDs. Both watches begin with a listing of their own (and list again after every 410 Gone), and
+kopf drops every listed object: only the watch's ADDED, MODIFIED and DELETED events count. So a
+namespace created between the two listings, or while the watch reconnects, is never watched and
+its jobs are never seen (a demo run, creating `team-b` just after its operator started, waited
+out its timeout on a job the operator never handled); a CRD established in that gap (JobSet,
+Kueue, applied with the chart) is never served.
+
+`install()` wraps kopf's two event processors so that a listed object counts as an ADDED one
+where kopf's own state does not have it yet: a listed namespace that matches a pattern is watched,
+a listed CRD of a group the operator handles and kopf does not serve is scanned. Nothing else
+changes (a namespace already watched, a CRD already served, any other group: as kopf does).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Coroutine
+from typing import Any
+
+from kopf._core.reactor import observation
+
+Processor = Callable[..., Coroutine[Any, Any, None]]
+_MARK = "__multislice_discovery__"
+
+
+def _listed(raw_event: Any) -> bool:
+    return raw_event.get("type") is None
+
+
+def namespace_processor(original: Processor) -> Processor:
+    @functools.wraps(original)
+    async def process(
+        *, raw_event: Any, namespaces: Collection[str], insights: Any, **kw: Any
+    ) -> None:
+        if _listed(raw_event):
+            name = raw_event["object"]["metadata"]["name"]
+            if name not in insights.namespaces:
+                raw_event = {**raw_event, "type": "ADDED"}
+        await original(raw_event=raw_event, namespaces=namespaces, insights=insights, **kw)
+
+    setattr(process, _MARK, True)
+    return process
+
+
+def resource_processor(original: Processor, groups: Collection[str]) -> Processor:
+    @functools.wraps(original)
+    async def process(*, raw_event: Any, insights: Any, **kw: Any) -> None:
+        if _listed(raw_event):
+            group = ((raw_event["object"].get("spec") or {}).get("group")) or ""
+            served = {r.group for r in insights.watched_resources | insights.indexed_resources}
+            if group in groups and group not in served:
+                raw_event = {**raw_event, "type": "ADDED"}
+        await original(raw_event=raw_event, insights=insights, **kw)
+
+    setattr(process, _MARK, True)
+    return process
+
+
+def install(groups: Collection[str]) -> None:
+    """Wrap kopf's processors (once): `groups` are the API groups of the operator's handlers."""
+    ns_event = observation.process_discovered_namespace_event
+    if not getattr(ns_event, _MARK, False):
+        observation.process_discovered_namespace_event = namespace_processor(ns_event)
+    crd_event = observation.process_discovered_resource_event
+    if not getattr(crd_event, _MARK, False):
+        observation.process_discovered_resource_event = resource_processor(
+            crd_event, frozenset(groups)
+        )
