@@ -12,10 +12,11 @@
 Tests under tests/integration and tests/e2e get the ``integration`` / ``e2e`` markers.
 
 How the suite runs in parallel (``make test``, tests/README.md): the unit layer with
-``pytest -n 2``, then tests/integration and tests/e2e with ``pytest -n 2 --dist loadgroup``. Every
+``pytest -n 2``, then tests/integration and tests/e2e with ``pytest -n 3 --dist loadgroup``. Every
 test that uses a control-plane fixture is put in the xdist group of that fixture (the first of
-``_CONTROL_PLANE_FIXTURES`` it uses), so each session control plane boots in one worker only and
-its tests run one after another there; a test without one is grouped with its module (module
+``_CONTROL_PLANE_FIXTURES`` it uses; ``kube_cluster`` tests of a module in ``_CLUSTER_SHARDS`` in
+that shard's group), so each session control plane boots in one worker only and its tests run
+one after another there; a test without one is grouped with its module (module
 fixtures, such as a built wheel, are built once). Groups in ``_SERIAL_GROUPS`` keep tests that
 start many processes of their own off each other. A new test needs no marker: ask for
 ``kube_api`` / ``kube_cluster`` / ``kube_kueue`` and a ``namespace`` of them; a new control-plane
@@ -47,6 +48,22 @@ from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 # In order: a test using more than one is grouped with the first.
 _CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api")
+# The kube_cluster tests are the longest group by far (about 17 of the layer's 27 worker-minutes),
+# so they run as two groups, each on a cluster control plane of its own (a session fixture is per
+# worker: the worker that runs a group boots one): the modules below on the second, every other
+# one on the first, balanced by each module's time (`--junitxml`). The layer waits on
+# controllers more than it computes (a 2-core machine stays about half idle under three
+# workers), so the clusters side by side divide its time. (Three clusters on four workers took
+# 10.6 min instead of 12.6, but loaded the machine enough to cost a job of the write budget an
+# extra status write: not taken.)
+_CLUSTER_SHARDS = {
+    "tests/e2e/test_demo.py": "kube_cluster-2",
+    "tests/e2e/test_disruptions.py": "kube_cluster-2",
+    "tests/e2e/test_goodput.py": "kube_cluster-2",
+}
+# Groups start in this order, longest first, then every other one (xdist's LoadScope would start
+# the groups with the most tests first, and the many quick kube_api tests are not the long pole).
+_FIRST_GROUPS = ("kube_cluster-2", "kube_cluster", "kube_kueue", "kube_api")
 # Modules whose tests start many CPU-bound processes (the JAX workload's multi-process runs): one
 # group, so that two of them never run at once on a 2-core machine.
 _SERIAL_GROUPS = {
@@ -59,10 +76,10 @@ def _xdist_group(item: pytest.Item) -> str | None:
     """The xdist group of `item`: its control plane's, its serial group, or (integration and
     e2e tests) its module; None: any worker."""
     fixtures = set(getattr(item, "fixturenames", ()))
+    module = item.path.relative_to(item.config.rootpath).as_posix()
     for name in _CONTROL_PLANE_FIXTURES:
         if name in fixtures:
-            return name
-    module = item.path.relative_to(item.config.rootpath).as_posix()
+            return _CLUSTER_SHARDS.get(module, name) if name == "kube_cluster" else name
     if module in _SERIAL_GROUPS:
         return _SERIAL_GROUPS[module]
     if {"integration", "e2e"} & set(item.path.parts):
@@ -81,6 +98,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _xdist_group(item)
         if group is not None and not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(group))
+    if _loadgroup(config):  # xdist starts the groups in the order their first tests come
+        items.sort(key=_start_rank)
     # A cold binary build takes many minutes: do it here, outside any per-test timeout (under
     # xdist every worker asks; ensure_binaries lets one build and the others wait for it).
     if not config.option.collectonly and any(
@@ -90,6 +109,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # ---------------------------------------------------------------- xdist groups (see the docstring)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    group = str(mark.args[0] if mark.args else mark.kwargs["name"]) if mark else None
+    return _FIRST_GROUPS.index(group) if group in _FIRST_GROUPS else len(_FIRST_GROUPS)
+
 
 _GROUPS_DIR = "msj_xdist_groups_dir"  # workerinput key: where workers write their group maps
 
@@ -144,6 +170,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                     self.groups.update(json.loads(path.read_text()))
             return self.groups.get(nodeid, nodeid)
 
+    config.option.loadscopereorder = False  # the collection's order: _FIRST_GROUPS first
     return _GroupScheduling(config, log)
 
 
