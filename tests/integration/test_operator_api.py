@@ -73,9 +73,8 @@ class Cluster:
             raise
 
     def jobset_status(self, name: str, status: dict) -> None:
-        """As the JobSet controller writes it: once the JobSet exists (the operator writes the
-        Starting status before it creates the JobSet, so a test that saw Starting may be first)."""
-        wait_for(lambda: self.jobset(name), 30, f"JobSet {name}", on_timeout=self._debug(name))
+        """As the JobSet controller writes it: once the JobSet exists."""
+        msj.wait_jobset(self.api, self.ns, name, 30, log=self.op.log_tail)
         self.custom.patch_namespaced_custom_object_status(
             *JS, self.ns, "jobsets", name, {"status": status}
         )

@@ -140,15 +140,7 @@ class Batch:
             ],
         }
         for name in self.names:
-            # Once it exists: the Starting status is written before the JobSet is created.
-            wait_for(
-                lambda n=name: self.custom.list_namespaced_custom_object(
-                    *JS, self.ns, "jobsets", field_selector=f"metadata.name={n}"
-                )["items"],
-                30,
-                f"JobSet {name}",
-                on_timeout=self.op.log_tail,
-            )
+            msj.wait_jobset(self.api, self.ns, name, 30, log=self.op.log_tail)
             self.custom.patch_namespaced_custom_object_status(
                 *JS, self.ns, "jobsets", name, {"status": status}
             )

@@ -31,6 +31,10 @@ def _listed(raw_event: Any) -> bool:
     return raw_event.get("type") is None
 
 
+def _served(insights: Any, group: str) -> bool:
+    return any(r.group == group for r in (*insights.watched_resources, *insights.indexed_resources))
+
+
 def namespace_processor(original: Processor) -> Processor:
     @functools.wraps(original)
     async def process(
@@ -50,9 +54,8 @@ def resource_processor(original: Processor, groups: Collection[str]) -> Processo
     @functools.wraps(original)
     async def process(*, raw_event: Any, insights: Any, **kw: Any) -> None:
         if _listed(raw_event):
-            group = ((raw_event["object"].get("spec") or {}).get("group")) or ""
-            served = {r.group for r in insights.watched_resources | insights.indexed_resources}
-            if group in groups and group not in served:
+            group = str((raw_event["object"].get("spec") or {}).get("group") or "")
+            if group in groups and not _served(insights, group):
                 raw_event = {**raw_event, "type": "ADDED"}
         await original(raw_event=raw_event, insights=insights, **kw)
 
