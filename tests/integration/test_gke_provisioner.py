@@ -859,3 +859,47 @@ def test_dry_run_prints_the_policy_and_pools_the_simulator_receives(
     key = lambda r: r["nodePool"]["name"]  # noqa: E731 - created concurrently
     assert sorted(sim.received_creates(), key=key) == sorted(printed[1:], key=key)
     assert all("type" not in r["nodePool"]["placementPolicy"] for r in printed[1:])
+
+
+@pytest.mark.parametrize("mutation", ["create", "delete"])
+def test_a_listing_taken_while_a_mutation_is_in_flight_is_not_served_after_it(
+    sim: GkeSimulator, prov: GkeProvisioner, mutation: str
+) -> None:
+    """Another job's pass lists the pools while this job's create (or delete) is on the wire,
+    and GKE answers the listing before it applies the mutation: that listing is older than the
+    mutation, so an observe after it returns must not be served from it (it was, and the job saw
+    its new pools ABSENT and wrote its status twice: the write budget's load-only extra write)."""
+    plan, other = plan_of(slices=2), plan_of("other", slices=1)
+    sim.configure(op_latency_s=3600)  # pools stay as created: only the listing can change
+    call = "create_node_pool" if mutation == "create" else "delete_node_pool"
+    real = getattr(prov._client, call)
+    on_the_wire, listed = threading.Event(), threading.Event()
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        on_the_wire.set()
+        assert listed.wait(10)  # GKE answers the other listing first
+        return real(*args, **kwargs)
+
+    async def scenario() -> GangObservation:
+        if mutation == "delete":  # pools that are Ready, then deleted for an hour
+            sim.configure(op_latency_s=0.05)
+            assert (await prov.create(plan, plan.node_pools, UID)).errors == []
+            await until(prov, plan, {PoolState.READY})
+            sim.configure(op_latency_s=3600)
+        setattr(prov._client, call, held)
+        names = [p.name for p in plan.node_pools]
+        task = asyncio.ensure_future(
+            prov.create(plan, plan.node_pools, UID)
+            if mutation == "create"
+            else prov.delete(plan, names)
+        )
+        while not on_the_wire.is_set():
+            await asyncio.sleep(0.01)
+        await prov.observe(other, max_age=60)  # the listing, taken mid-mutation
+        listed.set()
+        assert (await task).errors == []
+        return await prov.observe(plan, max_age=60)
+
+    obs = run(scenario())
+    want = PoolState.CREATING if mutation == "create" else PoolState.DELETING
+    assert {p.status for p in obs.pools.values()} == {want}, obs

@@ -59,8 +59,8 @@ class Provisioner(Protocol):
 
     async def observe(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
         """State of every pool the plan names (ABSENT ones included), from a listing of the
-        cloud at most `max_age` seconds old (shared by every job) and never older than this
-        provisioner's own last create or delete."""
+        cloud at most `max_age` seconds old (shared by every job) and asked after this
+        provisioner's own last create or delete was answered."""
         ...
 
     async def create(self, plan: Plan, pools: list[NodePoolSpec], owner_uid: str) -> ActionResult:

@@ -265,7 +265,7 @@ class GkeProvisioner:
         self._listing: tuple[float, list[cs.NodePool]] | None = None
         self._listing_task: asyncio.Task[list[cs.NodePool]] | None = None
         self._listing_task_started = 0.0
-        self._mutated_at = 0.0  # last create/delete this process started: older listings are stale
+        self._mutated_at = 0.0  # our last create/delete started or answered: older listings stale
         self.list_calls = 0
         self._offered: dict[str, tuple[float, frozenset[str]]] = {}  # zone -> (expiry, types)
         self._compute: Any = None  # compute_v1 ResourcePolicies/RegionOperations, built lazily
@@ -397,8 +397,8 @@ class GkeProvisioner:
         raise AssertionError("unreachable")
 
     async def _list_pools(self, max_age: float = 0.0) -> list[cs.NodePool]:
-        """The cluster's pools, from a listing at most `max_age` seconds old and newer than our
-        own last create/delete; concurrent callers share one call (single flight)."""
+        """The cluster's pools, from a listing at most `max_age` seconds old and asked after our
+        own last create/delete was answered; concurrent callers share one call (single flight)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         oldest = max(now - max_age, self._mutated_at)
@@ -546,7 +546,6 @@ class GkeProvisioner:
 
     async def _create(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
         self._refused.pop(spec.name, None)
-        self._mutated_at = asyncio.get_running_loop().time()
         pool = build_node_pool(plan, spec, owner_uid, self.node_locations, node=self.node)
         call = functools.partial(
             self._client.create_node_pool,
@@ -556,7 +555,7 @@ class GkeProvisioner:
             timeout=self.call_timeout_s,
         )
         try:
-            op = await self._call("create_node_pool", call, spec.name)
+            op = await self._mutate("create_node_pool", call, spec.name)
         except Exception as exc:
             c = classify_exception(exc)
             if c.code == CODE_ALREADY_EXISTS:
@@ -580,6 +579,15 @@ class GkeProvisioner:
             spec.node_count,
         )
         return None
+
+    async def _mutate(self, what: str, call: Callable[[], T], pool: str) -> T:
+        """A create or delete call. A listing asked while it was on the wire may have been
+        answered before GKE applied it, so every listing asked before its answer is stale."""
+        self._mutated_at = asyncio.get_running_loop().time()
+        try:
+            return await self._call(what, call, pool)
+        finally:
+            self._mutated_at = asyncio.get_running_loop().time()
 
     async def _adopt(self, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
         call = functools.partial(
@@ -654,7 +662,6 @@ class GkeProvisioner:
 
     async def _delete_one(self, name: str, slice_index: int | None) -> PoolError | None:
         self._refused.pop(name, None)
-        self._mutated_at = asyncio.get_running_loop().time()
         call = functools.partial(
             self._client.delete_node_pool,
             name=self.pool_path(name),
@@ -662,7 +669,7 @@ class GkeProvisioner:
             timeout=self.call_timeout_s,
         )
         try:
-            op = await self._call("delete_node_pool", call, name)
+            op = await self._mutate("delete_node_pool", call, name)
         except Exception as exc:
             c = classify_exception(exc)
             if c.code == CODE_NOT_FOUND:
