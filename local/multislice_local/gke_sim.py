@@ -66,7 +66,8 @@ accepted creates, 1-based), ``stockout_zones``, ``quota_next``, ``quota_sync_nex
 Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/counters/reset``,
 ``POST /_sim/faults`` (merge the given fields), ``DELETE /_sim/faults`` (clear),
 ``POST /_sim/config`` (``opLatencyS``, ``failedCreateLatencyS``, ``deleteLatencyS``,
-``maxConcurrentOperations``, ``preemptRecreateS``, ``releaseChannel``, ``workloadIdentity``),
+``maxConcurrentOperations``, ``preemptRecreateS``, ``releaseChannel``, ``workloadIdentity``,
+``mutationDelayS``),
 ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
 (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``). Names are
 looked up across clusters.
@@ -311,6 +312,9 @@ class SimConfig:
     # Scales a flex-start pool's maxRunDuration (tests: 0.01 turns 7 days into 100 minutes).
     flex_start_run_scale: float = 1.0
     policy_latency_s: float = 0.2  # Compute Engine resource policy insert: RUNNING -> DONE
+    # A node pool create or delete waits this long before GKE applies it (its round trip):
+    # listings answered meanwhile do not show it yet.
+    mutation_delay_s: float = 0.0
 
     def delete_latency(self) -> float:
         return self.op_latency_s if self.delete_latency_s is None else self.delete_latency_s
@@ -843,6 +847,8 @@ class GkeSimulator:
             if route is None:
                 raise ApiError(404, "NOT_FOUND", f"unknown method or path: {method} {path}")
             name, args = route
+            if name in ("create_node_pool", "delete_node_pool") and self.config.mutation_delay_s:
+                time.sleep(self.config.mutation_delay_s)  # outside the lock: others are answered
             with self._lock:
                 self._calls[name] += 1
                 self._inject_http_fault(name)
