@@ -14,6 +14,10 @@ Lifecycle (at 100 jobs): create -> Starting -> Running -> Succeeded -> deleted, 
 integration tests drive it (the JobSet status is patched: there is no JobSet controller in the
 api profile). Requests counted from before the creates to after the last job is gone, less the
 driver's own (one create, two JobSet status patches and one delete per job).
+
+Memory that comes back (issue 23): idle RSS with 0 jobs, then a 200-job load (created, Starting,
+Running, Succeeded, deleted, their JobSets deleted too: the api profile has no garbage
+collector), then idle again with 0 jobs: what the load left behind is the difference.
 """
 
 from __future__ import annotations
@@ -171,8 +175,97 @@ def run_size(
     return out
 
 
+def peak_rss_mib(pid: int) -> float:
+    """The process's own high-water mark of resident memory (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def delete_jobsets(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: float) -> None:
+    """Kubernetes' garbage collector's part (the api profile runs none): the jobs' JobSets go."""
+    custom = client.CustomObjectsApi(api)
+    w.add("js_gone", Spec(JOBSET, NAMESPACE, "deleted"))
+    parallel(
+        lambda name: custom.delete_namespaced_custom_object(
+            *JOBSET[:2], NAMESPACE, JOBSET[2], name
+        ),
+        jobs,
+    )
+    w.wait("js_gone", jobs, timeout=timeout)
+
+
+def run_churn(
+    n: int,
+    idle_s: float,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Idle RSS with no job, then after `n` jobs came, finished and went (0 jobs again)."""
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-churn-{n}.log"
+    timeout = 120 + n * 0.5
+    with ControlPlane("api") as cp:
+        api = admin_client(cp)
+        install_crds(api, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+        ready_pools(api, "pool", 2, 4)
+        create_namespace(api, NAMESPACE)
+        op = OperatorProcess(cp.kubeconfig, [], env=env, log_path=log)
+        try:
+            op.start()
+            assert op.proc is not None
+            pid = op.proc.pid
+            custom = client.CustomObjectsApi(api)
+            before = idle_window(api, pid, idle_s)
+            with Watcher(cp.kubeconfig) as w:
+                w.add("settled", Spec(MSJ, NAMESPACE, "phase", ["Starting"]))
+                w.add("js", Spec(JOBSET, NAMESPACE))
+                jobs = names(n)
+                parallel(
+                    lambda name: custom.create_namespaced_custom_object(
+                        *MSJ[:2], NAMESPACE, MSJ[2], job_body(name)
+                    ),
+                    jobs,
+                    WORKERS,
+                )
+                w.wait("settled", jobs, timeout=timeout)
+                w.wait("js", jobs, timeout=timeout)
+                lifecycle(api, w, jobs, timeout)
+                delete_jobsets(api, w, jobs, timeout)
+            loaded = peak_rss_mib(pid)
+            after = idle_window(api, pid, idle_s)
+        finally:
+            op.stop()
+            api.close()  # type: ignore[no-untyped-call]
+    return {
+        "jobs": n,
+        "idle_seconds": idle_s,
+        "rss_before_mib": before["rss_mib"],
+        "rss_peak_mib": loaded,
+        "rss_after_mib": after["rss_mib"],
+        "rss_delta_mib": after["rss_mib"] - before["rss_mib"],
+        "cpu_percent_after": after["cpu_percent"],
+        "operator_log": str(log),
+    }
+
+
+def churn_table(c: dict[str, Any]) -> str:
+    return table(
+        f"Idle RSS before and after a {c['jobs']}-job load (created -> Succeeded -> deleted; "
+        f"{c['idle_seconds']:g}s idle windows)",
+        ["jobs", "RSS before MiB", "peak MiB", "RSS after MiB", "delta MiB"],
+        [[c["jobs"], c["rss_before_mib"], c["rss_peak_mib"], c["rss_after_mib"],
+          c["rss_delta_mib"]]],
+    )  # fmt: skip
+
+
 def run(
-    sizes: list[int], idle_s: float, lifecycle_at: int = 100, log_dir: Path | None = None
+    sizes: list[int],
+    idle_s: float,
+    lifecycle_at: int = 100,
+    log_dir: Path | None = None,
+    churn: int = 200,
+    churn_idle_s: float = 30.0,
 ) -> dict[str, Any]:
     results, rows = [], []
     for n in sizes:
@@ -191,10 +284,14 @@ def run(
                 idle["threads"],
             ]
         )
-    text = table(
-        f"Footprint at idle (window {idle_s:g}s, resync 10s)",
-        ["jobs", "RSS MiB", "CPU %", "writes/min", "writes/min/job", "reads/min", "threads"],
-        rows,
+    text = (
+        ""
+        if not rows
+        else table(
+            f"Footprint at idle (window {idle_s:g}s, resync 10s)",
+            ["jobs", "RSS MiB", "CPU %", "writes/min", "writes/min/job", "reads/min", "threads"],
+            rows,
+        )
     )
     life = next((r["lifecycle"] for r in results if "lifecycle" in r), None)
     if life:
@@ -208,17 +305,25 @@ def run(
                 ["= reads (GET, LIST)", life["reads_per_job"]],
             ],
         )
-    out = {"idle_seconds": idle_s, "results": results, "table": text}
+    out: dict[str, Any] = {"idle_seconds": idle_s, "results": results}
+    if churn:
+        say(f"footprint: idle RSS before and after {churn} jobs (idle windows {churn_idle_s:g}s)")
+        out["churn"] = run_churn(churn, churn_idle_s, log_dir)
+        text += "\n" + churn_table(out["churn"])
+    out["table"] = text
     save("footprint", out)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", default="0,100,1000")
+    p.add_argument("--sizes", default="0,100,1000", help="comma list; empty: none")
     p.add_argument("--idle", type=float, default=60.0)
+    p.add_argument("--churn", type=int, default=200, help="jobs of the before/after load; 0: none")
+    p.add_argument("--churn-idle", type=float, default=30.0, help="its idle windows, seconds")
     args = p.parse_args(argv)
-    run([int(s) for s in args.sizes.split(",")], args.idle)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    run(sizes, args.idle, churn=args.churn, churn_idle_s=args.churn_idle)
     return 0
 
 

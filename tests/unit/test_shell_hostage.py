@@ -103,6 +103,7 @@ def test_the_backoff_is_per_job_whichever_worker_runs_it(monkeypatch):
 
     async def main() -> None:
         rt = runtime()
+        rt.store.put(body())  # a job that exists: a deleted one's key is not requeued
         workers = [asyncio.create_task(handlers._worker(rt)) for _ in range(4)]
         rt.queue.add(("ns", "job"))
         while len(seen) < 5:

@@ -269,6 +269,8 @@ async def _worker(rt: Runtime) -> None:
             metrics.JOB_NAMESPACE.reset(scope)
             rt.active_workers -= 1
             rt.queue.done(key)
+        if not rt.passed(key):  # deleted during the pass: nothing to requeue, nothing kept
+            continue
         if delay is None:
             rt.errors.pop(key, None)
             continue
@@ -313,7 +315,6 @@ async def job_event(type: str, namespace: str, name: str, body: kopf.Body, **_: 
     key = (namespace, name)
     if type == "DELETED":
         rt.forget(key)
-        metrics.forget_job(key)
         return
     raw = dict(body)
     (raw.get("metadata") or {}).pop("managedFields", None)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from multislice_operator import metrics
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
@@ -51,12 +52,18 @@ class JobStore:
     when that is newer (a pass woken in between must not decide from the older status)."""
 
     bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # Jobs deleted while a pass of theirs ran, by uid: that pass's own writes answer with the
+    # job's body after the DELETED event, which must not bring it back (no event would release
+    # it again). Held only until that pass ends (Runtime.passed).
+    gone: dict[JobKey, str] = field(default_factory=dict)
 
     def put(self, body: Mapping[str, Any]) -> bool:
         """Keep `body` unless the copy held is as new; True when it is news (not our own write
         coming back through the watch, nor an older event)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
+        if key in self.gone and self.gone[key] == meta.get("uid"):
+            return False  # deleted already: a late answer to our own write
         current = self.bodies.get(key)
         if current is not None:
             same = (current.get("metadata") or {}).get("uid") == meta.get("uid")
@@ -68,8 +75,12 @@ class JobStore:
     def get(self, key: JobKey) -> dict[str, Any] | None:
         return self.bodies.get(key)
 
-    def remove(self, key: JobKey) -> None:
-        self.bodies.pop(key, None)
+    def remove(self, key: JobKey, in_flight: bool = False) -> None:
+        """The job is deleted; with `in_flight` (a pass of it runs now) that pass may not put it
+        back."""
+        body = self.bodies.pop(key, None)
+        if in_flight and body is not None:
+            self.gone[key] = str((body.get("metadata") or {}).get("uid") or "")
 
 
 @dataclass
@@ -152,13 +163,17 @@ class Runtime:
             self.queue.add((namespace, name), batch)
 
     def wait_for_nodes(self, key: JobKey, shape: tuple[str, str] | None) -> None:
-        for waiting in self.waiting_for_nodes.values():
-            waiting.discard(key)
+        for waited in [s for s, waiting in self.waiting_for_nodes.items() if key in waiting]:
+            self.waiting_for_nodes[waited].discard(key)
+            if not self.waiting_for_nodes[waited]:  # no shape is kept for jobs long gone
+                del self.waiting_for_nodes[waited]
         if shape is not None:
             self.waiting_for_nodes.setdefault(shape, set()).add(key)
 
     def forget(self, key: JobKey) -> None:
-        self.store.remove(key)
+        """The job is deleted: everything held for it goes, its metric series too. The one place
+        a job is released (its DELETED event, and the end of a pass it did not outlive)."""
+        self.store.remove(key, in_flight=self.queue.in_flight(key))
         self.queue.forget(key)
         self.strangers.pop(key, None)
         self.parsed.pop(key, None)
@@ -169,6 +184,17 @@ class Runtime:
         self.created_jobsets.pop(key, None)
         self.errors.pop(key, None)
         self.forget_events(key)
+        metrics.forget_job(key)
+
+    def passed(self, key: JobKey) -> bool:
+        """After a pass of `key` (not in flight any more): False when its job is gone, and then
+        what the pass brought back after the DELETED event (an event, a created JobSet, a
+        series) goes too."""
+        self.store.gone.pop(key, None)
+        if key in self.store.bodies:
+            return True
+        self.forget(key)
+        return False
 
     def event_seen(
         self, key: JobKey, type_: str, reason: str, message: str

@@ -50,10 +50,18 @@ class WorkQueue(Generic[K]):
         heapq.heappush(self._heap, (due, next(self._seq), key))
         self._changed.set()
 
+    def in_flight(self, key: K) -> bool:
+        return key in self._processing
+
     def forget(self, key: K) -> None:
-        """The job is gone: drop any pending work for it (stale heap entries are skipped)."""
+        """The job is gone: drop any pending work for it. Its heap entries are skipped when they
+        come up, which may be a resync away: when they outnumber the live ones (a burst of
+        deletions) the heap is rebuilt, so that the deleted keys are not held until then."""
         self._due.pop(key, None)
         self._dirty.pop(key, None)
+        if len(self._heap) > 2 * len(self._due):
+            self._heap = [e for e in self._heap if self._due.get(e[2]) == e[0]]
+            heapq.heapify(self._heap)
 
     async def get(self) -> K:
         """The next due key; the caller must call done(key) afterwards."""
