@@ -17,22 +17,16 @@ $(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requ
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test]'
 	@touch $(STAMP)
 
-# Two layers (tests/README.md): the unit layer on TEST_JOBS pytest-xdist workers (0: serial, one
-# process), then the control-plane layer on CP_JOBS, one group per worker at a time (--dist
-# loadgroup; the groups are set in tests/conftest.py). The unit layer computes (JAX), so one worker
-# per core; the control-plane layer mostly waits on controllers, so one worker more than cores
-# (each session control plane in its own worker). Both layers always run; the exit status is the
-# first failure's. The binaries are built first when missing (cold: minutes).
-TEST_JOBS ?= 2
-CP_JOBS ?= $(if $(filter 0,$(TEST_JOBS)),0,3)
+# Two layers (tests/README.md), at the same time (hack/run-tests.sh): the unit layer on UNIT_JOBS
+# pytest-xdist workers in the background, beside the control-plane layer on CP_JOBS, one group
+# per worker at a time (--dist loadgroup; the groups are set in tests/conftest.py). The
+# control-plane layer mostly waits on controllers, so the unit layer's computing (JAX) fits in
+# the idle cores. CP_JOBS=0 runs both in one process each, one after the other. Both always run;
+# the exit status is the first failure's. The binaries are built first when missing (cold: minutes).
+UNIT_JOBS ?= 1
+CP_JOBS ?= 3
 test: install
-	@rc=0; \
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) tests/unit tests/workload || rc=$$?; \
-	$(BIN)/python -c 'from multislice_local.controlplane import ensure_binaries as e; e()' \
-		|| exit $$?; \
-	$(BIN)/python -m pytest -q -n $(CP_JOBS) --dist loadgroup tests/integration tests/e2e \
-		|| { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-	exit $$rc
+	@UNIT_JOBS=$(UNIT_JOBS) CP_JOBS=$(CP_JOBS) hack/run-tests.sh
 
 # The decide() state machine (tests/unit/test_decide_machine.py), searched much longer than
 # make test does, from a fresh seed each run (a failure prints how to reproduce it):

@@ -177,7 +177,8 @@ def test_a_job_recreated_under_the_same_name_never_adopts_its_predecessors_jobse
         log=op.log_tail,
     )
     assert waiting["status"].get("restarts", 0) == 0
-    assert "OrphanJobSet" in [e.reason for e in events(api, ns, "again")]
+    # Its event is posted after the status write the wait saw: waited for, not read once.
+    msj.wait_events(api, ns, "again", "OrphanJobSet: ", log=op.log_tail)
     still = custom.get_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "again"
     )

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make test`: the two layers of tests/README.md, at the same time. The control-plane layer mostly
+# waits on controllers (2 cores stay largely idle), so the unit layer computes beside it, in the
+# background, its output in a log printed when the control-plane layer ends. The binaries are built
+# first when missing (cold: minutes; the unit layer runs meanwhile). The exit status is the first
+# failure's; both layers always run to the end.
+#
+#   UNIT_JOBS  pytest-xdist workers of the unit layer (0: one process)
+#   CP_JOBS    workers of the control-plane layer (0: one process, after the unit layer)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+UNIT_JOBS=${UNIT_JOBS:-1}
+CP_JOBS=${CP_JOBS:-3}
+workers() { [ "$1" = 0 ] && echo "-p no:xdist" || echo "-n $1"; }
+
+log=$(mktemp -t msj-unit-layer.XXXXXX.log)
+started=$SECONDS
+unit() {
+  # shellcheck disable=SC2046
+  $PY -m pytest -q $(workers "$UNIT_JOBS") tests/unit tests/workload
+}
+if [ "$CP_JOBS" = 0 ]; then  # one process at a time, in order
+  unit; unit_rc=$?
+  unit_pid=
+else
+  echo "unit layer: running beside the control-plane layer; its log: $log (printed at the end)"
+  unit > "$log" 2>&1 &
+  unit_pid=$!
+fi
+
+rc=0
+$PY -c 'from multislice_local.controlplane import ensure_binaries as e; e()' || rc=$?
+if [ $rc -eq 0 ]; then
+  # shellcheck disable=SC2046
+  $PY -m pytest -q $(workers "$CP_JOBS") --dist loadgroup tests/integration tests/e2e || rc=$?
+  echo "control-plane layer: exit $rc, $((SECONDS - started)) s since make test started"
+fi
+
+if [ -n "$unit_pid" ]; then
+  wait "$unit_pid"; unit_rc=$?
+  echo "---------------- unit layer (exit $unit_rc) ----------------"
+  cat "$log"
+fi
+rm -f "$log"
+[ $rc -ne 0 ] || rc=$unit_rc
+echo "make test: exit $rc in $((SECONDS - started)) s"
+exit $rc
