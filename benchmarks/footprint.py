@@ -15,16 +15,20 @@ integration tests drive it (the JobSet status is patched: there is no JobSet con
 api profile). Requests counted from before the creates to after the last job is gone, less the
 driver's own (one create, two JobSet status patches and one delete per job).
 
-Memory that comes back (issue 23): idle RSS with 0 jobs, then a 200-job load (created, Starting,
+Memory that comes back (issue 23): idle RSS with 0 jobs, again after 10 jobs came and went (the
+first jobs' one-time cost), then after each of two rounds of a 200-job load (created, Starting,
 Running, Succeeded, deleted, their JobSets deleted too: the api profile has no garbage
-collector), then idle again with 0 jobs: what the load left behind is the difference.
+collector), idle with 0 jobs: what the load left behind is the difference, and a leak is what
+grows from round to round.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +99,23 @@ def idle_window(api: client.ApiClient, pid: int, seconds: float) -> dict[str, An
     }
 
 
+def start_jobs(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: float) -> None:
+    """Create `jobs` and wait until each is Starting with its JobSet."""
+    custom = client.CustomObjectsApi(api)
+    w.add("settled", Spec(MSJ, NAMESPACE, "phase", ["Starting"]))
+    w.add("js", Spec(JOBSET, NAMESPACE))
+    parallel(
+        lambda name: custom.create_namespaced_custom_object(
+            *MSJ[:2], NAMESPACE, MSJ[2], job_body(name)
+        ),
+        jobs,
+        WORKERS,
+    )
+    if jobs:
+        w.wait("settled", jobs, timeout=timeout)
+        w.wait("js", jobs, timeout=timeout)
+
+
 def lifecycle(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: float) -> None:
     custom = client.CustomObjectsApi(api)
 
@@ -117,15 +138,12 @@ def lifecycle(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: float
     w.wait("gone", jobs, timeout=timeout)
 
 
-def run_size(
-    n: int,
-    idle_s: float,
-    with_lifecycle: bool,
-    log_dir: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-footprint-{n}.log"
-    timeout = 120 + n * 0.5
+@contextlib.contextmanager
+def operator_on_api(
+    log: Path, env: dict[str, str] | None
+) -> Iterator[tuple[ControlPlane, client.ApiClient, int]]:
+    """A fresh api-profile control plane with Ready pools and the benchmark's namespace, and a
+    default operator on it: (control plane, admin client, the operator's pid)."""
     with ControlPlane("api") as cp:
         api = admin_client(cp)
         install_crds(api, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
@@ -135,42 +153,42 @@ def run_size(
         try:
             op.start()
             assert op.proc is not None
-            pid = op.proc.pid
-            custom = client.CustomObjectsApi(api)
-            out: dict[str, Any] = {"jobs": n}
-            with Watcher(cp.kubeconfig) as w:
-                w.add("settled", Spec(MSJ, NAMESPACE, "phase", ["Starting"]))
-                w.add("js", Spec(JOBSET, NAMESPACE))
-                jobs = names(n)
-                before = request_counts(api)
-                parallel(
-                    lambda name: custom.create_namespaced_custom_object(
-                        *MSJ[:2], NAMESPACE, MSJ[2], job_body(name)
-                    ),
-                    jobs,
-                    WORKERS,
-                )
-                if jobs:
-                    w.wait("settled", jobs, timeout=timeout)
-                    w.wait("js", jobs, timeout=timeout)
-                time.sleep(3)  # the reconcile that follows the JobSet's creation
-                out["idle"] = idle_window(api, pid, idle_s)
-                if with_lifecycle and jobs:
-                    lifecycle(api, w, jobs, timeout)
-                    settle(api)
-                    diff = count_diff(request_counts(api), before)
-                    driver = {"POST multislicejobs": n, "PATCH jobsets/status": 2 * n,
-                              "DELETE multislicejobs": n}  # fmt: skip
-                    mine = {k: v - driver.get(k, 0) for k, v in diff.items()}
-                    out["lifecycle"] = {
-                        "jobs": n,
-                        "requests_per_job": {k: v / n for k, v in mine.items() if v},
-                        "writes_per_job": writes(mine) / n,
-                        "reads_per_job": reads(mine) / n,
-                    }
+            yield cp, api, op.proc.pid
         finally:
             op.stop()
             api.close()  # type: ignore[no-untyped-call]
+
+
+def run_size(
+    n: int,
+    idle_s: float,
+    with_lifecycle: bool,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-footprint-{n}.log"
+    timeout = 120 + n * 0.5
+    with operator_on_api(log, env) as (cp, api, pid):
+        out: dict[str, Any] = {"jobs": n}
+        with Watcher(cp.kubeconfig) as w:
+            jobs = names(n)
+            before = request_counts(api)
+            start_jobs(api, w, jobs, timeout)
+            time.sleep(3)  # the reconcile that follows the JobSet's creation
+            out["idle"] = idle_window(api, pid, idle_s)
+            if with_lifecycle and jobs:
+                lifecycle(api, w, jobs, timeout)
+                settle(api)
+                diff = count_diff(request_counts(api), before)
+                driver = {"POST multislicejobs": n, "PATCH jobsets/status": 2 * n,
+                          "DELETE multislicejobs": n}  # fmt: skip
+                mine = {k: v - driver.get(k, 0) for k, v in diff.items()}
+                out["lifecycle"] = {
+                    "jobs": n,
+                    "requests_per_job": {k: v / n for k, v in mine.items() if v},
+                    "writes_per_job": writes(mine) / n,
+                    "reads_per_job": reads(mine) / n,
+                }
     out["operator_log"] = str(log)
     return out
 
@@ -196,55 +214,49 @@ def delete_jobsets(api: client.ApiClient, w: Watcher, jobs: list[str], timeout: 
     w.wait("js_gone", jobs, timeout=timeout)
 
 
+def churn_once(cp: ControlPlane, api: client.ApiClient, jobs: list[str], timeout: float) -> None:
+    """`jobs` created, Starting, Running, Succeeded, deleted, their JobSets gone."""
+    with Watcher(cp.kubeconfig) as w:
+        start_jobs(api, w, jobs, timeout)
+        lifecycle(api, w, jobs, timeout)
+        delete_jobsets(api, w, jobs, timeout)
+
+
 def run_churn(
     n: int,
     idle_s: float,
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    warmup: int = 10,
+    rounds: int = 2,
 ) -> dict[str, Any]:
-    """Idle RSS with no job, then after `n` jobs came, finished and went (0 jobs again)."""
+    """Idle RSS with no job, again after `warmup` jobs came and went (what the first jobs cost
+    once: lazily imported code, the client's connection pools, the allocator's first arenas),
+    then after `n` jobs came, finished and went, `rounds` times: what jobs leave behind is
+    after - warm, and a leak grows with every round where a high-water mark does not."""
     log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-churn-{n}.log"
     timeout = 120 + n * 0.5
-    with ControlPlane("api") as cp:
-        api = admin_client(cp)
-        install_crds(api, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
-        ready_pools(api, "pool", 2, 4)
-        create_namespace(api, NAMESPACE)
-        op = OperatorProcess(cp.kubeconfig, [], env=env, log_path=log)
-        try:
-            op.start()
-            assert op.proc is not None
-            pid = op.proc.pid
-            custom = client.CustomObjectsApi(api)
-            before = idle_window(api, pid, idle_s)
-            with Watcher(cp.kubeconfig) as w:
-                w.add("settled", Spec(MSJ, NAMESPACE, "phase", ["Starting"]))
-                w.add("js", Spec(JOBSET, NAMESPACE))
-                jobs = names(n)
-                parallel(
-                    lambda name: custom.create_namespaced_custom_object(
-                        *MSJ[:2], NAMESPACE, MSJ[2], job_body(name)
-                    ),
-                    jobs,
-                    WORKERS,
-                )
-                w.wait("settled", jobs, timeout=timeout)
-                w.wait("js", jobs, timeout=timeout)
-                lifecycle(api, w, jobs, timeout)
-                delete_jobsets(api, w, jobs, timeout)
-            loaded = peak_rss_mib(pid)
-            after = idle_window(api, pid, idle_s)
-        finally:
-            op.stop()
-            api.close()  # type: ignore[no-untyped-call]
+    with operator_on_api(log, env) as (cp, api, pid):
+        cold = idle_window(api, pid, idle_s)
+        churn_once(cp, api, names(warmup), timeout)
+        warm = idle_window(api, pid, idle_s)
+        after_rounds = []
+        for _ in range(rounds):
+            churn_once(cp, api, names(n), timeout)
+            after_rounds.append(idle_window(api, pid, idle_s)["rss_mib"])
+        loaded = peak_rss_mib(pid)
+        after = {"rss_mib": after_rounds[-1]}
     return {
+        "rounds": rounds,
+        "rss_after_each_round_mib": after_rounds,
         "jobs": n,
+        "warmup_jobs": warmup,
         "idle_seconds": idle_s,
-        "rss_before_mib": before["rss_mib"],
+        "rss_cold_mib": cold["rss_mib"],
+        "rss_before_mib": warm["rss_mib"],
         "rss_peak_mib": loaded,
         "rss_after_mib": after["rss_mib"],
-        "rss_delta_mib": after["rss_mib"] - before["rss_mib"],
-        "cpu_percent_after": after["cpu_percent"],
+        "rss_delta_mib": after["rss_mib"] - warm["rss_mib"],
         "operator_log": str(log),
     }
 
@@ -252,10 +264,11 @@ def run_churn(
 def churn_table(c: dict[str, Any]) -> str:
     return table(
         f"Idle RSS before and after a {c['jobs']}-job load (created -> Succeeded -> deleted; "
-        f"{c['idle_seconds']:g}s idle windows)",
-        ["jobs", "RSS before MiB", "peak MiB", "RSS after MiB", "delta MiB"],
-        [[c["jobs"], c["rss_before_mib"], c["rss_peak_mib"], c["rss_after_mib"],
-          c["rss_delta_mib"]]],
+        f"{c['idle_seconds']:g}s idle windows; before: after {c['warmup_jobs']} jobs did the same)",
+        ["jobs", "RSS at start MiB", "RSS before MiB", "peak MiB", "RSS after each round MiB",
+         "delta MiB"],
+        [[c["jobs"], c["rss_cold_mib"], c["rss_before_mib"], c["rss_peak_mib"],
+          " / ".join(f"{r:.1f}" for r in c["rss_after_each_round_mib"]), c["rss_delta_mib"]]],
     )  # fmt: skip
 
 
