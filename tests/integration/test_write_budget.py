@@ -259,13 +259,15 @@ def test_a_managed_job_to_provisioning(api, ns, op, sim, round_trip) -> None:
     # a far region) lets other jobs' passes list the pools while it is on the wire: a listing
     # that predates a job's create must not show it its pools absent (a second status write).
     sim.configure(op_latency_s=3600, mutation_delay_s=round_trip)
-    b = Batch(api, ns, op, f"mg{int(round_trip)}")
-    b.start()
-    b.create(managed)
-    b.phase("Provisioning")
-    msj.wait_reconciles(op, passes=2)  # passes after the creates, which judge from a listing
-    check("managed-start", b.spent())
-    sim.configure(mutation_delay_s=0.0)
+    try:
+        b = Batch(api, ns, op, f"mg{int(round_trip)}")
+        b.start()
+        b.create(managed)
+        b.phase("Provisioning")
+        msj.wait_reconciles(op, passes=2)  # passes after the creates, which judge from a listing
+        check("managed-start", b.spent())
+    finally:  # the module's later tests get quick calls whatever happened here
+        sim.configure(mutation_delay_s=0.0)
 
 
 def test_a_managed_job_deleted(api, ns, op, sim) -> None:

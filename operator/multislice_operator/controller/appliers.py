@@ -92,7 +92,7 @@ def _count(action: str, errors: Iterable[PoolError]) -> None:
 
 async def add_finalizer(rt: Runtime, t: Target, _: AddFinalizer) -> None:
     updated = await rt.kube.add_finalizer(t.body, keys.FINALIZER)
-    rt.store.put(updated)
+    rt.store.refresh(updated)
     t.body = updated
 
 

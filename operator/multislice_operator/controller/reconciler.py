@@ -380,7 +380,7 @@ async def _write_status(
         return body
     (updated.get("metadata") or {}).pop("managedFields", None)  # the bulk; never read
     if record:
-        rt.store.put(updated)
+        rt.store.refresh(updated)
     return updated
 
 

@@ -52,18 +52,12 @@ class JobStore:
     when that is newer (a pass woken in between must not decide from the older status)."""
 
     bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
-    # Jobs deleted while a pass of theirs ran, by uid: that pass's own writes answer with the
-    # job's body after the DELETED event, which must not bring it back (no event would release
-    # it again). Held only until that pass ends (Runtime.passed).
-    gone: dict[JobKey, str] = field(default_factory=dict)
 
     def put(self, body: Mapping[str, Any]) -> bool:
         """Keep `body` unless the copy held is as new; True when it is news (not our own write
         coming back through the watch, nor an older event)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
-        if key in self.gone and self.gone[key] == meta.get("uid"):
-            return False  # deleted already: a late answer to our own write
         current = self.bodies.get(key)
         if current is not None:
             same = (current.get("metadata") or {}).get("uid") == meta.get("uid")
@@ -75,12 +69,16 @@ class JobStore:
     def get(self, key: JobKey) -> dict[str, Any] | None:
         return self.bodies.get(key)
 
-    def remove(self, key: JobKey, in_flight: bool = False) -> None:
-        """The job is deleted; with `in_flight` (a pass of it runs now) that pass may not put it
-        back."""
-        body = self.bodies.pop(key, None)
-        if in_flight and body is not None:
-            self.gone[key] = str((body.get("metadata") or {}).get("uid") or "")
+    def refresh(self, body: Mapping[str, Any]) -> None:
+        """Our own write's answer: newer than the copy held, but never a job that is not held
+        (deleted while the write was on the wire: no DELETED event would release it again)."""
+        meta = body.get("metadata") or {}
+        current = self.bodies.get((meta.get("namespace", ""), meta.get("name", "")))
+        if current is not None and (current.get("metadata") or {}).get("uid") == meta.get("uid"):
+            self.put(body)
+
+    def remove(self, key: JobKey) -> None:
+        self.bodies.pop(key, None)
 
 
 @dataclass
@@ -173,7 +171,7 @@ class Runtime:
     def forget(self, key: JobKey) -> None:
         """The job is deleted: everything held for it goes, its metric series too. The one place
         a job is released (its DELETED event, and the end of a pass it did not outlive)."""
-        self.store.remove(key, in_flight=self.queue.in_flight(key))
+        self.store.remove(key)
         self.queue.forget(key)
         self.strangers.pop(key, None)
         self.parsed.pop(key, None)
@@ -188,9 +186,8 @@ class Runtime:
 
     def passed(self, key: JobKey) -> bool:
         """After a pass of `key` (not in flight any more): False when its job is gone, and then
-        what the pass brought back after the DELETED event (an event, a created JobSet, a
-        series) goes too."""
-        self.store.gone.pop(key, None)
+        what the pass recorded after the DELETED event (an event, a created JobSet, a series)
+        goes too."""
         if key in self.store.bodies:
             return True
         self.forget(key)

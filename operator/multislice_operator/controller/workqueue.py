@@ -50,9 +50,6 @@ class WorkQueue(Generic[K]):
         heapq.heappush(self._heap, (due, next(self._seq), key))
         self._changed.set()
 
-    def in_flight(self, key: K) -> bool:
-        return key in self._processing
-
     def forget(self, key: K) -> None:
         """The job is gone: drop any pending work for it. Its heap entries are skipped when they
         come up, which may be a resync away: when they outnumber the live ones (a burst of

@@ -265,7 +265,7 @@ class GkeProvisioner:
         self._listing: tuple[float, list[cs.NodePool]] | None = None
         self._listing_task: asyncio.Task[list[cs.NodePool]] | None = None
         self._listing_task_started = 0.0
-        self._mutated_at = 0.0  # our last create/delete started or answered: older listings stale
+        self._mutated_at = 0.0  # when our last create/delete was answered: older listings are stale
         self.list_calls = 0
         self._offered: dict[str, tuple[float, frozenset[str]]] = {}  # zone -> (expiry, types)
         self._compute: Any = None  # compute_v1 ResourcePolicies/RegionOperations, built lazily
@@ -583,7 +583,6 @@ class GkeProvisioner:
     async def _mutate(self, what: str, call: Callable[[], T], pool: str) -> T:
         """A create or delete call. A listing asked while it was on the wire may have been
         answered before GKE applied it, so every listing asked before its answer is stale."""
-        self._mutated_at = asyncio.get_running_loop().time()
         try:
             return await self._call(what, call, pool)
         finally:
