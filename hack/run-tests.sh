@@ -6,21 +6,20 @@
 # failure's; both layers always run to the end.
 #
 #   UNIT_JOBS  pytest-xdist workers of the unit layer (0: one process)
-#   CP_JOBS    workers of the control-plane layer (0: one process, after the unit layer)
+#   CP_JOBS    workers of the control-plane layer (0: one process, after the unit layer in one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 UNIT_JOBS=${UNIT_JOBS:-1}
 CP_JOBS=${CP_JOBS:-3}
-workers() { [ "$1" = 0 ] && echo "-p no:xdist" || echo "-n $1"; }
 
 log=$(mktemp -t msj-unit-layer.XXXXXX.log)
 started=$SECONDS
 unit() {
-  # shellcheck disable=SC2046
-  $PY -m pytest -q $(workers "$UNIT_JOBS") tests/unit tests/workload
+  $PY -m pytest -q -n "$UNIT_JOBS" tests/unit tests/workload  # -n 0: in this process
 }
 if [ "$CP_JOBS" = 0 ]; then  # one process at a time, in order
+  UNIT_JOBS=0
   unit; unit_rc=$?
   unit_pid=
 else
@@ -32,8 +31,7 @@ fi
 rc=0
 $PY -c 'from multislice_local.controlplane import ensure_binaries as e; e()' || rc=$?
 if [ $rc -eq 0 ]; then
-  # shellcheck disable=SC2046
-  $PY -m pytest -q $(workers "$CP_JOBS") --dist loadgroup tests/integration tests/e2e || rc=$?
+  $PY -m pytest -q -n "$CP_JOBS" --dist loadgroup tests/integration tests/e2e || rc=$?
   echo "control-plane layer: exit $rc, $((SECONDS - started)) s since make test started"
 fi
 
