@@ -6,7 +6,9 @@ wait on every step, the persistent compilation cache and the profiler window."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +325,33 @@ def test_the_loop_waits_for_the_step_before_not_the_one_it_dispatched(tmp_path: 
 # --- Emergency checkpointing. -------------------------------------------------------------------
 
 
+def _slow_local_commit(site: Path, *, process: int, step: int, seconds: float) -> dict[str, str]:
+    """Environment whose `sitecustomize` delays Orbax's commit of `step` on `process` (first
+    attempt only): a slow node-local write, as a loaded machine makes it."""
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, time
+            from orbax.checkpoint import checkpoint_manager as cm
+
+            _finalize = cm.CheckpointManager._finalize
+
+            def _slow(self, step, steps_to_remove):
+                import jax
+                first = os.environ.get("MULTISLICE_RESTART_ATTEMPT") == "0"
+                if first and step == {step} and jax.process_index() == {process}:
+                    time.sleep({seconds})
+                return _finalize(self, step, steps_to_remove)
+
+            cm.CheckpointManager._finalize = _slow
+            """
+        )
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
 def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persistent_one(
     tmp_path: Path,
 ) -> None:
@@ -330,11 +359,17 @@ def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persist
     directory every 2 steps, slice 0 (the primary) to the persistent directory every 5. The
     primary's pod is lost after step 7 (a crash: it never saves again); on the restart the run
     resumes from step 6, which only slice 1's local tier holds, broadcast to the replaced slice
-    0, and not from the persistent step 5."""
+    0, and not from the persistent step 5. Step 6 is written before step 7 starts (the settle
+    hook): slice 1's background write needs the coordinator on process 0, and a crash after step
+    7 could otherwise land while that write is still committing, restoring step 5. The write is
+    made slow here (`_slow_local_commit`), so without the hook this fails every time, not only
+    under load."""
+    from multislice_workload import env as contract
     from multislice_workload.env import Parallelism
     from multislice_workload.local import launch
 
     local, persistent = tmp_path / "local", tmp_path / "persistent"
+    slow = _slow_local_commit(tmp_path / "site", process=1, step=6, seconds=4.0)
     tiers = ["--local_checkpoint_dir", str(local), "--local_checkpoint_every", "2"]
     result = launch(
         2,
@@ -355,6 +390,8 @@ def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persist
         max_restarts=1,
         fail_process=0,
         fail_at_step=7,
+        faults={p: {contract.SETTLE_SAVE_AT_STEP: "6"} for p in (0, 1)},
+        extra_env=slow,
         checkpoint_dir=str(persistent),
         timeout_s=1500,
     )

@@ -45,18 +45,22 @@ POD_NAME = "MULTISLICE_POD_NAME"
 POD_NAMESPACE = "MULTISLICE_POD_NAMESPACE"
 # Not injected by the operator: test/demo hooks, honoured only on restart attempt 0, each acting
 # after step K: crash (exit 13); SIGTERM to itself (a preemption); hang forever (the watchdog's
-# case); ask for a restart (exit 42); SIGKILL itself while a checkpoint of step K is being written.
+# case); ask for a restart (exit 42); SIGKILL itself while a checkpoint of step K is being written;
+# wait until its own checkpoint of step K is written before step K + 1 (so a fault injected later,
+# on any process, finds step K committed instead of racing its background write).
 FAIL_AT_STEP = "MULTISLICE_FAIL_AT_STEP"
 PREEMPT_AT_STEP = "MULTISLICE_PREEMPT_AT_STEP"
 HANG_AT_STEP = "MULTISLICE_HANG_AT_STEP"
 RESTART_AT_STEP = "MULTISLICE_RESTART_AT_STEP"
 KILL_IN_SAVE_AT_STEP = "MULTISLICE_KILL_IN_SAVE_AT_STEP"
+SETTLE_SAVE_AT_STEP = "MULTISLICE_SETTLE_SAVE_AT_STEP"
 FAULT_VARIABLES: tuple[str, ...] = (
     FAIL_AT_STEP,
     PREEMPT_AT_STEP,
     HANG_AT_STEP,
     RESTART_AT_STEP,
     KILL_IN_SAVE_AT_STEP,
+    SETTLE_SAVE_AT_STEP,
 )
 
 PARALLELISM_VARIABLES: tuple[str, ...] = (
@@ -176,6 +180,7 @@ class WorkloadEnv:
     hang_at_step: int | None = None
     restart_at_step: int | None = None
     kill_in_save_at_step: int | None = None
+    settle_save_at_step: int | None = None
     podinfo_dir: str | None = None
     # True when no contract variable was set: a developer running one process by hand.
     standalone: bool = False
@@ -332,6 +337,7 @@ class _OptionalFields(TypedDict):
     hang_at_step: int | None
     restart_at_step: int | None
     kill_in_save_at_step: int | None
+    settle_save_at_step: int | None
     podinfo_dir: str | None
 
 
@@ -343,6 +349,7 @@ def _optional_fields(reader: _Reader) -> _OptionalFields:
         "hang_at_step": reader.optional_integer(HANG_AT_STEP),
         "restart_at_step": reader.optional_integer(RESTART_AT_STEP),
         "kill_in_save_at_step": reader.optional_integer(KILL_IN_SAVE_AT_STEP),
+        "settle_save_at_step": reader.optional_integer(SETTLE_SAVE_AT_STEP),
         "podinfo_dir": reader.environ.get(PODINFO_DIR, "").strip() or None,
     }
 

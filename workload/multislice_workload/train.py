@@ -663,7 +663,7 @@ class TrainLoop:
             if request is not None:
                 self.serve_request(step, state, request)
         if self.checkpointer.due(step):
-            self.save(step, state)
+            self.save(step, state, wait=settles_save(self.env, step))
         if self.env.restart_attempt == 0 and self.env.restart_at_step == step:
             saved = self.save(step, state, wait=True)
             logs.emit("restart_requested", step=step, checkpoint_saved=saved)
@@ -953,6 +953,13 @@ def inject_faults(env: WorkloadEnv, step: int) -> None:
             # the next collective, all of them) until the notice has spread makes the agreed
             # step K + 1 instead of "whenever it arrives", which a short test run could outlive.
             time.sleep(_NOTICE_PROPAGATION_S)
+
+
+def settles_save(env: WorkloadEnv, step: int) -> bool:
+    """Test hook: this step's checkpoint is written before the next step starts. The next step's
+    collectives then hold every peer until it is, so a crash injected after it cannot race the
+    background write (which needs the coordinator, on process 0, to finish)."""
+    return env.restart_attempt == 0 and env.settle_save_at_step == step
 
 
 def _injected_hang() -> None:
