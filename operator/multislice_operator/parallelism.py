@@ -134,3 +134,32 @@ def resolve(
         dcn_tensor=dcn_full["tensor"],
     )
     return par, errors
+
+
+# ---------------------------------------------------------------- elastic slice counts
+
+FIXED_DCN_AXES = ("fsdp", "pipeline", "tensor")  # what a shrink keeps: only dcn.data changes
+
+
+def fixed_dcn(dcn: dict[str, int | None]) -> tuple[int, dict[str, int]]:
+    """The product of the DCN axes that stay fixed when the slice count changes (every axis but
+    data, unset ones 1), and those set above 1, by name: what the sizes must be multiples of."""
+    named = {a: v for a in FIXED_DCN_AXES if (v := dcn.get(a)) is not None and v > 1}
+    return math.prod(named.values()), named
+
+
+def elastic_sizes(slices: int, min_slices: int, fixed: int) -> list[int]:
+    """The slice counts an elastic job can run at, largest first: from `slices` down to
+    `min_slices`, each a multiple of `fixed` (dcn.data = k / fixed)."""
+    return [k for k in range(slices, max(min_slices, 1) - 1, -1) if k % fixed == 0]
+
+
+def sizes_phrase(named: dict[str, int], fixed: int, below: int, shown: int = 8) -> str:
+    """Which sizes below `below` a layout allows, for an error message: "with dcn.pipeline 2 the
+    sizes are multiples of 2: 2, 4, 6"."""
+    sizes = [str(k) for k in range(fixed, below, fixed)]
+    if len(sizes) > shown:
+        sizes = [*sizes[: shown - 1], "...", sizes[-1]]
+    listed = ", ".join(sizes)
+    layout = " x ".join(f"dcn.{a} {v}" for a, v in named.items()) or "this layout"
+    return f"with {layout} the sizes are multiples of {fixed}: {listed or 'none'}"

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from multislice_operator import parallelism
 from multislice_operator.api import podtemplate
 from multislice_operator.catalog import ACCELERATOR_PATTERN, GENERATIONS
 
@@ -54,6 +55,10 @@ RESERVATION_MAX = (
     + len("/reservationSubBlocks/")
     + 63
 )
+# A job's slices, and its slices and hot spares together (spec.slices, spec.spares).
+SLICES_MAX = 256
+SPARES_MAX = 16
+ELASTIC_WAIT_DEFAULT_S = 600
 # Flex-start VMs run at most seven days; GKE's default maxRunDurationSeconds is that maximum
 # (GKE "About flex-start provisioning mode").
 FLEX_START_MAX_RUN_S = 7 * 24 * 3600
@@ -336,6 +341,35 @@ class Maintenance(_Model):
     )
 
 
+class Elastic(_Model):
+    """Run on fewer slices when one is lost and not replaced in time, and grow back later."""
+
+    min_slices: int = Field(
+        ge=1,
+        le=SLICES_MAX - 1,
+        description=(
+            "The fewest slices the job may run on: at least 1, less than spec.slices, and a size "
+            "the DCN layout allows. Only dcn.data changes with the slice count (dcn.fsdp, "
+            "dcn.pipeline and dcn.tensor stay as set), so the job runs at every k from "
+            "spec.slices down to minSlices that is a multiple of dcn.fsdp x dcn.pipeline x "
+            "dcn.tensor, with dcn.data = k / that product; a layout whose dcn.data is 1 cannot "
+            "shrink. Each change of the slice count restarts all slices from the last checkpoint; "
+            "the DCN advice of each size (`multislice-operator plan`) keeps "
+            "spec.training.globalBatchTokens, so fewer slices get more tokens each."
+        ),
+    )
+    wait_seconds: int = Field(
+        default=ELASTIC_WAIT_DEFAULT_S,
+        ge=0,
+        le=7 * 24 * 3600,
+        description=(
+            "How long a lost slice's replacement may take to be Ready before the job restarts "
+            "on the slices it has (at once when GKE answers stockout or quota); it grows back "
+            "to spec.slices when capacity returns."
+        ),
+    )
+
+
 class MultisliceJobSpec(_Model):
     """A training program run over several identical TPU slices, provisioned all or none."""
 
@@ -353,7 +387,29 @@ class MultisliceJobSpec(_Model):
         pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
         description="Slice shape, e.g. 4x4 or 2x2x4. Default: the catalog's shape for the type.",
     )
-    slices: int = Field(ge=1, le=256, description="Number of identical slices (1-256).")
+    slices: int = Field(
+        ge=1, le=SLICES_MAX, description=f"Number of identical slices (1-{SLICES_MAX})."
+    )
+    elastic: Elastic | None = Field(
+        default=None,
+        description=(
+            "Elastic slice count: when a slice is lost and its replacement is not Ready within "
+            "waitSeconds, restart on fewer slices (never fewer than minSlices) instead of "
+            "waiting. Unset: the job runs on spec.slices or not at all."
+        ),
+    )
+    spares: int = Field(
+        default=0,
+        ge=0,
+        le=SPARES_MAX,
+        description=(
+            "Hot spare slices (Managed mode only): extra node pools of the same shape, created "
+            "with the job's and kept provisioned for it but not used by its JobSet, so that a "
+            "lost slice is replaced by a Ready pool instead of a new one. Spares cost as much as "
+            "running slices (their chips are billed while idle: `multislice-operator plan` shows "
+            f"them apart). spec.slices + spec.spares is at most {SLICES_MAX}."
+        ),
+    )
     capacity: Capacity = Field(default_factory=Capacity)
     provisioning: Provisioning = Field(default_factory=Provisioning)
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
@@ -425,6 +481,51 @@ def checkpoint_dir_ok(directory: str | None) -> bool:
         and "$(" not in directory
         and not re.search(r"[\x00-\x1f\x7f]", directory)
         and not re.search(r"(^|/)\.\.(/|$)", directory)
+    )
+
+
+def _cel_dcn(axis: str) -> str:
+    """CEL: spec.parallelism.dcn.<axis> as the plan reads it (unset: 1), on spec."""
+    return (
+        f"(has(self.parallelism) && has(self.parallelism.dcn) && "
+        f"has(self.parallelism.dcn.{axis}) ? self.parallelism.dcn.{axis} : 1)"
+    )
+
+
+# What the slice counts must be multiples of: the DCN axes an elastic shrink keeps.
+_CEL_FIXED = "(" + " * ".join(_cel_dcn(a) for a in parallelism.FIXED_DCN_AXES) + ")"
+_CEL_MIN = "self.elastic.minSlices"
+_CEL_MODE = (
+    "(has(self.provisioning) && has(self.provisioning.mode) ? self.provisioning.mode : "
+    f"'{ProvisioningMode.MANAGED.value}')"
+)
+
+
+def _fixed(s: MultisliceJobSpec) -> tuple[int, dict[str, int]]:
+    return parallelism.fixed_dcn(s.parallelism.dcn.model_dump())
+
+
+def _min_slices(s: MultisliceJobSpec) -> int:
+    return s.elastic.min_slices if s.elastic else 0
+
+
+def _elastic_layout_explain(s: MultisliceJobSpec) -> str:
+    fixed, named = _fixed(s)
+    axes = " x ".join(f"dcn.{a} {v}" for a, v in named.items())
+    axes += f" = {fixed}" if len(named) > 1 else ""
+    return (
+        f"cannot shrink with spec.elastic: {axes} takes all {s.slices} slices "
+        "(dcn.data is 1) and only dcn.data changes with the slice count; lower dcn.fsdp or "
+        "dcn.pipeline so that dcn.data is at least 2, or remove spec.elastic"
+    )
+
+
+def _min_slices_explain(s: MultisliceJobSpec) -> str:
+    fixed, named = _fixed(s)
+    return (
+        f"{_min_slices(s)} is not a slice count the job can run at: only dcn.data changes with "
+        f"the slice count, and {parallelism.sizes_phrase(named, fixed, s.slices)}; set minSlices "
+        "to one of them"
     )
 
 
@@ -575,6 +676,87 @@ SPEC_RULES: list[Rule] = [
             s.failure_policy.startup_timeout_seconds is None
             or s.failure_policy.startup_timeout_seconds
             < s.failure_policy.unschedulable_timeout_seconds
+        ),
+    ),
+    # Elastic slice count (issue 25): the job shrinks from spec.slices to minSlices, dcn.data
+    # taking the change; the rules on spec itself, where spec.slices and the layout are seen.
+    Rule(
+        path=(),
+        field="spec.elastic.minSlices",
+        cel=f"!has(self.elastic) || {_CEL_MIN} < self.slices",
+        message="spec.elastic.minSlices must be less than spec.slices: the job shrinks from "
+        "spec.slices down to minSlices; lower minSlices or remove spec.elastic",
+        message_expression=f"'spec.elastic.minSlices must be less than spec.slices (' + "
+        f"string(self.slices) + '), got ' + string({_CEL_MIN}) + ': the job shrinks from "
+        "spec.slices down to minSlices; lower minSlices or remove spec.elastic'",
+        holds=lambda s: s.elastic is None or s.elastic.min_slices < s.slices,
+        explain=lambda s: (
+            f"must be less than spec.slices ({s.slices}), got {_min_slices(s)}: the job shrinks "
+            "from spec.slices down to minSlices; lower minSlices or remove spec.elastic"
+        ),
+    ),
+    Rule(
+        path=(),
+        field="spec.parallelism.dcn",
+        # P > slices is no layout at all (the plan names spec.parallelism.dcn for it).
+        cel=f"!has(self.elastic) || {_CEL_MIN} >= self.slices || {_CEL_FIXED} != self.slices",
+        message="spec.parallelism.dcn cannot shrink with spec.elastic: dcn.fsdp x dcn.pipeline "
+        "x dcn.tensor takes every slice (dcn.data is 1) and only dcn.data changes with the "
+        "slice count; lower dcn.fsdp or dcn.pipeline so that dcn.data is at least 2, or remove "
+        "spec.elastic",
+        holds=lambda s: (
+            s.elastic is None or s.elastic.min_slices >= s.slices or _fixed(s)[0] != s.slices
+        ),
+        explain=_elastic_layout_explain,
+    ),
+    Rule(
+        path=(),
+        field="spec.elastic.minSlices",
+        # Skipped where the rules above refuse the spec already (one error each), and where
+        # the layout does not divide spec.slices (the plan names spec.parallelism.dcn then).
+        cel=f"!has(self.elastic) || {_CEL_MIN} >= self.slices || {_CEL_FIXED} >= self.slices || "
+        f"self.slices % {_CEL_FIXED} != 0 || {_CEL_MIN} % {_CEL_FIXED} == 0",
+        message="spec.elastic.minSlices must be a slice count the job can run at: only "
+        "dcn.data changes with the slice count, so the sizes are the multiples of dcn.fsdp x "
+        "dcn.pipeline x dcn.tensor; set minSlices to one of them",
+        message_expression="'spec.elastic.minSlices ' + string(" + _CEL_MIN + ") + ' is not a "
+        "slice count the job can run at: only dcn.data changes with the slice count, so the "
+        "sizes are the multiples of ' + string("
+        + _CEL_FIXED
+        + ") + ' (dcn.fsdp x dcn.pipeline x dcn.tensor) below spec.slices; e.g. minSlices: ' + "
+        "string("
+        + f"{_CEL_MIN} >= {_CEL_FIXED} ? {_CEL_MIN} / {_CEL_FIXED} * {_CEL_FIXED} : {_CEL_FIXED}"
+        + ")",
+        holds=lambda s: (
+            s.elastic is None
+            or s.elastic.min_slices >= s.slices
+            or _fixed(s)[0] >= s.slices
+            or s.slices % _fixed(s)[0] != 0
+            or s.elastic.min_slices % _fixed(s)[0] == 0
+        ),
+        explain=_min_slices_explain,
+    ),
+    # Hot spares: the operator creates them, so only where it creates the slices' pools.
+    Rule(
+        path=(),
+        field="spec.spares",
+        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} == "
+        f"'{ProvisioningMode.MANAGED.value}'",
+        message="spec.spares needs provisioning.mode: Managed: the operator creates and keeps "
+        "the spare node pools itself; with Existing node pools set spares: 0 (provision spare "
+        "pools yourself)",
+        holds=lambda s: s.spares == 0 or s.provisioning.mode == ProvisioningMode.MANAGED,
+    ),
+    Rule(
+        path=(),
+        field="spec.spares",
+        cel=f"!has(self.spares) || self.slices + self.spares <= {SLICES_MAX}",
+        message=f"spec.spares must keep spec.slices + spec.spares at most {SLICES_MAX}; lower "
+        "spares",
+        holds=lambda s: s.slices + s.spares <= SLICES_MAX,
+        explain=lambda s: (
+            f"must keep spec.slices + spec.spares at most {SLICES_MAX}, got {s.slices} + "
+            f"{s.spares} = {s.slices + s.spares}; lower spares"
         ),
     ),
 ]
