@@ -1,4 +1,5 @@
-"""Plan = f(spec): slices, hosts, topology, machine type, node pools, parallelism, DCN advice.
+"""Plan = f(spec): slices, hosts, topology, machine type, node pools, parallelism, DCN advice,
+the sizes an elastic job can run at (each with its layout and advice), the hot spares' pools.
 
 Pure and deterministic. Every semantic check that needs the catalog happens here, and every problem
 is reported with its field path (all of them at once, not the first only).
@@ -6,6 +7,7 @@ is reported with its field path (all of them at once, not the first only).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from multislice_operator.names import (
     longest_pod_name,
     max_name_length,
 )
+from multislice_operator.parallelism import Parallelism
 
 # Labels and annotations the operator owns.
 
@@ -86,6 +89,36 @@ class NodePoolSpec:
 
 
 @dataclass(frozen=True)
+class SizePlan:
+    """One slice count the job can run at: its layout (only dcn.data differs between sizes) and
+    the DCN advice for it (the same global batch over fewer slices: more tokens per slice)."""
+
+    slices: int
+    parallelism: Parallelism
+    advice: advisor.DcnAdvice
+    chips: int  # the chips of the slices the job runs on at this size
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "slices": self.slices,
+            "totalChips": self.chips,
+            "parallelism": self.parallelism.as_dict(),
+            "dcn": self.advice.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """spec.elastic as the plan resolved it."""
+
+    min_slices: int
+    wait_seconds: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"minSlices": self.min_slices, "waitSeconds": self.wait_seconds}
+
+
+@dataclass(frozen=True)
 class Plan:
     namespace: str
     name: str
@@ -99,10 +132,37 @@ class Plan:
     node_pools: list[NodePoolSpec] = field(default_factory=list)
     # What `validate` and `plan` warn about: the job can run, but probably not as meant.
     warnings: list[FieldError] = field(default_factory=list)
+    # The slice counts the job can run at, largest (spec.slices) first; [spec.slices] alone
+    # unless spec.elastic is set (filled in from slices, parallelism and advice when empty).
+    sizes: list[SizePlan] = field(default_factory=list)
+    elastic: ElasticPlan | None = None
+    spares: int = 0
+    # Managed: the hot spares' node pools, slice indexes slices..slices+spares-1; never part of
+    # node_pools (the JobSet's slices).
+    spare_pools: list[NodePoolSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            one = SizePlan(self.slices, self.parallelism, self.advice, self.total_chips)
+            object.__setattr__(self, "sizes", [one])
+
+    def parallelism_at(self, slices: int) -> Parallelism:
+        """The layout at one of `sizes` (ValueError for a slice count the job cannot run at)."""
+        for size in self.sizes:
+            if size.slices == slices:
+                return size.parallelism
+        allowed = ", ".join(str(s.slices) for s in self.sizes)
+        raise ValueError(f"{self.namespace}/{self.name} cannot run on {slices} slices: {allowed}")
 
     @property
     def total_chips(self) -> int:
+        """The chips of the job's slices (spares not counted: see spare_chips)."""
         return self.shape.chips * self.slices
+
+    @property
+    def spare_chips(self) -> int:
+        """The chips of the hot spares: held and billed, never used by the JobSet."""
+        return self.shape.chips * self.spares
 
     @property
     def total_hosts(self) -> int:
@@ -129,6 +189,10 @@ class Plan:
             "slices": self.slices,
             "totalChips": self.total_chips,
             "totalHosts": self.total_hosts,
+            "spares": self.spares,
+            "spareChips": self.spare_chips,
+            "elastic": self.elastic.as_dict() if self.elastic else None,
+            "sizes": [s.as_dict() for s in self.sizes],
             "peakBf16FlopsPerChip": self.shape.generation.peak_bf16_flops,
             "hbmBytesPerChip": self.shape.generation.hbm_bytes,
             "capacity": self.capacity,
@@ -136,6 +200,7 @@ class Plan:
             "parallelism": self.parallelism.as_dict(),
             "dcn": self.advice.as_dict(),
             "nodePools": [p.as_dict() for p in self.node_pools],
+            "sparePools": [p.as_dict() for p in self.spare_pools],
             "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
         }
 
@@ -222,13 +287,14 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
     managed = spec.provisioning.mode == ProvisioningMode.MANAGED.value
-    pools = _node_pools(spec, shape, namespace, name) if managed else []
+    pools = _node_pools(spec, shape, namespace, name, range(spec.slices)) if managed else []
     if not template_errors:
         errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
         errors += _check_placement(spec.template["spec"], pools)
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
+    spare_indexes = range(spec.slices, spec.slices + spec.spares)
     return Plan(
         namespace=namespace,
         name=name,
@@ -241,7 +307,28 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         mode=str(spec.provisioning.mode),
         node_pools=pools,
         warnings=checkpoint_warnings(spec),
+        sizes=_sizes(spec, shape, par),
+        elastic=(
+            ElasticPlan(spec.elastic.min_slices, spec.elastic.wait_seconds)
+            if spec.elastic
+            else None
+        ),
+        spares=spec.spares,
+        spare_pools=_node_pools(spec, shape, namespace, name, spare_indexes) if managed else [],
     )
+
+
+def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism) -> list[SizePlan]:
+    """Every slice count the job can run at (the rules have checked minSlices), largest first:
+    dcn.data takes the change, the other DCN axes and ICI stay as resolved."""
+    fixed = par.dcn_fsdp * par.dcn_pipeline * par.dcn_tensor
+    low = spec.elastic.min_slices if spec.elastic else spec.slices
+    out = []
+    for k in parallelism.elastic_sizes(spec.slices, low, fixed):
+        at = dataclasses.replace(par, dcn_data=k // fixed)
+        advice = advisor.advise(shape, k, at, spec.training.global_batch_tokens)
+        out.append(SizePlan(k, at, advice, shape.chips * k))
+    return out
 
 
 def plan_job(job: MultisliceJob) -> Plan:
@@ -340,12 +427,18 @@ def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:
 
 
 def _node_pools(
-    spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str, name: str
+    spec: MultisliceJobSpec,
+    shape: catalog.SliceShape,
+    namespace: str,
+    name: str,
+    indexes: range,
 ) -> list[NodePoolSpec]:
+    """The node pools of these slice indexes: the job's slices (0..slices-1), or its hot spares
+    (slices..slices+spares-1), alike in all but name and index."""
     cap = spec.capacity
     reservation = cap.reservation if cap.type == CapacityType.RESERVED.value else None
     pools = []
-    for i in range(spec.slices):
+    for i in indexes:
         pool = node_pool_name(namespace, name, i)
         labels = {
             keys.JOB_KEY: job_key(namespace, name),
