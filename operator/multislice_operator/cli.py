@@ -106,10 +106,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             _print_errors(obj, exc, sys.stderr)
             status = EXIT_INVALID
             continue
-        print(
-            f"{_label(obj)}: valid ({plan.slices} x {plan.shape.accelerator}, "
-            f"{plan.total_chips} chips, DCN {plan.advice.verdict})"
-        )
+        print(f"{_label(obj)}: valid ({_summary(plan)})")
         for warning in _warnings(obj, plan, _identity(obj, plan, args)):
             print(f"{_label(obj)}: warning: {warning}", file=sys.stderr)
     return status
@@ -155,6 +152,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return status
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _summary(plan: Any) -> str:
+    """`validate`'s one line: the job's size and chips, and what elasticity and spares add."""
+    text = f"{plan.slices} x {plan.shape.accelerator}, {plan.total_chips} chips"
+    if plan.elastic:
+        text += f", elastic down to {plan.elastic.min_slices} slices"
+    if plan.spares:
+        text += f", {_count(plan.spares, 'spare slice')} ({plan.spare_chips} chips more)"
+    return f"{text}, DCN {plan.advice.verdict}"
+
+
+def _sizes_rows(plan: Any) -> list[tuple[str, str]]:
+    """Elastic: each slice count the job may run at, its dcn.data and advice; spares: their
+    count and what they cost in chips."""
+    rows = []
+    if plan.elastic:
+        rows.append(
+            (
+                "elastic",
+                f"down to {plan.elastic.min_slices} slices after {plan.elastic.wait_seconds} s "
+                "without a lost slice's replacement (only dcn.data changes)",
+            )
+        )
+        rows += [
+            (
+                f"  at {s.slices} slices",
+                f"{s.chips} chips, dcn data {s.parallelism.dcn_data}; dcn advice "
+                f"{s.advice.verdict}: {s.advice.message}",
+            )
+            for s in plan.sizes
+        ]
+    if plan.spares:
+        rows.append(
+            (
+                "spares",
+                f"{_count(plan.spares, 'hot spare slice')}, {plan.spare_chips} chips held "
+                f"beside the job's {plan.total_chips} "
+                f"({plan.total_chips + plan.spare_chips} in all), unused by the JobSet",
+            )
+        )
+    return rows
+
+
 def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
     shape, par, advice = plan.shape, plan.parallelism, plan.advice
     rows = [
@@ -178,22 +221,29 @@ def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
             f"x tensor {par.dcn_tensor}",
         ),
         ("dcn advice", f"{advice.verdict}: {advice.message}"),
+        *_sizes_rows(plan),
         *(extra or []),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if plan.node_pools:
         lines.append("node pools:")
-        lines += [
-            f"  {p.name}  slice {p.slice_index}  {p.node_count} x {p.machine_type}"
-            + (f"  topology {p.tpu_topology}" if p.tpu_topology else "")
-            + (f"  workload policy {p.workload_policy}" if p.workload_policy else "")
-            + ("  spot" if p.spot else "")
-            + (f"  flex-start (max run {p.max_run_duration_s} s)" if p.flex_start else "")
-            + (f"  reservation {p.reservation or '(any)'}" if p.reservation is not None else "")
-            for p in plan.node_pools
-        ]
+        lines += [_pool_line(p, "slice") for p in plan.node_pools]
+    if plan.spare_pools:
+        lines.append("spare node pools (not used by the JobSet):")
+        lines += [_pool_line(p, "spare") for p in plan.spare_pools]
     return "\n".join(lines) + "\n"
+
+
+def _pool_line(p: Any, what: str) -> str:
+    return (
+        f"  {p.name}  {what} {p.slice_index}  {p.node_count} x {p.machine_type}"
+        + (f"  topology {p.tpu_topology}" if p.tpu_topology else "")
+        + (f"  workload policy {p.workload_policy}" if p.workload_policy else "")
+        + ("  spot" if p.spot else "")
+        + (f"  flex-start (max run {p.max_run_duration_s} s)" if p.flex_start else "")
+        + (f"  reservation {p.reservation or '(any)'}" if p.reservation is not None else "")
+    )
 
 
 def _chips_row(plan: Any) -> str:
