@@ -9,8 +9,9 @@ norms and the embedding; `--eval_every` evaluates the held-out split. Memory opt
 `--param_dtype bfloat16` keeps bf16 parameters (bf16 gradients; the layers cast each weight to
 the compute dtype before gathering it) with a float32 master copy the optimizer updates;
 `--opt_state_dtype bfloat16` halves Adam's moments; `--grad_accum N` runs the global batch as N
-microbatches per step (the same update, 1/N of the activations); `--remat` takes MaxText's
-policy names.
+microbatches per step (the same update, 1/N of the activations), and `--microbatch_size M`
+derives N = batch_size / (M x data x fsdp) from each run's mesh, so the same command line keeps
+the global batch on any slice count; `--remat` takes MaxText's policy names.
 
 The loop dispatches step s + 1 before it waits for step s (it blocks on the loss only when it
 logs), so the host loads the next batch while the devices compute; step times are the intervals
@@ -103,6 +104,9 @@ class TrainConfig:
     param_dtype: str = "float32"  # bfloat16: bf16 parameters + a float32 master copy
     opt_state_dtype: str = "float32"
     grad_accum: int = 1  # microbatches per optimizer step (the global batch is unchanged)
+    # Sequences per data-parallel device (data x fsdp) per microbatch; 0: off. Sets grad_accum
+    # per run from the mesh, so one command line keeps the same global batch at any slice count.
+    microbatch_size: int = 0
     dataset: str | None = None  # comma-separated paths; None: the stdlib bytes
     text_field: str = "text"
     tokenizer: str | None = None  # default: the prepared dataset's tokenizer.json, else bytes
@@ -140,8 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "steps", "batch_size", "seq_len", "embed", "heads", "head_dim", "mlp", "num_layers",
         "microbatches", "seed", "checkpoint_every", "keep_checkpoints", "log_every",
         "data_threads", "hang_warmup_steps", "checkpoint_request_every", "warmup_steps",
-        "kv_heads", "attention_block", "grad_accum", "eval_every", "eval_batches",
-        "profile_start_step", "profile_steps", "local_checkpoint_every", "steady_state_skip",
+        "kv_heads", "attention_block", "grad_accum", "microbatch_size", "eval_every",
+        "eval_batches", "profile_start_step", "profile_steps", "local_checkpoint_every",
+        "steady_state_skip",
     ):  # fmt: skip
         add(f"--{name}", type=int, default=getattr(d, name))
     for name in (
@@ -191,8 +196,8 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
         "steps": 1, "batch_size": 1, "seq_len": 2, "embed": 1, "heads": 1, "head_dim": 2,
         "mlp": 1, "num_layers": 1, "checkpoint_every": 1, "keep_checkpoints": 1,
         "log_every": 1, "data_threads": 0, "checkpoint_request_every": 1, "microbatches": 0,
-        "kv_heads": 0, "attention_block": 1, "grad_accum": 1, "eval_every": 0,
-        "eval_batches": 1, "profile_steps": 1, "local_checkpoint_every": 0,
+        "kv_heads": 0, "attention_block": 1, "grad_accum": 1, "microbatch_size": 0,
+        "eval_every": 0, "eval_batches": 1, "profile_steps": 1, "local_checkpoint_every": 0,
         "steady_state_skip": 0,
     }  # fmt: skip
     problems = [
@@ -204,6 +209,11 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
         problems.append(f"--head_dim must be even (rotary embedding), got {cfg.head_dim}")
     if cfg.kv_heads and cfg.heads % cfg.kv_heads:
         problems.append(f"--heads={cfg.heads} must be a multiple of --kv_heads={cfg.kv_heads}")
+    if cfg.microbatch_size and cfg.grad_accum > 1:
+        problems.append(
+            f"--microbatch_size={cfg.microbatch_size} and --grad_accum={cfg.grad_accum} are "
+            "mutually exclusive (--microbatch_size derives grad_accum at each layout): drop one"
+        )
     if cfg.local_checkpoint_dir and not (cfg.checkpoint_dir and cfg.local_checkpoint_every):
         problems.append(
             "--local_checkpoint_dir needs --checkpoint_dir (the persistent tier) and "
@@ -232,11 +242,37 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
     )
 
 
+def derive_grad_accum(cfg: TrainConfig, mesh_shape: Any) -> TrainConfig:
+    """`cfg` with `grad_accum` = batch_size / (microbatch_size x data x fsdp) of this mesh under
+    --microbatch_size (unchanged without it): the global batch, and so the update, stays the same
+    at every slice count; fewer slices (a smaller dcn.data) run more microbatches. ConfigError,
+    naming the flags and a fix, when the batch does not split so at this layout."""
+    if not cfg.microbatch_size:
+        return cfg
+    shape = dict(mesh_shape)
+    replicas = shape["data"] * shape["fsdp"]
+    rows = cfg.microbatch_size * replicas
+    if cfg.batch_size % rows:
+        larger = -(-cfg.batch_size // rows) * rows
+        raise ConfigError(
+            f"--batch_size={cfg.batch_size} is not divisible by --microbatch_size="
+            f"{cfg.microbatch_size} x {replicas} data-parallel devices (data {shape['data']} x "
+            f"fsdp {shape['fsdp']}) = {rows} sequences per microbatch at this layout: make "
+            f"--batch_size a multiple of {rows} (e.g. {larger}) that is also one of every other "
+            "slice count the job may run on, or choose a --microbatch_size that divides "
+            "batch_size / data-parallel devices"
+        )
+    return dataclasses.replace(cfg, grad_accum=cfg.batch_size // rows)
+
+
 def check_shapes(cfg: TrainConfig, mesh: Any) -> int:
     """ConfigError when the model or batch does not split over the mesh; the microbatches."""
     shape = dict(mesh.shape)
     stages, batch_shards = shape["pipeline"], shape["data"] * shape["fsdp"]
-    microbatches = cfg.microbatches or default_microbatches(stages, cfg.batch_size, batch_shards)
+    # The pipeline splits each gradient-accumulation microbatch (batch_size / grad_accum rows).
+    microbatches = cfg.microbatches or default_microbatches(
+        stages, cfg.batch_size // cfg.grad_accum, batch_shards
+    )
     if stages == 1:
         microbatches = 1
     problems = divisible("batch_size", cfg.batch_size, batch_shards * microbatches * cfg.grad_accum)
@@ -737,6 +773,7 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(cfg, vocab=tok.vocab_size)
     cache_hits = enable_compilation_cache(cfg.compilation_cache_dir)
     mesh = make_mesh(env, parallelism_from(args, env), args.allow_split_physical_axes)
+    cfg = derive_grad_accum(cfg, mesh.shape)
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
     # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
@@ -900,7 +937,12 @@ def restore_or_init(
 ) -> dict[str, Any]:
     latest = checkpointer.latest_step()
     if latest is None:
-        logs.emit("fresh_start", checkpoint_dir=checkpointer.directory)
+        logs.emit(
+            "fresh_start",
+            checkpoint_dir=checkpointer.directory,
+            grad_accum=trainer.cfg.grad_accum,
+            next_example=data.get_state()["next_example"],
+        )
         return trainer.init_state()
     start = time.perf_counter()
     state: dict[str, Any]
@@ -917,6 +959,7 @@ def restore_or_init(
         seconds=round(time.perf_counter() - start, 3),
         data_state=data.get_state(),
         checkpoint_dir=checkpointer.directory,
+        grad_accum=trainer.cfg.grad_accum,  # this layout's (derived under --microbatch_size)
     )
     return state
 
