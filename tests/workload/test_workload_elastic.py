@@ -65,6 +65,11 @@ def load(path: Path) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data}
 
 
+# Many CPU-bound processes: tests/conftest.py's serial group of the other multi-process runs.
+SERIAL = pytest.mark.xdist_group("workload-processes")
+
+
+@SERIAL
 def test_resume_on_3_slices_then_4_trains_as_one_4_slice_run(tmp_path: Path) -> None:
     """The uninterrupted 4-slice run of 3K steps checkpoints every K steps (saving changes
     nothing in the training); its step-K checkpoint stands for the job that lost a slice after
@@ -176,6 +181,7 @@ def test_microbatch_size_and_grad_accum_are_mutually_exclusive() -> None:
     assert train.config_from(ok, contract.from_environ({})).microbatch_size == 2
 
 
+@SERIAL
 def test_a_batch_that_does_not_split_exits_78_naming_the_flag() -> None:
     """One process, 2 devices (fsdp 2): 4 sequences cannot make microbatches of 3 x 2."""
     from tests.workload.test_workload_cli import TINY, run_workload
