@@ -465,8 +465,11 @@ def test_refusals_name_the_field_at_both_levels(
     ):
         messages = cel_refusals(doc)
         assert len(messages) == 1 and messages[0].startswith(field + " "), messages
-        if "multiples" in says or "less than" in says:
-            assert says.split(" (")[0] in messages[0]
+        # Static at admission: a messageExpression on spec (string(int) concatenations) was
+        # refused by the real apiserver's CEL cost estimate (over budget by more than 100x);
+        # the plan's message above gives the sizes that work.
+        if "multiples" in says:
+            assert "multiples of dcn.fsdp x dcn.pipeline x dcn.tensor" in messages[0]
 
 
 def test_cel_and_python_twins_agree() -> None:
@@ -498,17 +501,7 @@ def test_min_slices_message_lists_the_sizes_that_work() -> None:
     )
     found = refusals(slices=256, elastic={"minSlices": 3}, parallelism={"dcn": {"pipeline": 2}})
     assert "multiples of 2: 2, 4, 6, 8, 10, 12, 14, ..., 254;" in found["spec.elastic.minSlices"]
-    # The apiserver's message suggests a size: the one below, else the smallest.
-    (below,) = cel_refusals(
-        spec_dict(slices=12, elastic={"minSlices": 7}, parallelism={"dcn": {"pipeline": 3}})
-    )
-    assert below.endswith(
-        "multiples of 3 (dcn.fsdp x dcn.pipeline x dcn.tensor) below spec.slices; e.g. minSlices: 6"
-    )
-    (smallest,) = cel_refusals(
-        spec_dict(slices=12, elastic={"minSlices": 2}, parallelism={"dcn": {"pipeline": 3}})
-    )
-    assert smallest.endswith("e.g. minSlices: 3")
+
 
 
 def test_a_layout_that_does_not_divide_is_named_once() -> None:

@@ -686,9 +686,6 @@ SPEC_RULES: list[Rule] = [
         cel=f"!has(self.elastic) || {_CEL_MIN} < self.slices",
         message="spec.elastic.minSlices must be less than spec.slices: the job shrinks from "
         "spec.slices down to minSlices; lower minSlices or remove spec.elastic",
-        message_expression=f"'spec.elastic.minSlices must be less than spec.slices (' + "
-        f"string(self.slices) + '), got ' + string({_CEL_MIN}) + ': the job shrinks from "
-        "spec.slices down to minSlices; lower minSlices or remove spec.elastic'",
         holds=lambda s: s.elastic is None or s.elastic.min_slices < s.slices,
         explain=lambda s: (
             f"must be less than spec.slices ({s.slices}), got {_min_slices(s)}: the job shrinks "
@@ -719,14 +716,6 @@ SPEC_RULES: list[Rule] = [
         message="spec.elastic.minSlices must be a slice count the job can run at: only "
         "dcn.data changes with the slice count, so the sizes are the multiples of dcn.fsdp x "
         "dcn.pipeline x dcn.tensor; set minSlices to one of them",
-        message_expression="'spec.elastic.minSlices ' + string(" + _CEL_MIN + ") + ' is not a "
-        "slice count the job can run at: only dcn.data changes with the slice count, so the "
-        "sizes are the multiples of ' + string("
-        + _CEL_FIXED
-        + ") + ' (dcn.fsdp x dcn.pipeline x dcn.tensor) below spec.slices; e.g. minSlices: ' + "
-        "string("
-        + f"{_CEL_MIN} >= {_CEL_FIXED} ? {_CEL_MIN} / {_CEL_FIXED} * {_CEL_FIXED} : {_CEL_FIXED}"
-        + ")",
         holds=lambda s: (
             s.elastic is None
             or s.elastic.min_slices >= s.slices
