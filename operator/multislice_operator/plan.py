@@ -160,6 +160,12 @@ class Plan:
         return self.shape.chips * self.slices
 
     @property
+    def pools(self) -> list[NodePoolSpec]:
+        """Every node pool the job holds (Managed): its slices', then its spares'. What is
+        provisioned, observed, repaired and released; the JobSet runs on any spec.slices of them."""
+        return [*self.node_pools, *self.spare_pools]
+
+    @property
     def spare_chips(self) -> int:
         """The chips of the hot spares: held and billed, never used by the JobSet."""
         return self.shape.chips * self.spares

@@ -197,6 +197,62 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     assert survivor != victim
 
 
+def busy_pools(stack, ns: str, name: str) -> set[str]:
+    """The node pools the job's running pods are on."""
+    core = client.CoreV1Api(stack.api)
+    pods = core.list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")
+    nodes = {p.spec.node_name for p in pods.items if p.status.phase == "Running"} - {None}
+    pools = set()
+    for node in nodes:
+        labels = core.read_node(node).metadata.labels or {}
+        pools.add(labels.get("cloud.google.com/gke-nodepool", "?"))
+    return pools
+
+
+def test_a_spare_takes_a_lost_slices_place_while_its_replacement_is_stocked_out(env):
+    """spec.spares: 1. A busy pool is preempted and every create of its replacement ends in
+    GCE_STOCKOUT (held): the job restarts all slices on the spare and runs again with no pool
+    create on its path, and succeeds; the replacement comes once the stockout ends."""
+    stack, ns = env
+    create(stack.api, ns, job("spare", run="25s", capacity={"type": "Spot"}, spares=1))
+    wait_phase(stack, ns, "spare", "Running")
+    held = set(pools_of(stack.sim, ns, "spare"))
+    assert len(held) == 3  # 2 slices + 1 spare, provisioned as one gang
+
+    def both_running():
+        busy = busy_pools(stack, ns, "spare")
+        return busy if len(busy) == 2 else None
+
+    busy = wait_for(both_running, 30, "both slices' pods running")
+    (spare,) = held - busy
+    victim = sorted(busy)[0]
+    stack.sim.set_faults(stockout_next=1000)
+    stack.sim.reset_counters()
+    stack.sim.preempt(victim, recreate_after_s=None)
+
+    def running_again():
+        st = status(stack.api, ns, "spare")
+        return st if st.get("restarts", 0) >= 1 and st.get("phase") == "Running" else None
+
+    def explain():
+        return f"{status(stack.api, ns, 'spare')}\n{stack.op.log_tail(40)}"
+
+    st = wait_for(running_again, 120, "Running on the spare", interval=0.5, on_timeout=explain)
+    # It runs again while the lost pool's replacement has not come: nothing waited for it.
+    replacement = stack.sim.pools().get(victim)
+    assert replacement is None or replacement["status"] != "RUNNING", replacement
+    assert spare in busy_pools(stack, ns, "spare")
+    provisioned = next(c for c in st["conditions"] if c["type"] == "Provisioned")
+    assert (provisioned["status"], provisioned["reason"]) == ("True", "RepairingSpare")
+    lost = msj.wait_events(stack.api, ns, "spare", "SliceLost", log=stack.op.log_tail)
+    assert any("a spare node pool takes its place" in e for e in lost), lost
+    assert set(pools_of(stack.sim, ns, "spare")) <= held  # replaced under its own name only
+    assert stack.sim.counters()["calls"].get("create_node_pool", 0) >= 1  # and it was tried
+    stack.sim.clear_faults()
+    done = wait_phase(stack, ns, "spare", "Succeeded", 300)
+    assert done["restartsByCause"]["disruption"] == done["restarts"] >= 1, done
+
+
 def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     """Issue 15: a Ready pool that takes none of the job's pods (here: its nodes lack a label
     the template selects) is replaced once the start misses startupTimeoutSeconds; the other

@@ -105,7 +105,7 @@ async def create_pools(rt: Runtime, t: Target, action: CreatePools) -> None:
     if rt.provisioner is None:
         return
     _, plan = t.planned()
-    pools = [p for p in plan.node_pools if p.slice_index in action.slices]
+    pools = [p for p in plan.pools if p.slice_index in action.slices]
     result = await rt.provisioner.create(plan, pools, t.uid)
     _count("create", result.errors)
     for err in result.errors:

@@ -298,7 +298,7 @@ def maintenance_observations(
     }
     if plan.managed:
         pools: Iterable[tuple[Any, int | None]] = [
-            (pool.name, pool.slice_index) for pool in plan.node_pools
+            (pool.name, pool.slice_index) for pool in plan.pools
         ]
     else:
         pools = [(pool, None) for pool in nodes]
@@ -333,7 +333,7 @@ def managed_slices(
     owners: Mapping[str, PoolOwner] | None = None,
 ) -> list[SliceObservation]:
     out = []
-    for spec in plan.node_pools:
+    for spec in plan.pools:
         pool = gang.pools.get(spec.name)
         if pool is None:
             out.append(SliceObservation(spec.slice_index, spec.name, PoolState.ABSENT))
@@ -417,7 +417,7 @@ def observe(
 ) -> Observed:
     js = jobset_observation(jobset, (plan.namespace, plan.name), uid)
     own = (
-        {n["name"]: pool.name for pool in plan.node_pools for n in items(nodes, pool.name)}
+        {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
         if plan.managed
         else {}
     )

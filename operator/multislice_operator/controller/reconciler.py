@@ -190,7 +190,7 @@ async def _ownership(
         owned = await rt.provisioner.list_owned(max_age=rt.cfg.resync_seconds)
     except Exception as exc:  # the same shared listing observe() reads: unknown, not absent
         raise ObservationError(f"node pools unknown: {exc}") from exc
-    names = {p.name for p in plan.node_pools} if plan is not None else set()
+    names = {p.name for p in plan.pools} if plan is not None else set()
     strays: dict[str, PoolState] = {}
     owners: dict[str, ob.PoolOwner] = {}
     for pool in owned:

@@ -650,7 +650,7 @@ class GkeProvisioner:
 
     async def delete(self, plan: Plan, pool_names: list[str]) -> ActionResult:
         """Start deleting pools concurrently; missing ones, or ones being deleted, are success."""
-        slices = {p.name: p.slice_index for p in plan.node_pools}
+        slices = {p.name: p.slice_index for p in plan.pools}
         errors = await asyncio.gather(*(self._delete_one(n, slices.get(n)) for n in pool_names))
         return ActionResult(errors=[e for e in errors if e is not None])
 
@@ -724,7 +724,7 @@ class GkeProvisioner:
             obs.complete = False
             return obs
         await self._poll_operations(plan, listed)
-        for spec in plan.node_pools:
+        for spec in plan.pools:
             obs.pools[spec.name] = self._observation(spec, listed.get(spec.name))
             err = obs.pools[spec.name].error
             if err is not None:
@@ -751,7 +751,7 @@ class GkeProvisioner:
     async def _poll_operations(self, plan: Plan, listed: Mapping[str, cs.NodePool]) -> None:
         """Read the operations worth reading: creates whose pool is absent or in error."""
         wanted: dict[str, _OpRecord] = {}
-        for spec in plan.node_pools:
+        for spec in plan.pools:
             record = self._ops.get(spec.name)
             if record is None or record.done or record.kind != "create":
                 continue
@@ -769,7 +769,7 @@ class GkeProvisioner:
             c = classify_exception(exc)
             log.warning("gke operation poll failed code=%s msg=%r", c.code, c.message[:200])
             return
-        slices = {p.name: p.slice_index for p in plan.node_pools}
+        slices = {p.name: p.slice_index for p in plan.pools}
         for name, record in wanted.items():
             op = ops.get(record.path)
             if op is not None:
@@ -824,7 +824,7 @@ class GkeProvisioner:
         (tpu7x: 1.34.0-gke.2201000) or its flex-start pools (GKE "About flex-start": TPUs from
         1.33.0-gke.1712000). None when it can, or when the version cannot be read."""
         gen = plan.shape.generation
-        flex = any(p.flex_start for p in plan.node_pools)
+        flex = any(p.flex_start for p in plan.pools)
         needs = [(gen.min_gke, f"{gen.name} node pools")] if gen.min_gke else []
         if flex and gen.flex_start_min_gke:
             needs.append((gen.flex_start_min_gke, f"flex-start {gen.name} node pools"))

@@ -209,7 +209,7 @@ def create_requests(
         create_request_json(
             parent, build_node_pool(plan, spec, owner_uid, node_locations, node=node), enum_names
         )
-        for spec in plan.node_pools
+        for spec in plan.pools
     ]
 
 
@@ -270,9 +270,7 @@ def region_of(zone: str) -> str:
 def workload_policies(plan: Plan, region: str) -> list[WorkloadPolicySpec]:
     """The distinct workload policies the plan's pools name (none for COMPACT generations)."""
     wanted = {
-        (p.workload_policy, p.tpu_topology or p.topology)
-        for p in plan.node_pools
-        if p.workload_policy
+        (p.workload_policy, p.tpu_topology or p.topology) for p in plan.pools if p.workload_policy
     }
     return [WorkloadPolicySpec(name, region, topo) for name, topo in sorted(wanted)]
 

@@ -33,6 +33,8 @@ class Capacity:
     rolled_back: str | None = None  # this pass rolled the gang back: why
     repairing: frozenset[int] = frozenset()  # slices whose lost pool is being replaced
     blips: frozenset[int] = frozenset()  # slices NotReady within the grace period
+    # Lost pools (`repairing`) whose slices spare pools cover: the job runs meanwhile.
+    covered: bool = False
     # Every slice ready or a flex-start pool waiting for capacity: the JobSet can exist (its
     # pending pods are what makes GKE scale a flex-start pool up); why it waits.
     flex_wait: str | None = None
@@ -78,7 +80,7 @@ def _gang(f: Facts, b: Builder, plan: Plan, gang_up: bool) -> Capacity:
     if gang_up:
         return _repair(f, b, plan)
     slices = obs.slices
-    if len(slices) == plan.slices and all(slice_ready(s, hosts) for s in slices):
+    if len(slices) == len(plan.pools) and all(slice_ready(s, hosts) for s in slices):
         _provisioned(f, b, plan)
         return Capacity(True)
     flex = _flex_wait(f, b, plan)
@@ -121,7 +123,7 @@ def _gang(f: Facts, b: Builder, plan: Plan, gang_up: bool) -> Capacity:
 def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     """Every slice that is not ready is a flex-start pool waiting for capacity."""
     unready = [s for s in f.obs.slices if s.index not in f.slices.ready]
-    if not unready or len(f.obs.slices) != plan.slices:
+    if not unready or len(f.obs.slices) != len(plan.pools):
         return None
     if any(s.index not in f.slices.waiting for s in unready):
         return None
@@ -129,7 +131,7 @@ def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     b.status.attempt_start_time = since
     message = (
         f"waiting for flex-start capacity (Dynamic Workload Scheduler) for {len(unready)}/"
-        f"{plan.slices} slices since {since.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        f"{len(plan.pools)} node pools since {since.strftime('%Y-%m-%dT%H:%M:%SZ')}"
     )
     b.cond(PROVISIONED, "False", Reason.WAITING_FOR_FLEX_START_CAPACITY, message)
     b.requeue_in(f.cfg.resync_seconds)
@@ -153,8 +155,8 @@ def _advance(f: Facts, b: Builder, plan: Plan, new_attempt: bool) -> Capacity:
         b.status.attempt_start_time = f.now
         b.status.provisioning_attempts = (f.old.provisioning_attempts or 0) + 1
         b.status.next_attempt_time = None
-    ready = len(f.slices.ready)
-    message = f"provisioning {plan.slices} node pools as a gang: {ready}/{plan.slices} ready"
+    ready, pools = len(f.slices.ready), len(plan.pools)
+    message = f"provisioning {_pools(plan)} as a gang: {ready}/{pools} ready"
     waiting = [s for s in f.obs.slices if s.taken_by]
     if waiting:
         s = waiting[0]
@@ -165,6 +167,15 @@ def _advance(f: Facts, b: Builder, plan: Plan, new_attempt: bool) -> Capacity:
     b.cond(PROVISIONED, "False", Reason.PROVISIONING, message)
     b.requeue_in(f.cfg.resync_seconds)
     return Capacity(False, Phase.PROVISIONING, message)
+
+
+def _pools(plan: Plan) -> str:
+    """'4 node pools', or '4 node pools (3 slices + 1 spare)'."""
+    n = len(plan.pools)
+    spares = n - plan.slices
+    if not spares:
+        return f"{n} node pools"
+    return f"{n} node pools ({plan.slices} slices + {spares} spare{'s' if spares > 1 else ''})"
 
 
 def _delete(b: Builder, slices: list[SliceObservation]) -> None:
@@ -184,9 +195,9 @@ def _create_absent(f: Facts, b: Builder) -> None:
 
 def _provisioned(f: Facts, b: Builder, plan: Plan) -> None:
     before = f.old.condition(PROVISIONED)
-    b.cond(PROVISIONED, "True", Reason.GANG_READY, f"all {plan.slices} node pools ready")
+    b.cond(PROVISIONED, "True", Reason.GANG_READY, f"all {_pools(plan)} ready")
     if f.old.attempt_start_time is not None or before is None or before.status != "True":
-        b.event(Reason.GANG_PROVISIONED, f"all {plan.slices} node pools running and ready")
+        b.event(Reason.GANG_PROVISIONED, f"all {_pools(plan)} running and ready")
     b.status.attempt_start_time = None
     b.status.next_attempt_time = None
 
@@ -198,7 +209,7 @@ def _rollback(f: Facts, b: Builder, plan: Plan, reason: Reason, message: str) ->
     b.status.attempt_start_time = None
     b.status.provisioning_attempts = attempts
     release(f, b)
-    full = f"{message}; deleting all {plan.slices} node pools of the gang"
+    full = f"{message}; deleting all {_pools(plan)} of the gang"
     b.cond(PROVISIONED, "False", reason, full)
     b.event(Reason.GANG_ROLLED_BACK, f"attempt {attempts}: {full}; retry in {wait:.0f}s")
     b.requeue_in(wait)
@@ -233,33 +244,51 @@ def _repair(f: Facts, b: Builder, plan: Plan) -> Capacity:
         flex = _flex_wait(f, b, plan)
         if flex is not None:  # the JobSet exists and its pods wait for the pools' nodes
             return flex
+    then = (
+        "a spare node pool takes its place: all slices restart now"
+        if f.slices.enough
+        else "all slices restart once it is ready"
+    )
     for s in lost:
         old = f.old.slice(s.index)
         if not (old and old.lost_time):  # announced once per loss, by the pass that starts it
             b.event(
                 Reason.SLICE_LOST,
                 f"slice {s.index} lost its capacity ({f.slices.lost[s.index]}); replacing node "
-                f"pool {s.pool}; all slices restart once it is ready",
+                f"pool {s.pool}; {then}",
             )
     if f.slices.all_ready:
-        message = f"all {plan.slices} node pools ready"
+        message = f"all {_pools(plan)} ready"
         if f.slices.blips:
             blips = ", ".join(str(i) for i in sorted(f.slices.blips))
             message += (
                 f"; slice {blips} NotReady with its nodes there (replaced after {grace:.0f}s)"
             )
         b.cond(PROVISIONED, "True", Reason.GANG_READY, message)
+    elif f.slices.enough:  # a spare covers the loss: the job runs while the pool is replaced
+        n = len(f.slices.ready)
+        b.cond(
+            PROVISIONED,
+            "True",
+            Reason.REPAIRING_SPARE,
+            f"{n}/{len(plan.pools)} node pools ready, enough for the {plan.slices} slices; "
+            "replacing the lost pool as the new spare",
+        )
+        b.requeue_in(f.cfg.resync_seconds)
     else:
         n = len(f.slices.ready)
         b.cond(
             PROVISIONED,
             "False",
             Reason.REPAIRING,
-            f"replacing lost slices: {n}/{plan.slices} ready",
+            f"replacing lost slices: {n}/{len(plan.pools)} ready",
         )
         b.requeue_in(f.cfg.resync_seconds)
     return Capacity(
-        f.slices.all_ready, repairing=frozenset(f.slices.lost), blips=frozenset(f.slices.blips)
+        f.slices.enough,
+        repairing=frozenset(f.slices.lost),
+        blips=frozenset(f.slices.blips),
+        covered=f.slices.enough,
     )
 
 

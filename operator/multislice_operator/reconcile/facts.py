@@ -81,7 +81,10 @@ class Slices:
     lost: dict[int, str] = field(default_factory=dict)
     # NotReady with their nodes there, within the grace period (a blip): slice -> seconds.
     blips: dict[int, float] = field(default_factory=dict)
-    all_ready: bool = False  # every slice ready, or ready but for a blip
+    all_ready: bool = False  # every pool (spares too) ready, or ready but for a blip
+    # At least spec.slices pools ready (or in a blip): the JobSet can run; with spec.spares a
+    # lost pool's slice restarts at once on a spare while the lost pool is replaced.
+    enough: bool = False
     # Flex-start pools up and error-free whose nodes have not come yet: waiting for capacity.
     waiting: frozenset[int] = frozenset()
 
@@ -173,7 +176,8 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
     hosts = plan.shape.hosts
     ready = frozenset(s.index for s in obs.slices if slice_ready(s, hosts))
     if not plan.managed:
-        return Slices(hosts, ready, all_ready=len(ready) >= plan.slices)
+        up = len(ready) >= plan.slices
+        return Slices(hosts, ready, all_ready=up, enough=up)
     waiting = frozenset(
         s.index
         for s in obs.slices
@@ -206,9 +210,10 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
             lost[s.index] = f"{s.ready_hosts}/{hosts} hosts Ready, NotReady for {elapsed:.0f}s"
         else:
             blips[s.index] = elapsed
-    complete = len(obs.slices) == plan.slices
+    complete = len(obs.slices) == len(plan.pools)
     up = complete and all(s.index in ready or s.index in blips for s in obs.slices)
-    return Slices(hosts, ready, lost, blips, up, waiting)
+    enough = complete and len(ready | blips.keys()) >= plan.slices
+    return Slices(hosts, ready, lost, blips, all_ready=up, enough=enough, waiting=waiting)
 
 
 def derive(
@@ -250,7 +255,7 @@ def derive(
     failures = tuple(p for p in pods if p.failed)
     slices = _slices(old, obs, plan, cfg, now) if plan is not None else Slices(0)
     runs = js is not None and not js.suspended and not js.deleting
-    capacity_now = slices.all_ready if plan is not None and plan.managed else True
+    capacity_now = slices.enough if plan is not None and plan.managed else True
     clock = (old.capacity_ready_time or now) if runs and capacity_now else None
     return Facts(
         meta=meta,

@@ -108,7 +108,7 @@ def decide(
         # Being deleted: the slices stay as last written (one status write for the deletion,
         # not one per pool state seen while the pools are released).
         slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
-    goodput.account(f, b, bool(cap.repairing))
+    goodput.account(f, b, _stalled(cap))
     b.transition_event()
     decision = Decision(
         b.status,
@@ -118,6 +118,11 @@ def decide(
         metrics=deltas(old, b.status, b.events, f.now),
     )
     return invariants.enforce(f, decision)
+
+
+def _stalled(cap: Capacity) -> bool:
+    """A lost slice's pool is being replaced and no spare runs the slice meanwhile."""
+    return bool(cap.repairing) and not cap.covered
 
 
 def _asks_apiserver(f: Facts) -> bool:
@@ -228,7 +233,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
         return Phase.PROVISIONING, cap.flex_wait, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
-    startup.check(f, b, phase, bool(cap.repairing))
+    startup.check(f, b, phase, _stalled(cap))
     checkpoint.decide(f, b, due, _flex_start_end(f, b))
     return phase, message, cap
 
@@ -294,7 +299,7 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
     if cap.ready or cap.flex_wait is not None:
         # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
         # Kueue resumes it, are what makes GKE scale the pools up.
-        message = cap.flex_wait or f"all {f.plan.slices} node pools of the gang ready"
+        message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
         kueue.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
         return (*kueue.waiting_for_admission(f, b, text), cap)

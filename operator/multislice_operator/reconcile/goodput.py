@@ -296,7 +296,7 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
             began = min(at_second(blind), f.now) if blind is not None else f.now
         last = RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
         g.lost_steps += lost or 0
-    if last is not None and last.recovery_seconds is None and _all_running(b, g):
+    if last is not None and last.recovery_seconds is None and _all_running(f, b, g):
         old = f.old.goodput
         opened_now = old is None or g.since != old.since or g.state != old.state
         end = g.since if opened_now and g.since is not None else f.now
@@ -306,10 +306,9 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
     b.status.last_restart = last
 
 
-def _all_running(b: Builder, g: GoodputStatus) -> bool:
+def _all_running(f: Facts, b: Builder, g: GoodputStatus) -> bool:
+    """Every slice runs (or ran): as many pools busy as spec.slices; an idle spare is not."""
     up = (SlicePhase.RUNNING.value, SlicePhase.SUCCEEDED.value)
-    return (
-        g.state == S.RUNNING
-        and bool(b.status.slices)
-        and all(s.phase in up for s in b.status.slices)
-    )
+    slices = f.plan.slices if f.plan is not None else len(b.status.slices)
+    busy = sum(1 for s in b.status.slices if s.phase in up)
+    return g.state == S.RUNNING and bool(b.status.slices) and busy >= slices

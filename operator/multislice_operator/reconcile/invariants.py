@@ -49,7 +49,7 @@ def violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
     ending = d.status.phase in (Phase.SUCCEEDED, Phase.FAILED) or f.meta.deleting
     finalizer = f.meta.has_finalizer
     taken = {s.pool for s in f.obs.slices if s.taken_by and s.pool}
-    names = {p.slice_index: p.name for p in f.plan.node_pools} if f.plan else {}
+    names = {p.slice_index: p.name for p in f.plan.pools} if f.plan else {}
     ours = (set(names.values()) - taken) | set(f.obs.strays)
     deleted: set[str] = set()
     created: set[str] = set()

@@ -81,6 +81,7 @@ class Reason(StrEnum):
     GANG_SLICE_FAILED = "GangSliceFailed"
     GANG_TIMEOUT = "GangTimeout"
     REPAIRING = "Repairing"
+    REPAIRING_SPARE = "RepairingSpare"
     QUEUED = "Queued"
     SUSPENDED = "Suspended"
     ALL_SLICES_RUNNING = "AllSlicesRunning"
@@ -285,6 +286,10 @@ _CONDITION_REASONS = {
         "Not every pool was ready within provisioning.timeoutSeconds: rolled back.",
     ),
     Reason.REPAIRING: ("Provisioned", "A lost slice's pool is being replaced."),
+    Reason.REPAIRING_SPARE: (
+        "Provisioned",
+        "A lost pool is replaced while a spare (spec.spares) runs its slice.",
+    ),
     Reason.QUEUED: ("Provisioned", "Kueue reserved no quota: no node pools."),
     Reason.SUSPENDED: ("Provisioned", "spec.suspend: capacity released (also SlicesReady)."),
     Reason.ALL_SLICES_RUNNING: ("SlicesReady", "Every slice runs."),

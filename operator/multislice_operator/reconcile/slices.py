@@ -1,6 +1,10 @@
-"""status.slices: one entry per slice, from the observation and the phase just decided."""
+"""status.slices: one entry per slice (and spare pool), from the observation and the phase just
+decided."""
 
 from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
 
 from multislice_operator.api.models import Phase, SlicePhase, SliceStatus
 from multislice_operator.plan import Plan
@@ -19,8 +23,9 @@ def slice_statuses(
     the grace period (both from the capacity step)."""
     hosts = plan.shape.hosts
     by_index = {s.index: s for s in f.obs.slices}
+    on = _pods_on_pools(f)
     out = []
-    for i in range(plan.slices):
+    for i in range(len(plan.pools) or plan.slices):  # spare pools too (spec.spares)
         s = by_index.get(i)
         entry = SliceStatus(index=i, hosts=hosts)
         if s is not None:
@@ -28,12 +33,12 @@ def slice_statuses(
             entry.ready_hosts = min(s.ready_hosts, hosts)
             if s.error is not None:
                 entry.message = f"{s.error.code}: {s.error.message}"
-        entry.phase = _slice_phase(f, b, s, i, repairing, blips)
+        entry.phase = _slice_phase(f, b, s, i, repairing, blips, on)
         _remember(f, entry, s, hosts, repairing, blips)
         out.append(entry)
     b.status.slices = out
     ready = sum(1 for e in out if e.phase in UP)
-    b.status.ready_slices = f"{ready}/{plan.slices}"
+    b.status.ready_slices = f"{ready}/{len(out)}"
 
 
 def _remember(
@@ -71,6 +76,29 @@ def _remember(
         entry.not_ready_time = None
 
 
+@dataclass(frozen=True)
+class _OnPools:
+    """Pods of the current attempt by the pool they run on. Managed pods say their pool, and a
+    slice may run on any of the job's pools (a spare's, after a loss); where no pod says one
+    (Existing mode), slice i is taken to be on pool i."""
+
+    running: Counter[str]
+    succeeded: Counter[str]
+
+    def count(self, f: Facts, s: SliceObservation, i: int, succeeded: bool) -> int:
+        if not self.running and not self.succeeded:
+            return (f.succeeded if succeeded else f.running).get(i, 0)
+        return (self.succeeded if succeeded else self.running).get(str(s.pool), 0)
+
+
+def _pods_on_pools(f: Facts) -> _OnPools:
+    current = [p for p in f.obs.pods if p.attempt == f.attempt and p.pool and not p.deleting]
+    return _OnPools(
+        Counter(str(p.pool) for p in current if p.running),
+        Counter(str(p.pool) for p in current if p.phase == "Succeeded"),
+    )
+
+
 def _created_now(b: Builder, i: int) -> bool:
     return any(isinstance(a, CreatePools) and i in a.slices for a in b.actions)
 
@@ -82,6 +110,7 @@ def _slice_phase(
     i: int,
     repairing: frozenset[int],
     blips: frozenset[int],
+    on: _OnPools,
 ) -> SlicePhase:
     hosts = f.slices.hosts
     phase = b.status.phase
@@ -94,13 +123,13 @@ def _slice_phase(
     if i in repairing:
         return SlicePhase.REPAIRING
     if i in blips:  # a blip: the slice keeps its capacity (see entry.message)
-        return SlicePhase.RUNNING if f.running.get(i, 0) >= hosts else SlicePhase.READY
+        return SlicePhase.RUNNING if on.count(f, s, i, False) >= hosts else SlicePhase.READY
     if phase == Phase.SUSPENDED and s.pool_state != PoolState.ABSENT:
         return SlicePhase.RELEASING
-    if f.succeeded.get(i, 0) >= hosts:
+    if on.count(f, s, i, True) >= hosts:
         return SlicePhase.SUCCEEDED
     if slice_ready(s, hosts):
-        running = f.running.get(i, 0) >= hosts
+        running = on.count(f, s, i, False) >= hosts
         return SlicePhase.RUNNING if running else SlicePhase.READY
     if s.pool_state in (PoolState.CREATING, PoolState.UPDATING) or s.operation_pending:
         return SlicePhase.PROVISIONING
