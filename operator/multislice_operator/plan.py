@@ -338,7 +338,27 @@ def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism)
 
 
 def plan_job(job: MultisliceJob) -> Plan:
-    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
+    """The plan of a whole job: its spec, and what its metadata adds (a Kueue queue)."""
+    queue = job.metadata.labels.get(keys.KUEUE_QUEUE_NAME)
+    errors = (
+        []
+        if not (queue and job.spec.spares)
+        else [
+            FieldError(
+                "spec.spares",
+                f"hot spares cannot be queued: Kueue's quota counts the JobSet's pods, so the "
+                f"LocalQueue {queue!r} (label {keys.KUEUE_QUEUE_NAME}) would not count the "
+                f"{job.spec.spares} spare node pools; set spares: 0 or remove the label",
+            )
+        ]
+    )
+    try:
+        plan = make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
+    except SpecError as exc:
+        raise SpecError([*exc.errors, *errors]) from None
+    if errors:
+        raise SpecError(errors)
+    return plan
 
 
 def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:

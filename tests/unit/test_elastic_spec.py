@@ -503,7 +503,6 @@ def test_min_slices_message_lists_the_sizes_that_work() -> None:
     assert "multiples of 2: 2, 4, 6, 8, 10, 12, 14, ..., 254;" in found["spec.elastic.minSlices"]
 
 
-
 def test_a_layout_that_does_not_divide_is_named_once() -> None:
     """dcn.pipeline 4 on 6 slices is no layout: the plan names spec.parallelism.dcn only."""
     found = refusals(slices=6, elastic={"minSlices": 2}, parallelism={"dcn": {"pipeline": 4}})

@@ -151,3 +151,71 @@ def test_two_pools_lost_with_one_spare_is_not_enough():
     assert cond(d, "Provisioned")["status"] == "False"
     assert cond(d, "Provisioned")["reason"] == "Repairing"
     assert d.status.goodput is not None and d.status.goodput.state == "repairing"
+
+
+def test_goodput_charges_the_spares_chip_seconds_apart_and_counts_their_cost():
+    """Running 100 s on 2 slices with 1 spare held: the running state gets the 2 slices'
+    chip-seconds, the spare's go to spareChipSeconds, and chip goodput is 2/3, not 1."""
+    from datetime import timedelta
+
+    from multislice_operator.reconcile import goodput
+
+    _, plan = spec_and_plan(spares=1)
+    chips = plan.shape.chips
+    obs = Observed(
+        now=NOW,
+        slices=pools(*[PoolState.READY] * 3),
+        jobset=JobSetObservation(ready_jobs=2),
+        pods=running_pods({0: 0, 1: 1}),
+    )
+    d = run(running_before(), obs)
+    g = d.status.goodput
+    assert g is not None and g.state == "running"
+    assert (g.held_chips, g.spare_chips) == (2 * chips, chips)
+    later = goodput.live(g, NOW + timedelta(seconds=100))
+    assert later.chip_seconds["running"] == 100 * 2 * chips
+    assert later.chip_seconds[goodput.SPARE] == 100 * chips
+    assert later.held_chips == 3 * chips
+    assert later.chip_goodput == round(2 / 3, 4)
+    # Closed by a change of state (a restart): the totals land in the status the same way.
+    obs.now = NOW + timedelta(seconds=100)
+    obs.jobset = JobSetObservation(ready_jobs=1, restarts=1)
+    d2 = run(d.status, obs)
+    g2 = d2.status.goodput
+    assert g2 is not None and g2.state == "restarting"
+    assert g2.chip_seconds.running == 100 * 2 * chips
+    assert g2.spare_chip_seconds == 100 * chips
+    assert g2.chip_goodput == round(2 / 3, 4)
+
+
+def test_without_spares_nothing_is_charged_to_them():
+    obs = Observed(
+        now=NOW,
+        slices=pools(PoolState.READY, PoolState.READY, spares=0),
+        jobset=JobSetObservation(ready_jobs=2),
+    )
+    d = run(running_before(2), obs, spares=0)
+    _, plan = spec_and_plan(spares=0)
+    g = d.status.goodput
+    assert g is not None and g.spare_chips == 0 and g.held_chips == 2 * plan.shape.chips
+
+
+def test_spares_with_a_kueue_queue_are_refused_naming_the_field():
+    """Kueue's quota counts the JobSet's pods: queued spares would hold chips no quota counts."""
+    import pytest
+
+    from multislice_operator.errors import SpecError
+    from multislice_operator.plan import load_job, plan_job
+    from tests.unit.jobs import body
+
+    queued = {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}
+    with pytest.raises(SpecError) as err:
+        plan_job(load_job(body(metadata=queued, spares=1)))
+    assert [e.path for e in err.value.errors] == ["spec.spares"]
+    assert "'team-a'" in str(err.value) and "set spares: 0" in str(err.value)
+    # Another mistake in the same job is reported with it, not instead of it.
+    with pytest.raises(SpecError) as err:
+        plan_job(load_job(body(metadata=queued, spares=1, topology="9x9")))
+    assert {e.path for e in err.value.errors} == {"spec.topology", "spec.spares"}
+    plan_job(load_job(body(metadata=queued)))  # no spares: fine
+    plan_job(load_job(body(spares=1)))  # no queue: fine

@@ -945,8 +945,15 @@ class GoodputStatus(_Model):
     held_chips: int = Field(
         default=0,
         ge=0,
-        description="TPU chips held since `since`: chips of the slices whose node pools exist "
-        "(Managed), or of every slice while the JobSet runs on existing pools (Existing).",
+        description="TPU chips held since `since` and charged to `state`: chips of the node "
+        "pools that exist (Managed) but the spares' (`spareChips`), or of every slice while the "
+        "JobSet runs on existing pools (Existing).",
+    )
+    spare_chips: int = Field(
+        default=0,
+        ge=0,
+        description="Of `heldChips`, the chips of the pools held beyond spec.slices (hot "
+        "spares, spec.spares), counted in `spareChipSeconds` and in no state.",
     )
     seconds: StateSeconds = Field(
         default_factory=StateSeconds, description="Wall-clock seconds spent in each state."
@@ -955,6 +962,12 @@ class GoodputStatus(_Model):
         default_factory=StateSeconds,
         description="Chip-seconds held in each state; `running` is the productive part.",
     )
+    spare_chip_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Chip-seconds of hot spare pools (spec.spares): held and paid for, idle. "
+        "Part of held chip-seconds, so chipGoodput shows their cost.",
+    )
     admitted_time: datetime | None = Field(
         default=None, description="When the job first left `queued`."
     )
@@ -962,7 +975,7 @@ class GoodputStatus(_Model):
         default=None,
         ge=0,
         le=1,
-        description="Running chip-seconds / held chip-seconds, as of `since`.",
+        description="Running chip-seconds / held chip-seconds (spares' included), as of `since`.",
     )
     wall_goodput: float | None = Field(
         default=None,

@@ -60,6 +60,7 @@ REPAIRABLE = (S.STARTING, S.RUNNING, S.RESTARTING)
 EXISTING_HOLDS = (S.STARTING, S.RUNNING, S.RESTARTING, S.REPAIRING)
 RECOVERING = (S.RESTARTING, S.REPAIRING)
 
+SPARE = "spare"  # the chip-seconds key (and metric label) of hot spare pools
 CAUSE_WORKLOAD = "workload"  # restarts.py says which cause a restart has; this, when none
 
 
@@ -79,8 +80,9 @@ def _ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole > 0 else None
 
 
-def _ratios(g: GoodputStatus, seconds: StateSeconds, chips: StateSeconds, until: datetime) -> None:
-    g.chip_goodput = _ratio(chips.running, chips.total())
+def _ratios(g: GoodputStatus, seconds: StateSeconds, chips: StateSeconds, until: datetime,
+            spare: int) -> None:  # fmt: skip
+    g.chip_goodput = _ratio(chips.running, chips.total() + spare)
     admitted = g.admitted_time
     wall = int((until - admitted).total_seconds()) if admitted else 0
     g.wall_goodput = _ratio(seconds.running, wall)
@@ -93,28 +95,32 @@ def advance(
     now: datetime,
     created: datetime | None = None,
     blind_since: datetime | None = None,
+    spare_chips: int = 0,
 ) -> GoodputStatus | None:
-    """The accounting after a pass that observed `state` holding `held_chips` at `now`.
+    """The accounting after a pass that observed `state` holding `held_chips` at `now`, of
+    which `spare_chips` are hot spares' (charged to spare chip-seconds, not to the state).
 
     Returns `old` itself (unchanged) when nothing changed, so an idle job writes nothing."""
+    spare_chips = min(spare_chips, held_chips)
+    held_chips -= spare_chips
     now = at_second(now)
     if old is None or (old.state is None and old.since is None):
         if state is None:
             return old  # finished (or invalid) before anything was accounted
         start = min(at_second(created), now) if created is not None else now
-        g = GoodputStatus(state=state, since=start, held_chips=held_chips)
+        g = GoodputStatus(state=state, since=start, held_chips=held_chips, spare_chips=spare_chips)
         g.timeline = [GoodputSegment(state=state, since=start)]
         if state != S.QUEUED:
             g.admitted_time = start
-        _ratios(g, g.seconds, g.chip_seconds, start)
+        _ratios(g, g.seconds, g.chip_seconds, start, g.spare_chip_seconds)
         return g
     if old.state is None:  # the clock had stopped: a job that runs again starts from now
         if state is None:
             return old
         g = old.model_copy(deep=True)
-        _open(g, state, held_chips, now)
+        _open(g, state, held_chips, spare_chips, now)
         return g
-    if state == old.state and held_chips == old.held_chips:
+    if state == old.state and held_chips == old.held_chips and spare_chips == old.spare_chips:
         return old
     assert old.since is not None
     g = old.model_copy(deep=True)
@@ -125,10 +131,10 @@ def advance(
         split = min(max(at_second(blind_since), old.since), now)
     _close(g, split)
     if state is None:
-        g.state, g.since, g.held_chips = None, now, 0
-        _ratios(g, g.seconds, g.chip_seconds, now)
+        g.state, g.since, g.held_chips, g.spare_chips = None, now, 0, 0
+        _ratios(g, g.seconds, g.chip_seconds, now, g.spare_chip_seconds)
         return g
-    _open(g, state, held_chips, split)
+    _open(g, state, held_chips, spare_chips, split)
     return g
 
 
@@ -137,16 +143,18 @@ def _close(g: GoodputStatus, until: datetime) -> None:
     seconds = max(0, int((until - g.since).total_seconds()))
     g.seconds.add(g.state, seconds)
     g.chip_seconds.add(g.state, seconds * g.held_chips)
+    g.spare_chip_seconds += seconds * g.spare_chips
 
 
-def _open(g: GoodputStatus, state: GoodputState, held_chips: int, at: datetime) -> None:
+def _open(g: GoodputStatus, state: GoodputState, held_chips: int, spare_chips: int,
+          at: datetime) -> None:  # fmt: skip
     changed = state != g.state
-    g.state, g.since, g.held_chips = state, at, held_chips
+    g.state, g.since, g.held_chips, g.spare_chips = state, at, held_chips, spare_chips
     if g.admitted_time is None and state != S.QUEUED:
         g.admitted_time = at
     if changed:
         g.timeline = [*g.timeline, GoodputSegment(state=state, since=at)][-GOODPUT_TIMELINE_MAX:]
-    _ratios(g, g.seconds, g.chip_seconds, at)
+    _ratios(g, g.seconds, g.chip_seconds, at, g.spare_chip_seconds)
 
 
 # ---------------------------------------------------------------- reading it live
@@ -200,23 +208,26 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
     g = g or GoodputStatus()
     seconds = g.seconds.model_copy()
     chips = g.chip_seconds.model_copy()
+    spare = g.spare_chip_seconds
     until = now
     if g.state is not None and g.since is not None:
         until = max(now, g.since)
         open_s = int((until - g.since).total_seconds())
         seconds.add(g.state, open_s)
         chips.add(g.state, open_s * g.held_chips)
+        spare += open_s * g.spare_chips
     elif g.since is not None:
         until = g.since  # stopped: the totals are final
     view = GoodputStatus(admitted_time=g.admitted_time)
-    _ratios(view, seconds, chips, until)
+    _ratios(view, seconds, chips, until, spare)
     return Live(
         now=until,
         state=GoodputState(g.state) if g.state else None,
         since=g.since,
-        held_chips=g.held_chips if g.state else 0,
+        held_chips=g.held_chips + g.spare_chips if g.state else 0,
         seconds={s.value: seconds.get(s) for s in GoodputState},
-        chip_seconds={s.value: chips.get(s) for s in GoodputState},
+        # Hot spares' chip-seconds beside the states': held (and paid for) in every state.
+        chip_seconds={**{s.value: chips.get(s) for s in GoodputState}, SPARE: spare},
         chip_goodput=view.chip_goodput,
         wall_goodput=view.wall_goodput,
         lost_steps=g.lost_steps,
@@ -254,18 +265,28 @@ def held_chips(
     return held * plan.shape.chips
 
 
+def spare_chips(plan: Plan | None, held: int) -> int:
+    """Of `held`, the chips beyond spec.slices' pools: the hot spares' (whichever pools they
+    are: a slice may run on any of the job's pools)."""
+    if plan is None:
+        return 0
+    return max(0, held - plan.total_chips)
+
+
 def account(f: Facts, b: Builder, repairing: bool) -> None:
     """Called once per decide(), after the phase and status.slices are decided."""
     if b.status.phase is None:  # no phase decided: nothing says the state changed
         return
     state = accounting_state(b.status.phase, repairing)
+    held = held_chips(f, f.plan, state, _creating(b))
     g = advance(
         b.status.goodput,  # a copy of the old one: returned as is when nothing changed
         state,
-        held_chips(f, f.plan, state, _creating(b)),
+        held,
         f.now,
         f.meta.creation_time,
         f.obs.blind_since,
+        spare_chips(f.plan, held),
     )
     if g is None:
         return
