@@ -5,11 +5,11 @@ One `cluster`-profile control plane (real apiserver, JobSet controller and webho
 kwok nodes), the GKE simulator and the operator as a real process. Each trial runs 1-3 jobs in a
 fresh namespace, drawn from SCENARIOS (healthy jobs, GKE stockouts, quota, 429/5xx, a template
 the apiserver refuses, pods that cannot be scheduled, NotReady blips and longer NotReady spells,
-spot preemption, a hand-written terminal status, suspend/resume, delete mid-flight, two jobs whose
-pool names collide), while a killer thread SIGKILLs the operator every few seconds or restarts it
-with a crash point armed (multislice_local.crashpoints: right after a pool create or delete, a
-JobSet create or delete, a dry run). GKE faults go through the simulator's admin API
-(`POST /_sim/faults`, `POST /_sim/pools/NAME/preempt`).
+spot preemption, also of a job with a hot spare, a hand-written terminal status, suspend/resume,
+delete mid-flight, two jobs whose pool names collide), while a killer thread SIGKILLs the
+operator every few seconds or restarts it with a crash point armed (multislice_local.crashpoints:
+right after a pool create or delete, a JobSet create or delete, a dry run). GKE faults go through
+the simulator's admin API (`POST /_sim/faults`, `POST /_sim/pools/NAME/preempt`).
 
 Invariants, checked every half second and at the end of every trial:
 
@@ -166,6 +166,16 @@ def scenario(kind: str, name: str, trial: Trial) -> list[Case]:
             h.counts["faults"] += 1
 
         return [Case(name, kind, job_body(name, run="20s"), after_running=preempt)]
+    if kind == "spare":
+        # One hot spare: any of the 3 pools preempted (a busy one: its slice restarts on the
+        # spare at once; the spare: it is replaced while the job runs on).
+        def preempt_any(t: Trial, c: Case) -> None:
+            pool = node_pool_name(t.ns, c.name, t.rng.randint(0, 2))
+            h.sim_post(f"/_sim/pools/{pool}/preempt", {"recreateAfterS": None})
+            h.counts["faults"] += 1
+
+        body = job_body(name, run="20s", spares=1)
+        return [Case(name, kind, body, after_running=preempt_any)]
     if kind == "statuslie":
 
         def lie(t: Trial, c: Case) -> None:
@@ -216,6 +226,7 @@ SCENARIOS = (
     "blip",
     "notready",
     "preempt",
+    "spare",
     "statuslie",
     "suspend",
     "delete",
@@ -439,7 +450,8 @@ class Trial:
             else:
                 self.terminal_since.pop(case.name, None)
             live = [p for p in mine.values() if p.get("status") != "STOPPING"]
-            partial = job is not None and 0 < len(live) < 2 and self.jobset(case.name) is None
+            gang = case.body["spec"]["slices"] + case.body["spec"].get("spares", 0)
+            partial = job is not None and 0 < len(live) < gang and self.jobset(case.name) is None
             if partial and phase not in TERMINAL:
                 since = self.partial_since.setdefault(case.name, now)
                 if now - since > GANG_TIMEOUT_S + BACKOFF_MAX_S + 60:
