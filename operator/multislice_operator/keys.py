@@ -21,6 +21,10 @@ FINALIZER = f"{PREFIX}/cleanup"
 # pod (the operator's copy), and the workload's acknowledgement on its pod ({"id", "step"}).
 CHECKPOINT_REQUEST = f"{PREFIX}/checkpoint-request"
 CHECKPOINT_SAVED = f"{PREFIX}/checkpoint-saved"
+# On a JobSet the operator recreated on another slice count (spec.elastic): the job's restarts
+# and those charged to maxRestarts before it, so that its counters continue the job's.
+RESTARTS_BEFORE = f"{PREFIX}/restarts-before"
+RESTARTS_COUNTED_BEFORE = f"{PREFIX}/restarts-counted-before"
 
 # ---- Kubernetes (objects other than nodes)
 MANAGED_BY = "app.kubernetes.io/managed-by"

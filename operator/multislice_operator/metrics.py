@@ -283,14 +283,11 @@ GOODPUT = JobGoodput()
 REGISTRY.register(GOODPUT)
 
 
-class JobMaintenance(Collector):
-    """`multislice_job_maintenance_time_seconds{namespace,name}`: the earliest host maintenance
-    GKE scheduled on a node of the job (Unix seconds); no series when none is announced."""
+class JobGauge(Collector):
+    """A per-job gauge `NAME{namespace,name}` read from the job's status; no series when unset."""
 
-    NAME = "multislice_job_maintenance_time_seconds"
-    HELP = "Earliest host maintenance GKE scheduled on a node of the job, in Unix seconds."
-
-    def __init__(self) -> None:
+    def __init__(self, name: str, help_text: str) -> None:
+        self.NAME, self.HELP = name, help_text
         self.times: dict[Any, float] = {}
 
     def set(self, key: Any, when: float | None) -> None:
@@ -312,8 +309,19 @@ class JobMaintenance(Collector):
         yield self._family()
 
 
-MAINTENANCE = JobMaintenance()
+# The earliest host maintenance GKE scheduled on a node of the job (Unix seconds).
+MAINTENANCE = JobGauge(
+    "multislice_job_maintenance_time_seconds",
+    "Earliest host maintenance GKE scheduled on a node of the job, in Unix seconds.",
+)
 REGISTRY.register(MAINTENANCE)
+# status.activeSlices: fewer than spec.slices while an elastic job runs shrunk.
+ACTIVE_SLICES = JobGauge(
+    "multislice_job_active_slices",
+    "Slices the job's JobSet runs on (status.activeSlices): spec.slices, or fewer while an "
+    "elastic job (spec.elastic) is degraded.",
+)
+REGISTRY.register(ACTIVE_SLICES)
 
 
 def forget_job(key: Any) -> None:
@@ -321,6 +329,7 @@ def forget_job(key: Any) -> None:
     JOBS.set(key, None)
     GOODPUT.forget(key)
     MAINTENANCE.set(key, None)
+    ACTIVE_SLICES.set(key, None)
 
 
 GKE_CALLS_TOTAL = Counter(

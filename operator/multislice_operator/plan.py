@@ -154,6 +154,19 @@ class Plan:
         allowed = ", ".join(str(s.slices) for s in self.sizes)
         raise ValueError(f"{self.namespace}/{self.name} cannot run on {slices} slices: {allowed}")
 
+    def running_on(self, slices: int) -> Plan:
+        """The plan as its JobSet runs on another of `sizes` (spec.elastic): the slice count,
+        layout and advice the environment contract states. Its pools stay the job's."""
+        if slices == self.slices:
+            return self
+        for size in self.sizes:
+            if size.slices == slices:
+                return dataclasses.replace(
+                    self, slices=slices, parallelism=size.parallelism, advice=size.advice
+                )
+        self.parallelism_at(slices)  # raises, naming the sizes
+        raise AssertionError("unreachable")
+
     @property
     def total_chips(self) -> int:
         """The chips of the job's slices (spares not counted: see spare_chips)."""
@@ -340,18 +353,26 @@ def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism)
 def plan_job(job: MultisliceJob) -> Plan:
     """The plan of a whole job: its spec, and what its metadata adds (a Kueue queue)."""
     queue = job.metadata.labels.get(keys.KUEUE_QUEUE_NAME)
-    errors = (
-        []
-        if not (queue and job.spec.spares)
-        else [
+    errors = []
+    if queue and job.spec.spares:
+        errors.append(
             FieldError(
                 "spec.spares",
                 f"hot spares cannot be queued: Kueue's quota counts the JobSet's pods, so the "
                 f"LocalQueue {queue!r} (label {keys.KUEUE_QUEUE_NAME}) would not count the "
                 f"{job.spec.spares} spare node pools; set spares: 0 or remove the label",
             )
-        ]
-    )
+        )
+    if queue and job.spec.elastic:
+        errors.append(
+            FieldError(
+                "spec.elastic",
+                f"an elastic job cannot be queued: a resize recreates its JobSet, and Kueue "
+                f"would queue the new one's Workload (LocalQueue {queue!r}, label "
+                f"{keys.KUEUE_QUEUE_NAME}) while its pools are held; remove spec.elastic or "
+                "the label",
+            )
+        )
     try:
         plan = make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
     except SpecError as exc:

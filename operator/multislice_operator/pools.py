@@ -21,6 +21,12 @@ class PoolState(StrEnum):
     FAILED = "Failed"
 
 
+# Codes that say the cloud has no capacity for a pool now (it may later): a stockout, quota.
+CODE_STOCKOUT = "GCE_STOCKOUT"
+CODE_QUOTA = "GCE_QUOTA_EXCEEDED"
+CAPACITY_CODES = (CODE_STOCKOUT, CODE_QUOTA)
+
+
 @dataclass(frozen=True)
 class PoolError:
     """A failure of one slice's pool: names the slice, the cloud's code and message."""

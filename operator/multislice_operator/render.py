@@ -246,9 +246,17 @@ def jobset_failure_rules(pod_policy: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_jobset(
-    plan: Plan, spec: MultisliceJobSpec, job_meta_labels: dict[str, str] | None = None
+    plan: Plan,
+    spec: MultisliceJobSpec,
+    job_meta_labels: dict[str, str] | None = None,
+    restarts_before: int = 0,
+    counted_before: int = 0,
 ) -> dict[str, Any]:
-    """The JobSet for a plan: one replicatedJob `slice` with one Job per slice."""
+    """The JobSet for a plan: one replicatedJob `slice` with one Job per slice.
+
+    `restarts_before`/`counted_before`: a JobSet recreated on another slice count (spec.elastic)
+    continues the job's restart counters (annotations the operator reads back) and has what is
+    left of maxRestarts."""
     labels = job_labels(plan)
     queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
@@ -268,10 +276,14 @@ def render_jobset(
         "template": render_pod_template(plan, spec),
     }
     failure_policy: dict[str, Any] = {
-        "maxRestarts": spec.failure_policy.max_restarts,
+        "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
         "restartStrategy": "Recreate",
         "rules": jobset_failure_rules(pod_policy),
     }
+    annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL}
+    if restarts_before:
+        annotations[keys.RESTARTS_BEFORE] = str(restarts_before)
+        annotations[keys.RESTARTS_COUNTED_BEFORE] = str(counted_before)
     return {
         "apiVersion": JOBSET_API_VERSION,
         "kind": JOBSET_KIND,
@@ -279,7 +291,7 @@ def render_jobset(
             "name": plan.name,
             "namespace": plan.namespace,
             "labels": labels,
-            "annotations": {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL},
+            "annotations": annotations,
         },
         "spec": {
             # Kueue admits suspended JobSets: a queued job starts suspended and Kueue resumes it.

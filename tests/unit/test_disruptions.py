@@ -113,7 +113,7 @@ def test_three_preemptions_are_disruptions_not_charged_to_max_restarts():
         assert f"{n}/30 of spec.failurePolicy.maxDisruptionRestarts" in event.message
         assert "DisruptionTarget: TerminationByKubelet" in event.message
     assert status.restarts == 3
-    assert by_cause(d) == {"disruption": 3, "workload": 0, "hang": 0, "startup": 0}
+    assert by_cause(d) == {"disruption": 3, "workload": 0, "hang": 0, "startup": 0, "resize": 0}
     assert d.status.last_failure is not None
     assert (d.status.last_failure.cause, d.status.last_failure.disruption) == (
         "disruption",
@@ -143,13 +143,13 @@ def test_charged_restarts_are_the_programs_own(failure, cause):
 def test_jobset_counters_decide_what_was_charged_even_without_the_pod():
     old = {"phase": "Running", "restarts": 3, "restartsByCause": {"disruption": 3}}
     d = run(old, JobSetObservation(restarts=5, restarts_counted=1))  # two more: one charged
-    assert by_cause(d) == {"disruption": 4, "workload": 1, "hang": 0, "startup": 0}
+    assert by_cause(d) == {"disruption": 4, "workload": 1, "hang": 0, "startup": 0, "resize": 0}
 
 
 def test_a_status_from_before_the_split_is_seeded_from_the_jobset():
     d = run({"phase": "Running", "restarts": 3}, JobSetObservation(restarts=4, restarts_counted=2))
     # What JobSet charged is the program's (2), the rest disruptions: the new one too.
-    assert by_cause(d) == {"disruption": 2, "workload": 2, "hang": 0, "startup": 0}
+    assert by_cause(d) == {"disruption": 2, "workload": 2, "hang": 0, "startup": 0, "resize": 0}
 
 
 def test_no_restart_no_split_written():

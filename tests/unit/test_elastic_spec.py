@@ -398,7 +398,6 @@ GOOD = [
     {"elastic": {"minSlices": 2}, "parallelism": {"dcn": {"pipeline": 2}}},
     {"spares": 16, "slices": 240},
     {"spares": 2, "provisioning": {"mode": "Managed"}},
-    {"provisioning": {"mode": "Existing"}, "elastic": {"minSlices": 3}},  # shrinks onto fewer
     {"provisioning": {"mode": "Existing"}, "spares": 0},
 ]
 
@@ -432,6 +431,11 @@ BAD = [
         "cannot shrink",
     ),
     ({"spares": 1, "provisioning": {"mode": "Existing"}}, "spec.spares", "Managed"),
+    (
+        {"elastic": {"minSlices": 3}, "provisioning": {"mode": "Existing"}},
+        "spec.elastic",
+        "Managed",
+    ),
     ({"slices": 250, "spares": 7}, "spec.spares", "at most 256"),
 ]
 

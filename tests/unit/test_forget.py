@@ -81,7 +81,9 @@ class Apiserver:
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.jobsets.get((namespace, name))
 
-    async def delete_jobset(self, namespace: str, name: str, uid: str = "") -> None:
+    async def delete_jobset(
+        self, namespace: str, name: str, uid: str = "", foreground: bool = False
+    ) -> None:
         self.jobsets.pop((namespace, name), None)
 
     async def apply_job_status(
@@ -184,6 +186,7 @@ def retained(rt: Runtime, keys: set[JobKey]) -> dict[str, Any]:
         "metrics GOODPUT values": set(metrics.GOODPUT.values),
         "metrics GOODPUT counted": set(metrics.GOODPUT.counted),
         "metrics MAINTENANCE": set(metrics.MAINTENANCE.times),
+        "metrics ACTIVE_SLICES": set(metrics.ACTIVE_SLICES.times),
         "series naming a job": {
             (s.name, s.labels["name"])
             for family in metrics.REGISTRY.collect()

@@ -725,6 +725,16 @@ SPEC_RULES: list[Rule] = [
         ),
         explain=_min_slices_explain,
     ),
+    # Shrinking and growing follow the pools the operator replaces: Managed only.
+    Rule(
+        path=(),
+        field="spec.elastic",
+        cel=f"!has(self.elastic) || {_CEL_MODE} == '{ProvisioningMode.MANAGED.value}'",
+        message="spec.elastic needs provisioning.mode: Managed: the operator shrinks the job "
+        "when a pool it replaces does not come back in time; with Existing node pools remove "
+        "spec.elastic",
+        holds=lambda s: s.elastic is None or s.provisioning.mode == ProvisioningMode.MANAGED,
+    ),
     # Hot spares: the operator creates them, so only where it creates the slices' pools.
     Rule(
         path=(),
@@ -779,6 +789,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
     MAINTENANCE_SCHEDULED = "MaintenanceScheduled"  # GKE announced maintenance on its nodes
+    DEGRADED = "Degraded"  # spec.elastic: running on fewer slices than spec.slices
 
 
 class SlicePhase(StrEnum):
@@ -983,6 +994,16 @@ class GoodputStatus(_Model):
         le=1,
         description="Running seconds / seconds since admission, as of `since`.",
     )
+    degraded: bool = Field(
+        default=False,
+        description="spec.elastic: since `since` the job runs on fewer slices than spec.slices.",
+    )
+    degraded_chip_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Of `chipSeconds.running`, the chip-seconds run on fewer slices than "
+        "spec.slices (spec.elastic), as of `since`.",
+    )
     lost_steps: int = Field(
         default=0,
         ge=0,
@@ -1027,6 +1048,8 @@ class RestartCause(StrEnum):
     WORKLOAD = "workload"  # the program failed with a retryable code
     HANG = "hang"  # the workload's watchdog (exit code 75)
     STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
+    # spec.elastic: the operator recreated the JobSet on another slice count; charged to none.
+    RESIZE = "resize"
 
 
 class Budget(StrEnum):
@@ -1034,6 +1057,7 @@ class Budget(StrEnum):
 
     MAX_RESTARTS = "maxRestarts"  # enforced by JobSet (restartsCountTowardsMax)
     MAX_DISRUPTION_RESTARTS = "maxDisruptionRestarts"  # enforced by the operator
+    NONE = "none"  # the operator's own choice (an elastic resize): no budget
 
 
 # Every cause's budget: a new cause without one is a KeyError in the tests, never uncharged.
@@ -1042,13 +1066,17 @@ BUDGET_OF_CAUSE: dict[RestartCause, Budget] = {
     RestartCause.WORKLOAD: Budget.MAX_RESTARTS,
     RestartCause.HANG: Budget.MAX_RESTARTS,
     RestartCause.STARTUP: Budget.MAX_DISRUPTION_RESTARTS,
+    RestartCause.RESIZE: Budget.NONE,
 }
-# Causes charged to failurePolicy.maxRestarts; the others to maxDisruptionRestarts.
+# Causes charged to failurePolicy.maxRestarts, and those charged to maxDisruptionRestarts.
 PROGRAM_CAUSES = tuple(c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_RESTARTS)
+DISRUPTION_CAUSES = tuple(
+    c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_DISRUPTION_RESTARTS
+)
 
 
 class RestartsByCause(_Model):
-    """status.restarts split by cause: the four add up to it."""
+    """status.restarts split by cause: they add up to it."""
 
     disruption: int = Field(
         default=0,
@@ -1066,6 +1094,12 @@ class RestartsByCause(_Model):
         description="Pods not all running within failurePolicy.startupTimeoutSeconds; not "
         "charged to maxRestarts.",
     )
+    resize: int = Field(
+        default=0,
+        ge=0,
+        description="The operator recreated the JobSet on fewer or more slices (spec.elastic); "
+        "charged to no budget.",
+    )
 
     def get(self, cause: RestartCause | str) -> int:
         value: int = getattr(self, RestartCause(cause).value)
@@ -1081,7 +1115,7 @@ class RestartsByCause(_Model):
 
     def not_program(self) -> int:
         """Charged to maxDisruptionRestarts."""
-        return sum(self.get(c) for c in RestartCause if c not in PROGRAM_CAUSES)
+        return sum(self.get(c) for c in DISRUPTION_CAUSES)
 
     def total(self) -> int:
         return sum(self.get(c) for c in RestartCause)
@@ -1121,8 +1155,9 @@ class CheckpointStatus(_Model):
     source: str = Field(
         default="user",
         description="user (the job's multislice.dev/checkpoint-request annotation), "
-        "maintenance (spec.maintenance.checkpointAheadSeconds before GKE's maintenance) or "
-        "flex-start (as long before a flex-start pool's VMs reach their maximum run duration).",
+        "maintenance (spec.maintenance.checkpointAheadSeconds before GKE's maintenance), "
+        "flex-start (as long before a flex-start pool's VMs reach their maximum run duration) or "
+        "elastic (before the job grows back to more slices).",
     )
     request_time: datetime | None = Field(default=None, description="When it was requested.")
     restart_attempt: int = Field(
@@ -1149,6 +1184,10 @@ class CheckpointStatus(_Model):
     flex_start_request: str | None = Field(
         default=None,
         description="The last request made ahead of flex-start capacity's maximum run duration.",
+    )
+    elastic_request: str | None = Field(
+        default=None,
+        description="The last request made before an elastic job grows back (spec.elastic).",
     )
 
 
@@ -1249,6 +1288,11 @@ class MultisliceJobStatus(_Model):
         default=None, description="When the job succeeded or failed."
     )
     total_chips: int | None = Field(default=None, description="Chips over all slices.")
+    active_slices: int | None = Field(
+        default=None,
+        description="The slices the job's JobSet runs on now: spec.slices, or fewer while an "
+        "elastic job (spec.elastic) is degraded; unset without a JobSet.",
+    )
     ready_slices: str | None = Field(default=None, description="Ready slices, as 'ready/total'.")
     provisioning_attempts: int | None = Field(
         default=None, description="Gang provisioning attempts so far (Managed mode)."

@@ -122,9 +122,11 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     _count("delete", result.errors)
 
 
-def _jobset(t: Target) -> dict[str, Any]:
+def _jobset(t: Target, a: CreateJobSet | None = None) -> dict[str, Any]:
     job, plan = t.planned()
-    jobset = render_jobset(plan, job.spec, job.metadata.labels)
+    a = a or CreateJobSet()
+    on = plan.running_on(a.slices) if a.slices else plan
+    jobset = render_jobset(on, job.spec, job.metadata.labels, a.restarts_before, a.counted_before)
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
     return jobset
 
@@ -152,9 +154,9 @@ async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
     rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
 
 
-async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
+async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     try:
-        created = await rt.kube.create_jobset(_jobset(t))
+        created = await rt.kube.create_jobset(_jobset(t, a))
     except ApiError as exc:
         refused = admission.refusal(exc)
         if refused is None:
@@ -177,7 +179,7 @@ async def create_jobset(rt: Runtime, t: Target, _: CreateJobSet) -> None:
 
 
 async def delete_jobset(rt: Runtime, t: Target, a: DeleteJobSet) -> None:
-    await rt.kube.delete_jobset(t.namespace, t.name, a.uid)
+    await rt.kube.delete_jobset(t.namespace, t.name, a.uid, foreground=a.resize)
     rt.deleted_jobsets.add(t.key)
     what = f" (an earlier job's, uid {a.uid})" if a.uid else ""
     log.info("jobset deleted%s job=%s/%s", what, t.namespace, t.name)

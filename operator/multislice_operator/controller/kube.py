@@ -107,13 +107,16 @@ class Kube:
             return None
         return obj
 
-    async def delete_jobset(self, namespace: str, name: str, uid: str = "") -> None:
+    async def delete_jobset(
+        self, namespace: str, name: str, uid: str = "", foreground: bool = False
+    ) -> None:
         """Delete the JobSet now (its Jobs and pods go with it, background); gone is success.
-        With `uid`: only that object (a precondition: a newer JobSet of the name is kept)."""
+        With `uid`: only that object (a precondition: a newer JobSet of the name is kept).
+        `foreground`: the JobSet stays, deleting, until its Jobs and pods are gone."""
         options: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
-            "propagationPolicy": "Background",
+            "propagationPolicy": "Foreground" if foreground else "Background",
         }
         if uid:
             options["preconditions"] = {"uid": uid}

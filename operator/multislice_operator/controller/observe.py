@@ -50,7 +50,19 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     refs = meta.get("ownerReferences") or []
     controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
+    annotations = meta.get("annotations") or {}
+    replicas = next(
+        (
+            int(rj.get("replicas") or 0)
+            for rj in (body.get("spec") or {}).get("replicatedJobs") or []
+            if rj.get("name") == REPLICATED_JOB
+        ),
+        0,
+    )
     return {
+        "replicas": replicas,
+        "restartBase": _int(annotations.get(keys.RESTARTS_BEFORE)) or 0,
+        "countedBase": _int(annotations.get(keys.RESTARTS_COUNTED_BEFORE)) or 0,
         "suspended": bool((body.get("spec") or {}).get("suspend")),
         "restarts": int(status.get("restarts") or 0),
         # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
@@ -230,10 +242,13 @@ def jobset_observation(
         job_key=job_key,
         job_uid=job_uid,
     )
+    base = summary.get("restartBase", 0)
     return JobSetObservation(
         suspended=summary["suspended"],
-        restarts=summary["restarts"],
-        restarts_counted=summary.get("restartsCounted", 0),
+        restarts=base + summary["restarts"],
+        restarts_counted=summary.get("countedBase", 0) + summary.get("restartsCounted", 0),
+        replicas=summary.get("replicas", 0),
+        restart_base=base,
         completed=summary["completed"],
         failed=summary["failed"],
         failure_reason=summary["failureReason"],
@@ -262,7 +277,7 @@ def pod_records(
         Pod(
             name=p["pod"],
             slice_index=p["slice"],
-            attempt=p["attempt"],
+            attempt=jobset.restart_base + p["attempt"],
             phase=p["phase"],
             ready=p["ready"],
             deleting=p["deleting"],

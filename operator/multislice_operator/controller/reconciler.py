@@ -415,6 +415,7 @@ def _record_metrics(key: JobKey, d: Decision) -> None:
     metrics.JOBS.set(key, str(new.phase) if new.phase else None)
     maint = new.maintenance
     metrics.MAINTENANCE.set(key, maint.time.timestamp() if maint and maint.time else None)
+    metrics.ACTIVE_SLICES.set(key, new.active_slices)
     for label, cause in m.slice_failures:
         metrics.SLICE_FAILURES_TOTAL.labels(label, cause).inc()
     for cause, added in m.restarts.items():

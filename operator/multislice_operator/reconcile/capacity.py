@@ -244,11 +244,15 @@ def _repair(f: Facts, b: Builder, plan: Plan) -> Capacity:
         flex = _flex_wait(f, b, plan)
         if flex is not None:  # the JobSet exists and its pods wait for the pools' nodes
             return flex
-    then = (
-        "a spare node pool takes its place: all slices restart now"
-        if f.slices.enough
-        else "all slices restart once it is ready"
-    )
+    if f.slices.enough and not f.size.degraded:
+        then = "a spare node pool takes its place: all slices restart now"
+    elif plan.elastic is not None:
+        then = (
+            "all slices restart once it is ready, or on fewer slices (spec.elastic) if it is "
+            f"not ready within {plan.elastic.wait_seconds}s"
+        )
+    else:
+        then = "all slices restart once it is ready"
     for s in lost:
         old = f.old.slice(s.index)
         if not (old and old.lost_time):  # announced once per loss, by the pass that starts it
@@ -265,6 +269,16 @@ def _repair(f: Facts, b: Builder, plan: Plan) -> Capacity:
                 f"; slice {blips} NotReady with its nodes there (replaced after {grace:.0f}s)"
             )
         b.cond(PROVISIONED, "True", Reason.GANG_READY, message)
+    elif f.slices.enough and f.size.degraded:  # spec.elastic: on fewer slices meanwhile
+        n = len(f.slices.ready)
+        b.cond(
+            PROVISIONED,
+            "True",
+            Reason.REPAIRING_DEGRADED,
+            f"{n}/{len(plan.pools)} node pools ready: the job runs on {f.size.target} of "
+            f"{plan.slices} slices (spec.elastic) while the lost pools are replaced",
+        )
+        b.requeue_in(f.cfg.resync_seconds)
     elif f.slices.enough:  # a spare covers the loss: the job runs while the pool is replaced
         n = len(f.slices.ready)
         b.cond(

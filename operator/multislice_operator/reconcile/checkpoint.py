@@ -22,6 +22,7 @@ from multislice_operator.reconcile.types import AnnotatePods
 
 MAX_ID_LENGTH = 63  # contract section 3
 SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START = "user", "maintenance", "flex-start"
+SOURCE_ELASTIC = "elastic"  # before an elastic job grows back (elastic.py)
 
 
 def valid_id(value: str) -> bool:
@@ -40,6 +41,7 @@ def _request(
         user_request=cp.user_request if cp else None,
         maintenance_request=cp.maintenance_request if cp else None,
         flex_start_request=cp.flex_start_request if cp else None,
+        elastic_request=cp.elastic_request if cp else None,
     )
     b.event(
         Reason.CHECKPOINT_REQUESTED,
@@ -50,7 +52,11 @@ def _request(
 
 
 def decide(
-    f: Facts, b: Builder, maintenance_request: str | None, flex_start_request: str | None = None
+    f: Facts,
+    b: Builder,
+    maintenance_request: str | None,
+    flex_start_request: str | None = None,
+    elastic_request: str | None = None,
 ) -> None:
     """While the JobSet runs: take new requests, put the current one on its attempt's pods,
     and record the step saved for it."""
@@ -81,6 +87,9 @@ def decide(
     ):
         cp = _request(f, b, cp, flex_start_request, SOURCE_FLEX_START)
         cp.flex_start_request = flex_start_request
+    if elastic_request is not None and elastic_request != (cp.elastic_request if cp else None):
+        cp = _request(f, b, cp, elastic_request, SOURCE_ELASTIC)
+        cp.elastic_request = elastic_request
     b.status.checkpoint = cp
     if cp is None or cp.request_id is None:
         return

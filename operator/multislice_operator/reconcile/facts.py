@@ -9,6 +9,7 @@ the Kueue gate and the lifecycle steps read these and never re-derive them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,7 +23,7 @@ from multislice_operator.api.models import (
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.pools import PoolState
-from multislice_operator.reconcile import restarts
+from multislice_operator.reconcile import elastic, restarts
 from multislice_operator.reconcile.context import at_second
 from multislice_operator.reconcile.types import (
     DecideConfig,
@@ -87,6 +88,8 @@ class Slices:
     enough: bool = False
     # Flex-start pools up and error-free whose nodes have not come yet: waiting for capacity.
     waiting: frozenset[int] = frozenset()
+    up: int = 0  # pools ready or in a blip
+    complete: bool = False  # every pool of the plan observed (present or absent)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,15 @@ class Facts:
     # The one clock of capacity readiness (status.capacityReadyTime): since when every slice's
     # capacity has been ready without a break while the JobSet runs; None: not now.
     capacity_ready_since: datetime | None
+    # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
+    size: elastic.Size
+
+    @property
+    def active(self) -> int:
+        """The slices the job's JobSet runs on (or is about to be created on)."""
+        if self.js is not None and self.js.replicas:
+            return self.js.replicas
+        return self.size.target
 
     @property
     def deleting(self) -> bool:
@@ -177,7 +189,7 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
     ready = frozenset(s.index for s in obs.slices if slice_ready(s, hosts))
     if not plan.managed:
         up = len(ready) >= plan.slices
-        return Slices(hosts, ready, all_ready=up, enough=up)
+        return Slices(hosts, ready, all_ready=up, enough=up, up=len(ready), complete=True)
     waiting = frozenset(
         s.index
         for s in obs.slices
@@ -213,7 +225,17 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
     complete = len(obs.slices) == len(plan.pools)
     up = complete and all(s.index in ready or s.index in blips for s in obs.slices)
     enough = complete and len(ready | blips.keys()) >= plan.slices
-    return Slices(hosts, ready, lost, blips, all_ready=up, enough=enough, waiting=waiting)
+    return Slices(
+        hosts,
+        ready,
+        lost,
+        blips,
+        all_ready=up,
+        enough=enough,
+        waiting=waiting,
+        up=len(ready | blips.keys()),
+        complete=complete,
+    )
 
 
 def derive(
@@ -254,6 +276,15 @@ def derive(
     )
     failures = tuple(p for p in pods if p.failed)
     slices = _slices(old, obs, plan, cfg, now) if plan is not None else Slices(0)
+    size = (
+        elastic.size(
+            plan, old, slices.ready, slices.up, obs.slices, js, now, frozenset(slices.lost)
+        )
+        if plan is not None
+        else elastic.Size(0, 0)
+    )
+    if size.degraded:  # capacity is ready with the pools of the smaller size
+        slices = dataclasses.replace(slices, enough=slices.complete and slices.up >= size.target)
     runs = js is not None and not js.suspended and not js.deleting
     capacity_now = slices.enough if plan is not None and plan.managed else True
     clock = (old.capacity_ready_time or now) if runs and capacity_now else None
@@ -282,4 +313,5 @@ def derive(
         world_agrees=_world_agrees(old, spec, js),
         jobset_runs=runs,
         capacity_ready_since=clock,
+        size=size,
     )

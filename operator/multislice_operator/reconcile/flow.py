@@ -33,6 +33,7 @@ from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
 from multislice_operator.reconcile import (
     checkpoint,
+    elastic,
     goodput,
     invariants,
     maintenance,
@@ -100,6 +101,8 @@ def decide(
         cap = NO_CAPACITY
     else:
         phase, message, cap = _lifecycle(f, b, due)
+        if f.plan is not None:
+            elastic.state(f.plan, b, f.js, f.size)
         deadline = verdicts.next_deadline(f)
         if deadline is not None:
             b.requeue_in(deadline)
@@ -203,19 +206,26 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
         cap = Capacity(True)  # Existing pools are the JobSet's business once it runs
     if g is not None:
         kueue.admitted(b, g)
+    resizing = _resize(f, b, cap)
+    if resizing is not None:
+        return (*resizing, cap)
     if js is None:
+        create = elastic.create(plan, f.old, f.size.target)
         if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-            b.add(CreateJobSet())
+            b.add(create)
             b.status.job_set = plan.name
+            b.status.active_slices = f.size.target
             return Phase.PROVISIONING, cap.flex_wait, cap
         if not cap.ready:
             return cap.phase or Phase.PENDING, cap.message, cap
-        b.add(CreateJobSet())
+        b.add(create)
         b.status.job_set = plan.name
+        b.status.active_slices = f.size.target
         b.status.capacity_ready_time = f.now
         # Written as the next pass will see it (the JobSet, nothing running yet), so creating
         # the JobSet costs one status write, not two.
-        return (*running_phase(f, b, JobSetObservation(), True), cap)
+        seen = JobSetObservation(replicas=f.size.target)
+        return (*running_phase(f, b, seen, True), cap)
     b.status.job_set = plan.name
     if js.suspended:
         b.status.capacity_ready_time = None  # no pod to judge until it runs
@@ -234,8 +244,26 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, _stalled(cap))
-    checkpoint.decide(f, b, due, _flex_start_end(f, b))
+    grow = elastic.grow_request(plan, js, f.size, f.attempt)
+    checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
+
+
+def _resize(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
+    """spec.elastic: a resize in flight or due now ends the pass (elastic.py)."""
+    plan = f.plan
+    assert plan is not None
+    if plan.elastic is None:
+        return None
+    if f.size.wait_left is not None:
+        b.requeue_in(f.size.wait_left)
+    if f.js is None:
+        if not elastic.resized(f.old) or cap.ready:
+            return None  # created below: the first JobSet, or the resized one now
+        waiting = cap.message or "waiting for the pools"
+        return Phase.RESTARTING, f"resizing to {f.size.target} of {plan.slices} slices: {waiting}"
+    running = any(f.running.values())
+    return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now)
 
 
 def _flex_start_end(f: Facts, b: Builder) -> str | None:

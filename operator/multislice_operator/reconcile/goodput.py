@@ -96,9 +96,11 @@ def advance(
     created: datetime | None = None,
     blind_since: datetime | None = None,
     spare_chips: int = 0,
+    degraded: bool = False,
 ) -> GoodputStatus | None:
     """The accounting after a pass that observed `state` holding `held_chips` at `now`, of
-    which `spare_chips` are hot spares' (charged to spare chip-seconds, not to the state).
+    which `spare_chips` are hot spares' (charged to spare chip-seconds, not to the state);
+    `degraded`: running on fewer slices than spec.slices (also counted apart, spec.elastic).
 
     Returns `old` itself (unchanged) when nothing changed, so an idle job writes nothing."""
     spare_chips = min(spare_chips, held_chips)
@@ -108,7 +110,13 @@ def advance(
         if state is None:
             return old  # finished (or invalid) before anything was accounted
         start = min(at_second(created), now) if created is not None else now
-        g = GoodputStatus(state=state, since=start, held_chips=held_chips, spare_chips=spare_chips)
+        g = GoodputStatus(
+            state=state,
+            since=start,
+            held_chips=held_chips,
+            spare_chips=spare_chips,
+            degraded=degraded,
+        )
         g.timeline = [GoodputSegment(state=state, since=start)]
         if state != S.QUEUED:
             g.admitted_time = start
@@ -118,9 +126,14 @@ def advance(
         if state is None:
             return old
         g = old.model_copy(deep=True)
-        _open(g, state, held_chips, spare_chips, now)
+        _open(g, state, held_chips, spare_chips, now, degraded)
         return g
-    if state == old.state and held_chips == old.held_chips and spare_chips == old.spare_chips:
+    if (
+        state == old.state
+        and held_chips == old.held_chips
+        and spare_chips == old.spare_chips
+        and degraded == old.degraded
+    ):
         return old
     assert old.since is not None
     g = old.model_copy(deep=True)
@@ -131,10 +144,10 @@ def advance(
         split = min(max(at_second(blind_since), old.since), now)
     _close(g, split)
     if state is None:
-        g.state, g.since, g.held_chips, g.spare_chips = None, now, 0, 0
+        g.state, g.since, g.held_chips, g.spare_chips, g.degraded = None, now, 0, 0, False
         _ratios(g, g.seconds, g.chip_seconds, now, g.spare_chip_seconds)
         return g
-    _open(g, state, held_chips, spare_chips, split)
+    _open(g, state, held_chips, spare_chips, split, degraded)
     return g
 
 
@@ -144,12 +157,15 @@ def _close(g: GoodputStatus, until: datetime) -> None:
     g.seconds.add(g.state, seconds)
     g.chip_seconds.add(g.state, seconds * g.held_chips)
     g.spare_chip_seconds += seconds * g.spare_chips
+    if g.degraded and g.state == S.RUNNING:
+        g.degraded_chip_seconds += seconds * g.held_chips
 
 
 def _open(g: GoodputStatus, state: GoodputState, held_chips: int, spare_chips: int,
-          at: datetime) -> None:  # fmt: skip
+          at: datetime, degraded: bool = False) -> None:  # fmt: skip
     changed = state != g.state
     g.state, g.since, g.held_chips, g.spare_chips = state, at, held_chips, spare_chips
+    g.degraded = degraded and state == S.RUNNING
     if g.admitted_time is None and state != S.QUEUED:
         g.admitted_time = at
     if changed:
@@ -173,6 +189,7 @@ class Live:
     chip_goodput: float | None
     wall_goodput: float | None
     lost_steps: int
+    degraded_chip_seconds: int = 0  # of running chip-seconds, those on fewer slices (elastic)
 
     @property
     def wall_seconds(self) -> int:
@@ -200,6 +217,7 @@ class Live:
             "chipGoodput": self.chip_goodput,
             "wallGoodput": self.wall_goodput,
             "lostSteps": self.lost_steps,
+            "degradedChipSeconds": self.degraded_chip_seconds,
         }
 
 
@@ -209,6 +227,7 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
     seconds = g.seconds.model_copy()
     chips = g.chip_seconds.model_copy()
     spare = g.spare_chip_seconds
+    degraded = g.degraded_chip_seconds
     until = now
     if g.state is not None and g.since is not None:
         until = max(now, g.since)
@@ -216,6 +235,8 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
         seconds.add(g.state, open_s)
         chips.add(g.state, open_s * g.held_chips)
         spare += open_s * g.spare_chips
+        if g.degraded and g.state == S.RUNNING:
+            degraded += open_s * g.held_chips
     elif g.since is not None:
         until = g.since  # stopped: the totals are final
     view = GoodputStatus(admitted_time=g.admitted_time)
@@ -231,6 +252,7 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
         chip_goodput=view.chip_goodput,
         wall_goodput=view.wall_goodput,
         lost_steps=g.lost_steps,
+        degraded_chip_seconds=degraded,
     )
 
 
@@ -287,12 +309,19 @@ def account(f: Facts, b: Builder, repairing: bool) -> None:
         f.meta.creation_time,
         f.obs.blind_since,
         spare_chips(f.plan, held),
+        _degraded(f, b),
     )
     if g is None:
         return
     b.status.goodput = g
     if b.status.restarts > f.old.restarts or b.status.last_restart is not None:
         _restarts(f, b, g)
+
+
+def _degraded(f: Facts, b: Builder) -> bool:
+    """An elastic job running on fewer slices than spec.slices."""
+    active = b.status.active_slices
+    return f.plan is not None and active is not None and active < f.plan.slices
 
 
 def _creating(b: Builder) -> frozenset[int]:
@@ -328,8 +357,9 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
 
 
 def _all_running(f: Facts, b: Builder, g: GoodputStatus) -> bool:
-    """Every slice runs (or ran): as many pools busy as spec.slices; an idle spare is not."""
+    """Every slice runs (or ran): as many pools busy as the JobSet's slices (spec.slices, or
+    fewer while an elastic job is shrunk); an idle spare is not."""
     up = (SlicePhase.RUNNING.value, SlicePhase.SUCCEEDED.value)
-    slices = f.plan.slices if f.plan is not None else len(b.status.slices)
+    slices = f.active if f.plan is not None else len(b.status.slices)
     busy = sum(1 for s in b.status.slices if s.phase in up)
     return g.state == S.RUNNING and bool(b.status.slices) and busy >= slices

@@ -53,6 +53,8 @@ class Reason(StrEnum):
     GANG_ROLLED_BACK = "GangRolledBack"
     GANG_PROVISIONED = "GangProvisioned"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
+    SHRINKING_SLICES = "ShrinkingSlices"
+    GROWING_SLICES = "GrowingSlices"
     # ---- the job's own memory and the world disagree
     STATUS_IGNORED = "StatusIgnored"
     ORPHAN_JOBSET = "OrphanJobSet"
@@ -82,6 +84,9 @@ class Reason(StrEnum):
     GANG_TIMEOUT = "GangTimeout"
     REPAIRING = "Repairing"
     REPAIRING_SPARE = "RepairingSpare"
+    REPAIRING_DEGRADED = "RepairingDegraded"
+    FEWER_SLICES = "FewerSlices"
+    ALL_SLICES = "AllSlices"
     QUEUED = "Queued"
     SUSPENDED = "Suspended"
     ALL_SLICES_RUNNING = "AllSlicesRunning"
@@ -196,6 +201,16 @@ REGISTRY: dict[Reason, Info] = {
         metric="capacity_lost",
         causes=(RestartCause.DISRUPTION.value,),
     ),
+    Reason.SHRINKING_SLICES: Info(
+        WARNING,
+        "spec.elastic: a lost slice's pool was not back within waitSeconds (or GKE answered "
+        "stockout or quota): the JobSet is recreated on fewer slices.",
+    ),
+    Reason.GROWING_SLICES: Info(
+        NORMAL,
+        "spec.elastic: pools for more slices are Ready again: after a checkpoint on demand the "
+        "JobSet is recreated on more slices.",
+    ),
     Reason.SLICE_NOT_READY: Info(
         WARNING,
         "A slice's nodes are there but NotReady; replaced after --node-not-ready-grace-seconds.",
@@ -290,6 +305,12 @@ _CONDITION_REASONS = {
         "Provisioned",
         "A lost pool is replaced while a spare (spec.spares) runs its slice.",
     ),
+    Reason.REPAIRING_DEGRADED: (
+        "Provisioned",
+        "spec.elastic: the job runs on fewer slices while the lost pools are replaced.",
+    ),
+    Reason.FEWER_SLICES: ("Degraded", "spec.elastic: the job runs on fewer than spec.slices."),
+    Reason.ALL_SLICES: ("Degraded", "spec.elastic: the job runs on all spec.slices."),
     Reason.QUEUED: ("Provisioned", "Kueue reserved no quota: no node pools."),
     Reason.SUSPENDED: ("Provisioned", "spec.suspend: capacity released (also SlicesReady)."),
     Reason.ALL_SLICES_RUNNING: ("SlicesReady", "Every slice runs."),

@@ -76,8 +76,13 @@ def attribute(
         return Attribution(old.restarts_by_cause)
     new = js.restarts - before
     by = _seed(old, js)
-    charged = min(new, max(0, js.restarts_counted - by.program()))
-    free = new - charged
+    # A JobSet the operator recreated on another slice count (spec.elastic): its first attempt
+    # is itself a restart of every slice, the job's restart `restart_base`, charged to none.
+    resize = 1 if before < js.restart_base else 0
+    if resize:
+        by.add(C.RESIZE)
+    charged = min(new - resize, max(0, js.restarts_counted - by.program()))
+    free = new - resize - charged
     # The failures behind these restarts were seen on pods of the attempts that just ended.
     ending = [p for p in failures if before <= p.attempt < js.restarts]
     causes = [failure_cause(p) for p in ending]
@@ -92,6 +97,8 @@ def attribute(
         cause = C.HANG if C.HANG in causes else C.WORKLOAD
         by.add(cause, charged)
         added.append(cause)
+    if resize:
+        added.append(C.RESIZE)
     latest = max(ending, key=lambda p: (p.attempt, p.name), default=None)
     newest = failure_cause(latest) if latest is not None else None
     return Attribution(by, new, newest if newest in added else added[-1])
@@ -99,6 +106,8 @@ def attribute(
 
 def budget_note(spec: MultisliceJobSpec, by: RestartsByCause, cause: RestartCause) -> str:
     fp = spec.failure_policy
+    if BUDGET_OF_CAUSE[cause] == Budget.NONE:
+        return "charged to no budget: the operator resized the job (spec.elastic)"
     if BUDGET_OF_CAUSE[cause] == Budget.MAX_RESTARTS:
         return f"{by.program()}/{fp.max_restarts} of spec.failurePolicy.maxRestarts"
     return (

@@ -10,6 +10,7 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     Phase,
     PodFailureStatus,
+    RestartCause,
 )
 from multislice_operator.reconcile import restarts
 from multislice_operator.reconcile.context import Builder
@@ -86,7 +87,8 @@ def count_restarts(f: Facts, b: Builder) -> None:
     b.status.restarts = max(f.old.restarts, js.restarts)
     b.status.restarts_by_cause = f.restarts.by_cause
     by, cause = f.restarts.by_cause, f.restarts.cause
-    if f.restarts.new > 0 and cause is not None and by is not None:
+    # A resize is announced by its own event (ShrinkingSlices, GrowingSlices).
+    if f.restarts.new > 0 and cause not in (None, RestartCause.RESIZE) and by is not None:
         last = b.status.last_failure
         what = describe(last) if last else "a slice failed"
         b.event(
@@ -100,14 +102,16 @@ def count_restarts(f: Facts, b: Builder) -> None:
 def running_phase(f: Facts, b: Builder, js: JobSetObservation, capacity_ready: bool
                   ) -> tuple[Phase, str]:  # fmt: skip
     assert f.plan is not None
-    slices = f.plan.slices
+    # The slices of this JobSet: fewer than spec.slices while an elastic job is shrunk.
+    slices = js.replicas or f.size.target
+    of = f" (of {f.plan.slices}: spec.elastic)" if slices < f.plan.slices else ""
     # A slice that already finished counts as running: slices rarely finish in the same second.
     up = js.ready_jobs + js.succeeded_jobs
     if up >= slices and capacity_ready:
-        b.cond(SLICES_READY, "True", Reason.ALL_SLICES_RUNNING, f"{slices}/{slices} running")
+        b.cond(SLICES_READY, "True", Reason.ALL_SLICES_RUNNING, f"{slices}/{slices} running{of}")
         if b.status.running_time is None:
             b.status.running_time = f.now
-        return Phase.RUNNING, f"{slices}/{slices} slices running"
+        return Phase.RUNNING, f"{slices}/{slices} slices running{of}"
     message = f"{up}/{slices} slices running"
     b.cond(SLICES_READY, "False", Reason.SLICES_STARTING, message)
     was_running = b.status.running_time is not None

@@ -123,6 +123,10 @@ class JobSetObservation:
     uid: str = ""
     created: datetime | None = None  # metadata.creationTimestamp
     deleting: bool = False  # being deleted (metadata.deletionTimestamp, or our own delete)
+    replicas: int = 0  # spec.replicatedJobs[slice].replicas: the slices it runs (0: unknown)
+    # keys.RESTARTS_BEFORE on a JobSet recreated for a resize: `restarts` (and its pods'
+    # attempts) and `restarts_counted` include the job's restarts before it.
+    restart_base: int = 0
 
     @property
     def owned(self) -> bool:
@@ -291,7 +295,13 @@ class DeletePools:
 
 @dataclass(frozen=True)
 class CreateJobSet:
-    pass
+    """Create the job's JobSet. `slices`: on fewer slices than spec.slices (spec.elastic; None:
+    spec.slices); `restarts_before`/`counted_before`: the job's restarts so far (all, and those
+    charged to maxRestarts), which a JobSet recreated for a resize continues."""
+
+    slices: int | None = None
+    restarts_before: int = 0
+    counted_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -304,9 +314,12 @@ class DeleteJobSet:
     """The job failed for a reason of ours while its JobSet runs: stop its pods (JobSet would
     keep them waiting for released capacity, or, for a spent maxDisruptionRestarts, restart them
     forever: it does not bound RestartJobSetAndIgnoreMaxRestarts). With `uid`: an orphan JobSet
-    of an earlier job of this name, deleted only if it is still that object (a precondition)."""
+    of an earlier job of this name, deleted only if it is still that object (a precondition).
+    `resize`: an elastic job changes its slice count; deleted in the foreground, so the JobSet
+    stays (deleting) until its Jobs and pods are gone and the new one cannot meet them."""
 
     uid: str = ""
+    resize: bool = False
 
 
 @dataclass(frozen=True)

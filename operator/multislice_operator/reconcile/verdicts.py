@@ -18,8 +18,8 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.ownership import Owner
+from multislice_operator.reconcile import elastic, restarts
 from multislice_operator.reconcile import gate as kueue
-from multislice_operator.reconcile import restarts
 from multislice_operator.reconcile.capacity import pools_present, release
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
@@ -234,7 +234,7 @@ def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
     since, spec, plan = f.capacity_ready_since, f.spec, f.plan
     if since is None or spec is None or plan is None:
         return None
-    missing = [i for i in range(plan.slices) if not f.pods_by_slice.get(i)]
+    missing = [i for i in range(f.active) if not f.pods_by_slice.get(i)]
     if not missing:
         return None
     timeout = spec.failure_policy.unschedulable_timeout_seconds
@@ -296,7 +296,8 @@ def gang_up(f: Facts) -> bool:
     """The gang was provisioned and its JobSet runs on it: a lost slice is repaired alone.
     A queued job's JobSet exists (suspended) before its gang: the Provisioned memory says."""
     if f.js is None:
-        return False
+        # Between the JobSets of an elastic resize: the slices were up, lost pools are repaired.
+        return f.plan is not None and f.plan.elastic is not None and elastic.resized(f.old)
     if f.queue is None:
         return True
     provisioned = f.old.condition(ConditionType.PROVISIONED)

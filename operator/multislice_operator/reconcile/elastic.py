@@ -1,0 +1,194 @@
+"""spec.elastic: the slice count the job's JobSet runs on, and the resizes that change it. Pure.
+
+A JobSet cannot change its replicas (its webhook keeps spec.replicatedJobs immutable), and the
+environment contract (MEGASCALE_NUM_SLICES, the DCN layout) is in its pod template, so a resize
+is a restart of every slice from its checkpoint: the JobSet is deleted in the foreground and
+created again on the new count, continuing the job's restart counters (keys.RESTARTS_BEFORE).
+
+- Shrink: a slice's pool was lost and its replacement is not Ready within waitSeconds (or GKE
+  answers stockout or quota for it): the job restarts on the largest allowed size (plan.sizes,
+  never below minSlices) that the Ready pools hold. The lost pools stay requested.
+- Grow: Ready pools hold a larger size again: a checkpoint is requested on demand and, once it
+  is saved (or nothing runs to save, or the workload does not answer within GROW_SAVE_SECONDS),
+  the job restarts on the larger count.
+
+The first gang stays all or none: nothing shrinks before the job's slices were up once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from multislice_operator.api.models import ConditionType, MultisliceJobStatus, Phase
+from multislice_operator.plan import Plan
+from multislice_operator.pools import CAPACITY_CODES
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import (
+    CreateJobSet,
+    DeleteJobSet,
+    JobSetObservation,
+    SliceObservation,
+)
+
+DEGRADED = ConditionType.DEGRADED
+GROW_PREFIX = "grow-"  # the id of the checkpoint requested before a grow: grow-<slices>-<attempt>
+GROW_SAVE_SECONDS = 300  # how long a grow waits for that checkpoint before it goes anyway
+
+
+@dataclass(frozen=True)
+class Size:
+    """The slices the job's JobSet should run on now, and why fewer than spec.slices."""
+
+    target: int
+    full: int
+    why: str = ""
+    # A loss within waitSeconds: seconds until the job may shrink (a pass is wanted then).
+    wait_left: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.target < self.full
+
+
+def size(
+    plan: Plan,
+    old: MultisliceJobStatus,
+    ready: frozenset[int],
+    up: int,
+    slices: list[SliceObservation],
+    js: JobSetObservation | None,
+    now: datetime,
+    lost_now: frozenset[int] = frozenset(),
+) -> Size:
+    """`ready`: the pools ready now; `up`: those ready or in a NotReady blip; `lost_now`: the
+    pools lost as this pass sees them."""
+    full, elastic = plan.slices, plan.elastic
+    if elastic is None or not plan.managed or up >= full:
+        return Size(full, full)
+    fits = [s.slices for s in plan.sizes if s.slices <= up]
+    if not fits:  # below minSlices: wait for the pools, as a job that is not elastic does
+        return Size(full, full)
+    k = max(fits)
+    lost = [e.lost_time for e in old.slices if e.lost_time is not None and e.index not in ready]
+    # Lost this pass, after its nodes were seen Ready (a pool never up is not a loss).
+    lost += [now for i in lost_now if (e := old.slice(i)) and e.seen_ready and not e.lost_time]
+    degraded = (js is not None and 0 < js.replicas < full) or _was_degraded(old)
+    if not lost and not degraded:
+        return Size(full, full)  # the first gang: all or none
+    stocked_out = [s for s in slices if s.error is not None and s.error.code in CAPACITY_CODES]
+    waited = (now - min(lost)).total_seconds() if lost else 0.0
+    if stocked_out:
+        why = f"node pool {stocked_out[0].pool}: {stocked_out[0].error.code}"  # type: ignore[union-attr]
+    elif degraded or waited >= elastic.wait_seconds:
+        # No running count in the text: a status that changed every pass would be rewritten.
+        why = f"{full - up} of {full} slices lost for longer than spec.elastic.waitSeconds "
+        why += f"({elastic.wait_seconds}s)"
+    else:
+        return Size(full, full, wait_left=elastic.wait_seconds - waited)
+    return Size(k, full, why)
+
+
+def _was_degraded(old: MultisliceJobStatus) -> bool:
+    cond = old.condition(DEGRADED)
+    return cond is not None and cond.status == "True"
+
+
+def resized(old: MultisliceJobStatus) -> bool:
+    """A JobSet of this job ran before (status.activeSlices): the next one is a resize."""
+    return old.active_slices is not None
+
+
+def create(plan: Plan, old: MultisliceJobStatus, target: int) -> CreateJobSet:
+    """The JobSet create for `target` slices; a recreate continues the job's restarts, and is
+    itself one (cause resize)."""
+    if plan.elastic is None:
+        return CreateJobSet()
+    slices = target if target != plan.slices else None
+    if not resized(old):
+        return CreateJobSet(slices)
+    by = old.restarts_by_cause
+    return CreateJobSet(slices, old.restarts + 1, by.program() if by is not None else 0)
+
+
+def grow_request(plan: Plan, js: JobSetObservation | None, s: Size, attempt: int) -> str | None:
+    """The checkpoint to request before growing back (None: no grow is due)."""
+    if plan.elastic is None or js is None or js.deleting or not js.replicas:
+        return None
+    if s.target <= js.replicas:
+        return None
+    return f"{GROW_PREFIX}{s.target}-{attempt}"
+
+
+def resize(
+    plan: Plan,
+    old: MultisliceJobStatus,
+    b: Builder,
+    js: JobSetObservation,
+    s: Size,
+    running: bool,
+    now: datetime,
+) -> tuple[Phase, str] | None:
+    """While the JobSet exists: delete it for a resize that is due (the next pass creates it
+    on the new count once it is gone); None when its slice count stays."""
+    if plan.elastic is None:
+        return None
+    if js.deleting:
+        if not resized(old):
+            return None
+        return Phase.RESTARTING, (
+            f"resizing to {s.target} of {s.full} slices: waiting for the old JobSet's pods to go"
+        )
+    current = js.replicas or s.full
+    if s.target < current:
+        layout = plan.parallelism_at(s.target)
+        b.add(DeleteJobSet(resize=True))
+        b.event(
+            Reason.SHRINKING_SLICES,
+            f"{s.why}: restarting on {s.target} of {s.full} slices (dcn.data "
+            f"{layout.dcn_data}) from the last checkpoint; the lost pools stay requested and "
+            "the job grows back once they are Ready",
+        )
+        return Phase.RESTARTING, f"shrinking to {s.target} of {s.full} slices: {s.why}"
+    if s.target > current:
+        rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
+        cp = old.checkpoint
+        mine = cp is not None and cp.request_id == rid
+        saved = mine and cp is not None and cp.saved_step is not None
+        asked = cp.request_time if mine and cp is not None else None
+        late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS
+        if not (saved or late or not running):
+            if asked is not None:
+                b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
+            return None  # the checkpoint is requested (checkpoint.py); running meanwhile
+        step = f" (checkpoint {rid} saved at step {cp.saved_step})" if saved and cp else ""
+        if late and not saved:
+            step = f" (checkpoint {rid} not saved within {GROW_SAVE_SECONDS}s)"
+        b.add(DeleteJobSet(resize=True))
+        b.event(
+            Reason.GROWING_SLICES,
+            f"node pools for {s.target} of {s.full} slices are Ready again: restarting on "
+            f"{s.target} slices{step}",
+        )
+        return Phase.RESTARTING, f"growing back to {s.target} of {s.full} slices"
+    return None
+
+
+def state(plan: Plan, b: Builder, js: JobSetObservation | None, s: Size) -> None:
+    """status.activeSlices and the Degraded condition (elastic jobs only)."""
+    if js is not None and js.replicas and not js.deleting:
+        b.status.active_slices = js.replicas
+    if plan.elastic is None:
+        return
+    active = b.status.active_slices
+    if active is not None and active < s.full:
+        b.cond(
+            DEGRADED,
+            "True",
+            Reason.FEWER_SLICES,
+            f"running on {active} of {s.full} slices (spec.elastic); "
+            + (s.why or "growing back: the pools are Ready again"),
+        )
+    else:
+        b.cond(DEGRADED, "False", Reason.ALL_SLICES, f"running on all {s.full} slices")
