@@ -3,11 +3,14 @@ against the local GKE API simulator, whose pools become kwok TPU nodes in the cl
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_local.harness import wait_for
+from multislice_operator import keys
 from multislice_operator.api import models
 from multislice_operator.plan import node_pool_name
 from tests import msj
@@ -383,3 +386,90 @@ def test_suspend_releases_capacity_and_resume_reprovisions(env):
     )
     wait_phase(stack, ns, "pause", "Running", 120)
     assert len(pools_of(stack.sim, ns, "pause")) == 2
+
+
+def _condition(st: dict, type_: str) -> dict:
+    return next(c for c in st.get("conditions") or [] if c["type"] == type_)
+
+
+def test_an_elastic_job_runs_on_three_slices_under_a_held_stockout_and_grows_back(env):
+    """spec.elastic {minSlices: 3}: a busy pool of a 4-slice job is preempted and every create of
+    its replacement ends in GCE_STOCKOUT (held): the JobSet is recreated on 3 slices (its
+    environment says 3) and the job runs on; once the stockout ends and the replacement is
+    Ready, the operator asks for a checkpoint, the workload saves it, and the job grows back to
+    4 slices and succeeds."""
+    stack, ns = env
+    elastic = {"minSlices": 3, "waitSeconds": 5}
+    create(stack.api, ns, job("el", run="60s", capacity={"type": "Spot"}, slices=4,
+                              elastic=elastic))  # fmt: skip
+    wait_phase(stack, ns, "el", "Running", 120)
+    held = set(pools_of(stack.sim, ns, "el"))
+    assert len(held) == 4
+
+    def all_four():
+        busy = busy_pools(stack, ns, "el")
+        return busy if len(busy) == 4 else None
+
+    busy = wait_for(all_four, 60, "4 slices' pods running")
+    victim = sorted(busy)[0]
+    stack.sim.set_faults(stockout_next=1000)
+    stack.sim.preempt(victim, recreate_after_s=None)
+
+    def explain():
+        return f"{status(stack.api, ns, 'el')}\n{stack.op.log_tail(60)}"
+
+    def on(slices: int):
+        def check():
+            st = status(stack.api, ns, "el")
+            running = st.get("phase") == "Running" and st.get("activeSlices") == slices
+            return st if running and len(busy_pools(stack, ns, "el")) == slices else None
+
+        return check
+
+    st = wait_for(on(3), 120, "Running on 3 slices", interval=0.5, on_timeout=explain)
+    degraded = _condition(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "FewerSlices"), degraded
+    assert victim not in busy_pools(stack, ns, "el")
+    replacement = stack.sim.pools().get(victim)
+    assert replacement is None or replacement["status"] != "RUNNING", replacement
+    jobset = custom(stack.api).get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "el"
+    )
+    rjob = jobset["spec"]["replicatedJobs"][0]
+    assert rjob["replicas"] == 3
+    env_vars = {e["name"]: e.get("value") for e in
+                rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env_vars["MEGASCALE_NUM_SLICES"] == "3" and env_vars["JAX_PROCESS_COUNT"] == "12"
+    shrunk = msj.wait_events(stack.api, ns, "el", "ShrinkingSlices", log=stack.op.log_tail)
+    assert any("restarting on 3 of 4 slices" in e for e in shrunk), shrunk
+    # The stockout ends: the replacement comes, and the operator asks for a checkpoint first.
+    stack.sim.clear_faults()
+
+    def grow_request():
+        cp = status(stack.api, ns, "el").get("checkpoint") or {}
+        rid = cp.get("requestId") or ""
+        return rid if rid.startswith("grow-4-") else None
+
+    rid = wait_for(grow_request, 180, "the grow checkpoint request", interval=0.5,
+                   on_timeout=explain)  # fmt: skip
+    core = client.CoreV1Api(stack.api)
+
+    def asked_pod():
+        pods = core.list_namespaced_pod(ns, label_selector="jobset.sigs.k8s.io/jobset-name=el")
+        mine = [p.metadata.name for p in pods.items
+                if (p.metadata.annotations or {}).get(keys.CHECKPOINT_REQUEST) == rid]  # fmt: skip
+        return sorted(mine)[0] if mine else None
+
+    first = wait_for(asked_pod, 60, "a pod carrying the request", interval=0.5)
+    ack = json.dumps({"id": rid, "step": 120})  # the workload's process 0 acknowledges
+    core.patch_namespaced_pod(
+        first, ns, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: ack}}}
+    )
+    st = wait_for(on(4), 180, "Running on 4 slices again", interval=0.5, on_timeout=explain)
+    assert _condition(st, "Degraded")["status"] == "False"
+    grown = msj.wait_events(stack.api, ns, "el", "GrowingSlices", log=stack.op.log_tail)
+    assert any(f"checkpoint {rid} saved at step 120" in e for e in grown), grown
+    done = wait_phase(stack, ns, "el", "Succeeded", 300)
+    assert done["restartsByCause"]["resize"] == 2, done["restartsByCause"]
+    assert done["restarts"] == sum(done["restartsByCause"].values())
+    assert (done["goodput"] or {}).get("degradedChipSeconds", 0) > 0
