@@ -175,7 +175,8 @@ def _sizes_rows(plan: Any) -> list[tuple[str, str]]:
             (
                 "elastic",
                 f"down to {plan.elastic.min_slices} slices after {plan.elastic.wait_seconds} s "
-                "without a lost slice's replacement (only dcn.data changes)",
+                "without a lost slice's replacement, at once if GKE answers it with a stockout "
+                "or quota error (only dcn.data changes); grows back after a checkpoint",
             )
         )
         rows += [

@@ -100,6 +100,7 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "phase": st.phase,
         "message": st.message,
         "readySlices": st.ready_slices,
+        "activeSlices": st.active_slices,
         "slices": [s.model_dump(by_alias=True, exclude_none=True, mode="json") for s in st.slices],
         "restarts": st.restarts,
         "restartsByCause": by_cause,
@@ -165,6 +166,9 @@ def render(v: dict[str, Any], console: Any) -> None:
     if v["accelerator"]:
         chips = f", {v['totalChips']} chips" if v["totalChips"] else ""
         head.append(f"  {v['slicesWanted']} x {v['accelerator']}{chips}")
+    active, wanted = v.get("activeSlices"), v["slicesWanted"]
+    if active is not None and wanted and active < wanted:
+        head.append(f"  running on {active} of {wanted} slices (elastic)", style="orange1")
     console.print(head)
     if v["message"]:
         console.print(Text(f"  {v['message']}"))
@@ -257,6 +261,11 @@ def render(v: dict[str, Any], console: Any) -> None:
         f"wall goodput {percent(g['wallGoodput'])} (running / time since admission)   "
         f"steps lost {g['lostSteps']}"
     )
+    if g.get("degradedChipSeconds"):
+        console.print(
+            f"of running, on fewer slices (spec.elastic): "
+            f"{g['degradedChipSeconds'] / 3600:.2f} chip-hours"
+        )
 
     if v["timeline"]:
         console.print()

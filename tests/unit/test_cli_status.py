@@ -285,3 +285,26 @@ def test_maintenance_and_checkpoint_are_shown(tmp_path, capsys):
     assert "8 pods, saved at step 120" in text
     out = json.loads(status_of(tmp_path, obj, at(400), "-o", "json", capsys=capsys))
     assert out["checkpoint"]["savedStep"] == 120 and out["maintenance"]["slices"] == [1]
+
+
+def test_an_elastic_job_on_fewer_slices_says_so_with_its_degraded_chip_hours(tmp_path, capsys):
+    obj = jobs.body("llm", "team", metadata={"creationTimestamp": iso(T0)}, slices=4,
+                    elastic={"minSlices": 3})  # fmt: skip
+    obj["status"] = {
+        "phase": "Running",
+        "activeSlices": 3,
+        "goodput": {
+            "state": "running",
+            "since": iso(at(100)),
+            "heldChips": 64,
+            "degraded": True,
+            "degradedChipSeconds": 7200,
+            "chipSeconds": {"running": 7200},
+            "seconds": {"running": 100},
+        },
+    }
+    text = status_of(tmp_path, obj, at(100), capsys=capsys)
+    assert "running on 3 of 4 slices (elastic)" in text
+    assert "on fewer slices (spec.elastic): 2.00 chip-hours" in text
+    data = json.loads(status_of(tmp_path, obj, at(100), "-o", "json", capsys=capsys))
+    assert data["activeSlices"] == 3 and data["goodput"]["degradedChipSeconds"] == 7200

@@ -112,3 +112,30 @@ def test_the_kueue_example_is_a_queued_job_whose_chips_fit_one_team_quota() -> N
         assert selector[key] == value
     assert jobset["spec"]["suspend"] is True
     assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
+
+
+WORKLOAD_IMAGE = "multislice/workload:"
+
+
+def workload_containers() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (name, c)
+        for name, doc in documents()
+        for c in doc["spec"]["template"]["spec"]["containers"]
+        if WORKLOAD_IMAGE in c.get("image", "")
+    ]
+
+
+@pytest.mark.parametrize(("name", "container"), workload_containers(),
+                         ids=[n for n, _ in workload_containers()])  # fmt: skip
+def test_example_workload_args_parse(name: str, container: dict[str, Any]) -> None:
+    """The args an example gives the shipped workload image are ones it accepts (they once said
+    --checkpoint-every, which it refuses with its configuration error, exit 78)."""
+    from multislice_workload.cli import build_parser
+
+    args = build_parser().parse_args(container.get("args") or [])
+    assert args.mode == "train" and args.checkpoint_every > 0
+
+
+def test_most_examples_run_the_shipped_workload() -> None:
+    assert len(workload_containers()) >= 5
