@@ -289,3 +289,21 @@ def test_an_elastic_job_cannot_be_queued():
     with pytest.raises(SpecError) as err:
         plan_job(load_job(obj))
     assert "spec.elastic" in str(err.value) and "cannot be queued" in str(err.value)
+
+
+def test_a_shrunk_job_whose_three_slices_run_is_not_judged_slow_for_the_fourth():
+    """The startup deadline counts the JobSet's slices, not spec.slices: on 3 of 4 slices with
+    every pod running, nothing is evicted or replaced."""
+    ready = pools(PoolState.READY, PoolState.READY, PoolState.READY, PoolState.CREATING)
+    old = running_on_four() | {
+        "activeSlices": 3,
+        "restarts": 2,
+        "capacityReadyTime": "2026-12-03T11:00:00Z",
+        "startup": {"attempt": 2, "since": "2026-12-03T11:00:00Z"},
+    }
+    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": "FewerSlices",
+                          "message": "", "lastTransitionTime": "2026-12-03T11:00:00Z"}]  # fmt: skip
+    obs = Observed(now=T0, slices=ready, jobset=js(3, 2, ready=2, base=2), pods=pods(3, 2))
+    d = run(old, obs, failurePolicy={"startupTimeoutSeconds": 60})
+    assert "StartupDeadlineExceeded" not in events(d), [e.message for e in d.events]
+    assert not any(type(a).__name__ in ("EvictPods", "DeletePools") for a in d.actions)

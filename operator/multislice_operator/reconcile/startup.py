@@ -58,11 +58,10 @@ def check(f: Facts, b: Builder, phase: Phase, repairing: bool) -> None:
 def _act(f: Facts, b: Builder, plan: Plan, timing: StartupStatus, timeout: int) -> None:
     hosts = plan.shape.hosts
     pods = [p for p in f.live_pods if p.attempt == timing.attempt and not p.deleting]
-    running = {
-        i: sum(1 for p in pods if p.slice_index == i and p.running) for i in range(plan.slices)
-    }
+    slices = range(f.active)  # the JobSet's: fewer than spec.slices while an elastic job shrank
+    running = {i: sum(1 for p in pods if p.slice_index == i and p.running) for i in slices}
     done = f.succeeded  # a slice that finished already is not slow
-    slow = [i for i in range(plan.slices) if running[i] + done.get(i, 0) < hosts]
+    slow = [i for i in slices if running[i] + done.get(i, 0) < hosts]
     if not slow:  # every pod runs (or ran); the JobSet has not said so yet
         b.requeue_in(f.cfg.resync_seconds)
         return
