@@ -5,7 +5,8 @@ One `cluster`-profile control plane (real apiserver, JobSet controller and webho
 kwok nodes), the GKE simulator and the operator as a real process. Each trial runs 1-3 jobs in a
 fresh namespace, drawn from SCENARIOS (healthy jobs, GKE stockouts, quota, 429/5xx, a template
 the apiserver refuses, pods that cannot be scheduled, NotReady blips and longer NotReady spells,
-spot preemption, also of a job with a hot spare, a hand-written terminal status, suspend/resume,
+spot preemption, also of a job with a hot spare and of an elastic job whose replacement is
+stocked out, a hand-written terminal status, suspend/resume,
 delete mid-flight, two jobs whose pool names collide), while a killer thread SIGKILLs the
 operator every few seconds or restarts it with a crash point armed (multislice_local.crashpoints:
 right after a pool create or delete, a JobSet create or delete, a dry run). GKE faults go through
@@ -176,6 +177,18 @@ def scenario(kind: str, name: str, trial: Trial) -> list[Case]:
 
         body = job_body(name, run="20s", spares=1)
         return [Case(name, kind, body, after_running=preempt_any)]
+    if kind == "elastic":
+        # spec.elastic on 3 slices (minSlices 2): any pool preempted while the next creates of
+        # its replacement are stocked out: the job shrinks to 2 at once, and may grow back.
+        def preempt_stocked_out(t: Trial, c: Case) -> None:
+            _fault(t, stockoutNext=t.rng.randint(1, 4))
+            pool = node_pool_name(t.ns, c.name, t.rng.randint(0, 2))
+            h.sim_post(f"/_sim/pools/{pool}/preempt", {"recreateAfterS": None})
+            h.counts["faults"] += 1
+
+        elastic = {"minSlices": 2, "waitSeconds": 3}
+        body = job_body(name, run="20s", slices=3, elastic=elastic)
+        return [Case(name, kind, body, after_running=preempt_stocked_out)]
     if kind == "statuslie":
 
         def lie(t: Trial, c: Case) -> None:
@@ -227,6 +240,7 @@ SCENARIOS = (
     "notready",
     "preempt",
     "spare",
+    "elastic",
     "statuslie",
     "suspend",
     "delete",

@@ -90,6 +90,7 @@ import os
 import re
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -585,6 +586,16 @@ class _Scheduler:
 # The simulator
 
 
+class _Server(ThreadingHTTPServer):
+    """A client that goes away mid-request (an operator killed by the crash harness) is no
+    error of the simulator's: not printed as a traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class GkeSimulator:
     """A GKE + Cloud TPU REST endpoint on 127.0.0.1 with fault injection. Thread-safe.
 
@@ -628,7 +639,7 @@ class GkeSimulator:
 
     def start(self) -> Self:
         handler = type("Handler", (_Handler,), {"sim": self})
-        self._server = ThreadingHTTPServer((self._host, self._port), handler)
+        self._server = _Server((self._host, self._port), handler)
         self._server.daemon_threads = True
         self._scheduler.start()
         self._thread = threading.Thread(

@@ -307,3 +307,15 @@ def test_a_shrunk_job_whose_three_slices_run_is_not_judged_slow_for_the_fourth()
     d = run(old, obs, failurePolicy={"startupTimeoutSeconds": 60})
     assert "StartupDeadlineExceeded" not in events(d), [e.message for e in d.events]
     assert not any(type(a).__name__ in ("EvictPods", "DeletePools") for a in d.actions)
+
+
+def test_a_shrunk_jobset_that_is_finishing_is_not_restarted_to_grow():
+    """Its slices are done (a slice's Job succeeded, no pod runs): growing back would rerun a
+    finished job; it finishes on the slices it has."""
+    ready = pools(*[PoolState.READY] * 4)
+    old = running_on_four() | {"activeSlices": 3}
+    finishing = JobSetObservation(replicas=3, restarts=2, restart_base=2, succeeded_jobs=1,
+                                  ready_jobs=2)  # fmt: skip
+    d = run(old, Observed(now=T0, slices=ready, jobset=finishing))
+    assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
+    assert "GrowingSlices" not in events(d)

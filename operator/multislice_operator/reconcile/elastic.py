@@ -112,9 +112,14 @@ def create(plan: Plan, old: MultisliceJobStatus, target: int) -> CreateJobSet:
     return CreateJobSet(slices, old.restarts + 1, by.program() if by is not None else 0)
 
 
+def finishing(js: JobSetObservation) -> bool:
+    """A slice of it finished (or all): the job ends on the slices it has, never rerun to grow."""
+    return js.completed or js.failed or js.succeeded_jobs > 0
+
+
 def grow_request(plan: Plan, js: JobSetObservation | None, s: Size, attempt: int) -> str | None:
     """The checkpoint to request before growing back (None: no grow is due)."""
-    if plan.elastic is None or js is None or js.deleting or not js.replicas:
+    if plan.elastic is None or js is None or js.deleting or not js.replicas or finishing(js):
         return None
     if s.target <= js.replicas:
         return None
@@ -141,6 +146,8 @@ def resize(
             f"resizing to {s.target} of {s.full} slices: waiting for the old JobSet's pods to go"
         )
     current = js.replicas or s.full
+    if finishing(js):
+        return None
     if s.target < current:
         layout = plan.parallelism_at(s.target)
         b.add(DeleteJobSet(resize=True))
