@@ -43,6 +43,8 @@ DEMO_VOCAB = 4096  # the --run-workload tokenizer's vocabulary (the model reads 
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 # maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
 MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
+# elastic scenario: 4 slices that may run on 3, shrinking 5 s after a loss (at once on a stockout).
+ELASTIC_SLICES, ELASTIC_MIN, ELASTIC_WAIT_S = 4, 3, 5
 
 
 def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -99,6 +101,16 @@ SCENARIOS = {
             run="20s",
         ),
         Scenario(
+            "elastic",
+            f"{ELASTIC_SLICES} spot slices, spec.elastic minSlices {ELASTIC_MIN}: a busy slice's "
+            f"pool is preempted and its replacement stocked out; the job runs on {ELASTIC_MIN} "
+            f"slices, grows back to {ELASTIC_SLICES} once the stockout ends (after a checkpoint) "
+            "and succeeds: two resizes, charged to no budget",
+            "Succeeded",
+            2,
+            run="60s",
+        ),
+        Scenario(
             "queue",
             "two teams share 64 chips through Kueue; the job waits Queued with zero node pools "
             "until quota frees, then gets its gang and runs",
@@ -149,6 +161,10 @@ def demo_job(
     if scenario.name == "maintenance":
         spec["maintenance"] = {"checkpointAheadSeconds": CHECKPOINT_AHEAD_S}
         spec["failurePolicy"]["maxRestarts"] = 0  # disruptions are not charged to it
+    if scenario.name == "elastic":
+        spec.update(slices=ELASTIC_SLICES, capacity={"type": "Spot"})
+        spec["parallelism"]["dcn"]["data"] = ELASTIC_SLICES  # only dcn.data shrinks
+        spec["elastic"] = {"minSlices": ELASTIC_MIN, "waitSeconds": ELASTIC_WAIT_S}
     if run_workload:
         # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
         # (Multislice needs them) keep it to four.
@@ -183,6 +199,8 @@ class Demo:
         self.pools_while_queued: set[str] = set()
         self.maintenance_at: int | None = None  # maintenance scenario: the announced start
         self.maintenance_stage = "announce"
+        self.elastic_stage = "preempt"  # elastic scenario: what comes next
+        self.elastic_victim = ""  # the preempted pool
 
     # -- the story -------------------------------------------------------------------------
 
@@ -196,6 +214,12 @@ class Demo:
         self.n.mark("binaries ready")
         if s.kueue and self.args.cluster != "local":
             self.n.say("the queue scenario runs on the local cluster only (its kueue profile)")
+            return 2
+        if s.name == "elastic" and self.args.run_workload:
+            self.n.say(
+                "the elastic scenario plays the workload itself (its checkpoint answer); "
+                "--run-workload goes with the other scenarios"
+            )
             return 2
         profile = "kueue" if s.kueue else "cluster"
         options = StackOptions(
@@ -421,6 +445,8 @@ class Demo:
                 "MaintenanceScheduled",
                 "CheckpointRequested",
                 "CheckpointSaved",
+                "ShrinkingSlices",
+                "GrowingSlices",
             ):
                 self.n.mark(e.reason)
 
@@ -431,6 +457,9 @@ class Demo:
             self.start_workload()
         if self.scenario.name == "maintenance":
             self.maintenance(st)
+            return
+        if self.scenario.name == "elastic":
+            self.elastic(st)
             return
         if self.injected:
             return
@@ -530,6 +559,132 @@ class Demo:
                 {keys.GKE_SCHEDULED_MAINTENANCE_TIME: None, keys.GKE_ACTIVE_NODE_MAINTENANCE: None},
             )
             self.maintenance_stage = "over"
+
+    def elastic(self, st: dict[str, Any]) -> None:
+        """Play GKE (the preemption, a stockout held on its replacement, then capacity back)
+        and the workload's process 0 (the checkpoint before the grow)."""
+        assert self.stack is not None and self.stack.sim is not None
+        stage, full, fewer = self.elastic_stage, ELASTIC_SLICES, ELASTIC_MIN
+        if stage == "preempt" and self.running_on(st, full):
+            pool = node_pool_name(self.ns, JOB, 1)
+            jobs = sorted({self.replicated_job_of(pod) for pod in self.pods_on(pool)})
+            self.n.say(
+                f"GKE preempts spot node pool {pool} (slice 1; busy: the pods of "
+                f"{', '.join(jobs)} run there): its nodes disappear, and every create of a "
+                "replacement ends in GCE_STOCKOUT (held)"
+            )
+            self.stack.sim.set_faults(stockout_next=1000)
+            self.stack.sim.preempt(pool, recreate_after_s=None)
+            self.elastic_victim = pool
+            self.n.mark("slice 1's pool preempted, stockout held")
+            self.elastic_stage = "shrunk"
+        elif stage == "shrunk" and self.running_on(st, fewer):
+            degraded = next(c for c in st.get("conditions") or [] if c["type"] == "Degraded")
+            rjob, env = self.jobset_template()
+            self.n.say(
+                f"running on {fewer} slices: status.activeSlices={st.get('activeSlices')}, "
+                f"condition Degraded={degraded['status']} ({degraded['reason']}): "
+                f"{degraded.get('message', '')}"
+            )
+            self.n.say(
+                f"  the JobSet was recreated with replicas={rjob['replicas']}, its pod template "
+                f"says MEGASCALE_NUM_SLICES={env.get('MEGASCALE_NUM_SLICES')}, "
+                f"JAX_PROCESS_COUNT={env.get('JAX_PROCESS_COUNT')}; pool {self.elastic_victim} "
+                "is still being replaced"
+            )
+            self.n.mark(f"running on {fewer} of {full} slices")
+            self.n.say("the stockout ends: GKE has v5e capacity again for the replacement pool")
+            self.stack.sim.clear_faults()
+            self.n.mark("stockout over")
+            self.elastic_stage = "checkpoint"
+        elif stage == "checkpoint":
+            cp = st.get("checkpoint") or {}
+            rid = str(cp.get("requestId") or "")
+            pods = fewer * int(st["slices"][0]["hosts"])  # every pod of the 3-slice JobSet
+            pod = None
+            if rid.startswith(f"grow-{full}-") and cp.get("podsAnnotated", 0) >= pods:
+                pod = self.asked_pod(rid)
+            if pod is None:
+                return
+            self.n.say(
+                f"the replacement pool is Ready: before growing the operator asks for a "
+                f"checkpoint, {keys.CHECKPOINT_REQUEST}={rid} on {cp.get('podsAnnotated', 0)} pods"
+            )
+            self.n.say(
+                f"  the workload (played by the demo: the pods are kwok fakes) saves at step "
+                f"{SAVED_STEP}; process 0 acknowledges on {pod} ({keys.CHECKPOINT_SAVED})"
+            )
+            ack = json.dumps({"id": rid, "step": SAVED_STEP})
+            client.CoreV1Api(self.stack.api).patch_namespaced_pod(
+                pod, self.ns, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: ack}}}
+            )
+            self.n.mark("grow checkpoint acknowledged")
+            self.elastic_stage = "grown"
+        elif stage == "grown" and self.running_on(st, full):
+            degraded = next(c for c in st.get("conditions") or [] if c["type"] == "Degraded")
+            rjob, env = self.jobset_template()
+            self.n.say(
+                f"running on all {full} slices again: activeSlices={st.get('activeSlices')}, "
+                f"Degraded={degraded['status']} ({degraded['reason']}), JobSet "
+                f"replicas={rjob['replicas']}, MEGASCALE_NUM_SLICES="
+                f"{env.get('MEGASCALE_NUM_SLICES')}"
+            )
+            self.n.mark(f"running on {full} slices again")
+            self.elastic_stage = "done"
+
+    def running_on(self, st: dict[str, Any], slices: int) -> bool:
+        """Running on `slices` slices, each of them with its pods running."""
+        if st.get("phase") != "Running" or st.get("activeSlices", ELASTIC_SLICES) != slices:
+            return False
+        hosts = st["slices"][0]["hosts"]
+        every = all(len(self.pods_of(i)) == hosts for i in range(slices))
+        return every and not self.pods_of(slices)
+
+    def pods_on(self, pool: str) -> list[Any]:
+        """The job's running pods on the nodes of node pool `pool`."""
+        assert self.stack is not None
+        core = client.CoreV1Api(self.stack.api)
+        nodes: list[Any] = core.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool}").items
+        names = {str(n.metadata.name) for n in nodes}
+        pods: list[Any] = core.list_namespaced_pod(
+            self.ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={JOB}"
+        ).items
+        return [p for p in pods if p.status.phase == "Running" and p.spec.node_name in names]
+
+    @staticmethod
+    def replicated_job_of(pod: Any) -> str:
+        """The JobSet's child Job a pod belongs to (llm-v5e-slice-<job index>)."""
+        labels = pod.metadata.labels or {}
+        return str(labels.get("batch.kubernetes.io/job-name", pod.metadata.name))
+
+    def asked_pod(self, rid: str) -> str | None:
+        """Process 0's pod once it carries checkpoint request `rid` (None before)."""
+        assert self.stack is not None
+        pods: list[Any] = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_pod(self.ns, label_selector="jobset.sigs.k8s.io/job-index=0")
+            .items
+        )
+        running = sorted(
+            (p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp),
+            key=lambda p: str(p.metadata.name),
+        )
+        if (
+            not running
+            or (running[0].metadata.annotations or {}).get(keys.CHECKPOINT_REQUEST) != rid
+        ):
+            return None
+        return str(running[0].metadata.name)
+
+    def jobset_template(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The JobSet's replicated job and its container's environment (the values set)."""
+        assert self.stack is not None
+        js: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", JOB
+        )
+        rjob: dict[str, Any] = js["spec"]["replicatedJobs"][0]
+        container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
+        return rjob, {e["name"]: e.get("value") for e in container.get("env") or []}
 
     def pods_of(self, slice_index: int) -> list[str]:
         assert self.stack is not None
@@ -696,6 +851,8 @@ class Demo:
                 problems.append(f"restarts {st.get('restarts')}, expected {s.expect_restarts}")
             if s.name == "maintenance":
                 problems += self.maintenance_problems(st)
+            if s.name == "elastic":
+                problems += self.elastic_problems(st)
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
@@ -730,6 +887,29 @@ class Demo:
             self.n.say(
                 f"the maintenance cost a restart (cause disruption, maxRestarts 0 untouched) and "
                 f"0 steps: the checkpoint at step {SAVED_STEP} was taken just before it"
+            )
+        return problems
+
+    def elastic_problems(self, st: dict[str, Any]) -> list[str]:
+        problems = []
+        if self.elastic_stage != "done":
+            problems.append(f"the story stopped before stage {self.elastic_stage}")
+        by_cause = st.get("restartsByCause") or {}
+        if by_cause.get("resize") != 2:
+            problems.append(f"restarts by cause {by_cause}, expected 2 resize")
+        g = st.get("goodput") or {}
+        degraded = int(g.get("degradedChipSeconds") or 0)
+        if degraded <= 0:
+            problems.append("no degraded chip-seconds in status.goodput")
+        if not problems:
+            secs, chips = g.get("seconds") or {}, g.get("chipSeconds") or {}
+            causes = ", ".join(f"{k} {n}" for k, n in sorted(by_cause.items()) if n)
+            self.n.say(
+                f"restarts {st.get('restarts')} ({causes}): the shrink and the grow are cause "
+                "resize, charged to no budget; goodput: running "
+                f"{secs.get('running', 0)}s ({chips.get('running', 0)} chip-seconds, of them "
+                f"{degraded} degraded, on {ELASTIC_MIN} slices), repairing "
+                f"{secs.get('repairing', 0)}s ({chips.get('repairing', 0)} chip-seconds)"
             )
         return problems
 

@@ -112,6 +112,16 @@ SCENARIOS = {
         "restarts: 1 (disruption 1)",
         "0 steps lost",
     ],
+    "elastic": [
+        "ShrinkingSlices",
+        "status.activeSlices=3, condition Degraded=True (FewerSlices)",
+        "replicas=3, its pod template says MEGASCALE_NUM_SLICES=3",
+        "multislice.dev/checkpoint-request=grow-4-",
+        "GrowingSlices",
+        "running on all 4 slices again: activeSlices=4, Degraded=False (AllSlices)",
+        "resize 2",
+        "of running, on fewer slices (spec.elastic)",
+    ],
     "delete": ["deleting the job while its node pools are being created", "the job is gone"],
     "queue": [
         "insufficient unused quota for google.com/tpu",
