@@ -319,3 +319,24 @@ def test_a_shrunk_jobset_that_is_finishing_is_not_restarted_to_grow():
     d = run(old, Observed(now=T0, slices=ready, jobset=finishing))
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
     assert "GrowingSlices" not in events(d)
+
+
+def test_a_shrunk_job_below_min_slices_waits_on_the_slices_it_has():
+    """Found by the decide() state machine (tests/unit/test_decide_machine.py, ElasticJob): a
+    job shrunk to 3 of 4 loses another pool (2 up: below minSlices 3). It waits for the pools on
+    its 3-slice JobSet; it is not 'grown back' to 4 (deleted, GrowingSlices: 'node pools for 4
+    of 4 slices are Ready again') with half its pools gone."""
+    lost = pools(PoolState.READY, PoolState.READY, PoolState.ABSENT, PoolState.CREATING)
+    old = running_on_four() | {"activeSlices": 3, "restarts": 2}
+    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": "FewerSlices",
+                          "message": "", "lastTransitionTime": "2026-12-03T11:00:00Z"}]  # fmt: skip
+    old["slices"][3] |= {"phase": "Provisioning", "hosts": 0,
+                         "lostTime": "2026-12-03T11:00:00Z"}  # fmt: skip
+    # Slice 2's pods failed with their pool (PodGC): the JobSet restarted, nothing runs.
+    d = run(old, Observed(now=T0, slices=lost, jobset=js(3, 3, ready=0, base=2)))
+    assert not any(isinstance(a, DeleteJobSet) for a in d.actions), d.actions
+    assert "GrowingSlices" not in events(d)
+    assert CreatePools((2,)) in d.actions
+    assert d.status.active_slices == 3
+    assert cond(d, "Degraded")["status"] == "True"
+    assert "Ready again" not in cond(d, "Degraded")["message"]

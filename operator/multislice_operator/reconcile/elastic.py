@@ -69,6 +69,9 @@ def size(
         return Size(full, full)
     fits = [s.slices for s in plan.sizes if s.slices <= up]
     if not fits:  # below minSlices: wait for the pools, as a job that is not elastic does
+        if js is not None and 0 < js.replicas < full:  # on the slices it has: not a grow
+            why = f"{full - up} of {full} slices lost, fewer than spec.elastic.minSlices up"
+            return Size(js.replicas, full, why)
         return Size(full, full)
     k = max(fits)
     lost = [e.lost_time for e in old.slices if e.lost_time is not None and e.index not in ready]
