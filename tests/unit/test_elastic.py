@@ -4,6 +4,7 @@ its JobSet; the job grows back after a checkpoint on demand once the pools are R
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -167,7 +168,8 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     annotate = [a for a in d.actions if isinstance(a, AnnotatePods)]
     assert annotate and len(annotate[0].pods) == 3 * HOSTS
     assert d.status.phase == "Running"
-    # The workload saved it: the next pass deletes the JobSet for the grow.
+    # The workload saved it: the pass that sees it records it and deletes the JobSet for the
+    # grow (test_the_pass_that_sees_the_grow_checkpoint_saved_grows_at_once); so does the next.
     d = run(d.status, Observed(now=grow_at, slices=ready, jobset=js(3, 2, base=2),
                                 pods=pods(3, 2, saved=("grow-4-2", 500))))  # fmt: skip
     assert d.status.checkpoint is not None and d.status.checkpoint.saved_step == 500
@@ -340,3 +342,26 @@ def test_a_shrunk_job_below_min_slices_waits_on_the_slices_it_has():
     assert d.status.active_slices == 3
     assert cond(d, "Degraded")["status"] == "True"
     assert "Ready again" not in cond(d, "Degraded")["message"]
+
+
+def test_the_pass_that_sees_the_grow_checkpoint_saved_grows_at_once():
+    """Found by the decide() state machine (its fixpoint check): the pass that first saw the
+    workload's ack of the grow checkpoint only recorded it, and the grow waited for the next
+    pass (up to GROW_SAVE_SECONDS later, the job training on past the step it saved); deciding
+    again on the same world then deleted the JobSet. The grow goes in the pass that sees it."""
+    ready = pools(*[PoolState.READY] * 4)
+    old = running_on_four() | {"activeSlices": 3, "restarts": 2}
+    asked = run(old, Observed(now=T0, slices=ready, jobset=js(3, 2, base=2), pods=pods(3, 2)))
+    assert asked.status.checkpoint is not None
+    assert asked.status.checkpoint.request_id == "grow-4-2"
+    later = T0 + timedelta(seconds=20)
+    saved = [
+        dataclasses.replace(p, checkpoint_request="grow-4-2")
+        for p in pods(3, 2, saved=("grow-4-2", 500))
+    ]
+    d = run(asked.status, Observed(now=later, slices=ready, jobset=js(3, 2, base=2), pods=saved))
+    assert d.actions == [DeleteJobSet(resize=True)]
+    assert d.status.checkpoint is not None and d.status.checkpoint.saved_step == 500
+    assert "CheckpointSaved" in events(d)
+    grow = next(e.message for e in d.events if e.reason == "GrowingSlices")
+    assert "checkpoint grow-4-2 saved at step 500" in grow

@@ -101,9 +101,18 @@ def decide(
             b.add(AnnotatePods(missing, keys.CHECKPOINT_REQUEST, rid))
         cp.pods_annotated = sum(1 for p in mine if p.checkpoint_request == rid)
     if cp.saved_step is None:
-        acks = [p.checkpoint_saved for p in f.live_pods]
-        acks += [p.termination.checkpoint_request for p in f.failures if p.termination]
-        steps = [ack[1] for ack in acks if ack is not None and ack[0] == rid]
-        if steps:
-            cp.saved_step, cp.saved_time = max(steps), f.now
+        step = acked(f).get(rid)
+        if step is not None:
+            cp.saved_step, cp.saved_time = step, f.now
             b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")
+
+
+def acked(f: Facts) -> dict[str, int]:
+    """The step saved for each request the workload acknowledged, on the pods as seen now."""
+    acks = [p.checkpoint_saved for p in f.live_pods]
+    acks += [p.termination.checkpoint_request for p in f.failures if p.termination]
+    out: dict[str, int] = {}
+    for ack in acks:
+        if ack is not None:
+            out[ack[0]] = max(ack[1], out.get(ack[0], ack[1]))
+    return out

@@ -17,6 +17,7 @@ The first gang stays all or none: nothing shrinks before the job's slices were u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -137,9 +138,11 @@ def resize(
     s: Size,
     running: bool,
     now: datetime,
+    acked: Mapping[str, int] | None = None,
 ) -> tuple[Phase, str] | None:
     """While the JobSet exists: delete it for a resize that is due (the next pass creates it
-    on the new count once it is gone); None when its slice count stays."""
+    on the new count once it is gone); None when its slice count stays. `acked`: the steps the
+    workload saved, by request id, as the pods say now (checkpoint.acked)."""
     if plan.elastic is None:
         return None
     if js.deleting:
@@ -165,6 +168,13 @@ def resize(
         rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
         cp = old.checkpoint
         mine = cp is not None and cp.request_id == rid
+        if mine and cp is not None and cp.saved_step is None and rid in (acked or {}):
+            # Saved as this pass sees it: recorded here (this pass ends before checkpoint.py
+            # would), and the grow goes now, not a pass later.
+            cp = b.status.checkpoint
+            assert cp is not None
+            cp.saved_step, cp.saved_time = (acked or {})[rid], now
+            b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")
         saved = mine and cp is not None and cp.saved_step is not None
         asked = cp.request_time if mine and cp is not None else None
         late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS

@@ -263,7 +263,7 @@ def _resize(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
         waiting = cap.message or "waiting for the pools"
         return Phase.RESTARTING, f"resizing to {f.size.target} of {plan.slices} slices: {waiting}"
     running = any(f.running.values())
-    return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now)
+    return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now, checkpoint.acked(f))
 
 
 def _flex_start_end(f: Facts, b: Builder) -> str | None:
