@@ -365,3 +365,25 @@ def test_the_pass_that_sees_the_grow_checkpoint_saved_grows_at_once():
     assert "CheckpointSaved" in events(d)
     grow = next(e.message for e in d.events if e.reason == "GrowingSlices")
     assert "checkpoint grow-4-2 saved at step 500" in grow
+
+
+def test_a_shrunk_job_between_its_jobsets_does_not_rewrite_its_goodput_every_pass():
+    """Found by the decide() state machine (its fixpoint check, after an operator restart):
+    goodput compared the pass's `degraded` (activeSlices < slices) with the stored one, which is
+    only ever true while running; so while a shrunk job restarted (its JobSet deleted for a
+    resize) every pass closed the period and opened it again: status.goodput.since moved each
+    pass (a status write per pass)."""
+    ready = pools(*[PoolState.READY] * 4)
+    old = running_on_four() | {"activeSlices": 3, "restarts": 2}
+    before = T0 - timedelta(seconds=10)
+    on_three = run(old, Observed(now=before, slices=ready, jobset=js(3, 2, base=2),
+                                 pods=pods(3, 2)))  # fmt: skip
+    assert on_three.status.goodput is not None and on_three.status.goodput.degraded
+    deleting = Observed(now=T0, slices=ready, jobset=js(3, 2, base=2, deleting=True))
+    d = run(on_three.status, deleting)
+    assert d.status.phase == "Restarting"
+    assert d.status.goodput is not None and d.status.goodput.state == "restarting"
+    later = run(d.status, dataclasses.replace(deleting, now=T0 + timedelta(seconds=10)))
+    assert later.status.goodput is not None
+    assert later.status.goodput.since == d.status.goodput.since
+    assert later.status.to_dict() == d.status.to_dict()

@@ -105,6 +105,7 @@ def advance(
     Returns `old` itself (unchanged) when nothing changed, so an idle job writes nothing."""
     spare_chips = min(spare_chips, held_chips)
     held_chips -= spare_chips
+    degraded = degraded and state == S.RUNNING  # as stored (_open): only running is degraded
     now = at_second(now)
     if old is None or (old.state is None and old.since is None):
         if state is None:
