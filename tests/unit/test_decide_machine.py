@@ -10,6 +10,14 @@ admission check, admission, preemption), the user (a terminal phase written by h
 finalizer removed, suspend, delete) and the operator itself (a restart loses its memory: the
 apiserver's dry-run verdict, and it did not watch the job meanwhile).
 
+An elastic job (spec.elastic, minSlices 1: ElasticJob) has the same world, whose JobSet has
+its replicas and the restart counters it was created with (CreateJobSet's slices,
+restarts_before, counted_before: the observation adds them to its own counters and its pods'
+attempts, as controller/observe.py does); a smaller JobSet's slices are placed on the pools that
+can take them, one each; a resize delete is in the foreground (its pods terminate, then it is
+gone); the workload saves a checkpoint requested on its pods (AnnotatePods) after a while, or
+when a rule says so, or never. It starts cold, running, shrunk to 1 slice, or about to grow back.
+
 A pass (`reconcile`; `tick` runs the passes the decisions asked for) is what the shell does
 (controller/reconciler.py): observe, decide(), check, write the status (read back through JSON:
 the next pass's old status), apply the actions to the world. World changes are seen by the next
@@ -17,14 +25,24 @@ pass, together with whatever else changed meanwhile. Checked on every decision:
 
 - `violations(meta_before, decision, observed)`: the invariants of one decision (a plain
   function, to be replaced by the core's own);
+- `resize_violations(plan, old_status, decision, observed)`: the JobSet's slice count and the
+  restart counters (elastic or not): sizes within minSlices..slices, all slices first, one
+  JobSet at a time, a recreated JobSet continuing the job's counters, a resize delete only when
+  the size changes (a grow only after its checkpoint, 300 s, or with nothing running),
+  status.restarts never down and restartsByCause adding up to it, no create of a pool that
+  exists;
 - late verdict: a pool created by a pass is not deleted by the next one unless the world changed
   in between (any rule but a pass or an operator restart; time passing counts as a change);
 - fixpoint: a pass without actions leaves the world as it was; deciding again on it (the same
   observation, the time advanced 0 s, the job now watched, the status just written as the old
   status) writes the same status and returns no action and no event.
 
+After every step the world keeps its own promise: a JobSet's pods are its replicas', one pool
+each.
+
 The world -> Observed translation is one function, `observed`. `make test` runs a bounded,
-derandomized search (MACHINE_EXAMPLES, MACHINE_STEPS); `make fuzz` a long one from a fresh seed
+derandomized search (MACHINE_EXAMPLES for the Managed job, QUEUED_SHARE and ELASTIC_SHARE of
+them for the others; MACHINE_STEPS); `make fuzz` a long one from a fresh seed
 (MACHINE_RANDOM=1). Each broken invariant is an exception class of its own, so that hypothesis
 reports and shrinks each as a bug of its own.
 """
@@ -46,12 +64,18 @@ from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
+    invariant,
     precondition,
     rule,
 )
 
 from multislice_operator import keys
-from multislice_operator.api.models import MultisliceJobSpec, MultisliceJobStatus, Phase
+from multislice_operator.api.models import (
+    MultisliceJobSpec,
+    MultisliceJobStatus,
+    Phase,
+    RestartCause,
+)
 from multislice_operator.plan import Plan, load_job, plan_job
 from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
@@ -67,6 +91,7 @@ from multislice_operator.reconcile import (
     DeleteJob,
     DeleteJobSet,
     DeletePools,
+    Event,
     EvictPods,
     JobMeta,
     JobSetObservation,
@@ -84,15 +109,20 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile import (
     Pod as PodRecord,
 )
+from multislice_operator.reconcile.elastic import GROW_PREFIX
+from multislice_operator.reconcile.elastic import GROW_SAVE_SECONDS as GROW_WAIT
+from multislice_operator.reconcile.reasons import Reason
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings()
 SLICES, HOSTS = 2, 4  # 2 x v5litepod-16: 4 hosts (VMs, nodes) per slice
+MIN_SLICES = 1  # spec.elastic.minSlices of the elastic job (sizes 2 and 1: dcn.data 2 or 1)
 NAMESPACE, NAME, UID = "ns", "job", "uid-1"
 QUEUE, CLUSTER_QUEUE, CHECK = "tpu-queue", "tpu-cq", "gang"
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 PASSES_PER_TICK = 10
 QUEUED_SHARE = 0.4  # of MACHINE_EXAMPLES, for the queued job's machine
+ELASTIC_SHARE = 0.3  # of MACHINE_EXAMPLES, for the elastic job's machine
 
 # ---------------------------------------------------------------- the invariants of one decision
 
@@ -144,6 +174,107 @@ def violations(meta_before: JobMeta, decision: Decision, observed: Observed) -> 
     for name in sorted((created | set(deleted)) - ours):
         owner = "another live job's" if name in taken else "no pool of this job"
         out.append(f"not-ours: action on node pool {name}, {owner}")
+    return out
+
+
+def resize_violations(
+    plan: Plan, old: MultisliceJobStatus, decision: Decision, observed: Observed
+) -> list[str]:
+    """The promises around the JobSet's slice count (spec.elastic) and the job's restart
+    counters, for one decision; as `violations`, each line starts with its key.
+
+    - create-size: a JobSet is created on minSlices..spec.slices slices, and a job that is not
+      elastic only ever creates the plain one;
+    - first-gang-shrunk: the job's first JobSet has all its slices (all or none);
+    - create-twice: one CreateJobSet at most, and none while a JobSet exists (even deleting);
+    - restarts-before: a recreated JobSet continues the job's counters (status.restarts + 1,
+      the resize itself, and the restarts charged to maxRestarts); the first starts at 0;
+    - resize-same-size: DeleteJobSet(resize=True) only on an elastic job's live JobSet and only
+      when the slice count changes: a shrink (ShrinkingSlices) with fewer pools Ready than the
+      JobSet's replicas, a grow (GrowingSlices) with more pools up;
+    - grow-unsaved: a grow goes once the workload saved the grow checkpoint, or did not within
+      GROW_SAVE_SECONDS, or nothing of the JobSet runs;
+    - restarts-down: status.restarts never goes down (across JobSet recreations too);
+    - by-cause-sum: status.restartsByCause adds up to status.restarts;
+    - active-slices: status.activeSlices is a size the job can run at;
+    - create-live-pool: CreatePools never targets a pool that exists (only absent ones)."""
+    out: list[str] = []
+    actions, status = decision.actions, decision.status
+    el, js = plan.elastic, observed.jobset
+    low = el.min_slices if el is not None else plan.slices
+    resized = old.active_slices is not None
+    creates = [a for a in actions if isinstance(a, CreateJobSet)]
+    if len(creates) > 1 or (creates and js is not None):
+        where = "while a JobSet exists" if js is not None else "in one decision"
+        out.append(f"create-twice: {creates} {where} ({js})")
+    for create in creates:
+        k = plan.slices if create.slices is None else create.slices
+        if el is None and create != CreateJobSet():
+            out.append(f"create-size: {create} for a job that is not elastic")
+        elif not low <= k <= plan.slices:
+            out.append(f"create-size: {create}: {k} slices, not within {low}..{plan.slices}")
+        elif k < plan.slices and not resized:
+            out.append(f"first-gang-shrunk: the job's first JobSet on {k} of {plan.slices}")
+        so_far = old.restarts_by_cause
+        charged = so_far.program() if so_far is not None else 0
+        want = (old.restarts + 1, charged) if el and resized else (0, 0)
+        if (create.restarts_before, create.counted_before) != want:
+            out.append(
+                f"restarts-before: {create} after restarts {old.restarts} ({so_far}): want "
+                f"restarts_before, counted_before {want}"
+            )
+    reasons = {e.reason for e in decision.events}
+    shrink, grow = Reason.SHRINKING_SLICES in reasons, Reason.GROWING_SLICES in reasons
+    for a in actions:
+        if not (isinstance(a, DeleteJobSet) and a.resize):
+            continue
+        if el is None or js is None or js.deleting:
+            out.append(f"resize-same-size: {a} with elastic {el} and JobSet {js}")
+            continue
+        replicas = js.replicas or plan.slices
+        ok = [
+            s
+            for s in observed.slices
+            if s.pool_state in (PoolState.READY, PoolState.DEGRADED, PoolState.UPDATING)
+            and not s.taken_by
+        ]
+        ready = sum(1 for s in ok if s.ready_hosts >= HOSTS)
+        up = sum(1 for s in ok if s.hosts_present >= HOSTS)
+        if shrink == grow:
+            out.append(f"resize-same-size: {a} with events {sorted(reasons)}")
+        elif shrink and not ready < replicas:
+            out.append(f"resize-same-size: shrink of {replicas} slices with {ready} pools Ready")
+        elif grow and not up > replicas:
+            out.append(f"resize-same-size: grow of {replicas} slices with {up} pools up")
+        elif grow:
+            cp = old.checkpoint
+            rid = (cp.request_id if cp is not None else None) or ""
+            mine = rid.startswith(GROW_PREFIX) and rid.endswith(f"-{js.restarts}")
+            acks = {p.checkpoint_saved[0] for p in observed.pods if p.checkpoint_saved}
+            saved = mine and cp is not None and (cp.saved_step is not None or rid in acks)
+            asked = cp.request_time if mine and cp is not None else None
+            late = asked is not None and (observed.now - asked).total_seconds() >= GROW_WAIT
+            running = any(p.running for p in observed.pods if p.attempt == js.restarts)
+            if not (saved or late or not running):
+                out.append(
+                    f"grow-unsaved: grow of a running JobSet (attempt {js.restarts}) with "
+                    f"checkpoint {cp}"
+                )
+    if status.restarts < old.restarts:
+        out.append(f"restarts-down: status.restarts {old.restarts} -> {status.restarts}")
+    by = status.restarts_by_cause
+    if by is not None and sum(by.get(c) for c in list(RestartCause)) != status.restarts:
+        out.append(f"by-cause-sum: restartsByCause {by} for restarts {status.restarts}")
+    active = status.active_slices
+    if el is not None and active is not None and not low <= active <= plan.slices:
+        out.append(f"active-slices: status.activeSlices {active}")
+    state = {s.index: s.pool_state for s in observed.slices}
+    for a in actions:
+        if isinstance(a, CreatePools):
+            live = [i for i in a.slices if state.get(i, PoolState.ABSENT) != PoolState.ABSENT]
+            if live:
+                shown = {i: str(state[i]) for i in live}
+                out.append(f"create-live-pool: {a} while the pools exist: {shown}")
     return out
 
 
@@ -258,14 +389,27 @@ class Pod:
     exit_code: int | None = None
     reason: str = ""
     disruption: str | None = None
+    deleting: bool = False  # its JobSet is being deleted in the foreground
+    checkpoint_request: str | None = None  # multislice.dev/checkpoint-request (AnnotatePods)
+    asked_at: datetime | None = None  # when that annotation was put on it
+    checkpoint_saved: tuple[str, int] | None = None  # the workload's ack (process 0's pod)
 
 
 @dataclass
 class JobSet:
+    """What the JobSet itself says: its own counters (restarts, restartsCountTowardsMax) and
+    attempts (its pods' restart-attempt label) count from 0; a JobSet the operator recreated for
+    a resize carries the job's restarts before it (`base`, `counted_base`: the annotations), and
+    the observation adds them, as controller/observe.py does."""
+
     created: datetime
     suspended: bool
+    replicas: int = SLICES  # spec.replicatedJobs[slice].replicas
+    base: int = 0  # multislice.dev/restarts-before
+    counted_base: int = 0  # multislice.dev/restarts-counted-before
     restarts: int = 0
     counted: int = 0  # restartsCountTowardsMax
+    foreground: bool = False  # deleted in the foreground: it stays while its pods go
     completed: bool = False
     failed: bool = False
     failure_reason: str = ""
@@ -319,6 +463,11 @@ class Job:
     startup_timeout: int | None
     keep_node_pools: bool
     refused: bool  # the apiserver refuses the rendered JobSet
+    # spec.elastic {minSlices: MIN_SLICES, waitSeconds: this}; None: not elastic.
+    elastic_wait: int | None = None
+    # The workload saves a checkpoint requested on its pods this many seconds later (None:
+    # only when the rule `workload_saves_checkpoint` says so, if ever).
+    saves_after: int | None = None
 
     def body(self, suspend: bool) -> dict[str, Any]:
         failure_policy: dict[str, Any] = {
@@ -338,6 +487,8 @@ class Job:
         }
         if self.ttl is not None:
             spec["ttlSecondsAfterFinished"] = self.ttl
+        if self.elastic_wait is not None:
+            spec["elastic"] = {"minSlices": MIN_SLICES, "waitSeconds": self.elastic_wait}
         labels = {keys.KUEUE_QUEUE_NAME: QUEUE} if self.queue else {}
         return {
             "apiVersion": "multislice.dev/v1alpha1",
@@ -356,6 +507,151 @@ def spec_and_plan(job: Job, suspend: bool) -> tuple[MultisliceJobSpec, Plan]:
     return parsed.spec, plan
 
 
+def _elastic_plan(elastic: bool = True) -> Plan:
+    job = Job(False, None, 3, 30, None, None, False, False, elastic_wait=30 if elastic else None)
+    return spec_and_plan(job, False)[1]
+
+
+def _pools_seen(*states: PoolState) -> list[SliceObservation]:
+    names = [p.name for p in _elastic_plan().node_pools]
+    return [
+        SliceObservation(
+            i,
+            names[i],
+            s,
+            HOSTS if s == PoolState.READY else 0,
+            present_hosts=HOSTS if s == PoolState.READY else 0,
+        )
+        for i, s in enumerate(states)
+    ]
+
+
+def _running_pods(slices: int, attempt: int) -> list[PodRecord]:
+    return [
+        PodRecord(f"p-{i}-{h}", i, attempt, "Running", ready=True)
+        for i in range(slices)
+        for h in range(HOSTS)
+    ]
+
+
+_READY2 = (PoolState.READY, PoolState.READY)
+_RESIZED = {"activeSlices": 2, "restarts": 1, "restartsByCause": {"disruption": 1}}
+_SHRUNK = {"activeSlices": 1, "restarts": 2, "restartsByCause": {"disruption": 1, "resize": 1}}
+_GROW_ASKED = {"requestId": "grow-2-2", "source": "elastic", "requestTime": "2026-11-30T11:59:00Z"}
+
+
+def _resize_case(
+    old: dict[str, Any],
+    actions: list[Any],
+    events: tuple[str, ...] = (),
+    pools: tuple[PoolState, ...] = _READY2,
+    jobset: JobSetObservation | None = None,
+    pods: list[PodRecord] | None = None,
+    status: dict[str, Any] | None = None,
+    elastic: bool = True,
+) -> tuple[Plan, MultisliceJobStatus, Decision, Observed]:
+    new = MultisliceJobStatus.from_dict({**old, **(status or {})})
+    d = Decision(new, actions, [Event("Normal", r, "") for r in events])
+    obs = Observed(now=T0, slices=_pools_seen(*pools), jobset=jobset, pods=pods or [])
+    return _elastic_plan(elastic), MultisliceJobStatus.from_dict(old), d, obs
+
+
+_ON_ONE = JobSetObservation(restarts=2, replicas=1, restart_base=2)
+_ON_TWO = JobSetObservation(restarts=1, replicas=2)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (_resize_case({}, [CreateJobSet()]), []),
+        (_resize_case(_RESIZED, [CreateJobSet(1, 2, 0)]), []),
+        (_resize_case(_SHRUNK, [CreateJobSet(None, 3, 0)]), []),
+        (_resize_case({}, [CreateJobSet(1)]), ["first-gang-shrunk"]),
+        (_resize_case(_RESIZED, [CreateJobSet(0, 2, 0)]), ["create-size"]),
+        (_resize_case(_RESIZED, [CreateJobSet(3, 2, 0)]), ["create-size"]),
+        (_resize_case({}, [CreateJobSet(1)], elastic=False), ["create-size"]),
+        (_resize_case(_RESIZED, [CreateJobSet(1, 1, 0)]), ["restarts-before"]),
+        (_resize_case({}, [CreateJobSet(), CreateJobSet()]), ["create-twice"]),
+        (_resize_case(_RESIZED, [CreateJobSet(1, 2, 0)], jobset=_ON_TWO), ["create-twice"]),
+        (
+            _resize_case(
+                _RESIZED,
+                [DeleteJobSet(resize=True)],
+                ("ShrinkingSlices",),
+                (PoolState.READY, PoolState.ABSENT),
+                _ON_TWO,
+            ),
+            [],
+        ),
+        (
+            _resize_case(
+                _RESIZED, [DeleteJobSet(resize=True)], ("ShrinkingSlices",), _READY2, _ON_TWO
+            ),
+            ["resize-same-size"],
+        ),
+        (
+            _resize_case(
+                _SHRUNK,
+                [DeleteJobSet(resize=True)],
+                ("GrowingSlices",),
+                (PoolState.READY, PoolState.ABSENT),
+                _ON_ONE,
+            ),
+            ["resize-same-size"],
+        ),
+        (
+            _resize_case(
+                _SHRUNK, [DeleteJobSet(resize=True)], ("GrowingSlices",), _READY2, _ON_ONE
+            ),
+            [],  # nothing runs: no checkpoint to wait for
+        ),
+        (
+            _resize_case(
+                {**_SHRUNK, "checkpoint": _GROW_ASKED},
+                [DeleteJobSet(resize=True)],
+                ("GrowingSlices",),
+                _READY2,
+                _ON_ONE,
+                _running_pods(1, 2),
+            ),
+            ["grow-unsaved"],
+        ),
+        (
+            _resize_case(
+                {**_SHRUNK, "checkpoint": {**_GROW_ASKED, "savedStep": 7}},
+                [DeleteJobSet(resize=True)],
+                ("GrowingSlices",),
+                _READY2,
+                _ON_ONE,
+                _running_pods(1, 2),
+            ),
+            [],
+        ),
+        (
+            _resize_case({}, [DeleteJobSet(resize=True)], ("ShrinkingSlices",), elastic=False),
+            ["resize-same-size"],
+        ),
+        (_resize_case(_SHRUNK, [], status={"restarts": 1}), ["restarts-down", "by-cause-sum"]),
+        (_resize_case(_SHRUNK, [], status={"restartsByCause": {"resize": 1}}), ["by-cause-sum"]),
+        (_resize_case(_SHRUNK, [], status={"activeSlices": 3}), ["active-slices"]),
+        (
+            _resize_case(
+                _RESIZED, [CreatePools((0, 1))], pools=(PoolState.READY, PoolState.ABSENT)
+            ),
+            ["create-live-pool"],
+        ),
+        (
+            _resize_case(_RESIZED, [CreatePools((1,))], pools=(PoolState.READY, PoolState.ABSENT)),
+            [],
+        ),
+    ],
+)
+def test_resize_violations_name_each_broken_invariant(
+    case: tuple[Plan, MultisliceJobStatus, Decision, Observed], expected: list[str]
+) -> None:
+    assert [kind(v) for v in resize_violations(*case)] == expected
+
+
 # ---------------------------------------------------------------- world -> Observed (one place)
 
 
@@ -363,17 +659,21 @@ def observed(w: World, plan: Plan) -> Observed:
     """What the shell would hand decide() in this world (controller/observe.py's projections)."""
     js = w.jobset
     attempt = js.restarts if js else 0
-    current = [p for p in w.pods if p.attempt == attempt and p.phase != "Failed"]
+    base = js.base if js else 0
+    current = [p for p in w.pods if p.attempt == attempt and p.phase != "Failed" and not p.deleting]
 
     def slices_where(pred: Any) -> int:
-        return sum(1 for i in range(SLICES) if pred([p for p in current if p.slice == i]))
+        replicas = js.replicas if js else SLICES
+        return sum(1 for i in range(replicas) if pred([p for p in current if p.slice == i]))
 
     jobset = None
     if js is not None:
         jobset = JobSetObservation(
             suspended=js.suspended,
-            restarts=js.restarts,
-            restarts_counted=js.counted,
+            restarts=js.base + js.restarts,
+            restarts_counted=js.counted_base + js.counted,
+            replicas=js.replicas,
+            restart_base=js.base,
             completed=js.completed,
             failed=js.failed,
             failure_reason=js.failure_reason,
@@ -417,9 +717,10 @@ def observed(w: World, plan: Plan) -> Observed:
             PodRecord(
                 p.name,
                 p.slice,
-                p.attempt,
+                base + p.attempt,
                 p.phase,
                 ready=p.ready,
+                deleting=p.deleting,
                 node=p.node,
                 pool=p.pool,
                 exit_code=p.exit_code,
@@ -427,6 +728,8 @@ def observed(w: World, plan: Plan) -> Observed:
                 disruption=p.disruption,
                 unschedulable_since=p.since if p.phase == "Pending" else None,
                 scheduler_message="0/8 nodes are available" if p.phase == "Pending" else "",
+                checkpoint_request=p.checkpoint_request,
+                checkpoint_saved=p.checkpoint_saved,
             )
             for p in w.pods
         ],
@@ -485,17 +788,24 @@ def settings_from_env(share: float = 1.0) -> settings:
 slice_index = st.integers(0, SLICES - 1)
 
 
-def jobs(queues: list[str | None]) -> st.SearchStrategy[Job]:
+def jobs(
+    queues: list[str | None], elastic: list[int | None] | None = None
+) -> st.SearchStrategy[Job]:
+    """`elastic`: the spec.elastic.waitSeconds to draw from (None: not elastic); an elastic
+    job's simplest maxDisruptionRestarts (hypothesis's first choice) is a large one, so that
+    the loss that shrinks it is not the end of it."""
     return st.builds(
         Job,
         spot=st.booleans(),
         queue=st.sampled_from(queues),
         max_restarts=st.sampled_from([0, 3, 10]),
-        max_disruption_restarts=st.sampled_from([0, 1, 2, 30]),
+        max_disruption_restarts=st.sampled_from([30, 2, 1, 0] if elastic else [0, 1, 2, 30]),
         ttl=st.sampled_from([None, 0, 120]),
         startup_timeout=st.sampled_from([None, None, 60]),
         keep_node_pools=st.booleans(),
         refused=st.sampled_from([False] * 9 + [True]),
+        elastic_wait=st.sampled_from(elastic or [None]),
+        saves_after=st.sampled_from([None, 5, 60] if elastic else [None]),
     )
 
 
@@ -504,6 +814,8 @@ LATENCIES = {
     "delete_latency": st.sampled_from([1, 30]),
     "warm": st.sampled_from([True, True, False]),
 }
+# The elastic job starts shrunk, or about to grow back, half the time (DecideMachine.start).
+ELASTIC_LATENCIES = {**LATENCIES, "warm": st.sampled_from([True, False, "shrunk", "growing"])}
 
 
 class DecideMachine(RuleBasedStateMachine):
@@ -529,15 +841,21 @@ class DecideMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ setup
 
-    def start(self, job: Job, create_latency: int, delete_latency: int, warm: bool) -> None:
+    def start(self, job: Job, create_latency: int, delete_latency: int, warm: bool | str) -> None:
         """`warm`: start from a running job, reached by the machine itself (every pass of the
-        way checked), so that the rules spend their steps on what happens to a running job."""
+        way checked), so that the rules spend their steps on what happens to a running job;
+        "shrunk": an elastic job running on fewer slices (`_shrink_first`); "growing": then
+        waiting for the checkpoint before it grows back (`_grow_first`)."""
         self._reset()
         self.job = job
         self.plans = {s: spec_and_plan(job, s) for s in (False, True)}
         self.w = World(T0, create_latency, delete_latency, queued=job.queue is not None)
         if warm and not job.refused:
             self._warm_up()
+            if warm in ("shrunk", "growing"):
+                self._shrink_first()
+            if warm == "growing":
+                self._grow_first()
 
     def _warm_up(self) -> None:
         for _ in range(30):
@@ -551,6 +869,37 @@ class DecideMachine(RuleBasedStateMachine):
                 self._admit()
             self._advance_to(self.w.now + timedelta(seconds=self.w.create_latency))
         raise AssertionError(f"the warm start never ran: {self.status.get('message')}")
+
+    def _shrink_first(self) -> None:
+        """From Running (`_warm_up`): slice 1's pool vanishes and GKE refuses its replacement
+        once (quota), so that an elastic job runs on fewer slices, reached by the machine
+        itself (every pass checked); the rules then spend their steps on growing back. Not
+        every job gets there (a maxDisruptionRestarts of 0 fails it): it goes on from there."""
+        del self.w.pools[1]
+        self.w.armed[1] = "quota"
+        self._seen()
+        for _ in range(10):
+            js = self.w.jobset
+            if self.status.get("phase") == Phase.RUNNING and js and js.replicas < SLICES:
+                return
+            if self.status.get("phase") in TERMINAL:
+                return
+            self._pass()
+            self._advance_to(self.w.now + timedelta(seconds=5))
+
+    def _grow_first(self) -> None:
+        """From shrunk (`_shrink_first`): time passes, passes run, until the replacement pool is
+        Ready and the job asks its workload for the checkpoint before growing back (or gets
+        elsewhere)."""
+        for _ in range(60):
+            cp = self.status.get("checkpoint") or {}
+            js = self.w.jobset
+            if str(cp.get("requestId", "")).startswith(GROW_PREFIX) or js is None:
+                return
+            if self.status.get("phase") in TERMINAL or js.replicas == SLICES:
+                return
+            self._pass()
+            self._advance_to(self.w.now + timedelta(seconds=10))
 
     @property
     def spec(self) -> MultisliceJobSpec:
@@ -582,7 +931,7 @@ class DecideMachine(RuleBasedStateMachine):
         meta, obs = self.meta(), self.observe()
         old = MultisliceJobStatus.from_dict(self.status)
         d = decide(meta, self.spec, self.plan, None, old, obs, CFG)
-        problems = violations(meta, d, obs)
+        problems = violations(meta, d, obs) + resize_violations(self.plan, old, d, obs)
         deleted = {n for a in d.actions if isinstance(a, DeletePools) for n in a.pools}
         late = sorted(deleted & self.creating) if not self.changed else []
         if late:
@@ -667,9 +1016,15 @@ class DecideMachine(RuleBasedStateMachine):
             for name in a.pools:
                 self._delete_pool(name)
         elif isinstance(a, CreateJobSet):
-            if w.jobset is None:
+            if w.jobset is None:  # (a second create: 409 AlreadyExists)
                 queued = self.job is not None and self.job.queue is not None
-                w.jobset = JobSet(w.now, suspended=self.suspend or queued)
+                w.jobset = JobSet(
+                    w.now,
+                    suspended=self.suspend or queued,
+                    replicas=SLICES if a.slices is None else a.slices,
+                    base=a.restarts_before,
+                    counted_base=a.counted_before if a.restarts_before else 0,
+                )
                 if queued:
                     w.workload = Workload(
                         CheckState.PENDING if self.job and self.job.queue == "check" else None
@@ -679,7 +1034,9 @@ class DecideMachine(RuleBasedStateMachine):
             w.verdict = (w.generation, Admission(refused=refused))
         elif isinstance(a, DeleteJobSet):
             if w.jobset is not None and w.jobset.gone_at is None:
+                # Foreground (a resize): it stays, deleting, until its pods are gone.
                 w.jobset.gone_at = w.now + timedelta(seconds=5)
+                w.jobset.foreground = a.resize
         elif isinstance(a, SetJobSetSuspend):
             if w.jobset is not None:
                 w.jobset.suspended = a.suspend
@@ -692,7 +1049,9 @@ class DecideMachine(RuleBasedStateMachine):
             if evicted:  # DisruptionTarget: one restart of all slices
                 self._pod_fails(evicted[0], 143, "EvictionByEvictionAPI")
         elif isinstance(a, AnnotatePods):
-            pass  # checkpoints on demand are not modelled
+            for p in w.pods:
+                if p.name in a.pods and a.key == keys.CHECKPOINT_REQUEST:
+                    p.checkpoint_request, p.asked_at = a.value, w.now
         elif isinstance(a, SetWorkloadActive):
             wl = w.workload
             if wl is not None and wl.active != a.active:
@@ -767,6 +1126,8 @@ class DecideMachine(RuleBasedStateMachine):
         for name, stray in list(w.strays.items()):
             if stray.until is not None and stray.until <= w.now:
                 del w.strays[name]
+        if self.job is not None and self.job.saves_after is not None:
+            self._save(self.job.saves_after)
         if w.jobset is not None and w.jobset.gone_at is not None and w.jobset.gone_at <= w.now:
             w.jobset = None
             w.workload = None  # owned by the JobSet
@@ -779,6 +1140,10 @@ class DecideMachine(RuleBasedStateMachine):
         """The JobSet, Job, scheduler and kubelet of this world: the pods of the current
         attempt follow the pools."""
         w, js = self.w, self.w.jobset
+        if js is not None and js.gone_at is not None and js.foreground:
+            for p in w.pods:  # terminating; gone with the JobSet (`_advance_to`)
+                p.deleting = p.deleting or p.phase in ("Pending", "Running")
+            return
         if js is None or js.gone_at is not None or js.suspended or js.failed:
             w.pods = [p for p in w.pods if p.phase == "Failed"] if js is not None else []
             return
@@ -788,35 +1153,61 @@ class DecideMachine(RuleBasedStateMachine):
         for i in range(SLICES):
             pool = w.pools.get(i)
             lost = pool is None or not pool.up or pool.present < HOSTS or pool.taken_by
-            on_it = [p for p in w.pods if p.slice == i and p.attempt == js.restarts]
+            name = self.plan.node_pools[i].name
+            on_it = [p for p in w.pods if p.pool == name and p.attempt == js.restarts]
             if lost and any(p.phase == "Running" for p in on_it):
-                self._pod_fails(i, 143, "DeletionByPodGC")
+                self._pod_fails(on_it[0].slice, 143, "DeletionByPodGC")
                 return
         live = [p for p in w.pods if p.attempt == js.restarts and p.phase != "Failed"]
         w.pods = [p for p in w.pods if p.phase == "Failed" and p.attempt >= js.restarts - 1]
-        for i in range(SLICES):
-            pool = w.pools.get(i)
-            name = self.plan.node_pools[i].name
-            up = pool is not None and pool.up and not pool.taken_by and pool.present >= HOSTS
+        attempt = js.base + js.restarts  # as the pods' names say it (unique across JobSets)
+        placed = self._placement(js, live)
+        for i in range(js.replicas):
+            at = placed.get(i)
+            pool = w.pools.get(at) if at is not None else None
+            name = self.plan.node_pools[at].name if at is not None else ""
             for h in range(HOSTS):
                 pod = next((p for p in live if p.slice == i and p.name.endswith(f"-{h}")), None)
                 if pod is None:
-                    pod = Pod(
-                        f"{NAME}-slice-{i}-a{js.restarts}-{h}", i, js.restarts, "Pending", w.now
-                    )
-                if up and pool is not None:
+                    pod = Pod(f"{NAME}-slice-{i}-a{attempt}-{h}", i, js.restarts, "Pending", w.now)
+                if pool is not None and self._schedulable(pool):
                     pod.phase, pod.node, pod.pool = "Running", f"{name}-node-{h}", name
                     pod.ready = h < pool.ready
                 w.pods.append(pod)
 
+    @staticmethod
+    def _schedulable(pool: Pool) -> bool:
+        return pool.up and not pool.taken_by and pool.present >= HOSTS
+
+    def _placement(self, js: JobSet, live: list[Pod]) -> dict[int, int]:
+        """Which pool each of the JobSet's slices (Jobs) runs on. Every pool takes one Job at
+        most (the exclusive-topology annotation, keyed by node pool): a full JobSet's slice i on
+        pool i, as the job's first gang is placed; a smaller one's (spec.elastic) on the pool its
+        pods already run on, else on the first free pool that can take it."""
+        if js.replicas == SLICES:
+            return {i: i for i in range(SLICES)}
+        index = {p.name: p.slice_index for p in self.plan.node_pools}
+        placed = {p.slice: index[p.pool] for p in live if p.pool is not None}
+        free = [
+            i
+            for i in range(SLICES)
+            if i not in placed.values()
+            and (pool := self.w.pools.get(i)) is not None
+            and self._schedulable(pool)
+        ]
+        for j in range(js.replicas):
+            if j not in placed and free:
+                placed[j] = free.pop(0)
+        return placed
+
     def _pod_fails(self, i: int, code: int, disruption: str | None) -> None:
         """A pod of slice i failed: JobSet's failure policy, as render.py writes it."""
         w, js, fp = self.w, self.w.jobset, self.spec.failure_policy
-        if js is None or js.failed or js.completed:
+        if js is None or js.failed or js.completed or js.gone_at is not None:
             return
         w.pods.append(
             Pod(
-                f"{NAME}-slice-{i}-a{js.restarts}-0",
+                f"{NAME}-slice-{i}-a{js.base + js.restarts}-0",
                 i,
                 js.restarts,
                 "Failed",
@@ -831,7 +1222,7 @@ class DecideMachine(RuleBasedStateMachine):
         elif fp.is_fatal(code):  # FailJobSet
             js.failed, js.failure_reason = True, "FailJobSetFailurePolicyAction"
             js.failure_message = f"pod failed with exit code {code}"
-        elif js.counted >= fp.max_restarts:
+        elif js.counted >= max(0, fp.max_restarts - js.counted_base):  # what render.py left
             js.failed, js.failure_reason = True, "ReachedMaxRestarts"
             js.failure_message = "jobset failed due to reaching max number of restarts"
         else:  # RestartJobSet
@@ -908,6 +1299,24 @@ class DecideMachine(RuleBasedStateMachine):
         finished = self.status.get("phase") in TERMINAL and not self.w.pools
         return self.gone or (finished and self.w.jobset is None)
 
+    @invariant()
+    def the_jobset_runs_its_replicas(self) -> None:
+        """The world's own promise (after every step): a JobSet's pods are its replicas' only,
+        and no two of its slices share a pool (exclusive placement)."""
+        js = self.w.jobset
+        if js is None:
+            return
+        live = [p for p in self.w.pods if p.phase != "Failed" and p.attempt == js.restarts]
+        extra = sorted({p.slice for p in live if p.slice >= js.replicas})
+        on = {(p.slice, p.pool) for p in live if p.pool is not None}
+        shared = len({pool for _, pool in on}) < len(on)
+        if not MIN_SLICES <= js.replicas <= SLICES or extra or shared:
+            raise violation(
+                "world-replicas",
+                f"world-replicas: JobSet of {js.replicas} replicas with pods of slices {extra}, "
+                f"placed {sorted(on, key=str)}",
+            )
+
     # ------------------------------------------------------------ rules: the operator
 
     def _seen(self) -> None:
@@ -962,7 +1371,7 @@ class DecideMachine(RuleBasedStateMachine):
     def _all_running(self) -> bool:
         js = self.w.jobset
         running = [p for p in self.w.pods if p.phase == "Running" and p.ready]
-        return js is not None and js.gone_at is None and len(running) == SLICES * HOSTS
+        return js is not None and js.gone_at is None and len(running) == js.replicas * HOSTS
 
     def _up(self, i: int) -> Pool | None:
         pool = self.w.pools.get(i)
@@ -1037,10 +1446,49 @@ class DecideMachine(RuleBasedStateMachine):
     )
     def pod_fails(self, i: int, failure: tuple[int, str | None]) -> None:
         """Retryable, fatal (nonRetryableExitCodes), hang, or a disruption (DisruptionTarget)."""
-        if not any(p.slice == i and p.phase in ("Pending", "Running") for p in self.w.pods):
+        live = [p for p in self.w.pods if p.phase in ("Pending", "Running") and not p.deleting]
+        if not any(p.slice == i for p in live):
             return
         self._pod_fails(i, *failure)
         self._seen()
+
+    def _unsaved(self) -> Pod | None:
+        """The first running pod of the current attempt with a checkpoint request that no pod
+        has acknowledged yet (process 0's pod, slice 0 host 0, when it has it)."""
+        js = self.w.jobset
+        if js is None or js.gone_at is not None:
+            return None
+        pods = [
+            p
+            for p in self.w.pods
+            if p.attempt == js.restarts
+            and p.phase == "Running"
+            and not p.deleting
+            and p.checkpoint_request is not None
+        ]
+        acked = {p.checkpoint_saved[0] for p in self.w.pods if p.checkpoint_saved}
+        return next((p for p in pods if p.checkpoint_request not in acked), None)
+
+    @precondition(lambda self: self._unsaved() is not None)
+    @rule()
+    def workload_saves_checkpoint(self) -> None:
+        """The workload's processes agree on a step and save there; process 0 acknowledges the
+        request on its pod (multislice.dev/checkpoint-saved). Sometimes: it may never answer."""
+        if self._save():
+            self._seen()
+
+    def _save(self, after: int | None = None) -> bool:
+        """Process 0's pod acknowledges the request (`after`: only once it is that old)."""
+        pod = self._unsaved()
+        if pod is None or pod.checkpoint_request is None:
+            return False
+        if after is not None and (
+            pod.asked_at is None or pod.asked_at + timedelta(seconds=after) > self.w.now
+        ):
+            return False
+        step = 100 + int((self.w.now - T0).total_seconds())
+        pod.checkpoint_saved = (pod.checkpoint_request, step)
+        return True
 
     @precondition(lambda self: self._all_running())
     @rule()
@@ -1141,6 +1589,26 @@ class ManagedJob(DecideMachine):
         self.start(job, create_latency, delete_latency, warm)
 
 
+ELASTIC_WAITS: list[int | None] = [0, 30, 120]  # spec.elastic.waitSeconds: at once, soon, later
+
+
+class ElasticJob(DecideMachine):
+    """A job without a queue (an elastic job cannot be queued) with spec.elastic: it shrinks to
+    MIN_SLICES after a loss, by recreating its JobSet, and grows back after a checkpoint."""
+
+    @initialize(job=jobs([None], ELASTIC_WAITS), **ELASTIC_LATENCIES)
+    def setup(self, job: Job, create_latency: int, delete_latency: int, warm: bool | str) -> None:
+        self.start(job, create_latency, delete_latency, warm)
+
+    @precondition(lambda self: self._over())
+    @rule(job=jobs([None], ELASTIC_WAITS), **ELASTIC_LATENCIES)
+    def next_job(
+        self, job: Job, create_latency: int, delete_latency: int, warm: bool | str
+    ) -> None:
+        """The job is over: the rest of the steps go to another (a fresh world)."""
+        self.start(job, create_latency, delete_latency, warm)
+
+
 class QueuedJob(DecideMachine):
     """A job in a Kueue LocalQueue: its ClusterQueue with this operator's admission check, or
     for quota only."""
@@ -1176,6 +1644,14 @@ SHRINK_SECONDS = int(os.environ.get("MACHINE_SHRINK_SECONDS", "60"))
 
 class TestManagedJob(ManagedJob.TestCase):  # type: ignore[misc,valid-type]
     settings = settings_from_env()
+
+    def runTest(self) -> None:
+        with shrink_budget(SHRINK_SECONDS):
+            super().runTest()
+
+
+class TestElasticJob(ElasticJob.TestCase):  # type: ignore[misc,valid-type]
+    settings = settings_from_env(share=ELASTIC_SHARE)
 
     def runTest(self) -> None:
         with shrink_budget(SHRINK_SECONDS):
