@@ -431,3 +431,32 @@ def test_admission_checks_of_ours_become_active_once_per_generation():
     assert activate([done]) == []
     changed = AdmissionCheckObservation("gang", 2, "5", active=True, observed_generation=1)
     assert [a.generation for a in activate([changed])] == [2]
+
+
+def test_a_lost_slice_being_repaired_stays_a_repair_on_the_next_pass():
+    """The repair's own status (Provisioned=False, Repairing) is not read as 'the gang is not
+    up' on the next pass: that pass started a new gang attempt on the same world (the decide()
+    state machine found it: a fixpoint broken, provisioningAttempts 1 -> 2)."""
+    old = {
+        "phase": "Running",
+        "provisioningAttempts": 1,
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
+    }
+    lost = obs(
+        wl(CheckState.READY, admitted=True),
+        slices=pools(PoolState.ABSENT, PoolState.READY),
+        jobset=JobSetObservation(ready_jobs=1, restarts=1, created=NOW),
+    )
+    first = run(old=old, obs=lost)
+    assert first.actions == [CreatePools((0,))]
+    assert cond(first, "Provisioned")["reason"] == "Repairing"
+    creating = obs(
+        wl(CheckState.READY, admitted=True),
+        slices=pools(PoolState.CREATING, PoolState.READY),
+        jobset=JobSetObservation(ready_jobs=1, restarts=1, created=NOW),
+    )
+    again = run(old=first.status, obs=creating)
+    assert cond(again, "Provisioned")["reason"] == "Repairing"
+    assert st(again).get("provisioningAttempts") == 1 and "attemptStartTime" not in st(again)
+    assert st(again)["phase"] == "Restarting"

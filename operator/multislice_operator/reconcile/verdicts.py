@@ -301,7 +301,10 @@ def gang_up(f: Facts) -> bool:
     if f.queue is None:
         return True
     provisioned = f.old.condition(ConditionType.PROVISIONED)
-    return provisioned is not None and provisioned.status == "True"
+    # A repair (Provisioned=False, Repairing) is a gang that was up and lost a slice.
+    return provisioned is not None and (
+        provisioned.status == "True" or provisioned.reason == Reason.REPAIRING
+    )
 
 
 # ---------------------------------------------------------------- carrying one out
