@@ -157,6 +157,10 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     assert d.status.goodput is not None and d.status.goodput.state == "running"
     assert d.status.goodput.degraded
     assert "RestartingAllSlices" not in events(d)  # the resize has its own event
+    # Recovered: from the loss (not from the new JobSet) to training on 3 slices again.
+    last = d.status.last_restart
+    assert last is not None and last.cause == "resize" and last.time == T0
+    assert last.recovery_seconds == WAIT + 1
     # The replacement is Ready: a checkpoint is asked before growing back.
     ready = pools(*[PoolState.READY] * 4)
     grow_at = later + timedelta(seconds=120)

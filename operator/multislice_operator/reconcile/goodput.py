@@ -29,6 +29,7 @@ from multislice_operator.api.models import (
     GoodputStatus,
     Phase,
     PodFailureStatus,
+    RestartCause,
     RestartStatus,
     SlicePhase,
     StateSeconds,
@@ -345,6 +346,10 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
         else:  # stopped and recovered unseen (while the operator was down, or within a pass)
             blind = f.obs.blind_since
             began = min(at_second(blind), f.now) if blind is not None else f.now
+        # A shrink after a loss the job has not recovered from: the outage began with the loss.
+        unrecovered = last is not None and last.recovery_seconds is None and last.time is not None
+        if cause == RestartCause.RESIZE.value and unrecovered and last and last.time:
+            began = min(began, last.time)
         last = RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
         g.lost_steps += lost or 0
     if last is not None and last.recovery_seconds is None and _all_running(f, b, g):
