@@ -391,3 +391,12 @@ def test_a_shrunk_job_between_its_jobsets_does_not_rewrite_its_goodput_every_pas
     assert later.status.goodput is not None
     assert later.status.goodput.since == d.status.goodput.since
     assert later.status.to_dict() == d.status.to_dict()
+
+
+def test_a_suspended_jobset_runs_no_slices():
+    """activeSlices counts a JobSet that runs: a suspended one (a queued job's, before Kueue
+    admits it) leaves it unset, so it costs no status write of its own."""
+    ready = pools(*[PoolState.READY] * 4)
+    held = JobSetObservation(replicas=4, suspended=True)
+    d = run(None, Observed(now=T0, slices=ready, jobset=held), elastic=None)
+    assert d.status.active_slices is None

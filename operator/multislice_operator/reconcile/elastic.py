@@ -197,7 +197,9 @@ def resize(
 
 def state(plan: Plan, b: Builder, js: JobSetObservation | None, s: Size) -> None:
     """status.activeSlices and the Degraded condition (elastic jobs only)."""
-    if js is not None and js.replicas and not js.deleting:
+    # A suspended JobSet (a queued job's, before Kueue admits it) runs nothing: not counted,
+    # and no status write for it.
+    if js is not None and js.replicas and not js.deleting and not js.suspended:
         b.status.active_slices = js.replicas
     if plan.elastic is None:
         return
