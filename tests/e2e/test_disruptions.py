@@ -146,7 +146,13 @@ def test_three_preemptions_with_max_restarts_one_and_the_job_still_succeeds(env)
         )
     done = wait_phase(api, ns, "preempted", "Succeeded", op, timeout=180)
     assert done["restarts"] == 3
-    assert done["restartsByCause"] == {"disruption": 3, "workload": 0, "hang": 0, "startup": 0, "resize": 0}
+    assert done["restartsByCause"] == {
+        "disruption": 3,
+        "workload": 0,
+        "hang": 0,
+        "startup": 0,
+        "resize": 0,
+    }
     assert done["lastRestart"]["cause"] == "disruption"
     assert done["lastRestart"]["lostSteps"] == 0  # the pod saved at its last step
     assert done["lastFailure"]["cause"] == "disruption"
@@ -176,7 +182,13 @@ def test_a_workload_failure_after_the_preemptions_is_charged_and_fails_the_job(e
     wait_phase(api, ns, "charged", "Running", op)
     fail_pod(api, ns, victim(api, ns, "charged", 4, op), 17)
     failed = wait_phase(api, ns, "charged", "Failed", op)
-    assert failed["restartsByCause"] == {"disruption": 3, "workload": 1, "hang": 0, "startup": 0, "resize": 0}
+    assert failed["restartsByCause"] == {
+        "disruption": 3,
+        "workload": 1,
+        "hang": 0,
+        "startup": 0,
+        "resize": 0,
+    }
     cond = {c["type"]: c for c in failed["conditions"]}["Failed"]
     assert cond["reason"] == "ReachedMaxRestarts"
     assert (
