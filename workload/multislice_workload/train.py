@@ -725,10 +725,14 @@ class TrainLoop:
         with self.watchdog.long_phase():
             if self.checkpointer.saving:
                 self.finish_save()  # Orbax would wait inside save(); this also reports it
+            dies = kills_in_save(self.env, step)
+            if dies:  # said before the save: between it and the kill nothing may yield the GIL
+                logs.emit("injected_kill_in_save", step=step)
             blocked = self.checkpointer.save(step, state, self.data.get_state(), self.meta())
             if blocked is not None:
+                if dies:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 logs.emit("checkpoint_started", step=step, blocking_seconds=round(blocked, 3))
-                kill_in_save(self.env, step)
             if wait:
                 self.finish_save()
         return True
@@ -1011,13 +1015,12 @@ def _injected_hang() -> None:
         time.sleep(3600)
 
 
-def kill_in_save(env: WorkloadEnv, step: int) -> None:
-    """Test hook: die (SIGKILL, no cleanup) while this step's checkpoint is being written. The
-    main thread holds the GIL from `save()` returning to here, so the background commit, which
-    needs every process's signal, cannot complete first."""
-    if env.restart_attempt == 0 and env.kill_in_save_at_step == step:
-        logs.emit("injected_kill_in_save", step=step)
-        os.kill(os.getpid(), signal.SIGKILL)
+def kills_in_save(env: WorkloadEnv, step: int) -> bool:
+    """Test hook: die (SIGKILL, no cleanup) while this step's checkpoint is being written, right
+    after `save()` returns. No I/O comes between the two (a log line written there released the
+    GIL, and under load the background commit, which needs every process's signal, completed
+    first: the test then restored step 10 instead of 5)."""
+    return env.restart_attempt == 0 and env.kill_in_save_at_step == step
 
 
 def write_final_params(cfg: TrainConfig, state: dict[str, Any]) -> None:
