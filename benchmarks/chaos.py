@@ -53,6 +53,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from benchmarks.common import pool_label
 from multislice_local.crashpoints import CRASH_POINT_ENV, POINTS
 from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
@@ -429,7 +430,7 @@ class Trial:
     def pools_of(self, pools: dict[str, dict[str, Any]], case: Case) -> dict[str, dict[str, Any]]:
         mine = {}
         for name, pool in pools.items():
-            uid = _label(pool, "job-uid")
+            uid = pool_label(pool, "job-uid")
             if uid == case.uid or (
                 not uid and name.startswith(node_pool_name(self.ns, case.name, 0)[:-2])
             ):
@@ -440,7 +441,7 @@ class Trial:
         pools = self.h.pools()
         by_owner: Counter[tuple[str, str]] = Counter()
         for pool in pools.values():
-            uid, sl = _label(pool, "job-uid"), _label(pool, "slice")
+            uid, sl = pool_label(pool, "job-uid"), pool_label(pool, "slice")
             if uid and pool.get("status") != "STOPPING":
                 by_owner[(uid, sl)] += 1
         for (uid, sl), n in by_owner.items():
@@ -585,15 +586,6 @@ def _served(h: Harness) -> bool:
     except ApiException:
         return False
     return True
-
-
-def _label(pool: dict[str, Any], suffix: str) -> str:
-    config = pool.get("config") or {}
-    for labels in (config.get("labels") or {}, config.get("resourceLabels") or {}):
-        for key, value in labels.items():
-            if key.endswith(suffix):
-                return str(value)
-    return ""
 
 
 # ---------------------------------------------------------------- main

@@ -118,6 +118,16 @@ def ready_pools(
     return names
 
 
+def pool_label(pool: dict[str, Any], suffix: str) -> str:
+    """The value of a GKE simulator pool's label (node or resource label) ending in `suffix`."""
+    config = pool.get("config") or {}
+    for labels in (config.get("labels") or {}, config.get("resourceLabels") or {}):
+        for key, value in labels.items():
+            if key.endswith(suffix):
+                return str(value)
+    return ""
+
+
 def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int = WORKERS) -> list[R]:
     with ThreadPoolExecutor(workers, thread_name_prefix="bench") as pool:
         return list(pool.map(fn, items))

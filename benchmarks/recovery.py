@@ -63,7 +63,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from benchmarks.common import JOBSET, MSJ, save, say, table
+from benchmarks.common import JOBSET, MSJ, pool_label, save, say, table
 from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
@@ -157,15 +157,6 @@ class Look:
         return CHIPS_PER_SLICE * len(self.up_pools - busy)
 
 
-def _label(pool: dict[str, Any], suffix: str) -> str:
-    config = pool.get("config") or {}
-    for labels in (config.get("labels") or {}, config.get("resourceLabels") or {}):
-        for key, value in labels.items():
-            if key.endswith(suffix):
-                return str(value)
-    return ""
-
-
 class Observer:
     def __init__(self, stack: LocalStack) -> None:
         self.stack = stack
@@ -205,7 +196,7 @@ class Observer:
         job = self.get(MSJ, ns) or {}
         st = job.get("status") or {}
         js = self.get(JOBSET, ns)
-        mine = {n for n, p in pools.items() if _label(p, "job-uid") == uid}
+        mine = {n for n, p in pools.items() if pool_label(p, "job-uid") == uid}
         up = frozenset(n for n in mine if ready.get(n, 0) >= HOSTS)
         replicas = expected = 0
         attempt = "0"
