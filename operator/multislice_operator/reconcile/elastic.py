@@ -81,10 +81,10 @@ def size(
     degraded = (js is not None and 0 < js.replicas < full) or _was_degraded(old)
     if not lost and not degraded:
         return Size(full, full)  # the first gang: all or none
-    stocked_out = [s for s in slices if s.error is not None and s.error.code in CAPACITY_CODES]
+    refused = [(s.pool, s.error.code) for s in slices if s.error and s.error.code in CAPACITY_CODES]
     waited = (now - min(lost)).total_seconds() if lost else 0.0
-    if stocked_out:
-        why = f"node pool {stocked_out[0].pool}: {stocked_out[0].error.code}"  # type: ignore[union-attr]
+    if refused:
+        why = f"node pool {refused[0][0]}: {refused[0][1]}"
     elif degraded or waited >= elastic.wait_seconds:
         # No running count in the text: a status that changed every pass would be rewritten.
         why = f"{full - up} of {full} slices lost for longer than spec.elastic.waitSeconds "
@@ -138,7 +138,7 @@ def resize(
     s: Size,
     running: bool,
     now: datetime,
-    acked: Mapping[str, int] | None = None,
+    acked: Mapping[str, int],
 ) -> tuple[Phase, str] | None:
     """While the JobSet exists: delete it for a resize that is due (the next pass creates it
     on the new count once it is gone); None when its slice count stays. `acked`: the steps the
@@ -168,12 +168,12 @@ def resize(
         rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
         cp = old.checkpoint
         mine = cp is not None and cp.request_id == rid
-        if mine and cp is not None and cp.saved_step is None and rid in (acked or {}):
+        if mine and cp is not None and cp.saved_step is None and rid in acked:
             # Saved as this pass sees it: recorded here (this pass ends before checkpoint.py
             # would), and the grow goes now, not a pass later.
             cp = b.status.checkpoint
             assert cp is not None
-            cp.saved_step, cp.saved_time = (acked or {})[rid], now
+            cp.saved_step, cp.saved_time = acked[rid], now
             b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")
         saved = mine and cp is not None and cp.saved_step is not None
         asked = cp.request_time if mine and cp is not None else None

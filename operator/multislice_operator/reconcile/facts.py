@@ -83,13 +83,18 @@ class Slices:
     # NotReady with their nodes there, within the grace period (a blip): slice -> seconds.
     blips: dict[int, float] = field(default_factory=dict)
     all_ready: bool = False  # every pool (spares too) ready, or ready but for a blip
-    # At least spec.slices pools ready (or in a blip): the JobSet can run; with spec.spares a
-    # lost pool's slice restarts at once on a spare while the lost pool is replaced.
-    enough: bool = False
     # Flex-start pools up and error-free whose nodes have not come yet: waiting for capacity.
     waiting: frozenset[int] = frozenset()
     up: int = 0  # pools ready or in a blip
     complete: bool = False  # every pool of the plan observed (present or absent)
+    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, elastic.Size.target).
+    need: int = 0
+
+    @property
+    def enough(self) -> bool:
+        """At least `need` pools ready (or in a blip): the JobSet can run; with spec.spares a
+        lost pool's slice restarts at once on a spare while the lost pool is replaced."""
+        return self.complete and self.up >= self.need
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
     ready = frozenset(s.index for s in obs.slices if slice_ready(s, hosts))
     if not plan.managed:
         up = len(ready) >= plan.slices
-        return Slices(hosts, ready, all_ready=up, enough=up, up=len(ready), complete=True)
+        return Slices(hosts, ready, all_ready=up, up=len(ready), complete=True, need=plan.slices)
     waiting = frozenset(
         s.index
         for s in obs.slices
@@ -224,17 +229,16 @@ def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideCo
             blips[s.index] = elapsed
     complete = len(obs.slices) == len(plan.pools)
     up = complete and all(s.index in ready or s.index in blips for s in obs.slices)
-    enough = complete and len(ready | blips.keys()) >= plan.slices
     return Slices(
         hosts,
         ready,
         lost,
         blips,
         all_ready=up,
-        enough=enough,
         waiting=waiting,
         up=len(ready | blips.keys()),
         complete=complete,
+        need=plan.slices,
     )
 
 
@@ -283,8 +287,7 @@ def derive(
         if plan is not None
         else elastic.Size(0, 0)
     )
-    if size.degraded:  # capacity is ready with the pools of the smaller size
-        slices = dataclasses.replace(slices, enough=slices.complete and slices.up >= size.target)
+    slices = dataclasses.replace(slices, need=size.target)  # spec.elastic: maybe fewer
     runs = js is not None and not js.suspended and not js.deleting
     capacity_now = slices.enough if plan is not None and plan.managed else True
     clock = (old.capacity_ready_time or now) if runs and capacity_now else None

@@ -210,17 +210,13 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if resizing is not None:
         return (*resizing, cap)
     if js is None:
-        create = elastic.create(plan, f.old, f.size.target)
-        if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-            b.add(create)
-            b.status.job_set = plan.name
-            b.status.active_slices = f.size.target
-            return Phase.PROVISIONING, cap.flex_wait, cap
-        if not cap.ready:
+        if cap.flex_wait is None and not cap.ready:
             return cap.phase or Phase.PENDING, cap.message, cap
-        b.add(create)
+        b.add(elastic.create(plan, f.old, f.size.target))
         b.status.job_set = plan.name
         b.status.active_slices = f.size.target
+        if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
+            return Phase.PROVISIONING, cap.flex_wait, cap
         b.status.capacity_ready_time = f.now
         # Written as the next pass will see it (the JobSet, nothing running yet), so creating
         # the JobSet costs one status write, not two.

@@ -347,7 +347,7 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
             blind = f.obs.blind_since
             began = min(at_second(blind), f.now) if blind is not None else f.now
         # A shrink after a loss the job has not recovered from: the outage began with the loss.
-        unrecovered = last is not None and last.recovery_seconds is None and last.time is not None
+        unrecovered = last is not None and last.recovery_seconds is None
         if cause == RestartCause.RESIZE.value and unrecovered and last and last.time:
             began = min(began, last.time)
         last = RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
