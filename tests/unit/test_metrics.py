@@ -96,9 +96,14 @@ def test_preset_label_sets_are_exported_at_zero_per_namespace_from_its_first_pas
     assert sample("multislice_restarts_total", namespace="fresh-ns", cause="hang") is None
     token = metrics.enter_namespace("fresh-ns")
     metrics.JOB_NAMESPACE.reset(token)
-    for cause in ("disruption", "workload", "hang", "startup"):
+    for cause in ("disruption", "workload", "hang", "startup", "resize"):
         assert sample("multislice_restarts_total", namespace="fresh-ns", cause=cause) == 0
-    assert sample("multislice_checkpoint_requests_total", namespace="fresh-ns", source="user") == 0
+    for source in ("user", "maintenance", "flex-start", "elastic"):
+        found = sample("multislice_checkpoint_requests_total", namespace="fresh-ns", source=source)
+        assert found == 0, source
+    # A resize is no pod failure: no slice-failure series for it.
+    assert sample("multislice_slice_failures_total", namespace="fresh-ns", reason="pod_failure",
+                  cause="resize") is None  # fmt: skip
     failures = sample(
         "multislice_slice_failures_total", namespace="fresh-ns", reason="gang_rollback",
         cause="provisioning",

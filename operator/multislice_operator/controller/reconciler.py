@@ -35,6 +35,7 @@ from multislice_operator.reconcile import (
     JobMeta,
     Observed,
     RemoveFinalizer,
+    checkpoint,
     decide,
     goodput,
 )
@@ -51,7 +52,7 @@ for _info in SLICE_FAILURE_REASONS.values():
             metrics.SLICE_FAILURES_TOTAL.preset(_info.metric, _cause)
 for _restart in RestartCause:
     metrics.RESTARTS_TOTAL.preset(_restart.value)
-for _source in ("user", "maintenance", "flex-start"):
+for _source in checkpoint.SOURCES:
     metrics.CHECKPOINT_REQUESTS_TOTAL.preset(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0

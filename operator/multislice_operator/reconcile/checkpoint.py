@@ -23,6 +23,7 @@ from multislice_operator.reconcile.types import AnnotatePods
 MAX_ID_LENGTH = 63  # contract section 3
 SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START = "user", "maintenance", "flex-start"
 SOURCE_ELASTIC = "elastic"  # before an elastic job grows back (elastic.py)
+SOURCES = (SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START, SOURCE_ELASTIC)
 
 
 def valid_id(value: str) -> bool:

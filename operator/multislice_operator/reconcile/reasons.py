@@ -112,7 +112,8 @@ class Reason(StrEnum):
         return REGISTRY[self].type
 
 
-_ALL_CAUSES = tuple(c.value for c in RestartCause)
+# A pod failure restarts all slices for any cause but a resize (the operator's own choice).
+_ALL_CAUSES = tuple(c.value for c in RestartCause if c != RestartCause.RESIZE)
 
 REGISTRY: dict[Reason, Info] = {
     Reason.INVALID_SPEC: Info(
