@@ -111,11 +111,13 @@ def contract_env(plan: Plan, spec: MultisliceJobSpec) -> list[dict[str, Any]]:
 
 
 def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A variable the user sets wins, in our slot, so later `$(VAR)` expansions still see it."""
+    """A variable the user sets wins, in our slot, so later `$(VAR)` expansions still see it.
+    The result shares the entries of both lists: the caller's, fresh (render_pod_template has
+    already deep-copied the template, and contract_env builds new entries)."""
     by_name = {e.get("name"): e for e in theirs}
-    merged = [copy.deepcopy(by_name.get(e["name"], e)) for e in ours]
+    merged = [by_name.get(e["name"], e) for e in ours]
     taken = {e["name"] for e in ours}
-    merged += [copy.deepcopy(e) for e in theirs if e.get("name") not in taken]
+    merged += [e for e in theirs if e.get("name") not in taken]
     return merged
 
 

@@ -65,3 +65,29 @@ def test_the_errors_kube_py_catches_keep_their_hierarchy() -> None:
         assert issubclass(cls, kopf_errors.APIClientError), cls
     err = kopf_errors.APIError({"message": "m"}, status=418, headers={})
     assert err.status == 418
+
+
+def test_no_diff_base_is_safe_because_the_operator_registers_no_change_handler() -> None:
+    """handlers.NoDiffBase spares kopf a deep copy of every watched body per event; that is right
+    only while nothing diffs against it: no on.create/update/delete/resume/field handler, no
+    daemon or timer (a daemon's idle reset reads the diff), whatever --kueue adds."""
+    from kopf._cogs.structs import diffs
+
+    from multislice_operator.controller import handlers
+    from multislice_operator.settings import Settings
+
+    kept = handlers._SETTINGS, handlers.PROVISIONER_FACTORY
+    handlers.configure(Settings(kueue=True), None)  # the Kueue watches too
+    handlers._SETTINGS, handlers.PROVISIONER_FACTORY = kept
+    registry = kopf.get_default_registry()
+    assert registry._watching.get_all_handlers()  # the spies are there: the registry is ours
+    assert not registry._changing.get_all_handlers()
+    assert not registry._spawning.get_all_handlers()
+
+    settings = kopf.OperatorSettings()
+    storage = settings.persistence.diffbase_storage = handlers.NoDiffBase()
+    body = kopf.Body({"metadata": {"name": "j", "labels": {"a": "1"}}, "spec": {"x": [1] * 1000}})
+    essence = storage.build(body=body)
+    assert essence == {} and storage.fetch(body=body) == {}
+    old = settings.persistence.progress_storage.clear(essence=essence)
+    assert not diffs.diff(old, settings.persistence.progress_storage.clear(essence=essence))

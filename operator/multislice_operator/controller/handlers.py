@@ -76,6 +76,22 @@ def runtime() -> Runtime:
     return RUNTIME
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf builds one on every watch event of every watched kind (a deep copy of
+    the body, then its annotations' progress stanzas cleared) for change handlers to diff
+    against, and the operator registers none (only on-event spies and indexes). That was about
+    12% of the operator's CPU in a 1000-job burst. An empty essence is an empty diff."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 # ---------------------------------------------------------------- lifecycle
 
 
@@ -92,6 +108,7 @@ async def startup(
     settings.posting.level = logging.WARNING  # our own events are explicit; no log spam as events
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
+    settings.persistence.diffbase_storage = NoDiffBase()
     provisioner = PROVISIONER_FACTORY(ours) if PROVISIONER_FACTORY else None
     rt = RUNTIME = Runtime(
         settings=ours,
