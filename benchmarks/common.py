@@ -265,7 +265,7 @@ def fmt(value: Any, digits: int = 2) -> str:
 
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
     out = [f"\n== {title}", line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]

@@ -155,7 +155,7 @@ def scale(results: dict[str, Any]) -> dict[str, Any]:
         )
         unit = f"ms/{c['unit']}" if "s_per" in per else per.replace("_", " ")
         rows.append([c["measure"], f"{steps} ({unit})", c["verdict"]])
-    if not rows:  # e.g. --only recovery: no benchmark with a size ran (table() needs a row)
+    if not rows:  # e.g. --only recovery: no benchmark with a size ran, no table to print
         return {"curves": curves, "table": ""}
     text = table(
         "Scale curve: marginal cost per unit of size", ["measure", "steps", "growth"], rows
