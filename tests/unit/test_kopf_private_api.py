@@ -3,15 +3,21 @@ API client (its session, credentials and re-authentication), and controller/disc
 the two processors of kopf's namespace and CRD discovery (tests/unit/test_discovery.py pins their
 behaviour). kopf is pinned exactly in
 pyproject.toml's `operator` extra (and image/requirements.lock); these tests fail when a kopf
-upgrade moves what kube.py calls, and when new code reaches for another private name."""
+upgrade moves what kube.py calls, and when new code reaches for another private name. The last
+test drives kopf's own per-object worker with the operator's settings (how long it holds a body)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import inspect
 import re
 import tomllib
+import weakref
+from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import kopf
 from kopf._cogs.clients import api as kopf_api
@@ -91,3 +97,50 @@ def test_no_diff_base_is_safe_because_the_operator_registers_no_change_handler()
     assert essence == {} and storage.fetch(body=body) == {}
     old = settings.persistence.progress_storage.clear(essence=essence)
     assert not diffs.diff(old, settings.persistence.progress_storage.clear(essence=essence))
+
+
+class _RawEvent(dict[str, Any]):
+    """A watch event as kopf's stream yields it, but one a weakref can follow (a dict cannot)."""
+
+
+def test_kopfs_worker_lets_a_watched_objects_last_body_go_soon_after_its_event() -> None:
+    """kopf's per-object worker holds the last event it processed until it idles out. With the
+    operator's settings it exits, and the body goes, well inside 3 s; kopf's default (5 s) keeps
+    it, and after a burst of 200 jobs that kept hundreds of bodies alive at once: a peak the
+    allocator never handed back (docs/benchmarks.md, the memory after a load)."""
+    from kopf._core.reactor import queueing
+
+    from multislice_operator.controller import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.configure_kopf(settings)
+
+    async def scenario() -> tuple[list[str], weakref.ref[_RawEvent], int]:
+        seen: list[str] = []
+
+        async def processor(*, raw_event: Mapping[str, Any], **_: Any) -> None:
+            seen.append(raw_event["type"])
+
+        key: Any = ("multislicejobs", "uid-1")
+        streams: dict[Any, Any] = {
+            key: queueing.Stream(backlog=asyncio.Queue(), pressure=asyncio.Event())
+        }
+        raw = _RawEvent(type="ADDED", object={"metadata": {"uid": "uid-1"}, "spec": [0] * 1000})
+        body = weakref.ref(raw)
+        await streams[key].backlog.put(raw)
+        del raw
+        worker = queueing.worker(
+            signaller=asyncio.Condition(),
+            settings=settings,
+            processor=processor,  # type: ignore[arg-type]
+            streams=streams,
+            key=key,
+        )
+        await asyncio.wait_for(worker, timeout=3.0)  # kopf's default would still hold it here
+        return seen, body, len(streams)
+
+    seen, body, left = asyncio.run(scenario())
+    gc.collect()
+    assert seen == ["ADDED"]  # the event was processed, and then:
+    assert body() is None, "the worker still holds the object's last body"
+    assert left == 0  # the worker and its queue are gone
