@@ -107,11 +107,12 @@ def decide(
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
-    if f.plan is not None and f.error is None and not f.deleting:
-        # Being deleted: the slices stay as last written (one status write for the deletion,
-        # not one per pool state seen while the pools are released).
-        slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
-    goodput.account(f, b, _stalled(cap))
+    # Being deleted: the slices and the goodput stay as last written (one status write for the
+    # deletion, not one per pool state, or per pool gone, seen while the pools are released).
+    if not f.deleting:
+        if f.plan is not None and f.error is None:
+            slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
+        goodput.account(f, b, _stalled(cap))
     b.transition_event()
     decision = Decision(
         b.status,
