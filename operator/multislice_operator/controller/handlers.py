@@ -369,8 +369,11 @@ async def node_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any
 
 
 @kopf.on.event(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
-async def jobset_event(namespace: str, name: str, **_: Any) -> None:
-    runtime().poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS)
+async def jobset_event(type: str, namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
+    rt = runtime()
+    if type != "DELETED" and rt.created_echo((namespace, name), ob.summarize_jobset(body)):
+        return
+    rt.poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS)
 
 
 @kopf.on.event("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})

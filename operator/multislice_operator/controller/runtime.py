@@ -160,6 +160,16 @@ class Runtime:
         if namespace and name and (namespace, name) in self.store.bodies:
             self.queue.add((namespace, name), batch)
 
+    def created_echo(self, key: JobKey, summary: dict[str, Any]) -> bool:
+        """Whether a watched JobSet is the one a pass created, as it was created: every pass
+        since has observed exactly it (the created copy stands in until the index holds it),
+        so it is no news and costs no pass (one pass less per job created). Forgotten then:
+        the index holds it."""
+        if self.created_jobsets.get(key) != summary:
+            return False
+        del self.created_jobsets[key]
+        return True
+
     def wait_for_nodes(self, key: JobKey, shape: tuple[str, str] | None) -> None:
         for waited in [s for s, waiting in self.waiting_for_nodes.items() if key in waiting]:
             self.waiting_for_nodes[waited].discard(key)
