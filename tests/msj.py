@@ -357,3 +357,35 @@ def local_stack(control_plane: ControlPlane, log: Path, **options: Any) -> Itera
         yield stack
     finally:
         stack.stop()
+
+
+def pods_and_nodes(api: client.ApiClient, ns: str, pool_prefix: str = "") -> str:
+    """What a stuck restart looks like from the cluster: the namespace's pods (phase, node,
+    being deleted, why not scheduled), its Jobs, the nodes of pools named `pool_prefix`*, and the
+    namespace's last warning events (a FailedCreate of the Job controller, say)."""
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    lines = ["pods:"]
+    for p in core.list_namespaced_pod(ns).items:
+        sched = next(
+            (c for c in p.status.conditions or [] if c.type == "PodScheduled"), None
+        )
+        why = f" {sched.reason}: {sched.message}" if sched and sched.status != "True" else ""
+        gone = " deleting" if p.metadata.deletion_timestamp else ""
+        lines.append(f"  {p.metadata.name} {p.status.phase} on={p.spec.node_name}{gone}{why}")
+    lines.append("jobs:")
+    for j in batch.list_namespaced_job(ns).items:
+        s = j.status
+        lines.append(
+            f"  {j.metadata.name} active={s.active} failed={s.failed} ready={s.ready}"
+            f" deleting={bool(j.metadata.deletion_timestamp)}"
+        )
+    lines.append("nodes:")
+    for n in core.list_node().items:
+        if n.metadata.name.startswith(pool_prefix or "\0"):
+            ready = next((c.status for c in n.status.conditions or [] if c.type == "Ready"), "?")
+            lines.append(f"  {n.metadata.name} ready={ready} taints={n.spec.taints}")
+    lines.append("warnings:")
+    warned = [e for e in core.list_namespaced_event(ns).items if e.type == "Warning"]
+    for e in warned[-15:]:
+        lines.append(f"  {e.involved_object.name} {e.reason}: {e.message}")
+    return "\n".join(lines)

@@ -258,6 +258,8 @@ class KubeNodeRegistrar:
             group.chips_per_host,
             extra_labels=extra,
             spot=group.spot,
+            # New VMs, new names (GKE: gke-CLUSTER-POOL-<8 hex of the instance group>-<4>).
+            instance_group=secrets.token_hex(4),
         )
 
     def unregister(self, pool: str) -> None:

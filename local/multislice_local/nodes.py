@@ -112,15 +112,20 @@ def register_tpu_nodes(
     chips_per_host: int,
     extra_labels: dict[str, str] | None = None,
     spot: bool = False,
+    instance_group: str = "",
 ) -> list[str]:
     """Create ``count`` fake TPU nodes of node pool ``pool_name``; return their names.
 
-    Names are ``<pool_name>-<i>``. The nodes become Ready within about a second (kwok).
+    Names are ``<pool_name>-<i>``, or ``<pool_name>-<instance_group>-<i>`` for a pool that GKE
+    (the simulator) creates: GKE names nodes after the pool's instance group, so a pool created
+    again under its name has nodes of new names. The nodes become Ready within about a second
+    (kwok).
     """
     api = _api(api_client_or_kubeconfig)
     names = []
+    stem = f"{pool_name}-{instance_group}" if instance_group else pool_name
     for i in range(count):
-        name = f"{pool_name}-{i}"
+        name = f"{stem}-{i}"
         body = tpu_node_manifest(
             name, pool_name, accelerator_label, topology, chips_per_host, extra_labels, spot
         )

@@ -187,7 +187,10 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     # and slice 1's new pool was Ready with none of its pods running yet 2 minutes later; alone
     # the whole test takes 40 s. Suspected: the old attempt's pods bound to the preempted nodes
     # wait for controller-manager's orphan pod GC. Not proven, so the wait is long, not removed.
-    done = wait_phase(stack, ns, "spot", "Succeeded", 300)
+    done = msj.wait_phase(
+        stack.api, ns, "spot", "Succeeded", 300,
+        log=lambda n: f"{stack.op.log_tail(n)}\n{msj.pods_and_nodes(stack.api, ns, 'msj-spot-')}",
+    )["status"]  # fmt: skip
     assert done["restarts"] >= 1
     # A lost slice is a disruption: not charged to maxRestarts (issue 15).
     assert done["restartsByCause"]["disruption"] == done["restarts"], done["restartsByCause"]

@@ -887,3 +887,33 @@ def test_quota_names_follow_generation_and_provisioning_model(
 def test_accelerator_types_never_list_tpu7x(sim: GkeSimulator) -> None:
     # "The Cloud TPU API is not supported on TPU7x and later TPU versions."
     assert not [t for t in default_offered_types() if t.startswith("tpu7x")]
+
+
+def test_a_pool_created_again_gets_nodes_of_new_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GKE names a pool's nodes after its instance group (gke-CLUSTER-POOL-<8 hex>-<4 chars>):
+    a pool deleted and created again under its name has new VMs, and new node names. With the
+    old names, pods bound to a deleted node looked bound to its namesake in the new pool: the
+    NotReady mark the node lifecycle controller had put on the old node's pods stayed on a
+    pod of the new, and a restart onto the replaced pool never ran (test_hostage's NotReady
+    replacement, under load)."""
+    from multislice_local import gke_sim, nodes
+
+    names: list[str] = []
+
+    class Api:
+        def create_node(self, body: dict[str, Any]) -> None:
+            names.append(body["metadata"]["name"])
+
+    monkeypatch.setattr(nodes, "_api", lambda _: Api())
+    group = gke_sim.NodeGroup(
+        pool="msj-a-1", count=4, zone="z", machine_type="ct5lp-hightpu-4t",
+        accelerator_label="tpu-v5-lite-podslice", topology="4x4", chips_per_host=4,
+        spot=False, labels={}, user_labels={},
+    )  # fmt: skip
+    registrar = gke_sim.KubeNodeRegistrar(object())
+    registrar.register(group)
+    first = list(names)
+    registrar.register(group)
+    again = names[len(first) :]
+    assert len(first) == len(again) == 4 and len(set(first + again)) == 8, (first, again)
+    assert all(n.startswith("msj-a-1-") for n in first + again)
