@@ -366,9 +366,7 @@ def pods_and_nodes(api: client.ApiClient, ns: str, pool_prefix: str = "") -> str
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     lines = ["pods:"]
     for p in core.list_namespaced_pod(ns).items:
-        sched = next(
-            (c for c in p.status.conditions or [] if c.type == "PodScheduled"), None
-        )
+        sched = next((c for c in p.status.conditions or [] if c.type == "PodScheduled"), None)
         why = f" {sched.reason}: {sched.message}" if sched and sched.status != "True" else ""
         gone = " deleting" if p.metadata.deletion_timestamp else ""
         lines.append(f"  {p.metadata.name} {p.status.phase} on={p.spec.node_name}{gone}{why}")

@@ -344,8 +344,10 @@ def test_not_ready_past_the_grace_period_replaces_the_slice(env):
         120,
         "running again on a new pool",
         interval=0.5,
-        on_timeout=lambda: f"{status(stack, ns, 'gone')}\n{stack.op.log_tail(30)}\n"
-        + msj.pods_and_nodes(stack.api, ns, "msj-gone-"),
+        on_timeout=lambda: (
+            f"{status(stack, ns, 'gone')}\n{stack.op.log_tail(30)}\n"
+            + msj.pods_and_nodes(stack.api, ns, "msj-gone-")
+        ),
     )
     assert st["slices"][0]["readyHosts"] == 4
     assert calls(stack, "create_node_pool") == 1, stack.sim.counters()  # that slice only
