@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requ
 # the idle cores. CP_JOBS=0 runs both in one process each, one after the other. Both always run;
 # the exit status is the first failure's. The binaries are built first when missing (cold: minutes).
 UNIT_JOBS ?= 1
-CP_JOBS ?= 3
+CP_JOBS ?= 4
 test: install
 	@UNIT_JOBS=$(UNIT_JOBS) CP_JOBS=$(CP_JOBS) hack/run-tests.sh
 

@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 UNIT_JOBS=${UNIT_JOBS:-1}
-CP_JOBS=${CP_JOBS:-3}
+CP_JOBS=${CP_JOBS:-4}
 
 log=$(mktemp -t msj-unit-layer.XXXXXX.log)
 started=$SECONDS
