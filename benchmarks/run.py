@@ -179,6 +179,7 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             f"operator {big['operator']['total_s']:.1f}s, "
             f"baseline {big['baseline']['total_s']:.1f}s",
         )
+        _reconcile_targets(results["reconcile"]["results"], add)
     if "gang" in results:
         big = max(results["gang"]["best"].values(), key=lambda r: r["slices"])
         add(
@@ -200,6 +201,15 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             f"{big['operator_share_s']:.2f}s vs {one['operator_share_s']:.2f}s",
         )
     if "footprint" in results:
+        churn = results["footprint"].get("churn")
+        if churn:
+            add(
+                f"idle RSS after a {churn['jobs']}-job load vs before (MiB)",
+                churn["rss_delta_mib"],
+                "<= +20 MiB",
+                churn["rss_delta_mib"] <= 20,
+                f"{churn['rss_before_mib']:.1f} -> {churn['rss_after_mib']:.1f} MiB",
+            )
         for r in results["footprint"]["results"]:
             if r["jobs"] == 100:
                 v = r["idle"]["writes_per_min"] / 100
@@ -255,6 +265,29 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
         return {"targets": out, "table": ""}
     text = table("Targets", ["target", "value", "goal", "status", "note"], rows)
     return {"targets": out, "table": text}
+
+
+def _reconcile_targets(rows: list[dict[str, Any]], add: Callable[..., None]) -> None:
+    """Issue 23's: the operator's CPU and writes per job at 1000 jobs, and its time per job
+    growing no faster than linearly (1.5x) from 1000 to 5000 jobs than from 100 to 1000."""
+    by_n = {r["n"]: r["operator"] for r in rows}
+    op = by_n.get(1000)
+    if op is not None:
+        cpu_ms = op["cpu_s"]["operator"] / 1000 * 1000
+        add("operator CPU per job at 1000 jobs (ms)", cpu_ms, "<= 6 ms", cpu_ms <= 6, "")
+        w = op["writes_per_job"]
+        add("writes per Existing-mode job, create -> Starting", w, "<= 3", w <= 3, "")
+    if all(n in by_n for n in (100, 1000, 5000)):
+        low = (by_n[1000]["total_s"] - by_n[100]["total_s"]) / 900
+        high = (by_n[5000]["total_s"] - by_n[1000]["total_s"]) / 4000
+        ratio = high / low if low > 0 else float("inf")
+        add(
+            "reconcile marginal cost per job, 1000 -> 5000 vs 100 -> 1000",
+            ratio,
+            "within 1.5x",
+            ratio <= 1.5,
+            f"{high * 1000:.1f} vs {low * 1000:.1f} ms per job",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,3 +32,44 @@ def test_rss_is_judged_at_1000_jobs_and_5000_is_reported_without_a_goal() -> Non
     assert got["RSS at 1000 jobs (MiB)"]["value"] == 120.0
     assert got["RSS at 1000 jobs (MiB)"]["met"] is True
     assert got["RSS at 5000 jobs (MiB)"]["met"] is None
+
+
+def _reconcile_row(n: int, total_s: float, cpu_s: float, writes: float) -> dict:
+    return {
+        "n": n,
+        "ratio": 1.1,
+        "baseline": {"total_s": total_s},
+        "operator": {"total_s": total_s, "cpu_s": {"operator": cpu_s}, "writes_per_job": writes},
+    }
+
+
+def test_issue_23s_reconcile_targets_are_judged_at_1000_jobs_and_the_marginal_from_1000_to_5000():
+    rows = [
+        _reconcile_row(100, 1.3, 0.46, 3.0),
+        _reconcile_row(1000, 12.9, 5.1, 3.0),  # 12.9 ms per job more from 100 to 1000
+        _reconcile_row(5000, 79.0, 33.0, 3.0),  # 16.5 ms per job more from 1000 to 5000: 1.28x
+    ]
+    got = _by_name({"reconcile": {"results": rows}})
+    cpu = got["operator CPU per job at 1000 jobs (ms)"]
+    assert abs(cpu["value"] - 5.1) < 1e-9 and cpu["met"] is True
+    assert got["writes per Existing-mode job, create -> Starting"]["met"] is True
+    marginal = got["reconcile marginal cost per job, 1000 -> 5000 vs 100 -> 1000"]
+    assert abs(marginal["value"] - (66.1 / 4000) / (11.6 / 900)) < 1e-9 and marginal["met"] is True
+    rows[1]["operator"]["cpu_s"]["operator"] = 7.2  # 7.2 ms per job
+    rows[2]["operator"]["total_s"] = 120.0  # 26.8 ms per job from 1000 to 5000: 2.1x
+    rows[1]["operator"]["writes_per_job"] = 3.25
+    got = _by_name({"reconcile": {"results": rows}})
+    assert got["operator CPU per job at 1000 jobs (ms)"]["met"] is False
+    assert got["reconcile marginal cost per job, 1000 -> 5000 vs 100 -> 1000"]["met"] is False
+    assert got["writes per Existing-mode job, create -> Starting"]["met"] is False
+
+
+def test_memory_after_a_load_is_judged_against_before_it() -> None:
+    churn = {"jobs": 200, "rss_before_mib": 83.0, "rss_after_mib": 93.2, "rss_delta_mib": 10.2}
+    got = _by_name({"footprint": {"results": [], "churn": churn}})
+    left = got["idle RSS after a 200-job load vs before (MiB)"]
+    assert left["value"] == 10.2 and left["met"] is True
+    churn["rss_delta_mib"] = 22.2
+    assert not _by_name({"footprint": {"results": [], "churn": churn}})[
+        "idle RSS after a 200-job load vs before (MiB)"
+    ]["met"]
