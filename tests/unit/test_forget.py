@@ -173,6 +173,8 @@ def retained(rt: Runtime, keys: set[JobKey]) -> dict[str, Any]:
         "queue heap": {e[2] for e in q._heap},
         "queue processing": set(q._processing),
         "queue dirty": set(q._dirty),
+        "queue debounced": set(q._debounced),
+        "queue bursts": set(q._bursts),
         "strangers": set(rt.strangers),
         "waiting_for_nodes": set(rt.waiting_for_nodes),  # shapes, even with no job left
         "admission": set(rt.admission),

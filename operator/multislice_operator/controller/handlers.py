@@ -52,8 +52,12 @@ MEMORY_TRIM_SECONDS = 10.0
 KOPF_WORKER_IDLE_SECONDS = 0.5
 # How long events of a job's JobSet, pods and nodes may wait to be handled together. A job's own
 # events are handled at once; a restart's hundreds of pod events would otherwise each cost a pass
-# and a status write while the JobSet controller needs the same two cores.
+# and a status write while the JobSet controller needs the same two cores. The pass comes a quiet
+# moment after a burst's last event, not up to a whole window after it: a gang's last node is
+# seen within about 0.1 s (the operator's share of a 256-slice gang was 0.07-1.04 s, the phase of
+# the window; docs/benchmarks.md).
 DEPENDENT_EVENT_BATCH_SECONDS = 1.0
+DEPENDENT_EVENT_QUIET_SECONDS = 0.1
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 ProvisionerFactory = Callable[[Settings], Provisioner | None]
@@ -373,24 +377,29 @@ async def jobset_event(type: str, namespace: str, name: str, body: kopf.Body, **
     rt = runtime()
     if type != "DELETED" and rt.created_echo((namespace, name), ob.summarize_jobset(body)):
         return
-    rt.poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS)
+    _dependent(rt, namespace, name)
 
 
 @kopf.on.event("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
 async def pod_event(namespace: str, labels: kopf.Labels, **_: Any) -> None:
-    runtime().poke(namespace, labels[keys.JOB_NAME], DEPENDENT_EVENT_BATCH_SECONDS)
+    _dependent(runtime(), namespace, labels[keys.JOB_NAME])
 
 
 @kopf.on.event("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
 async def node_event(labels: kopf.Labels, **_: Any) -> None:
     rt = runtime()
     if keys.JOB_NAMESPACE in labels and keys.JOB_NAME in labels:
-        rt.poke(labels[keys.JOB_NAMESPACE], labels[keys.JOB_NAME], DEPENDENT_EVENT_BATCH_SECONDS)
+        _dependent(rt, labels[keys.JOB_NAMESPACE], labels[keys.JOB_NAME])
         return
     # An Existing-mode node pool: wake only the jobs waiting for pools of this node's shape.
     shape = (labels.get(keys.GKE_TPU_ACCELERATOR, ""), labels.get(keys.GKE_TPU_TOPOLOGY, ""))
     for key in list(rt.waiting_for_nodes.get(shape, ())):
-        rt.poke(*key, batch=DEPENDENT_EVENT_BATCH_SECONDS)
+        _dependent(rt, *key)
+
+
+def _dependent(rt: Runtime, namespace: str | None, name: str | None) -> None:
+    """An event of one of the job's dependents (its JobSet, pods, nodes): batched."""
+    rt.poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS, DEPENDENT_EVENT_QUIET_SECONDS)
 
 
 # ---------------------------------------------------------------- Kueue (--kueue only)

@@ -154,11 +154,19 @@ class Runtime:
     def remember_namespace_labels(self, namespace: str, labels: dict[str, str]) -> None:
         self._namespaces[namespace] = (time.monotonic(), labels)
 
-    def poke(self, namespace: str | None, name: str | None, batch: float = 0.0) -> None:
-        """Reconcile the job soon: within `batch` seconds, so that a burst of events (a restart
-        of 256 pods) costs one pass, not one per event."""
-        if namespace and name and (namespace, name) in self.store.bodies:
-            self.queue.add((namespace, name), batch)
+    def poke(
+        self, namespace: str | None, name: str | None, batch: float = 0.0, quiet: float = 0.0
+    ) -> None:
+        """Reconcile the job soon: `quiet` seconds after the last of a burst of events, within
+        `batch` seconds of its first, so that a burst (a restart of 256 pods, a gang's 512 nodes
+        registering) costs one pass per `batch` at most, and its last event is seen at once."""
+        key = (namespace or "", name or "")
+        if not (namespace and name and key in self.store.bodies):
+            return
+        if batch > 0:
+            self.queue.debounce(key, quiet, batch)
+        else:
+            self.queue.add(key)
 
     def created_echo(self, key: JobKey, summary: dict[str, Any]) -> bool:
         """Whether a watched JobSet is the one a pass created, as it was created: every pass

@@ -1,8 +1,9 @@
 """A work queue of job keys, as client-go's: deduplicated, delayed adds, one worker per key.
 
-Watch events add a key now; a reconcile's requeue adds it later. A key is never processed by two
-workers at once: added while in flight, it is marked dirty and goes back in line when the worker
-is done. Memory is one entry per job, whatever the number of events.
+Watch events add a key now; a reconcile's requeue adds it later; a burst of a job's dependent
+events debounces it (one pass a quiet moment after the burst's last event, by a deadline). A key is
+never processed by two workers at once: added while in flight, it is marked dirty and goes back in
+line when the worker is done. Memory is one entry per job, whatever the number of events.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class WorkQueue(Generic[K]):
         self._seq = itertools.count()
         self._processing: set[K] = set()
         self._dirty: dict[K, float] = {}  # added while processing -> earliest due time
+        self._debounced: dict[K, float] = {}  # the due time debounce() set (it may move it later)
+        self._bursts: dict[K, float] = {}  # when the first debounce since the key was taken came
         self._changed = asyncio.Event()
         self._closed = False
 
@@ -50,12 +53,37 @@ class WorkQueue(Generic[K]):
         heapq.heappush(self._heap, (due, next(self._seq), key))
         self._changed.set()
 
+    def debounce(self, key: K, quiet: float, window: float) -> None:
+        """Process `key` once `quiet` seconds passed with no other debounce of it, and at the
+        latest `window` seconds after the first debounce since it was last taken: a burst of
+        events costs one pass, right after its last event (or one per window while it lasts).
+        Unlike add(), this may move a due time later, but only one it set itself: a sooner
+        add() (the job's own event, a requeue) is kept."""
+        if self._closed:
+            return
+        now = asyncio.get_running_loop().time()
+        first = self._bursts.setdefault(key, now)
+        due = max(now, min(now + quiet, first + window))
+        if key in self._processing:
+            self._dirty[key] = min(due, self._dirty.get(key, due))
+            return
+        current = self._due.get(key)
+        if current is not None and current <= due and self._debounced.get(key) != current:
+            return
+        if current == due:
+            return
+        self._due[key] = self._debounced[key] = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._changed.set()
+
     def forget(self, key: K) -> None:
         """The job is gone: drop any pending work for it. Its heap entries are skipped when they
         come up, which may be a resync away: when they outnumber the live ones (a burst of
         deletions) the heap is rebuilt, so that the deleted keys are not held until then."""
         self._due.pop(key, None)
         self._dirty.pop(key, None)
+        self._debounced.pop(key, None)
+        self._bursts.pop(key, None)
         if len(self._heap) > 2 * len(self._due):
             self._heap = [e for e in self._heap if self._due.get(e[2]) == e[0]]
             heapq.heapify(self._heap)
@@ -74,6 +102,8 @@ class WorkQueue(Generic[K]):
                     break
                 heapq.heappop(self._heap)
                 del self._due[key]
+                self._debounced.pop(key, None)
+                self._bursts.pop(key, None)
                 self._processing.add(key)
                 return key
             if self._closed:
