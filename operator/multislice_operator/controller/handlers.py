@@ -54,10 +54,10 @@ KOPF_WORKER_IDLE_SECONDS = 0.5
 # events are handled at once; a restart's hundreds of pod events would otherwise each cost a pass
 # and a status write while the JobSet controller needs the same two cores. The pass comes a quiet
 # moment after a burst's last event, not up to a whole window after it: a gang's last node is
-# seen within about 0.1 s (the operator's share of a 256-slice gang was 0.07-1.04 s, the phase of
-# the window; docs/benchmarks.md).
+# seen at once (the operator's share of a 256-slice gang was 0.07-1.04 s, the phase of the window;
+# docs/benchmarks.md). Events a quiet moment apart are a burst: a gang's nodes, a restart's pods.
 DEPENDENT_EVENT_BATCH_SECONDS = 1.0
-DEPENDENT_EVENT_QUIET_SECONDS = 0.1
+DEPENDENT_EVENT_QUIET_SECONDS = 0.05
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 ProvisionerFactory = Callable[[Settings], Provisioner | None]

@@ -168,6 +168,19 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def listing_behind_nodes(plan: Plan, gang: GangObservation, nodes: Mapping[Any, Any]) -> bool:
+    """Whether a pool the listing says is being created already has every node of its slice
+    Ready: the listing (shared, up to a resync old) predates the pool's RUNNING."""
+    hosts = plan.shape.hosts
+    for spec in plan.pools:
+        pool = gang.pools.get(spec.name)
+        if pool is None or pool.status != PoolState.CREATING:
+            continue
+        if sum(1 for n in items(nodes, spec.name) if n.get("ready")) >= hosts:
+            return True
+    return False
+
+
 def items(index: Mapping[Any, Any], key: Any) -> list[Any]:
     """Everything a kopf index holds under `key` (kopf keeps a store of values per key)."""
     store = index.get(key)

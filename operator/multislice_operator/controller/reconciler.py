@@ -56,6 +56,11 @@ for _source in checkpoint.SOURCES:
     metrics.CHECKPOINT_REQUESTS_TOTAL.preset(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
+# The node pool listing is shared by every job and kept up to a resync. A pass that sees a pool's
+# nodes all Ready while that listing still says the pool is being created asks for one at most
+# this old (shared too: at most two listings a second while it lasts), instead of waiting out the
+# resync for Provisioned (about 1 s more in 2 of 5 gang benchmarks at 256 slices; 10 s by default).
+FRESH_LISTING_SECONDS = 0.5
 
 
 class ObservationError(RuntimeError):
@@ -232,6 +237,8 @@ async def observe(
     meta = job_meta(body)
     if plan.managed and rt.provisioner is not None:
         gang = await rt.provisioner.observe(plan, max_age=rt.cfg.resync_seconds)
+        if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
+            gang = await rt.provisioner.observe(plan, max_age=FRESH_LISTING_SECONDS)
         if not gang.complete:
             raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
