@@ -73,3 +73,10 @@ def test_memory_after_a_load_is_judged_against_before_it() -> None:
     assert not _by_name({"footprint": {"results": [], "churn": churn}})[
         "idle RSS after a 200-job load vs before (MiB)"
     ]["met"]
+
+
+def test_the_reconcile_ratio_is_judged_at_1000_jobs_not_at_the_largest_size() -> None:
+    rows = [_reconcile_row(1000, 12.9, 5.1, 3.0), _reconcile_row(5000, 79.0, 33.0, 3.0)]
+    rows[0]["ratio"], rows[1]["ratio"] = 1.6, 1.3
+    got = _by_name({"reconcile": {"results": rows}})
+    assert got["reconcile 1000 jobs vs baseline"]["met"] is False
