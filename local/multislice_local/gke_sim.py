@@ -241,6 +241,8 @@ class KubeNodeRegistrar:
 
     def __init__(self, api_client_or_kubeconfig: Any) -> None:
         self._target = api_client_or_kubeconfig
+        # "namespace/name" of every pod a pool's deletion ended (node shutdown), in order.
+        self.shut_down: list[str] = []
 
     def register(self, group: NodeGroup) -> None:
         from multislice_local import nodes
@@ -265,7 +267,8 @@ class KubeNodeRegistrar:
     def unregister(self, pool: str) -> None:
         from multislice_local import nodes
 
-        nodes.shut_down_pods(self._target, pool)  # as GKE's graceful node shutdown does
+        # As GKE's graceful node shutdown does.
+        self.shut_down.extend(nodes.shut_down_pods(self._target, pool))
         nodes.delete_nodes(self._target, pool)
 
 

@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client
 
 from multislice_local import queues
+from multislice_local.gke_sim import KubeNodeRegistrar
 from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
 from multislice_operator import keys
@@ -111,6 +112,7 @@ def env(stack, namespace, kube_kueue):
     e = Env(stack, namespace(kube_kueue, f"q{uuid.uuid4().hex[:4]}"))
     stack.sim.clear_faults()
     yield e
+    stack.sim.configure(delete_latency_s=None)  # a test may have changed it
     e.cleanup()
     e.witness.uninstall()
     stack.sim.clear_faults()
@@ -237,6 +239,12 @@ def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stac
     env.create("slow", run="12s", labels={keys.KUEUE_PRIORITY_CLASS: low})
     running = env.phase("slow", "Running")
     assert running["restarts"] == 0
+    # Pools that go at once end whatever still runs on them: the pools of the preempted job
+    # must wait for its JobSet to stop (a CI flake: they were deleted while Kueue suspended it).
+    registrar = env.sim.registrar
+    assert isinstance(registrar, KubeNodeRegistrar)
+    shut = len(registrar.shut_down)
+    env.sim.configure(delete_latency_s=0.0)
     env.create("urgent", run="4s", labels={keys.KUEUE_PRIORITY_CLASS: high})
 
     def preempted() -> dict[str, Any] | None:
@@ -249,6 +257,8 @@ def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stac
     msj.wait_events(stack.api, env.ns, "slow", "Preempted:", log=stack.op.log_tail)
     env.phase("slow", "Queued")
     wait_for(lambda: env.pools("slow") == [], 30, "slow's pools released", on_timeout=env.dump)
+    # Its pods ended by the Job's suspension (their grace period), none by node shutdown.
+    assert [p for p in registrar.shut_down[shut:] if "/slow-" in p] == []
     env.phase("urgent", "Succeeded")
     done = env.phase("slow", "Succeeded", 120)
     assert done["restarts"] == 0  # a preemption is not a restart of all slices

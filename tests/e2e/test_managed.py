@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.gke_sim import KubeNodeRegistrar
 from multislice_local.harness import wait_for
 from multislice_operator import keys
 from multislice_operator.api import models
@@ -33,7 +34,7 @@ def env(stack, namespace, kube_cluster):
     stack.sim.configure(op_latency_s=1.0)
     yield stack, ns
     stack.sim.clear_faults()
-    stack.sim.configure(op_latency_s=1.0)
+    stack.sim.configure(op_latency_s=1.0, delete_latency_s=None)
 
 
 def job(name: str, run: str = "4s", **spec) -> dict:
@@ -375,6 +376,10 @@ def test_suspend_releases_capacity_and_resume_reprovisions(env):
     stack, ns = env
     create(stack.api, ns, job("pause", run="1h"))
     wait_phase(stack, ns, "pause", "Running")
+    registrar = stack.sim.registrar
+    assert isinstance(registrar, KubeNodeRegistrar)
+    shut = len(registrar.shut_down)
+    stack.sim.configure(delete_latency_s=0.0)  # a pool deleted too soon ends its pods at once
     custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": True}}
     )
@@ -387,8 +392,12 @@ def test_suspend_releases_capacity_and_resume_reprovisions(env):
     custom(stack.api).patch_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "pause", {"spec": {"suspend": False}}
     )
-    wait_phase(stack, ns, "pause", "Running", 120)
+    resumed = wait_phase(stack, ns, "pause", "Running", 120)
     assert len(pools_of(stack.sim, ns, "pause")) == 2
+    # The pods ended by the JobSet's suspension, none by the pools' deletion (node shutdown: a
+    # disruption JobSet restarts every slice for).
+    assert [p for p in registrar.shut_down[shut:] if p.startswith(f"{ns}/pause-")] == []
+    assert resumed["restarts"] == 0
 
 
 def _condition(st: dict, type_: str) -> dict:

@@ -121,6 +121,10 @@ NAMESPACE, NAME, UID = "ns", "job", "uid-1"
 QUEUE, CLUSTER_QUEUE, CHECK = "tpu-queue", "tpu-cq", "gang"
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 PASSES_PER_TICK = 10
+# A suspended JobSet's pods terminate this long (their grace period: the SIGTERM checkpoint),
+# well inside the operator's bound (the template's 30 s + STOP_MARGIN_SECONDS).
+POD_STOP_SECONDS = 20
+HELD = (Phase.QUEUED, Phase.SUSPENDED)
 QUEUED_SHARE = 0.4  # of MACHINE_EXAMPLES, for the queued job's machine
 ELASTIC_SHARE = 0.3  # of MACHINE_EXAMPLES, for the elastic job's machine
 
@@ -389,7 +393,8 @@ class Pod:
     exit_code: int | None = None
     reason: str = ""
     disruption: str | None = None
-    deleting: bool = False  # its JobSet is being deleted in the foreground
+    deleting: bool = False  # its JobSet is being deleted in the foreground, or suspended
+    ends_at: datetime | None = None  # terminating (its JobSet suspended): gone then
     checkpoint_request: str | None = None  # multislice.dev/checkpoint-request (AnnotatePods)
     asked_at: datetime | None = None  # when that annotation was put on it
     checkpoint_saved: tuple[str, int] | None = None  # the workload's ack (process 0's pod)
@@ -415,6 +420,7 @@ class JobSet:
     failure_reason: str = ""
     failure_message: str = ""
     gone_at: datetime | None = None  # being deleted (its pods terminate) until then
+    suspended_at: datetime | None = None  # condition Suspended=True since
 
 
 @dataclass
@@ -670,6 +676,7 @@ def observed(w: World, plan: Plan) -> Observed:
     if js is not None:
         jobset = JobSetObservation(
             suspended=js.suspended,
+            suspended_since=js.suspended_at,
             restarts=js.base + js.restarts,
             restarts_counted=js.counted_base + js.counted,
             replicas=js.replicas,
@@ -934,6 +941,15 @@ class DecideMachine(RuleBasedStateMachine):
         problems = violations(meta, d, obs) + resize_violations(self.plan, old, d, obs)
         deleted = {n for a in d.actions if isinstance(a, DeletePools) for n in a.pools}
         late = sorted(deleted & self.creating) if not self.changed else []
+        under = sorted(
+            {p.pool for p in self.w.pods if p.pool in deleted and p.phase in ("Pending", "Running")}
+        )
+        if under and d.status.phase in HELD and not meta.deleting:
+            problems.append(
+                f"held-pool-under-pods: node pool {', '.join(map(str, under))} deleted while a "
+                f"pod of the {d.status.phase} job's JobSet still runs or terminates on it (node "
+                "shutdown: a restart of every slice, its grace period cut)"
+            )
         if late:
             problems.append(
                 f"late-verdict: node pool {', '.join(late)} created by the previous pass is "
@@ -1144,9 +1160,13 @@ class DecideMachine(RuleBasedStateMachine):
             for p in w.pods:  # terminating; gone with the JobSet (`_advance_to`)
                 p.deleting = p.deleting or p.phase in ("Pending", "Running")
             return
-        if js is None or js.gone_at is not None or js.suspended or js.failed:
+        if js is not None and js.gone_at is None and js.suspended and not js.failed:
+            self._stop_pods(js)
+            return
+        if js is None or js.gone_at is not None or js.failed:
             w.pods = [p for p in w.pods if p.phase == "Failed"] if js is not None else []
             return
+        js.suspended_at = None
         if js.completed:
             return
         # Pods of a vanished node fail (PodGC, DisruptionTarget): one restart of all slices.
@@ -1158,7 +1178,11 @@ class DecideMachine(RuleBasedStateMachine):
             if lost and any(p.phase == "Running" for p in on_it):
                 self._pod_fails(on_it[0].slice, 143, "DeletionByPodGC")
                 return
-        live = [p for p in w.pods if p.attempt == js.restarts and p.phase != "Failed"]
+        live = [
+            p
+            for p in w.pods
+            if p.attempt == js.restarts and p.phase != "Failed" and p.ends_at is None
+        ]
         w.pods = [p for p in w.pods if p.phase == "Failed" and p.attempt >= js.restarts - 1]
         attempt = js.base + js.restarts  # as the pods' names say it (unique across JobSets)
         placed = self._placement(js, live)
@@ -1174,6 +1198,19 @@ class DecideMachine(RuleBasedStateMachine):
                     pod.phase, pod.node, pod.pool = "Running", f"{name}-node-{h}", name
                     pod.ready = h < pool.ready
                 w.pods.append(pod)
+
+    def _stop_pods(self, js: JobSet) -> None:
+        """Suspended: JobSet suspends its Jobs, the Job controller deletes their pods; a pod on
+        a node terminates for POD_STOP_SECONDS, one without a node goes at once."""
+        w = self.w
+        js.suspended_at = js.suspended_at or w.now
+        kept = []
+        for p in w.pods:
+            if p.phase in ("Pending", "Running") and p.pool is not None and p.ends_at is None:
+                p.deleting, p.ends_at = True, w.now + timedelta(seconds=POD_STOP_SECONDS)
+            if p.phase == "Failed" or (p.ends_at is not None and p.ends_at > w.now):
+                kept.append(p)
+        w.pods = kept
 
     @staticmethod
     def _schedulable(pool: Pool) -> bool:

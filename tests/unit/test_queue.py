@@ -20,6 +20,7 @@ from multislice_operator.reconcile import (
     DeletePools,
     JobMeta,
     JobSetObservation,
+    Pod,
     PodSetUpdate,
     QueueObservation,
     SetAdmissionCheckActive,
@@ -343,6 +344,69 @@ def test_preemption_releases_the_pools_counts_once_and_names_the_preemptor():
     # Quota again: a fresh gang attempt, counted.
     back = run(old=again.status, obs=obs(wl(CheckState.PENDING, retry=0)))
     assert back.actions == [CreatePools((0, 1))]
+
+
+def test_an_evicted_job_keeps_its_pools_until_its_jobset_is_suspended_and_its_pods_are_gone():
+    """Kueue keeps the quota until the JobSet is no longer active (jobframework, step 6): pools
+    deleted earlier end the pods by node shutdown, the Job fails and JobSet restarts every slice,
+    a restart counted for a preemption (a CI flake of test_kueue's preemption test)."""
+    _, p = spec_and_plan()
+    names = [pool.name for pool in p.node_pools]
+
+    def pods(deleting: bool = False) -> list[Pod]:
+        return [
+            Pod(f"job-slice-{s}-{h}", s, 0, "Running", True, deleting, f"n-{s}-{h}", names[s])
+            for s in range(2)
+            for h in range(4)
+        ]
+
+    running = run(
+        old={"phase": "Running", "restarts": 0, "conditions": [
+            {"type": "Provisioned", "status": "True", "reason": "GangReady"}]},
+        obs=running_obs(wl(CheckState.READY, admitted=True), pods=pods()),
+    )  # fmt: skip
+    preempted = wl(
+        CheckState.READY,
+        evicted=True,
+        eviction_reason="Preempted",
+        eviction_message="Preempted to accommodate a workload",
+        eviction_time=NOW,
+        preempted_by="ns/urgent",
+    )
+    # Kueue has not suspended the JobSet yet: its pods run on the pools.
+    d = run(
+        old=running.status,
+        obs=obs(preempted, slices=up(), jobset=JobSetObservation(ready_jobs=2, created=NOW),
+                pods=pods()),
+    )  # fmt: skip
+    assert "DeletePools" not in kinds(d), d.actions
+    assert st(d)["phase"] == "Queued" and "once its pods are gone" in st(d)["message"]
+    assert d.requeue_after is not None and d.requeue_after <= CFG.resync_seconds
+    # Suspended, its pods terminating (their grace period: the SIGTERM checkpoint): still kept.
+    later = NOW + timedelta(seconds=5)
+    stopping = JobSetObservation(suspended=True, suspended_since=NOW, created=NOW)
+    d = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
+                                  now=later))  # fmt: skip
+    assert "DeletePools" not in kinds(d), d.actions
+    assert st(d)["queue"]["preemptions"] == 1 and st(d)["restarts"] == 0
+    # Every pod gone: the pools go.
+    gone = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, now=later))
+    assert gone.actions == [DeletePools(tuple(names))]
+    # A pod stuck past its grace period (30 s, the template sets none) and the margin holds
+    # nothing: the pools go anyway.
+    stuck = NOW + timedelta(seconds=61)
+    d = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
+                                  now=stuck))  # fmt: skip
+    assert d.actions == [DeletePools(tuple(names))]
+    almost = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
+                                       now=NOW + timedelta(seconds=59)))  # fmt: skip
+    assert "DeletePools" not in kinds(almost)
+    assert almost.requeue_after == pytest.approx(1, abs=0.01)
+    # Pods not on the job's pools (pending, unscheduled) hold nothing.
+    pending = [Pod("job-slice-0-0", 0, 0, "Pending")]
+    d = run(old=running.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pending,
+                                        now=later))  # fmt: skip
+    assert d.actions == [DeletePools(tuple(names))]
 
 
 def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue():

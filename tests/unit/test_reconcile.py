@@ -19,6 +19,7 @@ from multislice_operator.reconcile import (
     DeletePools,
     JobMeta,
     JobSetObservation,
+    Pod,
     RemoveFinalizer,
     SetJobSetSuspend,
     SliceObservation,
@@ -413,6 +414,40 @@ def test_suspend_releases_capacity():
     assert d.actions[0] == SetJobSetSuspend(True)
     assert isinstance(d.actions[1], DeletePools)
     assert st(d)["phase"] == "Suspended"
+
+
+def test_suspend_keeps_the_pools_until_the_jobsets_pods_are_gone():
+    """spec.suspend: the JobSet is suspended first; its pods end by the Job's suspension (their
+    grace period: the SIGTERM checkpoint), not by node shutdown, which JobSet would count as a
+    disruption and restart every slice for."""
+    _, p = spec_and_plan()
+    names = [pool.name for pool in p.node_pools]
+    live = [
+        Pod(f"job-slice-{s}-0", s, 0, "Running", True, s == 0, f"n-{s}", names[s]) for s in (0, 1)
+    ]
+    up = pools(PoolState.READY, PoolState.READY)
+    first = run(
+        old={"phase": "Running"},
+        obs=Observed(now=NOW, slices=up, jobset=JobSetObservation(ready_jobs=2), pods=live),
+        suspend=True,
+    )
+    assert first.actions == [SetJobSetSuspend(True)]
+    assert st(first)["phase"] == "Suspended" and "once its pods are gone" in st(first)["message"]
+    stopping = JobSetObservation(suspended=True, suspended_since=NOW)
+    later = NOW + timedelta(seconds=3)
+    d = run(old=first.status, obs=Observed(now=later, slices=up, jobset=stopping, pods=live),
+            suspend=True)  # fmt: skip
+    assert d.actions == []
+    d = run(old=d.status, obs=Observed(now=later, slices=up, jobset=stopping), suspend=True)
+    assert d.actions == [DeletePools(tuple(names))]
+    assert st(d)["message"].startswith("suspended (releasing node pools)")
+    # A template's own terminationGracePeriodSeconds is waited for (plus the margin).
+    grace = {"spec": {"terminationGracePeriodSeconds": 120, "containers": [
+        {"name": "train", "image": "python:3.11"}]}}  # fmt: skip
+    at = NOW + timedelta(seconds=100)
+    d = run(old=first.status, obs=Observed(now=at, slices=up, jobset=stopping, pods=live),
+            suspend=True, template=grace)  # fmt: skip
+    assert d.actions == []
 
 
 def test_ttl_deletes_after_delay():

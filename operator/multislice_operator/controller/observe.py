@@ -64,6 +64,10 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "restartBase": _int(annotations.get(keys.RESTARTS_BEFORE)) or 0,
         "countedBase": _int(annotations.get(keys.RESTARTS_COUNTED_BEFORE)) or 0,
         "suspended": bool((body.get("spec") or {}).get("suspend")),
+        # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
+        "suspendedSince": (conds.get("Suspended") or {}).get("lastTransitionTime")
+        if true("Suspended")
+        else None,
         "restarts": int(status.get("restarts") or 0),
         # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
         "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
@@ -258,6 +262,7 @@ def jobset_observation(
     base = summary.get("restartBase", 0)
     return JobSetObservation(
         suspended=summary["suspended"],
+        suspended_since=parse_time(summary.get("suspendedSince")),
         restarts=base + summary["restarts"],
         restarts_counted=summary.get("countedBase", 0) + summary.get("restartsCounted", 0),
         replicas=summary.get("replicas", 0),

@@ -320,6 +320,50 @@ def pools_present(f: Facts) -> list[str]:
     return [str(s.pool) for s in f.obs.slices if live(s) and not s.taken_by] + strays(f)
 
 
+RELEASING_NOTE = " (releasing node pools)"
+STOPPING_NOTE = " (stopping the JobSet: its node pools are released once its pods are gone)"
+# Kubernetes' default terminationGracePeriodSeconds, for a template that sets none.
+DEFAULT_POD_GRACE_SECONDS = 30
+# How long past its grace period a pod of a suspended JobSet may take to go (the Job controller's
+# delete, the kubelet's kill): beyond it the pod is stuck (an unreachable node) and holds nothing.
+STOP_MARGIN_SECONDS = 30
+
+
+def stop_wait(f: Facts) -> float | None:
+    """Seconds the pools of a job that stops running (Kueue eviction, deactivation,
+    spec.suspend) are kept yet: until its JobSet is suspended and no pod of it is left on them;
+    None: release them now.
+
+    Kueue's own rule: it takes the quota back only once the JobSet is no longer active
+    (jobframework reconciler, step 6). Deleting the pools first would end the pods by node
+    shutdown: DisruptionTarget, the Job fails, and JobSet restarts every slice (a restart counted
+    for a preemption) instead of the Job's suspension, and the pods would lose their grace period
+    (the SIGTERM checkpoint). A pod still there past its grace period is stuck and waited for no
+    longer."""
+    js = f.js
+    on_pools = [p for p in f.live_pods if p.pool is not None]
+    if js is None or not on_pools:
+        return None
+    if not js.suspended or js.suspended_since is None:
+        return f.cfg.resync_seconds  # the suspension comes through the watch
+    grace = DEFAULT_POD_GRACE_SECONDS
+    if f.spec is not None:
+        said = (f.spec.template.get("spec") or {}).get("terminationGracePeriodSeconds")
+        grace = said if isinstance(said, int) else grace
+    left = grace + STOP_MARGIN_SECONDS - (f.now - js.suspended_since).total_seconds()
+    return min(left, f.cfg.resync_seconds) if left > 0 else None
+
+
+def release_stopped(f: Facts, b: Builder) -> str:
+    """`release` once the job's JobSet is stopped (`stop_wait`): "" when no pool is left, else
+    what the pools wait for (said after the job's message)."""
+    wait = stop_wait(f)
+    if wait is not None:
+        b.requeue_in(wait)
+        return STOPPING_NOTE
+    return "" if release(f, b) else RELEASING_NOTE
+
+
 def release(f: Facts, b: Builder) -> bool:
     """Delete every pool of the job (its plan's, and any other labelled with its uid); True when
     none is left."""

@@ -43,10 +43,11 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,
+    STOPPING_NOTE,
     Capacity,
     capacity,
     pools_present,
-    release,
+    release_stopped,
     strays,
 )
 from multislice_operator.reconcile.context import Builder
@@ -285,15 +286,19 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
     """Kueue keeps the job waiting: no node pool, its JobSet (created at once, suspended, so
     that Kueue can make a Workload for it) waits."""
     assert f.plan is not None
-    released = release(f, b)
+    note = release_stopped(f, b)
     b.status.attempt_start_time = None  # an attempt in flight is abandoned with the quota
     b.status.capacity_ready_time = None
     if f.js is None and f.js_other is None:
         b.add(CreateJobSet())
     b.status.job_set = f.plan.name
     if f.managed and g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
-        b.cond(PROVISIONED, "False", Reason.QUEUED, "no quota reserved: no node pools")
-    note = "" if released else verdicts.RELEASING_NOTE
+        held = (
+            "leaving the queue's quota: the node pools go once the JobSet's pods are gone"
+            if note == STOPPING_NOTE
+            else "no quota reserved: no node pools"
+        )
+        b.cond(PROVISIONED, "False", Reason.QUEUED, held)
     gated = kueue.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
     return kueue.hold(f, b, gated)
 

@@ -106,6 +106,8 @@ class NodeMaintenance:
 @dataclass(frozen=True)
 class JobSetObservation:
     suspended: bool = False
+    # Since when JobSet says its Jobs are suspended (condition Suspended=True); None: not (yet).
+    suspended_since: datetime | None = None
     restarts: int = 0
     # status.restartsCountTowardsMax: the restarts JobSet charged to maxRestarts (a disruption's
     # RestartJobSetAndIgnoreMaxRestarts is not).

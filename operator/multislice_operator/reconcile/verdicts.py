@@ -20,7 +20,12 @@ from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.ownership import Owner
 from multislice_operator.reconcile import elastic, restarts
 from multislice_operator.reconcile import gate as kueue
-from multislice_operator.reconcile.capacity import pools_present, release
+from multislice_operator.reconcile.capacity import (
+    RELEASING_NOTE,
+    pools_present,
+    release,
+    release_stopped,
+)
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason
@@ -33,8 +38,6 @@ from multislice_operator.reconcile.types import (
     SetJobSetSuspend,
     SetWorkloadActive,
 )
-
-RELEASING_NOTE = " (releasing node pools)"
 
 
 class End(StrEnum):
@@ -406,7 +409,7 @@ def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
         kueue.remember_suspended(b)
     elif js is not None and not js.suspended:
         b.add(SetJobSetSuspend(True))
-    released = release(f, b)
+    note = release_stopped(f, b)
     b.status.attempt_start_time = None
     b.status.next_attempt_time = None
     b.status.capacity_ready_time = None
@@ -414,8 +417,7 @@ def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
         ConditionType.PROVISIONED, "False", Reason.SUSPENDED, "capacity released while suspended"
     )
     b.cond(ConditionType.SLICES_READY, "False", Reason.SUSPENDED, "job is suspended")
-    detail = "" if released else RELEASING_NOTE
-    return Phase.SUSPENDED, f"suspended{detail}; set spec.suspend: false to resume"
+    return Phase.SUSPENDED, f"suspended{note}; set spec.suspend: false to resume"
 
 
 def _wait_for_orphan(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
