@@ -48,6 +48,8 @@ from multislice_operator.parallelism import Parallelism
 
 
 NODE_POOL_NAME_MAX = 40
+# Kubernetes' default terminationGracePeriodSeconds, for a template that sets none.
+DEFAULT_POD_GRACE_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ class Plan:
     # Managed: the hot spares' node pools, slice indexes slices..slices+spares-1; never part of
     # node_pools (the JobSet's slices).
     spare_pools: list[NodePoolSpec] = field(default_factory=list)
+    # The pods' terminationGracePeriodSeconds: how long a stopping pod may keep its node.
+    pod_grace_seconds: int = DEFAULT_POD_GRACE_SECONDS
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -334,6 +338,9 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         ),
         spares=spec.spares,
         spare_pools=_node_pools(spec, shape, namespace, name, spare_indexes) if managed else [],
+        pod_grace_seconds=int(
+            spec.template["spec"].get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE_SECONDS)
+        ),
     )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
 from multislice_operator.api.models import ConditionType, Phase
-from multislice_operator.plan import Plan
+from multislice_operator.plan import DEFAULT_POD_GRACE_SECONDS, Plan
 from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile.context import Builder, at_second, backoff_seconds
 from multislice_operator.reconcile.facts import Facts, live, slice_ready
@@ -320,10 +321,14 @@ def pools_present(f: Facts) -> list[str]:
     return [str(s.pool) for s in f.obs.slices if live(s) and not s.taken_by] + strays(f)
 
 
-RELEASING_NOTE = " (releasing node pools)"
-STOPPING_NOTE = " (stopping the JobSet: its node pools are released once its pods are gone)"
-# Kubernetes' default terminationGracePeriodSeconds, for a template that sets none.
-DEFAULT_POD_GRACE_SECONDS = 30
+class Released(StrEnum):
+    """Where a job's pools stand after a releasing pass; the value is said after its message."""
+
+    ALL = ""
+    RELEASING = " (releasing node pools)"
+    STOPPING = " (stopping the JobSet: its node pools are released once its pods are gone)"
+
+
 # How long past its grace period a pod of a suspended JobSet may take to go (the Job controller's
 # delete, the kubelet's kill): beyond it the pod is stuck (an unreachable node) and holds nothing.
 STOP_MARGIN_SECONDS = 30
@@ -346,22 +351,18 @@ def stop_wait(f: Facts) -> float | None:
         return None
     if not js.suspended or js.suspended_since is None:
         return f.cfg.resync_seconds  # the suspension comes through the watch
-    grace = DEFAULT_POD_GRACE_SECONDS
-    if f.spec is not None:
-        said = (f.spec.template.get("spec") or {}).get("terminationGracePeriodSeconds")
-        grace = said if isinstance(said, int) else grace
+    grace = f.plan.pod_grace_seconds if f.plan is not None else DEFAULT_POD_GRACE_SECONDS
     left = grace + STOP_MARGIN_SECONDS - (f.now - js.suspended_since).total_seconds()
     return min(left, f.cfg.resync_seconds) if left > 0 else None
 
 
-def release_stopped(f: Facts, b: Builder) -> str:
-    """`release` once the job's JobSet is stopped (`stop_wait`): "" when no pool is left, else
-    what the pools wait for (said after the job's message)."""
+def release_stopped(f: Facts, b: Builder) -> Released:
+    """`release` once the job's JobSet is stopped (`stop_wait`)."""
     wait = stop_wait(f)
     if wait is not None:
         b.requeue_in(wait)
-        return STOPPING_NOTE
-    return "" if release(f, b) else RELEASING_NOTE
+        return Released.STOPPING
+    return Released.ALL if release(f, b) else Released.RELEASING
 
 
 def release(f: Facts, b: Builder) -> bool:

@@ -43,8 +43,8 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,
-    STOPPING_NOTE,
     Capacity,
+    Released,
     capacity,
     pools_present,
     release_stopped,
@@ -295,7 +295,7 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
     if f.managed and g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
         held = (
             "leaving the queue's quota: the node pools go once the JobSet's pods are gone"
-            if note == STOPPING_NOTE
+            if note is Released.STOPPING
             else "no quota reserved: no node pools"
         )
         b.cond(PROVISIONED, "False", Reason.QUEUED, held)

@@ -21,7 +21,7 @@ from multislice_operator.ownership import Owner
 from multislice_operator.reconcile import elastic, restarts
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
-    RELEASING_NOTE,
+    Released,
     pools_present,
     release,
     release_stopped,
@@ -361,7 +361,7 @@ def _complete(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
         b.add(RemoveFinalizer())  # an invalid spec being deleted: nothing of it is left
     elif not f.deleting:
         _ttl(f, b, f.now, released)
-    return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
+    return phase, v.message if released else f"{v.message}{Released.RELEASING}"
 
 
 def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
@@ -372,7 +372,7 @@ def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
     released = True if keep else release(f, b)
     _ttl(f, b, f.old.completion_time, released)
-    return phase, v.message if released else f"{v.message}{RELEASING_NOTE}"
+    return phase, v.message if released else f"{v.message}{Released.RELEASING}"
 
 
 def _ttl(f: Facts, b: Builder, done: datetime | None, released: bool) -> None:
