@@ -24,6 +24,14 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from multislice_operator.api.models import (
+    BUDGET_OF_CAUSE,
+    Budget,
+    RestartCause,
+    causes_charged_to,
+    word_list,
+)
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ... and python_info.
 ProcessCollector(registry=REGISTRY)
@@ -42,7 +50,7 @@ def enter_namespace(namespace: str) -> Token[str]:
         _SEEN_NAMESPACES.add(namespace)
         for metric in _PER_NAMESPACE:
             for values in metric.presets:
-                metric.metric.labels(namespace, *values)
+                metric.metric.labels(namespace, *metric.full(values))
     return JOB_NAMESPACE.set(namespace)
 
 
@@ -51,21 +59,32 @@ class PerNamespace:
     (JOB_NAMESPACE): `.labels(cause)` is `.labels(namespace, cause)`, `.inc()` and `.observe()`
     need no labels at all, as the unlabelled metric's would. `.preset(cause)` names a label set
     exported at 0 in each namespace from its first pass on (enter_namespace), so that rate()
-    and increase() see the first failure; no series is made for the "" of no pass."""
+    and increase() see the first failure; no series is made for the "" of no pass. `derived`
+    gives the last labels from the others (a restart's budget from its cause), so that no caller
+    can pair them wrongly."""
 
-    def __init__(self, metric: Counter | Histogram) -> None:
+    def __init__(
+        self,
+        metric: Counter | Histogram,
+        derived: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None,
+    ) -> None:
         self.metric = metric
+        self.derived = derived
         self.presets: list[tuple[str, ...]] = []
         _PER_NAMESPACE.append(self)
 
+    def full(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        """The label values after the namespace: those given, then the derived ones."""
+        return (*values, *self.derived(values)) if self.derived else values
+
     def labels(self, *values: str) -> Any:
-        return self.metric.labels(JOB_NAMESPACE.get(), *values)
+        return self.metric.labels(JOB_NAMESPACE.get(), *self.full(values))
 
     def preset(self, *values: str) -> None:
         if values not in self.presets:
             self.presets.append(values)
             for namespace in _SEEN_NAMESPACES:
-                self.metric.labels(namespace, *values)
+                self.metric.labels(namespace, *self.full(values))
 
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)
@@ -124,13 +143,24 @@ RECONCILE_TIME = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
+
+
+def _budget_of(values: tuple[str, ...]) -> tuple[str, ...]:
+    """A restart's `budget` label from its `cause` (alerts select by budget, not by cause)."""
+    (cause,) = values
+    return (BUDGET_OF_CAUSE[RestartCause(cause)].value,)
+
+
 RESTARTS_TOTAL = PerNamespace(
     Counter(
         "multislice_restarts_total",
-        "Restarts of all slices (one per JobSet restart observed), by cause.",
-        ["namespace", "cause"],
+        "Restarts of all slices (one per JobSet restart observed), by cause "
+        f"({word_list(RestartCause)}) and budget, the failurePolicy field the cause is charged "
+        "to (" + "; ".join(f"{b}: {word_list(causes_charged_to(b))}" for b in Budget) + ").",
+        ["namespace", "cause", "budget"],
         registry=REGISTRY,
-    )
+    ),
+    derived=_budget_of,
 )
 SLICE_FAILURES_TOTAL = PerNamespace(
     Counter(

@@ -70,7 +70,8 @@ def test_state_counters_move_by_what_each_pass_added():
 def test_pass_metrics_carry_the_namespace_of_the_job_being_reconciled():
     """The worker sets JOB_NAMESPACE; the counters and histograms moved in the pass take it."""
     restarts = "multislice_restarts_total"
-    before = sample(restarts, namespace="team-x", cause="workload") or 0
+    workload = {"cause": "workload", "budget": "maxRestarts"}
+    before = sample(restarts, namespace="team-x", **workload) or 0
     token = metrics.JOB_NAMESPACE.set("team-x")
     try:
         metrics.RESTARTS_TOTAL.labels("workload").inc()
@@ -78,12 +79,12 @@ def test_pass_metrics_carry_the_namespace_of_the_job_being_reconciled():
         metrics.RESTART_LOST_STEPS.observe(7)
     finally:
         metrics.JOB_NAMESPACE.reset(token)
-    assert sample(restarts, namespace="team-x", cause="workload") == before + 1
+    assert sample(restarts, namespace="team-x", **workload) == before + 1
     assert (sample("multislice_gang_attempts_total", namespace="team-x") or 0) >= 2
     assert (sample("multislice_restart_lost_steps_sum", namespace="team-x") or 0) >= 7
     # Outside a pass nothing is charged to team-x.
     metrics.RESTARTS_TOTAL.labels("workload").inc()
-    assert sample(restarts, namespace="team-x", cause="workload") == before + 1
+    assert sample(restarts, namespace="team-x", **workload) == before + 1
 
 
 def test_preset_label_sets_are_exported_at_zero_per_namespace_from_its_first_pass():
@@ -93,11 +94,22 @@ def test_preset_label_sets_are_exported_at_zero_per_namespace_from_its_first_pas
     from multislice_operator.controller import reconciler  # noqa: F401  (the presets)
 
     assert ("workload",) in metrics.RESTARTS_TOTAL.presets
-    assert sample("multislice_restarts_total", namespace="fresh-ns", cause="hang") is None
+    hang = {"cause": "hang", "budget": "maxRestarts"}
+    assert sample("multislice_restarts_total", namespace="fresh-ns", **hang) is None
     token = metrics.enter_namespace("fresh-ns")
     metrics.JOB_NAMESPACE.reset(token)
-    for cause in ("disruption", "workload", "hang", "startup", "resize"):
-        assert sample("multislice_restarts_total", namespace="fresh-ns", cause=cause) == 0
+    budgets = {
+        "disruption": "maxDisruptionRestarts",
+        "workload": "maxRestarts",
+        "hang": "maxRestarts",
+        "startup": "maxDisruptionRestarts",
+        "resize": "none",
+    }
+    for cause, budget in budgets.items():
+        found = sample(
+            "multislice_restarts_total", namespace="fresh-ns", cause=cause, budget=budget
+        )
+        assert found == 0, cause
     for source in ("user", "maintenance", "flex-start", "elastic"):
         found = sample("multislice_checkpoint_requests_total", namespace="fresh-ns", source=source)
         assert found == 0, source

@@ -4,12 +4,20 @@ Reading the structural schema of api/crd.py rather than the pydantic classes doc
 the apiserver enforces: types, defaults, ranges, patterns and the CEL rules next to the fields they
 guard. `make docs` (or `python -m multislice_operator.api.docs > docs/api.md`) rewrites the file;
 tests/unit/test_docs.py fails when it is stale.
+
+The restart causes the other docs list are generated too, from `models.RestartCause` and
+`models.BUDGET_OF_CAUSE`: each list is a span `<!-- causes: KEY -->...<!-- /causes -->` that
+`make docs` (write_cause_lists) rewrites; tests/unit/test_causes.py fails when one is stale.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
+
+from pydantic.alias_generators import to_snake
 
 from multislice_operator.api import crd, models
 
@@ -185,6 +193,75 @@ def generate() -> str:
     _section("status", root["properties"]["status"], out)
     out += _phases()
     return "\n".join(out).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- restart causes in the docs
+
+CAUSE_SPAN = re.compile(r"<!-- causes: (?P<key>[\w-]+) -->(?P<body>.*?)<!-- /causes -->", re.S)
+
+# What enforces each budget, and the JobSet failure-policy rule (render.py) behind its restarts.
+_BUDGET_DOC: dict[models.Budget, tuple[str, str]] = {
+    models.Budget.MAX_RESTARTS: (
+        "enforced by JobSet",
+        "none matches: JobSet's default `RestartJobSet`",
+    ),
+    models.Budget.MAX_DISRUPTION_RESTARTS: (
+        "enforced by the operator",
+        "`Disruption`: `RestartJobSetAndIgnoreMaxRestarts`",
+    ),
+    models.Budget.NONE: ("", "none: the JobSet is deleted and created again"),
+}
+
+
+def _ticked(words: Any) -> str:
+    return models.word_list(f"`{w}`" for w in words)
+
+
+def _charged(budget: models.Budget) -> str:
+    if budget == models.Budget.NONE:
+        return "nothing: the operator's own choice"
+    default = models.FailurePolicy.model_fields[to_snake(budget)].default
+    return f"`{budget}` (default {default}), {_BUDGET_DOC[budget][0]}"
+
+
+def _causes_table() -> str:
+    rows = ["| Cause | What | Charged to | JobSet rule that restarts |", "|---|---|---|---|"]
+    for cause in models.RestartCause:
+        budget = models.BUDGET_OF_CAUSE[cause]
+        meaning = models.CAUSE_MEANING[cause]
+        rows.append(f"| `{cause}` | {meaning} | {_charged(budget)} | {_BUDGET_DOC[budget][1]} |")
+    return "\n" + "\n".join(rows) + "\n"
+
+
+def cause_lists() -> dict[str, str]:
+    """What each `<!-- causes: KEY -->` span holds: every cause (`all`), every budget
+    (`budgets`), the causes charged to one budget (its name), docs/failures.md's table."""
+    lists = {"all": _ticked(models.RestartCause), "budgets": _ticked(models.Budget)}
+    lists |= {str(b): _ticked(models.causes_charged_to(b)) for b in models.Budget}
+    lists["table"] = _causes_table()
+    return lists
+
+
+def cause_spans(text: str) -> list[tuple[str, str]]:
+    return [(m["key"], m["body"]) for m in CAUSE_SPAN.finditer(text)]
+
+
+def with_cause_lists(text: str) -> str:
+    """`text` with every cause span regenerated (KeyError: a span names no list)."""
+    lists = cause_lists()
+
+    def fill(m: re.Match[str]) -> str:
+        return f"<!-- causes: {m['key']} -->{lists[m['key']]}<!-- /causes -->"
+
+    return CAUSE_SPAN.sub(fill, text)
+
+
+def write_cause_lists(*paths: str) -> None:
+    """`make docs`: rewrite the cause lists of these files."""
+    for path in map(Path, paths):
+        text = path.read_text()
+        if with_cause_lists(text) != text:
+            path.write_text(with_cause_lists(text))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ The CRD's openAPIV3Schema is generated from these models (api/crd.py); descripti
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -209,6 +209,84 @@ class Training(_Model):
 CHECKPOINT_DIR_MAX = 1024
 
 
+class RestartCause(StrEnum):
+    """Why all slices restarted (the keys of status.restartsByCause)."""
+
+    DISRUPTION = "disruption"  # DisruptionTarget or a lost node / pool: not charged to maxRestarts
+    WORKLOAD = "workload"  # the program failed with a retryable code
+    HANG = "hang"  # the workload's watchdog (exit code 75)
+    STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
+    # spec.elastic: the operator recreated the JobSet on another slice count; charged to none.
+    RESIZE = "resize"
+
+
+class Budget(StrEnum):
+    """The failurePolicy field a restart is charged to."""
+
+    MAX_RESTARTS = "maxRestarts"  # enforced by JobSet (restartsCountTowardsMax)
+    MAX_DISRUPTION_RESTARTS = "maxDisruptionRestarts"  # enforced by the operator
+    NONE = "none"  # the operator's own choice (an elastic resize): no budget
+
+
+# Every cause's budget: a new cause without one is a KeyError in the tests, never uncharged.
+BUDGET_OF_CAUSE: dict[RestartCause, Budget] = {
+    RestartCause.DISRUPTION: Budget.MAX_DISRUPTION_RESTARTS,
+    RestartCause.WORKLOAD: Budget.MAX_RESTARTS,
+    RestartCause.HANG: Budget.MAX_RESTARTS,
+    RestartCause.STARTUP: Budget.MAX_DISRUPTION_RESTARTS,
+    RestartCause.RESIZE: Budget.NONE,
+}
+# What each cause means: the one text the descriptions below and docs/failures.md's table take.
+CAUSE_MEANING: dict[RestartCause, str] = {
+    RestartCause.DISRUPTION: "a pod with the DisruptionTarget condition (preemption, graceful "
+    "node shutdown, eviction) or a lost node or node pool",
+    RestartCause.WORKLOAD: "the program failed with a retryable exit code",
+    RestartCause.HANG: f"the workload's hang watchdog (exit code {EXIT_HANG} or a hang "
+    "termination message)",
+    RestartCause.STARTUP: "pods not all running within failurePolicy.startupTimeoutSeconds of "
+    "the capacity being ready: the operator evicted them",
+    RestartCause.RESIZE: "the operator recreated the JobSet on fewer or more slices (spec.elastic)",
+}
+
+
+def causes_charged_to(budget: Budget) -> tuple[RestartCause, ...]:
+    return tuple(c for c, b in BUDGET_OF_CAUSE.items() if b == budget)
+
+
+# Causes charged to failurePolicy.maxRestarts, and those charged to maxDisruptionRestarts.
+PROGRAM_CAUSES = causes_charged_to(Budget.MAX_RESTARTS)
+DISRUPTION_CAUSES = causes_charged_to(Budget.MAX_DISRUPTION_RESTARTS)
+
+
+def word_list(words: Iterable[str], last: str = "and") -> str:
+    """'a, b and c': every generated list of causes reads this way."""
+    *init, final = [str(w) for w in words]
+    return f"{', '.join(init)} {last} {final}" if init else final
+
+
+def charged_to(budget: Budget) -> str:
+    return "charged to no budget" if budget == Budget.NONE else f"charged to failurePolicy.{budget}"
+
+
+def _restarts_of(cause: RestartCause) -> str:
+    """A counter of status.restartsByCause: what its cause means and what it is charged to."""
+    meaning = CAUSE_MEANING[cause]
+    return f"{meaning[0].upper()}{meaning[1:]}; {charged_to(BUDGET_OF_CAUSE[cause])}."
+
+
+def _charged_elsewhere(budget: Budget) -> str:
+    """The restarts a failurePolicy field does not count, and what they are charged to."""
+    parts = []
+    for other in Budget:
+        causes = causes_charged_to(other)
+        if other != budget and causes:
+            word = "cause" if len(causes) == 1 else "causes"
+            parts.append((f"{word} {word_list(causes)}", charged_to(other)))
+    (first, to), *rest = parts
+    more = "".join(f", those of {w} {t.removeprefix('charged ')}" for w, t in rest)
+    return f"Restarts of {first} are {to}{more}."
+
+
 class Checkpoint(_Model):
     """Where the workload saves and resumes checkpoints."""
 
@@ -236,10 +314,10 @@ class FailurePolicy(_Model):
         ge=0,
         le=10000,
         description=(
-            "Restarts of all slices for the program's own failures (cause workload or hang) "
-            "allowed before the job fails. Every slice restarts and resumes from its last "
-            "checkpoint. Disruptions (preemption, maintenance, a lost node or node pool) and "
-            "startup deadlines are not charged here: see maxDisruptionRestarts."
+            "Restarts of all slices for the program's own failures (cause "
+            f"{word_list(PROGRAM_CAUSES, 'or')}) allowed before the job fails. Every slice "
+            "restarts and resumes from its last checkpoint. "
+            + _charged_elsewhere(Budget.MAX_RESTARTS)
         ),
     )
     max_disruption_restarts: int = Field(
@@ -247,10 +325,10 @@ class FailurePolicy(_Model):
         ge=0,
         le=10000,
         description=(
-            "Restarts not caused by the program (cause disruption: a pod with the "
-            "DisruptionTarget condition or a lost node or node pool; cause startup: "
-            "startupTimeoutSeconds) allowed before the job fails: stops an endless loop on a "
-            "broken zone. Enforced by the operator (JobSet does not bound them)."
+            "Restarts not caused by the program ("
+            + "; ".join(f"cause {c}: {CAUSE_MEANING[c]}" for c in DISRUPTION_CAUSES)
+            + ") allowed before the job fails: stops an endless loop on a broken zone. Enforced "
+            "by the operator (JobSet does not bound them)."
         ),
     )
     exit_code_policy: ExitCodePolicy = Field(
@@ -1023,7 +1101,7 @@ class RestartStatus(_Model):
     restart: int = Field(description="Which restart (status.restarts once it happened).")
     cause: str = Field(
         default="workload",
-        description="Why: disruption, workload, hang or startup (as in restartsByCause).",
+        description=f"Why: {word_list(RestartCause, 'or')} (as in restartsByCause).",
     )
     time: datetime | None = Field(
         default=None, description="When the slices stopped running (the failure, as observed)."
@@ -1041,65 +1119,14 @@ class RestartStatus(_Model):
     )
 
 
-class RestartCause(StrEnum):
-    """Why all slices restarted (the keys of status.restartsByCause)."""
-
-    DISRUPTION = "disruption"  # DisruptionTarget or a lost node / pool: not charged to maxRestarts
-    WORKLOAD = "workload"  # the program failed with a retryable code
-    HANG = "hang"  # the workload's watchdog (exit code 75)
-    STARTUP = "startup"  # failurePolicy.startupTimeoutSeconds: not charged to maxRestarts
-    # spec.elastic: the operator recreated the JobSet on another slice count; charged to none.
-    RESIZE = "resize"
-
-
-class Budget(StrEnum):
-    """The failurePolicy field a restart is charged to."""
-
-    MAX_RESTARTS = "maxRestarts"  # enforced by JobSet (restartsCountTowardsMax)
-    MAX_DISRUPTION_RESTARTS = "maxDisruptionRestarts"  # enforced by the operator
-    NONE = "none"  # the operator's own choice (an elastic resize): no budget
-
-
-# Every cause's budget: a new cause without one is a KeyError in the tests, never uncharged.
-BUDGET_OF_CAUSE: dict[RestartCause, Budget] = {
-    RestartCause.DISRUPTION: Budget.MAX_DISRUPTION_RESTARTS,
-    RestartCause.WORKLOAD: Budget.MAX_RESTARTS,
-    RestartCause.HANG: Budget.MAX_RESTARTS,
-    RestartCause.STARTUP: Budget.MAX_DISRUPTION_RESTARTS,
-    RestartCause.RESIZE: Budget.NONE,
-}
-# Causes charged to failurePolicy.maxRestarts, and those charged to maxDisruptionRestarts.
-PROGRAM_CAUSES = tuple(c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_RESTARTS)
-DISRUPTION_CAUSES = tuple(
-    c for c, b in BUDGET_OF_CAUSE.items() if b == Budget.MAX_DISRUPTION_RESTARTS
-)
-
-
 class RestartsByCause(_Model):
-    """status.restarts split by cause: they add up to it."""
+    """status.restarts split by cause (a field per RestartCause): they add up to it."""
 
-    disruption: int = Field(
-        default=0,
-        ge=0,
-        description="A pod with the DisruptionTarget condition (preemption, graceful node "
-        "shutdown, eviction) or a lost node or node pool; not charged to maxRestarts.",
-    )
-    workload: int = Field(
-        default=0, ge=0, description="The program failed with a retryable exit code."
-    )
-    hang: int = Field(default=0, ge=0, description="The workload's hang watchdog (exit code 75).")
-    startup: int = Field(
-        default=0,
-        ge=0,
-        description="Pods not all running within failurePolicy.startupTimeoutSeconds; not "
-        "charged to maxRestarts.",
-    )
-    resize: int = Field(
-        default=0,
-        ge=0,
-        description="The operator recreated the JobSet on fewer or more slices (spec.elastic); "
-        "charged to no budget.",
-    )
+    disruption: int = Field(default=0, ge=0, description=_restarts_of(RestartCause.DISRUPTION))
+    workload: int = Field(default=0, ge=0, description=_restarts_of(RestartCause.WORKLOAD))
+    hang: int = Field(default=0, ge=0, description=_restarts_of(RestartCause.HANG))
+    startup: int = Field(default=0, ge=0, description=_restarts_of(RestartCause.STARTUP))
+    resize: int = Field(default=0, ge=0, description=_restarts_of(RestartCause.RESIZE))
 
     def get(self, cause: RestartCause | str) -> int:
         value: int = getattr(self, RestartCause(cause).value)
@@ -1279,7 +1306,7 @@ class MultisliceJobStatus(_Model):
     restarts: int = Field(default=0, description="Times all slices were restarted.")
     restarts_by_cause: RestartsByCause | None = Field(
         default=None,
-        description="status.restarts by cause: disruption, workload, hang, startup.",
+        description=f"status.restarts by cause: {word_list(RestartCause)}.",
     )
     conditions: list[Condition] = Field(default_factory=list)
     job_set: str | None = Field(default=None, description="Name of the JobSet that runs the job.")
