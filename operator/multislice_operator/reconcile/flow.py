@@ -42,10 +42,9 @@ from multislice_operator.reconcile import (
 )
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
+    NO_CAPACITY,
     PROVISIONED,
     Capacity,
-    Released,
-    capacity,
     pools_present,
     release_stopped,
     strays,
@@ -69,7 +68,6 @@ from multislice_operator.reconcile.types import (
     ValidateJobSet,
 )
 
-NO_CAPACITY = Capacity(False)
 TERMINAL_RESYNC_FACTOR = 6  # a finished job is looked at less often (TTL, a lying status)
 FLEX_START_REQUEST_PREFIX = "flexend-"  # one request per end of a run
 
@@ -113,7 +111,7 @@ def decide(
     if not f.deleting:
         if f.plan is not None and f.error is None:
             slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
-        goodput.account(f, b, _stalled(cap))
+        goodput.account(f, b, cap.stalled)
     b.transition_event()
     decision = Decision(
         b.status,
@@ -125,15 +123,12 @@ def decide(
     return invariants.enforce(f, decision)
 
 
-def _stalled(cap: Capacity) -> bool:
-    """A lost slice's pool is being replaced and no spare runs the slice meanwhile."""
-    return bool(cap.repairing) and not cap.covered
-
-
 def _asks_apiserver(f: Facts) -> bool:
-    """A Managed job about to create its first pool, whose JobSet the apiserver has not judged
-    (an Existing job creates its JobSet at once: the create itself is the judgement)."""
-    return f.managed and f.js is None and f.obs.admission is None and not pools_present(f)
+    """A job about to create its first capacity, whose JobSet the apiserver has not judged (if
+    its capacity model asks for that dry run: capacity.py)."""
+    if not f.capacity.dry_run_first:
+        return False
+    return f.js is None and f.obs.admission is None and not pools_present(f)
 
 
 def _next_pass(f: Facts, b: Builder) -> float:
@@ -190,7 +185,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
             b.event(
                 Reason.NO_CHECKPOINT, "; ".join(f"{w.path}: {w.message}" for w in plan.warnings)
             )
-    if plan.managed and not f.meta.has_finalizer:
+    if f.capacity.finalizer_first and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
     g = kueue.gate(f, b) if f.queue else None
@@ -202,10 +197,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
         b.status.capacity_ready_time = None
         return (*kueue.waiting_for_admission(f, b, g.message), NO_CAPACITY)
     js = f.js
-    if plan.managed or (g is None and (js is None or js.suspended)):
-        cap = capacity(f, b, verdicts.gang_up(f))
-    else:
-        cap = Capacity(True)  # Existing pools are the JobSet's business once it runs
+    cap = f.capacity.provide(f, b, verdicts.gang_up(f))
     if g is not None:
         kueue.admitted(b, g)
     resizing = _resize(f, b, cap)
@@ -234,14 +226,13 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
             return cap.phase, cap.message, cap
         cond = b.status.condition(PROVISIONED)
         waiting = cond.message if cond and cond.message else "waiting for capacity"
-        phase = Phase.PROVISIONING if plan.managed else Phase.PENDING
-        return phase, f"resuming: {waiting}", cap
+        return Phase.PROVISIONING, f"resuming: {waiting}", cap
     if cap.flex_wait is not None:
         b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
         return Phase.PROVISIONING, cap.flex_wait, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
-    startup.check(f, b, phase, _stalled(cap))
+    startup.check(f, b, phase, cap.stalled)
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
     checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
@@ -292,13 +283,8 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
     if f.js is None and f.js_other is None:
         b.add(CreateJobSet())
     b.status.job_set = f.plan.name
-    if f.managed and g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
-        held = (
-            "leaving the queue's quota: the node pools go once the JobSet's pods are gone"
-            if note is Released.STOPPING
-            else "no quota reserved: no node pools"
-        )
-        b.cond(PROVISIONED, "False", Reason.QUEUED, held)
+    if g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
+        f.capacity.held(f, b, note)  # no quota: what becomes of the capacity
     gated = kueue.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
     return kueue.hold(f, b, gated)
 
@@ -309,14 +295,13 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
     b.status.capacity_ready_time = None
     cq = g.workload.cluster_queue or "?"
     name = g.check.name
-    if not f.plan.managed:
-        message = "Existing mode: the slices run on node pools that exist; nothing to provision"
-        kueue.report(f, b, g, CheckState.READY, message)
+    cap = f.capacity.before_admission(f, b)
+    if cap.preexisting is not None:  # nothing to provision: the check is Ready at once
+        kueue.report(f, b, g, CheckState.READY, cap.preexisting)
         phase, text = kueue.waiting_for_admission(
-            f, b, f"quota reserved in ClusterQueue {cq}; {message}"
+            f, b, f"quota reserved in ClusterQueue {cq}; {cap.preexisting}"
         )
         return phase, text, NO_CAPACITY
-    cap = capacity(f, b, started=False)
     if cap.rolled_back is not None:
         kueue.report(f, b, g, CheckState.RETRY, cap.rolled_back)
         retry = kueue.Gate(
