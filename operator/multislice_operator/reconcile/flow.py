@@ -37,6 +37,7 @@ from multislice_operator.reconcile import (
     goodput,
     invariants,
     maintenance,
+    restart_strategy,
     startup,
     verdicts,
 )
@@ -200,9 +201,9 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     cap = f.capacity.provide(f, b, verdicts.gang_up(f))
     if g is not None:
         kueue.admitted(b, g)
-    resizing = _resize(f, b, cap)
-    if resizing is not None:
-        return (*resizing, cap)
+    restarting = restart_strategy.carry_out(f, b, cap)  # e.g. a resize (spec.elastic)
+    if restarting is not None:
+        return (*restarting, cap)
     if js is None:
         if cap.flex_wait is None and not cap.ready:
             return cap.phase or Phase.PENDING, cap.message, cap
@@ -236,23 +237,6 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
     checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
-
-
-def _resize(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
-    """spec.elastic: a resize in flight or due now ends the pass (elastic.py)."""
-    plan = f.plan
-    assert plan is not None
-    if plan.elastic is None:
-        return None
-    if f.size.wait_left is not None:
-        b.requeue_in(f.size.wait_left)
-    if f.js is None:
-        if not elastic.resized(f.old) or cap.ready:
-            return None  # created below: the first JobSet, or the resized one now
-        waiting = cap.message or "waiting for the pools"
-        return Phase.RESTARTING, f"resizing to {f.size.target} of {plan.slices} slices: {waiting}"
-    running = any(f.running.values())
-    return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now, checkpoint.acked(f))
 
 
 def _flex_start_end(f: Facts, b: Builder) -> str | None:
