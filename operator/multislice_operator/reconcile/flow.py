@@ -177,7 +177,23 @@ def _status_ignored(f: Facts, b: Builder) -> None:
 
 
 def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capacity]:
+    """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
+    _begin(f, b)
+    g = kueue.gate(f, b) if f.queue else None
+    queued = _queued(f, b, g)
+    if queued is not None:
+        return queued
+    cap = f.capacity.provide(f, b, verdicts.gang_up(f))
+    if g is not None:
+        kueue.admitted(b, g)
+    return _run(f, b, cap, due)
+
+
+def _begin(f: Facts, b: Builder) -> None:
+    """What every lifecycle pass does first: the first pass's memory, the finalizer before the
+    first capacity, the job's stray pools deleted."""
+    assert f.plan is not None
     plan = f.plan
     b.status.startup = None  # timed again below, only while the JobSet starts
     if b.status.start_time is None:  # the job's first active pass
@@ -189,7 +205,10 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if f.capacity.finalizer_first and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
-    g = kueue.gate(f, b) if f.queue else None
+
+
+def _queued(f: Facts, b: Builder, g: kueue.Gate | None) -> tuple[Phase, str, Capacity] | None:
+    """A queued job that Kueue holds, or whose quota is reserved before admission; None: run."""
     if g is not None and g.allows == kueue.Pass.HOLD:
         return (*_hold(f, b, g), NO_CAPACITY)
     if g is not None and g.allows == kueue.Pass.PROVISION:
@@ -197,37 +216,23 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None and g.allows == kueue.Pass.ADMISSION:
         b.status.capacity_ready_time = None
         return (*kueue.waiting_for_admission(f, b, g.message), NO_CAPACITY)
-    js = f.js
-    cap = f.capacity.provide(f, b, verdicts.gang_up(f))
-    if g is not None:
-        kueue.admitted(b, g)
+    return None
+
+
+def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, str, Capacity]:
+    """The JobSet on the capacity: a restart the operator carries out, the JobSet created or
+    resumed, or running (the startup deadline, checkpoints on demand)."""
+    assert f.plan is not None
+    plan = f.plan
     restarting = restart_strategy.carry_out(f, b, cap)  # e.g. a resize (spec.elastic)
     if restarting is not None:
         return (*restarting, cap)
+    js = f.js
     if js is None:
-        if cap.flex_wait is None and not cap.ready:
-            return cap.phase or Phase.PENDING, cap.message, cap
-        b.add(elastic.create(plan, f.old, f.size.target))
-        b.status.job_set = plan.name
-        b.status.active_slices = f.size.target
-        if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-            return Phase.PROVISIONING, cap.flex_wait, cap
-        b.status.capacity_ready_time = f.now
-        # Written as the next pass will see it (the JobSet, nothing running yet), so creating
-        # the JobSet costs one status write, not two.
-        seen = JobSetObservation(replicas=f.size.target)
-        return (*running_phase(f, b, seen, True), cap)
+        return _create(f, b, cap)
     b.status.job_set = plan.name
     if js.suspended:
-        b.status.capacity_ready_time = None  # no pod to judge until it runs
-        if cap.ready:
-            b.add(SetJobSetSuspend(False))
-            return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
-        if cap.phase is not None:
-            return cap.phase, cap.message, cap
-        cond = b.status.condition(PROVISIONED)
-        waiting = cond.message if cond and cond.message else "waiting for capacity"
-        return Phase.PROVISIONING, f"resuming: {waiting}", cap
+        return _resume(f, b, cap)
     if cap.flex_wait is not None:
         b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
         return Phase.PROVISIONING, cap.flex_wait, cap
@@ -237,6 +242,38 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
     checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
+
+
+def _create(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
+    """No JobSet yet: created once the capacity is ready (or flex-start capacity waits)."""
+    assert f.plan is not None
+    plan = f.plan
+    if cap.flex_wait is None and not cap.ready:
+        return cap.phase or Phase.PENDING, cap.message, cap
+    b.add(elastic.create(plan, f.old, f.size.target))
+    b.status.job_set = plan.name
+    b.status.active_slices = f.size.target
+    if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
+        return Phase.PROVISIONING, cap.flex_wait, cap
+    b.status.capacity_ready_time = f.now
+    # Written as the next pass will see it (the JobSet, nothing running yet), so creating
+    # the JobSet costs one status write, not two.
+    seen = JobSetObservation(replicas=f.size.target)
+    return (*running_phase(f, b, seen, True), cap)
+
+
+def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
+    """A suspended JobSet (a queued job's, before admission; a held one): resumed once its
+    capacity is ready."""
+    b.status.capacity_ready_time = None  # no pod to judge until it runs
+    if cap.ready:
+        b.add(SetJobSetSuspend(False))
+        return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
+    if cap.phase is not None:
+        return cap.phase, cap.message, cap
+    cond = b.status.condition(PROVISIONED)
+    waiting = cond.message if cond and cond.message else "waiting for capacity"
+    return Phase.PROVISIONING, f"resuming: {waiting}", cap
 
 
 def _flex_start_end(f: Facts, b: Builder) -> str | None:
