@@ -9,14 +9,21 @@ between any two steps just means the next call sees a little more done and carri
 One pass, in order:
 
 1. `derive` the facts (facts.py): the job's own JobSet, one record per pod and its views, the
-   slices' readiness, restarts by cause, the capacity clock.
+   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity_models.py) and
+   the slices' readiness as it sees them, restarts by cause, the capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
-3. Otherwise the lifecycle, under the Kueue gate (gate.py) for a job that names a queue: the
-   apiserver's dry run before the first pool, the finalizer, capacity (capacity.py), the JobSet,
-   the running phase (running.py), the startup deadline and checkpoints on demand.
+3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
+   the model asks for it, the finalizer; the Kueue gate (gate.py) for a job that names a queue
+   (`_queued`: held, or provisioning before admission); the capacity (`Facts.capacity.provide`:
+   what to create, what to repair); then the JobSet (`_run`): a restart the operator carries
+   out (restart_strategy.py: a resize), the JobSet created or resumed, or running (running.py)
+   with the startup deadline and checkpoints on demand.
 4. The phase is settled once; status.slices and goodput follow from it; the invariants are
    checked on the whole decision (invariants.py).
+
+Which capacity model or restart strategy a job has is never tested here: the model and the
+strategy answer (capacity.py, restart_strategy.py).
 """
 
 from __future__ import annotations
