@@ -16,6 +16,7 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.plan import Plan
+from multislice_operator.reconcile import restart_strategy
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
@@ -279,7 +280,7 @@ def render_jobset(
     }
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
-        "restartStrategy": "Recreate",
+        **restart_strategy.jobset_fields(),  # restartStrategy: one for every cause JobSet restarts
         "rules": jobset_failure_rules(pod_policy),
     }
     annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL}

@@ -2,13 +2,19 @@
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
 once), ``verdicts`` (the ordered verdicts that end a pass), ``gate`` (Kueue: what a queued job
-may do), ``flow`` (decide: verdicts, then the lifecycle), ``capacity`` (gang provisioning, repair,
-Existing pools), ``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices),
-``restarts`` (restarts by cause, the disruption budget), ``maintenance`` (GKE's announced host
-maintenance), ``checkpoint`` (checkpoints on demand), ``startup`` (the startup deadline),
-``goodput`` (where the time went), ``reasons`` (every reason, its event type and metric),
-``invariants`` (the promises every decision keeps), ``deltas`` (metric increments),
-``termination`` (the workload's termination message), ``context`` (the decision being built).
+may do), ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
+``CapacityModel`` interface: how a job's slices get their nodes), ``capacity_models`` (its
+registry, one model per provisioning mode), ``capacity_nodepools`` (Managed: a node pool per
+slice, gang provisioning, repair, spares, flex-start), ``capacity_existing`` (Existing pools),
+``elastic`` (spec.elastic: the slice count); restarts: ``restart_strategy`` (the
+``RestartStrategy`` interface and its registry, one per cause), ``restart_recreate`` (JobSet's
+own), ``restart_resize`` (the JobSet recreated on a new slice count), ``restarts`` (restarts by
+cause, the disruption budget), ``running`` (JobSet-driven phases and restarts); ``slices``
+(status.slices), ``maintenance`` (GKE's announced host maintenance), ``checkpoint`` (checkpoints
+on demand), ``startup`` (the startup deadline), ``goodput`` (where the time went), ``reasons``
+(every reason, its event type and metric), ``invariants`` (the promises every decision keeps),
+``deltas`` (metric increments), ``termination`` (the workload's termination message),
+``context`` (the decision being built).
 """
 
 from multislice_operator.reconcile.context import at_second, backoff_seconds, set_condition

@@ -3,14 +3,16 @@
 decide() first turns (job, spec, plan, old status, observation) into `Facts`: the job's own
 JobSet (by owner uid, ownership.py), the pod views of the current attempt (one `Pod` record per
 pod, one definition of running, failed and unschedulable), which slices are ready, lost or in a
-NotReady blip, the restarts split by cause, and the one clock of capacity readiness. Verdicts,
-the Kueue gate and the lifecycle steps read these and never re-derive them.
+NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity_models.py), the
+restarts split by cause, and the one clock of capacity readiness. Verdicts, the Kueue gate and
+the lifecycle steps read these and never re-derive them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from multislice_operator import keys
@@ -22,8 +24,10 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolState
-from multislice_operator.reconcile import elastic, restarts
+from multislice_operator.reconcile import capacity_models, elastic, restarts
+from multislice_operator.reconcile.capacity import CapacityModel, Slices
+from multislice_operator.reconcile.capacity import live as live
+from multislice_operator.reconcile.capacity import slice_ready as slice_ready
 from multislice_operator.reconcile.context import at_second
 from multislice_operator.reconcile.types import (
     DecideConfig,
@@ -31,70 +35,7 @@ from multislice_operator.reconcile.types import (
     JobSetObservation,
     Observed,
     Pod,
-    SliceObservation,
 )
-
-
-def slice_ready(s: SliceObservation, hosts: int) -> bool:
-    return (
-        s.pool_state in (PoolState.READY, PoolState.UPDATING)
-        and s.ready_hosts >= hosts
-        and not s.foreign
-        and not s.taken_by
-    )
-
-
-def slice_lost(s: SliceObservation, seen_ready: bool) -> bool:
-    """Capacity that was there is gone: pool broken or deleted, or its nodes disappeared.
-
-    A READY pool without nodes is only lost if its nodes were seen Ready since it was created
-    (`seen_ready`): a fresh pool's nodes take a moment to register. Nodes that are there but not
-    Ready are a blip until the grace period passes, not a loss.
-    """
-    if s.foreign or s.taken_by:
-        return True
-    if s.pool_state in (PoolState.FAILED, PoolState.ABSENT, PoolState.DELETING):
-        return True
-    return (
-        s.pool_state in (PoolState.READY, PoolState.DEGRADED)
-        and s.hosts_present == 0
-        and seen_ready
-    )
-
-
-def _seen(old: MultisliceJobStatus, index: int) -> bool:
-    before = old.slice(index)
-    return bool(before and before.seen_ready)
-
-
-def live(s: SliceObservation) -> bool:
-    """The slice's pool exists and is not already going away."""
-    return bool(s.pool) and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)
-
-
-@dataclass(frozen=True)
-class Slices:
-    """The slices' capacity, as the lifecycle and the verdicts see it."""
-
-    hosts: int
-    ready: frozenset[int] = frozenset()
-    # Lost while the gang was up (Managed): slice -> why (a repair replaces its pool).
-    lost: dict[int, str] = field(default_factory=dict)
-    # NotReady with their nodes there, within the grace period (a blip): slice -> seconds.
-    blips: dict[int, float] = field(default_factory=dict)
-    all_ready: bool = False  # every pool (spares too) ready, or ready but for a blip
-    # Flex-start pools up and error-free whose nodes have not come yet: waiting for capacity.
-    waiting: frozenset[int] = frozenset()
-    up: int = 0  # pools ready or in a blip
-    complete: bool = False  # every pool of the plan observed (present or absent)
-    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, elastic.Size.target).
-    need: int = 0
-
-    @property
-    def enough(self) -> bool:
-        """At least `need` pools ready (or in a blip): the JobSet can run; with spec.spares a
-        lost pool's slice restarts at once on a spare while the lost pool is replaced."""
-        return self.complete and self.up >= self.need
 
 
 @dataclass(frozen=True)
@@ -121,13 +62,13 @@ class Facts:
     restarts: restarts.Attribution
     finished_before: bool  # the status says Succeeded/Failed (and the spec was valid)
     world_agrees: bool  # ... and nothing of the job runs (or its verdict still holds)
-    # The JobSet runs (exists, not suspended, not being deleted): its pods can be judged.
-    jobset_runs: bool
     # The one clock of capacity readiness (status.capacityReadyTime): since when every slice's
     # capacity has been ready without a break while the JobSet runs; None: not now.
     capacity_ready_since: datetime | None
     # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
     size: elastic.Size
+    # How the job's slices get their nodes (capacity.py), chosen once from its plan.
+    capacity: CapacityModel
 
     @property
     def active(self) -> int:
@@ -139,14 +80,6 @@ class Facts:
     @property
     def deleting(self) -> bool:
         return self.meta.deleting
-
-    @property
-    def managed(self) -> bool:
-        return self.plan is not None and self.plan.managed
-
-    def seen_ready(self, index: int) -> bool:
-        old = self.old.slice(index)
-        return bool(old and old.seen_ready)
 
 
 def _finished_before(old: MultisliceJobStatus) -> bool:
@@ -175,71 +108,48 @@ def _world_agrees(old: MultisliceJobStatus, spec: MultisliceJobSpec | None,
     )
 
 
-def _not_ready_for(old: MultisliceJobStatus, s: SliceObservation, hosts: int,
-                   now: datetime) -> float | None:  # fmt: skip
-    """Seconds a once-ready slice has had fewer Ready hosts than it needs while its pool is up;
-    None when it is not in that state."""
-    before = old.slice(s.index)
-    if before is None or not before.seen_ready or slice_ready(s, hosts):
-        return None
-    if s.pool_state not in (PoolState.READY, PoolState.DEGRADED, PoolState.UPDATING):
-        return None
-    since = before.not_ready_time or now
-    return (now - since).total_seconds()
+@dataclass(frozen=True)
+class _PodViews:
+    running: dict[int, int]
+    succeeded: dict[int, int]
+    by_slice: dict[int, int]
+    unschedulable: tuple[Pod, ...]
 
 
-def _slices(f_old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
-            now: datetime) -> Slices:  # fmt: skip
-    hosts = plan.shape.hosts
-    ready = frozenset(s.index for s in obs.slices if slice_ready(s, hosts))
-    if not plan.managed:
-        up = len(ready) >= plan.slices
-        return Slices(hosts, ready, all_ready=up, up=len(ready), complete=True, need=plan.slices)
-    waiting = frozenset(
-        s.index
-        for s in obs.slices
-        if s.flex_start
-        and s.index not in ready
-        and s.pool_state == PoolState.READY
-        and s.error is None
-        and s.hosts_present < hosts
-        and not _seen(f_old, s.index)  # once its nodes came, nodes gone are a loss
-    )
-    lost: dict[int, str] = {}
-    blips: dict[int, float] = {}
-    for s in obs.slices:
-        before = f_old.slice(s.index)
-        if slice_lost(s, bool(before and before.seen_ready)):
-            lost[s.index] = (
-                s.error.code
-                if s.error
-                else (
-                    "nodes gone"
-                    if s.pool_state in (PoolState.READY, PoolState.DEGRADED)
-                    else str(s.pool_state)
-                )
-            )
+def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
+    """The current attempt's pods, counted per slice once (deleting pods are not counted)."""
+    running: dict[int, int] = {}
+    succeeded: dict[int, int] = {}
+    by_slice: dict[int, int] = {}
+    for p in pods:
+        i = p.slice_index
+        if p.attempt != attempt or i is None or p.deleting:
             continue
-        elapsed = _not_ready_for(f_old, s, hosts, now)
-        if elapsed is None:
-            continue
-        if elapsed >= cfg.not_ready_grace_seconds:
-            lost[s.index] = f"{s.ready_hosts}/{hosts} hosts Ready, NotReady for {elapsed:.0f}s"
-        else:
-            blips[s.index] = elapsed
-    complete = len(obs.slices) == len(plan.pools)
-    up = complete and all(s.index in ready or s.index in blips for s in obs.slices)
-    return Slices(
-        hosts,
-        ready,
-        lost,
-        blips,
-        all_ready=up,
-        waiting=waiting,
-        up=len(ready | blips.keys()),
-        complete=complete,
-        need=plan.slices,
+        by_slice[i] = by_slice.get(i, 0) + 1
+        if p.running:
+            running[i] = running.get(i, 0) + 1
+        elif p.phase == "Succeeded":
+            succeeded[i] = succeeded.get(i, 0) + 1
+    unschedulable = tuple(
+        p
+        for p in pods
+        if p.attempt == attempt
+        and p.unschedulable_since is not None
+        and not p.deleting
+        and p.phase == "Pending"
     )
+    return _PodViews(running, succeeded, by_slice, unschedulable)
+
+
+def _capacity_view(model: CapacityModel, plan: Plan | None, old: MultisliceJobStatus,
+                   obs: Observed, js: JobSetObservation | None, cfg: DecideConfig,
+                   now: datetime) -> tuple[Slices, elastic.Size]:  # fmt: skip
+    """The slices as the job's capacity model sees them, and the size the JobSet runs at."""
+    if plan is None:
+        return Slices(0), elastic.Size(0, 0)
+    slices = model.slices(old, obs, plan, cfg, now)
+    size = model.size(plan, old, slices, obs, js, now)
+    return dataclasses.replace(slices, need=size.target), size  # spec.elastic: maybe fewer
 
 
 def derive(
@@ -255,42 +165,12 @@ def derive(
     seen = obs.jobset
     js = seen if seen is not None and seen.owned else None
     attempt = js.restarts if js is not None else 0
-    pods = obs.pods
-    current = [p for p in pods if p.attempt == attempt and p.slice_index is not None]
-    running: dict[int, int] = {}
-    succeeded: dict[int, int] = {}
-    by_slice: dict[int, int] = {}
-    for p in current:
-        i = p.slice_index
-        assert i is not None
-        if p.deleting:
-            continue
-        by_slice[i] = by_slice.get(i, 0) + 1
-        if p.running:
-            running[i] = running.get(i, 0) + 1
-        elif p.phase == "Succeeded":
-            succeeded[i] = succeeded.get(i, 0) + 1
-    unschedulable = tuple(
-        p
-        for p in pods
-        if p.attempt == attempt
-        and p.unschedulable_since is not None
-        and not p.deleting
-        and p.phase == "Pending"
-    )
-    failures = tuple(p for p in pods if p.failed)
-    slices = _slices(old, obs, plan, cfg, now) if plan is not None else Slices(0)
-    size = (
-        elastic.size(
-            plan, old, slices.ready, slices.up, obs.slices, js, now, frozenset(slices.lost)
-        )
-        if plan is not None
-        else elastic.Size(0, 0)
-    )
-    slices = dataclasses.replace(slices, need=size.target)  # spec.elastic: maybe fewer
+    pods = _pod_views(obs.pods, attempt)
+    failures = tuple(p for p in obs.pods if p.failed)
+    model = capacity_models.model_of(plan)
+    slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
-    capacity_now = slices.enough if plan is not None and plan.managed else True
-    clock = (old.capacity_ready_time or now) if runs and capacity_now else None
+    clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
     return Facts(
         meta=meta,
         spec=spec,
@@ -305,16 +185,16 @@ def derive(
         js_other=seen if seen is not None and not seen.owned else None,
         attempt=attempt,
         failures=failures,
-        running=running,
-        succeeded=succeeded,
-        unschedulable=unschedulable,
-        pods_by_slice=by_slice,
-        live_pods=tuple(p for p in pods if p.live),
+        running=pods.running,
+        succeeded=pods.succeeded,
+        unschedulable=pods.unschedulable,
+        pods_by_slice=pods.by_slice,
+        live_pods=tuple(p for p in obs.pods if p.live),
         slices=slices,
         restarts=restarts.attribute(old, js, failures),
         finished_before=_finished_before(old),
         world_agrees=_world_agrees(old, spec, js),
-        jobset_runs=runs,
         capacity_ready_since=clock,
         size=size,
+        capacity=model,
     )

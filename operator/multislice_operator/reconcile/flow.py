@@ -9,14 +9,21 @@ between any two steps just means the next call sees a little more done and carri
 One pass, in order:
 
 1. `derive` the facts (facts.py): the job's own JobSet, one record per pod and its views, the
-   slices' readiness, restarts by cause, the capacity clock.
+   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity_models.py) and
+   the slices' readiness as it sees them, restarts by cause, the capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
-3. Otherwise the lifecycle, under the Kueue gate (gate.py) for a job that names a queue: the
-   apiserver's dry run before the first pool, the finalizer, capacity (capacity.py), the JobSet,
-   the running phase (running.py), the startup deadline and checkpoints on demand.
+3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
+   the model asks for it, the finalizer; the Kueue gate (gate.py) for a job that names a queue
+   (`_queued`: held, or provisioning before admission); the capacity (`Facts.capacity.provide`:
+   what to create, what to repair); then the JobSet (`_run`): a restart the operator carries
+   out (restart_strategy.py: a resize), the JobSet created or resumed, or running (running.py)
+   with the startup deadline and checkpoints on demand.
 4. The phase is settled once; status.slices and goodput follow from it; the invariants are
    checked on the whole decision (invariants.py).
+
+Which capacity model or restart strategy a job has is never tested here: the model and the
+strategy answer (capacity.py, restart_strategy.py).
 """
 
 from __future__ import annotations
@@ -37,15 +44,15 @@ from multislice_operator.reconcile import (
     goodput,
     invariants,
     maintenance,
+    restart_strategy,
     startup,
     verdicts,
 )
 from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
+    NO_CAPACITY,
     PROVISIONED,
     Capacity,
-    Released,
-    capacity,
     pools_present,
     release_stopped,
     strays,
@@ -69,7 +76,6 @@ from multislice_operator.reconcile.types import (
     ValidateJobSet,
 )
 
-NO_CAPACITY = Capacity(False)
 TERMINAL_RESYNC_FACTOR = 6  # a finished job is looked at less often (TTL, a lying status)
 FLEX_START_REQUEST_PREFIX = "flexend-"  # one request per end of a run
 
@@ -113,7 +119,7 @@ def decide(
     if not f.deleting:
         if f.plan is not None and f.error is None:
             slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
-        goodput.account(f, b, _stalled(cap))
+        goodput.account(f, b, cap.stalled)
     b.transition_event()
     decision = Decision(
         b.status,
@@ -125,15 +131,12 @@ def decide(
     return invariants.enforce(f, decision)
 
 
-def _stalled(cap: Capacity) -> bool:
-    """A lost slice's pool is being replaced and no spare runs the slice meanwhile."""
-    return bool(cap.repairing) and not cap.covered
-
-
 def _asks_apiserver(f: Facts) -> bool:
-    """A Managed job about to create its first pool, whose JobSet the apiserver has not judged
-    (an Existing job creates its JobSet at once: the create itself is the judgement)."""
-    return f.managed and f.js is None and f.obs.admission is None and not pools_present(f)
+    """A job about to create its first capacity, whose JobSet the apiserver has not judged (if
+    its capacity model asks for that dry run: capacity.py)."""
+    if not f.capacity.dry_run_first:
+        return False
+    return f.js is None and f.obs.admission is None and not pools_present(f)
 
 
 def _next_pass(f: Facts, b: Builder) -> float:
@@ -181,7 +184,23 @@ def _status_ignored(f: Facts, b: Builder) -> None:
 
 
 def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capacity]:
+    """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
+    _begin(f, b)
+    g = kueue.gate(f, b) if f.queue else None
+    queued = _queued(f, b, g)
+    if queued is not None:
+        return queued
+    cap = f.capacity.provide(f, b, verdicts.gang_up(f))
+    if g is not None:
+        kueue.admitted(b, g)
+    return _run(f, b, cap, due)
+
+
+def _begin(f: Facts, b: Builder) -> None:
+    """What every lifecycle pass does first: the first pass's memory, the finalizer before the
+    first capacity, the job's stray pools deleted."""
+    assert f.plan is not None
     plan = f.plan
     b.status.startup = None  # timed again below, only while the JobSet starts
     if b.status.start_time is None:  # the job's first active pass
@@ -190,10 +209,13 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
             b.event(
                 Reason.NO_CHECKPOINT, "; ".join(f"{w.path}: {w.message}" for w in plan.warnings)
             )
-    if plan.managed and not f.meta.has_finalizer:
+    if f.capacity.finalizer_first and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
-    g = kueue.gate(f, b) if f.queue else None
+
+
+def _queued(f: Facts, b: Builder, g: kueue.Gate | None) -> tuple[Phase, str, Capacity] | None:
+    """A queued job that Kueue holds, or whose quota is reserved before admission; None: run."""
     if g is not None and g.allows == kueue.Pass.HOLD:
         return (*_hold(f, b, g), NO_CAPACITY)
     if g is not None and g.allows == kueue.Pass.PROVISION:
@@ -201,67 +223,64 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None and g.allows == kueue.Pass.ADMISSION:
         b.status.capacity_ready_time = None
         return (*kueue.waiting_for_admission(f, b, g.message), NO_CAPACITY)
+    return None
+
+
+def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, str, Capacity]:
+    """The JobSet on the capacity: a restart the operator carries out, the JobSet created or
+    resumed, or running (the startup deadline, checkpoints on demand)."""
+    assert f.plan is not None
+    plan = f.plan
+    restarting = restart_strategy.carry_out(f, b, cap)  # e.g. a resize (spec.elastic)
+    if restarting is not None:
+        return (*restarting, cap)
     js = f.js
-    if plan.managed or (g is None and (js is None or js.suspended)):
-        cap = capacity(f, b, verdicts.gang_up(f))
-    else:
-        cap = Capacity(True)  # Existing pools are the JobSet's business once it runs
-    if g is not None:
-        kueue.admitted(b, g)
-    resizing = _resize(f, b, cap)
-    if resizing is not None:
-        return (*resizing, cap)
     if js is None:
-        if cap.flex_wait is None and not cap.ready:
-            return cap.phase or Phase.PENDING, cap.message, cap
-        b.add(elastic.create(plan, f.old, f.size.target))
-        b.status.job_set = plan.name
-        b.status.active_slices = f.size.target
-        if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-            return Phase.PROVISIONING, cap.flex_wait, cap
-        b.status.capacity_ready_time = f.now
-        # Written as the next pass will see it (the JobSet, nothing running yet), so creating
-        # the JobSet costs one status write, not two.
-        seen = JobSetObservation(replicas=f.size.target)
-        return (*running_phase(f, b, seen, True), cap)
+        return _create(f, b, cap)
     b.status.job_set = plan.name
     if js.suspended:
-        b.status.capacity_ready_time = None  # no pod to judge until it runs
-        if cap.ready:
-            b.add(SetJobSetSuspend(False))
-            return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
-        if cap.phase is not None:
-            return cap.phase, cap.message, cap
-        cond = b.status.condition(PROVISIONED)
-        waiting = cond.message if cond and cond.message else "waiting for capacity"
-        phase = Phase.PROVISIONING if plan.managed else Phase.PENDING
-        return phase, f"resuming: {waiting}", cap
+        return _resume(f, b, cap)
     if cap.flex_wait is not None:
         b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
         return Phase.PROVISIONING, cap.flex_wait, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
-    startup.check(f, b, phase, _stalled(cap))
+    startup.check(f, b, phase, cap.stalled)
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
     checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
 
 
-def _resize(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
-    """spec.elastic: a resize in flight or due now ends the pass (elastic.py)."""
+def _create(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
+    """No JobSet yet: created once the capacity is ready (or flex-start capacity waits)."""
+    assert f.plan is not None
     plan = f.plan
-    assert plan is not None
-    if plan.elastic is None:
-        return None
-    if f.size.wait_left is not None:
-        b.requeue_in(f.size.wait_left)
-    if f.js is None:
-        if not elastic.resized(f.old) or cap.ready:
-            return None  # created below: the first JobSet, or the resized one now
-        waiting = cap.message or "waiting for the pools"
-        return Phase.RESTARTING, f"resizing to {f.size.target} of {plan.slices} slices: {waiting}"
-    running = any(f.running.values())
-    return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now, checkpoint.acked(f))
+    if cap.flex_wait is None and not cap.ready:
+        return cap.phase or Phase.PENDING, cap.message, cap
+    b.add(elastic.create(plan, f.old, f.size.target))
+    b.status.job_set = plan.name
+    b.status.active_slices = f.size.target
+    if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
+        return Phase.PROVISIONING, cap.flex_wait, cap
+    b.status.capacity_ready_time = f.now
+    # Written as the next pass will see it (the JobSet, nothing running yet), so creating
+    # the JobSet costs one status write, not two.
+    seen = JobSetObservation(replicas=f.size.target)
+    return (*running_phase(f, b, seen, True), cap)
+
+
+def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
+    """A suspended JobSet (a queued job's, before admission; a held one): resumed once its
+    capacity is ready."""
+    b.status.capacity_ready_time = None  # no pod to judge until it runs
+    if cap.ready:
+        b.add(SetJobSetSuspend(False))
+        return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
+    if cap.phase is not None:
+        return cap.phase, cap.message, cap
+    cond = b.status.condition(PROVISIONED)
+    waiting = cond.message if cond and cond.message else "waiting for capacity"
+    return Phase.PROVISIONING, f"resuming: {waiting}", cap
 
 
 def _flex_start_end(f: Facts, b: Builder) -> str | None:
@@ -292,13 +311,8 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
     if f.js is None and f.js_other is None:
         b.add(CreateJobSet())
     b.status.job_set = f.plan.name
-    if f.managed and g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
-        held = (
-            "leaving the queue's quota: the node pools go once the JobSet's pods are gone"
-            if note is Released.STOPPING
-            else "no quota reserved: no node pools"
-        )
-        b.cond(PROVISIONED, "False", Reason.QUEUED, held)
+    if g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
+        f.capacity.held(f, b, note)  # no quota: what becomes of the capacity
     gated = kueue.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
     return kueue.hold(f, b, gated)
 
@@ -309,14 +323,13 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
     b.status.capacity_ready_time = None
     cq = g.workload.cluster_queue or "?"
     name = g.check.name
-    if not f.plan.managed:
-        message = "Existing mode: the slices run on node pools that exist; nothing to provision"
-        kueue.report(f, b, g, CheckState.READY, message)
+    cap = f.capacity.before_admission(f, b)
+    if cap.preexisting is not None:  # nothing to provision: the check is Ready at once
+        kueue.report(f, b, g, CheckState.READY, cap.preexisting)
         phase, text = kueue.waiting_for_admission(
-            f, b, f"quota reserved in ClusterQueue {cq}; {message}"
+            f, b, f"quota reserved in ClusterQueue {cq}; {cap.preexisting}"
         )
         return phase, text, NO_CAPACITY
-    cap = capacity(f, b, started=False)
     if cap.rolled_back is not None:
         kueue.report(f, b, g, CheckState.RETRY, cap.rolled_back)
         retry = kueue.Gate(

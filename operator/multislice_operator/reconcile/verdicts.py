@@ -144,7 +144,7 @@ def check_rejected(f: Facts) -> Verdict | None:
 
 def before_first_pool(f: Facts) -> bool:
     """Nothing of the job holds capacity yet: no JobSet of its own, no pool of its own."""
-    return f.js is None and not (f.managed and pools_present(f))
+    return f.js is None and not pools_present(f)
 
 
 def pod_security(f: Facts) -> Verdict | None:
@@ -167,9 +167,7 @@ def jobset_refused(f: Facts) -> Verdict | None:
 
 
 def pool_name_taken(f: Facts) -> Verdict | None:
-    if not f.managed:
-        return None
-    taken = [s for s in f.obs.slices if s.taken_by and s.taken_by_older]
+    taken = f.capacity.taken(f)
     if not taken:
         return None
     s = taken[0]
@@ -182,11 +180,7 @@ def pool_name_taken(f: Facts) -> Verdict | None:
 
 
 def provisioning_failed(f: Facts) -> Verdict | None:
-    if not f.managed or not f.obs.provisioner_configured:
-        return None
-    permanent = [s.error for s in f.obs.slices if s.error and s.error.permanent]
-    if f.obs.offered_error is not None and not gang_up(f) and not pools_present(f):
-        permanent.insert(0, f.obs.offered_error)  # only matters before the first pool exists
+    permanent = f.capacity.permanent_errors(f, gang_up(f))
     if not permanent:
         return None
     message = (
