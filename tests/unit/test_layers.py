@@ -1,5 +1,5 @@
 """Arrows point down: the pure core never imports an adapter, the model never imports planning
-(architecture.md). Read from the source's imports, so a new module is checked too."""
+(the README's "How it works"). Read from the source's imports, so a new module is checked too."""
 
 from __future__ import annotations
 
