@@ -174,7 +174,7 @@ async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     if existing is not None:
         owners = (existing.get("metadata") or {}).get("ownerReferences") or []
         if not any(o.get("uid") == t.uid for o in owners):
-            # Not labelled ours (the index holds those): observe() judges whose it is.
+            # Not labelled ours (the index holds those): assemble() judges whose it is.
             rt.strangers[(t.namespace, t.name)] = ob.summarize_jobset(existing)
 
 
