@@ -8,7 +8,7 @@ saved activations, scratch). The baseline is float32 parameters and moments, ful
 microbatch, in the same run.
 
 The layers cast each weight to the compute dtype (float32 here) before gathering it, block by
-block (`sharding.gather`), so the bf16-parameter options' temporaries hold one block's float32
+block (`partitioning.gather`), so the bf16-parameter options' temporaries hold one block's float32
 weights at a time; their state bytes are exact on every platform.
 
     .venv/bin/python -m benchmarks.workload_memory [--seq_len 256] [--batch_size 8]

@@ -976,7 +976,8 @@ JOBSET_CONTROLLER = Component(
 )
 
 
-# -- Kueue (the kueue profile); /work/notes/kueue.md has the recipe and its pitfalls
+# -- Kueue (the kueue profile); hack/README.md has the build recipe and its pitfalls, docs/kueue.md
+# ("Locally") the demo
 
 
 KUEUE_CRDS_FILE = "kueue-crds.yaml"

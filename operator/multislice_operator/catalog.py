@@ -247,10 +247,6 @@ class SliceShape:
         return self.multi_host and self.generation.placement == Placement.WORKLOAD_POLICY
 
     @property
-    def peak_flops_per_slice(self) -> float:
-        return self.chips * self.generation.peak_bf16_flops
-
-    @property
     def dcn_bits_per_host(self) -> float:
         return self.chips_per_host * self.generation.dcn_bits_per_chip
 

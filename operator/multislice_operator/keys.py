@@ -17,8 +17,8 @@ SLICE = f"{PREFIX}/slice"
 # them), so node pools say who manages them under our own prefix.
 NODE_MANAGED_BY = f"{PREFIX}/managed-by"
 FINALIZER = f"{PREFIX}/cleanup"
-# Checkpoint on demand (contract.md section 3): the request on the job (a user's) and on every
-# pod (the operator's copy), and the workload's acknowledgement on its pod ({"id", "step"}).
+# Checkpoint on demand (docs/environment.md section 3): the request on the job (a user's) and on
+# every pod (the operator's copy), and the workload's acknowledgement on its pod ({"id", "step"}).
 CHECKPOINT_REQUEST = f"{PREFIX}/checkpoint-request"
 CHECKPOINT_SAVED = f"{PREFIX}/checkpoint-saved"
 # On a JobSet the operator recreated on another slice count (spec.elastic): the job's restarts

@@ -42,7 +42,7 @@ DISRUPTION_MESSAGE = (
 FATAL_MESSAGE = (
     f"^Container .* failed with exit code [0-9]+ matching FailJob rule at index {FATAL_POD_RULE}$"
 )
-# Checkpoint on demand (contract.md section 3): the pod's own annotations, mounted.
+# Checkpoint on demand (docs/environment.md section 3): the pod's own annotations, mounted.
 PODINFO_VOLUME = "multislice-podinfo"
 PODINFO_DIR = "/etc/multislice/podinfo"
 PODINFO_FILE = "annotations"

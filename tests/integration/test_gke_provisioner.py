@@ -78,7 +78,7 @@ async def until(prov: GkeProvisioner, plan: Plan, statuses: set[str]) -> GangObs
     """Observe until every pool of the plan is in one of ``statuses`` (a few seconds at most)."""
     deadline = time.monotonic() + 10
     while True:
-        obs = await prov.observe(plan)
+        obs = await prov.observe_gang(plan)
         if all(p.status in statuses for p in obs.pools.values()):
             return obs
         assert time.monotonic() < deadline, obs
@@ -123,11 +123,11 @@ def test_gang_create_all_running_with_specs_on_the_wire(
     sim.configure(op_latency_s=0.8)  # observe PoolState.CREATING before it ends, even under load
 
     async def scenario() -> GangObservation:
-        first = await prov.observe(plan)
+        first = await prov.observe_gang(plan)
         assert {p.status for p in first.pools.values()} == {PoolState.ABSENT}
         result = await prov.create(plan, plan.node_pools, UID)
         assert result.errors == []
-        provisioning = await prov.observe(plan)
+        provisioning = await prov.observe_gang(plan)
         assert {p.status for p in provisioning.pools.values()} == {PoolState.CREATING}
         assert all(p.operation_pending for p in provisioning.pools.values())
         return await until(prov, plan, {PoolState.READY})
@@ -232,7 +232,7 @@ def test_delete_missing_is_success_and_delete_reaches_absent(
         await prov.create(plan, plan.node_pools, UID)
         await until(prov, plan, {PoolState.READY})
         assert (await prov.delete(plan, [p.name for p in plan.node_pools])).errors == []
-        stopping = await prov.observe(plan)
+        stopping = await prov.observe_gang(plan)
         assert {p.status for p in stopping.pools.values()} == {PoolState.DELETING}
         # A second delete while PoolState.DELETING ("currently deleting") is success too.
         assert (await prov.delete(plan, [plan.node_pools[0].name])).errors == []
@@ -288,7 +288,7 @@ def test_failed_creates_rolled_back_still_surface_via_operations(
     async def scenario() -> GangObservation:
         await prov.create(plan, plan.node_pools, UID)
         assert sim.wait_idle()
-        return await prov.observe(plan)
+        return await prov.observe_gang(plan)
 
     obs = run(scenario())
     assert {p.status for p in obs.pools.values()} == {PoolState.ABSENT}
@@ -307,7 +307,7 @@ def test_fresh_provisioner_observes_same_state(
         await first.create(plan, plan.node_pools, UID)
         before = await until(first, plan, {PoolState.READY, PoolState.FAILED})
         restarted = make_prov()  # operator restart: empty operation cache
-        return before, await restarted.observe(plan)
+        return before, await restarted.observe_gang(plan)
 
     before, after = run(scenario())
     assert {n: p.status for n, p in before.pools.items()} == {
@@ -327,7 +327,7 @@ def test_429_and_5xx_are_retried_then_succeed(sim: GkeSimulator, prov: GkeProvis
     assert counters["calls"]["create_node_pool"] == 4  # 3 injected failures + success
     assert counters["responses"]["429"] == 2 and counters["responses"]["503"] == 1
     sim.set_faults(http_5xx_next=2, http_5xx_status=500)
-    obs = run(prov.observe(plan))
+    obs = run(prov.observe_gang(plan))
     assert obs.errors == [] and obs.pools[plan.node_pools[0].name].status != PoolState.ABSENT
 
 
@@ -342,7 +342,7 @@ def test_transient_errors_reported_after_bounded_retries(
     assert [(e.code, e.permanent) for e in errors] == [(CODE_RATE_LIMITED, False)] * 2
     assert sim.counters()["calls"]["create_node_pool"] == 2 * FAST_RETRY.attempts
     sim.set_faults(http_429_next=0, http_5xx_next=100, http_fault_methods=["list_node_pools"])
-    obs = run(prov.observe(plan))
+    obs = run(prov.observe_gang(plan))
     assert obs.pools == {} and [e.code for e in obs.errors] == [CODE_UNAVAILABLE]
 
 
@@ -445,9 +445,9 @@ def test_quota_403_is_transient_names_quota_and_region_and_rolls_back(
 
     async def scenario() -> tuple[list[Any], GangObservation, GangObservation]:
         errors = (await prov.create(plan, plan.node_pools, UID)).errors
-        first = await prov.observe(plan)
+        first = await prov.observe_gang(plan)
         await prov.create(plan, plan.node_pools, UID)  # the next attempt: no fault left
-        return errors, first, await prov.observe(plan)
+        return errors, first, await prov.observe_gang(plan)
 
     errors, first, second = run(scenario())
     [err] = errors
@@ -485,7 +485,7 @@ def test_quota_403_through_decide_rolls_back_with_backoff(
 
     async def observe() -> GangObservation:
         await prov.create(plan, plan.node_pools, UID)
-        return await prov.observe(plan)
+        return await prov.observe_gang(plan)
 
     obs = run(observe())
     slices = [
@@ -895,10 +895,10 @@ def test_a_listing_taken_while_a_mutation_is_in_flight_is_not_served_after_it(
         )
         while not on_the_wire.is_set():
             await asyncio.sleep(0.01)
-        await prov.observe(other, max_age=60)  # the listing, taken mid-mutation
+        await prov.observe_gang(other, max_age=60)  # the listing, taken mid-mutation
         listed.set()
         assert (await task).errors == []
-        return await prov.observe(plan, max_age=60)
+        return await prov.observe_gang(plan, max_age=60)
 
     obs = run(scenario())
     want = PoolState.CREATING if mutation == "create" else PoolState.DELETING

@@ -55,7 +55,7 @@ class Provisioner:
     def __init__(self, plan: Any) -> None:
         self.plan, self.asked = plan, []
 
-    async def observe(self, plan: Any, max_age: float = 0.0) -> GangObservation:
+    async def observe_gang(self, plan: Any, max_age: float = 0.0) -> GangObservation:
         self.asked.append(max_age)
         return gang(plan, PoolState.READY if max_age <= 0.5 else PoolState.CREATING)
 
@@ -75,10 +75,10 @@ def test_a_pass_that_sees_the_nodes_ahead_of_the_listing_asks_for_a_fresh_one() 
         "metadata": {"name": "job", "namespace": "ns", "uid": "u", "generation": 1},
         "spec": {},
     }
-    obs = asyncio.run(reconciler.observe(rt, ("ns", "job"), body, plan, spec))
+    obs = asyncio.run(reconciler.observe_job(rt, ("ns", "job"), body, plan, spec))
     assert p.asked == [rt.cfg.resync_seconds, reconciler.FRESH_LISTING_SECONDS], p.asked
     assert {s.pool_state for s in obs.slices} == {PoolState.READY}
     rt.indexes.nodes = {}  # no node yet: the resync's listing is enough
     p.asked.clear()
-    asyncio.run(reconciler.observe(rt, ("ns", "job"), body, plan, spec))
+    asyncio.run(reconciler.observe_job(rt, ("ns", "job"), body, plan, spec))
     assert p.asked == [rt.cfg.resync_seconds]

@@ -1,5 +1,5 @@
 """Arrows point down: the pure core never imports an adapter, the model never imports planning
-(architecture.md). Read from the source's imports, so a new module is checked too."""
+(the README's "How it works"). Read from the source's imports, so a new module is checked too."""
 
 from __future__ import annotations
 
@@ -29,8 +29,13 @@ FORBIDDEN = {
 
 
 def imports(path: Path) -> set[str]:
+    return imports_in(path.read_text())
+
+
+def imports_in(source: str) -> set[str]:
+    """Every module and imported name, at any depth (a function's own imports too)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -76,3 +81,73 @@ def test_ownership_is_one_rule() -> None:
                "provisioning/gke.py"]  # fmt: skip
     for path in callers:
         assert "ownership import" in (PKG / path).read_text(), path
+
+
+# ---------------------------------------------------------------- no import cycles
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def internal_imports(source: str, me: str, known: set[str]) -> set[str]:
+    """The operator's modules `me` imports: `from pkg import mod` names the module, `from pkg
+    import name` the package's __init__. A package `me` sits in is left out: Python runs it
+    before `me` either way, and its __init__ re-exporting `me` is no circle."""
+    found = set()
+    for name in imports_in(source):
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return {m for m in found if m != me and not me.startswith(m + ".")}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (member := stack.pop()) != node:
+                component.append(member)
+            found.append(sorted([*component, node]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [c for c in found if len(c) > 1]
+
+
+def test_no_import_cycles() -> None:
+    """No two operator modules import each other, directly or around a circle, not even through
+    an import inside a function (which hides a circle until that function first runs)."""
+    paths = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    known = set(paths)
+    graph = {me: internal_imports(p.read_text(), me, known) for me, p in paths.items()}
+    assert len(graph) > 50
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_circle_through_a_function_import() -> None:
+    known = {"multislice_operator.x", "multislice_operator.x.y", "multislice_operator.z"}
+    lazy = "import os\n\ndef f():\n    from multislice_operator.x import y, name\n"
+    found = internal_imports(lazy, "multislice_operator.z", known)
+    assert found == {"multislice_operator.x", "multislice_operator.x.y"}
+    own_package = internal_imports(lazy, "multislice_operator.x.w", known)
+    assert own_package == {"multislice_operator.x.y"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "d"}}
+    assert cycles(graph) == [["a", "b", "c"]]

@@ -47,7 +47,7 @@ def body(name: str = "job", uid: str = "uid-1", created: str = "2026-11-30T12:00
 class Unreadable:
     """A provisioner whose cloud cannot be read (429/5xx from GKE after its own retries)."""
 
-    async def observe(self, plan: Any, max_age: float = 0.0) -> GangObservation:
+    async def observe_gang(self, plan: Any, max_age: float = 0.0) -> GangObservation:
         err = PoolError(None, "", "RESOURCE_EXHAUSTED", "429 Too Many Requests", False)
         return GangObservation(errors=[err], complete=False)
 
@@ -76,7 +76,7 @@ def test_an_unreadable_cloud_logs_one_warning_line_and_backs_off_exponentially(c
 
 
 class Busy:
-    async def observe(self, plan: Any, max_age: float = 0.0) -> GangObservation:
+    async def observe_gang(self, plan: Any, max_age: float = 0.0) -> GangObservation:
         raise kopf_errors.APIServerError(
             {"message": "etcdserver: too many requests"}, status=503, headers={}
         )

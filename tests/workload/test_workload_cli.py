@@ -54,7 +54,7 @@ def run_workload(
 
 
 def test_exit_code_constants() -> None:
-    # contract.md section 1: the operator's failure policy keys on exactly these values.
+    # docs/environment.md section 1: the operator's failure policy keys on exactly these values.
     assert (exitcodes.EXIT_OK, exitcodes.EXIT_CRASH, exitcodes.EXIT_INJECTED_FAILURE) == (0, 1, 13)
     assert exitcodes.EXIT_RESTART_REQUESTED == 42
     assert exitcodes.EXIT_HANG == 75

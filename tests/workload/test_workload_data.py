@@ -13,7 +13,7 @@ import pytest
 
 from multislice_workload import datasets, prepare, tokenizer
 from multislice_workload.mesh import MESH_AXES
-from multislice_workload.sharding import named
+from multislice_workload.partitioning import named
 
 VOCAB = 1024
 

@@ -54,7 +54,7 @@ def test_contract_variable_names() -> None:
     assert set(contract.OPTIONAL_VARIABLES) == {
         "MULTISLICE_CHECKPOINT_DIR",
         "MULTISLICE_RESTART_ATTEMPT",
-        # contract.md section 5: rendered from the downward API, absent in local runs.
+        # docs/environment.md section 5: rendered from the downward API, absent in local runs.
         "MULTISLICE_PODINFO_DIR",
         "MULTISLICE_POD_NAME",
         "MULTISLICE_POD_NAMESPACE",

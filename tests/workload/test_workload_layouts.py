@@ -19,7 +19,7 @@ import pytest
 from multislice_workload import datasets, hardware
 from multislice_workload.env import Parallelism
 from multislice_workload.mesh import MESH_AXES, device_array
-from multislice_workload.sharding import named
+from multislice_workload.partitioning import named
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 
 from multislice_workload import datasets, hlo, train
 from multislice_workload.mesh import MESH_AXES
-from multislice_workload.sharding import bytes_per_device
+from multislice_workload.partitioning import bytes_per_device
 from tests.workload.compiled import cached_trainer
 
 CFG = train.TrainConfig(

@@ -121,7 +121,7 @@ def _forward(q: Any, k: Any, v: Any, block: int) -> tuple[Any, Any]:
     import jax
     import jax.numpy as jnp
 
-    from multislice_workload.sharding import vary, varying_axes
+    from multislice_workload.partitioning import vary, varying_axes
 
     scale = q.shape[-1] ** -0.5
     qb, kb, vb = (_blocks(x, block) for x in (q, k, v))
@@ -180,7 +180,7 @@ def _flash_bwd(block: int, residuals: tuple[Any, ...], dout: Any) -> tuple[Any, 
     import jax
     import jax.numpy as jnp
 
-    from multislice_workload.sharding import vary, varying_axes
+    from multislice_workload.partitioning import vary, varying_axes
 
     q, k, v, out, lse = residuals
     axes = varying_axes(q, k, v, dout)
@@ -273,7 +273,7 @@ def splash(
 
     if mesh is None or mesh.size == 1:
         return _in_manual_region(per_device, q, k, v)
-    from multislice_workload.sharding import logical_to_spec
+    from multislice_workload.partitioning import logical_to_spec
 
     spec = logical_to_spec(("batch", None, "act_heads", None))
     del heads
@@ -296,7 +296,7 @@ def _in_manual_region(kernel: Any, q: Any, k: Any, v: Any) -> Any:
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from multislice_workload.sharding import vary, varying_axes
+    from multislice_workload.partitioning import vary, varying_axes
 
     axes = varying_axes(q, k, v)
     if not axes:

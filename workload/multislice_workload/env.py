@@ -38,8 +38,8 @@ DCN_DATA = "MULTISLICE_DCN_DATA"
 DCN_FSDP = "MULTISLICE_DCN_FSDP"
 DCN_PIPELINE = "MULTISLICE_DCN_PIPELINE"
 DCN_TENSOR = "MULTISLICE_DCN_TENSOR"
-# Rendered by the operator from the downward API for checkpoints on demand (contract.md 3, 5);
-# absent in local runs, where the launcher may set them.
+# Rendered by the operator from the downward API for checkpoints on demand (docs/environment.md
+# sections 3, 5); absent in local runs, where the launcher may set them.
 PODINFO_DIR = "MULTISLICE_PODINFO_DIR"
 POD_NAME = "MULTISLICE_POD_NAME"
 POD_NAMESPACE = "MULTISLICE_POD_NAMESPACE"

@@ -1,6 +1,6 @@
 """Process exit codes: the contract between the workload and the operator's failure policy.
 
-The operator turns these into a JobSet ``podFailurePolicy`` (/work/notes/contract.md section 1):
+The operator turns these into a JobSet ``podFailurePolicy`` (docs/environment.md section 1):
 codes in its fatal list (default ``[78]``) fail the whole job at once; 75 restarts with cause
 ``hang``; everything else restarts all slices from the last checkpoint. Keep this module free of
 imports so the operator, tests and the launcher can read it without pulling in JAX.

@@ -11,7 +11,7 @@ split into contiguous stages (`pipeline.py`). Parameters are float32 (or bfloat1
 master copy, `train.py`); the matmuls run in `ModelConfig.dtype`.
 
 The forward pass below works on this device's shards (it runs inside the ``shard_map`` of
-`loss`; `sharding.py` says which collective each helper adds): activations are
+`loss`; `partitioning.py` says which collective each helper adds): activations are
 [local batch, sequence, embed], replicated over ``tensor``; a weight arrives as its shard and is
 gathered over ``fsdp`` (after the cast to the compute dtype) in the computation that uses it.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from multislice_workload import attention as attn
-from multislice_workload.sharding import (
+from multislice_workload.partitioning import (
     BATCH_AXES,
     Logical,
     gather,
@@ -368,7 +368,7 @@ def loss(
     microbatches: int = 1,
 ) -> Any:
     """The model's loss on tokens [batch, seq + 1] sharded as ("batch", None), every mesh axis
-    manual (`sharding.py`)."""
+    manual (`partitioning.py`)."""
     import functools
 
     import jax

@@ -139,7 +139,7 @@ def _probe(
     from jax.sharding import PartitionSpec as P
 
     from multislice_workload.model import param_axes
-    from multislice_workload.sharding import BATCH_AXES, logical_to_spec, tree_specs, vary
+    from multislice_workload.partitioning import BATCH_AXES, logical_to_spec, tree_specs, vary
 
     layer_specs = tree_specs(param_axes(cfg)["layers"])
     lead: tuple[None, ...] = (None,) * (len(shape) - 3)

@@ -7,7 +7,7 @@ within about a minute, not at the same moment on every host. So each process pol
 (by mtime, at most every `poll_s`), and at fixed step boundaries all processes exchange what they
 have seen (one small all-gather): when any of them holds an id not served yet, every process
 saves at that same step. Process 0 then patches its pod's ``multislice.dev/checkpoint-saved``
-annotation through the Kubernetes API (best effort, `kube.py`). See contract.md section 3.
+annotation through the Kubernetes API (best effort, `kube.py`). See docs/environment.md section 3.
 """
 
 from __future__ import annotations

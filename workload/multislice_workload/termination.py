@@ -1,8 +1,8 @@
 """The container termination message: one JSON object the operator reads from the pod status.
 
-Written on every exit the program controls (contract.md section 2): where the run stood (last
-step, last durable checkpoint, last checkpoint request served) and why it ended, so the operator
-can count the steps a restart lost without reading the checkpoint store.
+Written on every exit the program controls (docs/environment.md section 2): where the run stood
+(last step, last durable checkpoint, last checkpoint request served) and why it ended, so the
+operator can count the steps a restart lost without reading the checkpoint store.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Keys are (HLO op, mesh axes the collective spans), values bytes per device per step in the ring
 model of `hlo.py` (all-gather and reduce-scatter (n - 1) / n of the full array, all-reduce
-2 (n - 1) / n, a permute its array). This is what the design of `sharding.py` and `pipeline.py`
+2 (n - 1) / n, a permute its array). This is what the design of `partitioning.py` and `pipeline.py`
 needs and nothing more:
 
 - FSDP (``fsdp``, n = F): each weight all-gathered in the compute dtype once per use (twice per
@@ -151,7 +151,7 @@ def sharded_axes(cfg: ModelConfig, mesh: Mapping[str, int]) -> list[tuple[str, .
     import jax
 
     from multislice_workload.model import param_axes
-    from multislice_workload.sharding import logical_to_spec
+    from multislice_workload.partitioning import logical_to_spec
 
     out = []
     for names in jax.tree.leaves(param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple)):

@@ -61,6 +61,7 @@ from multislice_workload.model import (
     init_params,
     param_axes,
 )
+from multislice_workload.partitioning import bytes_per_device, constrain, named, tree_shardings
 from multislice_workload.pipeline import bubble_fraction, default_microbatches, measure_bubble
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
@@ -70,7 +71,6 @@ from multislice_workload.podinfo import (
     gather_ids,
 )
 from multislice_workload.runtime import Preemption
-from multislice_workload.sharding import bytes_per_device, constrain, named, tree_shardings
 from multislice_workload.termination import STATUS
 from multislice_workload.watchdog import Watchdog
 

@@ -5,7 +5,8 @@ job inside the runtime, where no exception is ever raised; the chips idle until 
 The bound is ``hang_factor`` x the median step time once ``hang_warmup_steps`` steps have run,
 never more than ``hang_timeout_s`` (also the bound during warm-up and long phases such as a
 checkpoint save) and never less than ``hang_min_s``. On a hang: every thread's stack to stderr
-(`faulthandler`), a ``hang`` log event, the termination message, exit 75 (contract.md section 4).
+(`faulthandler`), a ``hang`` log event, the termination message, exit 75 (docs/environment.md
+section 4).
 """
 
 from __future__ import annotations

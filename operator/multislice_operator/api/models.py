@@ -28,8 +28,8 @@ PLURAL = "multislicejobs"
 SINGULAR = "multislicejob"
 SHORT_NAMES = ["msj"]
 
-# The workload's exit codes the failure policy knows (contract.md section 1; the workload states
-# them in multislice_workload/exitcodes.py, which the operator does not import).
+# The workload's exit codes the failure policy knows (docs/environment.md section 1; the workload
+# states them in multislice_workload/exitcodes.py, which the operator does not import).
 EXIT_RESTART_REQUESTED = 42  # the program asks for a restart (xpk / MaxText: sys.exit(42))
 EXIT_HANG = 75  # the workload's watchdog: no step within its bound; always restarts, cause hang
 EXIT_CONFIG_ERROR = 78  # fatal configuration error: the default fatal code

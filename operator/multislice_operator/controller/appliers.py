@@ -12,14 +12,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJob
 from multislice_operator.controller import admission, kueue
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import ApiError, Conflict, owner_reference
+from multislice_operator.controller.kube import ApiError, Conflict, owner_reference, timestamp
 from multislice_operator.controller.runtime import Runtime, template_key
 from multislice_operator.plan import Plan
 from multislice_operator.pools import PoolError
@@ -35,7 +34,6 @@ from multislice_operator.reconcile import (
     DeletePools,
     EvictPods,
     RemoveFinalizer,
-    SetAdmissionCheckActive,
     SetAdmissionCheckState,
     SetJobSetSuspend,
     SetWorkloadActive,
@@ -174,7 +172,7 @@ async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     if existing is not None:
         owners = (existing.get("metadata") or {}).get("ownerReferences") or []
         if not any(o.get("uid") == t.uid for o in owners):
-            # Not labelled ours (the index holds those): observe() judges whose it is.
+            # Not labelled ours (the index holds those): assemble() judges whose it is.
             rt.strangers[(t.namespace, t.name)] = ob.summarize_jobset(existing)
 
 
@@ -231,10 +229,6 @@ async def delete_job(rt: Runtime, t: Target, _: DeleteJob) -> None:
     await rt.kube.delete_job(t.namespace, t.name)
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheckState) -> None:
     """Our check's state on the Workload decide() looked at: our own entry of
     status.admissionChecks, server-side applied (Kueue's entries and fields stay Kueue's). Written
@@ -253,7 +247,7 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
         "name": a.check,
         "state": a.state,
         "message": a.message,
-        "lastTransitionTime": _now()
+        "lastTransitionTime": timestamp()
         if moved or not before.get("lastTransitionTime")
         else (before["lastTransitionTime"]),
     }
@@ -281,31 +275,6 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
 async def set_workload_active(rt: Runtime, t: Target, a: SetWorkloadActive) -> None:
     await rt.kube.set_workload_active(t.namespace, a.workload, a.active)
     log.info("workload %s active=%s job=%s/%s", a.workload, a.active, t.namespace, t.name)
-
-
-async def set_admission_check_active(rt: Runtime, a: SetAdmissionCheckActive) -> None:
-    ac = ob.first(rt.indexes.admission_checks, a.check)
-    if ac is None or ac["resourceVersion"] != a.resource_version:
-        return
-    conditions = [dict(c) for c in ac["conditions"] if c.get("type") != "Active"]
-    before: dict[str, Any] = next((c for c in ac["conditions"] if c.get("type") == "Active"), {})
-    conditions.append(
-        {
-            "type": "Active",
-            "status": "True",
-            "reason": "Active",
-            "message": a.message,
-            "observedGeneration": a.generation,
-            "lastTransitionTime": before.get("lastTransitionTime")
-            if before.get("status") == "True"
-            else _now(),
-        }
-    )
-    try:
-        await rt.kube.patch_admission_check_conditions(a.check, a.resource_version, conditions)
-    except Conflict:
-        return
-    log.info("admission check %s Active", a.check)
 
 
 APPLIERS: dict[type[Any], Applier] = {

@@ -51,7 +51,8 @@ Invalid = kopf_errors.APIUnprocessableEntityError
 ClientError = kopf_errors.APIClientError
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """Now, as the apiserver writes times (RFC 3339, seconds, UTC)."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -358,7 +359,7 @@ class Kube:
         """A core/v1 Event on the MultisliceJob (what `kubectl describe msj` shows); its name."""
         meta = job.get("metadata") or {}
         ns = meta.get("namespace") or "default"
-        now = _now()
+        now = timestamp()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -397,7 +398,7 @@ class Kube:
             await self._call(
                 "patch",
                 f"/api/v1/namespaces/{_q(namespace)}/events/{_q(name)}",
-                payload={"count": count, "lastTimestamp": _now()},
+                payload={"count": count, "lastTimestamp": timestamp()},
                 headers=MERGE_PATCH,
                 backoffs=(),
             )

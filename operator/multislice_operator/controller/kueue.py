@@ -19,11 +19,13 @@ from typing import Any
 
 from multislice_operator import keys
 from multislice_operator.controller import observe as ob
+from multislice_operator.controller.kube import Conflict, timestamp
 from multislice_operator.controller.runtime import JobKey, Runtime
 from multislice_operator.reconcile import (
     AdmissionCheckObservation,
     CheckObservation,
     QueueObservation,
+    SetAdmissionCheckActive,
     WorkloadObservation,
 )
 from multislice_operator.reconcile.gate import activate
@@ -212,10 +214,35 @@ def check_observations(rt: Runtime) -> list[AdmissionCheckObservation]:
     ]
 
 
+async def set_admission_check_active(rt: Runtime, a: SetAdmissionCheckActive) -> None:
+    """The activation loop's one write: our AdmissionCheck's Active condition, against the
+    resourceVersion activate() looked at (no job's pass decides it, so it is not an applier)."""
+    ac = ob.first(rt.indexes.admission_checks, a.check)
+    if ac is None or ac["resourceVersion"] != a.resource_version:
+        return
+    conditions = [dict(c) for c in ac["conditions"] if c.get("type") != "Active"]
+    before: dict[str, Any] = next((c for c in ac["conditions"] if c.get("type") == "Active"), {})
+    conditions.append(
+        {
+            "type": "Active",
+            "status": "True",
+            "reason": "Active",
+            "message": a.message,
+            "observedGeneration": a.generation,
+            "lastTransitionTime": before.get("lastTransitionTime")
+            if before.get("status") == "True"
+            else timestamp(),
+        }
+    )
+    try:
+        await rt.kube.patch_admission_check_conditions(a.check, a.resource_version, conditions)
+    except Conflict:
+        return
+    log.info("admission check %s Active", a.check)
+
+
 async def activation_loop(rt: Runtime) -> None:
     """Keep every AdmissionCheck of ours Active (leader only: started with the workers)."""
-    from multislice_operator.controller.appliers import set_admission_check_active
-
     while True:
         rt.kueue_checks_changed.clear()
         for action in activate(check_observations(rt)):

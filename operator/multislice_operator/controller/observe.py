@@ -1,7 +1,7 @@
 """Turn what the watches saw (JobSets, pods, nodes) and the cloud's pools into plain observations.
 
 The index functions here run on every watch event and keep only the few fields the decision needs,
-so memory stays small with thousands of jobs; `observe()` assembles them for one job.
+so memory stays small with thousands of jobs; `assemble()` puts them together for one job.
 """
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ def existing_slices(
     return slices, len(matching)
 
 
-def observe(
+def assemble(
     plan: Plan,
     uid: str,
     now: datetime,
@@ -482,4 +482,4 @@ def observe(
     return obs
 
 
-__all__ = ["observe"]
+__all__ = ["assemble"]

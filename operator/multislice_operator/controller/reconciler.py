@@ -194,7 +194,7 @@ async def _ownership(
         return {}, {}  # a job never Managed never had a pool
     try:
         owned = await rt.provisioner.list_owned(max_age=rt.cfg.resync_seconds)
-    except Exception as exc:  # the same shared listing observe() reads: unknown, not absent
+    except Exception as exc:  # the same shared listing observe_gang() reads: unknown, not absent
         raise ObservationError(f"node pools unknown: {exc}") from exc
     names = {p.name for p in plan.pools} if plan is not None else set()
     strays: dict[str, PoolState] = {}
@@ -229,23 +229,23 @@ async def _pod_security(
     return podsecurity.refusal(key[0], labels, pod)
 
 
-async def observe(
+async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
     gang, offered = None, None
     configured = rt.provisioner is not None
     meta = job_meta(body)
     if plan.managed and rt.provisioner is not None:
-        gang = await rt.provisioner.observe(plan, max_age=rt.cfg.resync_seconds)
+        gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
         if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
-            gang = await rt.provisioner.observe(plan, max_age=FRESH_LISTING_SECONDS)
+            gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
         if not gang.complete:
             raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
     strays, owners = await _ownership(rt, key, meta, plan)
     jobset = _jobset(rt, key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    observed = ob.observe(
+    observed = ob.assemble(
         plan,
         (body.get("metadata") or {}).get("uid", ""),
         datetime.now(UTC),
@@ -324,7 +324,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
         )
         decision = decide(meta, None, None, parsed.error, old, obs, rt.cfg)
     else:
-        obs = await observe(rt, key, body, parsed.plan, parsed.job.spec)
+        obs = await observe_job(rt, key, body, parsed.plan, parsed.job.spec)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
     target = appliers.Target(body, parsed.job, parsed.plan)
     if meta.deleting and not meta.has_finalizer:

@@ -57,7 +57,7 @@ class ActionResult:
 class Provisioner(Protocol):
     """Makes a plan's node pools exist or not. Implemented by provisioning.gke (Managed)."""
 
-    async def observe(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
+    async def observe_gang(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
         """State of every pool the plan names (ABSENT ones included), from a listing of the
         cloud at most `max_age` seconds old (shared by every job) and asked after this
         provisioner's own last create or delete was answered."""

@@ -259,7 +259,7 @@ class GkeProvisioner:
         _widen_connection_pool(self._client, max_concurrency)
         self._ops: dict[str, _OpRecord] = {}  # by pool name
         # Create refusals worth a gang rollback (permanent, or capacity: quota and stockout),
-        # by pool name, until the pool is created again or deleted: what observe() reports.
+        # by pool name, until the pool is created again or deleted: what observe_gang() reports.
         self._refused: dict[str, PoolError] = {}
         # One list_node_pools shared by every job: (monotonic time it was asked, the pools).
         self._listing: tuple[float, list[cs.NodePool]] | None = None
@@ -564,7 +564,7 @@ class GkeProvisioner:
                 c = replace(c, message=describe_quota(c.message, self.region))
             self._log_failure("create", plan, spec.name, c)
             # Capacity (quota, stockout) and permanent refusals are remembered by _create_one:
-            # observe() reports them, decide() rolls the gang back (this attempt only).
+            # observe_gang() reports them, decide() rolls the gang back (this attempt only).
             return c.pool_error(spec)
         self._ops[spec.name] = _OpRecord(self.operation_path(op.name), "create")
         log.info(
@@ -706,9 +706,9 @@ class GkeProvisioner:
             return classify_exception(exc).code == CODE_NOT_FOUND
         return bool(pool.status == cs.NodePool.Status.STOPPING)
 
-    # -- Provisioner: observe -------------------------------------------------------------------
+    # -- Provisioner: observe_gang --------------------------------------------------------------
 
-    async def observe(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
+    async def observe_gang(self, plan: Plan, max_age: float = 0.0) -> GangObservation:
         """One ``list_node_pools`` call mapped to every pool of the plan (ABSENT when missing).
 
         When the list call fails, ``pools`` is empty and ``errors`` holds the failure: the state
