@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
+.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd kube-schema clean lock image image-test krew
 
 install: $(STAMP)
 
@@ -70,6 +70,11 @@ demo: install bins
 # BENCH_ARGS="--quick" for a few minutes; "--skip-workload", "--only reconcile,gang".
 bench: install bins
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# The pod template's Kubernetes schema (api/kubeschema.json) from the OpenAPI of the Kubernetes
+# version hack/tools/kube/go.mod pins (tests/integration/test_kubeschema_source.py checks it).
+kube-schema: install
+	$(BIN)/python -m multislice_operator.api.kubeschema hack/tools/kube/go.mod
 
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
