@@ -455,7 +455,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         except view.FetchError as exc:
             raise InputError(str(exc)) from None
-    now = datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+    try:
+        now = (
+            datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+        )
+    except ValueError:
+        raise InputError(f"--now {args.now}: not an ISO 8601 time") from None
     data = view.view(obj, now)
     if args.output == "json":
         print(json.dumps(data, indent=2))

@@ -215,6 +215,11 @@ def test_a_wrong_kind_and_a_wrong_api_version_are_one_code(tmp_path, capsys, con
     assert run(capsys, "validate", "-f", str(path))[0] == code
 
 
+def test_a_wrong_now_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "status", "-f", str(EXAMPLE), "--now", "yesterday")
+    assert code == cli.EXIT_USAGE and "--now yesterday: not an ISO 8601 time" in err, err
+
+
 def test_logs_reports_kubectls_failure_as_its_own_code(tmp_path, capsys):
     from multislice_operator import cli_verbs
 
