@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd clean lock image image-test krew
+.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd kube-schema clean lock image image-test krew
 
 install: $(STAMP)
 
@@ -71,6 +71,11 @@ demo: install bins
 bench: install bins
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
+# The pod template's Kubernetes schema (api/kubeschema.json) from the OpenAPI of the Kubernetes
+# version hack/tools/kube/go.mod pins (tests/integration/test_kubeschema_source.py checks it).
+kube-schema: install
+	$(BIN)/python -m multislice_operator.api.kubeschema hack/tools/kube/go.mod
+
 crd: install
 	$(BIN)/multislice-operator crd > crds/multislice.dev_multislicejobs.yaml
 
@@ -83,6 +88,7 @@ docs: install
 	$(BIN)/python -m multislice_operator.api.docs > docs/api.md
 	$(BIN)/python -m multislice_operator.settings docs/install.md
 	$(BIN)/python -c "from multislice_operator.reconcile.reasons import write_table; write_table('docs/failures.md')"
+	$(BIN)/python -c "from multislice_operator.cli import write_exit_codes; write_exit_codes('docs/cli.md')"
 	$(BIN)/python -c "import sys; from multislice_operator.api.docs import write_cause_lists; write_cause_lists(*sys.argv[1:])" README.md docs/*.md
 
 # The image's hash locks, from pyproject.toml's operator extra and image/build-requirements.in

@@ -8,6 +8,7 @@ and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -18,33 +19,96 @@ import yaml
 
 from multislice_operator import __version__
 from multislice_operator.errors import FieldError, SpecError
+from multislice_operator.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
 
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
+EXIT_WRITE = 74  # sysexits.h EX_IOERR
+EXIT_INTERRUPTED = 128 + 2  # as a shell reports a process killed by SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process killed by SIGPIPE
+
+# Every exit status of every verb, one row each (docs/cli.md's table is generated from it:
+# `make docs`; tests/unit/test_cli_robust.py fails when the two differ).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done"),
+    (
+        EXIT_INVALID,
+        "invalid input, or not done in time: the file is not a valid MultisliceJob (invalid "
+        f"YAML, a duplicate key, larger than {MAX_INPUT_BYTES // 2**20} MiB or nested deeper "
+        f"than {MAX_DEPTH} levels, no "
+        "MultisliceJob in it, a wrong `apiVersion`, any field error: `validate` lists every "
+        "one); or a `--wait`/`--timeout` ran out before the job got there",
+    ),
+    (
+        EXIT_USAGE,
+        "the command could not run: a usage error (missing or wrong flags), a file that cannot "
+        "be read, a dependency the thin install lacks, or kubectl failed (its message, one "
+        "line: not found, forbidden, unreachable; `logs` when `kubectl logs` fails)",
+    ),
+    (
+        EXIT_INTERNAL,
+        "a bug in the CLI: one line naming it instead of a traceback (`MULTISLICE_DEBUG=1` "
+        "shows the traceback); please report it with the input",
+    ),
+    (EXIT_WRITE, "the output could not be written (stdout on a full disk, a closed terminal)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C), as a shell reports SIGINT"),
+    (
+        EXIT_BROKEN_PIPE,
+        "the reader of stdout left (`-o json \\| head`), as a shell reports SIGPIPE",
+    ),
+)
 
 
 class InputError(Exception):
-    """A problem with the input file itself (not its content)."""
+    """A problem with the input: `code` says whether it could not be read (EXIT_USAGE) or was
+    read and is not a MultisliceJob (EXIT_INVALID)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def _read_documents(path: str) -> list[dict[str, Any]]:
+def _invalid(message: str) -> InputError:
+    return InputError(message, EXIT_INVALID)
+
+
+def _read_bytes(path: str) -> bytes:
+    """At most MAX_INPUT_BYTES + 1 bytes: a larger input is refused before it is all read."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        with open(path, "rb") as f:
+            return f.read(MAX_INPUT_BYTES + 1)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _read_documents(path: str) -> list[Any]:
+    from multislice_operator.yamlload import InputTooLarge, load_all
+
+    data = _read_bytes(path)
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = load_all(data)
+    except InputTooLarge:
+        raise _invalid(
+            f"{path}: larger than {MAX_INPUT_BYTES // 2**20} MiB ({MAX_INPUT_BYTES} bytes), the "
+            "most a Kubernetes apiserver accepts in one request; split the file"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"{path}: not UTF-8 text (byte {exc.start}): {exc.reason}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise _invalid(f"{path}: invalid YAML{where}: {problem}") from None
+    except RecursionError:  # a guard missed: still one line, not a traceback
+        raise _invalid(f"{path}: invalid YAML: nested too deeply") from None
     if not docs:
-        raise InputError(f"{path}: no YAML document found")
+        raise _invalid(f"{path}: no YAML document found")
     return docs
 
 
@@ -54,20 +118,40 @@ def _jobs(path: str) -> list[dict[str, Any]]:
     docs = _read_documents(path)
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if not jobs:
-        kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)}))
-        raise InputError(f"{path}: no {KIND} found (kinds present: {kinds or 'none'})")
+        kinds = ", ".join(sorted({str(d.get("kind"))[:60] for d in docs if isinstance(d, dict)}))
+        raise _invalid(f"{path}: no {KIND} found (kinds present: {kinds or 'none'})")
     return jobs
 
 
 def _label(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+def _load_job(obj: Any) -> Any:
+    """load_job, and what the apiserver asks of a file that the operator's own reads (always of
+    a stored object) need not: a name."""
+    from multislice_operator.plan import load_job
+
+    job = load_job(obj)
+    if not job.metadata.name:
+        raise SpecError(
+            [
+                FieldError(
+                    "metadata.name",
+                    "required: the apiserver refuses an object without a name; add one "
+                    "(a DNS-1035 label, e.g. llm-train)",
+                )
+            ]
+        )
+    return job
 
 
 def _plan(obj: dict[str, Any]) -> Any:
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.plan import plan_job
 
-    return plan_job(load_job(obj))
+    return plan_job(_load_job(obj))
 
 
 def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
@@ -266,7 +350,7 @@ PLACEHOLDER_ZONE, PLACEHOLDER_UID, PLACEHOLDER_REGION = "ZONE", "JOB_UID", "REGI
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.plan import plan_job
     from multislice_operator.render import render_jobset
 
     if args.gke_requests:
@@ -274,7 +358,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     rendered, status = [], EXIT_OK
     for obj in _jobs(args.file):
         try:
-            job = load_job(obj)
+            job = _load_job(obj)
             rendered.append(render_jobset(plan_job(job), job.spec, job.metadata.labels))
         except SpecError as exc:
             _print_errors(obj, exc, sys.stderr)
@@ -288,7 +372,7 @@ def render_gke_requests(args: argparse.Namespace) -> int:
     """Print the requests the operator will send, as JSON (`terraform plan`): the workload
     policies the slices need (InsertResourcePolicyRequest, sent when the policy does not exist
     yet), then one CreateNodePoolRequest per slice."""
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.plan import plan_job
     from multislice_operator.provisioning.gke import resolve_node_locations
     from multislice_operator.provisioning.gke_requests import (
         cluster_path,
@@ -321,7 +405,7 @@ def render_gke_requests(args: argparse.Namespace) -> int:
     status = EXIT_OK
     for obj in _jobs(args.file):
         try:
-            job = load_job(obj)
+            job = _load_job(obj)
             plan = plan_job(job)
         except SpecError as exc:
             _print_errors(obj, exc, sys.stderr)
@@ -361,7 +445,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             (d for d in docs if isinstance(d, dict) and d.get("kind") == "MultisliceJob"), None
         )
         if obj is None:
-            raise InputError(f"{args.file}: no MultisliceJob found")
+            raise _invalid(f"{args.file}: no MultisliceJob found")
     else:
         if not args.name:
             raise InputError("give the job's NAME (or -f FILE)")
@@ -371,7 +455,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         except view.FetchError as exc:
             raise InputError(str(exc)) from None
-    now = datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+    try:
+        now = (
+            datetime.fromisoformat(args.now.replace("Z", "+00:00")) if args.now else view.now_utc()
+        )
+    except ValueError:
+        raise InputError(f"--now {args.now}: not an ISO 8601 time") from None
     data = view.view(obj, now)
     if args.output == "json":
         print(json.dumps(data, indent=2))
@@ -474,35 +563,91 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> int:
+    """Run one verb; every way it can end is a row of EXIT_CODES, never a traceback."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a write error surfaces here, not in the interpreter's exit
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.code
     except SpecError as exc:  # pragma: no cover - commands catch their own
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `... -o json | head`: the reader left. Python would print a traceback on exit while
         # flushing stdout again; point stdout at /dev/null and exit as a SIGPIPE would (141).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return EXIT_BROKEN_PIPE
     except ModuleNotFoundError as exc:  # the CLI alone (pip install multislice-operator)
         # A module of ours is a bug; any other is a dependency of `run` or `render
         # --gke-requests` (kopf, the Google client libraries and theirs) the thin install lacks.
         if not exc.name or exc.name.split(".")[0] == "multislice_operator":
-            raise
+            return _internal(args, exc)
         print(
             f"error: {args.command} needs the operator's dependencies ({exc.name} is not "
             "installed): pip install 'multislice-operator[operator]'",
             file=sys.stderr,
         )
         return EXIT_USAGE
+    except OSError as exc:
+        if exc.filename is not None:  # a file of ours, not stdout: a bug to report
+            return _internal(args, exc)
+        _drop_stdout()  # stdout on a full disk (/dev/full), a closed terminal
+        print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_WRITE
+    except Exception as exc:  # the last guard: one line and a code of its own
+        return _internal(args, exc)
     return code
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds nothing."""
+    with contextlib.suppress(OSError, ValueError):  # no file descriptor (captured in tests)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _internal(args: argparse.Namespace, exc: BaseException) -> int:
+    if os.environ.get("MULTISLICE_DEBUG"):
+        raise exc
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    at = f" at {Path(where.tb_frame.f_code.co_filename).name}:{where.tb_lineno}" if where else ""
+    print(
+        f"error: internal error in {args.command}: {type(exc).__name__}: {exc}{at}; this is a "
+        "bug, please report it with the input (MULTISLICE_DEBUG=1 prints the traceback)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
+
+
+def exit_codes_table() -> str:
+    """docs/cli.md's exit status table, from EXIT_CODES."""
+    rows = ["| Exit status | Meaning |", "| --- | --- |"]
+    rows += [f"| `{code}` | {meaning} |" for code, meaning in EXIT_CODES]
+    return "\n".join(rows) + "\n"
+
+
+EXIT_TABLE_BEGIN = "<!-- exit codes: generated from cli.EXIT_CODES (make docs) -->\n"
+EXIT_TABLE_END = "<!-- end of exit codes -->"
+
+
+def write_exit_codes(path: str) -> None:
+    """`make docs`: rewrite the exit status table in docs/cli.md."""
+    import re
+
+    file = Path(path)
+    pattern = re.compile(re.escape(EXIT_TABLE_BEGIN) + ".*?" + re.escape(EXIT_TABLE_END), re.S)
+    text = file.read_text()
+    if not pattern.search(text):
+        raise SystemExit(f"{path}: no exit codes table markers")
+    file.write_text(
+        pattern.sub(lambda _: EXIT_TABLE_BEGIN + exit_codes_table() + EXIT_TABLE_END, text)
+    )
 
 
 def kubectl_main() -> int:

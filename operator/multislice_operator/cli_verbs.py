@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +69,8 @@ class Kubectl:
             raise KubectlError(
                 f"{self.exe}: not found; install kubectl or pass --kubectl"
             ) from None
+        except OSError as exc:  # not executable, ...
+            raise KubectlError(f"{self.exe}: cannot run: {exc.strerror or exc}") from None
         except subprocess.TimeoutExpired:
             raise KubectlError(f"{' '.join(argv)}: no answer within {timeout:.0f}s") from None
         if out.returncode != 0:
@@ -85,13 +88,23 @@ class Kubectl:
         return self.get(resource(), name, namespace=namespace)
 
     def stream(self, argv: list[str]) -> int:
-        """Run with the terminal's stdout and stderr (logs -f): kubectl's exit code."""
+        """Run with the terminal's stdout and stderr (logs -f); kubectl's failure is ours
+        (KubectlError: exit 2, as every verb's), not its own exit code passed through."""
         try:
-            return subprocess.run(argv, check=False).returncode
+            code = subprocess.run(argv, check=False).returncode
         except FileNotFoundError:
             raise KubectlError(
                 f"{self.exe}: not found; install kubectl or pass --kubectl"
             ) from None
+        except OSError as exc:
+            raise KubectlError(f"{self.exe}: cannot run: {exc.strerror or exc}") from None
+        if code in (-signal.SIGINT, 128 + signal.SIGINT):
+            raise KeyboardInterrupt  # Ctrl-C reached kubectl too: exit 130
+        if code in (-signal.SIGPIPE, 128 + signal.SIGPIPE):
+            raise BrokenPipeError  # `logs | head`: the reader left: exit 141
+        if code != 0:
+            raise KubectlError(f"{' '.join(argv[:2])} exited {code} (its message is above)")
+        return EXIT_OK
 
 
 def resource() -> str:

@@ -54,7 +54,10 @@ def _expression(expr: Any, value: Callable[[str], Value]) -> bool | None:
     if not isinstance(expr, dict):
         return None
     v = value(str(expr.get("key", "")))
-    op, values = expr.get("operator"), [str(x) for x in expr.get("values") or []]
+    raw = expr.get("values") or []
+    if not isinstance(raw, list):  # a type error the schema check reports (`values: 5`)
+        return None
+    op, values = expr.get("operator"), [str(x) for x in raw]
     if v is UNKNOWN:
         return None
     present = v is not ABSENT

@@ -22,7 +22,7 @@ from multislice_operator import (
     parallelism,
     placement,
 )
-from multislice_operator.api import podtemplate
+from multislice_operator.api import kubeschema, podtemplate
 from multislice_operator.api.models import (
     API_VERSION,
     KIND,
@@ -418,6 +418,19 @@ def _check_multislice(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> lis
 
 
 def _check_template(template: dict[str, Any]) -> list[FieldError]:
+    found = _check_template_fields(template)
+    # Then Kubernetes' own schema at every depth (api/kubeschema.py): `args: 5`,
+    # `resources.limitz`, a missing required field; what is already said above is not repeated.
+    said = [e.path for e in found]
+    deep = [
+        e
+        for e in kubeschema.check(template)
+        if not any(e.path == p or e.path.startswith((f"{p}.", f"{p}[")) for p in said)
+    ]
+    return found + deep
+
+
+def _check_template_fields(template: dict[str, Any]) -> list[FieldError]:
     # The types the renderer merges into, as the CRD declares them (api/podtemplate.py): what
     # passes is always renderable. The apiserver judges the rest by a dry run before any pool.
     typed = podtemplate.check(template)

@@ -56,6 +56,8 @@ def fetch_job(
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     except FileNotFoundError:
         raise FetchError(f"{kubectl}: not found; install kubectl or pass --kubectl") from None
+    except OSError as exc:  # not executable, ...
+        raise FetchError(f"{kubectl}: cannot run: {exc.strerror or exc}") from None
     except subprocess.TimeoutExpired:
         raise FetchError(f"{' '.join(argv)}: no answer within 60s") from None
     if out.returncode != 0:
@@ -68,10 +70,22 @@ def _iso(t: datetime | None) -> str | None:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
     """Everything the view shows, as plain data: the status as read, the goodput live at `now`."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    raw = obj.get("status") or {}
+    # A file (status -f) may hold anything where a mapping belongs: read what is well typed.
+    meta, spec, raw = (_mapping(obj.get(k)) for k in ("metadata", "spec", "status"))
     st = MultisliceJobStatus.from_dict(raw)
     g = live(st.goodput, now)
     timeline = []
@@ -87,15 +101,17 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         )
     by_cause = raw.get("restartsByCause")  # the causes that happened, as the status says
     if isinstance(by_cause, dict):
-        by_cause = {k: n for k, n in by_cause.items() if n}
+        by_cause = {
+            k: n for k, n in by_cause.items() if isinstance(k, str) and _int(n) is not None and n
+        }
     else:
         by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
     return {
         # A file from `kubectl get -o yaml` always has one; a hand-written one means default.
-        "namespace": meta.get("namespace") or "default",
-        "name": meta.get("name"),
-        "accelerator": spec.get("accelerator"),
-        "slicesWanted": spec.get("slices"),
+        "namespace": _str(meta.get("namespace")) or "default",
+        "name": _str(meta.get("name")),
+        "accelerator": _str(spec.get("accelerator")),
+        "slicesWanted": _int(spec.get("slices")),
         "totalChips": st.total_chips,
         "phase": st.phase,
         "message": st.message,
@@ -121,7 +137,7 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "nextAttemptInSeconds": max(0, int((st.next_attempt_time - now).total_seconds()))
         if st.next_attempt_time
         else None,
-        "creationTimestamp": meta.get("creationTimestamp"),
+        "creationTimestamp": _str(meta.get("creationTimestamp")),
         "completionTime": _iso(st.completion_time),
         "goodput": g.as_dict(),
         "timeline": timeline,

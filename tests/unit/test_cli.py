@@ -81,20 +81,21 @@ def test_render_multi_doc(capsys):
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    ("content", "message", "status"),
     [
-        (None, "no such file"),
-        ("a: [1, 2", "invalid YAML (line"),
-        ("kind: Pod\n", "no MultisliceJob found (kinds present: Pod)"),
-        ("", "no YAML document found"),
+        (None, "no such file", 2),
+        # Read, and not a MultisliceJob: invalid input, as an invalid spec (issue 45).
+        ("a: [1, 2", "invalid YAML (line", 1),
+        ("kind: Pod\n", "no MultisliceJob found (kinds present: Pod)", 1),
+        ("", "no YAML document found", 1),
     ],
 )
-def test_bad_input_one_line_no_traceback(tmp_path, capsys, content, message):
+def test_bad_input_one_line_no_traceback(tmp_path, capsys, content, message, status):
     path = tmp_path / "x.yaml"
     if content is not None:
         path.write_text(content)
     code, _, err = run(capsys, "validate", "-f", str(path))
-    assert code == 2
+    assert code == status
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
