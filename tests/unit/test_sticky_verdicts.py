@@ -50,7 +50,9 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
     WorkloadObservation,
     decide,
+    invariants,
 )
+from multislice_operator.reconcile.facts import derive
 from multislice_operator.reconcile.reasons import REGISTRY, Reason
 from tests.unit import jobs
 
@@ -309,3 +311,76 @@ def test_a_failure_verdict_sticks_while_its_evidence_holds(reason: Reason) -> No
     case, _, written = _verdict(reason)
     still = replace(case.before, now=LATER, blind_since=NOW)
     _assert_sticks(reason, case.decide(written, still), still)
+
+
+# ---------------------------------------------------------------- what sticks, and what does not
+
+STICKY = [r for r in FAILURES if REGISTRY[r].sticky]
+
+
+def test_every_terminal_reason_sticks_or_says_why_not() -> None:
+    for reason, info in REGISTRY.items():
+        assert info.sticky == (info.terminal and not info.not_sticky), reason
+        assert not info.not_sticky or info.terminal, f"{reason}: not terminal, nothing to stick"
+    assert not REGISTRY[Reason.COMPLETED].sticky  # a hand-written Succeeded never wins
+    assert Reason.UNSCHEDULABLE in STICKY and Reason.MAX_DISRUPTION_RESTARTS in STICKY
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Running", None])
+@pytest.mark.parametrize("reason", STICKY, ids=str)
+def test_a_phase_written_over_a_sticking_verdict_does_not_revive_the_job(
+    reason: Reason, phase: str | None
+) -> None:
+    case, _, written = _verdict(reason)
+    written.phase = Phase(phase) if phase else None
+    d = case.decide(written, case.gone)
+    assert "StatusIgnored" not in [e.reason for e in d.events]
+    _assert_sticks(reason, d, case.gone)
+
+
+@pytest.mark.parametrize("reason", STICKY, ids=str)
+def test_a_failed_status_written_by_hand_beside_a_running_jobset_is_recomputed(
+    reason: Reason,
+) -> None:
+    # No observedGeneration: the operator did not write it (every condition it writes has one).
+    old = {**RUNNING, "phase": "Failed"}
+    old["conditions"] = [{"type": "Failed", "status": "True", "reason": str(reason)}]
+    obs = jobs.Observed(now=NOW, slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4}))
+    d = CASES[Reason.UNSCHEDULABLE]().decide(MultisliceJobStatus.from_dict(old), obs)
+    assert d.status.phase == Phase.RUNNING and "StatusIgnored" in [e.reason for e in d.events]
+    assert d.actions == []
+
+
+def test_jobsets_own_failure_reason_beside_a_running_jobset_is_recomputed() -> None:
+    # A failed JobSet stays failed until deleted: a running one beside its copied reason
+    # (JobSetFailed does not stick) means the status was not derived from it.
+    failed = JobSetObservation(failed=True, failure_reason="ReachedMaxRestarts", restarts=3)
+    case = replace(_jobset_failed(), before=_observed(slices=UP, jobset=failed))
+    first = case.decide(MultisliceJobStatus.from_dict(case.old), case.before)
+    assert _failed_reason(first) == "ReachedMaxRestarts"
+    written = MultisliceJobStatus.from_dict(first.status.to_dict())
+    running = _after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4}))
+    d = case.decide(written, running)
+    assert d.status.phase == Phase.RUNNING and "StatusIgnored" in [e.reason for e in d.events]
+    assert d.actions == []
+
+
+def test_a_fixed_spec_runs_again() -> None:
+    # InvalidSpec does not stick: the registry says so (Validated=False, facts._finished_before).
+    case, _, written = _verdict(Reason.INVALID_SPEC)
+    valid = replace(case, error=None)
+    pods = jobs.running({0: 4, 1: 4})
+    d = valid.decide(written, _after(slices=UP, jobset=JS_RUNNING, pods=pods))
+    assert d.status.phase not in (Phase.FAILED, Phase.SUCCEEDED)
+    assert not [a for a in d.actions if isinstance(a, DeleteJobSet | DeletePools)]
+
+
+@pytest.mark.parametrize("reason", STICKY, ids=str)
+def test_the_invariants_forbid_a_create_on_a_job_the_operator_failed(reason: Reason) -> None:
+    case, _, written = _verdict(reason)
+    spec, plan = jobs.spec_and_plan()
+    f = derive(replace(case.meta, has_finalizer=True), spec, plan, None, written, case.gone, CFG)
+    for action in (CreatePools((1,)), CreateJobSet(), SetJobSetSuspend(False)):
+        d = Decision(MultisliceJobStatus(phase=Phase.RUNNING), [action])
+        ((_, why),) = invariants.violations(f, d)
+        assert f"a job the operator failed ({reason})" in why
