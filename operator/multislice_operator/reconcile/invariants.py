@@ -9,6 +9,10 @@
 - at most one DeletePools per pool, and no pool both created and deleted;
 - no action on a pool the job does not own (another live job's: a name collision).
 
+Each is one small check in CHECKS, run on every action in order; a message starts with its
+promise's key (terminal-create, create-without-finalizer, duplicate-delete, create-and-delete,
+not-ours), which the state machine (tests/unit/test_decide_machine.py) reports by.
+
 A violation is a bug. Tests run with STRICT (tests/unit/conftest.py): decide() raises. In
 production the action is dropped and the decision says why (`Decision.violations`), which the
 shell logs and counts.
@@ -79,7 +83,7 @@ def _ending(f: Facts, d: Decision) -> str | None:
 
 def _no_create_at_the_end(seen: _Seen, a: Action) -> str | None:
     if seen.ending is not None and _creates(a):
-        return f"{type(a).__name__} on {seen.ending}"
+        return f"terminal-create: {type(a).__name__} on {seen.ending}"
     return None
 
 
@@ -89,24 +93,31 @@ def _create_pools(seen: _Seen, a: Action) -> str | None:
     pools = {seen.names.get(s, f"slice {s}") for s in a.slices}
     seen.created |= pools
     if not seen.finalizer:
-        return f"CreatePools {sorted(pools)} before the finalizer"
-    gone = pools & (seen.deleted | seen.taken)
-    return f"CreatePools of {sorted(gone)}, deleted or another job's" if gone else None
+        return f"create-without-finalizer: CreatePools {sorted(pools)} before the finalizer"
+    if pools & seen.deleted:
+        return f"create-and-delete: CreatePools of {sorted(pools & seen.deleted)}, deleted"
+    # Another live job's pool of our name, or a slice the plan names no pool for.
+    theirs = sorted(pools & seen.taken) + [f"slice {s}" for s in a.slices if s not in seen.names]
+    return f"not-ours: CreatePools of {theirs}, not the job's" if theirs else None
 
 
 def _delete_pools(seen: _Seen, a: Action) -> str | None:
     if not isinstance(a, DeletePools):
         return None
     pools = set(a.pools)
-    twice, foreign = pools & seen.deleted, pools - seen.ours
+    twice, foreign, created = pools & seen.deleted, pools - seen.ours, pools & seen.created
     seen.deleted |= pools
-    if twice or foreign or pools & seen.created:
-        why = f"twice {sorted(twice)}, not the job's {sorted(foreign)}, or created"
-        return f"DeletePools {sorted(a.pools)}: {why} in the same pass"
+    if twice:
+        return f"duplicate-delete: DeletePools {sorted(twice)} twice in the same pass"
+    if foreign:
+        return f"not-ours: DeletePools {sorted(foreign)}, not the job's"
+    if created:
+        return f"create-and-delete: DeletePools {sorted(created)} created in the same pass"
     return None
 
 
-# In order; the first broken promise is the action's (a create at the end is not tracked).
+# In order; the first broken promise is the action's (a create at the end is not tracked). Each
+# message starts with the promise's key (the state machine reports each key as a bug of its own).
 CHECKS = (_no_create_at_the_end, _create_pools, _delete_pools)
 
 
