@@ -150,6 +150,15 @@ class Facts:
         return bool(old and old.seen_ready)
 
 
+def _finished_before(old: MultisliceJobStatus) -> bool:
+    if failed_for_good(old):
+        return True  # a phase written over it by hand does not revive the job
+    if old.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        return False
+    validated = old.condition(ConditionType.VALIDATED)
+    return not (validated is not None and validated.status == "False")  # a fixed spec runs again
+
+
 def failed_for_good(old: MultisliceJobStatus) -> bool:
     """The operator failed the job with a verdict that sticks: its own Failed condition (one it
     wrote carries observedGeneration; one written by hand need not) with a sticky reason
@@ -161,15 +170,6 @@ def failed_for_good(old: MultisliceJobStatus) -> bool:
         and failed.observed_generation is not None
         and sticky(failed.reason)
     )
-
-
-def _finished_before(old: MultisliceJobStatus) -> bool:
-    if failed_for_good(old):
-        return True  # a phase written over it by hand does not revive the job
-    if old.phase not in (Phase.SUCCEEDED, Phase.FAILED):
-        return False
-    validated = old.condition(ConditionType.VALIDATED)
-    return not (validated is not None and validated.status == "False")  # a fixed spec runs again
 
 
 def _world_agrees(old: MultisliceJobStatus, _spec: MultisliceJobSpec | None,
