@@ -8,7 +8,10 @@ completion and failure, as render.py's failure policy makes JobSet act), the pod
 attempt (retryable, fatal, hang and disruption failures), Kueue (quota reserved, this operator's
 admission check, admission, preemption), the user (a terminal phase written by hand, the
 finalizer removed, suspend, delete) and the operator itself (a restart loses its memory: the
-apiserver's dry-run verdict, and it did not watch the job meanwhile).
+apiserver's dry-run verdict, and it did not watch the job meanwhile; a crash between the status
+write and the actions: the status written, none or only the first few of its actions applied,
+then a restart; armed, it hits the next pass that ends the job, so that every verdict the
+machine reaches is also crashed on).
 
 An elastic job (spec.elastic, minSlices 1: ElasticJob) has the same world, whose JobSet has
 its replicas and the restart counters it was created with (CreateJobSet's slices,
@@ -23,8 +26,13 @@ A pass (`reconcile`; `tick` runs the passes the decisions asked for) is what the
 the next pass's old status), apply the actions to the world. World changes are seen by the next
 pass, together with whatever else changed meanwhile. Checked on every decision:
 
-- `violations(meta_before, decision, observed)`: the invariants of one decision (a plain
-  function, to be replaced by the core's own);
+- the core's invariants of one decision (reconcile/invariants.py, the one checker: decide()
+  raises on a broken one in tests, and each is reported by its key); `violations` runs it on a
+  decision made elsewhere;
+- failed-runs-again: a job the operator failed (it wrote phase Failed with a Failed condition
+  whose reason sticks, reasons.py) never creates a pool or its JobSet, resumes, or leaves a
+  terminal phase again, whatever happens after (a crash before the verdict's actions, its
+  evidence gone, a phase written by hand);
 - `resize_violations(plan, old_status, decision, observed)`: the JobSet's slice count and the
   restart counters (elastic or not): sizes within minSlices..slices, all slices first, one
   JobSet at a time, a recreated JobSet continuing the job's counters, a resize delete only when
@@ -105,13 +113,17 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
     WorkloadObservation,
     decide,
+    invariants,
+    reasons,
 )
 from multislice_operator.reconcile import (
     Pod as PodRecord,
 )
 from multislice_operator.reconcile.elastic import GROW_PREFIX
 from multislice_operator.reconcile.elastic import GROW_SAVE_SECONDS as GROW_WAIT
+from multislice_operator.reconcile.facts import derive
 from multislice_operator.reconcile.reasons import Reason
+from tests.unit.jobs import spec_and_plan as plain_job
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings()
@@ -131,54 +143,31 @@ ELASTIC_SHARE = 0.3  # of MACHINE_EXAMPLES, for the elastic job's machine
 # ---------------------------------------------------------------- the invariants of one decision
 
 
-def violations(meta_before: JobMeta, decision: Decision, observed: Observed) -> list[str]:
-    """What one decision must never do, whatever branch made it. Each line starts with the
+def violations(
+    meta_before: JobMeta,
+    decision: Decision,
+    observed: Observed,
+    old: MultisliceJobStatus | None = None,
+    plan: Plan | None = None,
+) -> list[str]:
+    """What one decision must never do, whatever branch made it: the core's own invariants
+    (reconcile/invariants.py) on a decision made elsewhere, each line starting with the
     invariant's key (`kind(line)`); empty: the decision is sound.
 
-    `meta_before`: the job as the pass read it; `observed`: what the pass saw (its slices name
-    the plan's pools, by index, and who owns each)."""
-    out: list[str] = []
-    actions = decision.actions
-    phase = decision.status.phase
-    pool_of = {s.index: s.pool for s in observed.slices if s.pool}
-    taken = {s.pool for s in observed.slices if s.pool and s.taken_by}
-    ours = {s.pool for s in observed.slices if s.pool and not s.taken_by} | set(observed.strays)
+    `meta_before`: the job as the pass read it; `observed`: what the pass saw; `old`: the status
+    it read; `plan`: the job's (by default the 2-slice job every test here plans: its pools)."""
+    plan = plan or plain_job()[1]
+    f = derive(meta_before, None, plan, None, old or MultisliceJobStatus(), observed, CFG)
+    return [why for _, why in invariants.violations(f, decision)]
 
-    if phase in TERMINAL:
-        for a in actions:
-            resumes = a == SetJobSetSuspend(False) or (
-                isinstance(a, SetWorkloadActive) and a.active
-            )
-            if isinstance(a, CreatePools | CreateJobSet) or resumes:
-                out.append(f"terminal-create: phase {phase} with {a}")
 
-    finalized = meta_before.has_finalizer
-    for a in actions:
-        if isinstance(a, AddFinalizer):
-            finalized = True
-        elif isinstance(a, CreatePools) and not finalized:
-            out.append(f"create-without-finalizer: {a} and no AddFinalizer before it")
-
-    deleted: dict[str, int] = {}
-    for a in actions:
-        if isinstance(a, DeletePools):
-            for name in a.pools:
-                deleted[name] = deleted.get(name, 0) + 1
-    for name, n in sorted(deleted.items()):
-        if n > 1:
-            out.append(f"duplicate-delete: node pool {name} deleted {n} times")
-    created = {
-        pool_of.get(i, f"slice {i}")
-        for a in actions
-        if isinstance(a, CreatePools)
-        for i in a.slices
-    }
-    for name in sorted(created & set(deleted)):
-        out.append(f"create-and-delete: node pool {name} created and deleted")
-    for name in sorted((created | set(deleted)) - ours):
-        owner = "another live job's" if name in taken else "no pool of this job"
-        out.append(f"not-ours: action on node pool {name}, {owner}")
-    return out
+def sticky_failure(status: MultisliceJobStatus) -> str | None:
+    """The reason, when the status says the operator failed the job with a verdict that sticks
+    (the registry's word, reasons.py): phase Failed and its Failed condition's reason."""
+    cond = status.condition("Failed")
+    if status.phase != Phase.FAILED or cond is None or cond.status != "True":
+        return None
+    return cond.reason if reasons.sticky(cond.reason) else None
 
 
 def resize_violations(
@@ -282,18 +271,28 @@ def resize_violations(
     return out
 
 
+def creates(a: Any) -> bool:
+    """Creates capacity or runs the job: what a failed job never does again."""
+    return (
+        isinstance(a, CreatePools | CreateJobSet | ValidateJobSet)
+        or a == SetJobSetSuspend(False)
+        or (isinstance(a, SetWorkloadActive) and a.active)
+    )
+
+
 def _decision(phase: Phase | None, *actions: Any) -> Decision:
     return Decision(MultisliceJobStatus(phase=phase), list(actions))
+
+
+P0, P1 = (p.name for p in plain_job()[1].node_pools)
 
 
 def _seen_pools(taken: bool = False) -> Observed:
     return Observed(
         now=T0,
         slices=[
-            SliceObservation(0, "p0", PoolState.READY, HOSTS),
-            SliceObservation(
-                1, "p1", PoolState.READY, HOSTS, taken_by="ns/other" if taken else None
-            ),
+            SliceObservation(0, P0, PoolState.READY, HOSTS),
+            SliceObservation(1, P1, PoolState.READY, HOSTS, taken_by="ns/other" if taken else None),
         ],
         strays={"old": PoolState.READY},
     )
@@ -302,7 +301,7 @@ def _seen_pools(taken: bool = False) -> Observed:
 @pytest.mark.parametrize(
     ("finalizer", "decision", "taken", "expected"),
     [
-        (True, _decision(Phase.RUNNING, DeletePools(("p0",)), DeletePools(("old",))), False, []),
+        (True, _decision(Phase.RUNNING, DeletePools((P0,)), DeletePools(("old",))), False, []),
         (False, _decision(None, AddFinalizer(), CreatePools((0,))), False, []),
         (True, _decision(Phase.FAILED, CreatePools((1,))), False, ["terminal-create"]),
         (True, _decision(Phase.SUCCEEDED, CreateJobSet()), False, ["terminal-create"]),
@@ -317,17 +316,17 @@ def _seen_pools(taken: bool = False) -> Observed:
         ),
         (
             True,
-            _decision(None, DeletePools(("p0",)), DeletePools(("p0",))),
+            _decision(None, DeletePools((P0,)), DeletePools((P0,))),
             False,
             ["duplicate-delete"],
         ),
         (
             True,
-            _decision(None, CreatePools((0,)), DeletePools(("p0",))),
+            _decision(None, CreatePools((0,)), DeletePools((P0,))),
             False,
             ["create-and-delete"],
         ),
-        (True, _decision(None, DeletePools(("p1",))), True, ["not-ours"]),
+        (True, _decision(None, DeletePools((P1,))), True, ["not-ours"]),
         (True, _decision(None, CreatePools((1,))), True, ["not-ours"]),
         (True, _decision(None, DeletePools(("someone-elses",))), False, ["not-ours"]),
     ],
@@ -335,6 +334,25 @@ def _seen_pools(taken: bool = False) -> Observed:
 def test_violations_name_each_broken_invariant(finalizer, decision, taken, expected):
     meta = JobMeta(NAMESPACE, NAME, UID, 1, has_finalizer=finalizer)
     assert [kind(v) for v in violations(meta, decision, _seen_pools(taken))] == expected
+
+
+def test_violations_name_a_create_on_a_job_the_operator_failed():
+    failed = MultisliceJobStatus.from_dict(
+        {
+            "phase": "Failed",
+            "conditions": [
+                {"type": "Failed", "status": "True", "reason": "Unschedulable",
+                 "observedGeneration": 1},
+            ],
+        }
+    )  # fmt: skip
+    meta = JobMeta(NAMESPACE, NAME, UID, 1, has_finalizer=True)
+    for d in (_decision(Phase.RUNNING, CreatePools((1,))), _decision(None, CreateJobSet())):
+        assert [kind(v) for v in violations(meta, d, _seen_pools(), failed)] == ["terminal-create"]
+    assert sticky_failure(failed) == "Unschedulable"
+    hand = failed.model_copy(deep=True)
+    hand.conditions[0].reason = "ReachedMaxRestarts"  # JobSet's own: not the registry's
+    assert sticky_failure(hand) is None
 
 
 def kind(violation: str) -> str:
@@ -449,6 +467,9 @@ class World:
     pods: list[Pod] = field(default_factory=list)
     workload: Workload | None = None
     armed: dict[int, str] = field(default_factory=dict)  # the next create of slice i fails so
+    # Slice i's new pods are "unschedulable" (a nodeSelector its nodes lack) or "not created"
+    # (a pod webhook or a quota refuses the Job controller's pods).
+    refused: dict[int, str] = field(default_factory=dict)
     # The operator's memory: the dry-run verdict by generation, and since when it was blind.
     verdict: tuple[int, Admission] | None = None
     blind_since: datetime | None = None
@@ -816,13 +837,20 @@ def jobs(
     )
 
 
+# A running job on its way to a failure verdict whose evidence can go while its JobSet runs
+# (DecideMachine._fail_first): a pool name another job takes, a permanent error on a repair,
+# pods that cannot be scheduled or are never created.
+FAILING = ["taken", "permanent", "unschedulable", "not created"]
 LATENCIES = {
     "create_latency": st.sampled_from([1, 60, 300]),
     "delete_latency": st.sampled_from([1, 30]),
-    "warm": st.sampled_from([True, True, False]),
+    "warm": st.sampled_from([True, True, False, True, True, False, True, True, False, *FAILING]),
 }
 # The elastic job starts shrunk, or about to grow back, half the time (DecideMachine.start).
-ELASTIC_LATENCIES = {**LATENCIES, "warm": st.sampled_from([True, False, "shrunk", "growing"])}
+ELASTIC_LATENCIES = {
+    **LATENCIES,
+    "warm": st.sampled_from([True, False, "shrunk", "growing"] * 2 + FAILING),
+}
 
 
 class DecideMachine(RuleBasedStateMachine):
@@ -844,6 +872,10 @@ class DecideMachine(RuleBasedStateMachine):
         self.creating: set[str] = set()
         self.changed = True
         self.requeue: float | None = None  # the last decision's requeue_after
+        # Armed: the next pass that ends the job crashes after this many of its actions (and
+        # whether the world then takes the verdict's evidence away: `_evidence_goes`).
+        self.crash_at_end: tuple[int, bool] | None = None
+        self.failed: str | None = None  # the sticky reason the operator failed the job with
         self.w = World(T0, 60, 30)
 
     # ------------------------------------------------------------ setup
@@ -852,7 +884,8 @@ class DecideMachine(RuleBasedStateMachine):
         """`warm`: start from a running job, reached by the machine itself (every pass of the
         way checked), so that the rules spend their steps on what happens to a running job;
         "shrunk": an elastic job running on fewer slices (`_shrink_first`); "growing": then
-        waiting for the checkpoint before it grows back (`_grow_first`)."""
+        waiting for the checkpoint before it grows back (`_grow_first`); one of FAILING: failed
+        from Running, with a crash after the verdict's status write (`_fail_first`)."""
         self._reset()
         self.job = job
         self.plans = {s: spec_and_plan(job, s) for s in (False, True)}
@@ -863,6 +896,9 @@ class DecideMachine(RuleBasedStateMachine):
                 self._shrink_first()
             if warm == "growing":
                 self._grow_first()
+            if warm in FAILING:
+                assert isinstance(warm, str)
+                self._fail_first(warm)
 
     def _warm_up(self) -> None:
         for _ in range(30):
@@ -893,6 +929,30 @@ class DecideMachine(RuleBasedStateMachine):
                 return
             self._pass()
             self._advance_to(self.w.now + timedelta(seconds=5))
+
+    def _fail_first(self, how: str) -> None:
+        """From Running (`_warm_up`): slice 1's pool name taken by an older job, a permanent
+        error on the replacement of its pool, or its pods (restarted) unschedulable or never
+        created; passes run, time passes, until the job ends (most often with that verdict),
+        the operator crashing right after that pass's status write, and the verdict's evidence
+        going meanwhile (`crash_the_operator`). The rules go on from there."""
+        w = self.w
+        if how in ("taken", "permanent"):
+            del w.pools[1]
+        if how == "taken":
+            w.pools[1] = Pool(PoolState.READY, ready=HOSTS, present=HOSTS, taken_by="ns/other")
+        elif how == "permanent":
+            w.armed[1] = "permanent"
+        else:
+            w.refused[1] = how
+            self._pod_fails(1, 1, None)  # a restart: slice 1's new pods are refused
+        self.crash_at_end = (0, True)
+        self._seen()
+        for _ in range(40):
+            if self.status.get("phase") in TERMINAL:
+                return
+            self._pass()
+            self._advance_to(self.w.now + timedelta(seconds=60))
 
     def _grow_first(self) -> None:
         """From shrunk (`_shrink_first`): time passes, passes run, until the replacement pool is
@@ -934,11 +994,15 @@ class DecideMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the operator's pass
 
-    def _pass(self) -> Decision:
+    def _pass(self, crash: int | None = None, evidence_goes: bool = False) -> Decision:
+        """One pass of the shell; `crash`: the operator crashes once the status is written and
+        this many of the actions applied, then restarts (`_restart`), meanwhile the verdict's
+        evidence goes or not (`_evidence_goes`)."""
         meta, obs = self.meta(), self.observe()
         old = MultisliceJobStatus.from_dict(self.status)
-        d = decide(meta, self.spec, self.plan, None, old, obs, CFG)
-        problems = violations(meta, d, obs) + resize_violations(self.plan, old, d, obs)
+        d = self._decide(meta, old, obs)
+        problems = list(d.violations) + resize_violations(self.plan, old, d, obs)
+        problems += self._failed_runs_again(d)
         deleted = {n for a in d.actions if isinstance(a, DeletePools) for n in a.pools}
         late = sorted(deleted & self.creating) if not self.changed else []
         under = sorted(
@@ -961,16 +1025,45 @@ class DecideMachine(RuleBasedStateMachine):
             self._fixpoint(meta, obs, d)
         if not (meta.deleting and not meta.has_finalizer):
             self.status = d.status.to_dict()
+            self.failed = self.failed or sticky_failure(MultisliceJobStatus.from_dict(self.status))
+        if crash is None and self.crash_at_end is not None and d.status.phase in TERMINAL:
+            (crash, evidence_goes), self.crash_at_end = self.crash_at_end, None
+        applied = d.actions if crash is None else d.actions[:crash]
         pool_of = {p.slice_index: p.name for p in self.plan.node_pools}
         self.creating = {
-            pool_of[i] for a in d.actions if isinstance(a, CreatePools) for i in a.slices
+            pool_of[i] for a in applied if isinstance(a, CreatePools) for i in a.slices
         }
         self.changed = False
         self.requeue = d.requeue_after
         self.w.blind_since = None  # watched from now on
-        for action in d.actions:
+        for action in applied:
             self._apply(action)
+        if crash is not None:
+            self._restart()
+            if evidence_goes:
+                self._evidence_goes()
         return d
+
+    def _decide(self, meta: JobMeta, old: MultisliceJobStatus, obs: Observed) -> Decision:
+        """decide(), whose own invariants (reconcile/invariants.py) raise in tests: reported by
+        the broken invariant's key."""
+        try:
+            return decide(meta, self.spec, self.plan, None, old, obs, CFG)
+        except invariants.InvariantViolation as e:
+            raise violation(kind(str(e)), self._explain([str(e)], old, obs)) from e
+
+    def _failed_runs_again(self, d: Decision) -> list[str]:
+        """A job the operator failed with a verdict that sticks never creates a pool or its
+        JobSet, resumes, or leaves a terminal phase again."""
+        if self.failed is None:
+            return []
+        revived = [a for a in d.actions if creates(a)]
+        if d.status.phase in TERMINAL and not revived:
+            return []
+        return [
+            f"failed-runs-again: the job failed ({self.failed}), now phase {d.status.phase} "
+            f"with {revived}"
+        ]
 
     def _fixpoint(self, meta: JobMeta, obs: Observed, d: Decision) -> None:
         """A pass that acted on nothing changed nothing in the world; deciding again on the same
@@ -1000,22 +1093,29 @@ class DecideMachine(RuleBasedStateMachine):
             )
 
     def _explain(
-        self, problems: list[str], old: MultisliceJobStatus, obs: Observed, d: Decision
+        self,
+        problems: list[str],
+        old: MultisliceJobStatus,
+        obs: Observed,
+        d: Decision | None = None,
     ) -> str:
         js = obs.jobset
         pools = {s.index: (str(s.pool_state), s.ready_hosts) for s in obs.slices}
-        return "\n".join(
-            [
-                *problems,
-                f"  old phase {old.phase} ({old.message}), restarts {old.restarts}",
-                f"  finalizer {self.has_finalizer}, deleting {self.deleting}, suspend "
-                f"{self.suspend}, job {self.job}",
-                f"  pools {pools}, jobset {js}",
+        lines = [
+            *problems,
+            f"  old phase {old.phase} ({old.message}), restarts {old.restarts}, failed "
+            f"{self.failed}",
+            f"  finalizer {self.has_finalizer}, deleting {self.deleting}, suspend "
+            f"{self.suspend}, job {self.job}",
+            f"  pools {pools}, jobset {js}",
+        ]
+        if d is not None:
+            lines += [
                 f"  -> phase {d.status.phase} ({d.status.message})",
                 f"  -> actions {d.actions}",
                 f"  -> events {[e.reason for e in d.events]}",
             ]
-        )
+        return "\n".join(lines)
 
     def _apply(self, a: object) -> None:
         w = self.w
@@ -1190,11 +1290,15 @@ class DecideMachine(RuleBasedStateMachine):
             at = placed.get(i)
             pool = w.pools.get(at) if at is not None else None
             name = self.plan.node_pools[at].name if at is not None else ""
+            refused = w.refused.get(i)
             for h in range(HOSTS):
                 pod = next((p for p in live if p.slice == i and p.name.endswith(f"-{h}")), None)
+                if pod is None and refused == "not created":
+                    continue
                 if pod is None:
                     pod = Pod(f"{NAME}-slice-{i}-a{attempt}-{h}", i, js.restarts, "Pending", w.now)
-                if pool is not None and self._schedulable(pool):
+                placed_now = pod.phase == "Running" or refused != "unschedulable"
+                if pool is not None and self._schedulable(pool) and placed_now:
                     pod.phase, pod.node, pod.pool = "Running", f"{name}-node-{h}", name
                     pod.ready = h < pool.ready
                 w.pods.append(pod)
@@ -1374,8 +1478,35 @@ class DecideMachine(RuleBasedStateMachine):
         """Its memory is lost (the dry-run verdict) and it did not watch the job meanwhile:
         its first pass (the next) has blind_since. Not a change in the world: no pass may undo
         its predecessor's work for that."""
+        self._restart()
+
+    def _restart(self) -> None:
         self.w.verdict = None
         self.w.blind_since = self.w.now
+
+    @precondition(lambda self: not self.gone)
+    @rule(applied=st.sampled_from([0, 0, 1, 2]), at_end=st.booleans(), evidence_goes=st.booleans())
+    def crash_the_operator(self, applied: int, at_end: bool, evidence_goes: bool) -> None:
+        """The operator crashes between a pass's status write and its actions (`applied`: after
+        the first few of them, as a delete the apiserver refuses leaves the rest undone), then
+        restarts, while the world moves on (`evidence_goes`: what a verdict saw goes). Now, or
+        armed (`at_end`) for the next pass that ends the job: a verdict, or a finished job's
+        release, so that every verdict the machine reaches is crashed on."""
+        if at_end:
+            self.crash_at_end = (applied, evidence_goes)
+        else:
+            self._pass(crash=applied, evidence_goes=evidence_goes)
+
+    @invariant()
+    def a_failed_job_never_runs_again(self) -> None:
+        """After every step: a job the operator failed with a verdict that sticks keeps a
+        terminal phase (its decisions are checked in `_pass`: nothing created or resumed)."""
+        phase = self.status.get("phase")
+        if self.failed is not None and not self.gone and phase not in TERMINAL:
+            raise violation(
+                "failed-runs-again",
+                f"failed-runs-again: the job failed ({self.failed}), its status now {phase}",
+            )
 
     # ------------------------------------------------------------ rules: time and the cloud
 
@@ -1463,6 +1594,35 @@ class DecideMachine(RuleBasedStateMachine):
         self.w.pools[i] = Pool(
             PoolState.READY, ready=HOSTS, present=HOSTS, taken_by="ns/other", taken_by_older=older
         )
+        self._seen()
+
+    @precondition(lambda self: not self.gone)
+    @rule(i=slice_index, how=st.sampled_from(["unschedulable", "not created"]))
+    def pods_refused(self, i: int, how: str) -> None:
+        """Slice i's new pods cannot be scheduled (a nodeSelector no node of its pool carries)
+        or are never created (a pod webhook, a quota refuses the Job controller's pods), until
+        the evidence goes."""
+        self.w.refused = {**self.w.refused, i: how}
+        self._seen()
+
+    def _evidence(self) -> bool:
+        pools = self.w.pools.values()
+        return bool(self.w.refused) or any(p.taken_by or p.state == PoolState.FAILED for p in pools)
+
+    @precondition(lambda self: self._evidence())
+    @rule()
+    def evidence_goes(self) -> None:
+        """What a failure verdict saw goes: the other job whose pool has our pool's name is
+        deleted, its pool with it (PoolNameTaken); a pool in error is deleted out of band
+        (ProvisioningFailed); the pods' refusals are lifted (Unschedulable, PodsNotCreated)."""
+        self._evidence_goes()
+
+    def _evidence_goes(self) -> None:
+        w = self.w
+        w.pools = {
+            i: p for i, p in w.pools.items() if not p.taken_by and p.state != PoolState.FAILED
+        }
+        w.refused = {}
         self._seen()
 
     @precondition(lambda self: not self.w.strays)

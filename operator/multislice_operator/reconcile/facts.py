@@ -29,6 +29,7 @@ from multislice_operator.reconcile.capacity import CapacityModel, Slices
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
 from multislice_operator.reconcile.context import at_second
+from multislice_operator.reconcile.reasons import sticky
 from multislice_operator.reconcile.types import (
     DecideConfig,
     JobMeta,
@@ -83,29 +84,39 @@ class Facts:
 
 
 def _finished_before(old: MultisliceJobStatus) -> bool:
+    if failed_for_good(old):
+        return True  # a phase written over it by hand does not revive the job
     if old.phase not in (Phase.SUCCEEDED, Phase.FAILED):
         return False
     validated = old.condition(ConditionType.VALIDATED)
     return not (validated is not None and validated.status == "False")  # a fixed spec runs again
 
 
-def _world_agrees(old: MultisliceJobStatus, spec: MultisliceJobSpec | None,
+def failed_for_good(old: MultisliceJobStatus) -> bool:
+    """The operator failed the job with a verdict that sticks: its own Failed condition (one it
+    wrote carries observedGeneration; one written by hand need not) with a sticky reason
+    (reasons.py). The job never runs again, whatever the world or the phase shows now."""
+    failed = old.condition(ConditionType.FAILED)
+    return (
+        failed is not None
+        and failed.status == "True"
+        and failed.observed_generation is not None
+        and sticky(failed.reason)
+    )
+
+
+def _world_agrees(old: MultisliceJobStatus, _spec: MultisliceJobSpec | None,
                   js: JobSetObservation | None) -> bool:  # fmt: skip
     """A terminal status is only believed when the world shows that nothing of the job runs: no
     JobSet of its own (none, one being deleted, one suspended: no pods) or its own is terminal.
     Status is memory, not a command: a phase written by hand never deletes the pools under
-    running pods. The one verdict of the operator's own that a running JobSet backs: its
-    uncharged restarts (disruptions and startup evictions) beyond maxDisruptionRestarts, which
-    JobSet itself never bounds."""
+    running pods. A verdict of the operator's own that sticks is believed beside a running
+    JobSet too (`failed_for_good`): the status was written before the verdict's actions, which
+    a crash or a refused delete left undone, and its evidence may be gone since; the JobSet is
+    stopped and the pools released. (`_spec`: unused, kept for derive's call.)"""
     if js is None or js.completed or js.failed or js.deleting or js.suspended:
         return True
-    failed = old.condition(ConditionType.FAILED)
-    return (
-        spec is not None
-        and failed is not None
-        and failed.reason == "MaxDisruptionRestarts"
-        and js.restarts - js.restarts_counted > spec.failure_policy.max_disruption_restarts
-    )
+    return failed_for_good(old)
 
 
 @dataclass(frozen=True)

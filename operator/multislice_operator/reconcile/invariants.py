@@ -1,11 +1,17 @@
 """The promises every decision keeps, checked in one place for every branch. Pure.
 
 - no create or resume (CreatePools, CreateJobSet, ValidateJobSet, SetJobSetSuspend(False),
-  SetWorkloadActive(True)) on a terminal phase or a job being deleted;
+  SetWorkloadActive(True)) on a terminal phase or a job being deleted, nor on a job the operator
+  failed with a verdict that sticks (its old status: facts.failed_for_good), whatever this
+  decision's phase: such a job never creates a pool or runs again;
 - no CreatePools unless the job has the finalizer or the same decision adds it first (its pools
   are then always released, even if the operator is down when the job is deleted);
 - at most one DeletePools per pool, and no pool both created and deleted;
 - no action on a pool the job does not own (another live job's: a name collision).
+
+Each is one small check in CHECKS, run on every action in order; a message starts with its
+promise's key (terminal-create, create-without-finalizer, duplicate-delete, create-and-delete,
+not-ours), which the state machine (tests/unit/test_decide_machine.py) reports by.
 
 A violation is a bug. Tests run with STRICT (tests/unit/conftest.py): decide() raises. In
 production the action is dropped and the decision says why (`Decision.violations`), which the
@@ -14,8 +20,10 @@ shell logs and counts.
 
 from __future__ import annotations
 
-from multislice_operator.api.models import Phase
-from multislice_operator.reconcile.facts import Facts
+from dataclasses import dataclass, field
+
+from multislice_operator.api.models import ConditionType, Phase
+from multislice_operator.reconcile.facts import Facts, failed_for_good
 from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
@@ -43,37 +51,85 @@ def _creates(a: Action) -> bool:
     )
 
 
+@dataclass
+class _Seen:
+    """One decision's actions so far, in order, and what they are checked against."""
+
+    ending: str | None  # why nothing may be created or resumed (None: it may)
+    finalizer: bool  # the job has our finalizer, or an earlier action adds it
+    names: dict[int, str]  # slice -> the plan's pool
+    taken: set[str]  # another live job's pools of our names
+    ours: set[str]  # the pools this job may delete
+    created: set[str] = field(default_factory=set)
+    deleted: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, f: Facts, d: Decision) -> _Seen:
+        taken = {s.pool for s in f.obs.slices if s.taken_by and s.pool}
+        names = {p.slice_index: p.name for p in f.plan.pools} if f.plan else {}
+        ours = (set(names.values()) - taken) | set(f.obs.strays)
+        return cls(_ending(f, d), f.meta.has_finalizer, names, taken, ours)
+
+
+def _ending(f: Facts, d: Decision) -> str | None:
+    phase = d.status.phase
+    if phase in (Phase.SUCCEEDED, Phase.FAILED) or f.meta.deleting:
+        return f"a job that is {phase or 'deleting'}"
+    if failed_for_good(f.old):
+        cond = f.old.condition(ConditionType.FAILED)
+        return f"a job the operator failed ({cond.reason if cond else '?'}), now {phase}"
+    return None
+
+
+def _no_create_at_the_end(seen: _Seen, a: Action) -> str | None:
+    if seen.ending is not None and _creates(a):
+        return f"terminal-create: {type(a).__name__} on {seen.ending}"
+    return None
+
+
+def _create_pools(seen: _Seen, a: Action) -> str | None:
+    if not isinstance(a, CreatePools):
+        return None
+    pools = {seen.names.get(s, f"slice {s}") for s in a.slices}
+    seen.created |= pools
+    if not seen.finalizer:
+        return f"create-without-finalizer: CreatePools {sorted(pools)} before the finalizer"
+    if pools & seen.deleted:
+        return f"create-and-delete: CreatePools of {sorted(pools & seen.deleted)}, deleted"
+    # Another live job's pool of our name, or a slice the plan names no pool for.
+    theirs = sorted(pools & seen.taken) + [f"slice {s}" for s in a.slices if s not in seen.names]
+    return f"not-ours: CreatePools of {theirs}, not the job's" if theirs else None
+
+
+def _delete_pools(seen: _Seen, a: Action) -> str | None:
+    if not isinstance(a, DeletePools):
+        return None
+    pools = set(a.pools)
+    twice, foreign, created = pools & seen.deleted, pools - seen.ours, pools & seen.created
+    seen.deleted |= pools
+    if twice:
+        return f"duplicate-delete: DeletePools {sorted(twice)} twice in the same pass"
+    if foreign:
+        return f"not-ours: DeletePools {sorted(foreign)}, not the job's"
+    if created:
+        return f"create-and-delete: DeletePools {sorted(created)} created in the same pass"
+    return None
+
+
+# In order; the first broken promise is the action's (a create at the end is not tracked). Each
+# message starts with the promise's key (the state machine reports each key as a bug of its own).
+CHECKS = (_no_create_at_the_end, _create_pools, _delete_pools)
+
+
 def violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
     """(index of the action, what it breaks) for every action that breaks a promise."""
+    seen = _Seen.of(f, d)
     out: list[tuple[int, str]] = []
-    ending = d.status.phase in (Phase.SUCCEEDED, Phase.FAILED) or f.meta.deleting
-    finalizer = f.meta.has_finalizer
-    taken = {s.pool for s in f.obs.slices if s.taken_by and s.pool}
-    names = {p.slice_index: p.name for p in f.plan.pools} if f.plan else {}
-    ours = (set(names.values()) - taken) | set(f.obs.strays)
-    deleted: set[str] = set()
-    created: set[str] = set()
     for i, a in enumerate(d.actions):
-        if isinstance(a, AddFinalizer):
-            finalizer = True
-        if ending and _creates(a):
-            out.append((i, f"{type(a).__name__} on a job that is {d.status.phase or 'deleting'}"))
-            continue
-        if isinstance(a, CreatePools):
-            pools = {names.get(s, f"slice {s}") for s in a.slices}
-            if not finalizer:
-                out.append((i, f"CreatePools {sorted(pools)} before the finalizer"))
-            elif pools & (deleted | taken):
-                out.append((i, f"CreatePools of {sorted(pools & (deleted | taken))}, deleted or "
-                               "another job's"))  # fmt: skip
-            created |= pools
-        if isinstance(a, DeletePools):
-            twice = set(a.pools) & deleted
-            foreign = set(a.pools) - ours
-            if twice or foreign or set(a.pools) & created:
-                why = f"twice {sorted(twice)}, not the job's {sorted(foreign)}, or created"
-                out.append((i, f"DeletePools {sorted(a.pools)}: {why} in the same pass"))
-            deleted |= set(a.pools)
+        seen.finalizer = seen.finalizer or isinstance(a, AddFinalizer)
+        why = next((w for check in CHECKS if (w := check(seen, a)) is not None), None)
+        if why is not None:
+            out.append((i, why))
     return out
 
 

@@ -5,7 +5,19 @@ A reason is one CamelCase word. Its `Info` says how it is announced (event type)
 the job (`terminal`: the reason of the Failed or Completed condition), the slice-failure metric
 label it counts under (`multislice_slice_failures_total{reason}`) and the restart cause it is
 charged to (`RestartCause`, whose budget the model says: models.BUDGET_OF_CAUSE). Adding a failure
-cause means: a line here, a verdict in verdicts.py, and its tests.
+cause means: a line here, a verdict in verdicts.py, and its tests (among them its crash worlds in
+tests/unit/test_sticky_verdicts.py, which fails until they are there).
+
+A terminal failure sticks (`Info.sticky`): the shell writes the status before it acts, so a crash
+in between (or a refused delete) leaves the Failed status beside a JobSet that still runs and
+pools that are still there, and the verdict's evidence may be gone by the next pass (the pod
+scheduled after all, the pool error cleared). The operator's own Failed condition (one it wrote:
+it carries observedGeneration) with a sticky reason is then believed whatever the world shows:
+the JobSet is stopped, the pools go, nothing is created again. A terminal reason that does not
+stick says why (`not_sticky`); so does every reason this registry does not know, JobSet's own
+(ReachedMaxRestarts, FailedJobs, ...) copied as the Failed condition's reason: a failed JobSet is
+its own evidence and stays failed until it is deleted, so a status with it beside a running
+JobSet was not derived from that JobSet, and the world wins (StatusIgnored).
 """
 
 from __future__ import annotations
@@ -29,6 +41,14 @@ class Info:
     event: bool = True  # posted as an event (besides the phase transition's)
     metric: str | None = None  # multislice_slice_failures_total's `reason` label
     causes: tuple[str, ...] = ()  # the `cause` labels it may carry; the first is the default
+    # A terminal reason that does not stick: why (the docs table says it). Empty: it sticks.
+    not_sticky: str = ""
+
+    @property
+    def sticky(self) -> bool:
+        """The job's Failed condition with this reason holds on every later pass, whatever the
+        world shows then (its evidence gone, its JobSet still running): the module's docstring."""
+        return self.terminal and not self.not_sticky
 
 
 class Reason(StrEnum):
@@ -121,6 +141,8 @@ REGISTRY: dict[Reason, Info] = {
         "The spec fails validation; the field and the fix are named.",
         terminal=True,
         event=False,
+        not_sticky="a fixed spec runs again (Validated=False); while it stays invalid the "
+        "verdict is decided again on every pass",
     ),
     Reason.JOBSET_CONFLICT: Info(
         WARNING,
@@ -128,13 +150,23 @@ REGISTRY: dict[Reason, Info] = {
         terminal=True,
         event=False,
     ),
-    Reason.COMPLETED: Info(NORMAL, "Every slice finished.", terminal=True, event=False),
+    Reason.COMPLETED: Info(
+        NORMAL,
+        "Every slice finished.",
+        terminal=True,
+        event=False,
+        not_sticky="a success is believed only while no JobSet of the job runs: a Succeeded "
+        "phase written by hand over a running JobSet is recomputed (StatusIgnored)",
+    ),
     Reason.JOBSET_FAILED: Info(
         WARNING,
         "The JobSet failed (a non-retryable exit code, or maxRestarts reached); JobSet's own "
         "reason is kept when it gives one.",
         terminal=True,
         event=False,
+        not_sticky="the failed JobSet is the evidence and stays failed until deleted; beside a "
+        "running JobSet this status (or JobSet's own reason copied) was not derived from it and "
+        "is recomputed (StatusIgnored)",
     ),
     Reason.ADMISSION_CHECK_REJECTED: Info(
         WARNING,
@@ -373,9 +405,28 @@ def metric_of(reason: str, cause: str) -> tuple[str, str] | None:
     return info.metric, cause if cause in info.causes else info.causes[0]
 
 
+def sticky(reason: str) -> bool:
+    """A Failed condition with this reason sticks (`Info.sticky`); a reason the registry does not
+    know (JobSet's own, copied; one written by hand) does not."""
+    try:
+        return REGISTRY[Reason(reason)].sticky
+    except ValueError:
+        return False
+
+
+def _sticks(info: Info) -> str:
+    """The docs table's Sticks column: for terminal reasons only."""
+    if not info.terminal:
+        return ""
+    return "yes" if info.sticky else f"no: {info.not_sticky}"
+
+
 def table() -> str:
     """The reasons table of docs/failures.md (`make docs`; tests keep it fresh)."""
-    rows = ["| Reason | Where | Event type | Metric (cause) | Meaning |", "|---|---|---|---|---|"]
+    rows = [
+        "| Reason | Where | Event type | Metric (cause) | Sticks | Meaning |",
+        "|---|---|---|---|---|---|",
+    ]
     for reason in Reason:
         info = REGISTRY[reason]
         where = [info.condition] if info.condition else []
@@ -385,7 +436,8 @@ def table() -> str:
             where.append("event")
         metric = f"`{info.metric}` ({', '.join(info.causes)})" if info.metric else ""
         rows.append(
-            f"| `{reason.value}` | {', '.join(where)} | {info.type} | {metric} | {info.doc} |"
+            f"| `{reason.value}` | {', '.join(where)} | {info.type} | {metric} "
+            f"| {_sticks(info)} | {info.doc} |"
         )
     return "\n".join(rows) + "\n"
 

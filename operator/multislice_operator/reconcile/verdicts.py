@@ -27,7 +27,7 @@ from multislice_operator.reconcile.capacity import (
     release_stopped,
 )
 from multislice_operator.reconcile.context import Builder
-from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.facts import Facts, failed_for_good
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.running import why_failed
 from multislice_operator.reconcile.types import (
@@ -82,7 +82,8 @@ def deleting(f: Facts) -> Verdict | None:
 def finished(f: Facts) -> Verdict | None:
     if not (f.finished_before and f.world_agrees):
         return None
-    phase = Phase(f.old.phase or Phase.FAILED)
+    # The operator's own verdict that sticks is the job's end, whatever phase is written over it.
+    phase = Phase.FAILED if failed_for_good(f.old) else Phase(f.old.phase or Phase.FAILED)
     ctype = ConditionType.COMPLETED if phase == Phase.SUCCEEDED else ConditionType.FAILED
     cond = f.old.condition(ctype)
     message = cond.message if cond and cond.message else phase.value
@@ -330,27 +331,14 @@ def _stop_jobset(f: Facts, b: Builder) -> None:
 
 
 def _complete(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
-    succeeded = v.end == End.SUCCEED
-    phase = Phase.SUCCEEDED if succeeded else Phase.FAILED
+    phase = Phase.SUCCEEDED if v.end == End.SUCCEED else Phase.FAILED
     b.status.completion_time = f.now
-    assert v.reason is not None
-    if v.reason == Reason.INVALID_SPEC:
-        b.cond(ConditionType.VALIDATED, "False", v.reason, v.message)
-    ctype = ConditionType.COMPLETED if succeeded else ConditionType.FAILED
-    b.cond_copied(ctype, "True", v.copied_reason or v.reason.value, v.message)
-    if v.provisioned:
-        b.cond(ConditionType.PROVISIONED, "False", v.provisioned, v.message)
-    if v.admitted and f.queue:
-        b.cond(ConditionType.ADMITTED, "False", v.admitted, v.message)
+    _verdict_conditions(f, b, v, phase)
     if v.event is not None:
         b.event(v.event, v.message)
     if f.js is not None:
         b.status.restarts = max(b.status.restarts, f.js.restarts)
-    if not succeeded:
-        _stop_jobset(f, b)
-        kueue.reject(f, b, v.message)
-    keep = succeeded and f.spec is not None and f.spec.provisioning.keep_node_pools
-    released = True if keep else release(f, b)
+    released = _end(f, b, phase, v.message)
     if f.deleting and f.meta.has_finalizer and released:
         b.add(RemoveFinalizer())  # an invalid spec being deleted: nothing of it is left
     elif not f.deleting:
@@ -358,13 +346,34 @@ def _complete(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
     return phase, v.message if released else f"{v.message}{Released.RELEASING}"
 
 
-def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
-    phase = Phase(f.old.phase or Phase.FAILED)
+def _verdict_conditions(f: Facts, b: Builder, v: Verdict, phase: Phase) -> None:
+    """The conditions a verdict writes: Completed or Failed with its reason, and the others it
+    names (Validated for an invalid spec, Provisioned, Admitted for a job that names a queue)."""
+    assert v.reason is not None
+    if v.reason == Reason.INVALID_SPEC:
+        b.cond(ConditionType.VALIDATED, "False", v.reason, v.message)
+    ctype = ConditionType.COMPLETED if phase == Phase.SUCCEEDED else ConditionType.FAILED
+    b.cond_copied(ctype, "True", v.copied_reason or v.reason.value, v.message)
+    if v.provisioned:
+        b.cond(ConditionType.PROVISIONED, "False", v.provisioned, v.message)
+    if v.admitted and f.queue:
+        b.cond(ConditionType.ADMITTED, "False", v.admitted, v.message)
+
+
+def _end(f: Facts, b: Builder, phase: Phase, message: str) -> bool:
+    """What an ended job leaves running goes: a failed job's JobSet (JobSet would run it on) and
+    its Workload's quota, every pool unless a success keeps them (spec.provisioning
+    .keepNodePools). True when no pool is left."""
     if phase == Phase.FAILED:
-        _stop_jobset(f, b)  # failed by the operator: JobSet would run it on
-        kueue.reject(f, b, v.message)
+        _stop_jobset(f, b)
+        kueue.reject(f, b, message)
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
-    released = True if keep else release(f, b)
+    return True if keep else release(f, b)
+
+
+def _finished(f: Facts, b: Builder, v: Verdict) -> tuple[Phase, str]:
+    phase = Phase.SUCCEEDED if v.reason == Reason.COMPLETED else Phase.FAILED  # see `finished`
+    released = _end(f, b, phase, v.message)
     _ttl(f, b, f.old.completion_time, released)
     return phase, v.message if released else f"{v.message}{Released.RELEASING}"
 
