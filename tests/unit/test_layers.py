@@ -32,10 +32,25 @@ def imports(path: Path) -> set[str]:
     return imports_in(path.read_text())
 
 
-def imports_in(source: str) -> set[str]:
-    """Every module and imported name, at any depth (a function's own imports too)."""
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """The nodes under `if TYPE_CHECKING:`: never run, so they make no circle at import time."""
+    skipped: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            for child in node.body:
+                skipped |= set(ast.walk(child))
+    return skipped
+
+
+def imports_in(source: str, runtime_only: bool = False) -> set[str]:
+    """Every module and imported name, at any depth (a function's own imports too); with
+    `runtime_only`, not those only a type checker reads."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    skipped = _type_checking_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -96,7 +111,7 @@ def internal_imports(source: str, me: str, known: set[str]) -> set[str]:
     import name` the package's __init__. A package `me` sits in is left out: Python runs it
     before `me` either way, and its __init__ re-exporting `me` is no circle."""
     found = set()
-    for name in imports_in(source):
+    for name in imports_in(source, runtime_only=True):
         while name and name not in known:
             name = name.rpartition(".")[0]
         if name:
@@ -151,3 +166,18 @@ def test_the_cycle_check_finds_a_circle_through_a_function_import() -> None:
     assert own_package == {"multislice_operator.x.y"}
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "d"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_an_import_only_a_type_checker_reads_makes_no_circle() -> None:
+    """`if TYPE_CHECKING:` imports never run (a capacity model names `Facts` in its signatures
+    while facts.py imports the models): no circle; the same import at run time is one."""
+    known = {"multislice_operator.a", "multislice_operator.b"}
+    typed = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from multislice_operator.b import F\n"
+    )
+    assert internal_imports(typed, "multislice_operator.a", known) == set()
+    typed_alias = "import typing\nif typing.TYPE_CHECKING:\n    import multislice_operator.b\n"
+    assert internal_imports(typed_alias, "multislice_operator.a", known) == set()
+    run = "from multislice_operator.b import F\n"
+    assert internal_imports(run, "multislice_operator.a", known) == {"multislice_operator.b"}
