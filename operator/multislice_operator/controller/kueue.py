@@ -26,7 +26,7 @@ from multislice_operator.reconcile import (
     QueueObservation,
     WorkloadObservation,
 )
-from multislice_operator.reconcile.gate import activate
+from multislice_operator.reconcile.kueue_gate import activate
 
 log = logging.getLogger("multislice_operator")
 

@@ -1,13 +1,13 @@
 """The reconcile brain: decide() and the plain data it reads and returns (all pure).
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
-once), ``verdicts`` (the ordered verdicts that end a pass), ``gate`` (Kueue: what a queued job
-may do), ``flow`` (decide: verdicts, then the lifecycle), ``capacity`` (gang provisioning, repair,
-Existing pools), ``running`` (JobSet-driven phases and restarts), ``slices`` (status.slices),
-``restarts`` (restarts by cause, the disruption budget), ``maintenance`` (GKE's announced host
-maintenance), ``checkpoint`` (checkpoints on demand), ``startup`` (the startup deadline),
-``goodput`` (where the time went), ``reasons`` (every reason, its event type and metric),
-``invariants`` (the promises every decision keeps), ``deltas`` (metric increments),
+once), ``verdicts`` (the ordered verdicts that end a pass), ``kueue_gate`` (Kueue: what a queued
+job may do), ``flow`` (decide: verdicts, then the lifecycle), ``capacity`` (gang provisioning,
+repair, Existing pools), ``running`` (JobSet-driven phases and restarts), ``slices``
+(status.slices), ``restarts`` (restarts by cause, the disruption budget), ``maintenance`` (GKE's
+announced host maintenance), ``checkpoint`` (checkpoints on demand), ``startup`` (the startup
+deadline), ``goodput`` (where the time went), ``reasons`` (every reason, its event type and
+metric), ``invariants`` (the promises every decision keeps), ``deltas`` (metric increments),
 ``termination`` (the workload's termination message), ``context`` (the decision being built).
 """
 

@@ -12,7 +12,7 @@ One pass, in order:
    slices' readiness, restarts by cause, the capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
-3. Otherwise the lifecycle, under the Kueue gate (gate.py) for a job that names a queue: the
+3. Otherwise the lifecycle, under the Kueue gate (kueue_gate.py) for a job with a queue: the
    apiserver's dry run before the first pool, the finalizer, capacity (capacity.py), the JobSet,
    the running phase (running.py), the startup deadline and checkpoints on demand.
 4. The phase is settled once; status.slices and goodput follow from it; the invariants are
@@ -36,11 +36,11 @@ from multislice_operator.reconcile import (
     elastic,
     goodput,
     invariants,
+    kueue_gate,
     maintenance,
     startup,
     verdicts,
 )
-from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,
     Capacity,
@@ -193,21 +193,21 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if plan.managed and not f.meta.has_finalizer:
         b.add(AddFinalizer())  # before any pool can exist
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
-    g = kueue.gate(f, b) if f.queue else None
-    if g is not None and g.allows == kueue.Pass.HOLD:
+    g = kueue_gate.gate(f, b) if f.queue else None
+    if g is not None and g.allows == kueue_gate.Pass.HOLD:
         return (*_hold(f, b, g), NO_CAPACITY)
-    if g is not None and g.allows == kueue.Pass.PROVISION:
+    if g is not None and g.allows == kueue_gate.Pass.PROVISION:
         return _provision(f, b, g)
-    if g is not None and g.allows == kueue.Pass.ADMISSION:
+    if g is not None and g.allows == kueue_gate.Pass.ADMISSION:
         b.status.capacity_ready_time = None
-        return (*kueue.waiting_for_admission(f, b, g.message), NO_CAPACITY)
+        return (*kueue_gate.waiting_for_admission(f, b, g.message), NO_CAPACITY)
     js = f.js
     if plan.managed or (g is None and (js is None or js.suspended)):
         cap = capacity(f, b, verdicts.gang_up(f))
     else:
         cap = Capacity(True)  # Existing pools are the JobSet's business once it runs
     if g is not None:
-        kueue.admitted(b, g)
+        kueue_gate.admitted(b, g)
     resizing = _resize(f, b, cap)
     if resizing is not None:
         return (*resizing, cap)
@@ -282,7 +282,7 @@ def _flex_start_end(f: Facts, b: Builder) -> str | None:
     return f"{FLEX_START_REQUEST_PREFIX}{int(end.timestamp())}"
 
 
-def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
+def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
     """Kueue keeps the job waiting: no node pool, its JobSet (created at once, suspended, so
     that Kueue can make a Workload for it) waits."""
     assert f.plan is not None
@@ -299,11 +299,11 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
             else "no quota reserved: no node pools"
         )
         b.cond(PROVISIONED, "False", Reason.QUEUED, held)
-    gated = kueue.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
-    return kueue.hold(f, b, gated)
+    gated = kueue_gate.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
+    return kueue_gate.hold(f, b, gated)
 
 
-def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacity]:
+def _provision(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str, Capacity]:
     """Quota reserved, our check Pending: the gang, all or none, before admission."""
     assert f.plan is not None and g.workload is not None and g.check is not None
     b.status.capacity_ready_time = None
@@ -311,28 +311,28 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
     name = g.check.name
     if not f.plan.managed:
         message = "Existing mode: the slices run on node pools that exist; nothing to provision"
-        kueue.report(f, b, g, CheckState.READY, message)
-        phase, text = kueue.waiting_for_admission(
+        kueue_gate.report(f, b, g, CheckState.READY, message)
+        phase, text = kueue_gate.waiting_for_admission(
             f, b, f"quota reserved in ClusterQueue {cq}; {message}"
         )
         return phase, text, NO_CAPACITY
     cap = capacity(f, b, started=False)
     if cap.rolled_back is not None:
-        kueue.report(f, b, g, CheckState.RETRY, cap.rolled_back)
-        retry = kueue.Gate(
-            kueue.Pass.HOLD,
+        kueue_gate.report(f, b, g, CheckState.RETRY, cap.rolled_back)
+        retry = kueue_gate.Gate(
+            kueue_gate.Pass.HOLD,
             Reason.CHECK_RETRY,
             f"{cap.message}; admission check {name} set to Retry: Kueue takes the quota back "
             "and queues the job again",
         )
-        return (*kueue.hold(f, b, retry), cap)
+        return (*kueue_gate.hold(f, b, retry), cap)
     if cap.ready or cap.flex_wait is not None:
         # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
         # Kueue resumes it, are what makes GKE scale the pools up.
         message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
-        kueue.report(f, b, g, CheckState.READY, message, pin=True)
+        kueue_gate.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
-        return (*kueue.waiting_for_admission(f, b, text), cap)
+        return (*kueue_gate.waiting_for_admission(f, b, text), cap)
     # Provisioning, waiting out the backoff of a rolled-back attempt, or no provisioner: the
     # gang's own phase and message say which; the check stays Pending and the quota ours.
     b.cond(ConditionType.ADMITTED, "False", Reason.GANG_PROVISIONING,
