@@ -1,4 +1,5 @@
-"""Table tests for Kueue mode (reconcile/gate.py): quota first, then the gang, then admission."""
+"""Table tests for Kueue mode (reconcile/kueue_gate.py): quota first, then the gang, then
+admission."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from multislice_operator.reconcile import (
     WorkloadObservation,
     decide,
 )
-from multislice_operator.reconcile.gate import activate
+from multislice_operator.reconcile.kueue_gate import activate
 from tests.unit import jobs
 from tests.unit.jobs import Observed
 

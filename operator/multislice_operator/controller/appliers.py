@@ -261,7 +261,7 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
             for u in a.pod_set_updates
         ]
     # No requeueAfterSeconds: in Kueue v0.17.0 a Retry that carries it keeps the quota until
-    # requeueAt (reconcile/gate.py); a Retry of ours never does.
+    # requeueAt (reconcile/kueue_gate.py); a Retry of ours never does.
     try:
         await rt.kube.apply_workload_check(t.namespace, a.workload, a.resource_version, entry)
     except Conflict:

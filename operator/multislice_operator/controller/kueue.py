@@ -28,7 +28,7 @@ from multislice_operator.reconcile import (
     SetAdmissionCheckActive,
     WorkloadObservation,
 )
-from multislice_operator.reconcile.gate import activate
+from multislice_operator.reconcile.kueue_gate import activate
 
 log = logging.getLogger("multislice_operator")
 

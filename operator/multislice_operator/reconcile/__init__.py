@@ -1,8 +1,8 @@
 """The reconcile brain: decide() and the plain data it reads and returns (all pure).
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
-once), ``verdicts`` (the ordered verdicts that end a pass), ``gate`` (Kueue: what a queued job
-may do), ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
+once), ``verdicts`` (the ordered verdicts that end a pass), ``kueue_gate`` (Kueue: what a
+queued job may do), ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
 ``CapacityModel`` interface: how a job's slices get their nodes), ``capacity_models`` (its
 registry, one model per provisioning mode), ``capacity_nodepools`` (Managed: a node pool per
 slice, gang provisioning, repair, spares, flex-start), ``capacity_existing`` (Existing pools),

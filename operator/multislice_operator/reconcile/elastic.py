@@ -21,7 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from multislice_operator.api.models import ConditionType, MultisliceJobStatus, Phase
+from multislice_operator.api.models import (
+    CheckpointStatus,
+    ConditionType,
+    MultisliceJobStatus,
+    Phase,
+)
 from multislice_operator.plan import Plan
 from multislice_operator.pools import CAPACITY_CODES
 from multislice_operator.reconcile.context import Builder
@@ -70,28 +75,52 @@ def size(
         return Size(full, full)
     fits = [s.slices for s in plan.sizes if s.slices <= up]
     if not fits:  # below minSlices: wait for the pools, as a job that is not elastic does
-        if js is not None and 0 < js.replicas < full:  # on the slices it has: not a grow
-            why = f"{full - up} of {full} slices lost, fewer than spec.elastic.minSlices up"
-            return Size(js.replicas, full, why)
-        return Size(full, full)
-    k = max(fits)
+        return _below_min(full, up, js)
+    lost = _loss_times(old, ready, lost_now, now)
+    degraded = _runs_fewer(js, full) or _was_degraded(old)
+    if not lost and not degraded:
+        return Size(full, full)  # the first gang: all or none
+    why = _refused(slices)
+    waited = (now - min(lost)).total_seconds() if lost else 0.0
+    if not why and not degraded and waited < elastic.wait_seconds:
+        return Size(full, full, wait_left=elastic.wait_seconds - waited)
+    return Size(max(fits), full, why or _lost_too_long(full, up, elastic.wait_seconds))
+
+
+def _runs_fewer(js: JobSetObservation | None, full: int) -> bool:
+    """The JobSet runs on fewer slices than spec.slices (a shrink happened)."""
+    return js is not None and 0 < js.replicas < full
+
+
+def _below_min(full: int, up: int, js: JobSetObservation | None) -> Size:
+    """Fewer than minSlices up: a shrunk job stays on the slices it has (not a grow); any
+    other waits for all of them."""
+    if js is not None and _runs_fewer(js, full):
+        why = f"{full - up} of {full} slices lost, fewer than spec.elastic.minSlices up"
+        return Size(js.replicas, full, why)
+    return Size(full, full)
+
+
+def _loss_times(
+    old: MultisliceJobStatus, ready: frozenset[int], lost_now: frozenset[int], now: datetime
+) -> list[datetime]:
+    """When each pool that is not Ready was lost: as recorded, or now for a loss this pass."""
     lost = [e.lost_time for e in old.slices if e.lost_time is not None and e.index not in ready]
     # Lost this pass, after its nodes were seen Ready (a pool never up is not a loss).
     lost += [now for i in lost_now if (e := old.slice(i)) and e.seen_ready and not e.lost_time]
-    degraded = (js is not None and 0 < js.replicas < full) or _was_degraded(old)
-    if not lost and not degraded:
-        return Size(full, full)  # the first gang: all or none
+    return lost
+
+
+def _refused(slices: list[SliceObservation]) -> str:
+    """The first pool GKE refused for capacity (stockout, quota), as the shrink's cause."""
     refused = [(s.pool, s.error.code) for s in slices if s.error and s.error.code in CAPACITY_CODES]
-    waited = (now - min(lost)).total_seconds() if lost else 0.0
-    if refused:
-        why = f"node pool {refused[0][0]}: {refused[0][1]}"
-    elif degraded or waited >= elastic.wait_seconds:
-        # No running count in the text: a status that changed every pass would be rewritten.
-        why = f"{full - up} of {full} slices lost for longer than spec.elastic.waitSeconds "
-        why += f"({elastic.wait_seconds}s)"
-    else:
-        return Size(full, full, wait_left=elastic.wait_seconds - waited)
-    return Size(k, full, why)
+    return f"node pool {refused[0][0]}: {refused[0][1]}" if refused else ""
+
+
+def _lost_too_long(full: int, up: int, wait_seconds: int) -> str:
+    # No running count in the text: a status that changed every pass would be rewritten.
+    why = f"{full - up} of {full} slices lost for longer than spec.elastic.waitSeconds "
+    return why + f"({wait_seconds}s)"
 
 
 def _was_degraded(old: MultisliceJobStatus) -> bool:
@@ -146,53 +175,90 @@ def resize(
     if plan.elastic is None:
         return None
     if js.deleting:
-        if not resized(old):
-            return None
-        return Phase.RESTARTING, (
-            f"resizing to {s.target} of {s.full} slices: waiting for the old JobSet's pods to go"
-        )
+        return _resizing(old, s)
     current = js.replicas or s.full
     if finishing(js):
         return None
     if s.target < current:
-        layout = plan.parallelism_at(s.target)
-        b.add(DeleteJobSet(resize=True))
-        b.event(
-            Reason.SHRINKING_SLICES,
-            f"{s.why}: restarting on {s.target} of {s.full} slices (dcn.data "
-            f"{layout.dcn_data}) from the last checkpoint; the lost pools stay requested and "
-            "the job grows back once they are Ready",
-        )
-        return Phase.RESTARTING, f"shrinking to {s.target} of {s.full} slices: {s.why}"
+        return _shrink(plan, b, s)
     if s.target > current:
-        rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
-        cp = old.checkpoint
-        mine = cp is not None and cp.request_id == rid
-        if mine and cp is not None and cp.saved_step is None and rid in acked:
-            # Saved as this pass sees it: recorded here (this pass ends before checkpoint.py
-            # would), and the grow goes now, not a pass later.
-            cp = b.status.checkpoint
-            assert cp is not None
-            cp.saved_step, cp.saved_time = acked[rid], now
-            b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")
-        saved = mine and cp is not None and cp.saved_step is not None
-        asked = cp.request_time if mine and cp is not None else None
-        late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS
-        if not (saved or late or not running):
-            if asked is not None:
-                b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
-            return None  # the checkpoint is requested (checkpoint.py); running meanwhile
-        step = f" (checkpoint {rid} saved at step {cp.saved_step})" if saved and cp else ""
-        if late and not saved:
-            step = f" (checkpoint {rid} not saved within {GROW_SAVE_SECONDS}s)"
-        b.add(DeleteJobSet(resize=True))
-        b.event(
-            Reason.GROWING_SLICES,
-            f"node pools for {s.target} of {s.full} slices are Ready again: restarting on "
-            f"{s.target} slices{step}",
-        )
-        return Phase.RESTARTING, f"growing back to {s.target} of {s.full} slices"
+        return _grow(old, b, js, s, running, now, acked)
     return None
+
+
+def _resizing(old: MultisliceJobStatus, s: Size) -> tuple[Phase, str] | None:
+    """The old JobSet is going: a resize waits for its pods (None: not a resize)."""
+    if not resized(old):
+        return None
+    return Phase.RESTARTING, (
+        f"resizing to {s.target} of {s.full} slices: waiting for the old JobSet's pods to go"
+    )
+
+
+def _shrink(plan: Plan, b: Builder, s: Size) -> tuple[Phase, str]:
+    layout = plan.parallelism_at(s.target)
+    b.add(DeleteJobSet(resize=True))
+    b.event(
+        Reason.SHRINKING_SLICES,
+        f"{s.why}: restarting on {s.target} of {s.full} slices (dcn.data "
+        f"{layout.dcn_data}) from the last checkpoint; the lost pools stay requested and "
+        "the job grows back once they are Ready",
+    )
+    return Phase.RESTARTING, f"shrinking to {s.target} of {s.full} slices: {s.why}"
+
+
+def _grow(
+    old: MultisliceJobStatus,
+    b: Builder,
+    js: JobSetObservation,
+    s: Size,
+    running: bool,
+    now: datetime,
+    acked: Mapping[str, int],
+) -> tuple[Phase, str] | None:
+    """Grow once the grow's checkpoint is saved, or late, or nothing runs to save."""
+    rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
+    cp = _grow_checkpoint(old, b, rid, now, acked)
+    saved = cp is not None and cp.saved_step is not None
+    asked = cp.request_time if cp is not None else None
+    late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS
+    if running and not saved and not late:
+        if asked is not None:
+            b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
+        return None  # the checkpoint is requested (checkpoint.py); running meanwhile
+    b.add(DeleteJobSet(resize=True))
+    b.event(
+        Reason.GROWING_SLICES,
+        f"node pools for {s.target} of {s.full} slices are Ready again: restarting on "
+        f"{s.target} slices{_grow_note(rid, cp, late)}",
+    )
+    return Phase.RESTARTING, f"growing back to {s.target} of {s.full} slices"
+
+
+def _grow_checkpoint(
+    old: MultisliceJobStatus, b: Builder, rid: str, now: datetime, acked: Mapping[str, int]
+) -> CheckpointStatus | None:
+    """The grow's checkpoint request `rid` (None: not requested yet). Saved as this pass sees
+    it: recorded here (this pass ends before checkpoint.py would), and the grow goes now, not a
+    pass later."""
+    cp = old.checkpoint
+    if cp is None or cp.request_id != rid:
+        return None
+    if cp.saved_step is None and rid in acked:
+        cp = b.status.checkpoint
+        assert cp is not None
+        cp.saved_step, cp.saved_time = acked[rid], now
+        b.event(Reason.CHECKPOINT_SAVED, f"checkpoint {rid} saved at step {cp.saved_step}")
+    return cp
+
+
+def _grow_note(rid: str, cp: CheckpointStatus | None, late: bool) -> str:
+    """What the grow event says about its checkpoint."""
+    if cp is not None and cp.saved_step is not None:
+        return f" (checkpoint {rid} saved at step {cp.saved_step})"
+    if late:
+        return f" (checkpoint {rid} not saved within {GROW_SAVE_SECONDS}s)"
+    return ""
 
 
 def state(plan: Plan, b: Builder, js: JobSetObservation | None, s: Size) -> None:

@@ -14,7 +14,7 @@ One pass, in order:
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
 3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
-   the model asks for it, the finalizer; the Kueue gate (gate.py) for a job that names a queue
+   the model asks for it, the finalizer; the Kueue gate (kueue_gate.py) for a job that names a queue
    (`_queued`: held, or provisioning before admission); the capacity (`Facts.capacity.provide`:
    what to create, what to repair); then the JobSet (`_run`): a restart the operator carries
    out (restart_strategy.py: a resize), the JobSet created or resumed, or running (running.py)
@@ -43,12 +43,12 @@ from multislice_operator.reconcile import (
     elastic,
     goodput,
     invariants,
+    kueue_gate,
     maintenance,
     restart_strategy,
     startup,
     verdicts,
 )
-from multislice_operator.reconcile import gate as kueue
 from multislice_operator.reconcile.capacity import (
     NO_CAPACITY,
     PROVISIONED,
@@ -187,13 +187,13 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
     _begin(f, b)
-    g = kueue.gate(f, b) if f.queue else None
+    g = kueue_gate.gate(f, b) if f.queue else None
     queued = _queued(f, b, g)
     if queued is not None:
         return queued
     cap = f.capacity.provide(f, b, verdicts.gang_up(f))
     if g is not None:
-        kueue.admitted(b, g)
+        kueue_gate.admitted(b, g)
     return _run(f, b, cap, due)
 
 
@@ -214,15 +214,15 @@ def _begin(f: Facts, b: Builder) -> None:
     b.delete_pools(strays(f))  # labelled with our uid, named by no plan of ours: never needed
 
 
-def _queued(f: Facts, b: Builder, g: kueue.Gate | None) -> tuple[Phase, str, Capacity] | None:
+def _queued(f: Facts, b: Builder, g: kueue_gate.Gate | None) -> tuple[Phase, str, Capacity] | None:
     """A queued job that Kueue holds, or whose quota is reserved before admission; None: run."""
-    if g is not None and g.allows == kueue.Pass.HOLD:
+    if g is not None and g.allows == kueue_gate.Pass.HOLD:
         return (*_hold(f, b, g), NO_CAPACITY)
-    if g is not None and g.allows == kueue.Pass.PROVISION:
+    if g is not None and g.allows == kueue_gate.Pass.PROVISION:
         return _provision(f, b, g)
-    if g is not None and g.allows == kueue.Pass.ADMISSION:
+    if g is not None and g.allows == kueue_gate.Pass.ADMISSION:
         b.status.capacity_ready_time = None
-        return (*kueue.waiting_for_admission(f, b, g.message), NO_CAPACITY)
+        return (*kueue_gate.waiting_for_admission(f, b, g.message), NO_CAPACITY)
     return None
 
 
@@ -301,7 +301,7 @@ def _flex_start_end(f: Facts, b: Builder) -> str | None:
     return f"{FLEX_START_REQUEST_PREFIX}{int(end.timestamp())}"
 
 
-def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
+def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
     """Kueue keeps the job waiting: no node pool, its JobSet (created at once, suspended, so
     that Kueue can make a Workload for it) waits."""
     assert f.plan is not None
@@ -313,11 +313,11 @@ def _hold(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str]:
     b.status.job_set = f.plan.name
     if g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
         f.capacity.held(f, b, note)  # no quota: what becomes of the capacity
-    gated = kueue.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
-    return kueue.hold(f, b, gated)
+    gated = kueue_gate.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
+    return kueue_gate.hold(f, b, gated)
 
 
-def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacity]:
+def _provision(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str, Capacity]:
     """Quota reserved, our check Pending: the gang, all or none, before admission."""
     assert f.plan is not None and g.workload is not None and g.check is not None
     b.status.capacity_ready_time = None
@@ -325,27 +325,27 @@ def _provision(f: Facts, b: Builder, g: kueue.Gate) -> tuple[Phase, str, Capacit
     name = g.check.name
     cap = f.capacity.before_admission(f, b)
     if cap.preexisting is not None:  # nothing to provision: the check is Ready at once
-        kueue.report(f, b, g, CheckState.READY, cap.preexisting)
-        phase, text = kueue.waiting_for_admission(
+        kueue_gate.report(f, b, g, CheckState.READY, cap.preexisting)
+        phase, text = kueue_gate.waiting_for_admission(
             f, b, f"quota reserved in ClusterQueue {cq}; {cap.preexisting}"
         )
         return phase, text, NO_CAPACITY
     if cap.rolled_back is not None:
-        kueue.report(f, b, g, CheckState.RETRY, cap.rolled_back)
-        retry = kueue.Gate(
-            kueue.Pass.HOLD,
+        kueue_gate.report(f, b, g, CheckState.RETRY, cap.rolled_back)
+        retry = kueue_gate.Gate(
+            kueue_gate.Pass.HOLD,
             Reason.CHECK_RETRY,
             f"{cap.message}; admission check {name} set to Retry: Kueue takes the quota back "
             "and queues the job again",
         )
-        return (*kueue.hold(f, b, retry), cap)
+        return (*kueue_gate.hold(f, b, retry), cap)
     if cap.ready or cap.flex_wait is not None:
         # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
         # Kueue resumes it, are what makes GKE scale the pools up.
         message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
-        kueue.report(f, b, g, CheckState.READY, message, pin=True)
+        kueue_gate.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
-        return (*kueue.waiting_for_admission(f, b, text), cap)
+        return (*kueue_gate.waiting_for_admission(f, b, text), cap)
     # Provisioning, waiting out the backoff of a rolled-back attempt, or no provisioner: the
     # gang's own phase and message say which; the check stays Pending and the quota ours.
     b.cond(ConditionType.ADMITTED, "False", Reason.GANG_PROVISIONING,

@@ -18,8 +18,7 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.ownership import Owner
-from multislice_operator.reconcile import elastic, restarts
-from multislice_operator.reconcile import gate as kueue
+from multislice_operator.reconcile import elastic, kueue_gate, restarts
 from multislice_operator.reconcile.capacity import (
     Released,
     pools_present,
@@ -136,7 +135,7 @@ def jobset_failed(f: Facts) -> Verdict | None:
 
 
 def check_rejected(f: Facts) -> Verdict | None:
-    wl = kueue.workload(f)
+    wl = kueue_gate.workload(f)
     if wl is None or wl.check is None or wl.check.state != CheckState.REJECTED:
         return None
     message = f"admission check {wl.check.name} rejected the Workload: {wl.check.message}"
@@ -366,7 +365,7 @@ def _end(f: Facts, b: Builder, phase: Phase, message: str) -> bool:
     .keepNodePools). True when no pool is left."""
     if phase == Phase.FAILED:
         _stop_jobset(f, b)
-        kueue.reject(f, b, message)
+        kueue_gate.reject(f, b, message)
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
     return True if keep else release(f, b)
 
@@ -403,13 +402,13 @@ def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
 
 
 def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
-    js, wl = f.js, kueue.workload(f)
+    js, wl = f.js, kueue_gate.workload(f)
     if wl is not None:
         # Kueue unsuspends an admitted JobSet itself: a queued job is suspended through its
         # Workload (spec.active false), and Kueue then evicts it and suspends the JobSet.
         if wl.active:
             b.add(SetWorkloadActive(wl.name, False))
-        kueue.remember_suspended(b)
+        kueue_gate.remember_suspended(b)
     elif js is not None and not js.suspended:
         b.add(SetJobSetSuspend(True))
     note = release_stopped(f, b)

@@ -49,6 +49,7 @@ from multislice_operator.reconcile.types import (
     AdmissionCheckObservation,
     CheckObservation,
     CheckState,
+    JobSetObservation,
     PodSetUpdate,
     QueueObservation,
     SetAdmissionCheckActive,
@@ -93,9 +94,7 @@ def gate(f: Facts, b: Builder) -> Gate:
     _record(f, b, q)
     js, plan = f.js, f.plan
     if f.obs.kueue_problem:
-        if f.old.queue is None or f.old.queue.message != f.obs.kueue_problem:
-            b.event(Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem)
-        return Gate(Pass.HOLD, Reason.KUEUE_UNSUPPORTED, f.obs.kueue_problem, Phase.PENDING)
+        return _unsupported(f, b, f.obs.kueue_problem)
     if js is None:  # created now, suspended; said as the next pass will see it (one write)
         return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(plan, f.queue))
     wl = q.workload
@@ -105,19 +104,37 @@ def gate(f: Facts, b: Builder) -> Gate:
         return _no_workload(f, b, q, js.created)
     _note_eviction(f, b, wl)
     if not wl.active:
-        if b.status.queue is not None and b.status.queue.suspended:  # our suspend, now lifted
-            b.add(SetWorkloadActive(wl.name, True))
-            b.status.queue.suspended = False
-        return Gate(
-            Pass.HOLD,
-            Reason.DEACTIVATED,
-            f"Kueue deactivated Workload {wl.name} (spec.active: false)"
-            f"{': ' + wl.eviction_message if wl.eviction_message else ''}; the job waits, "
-            "without node pools, until it is active again",
-            workload=wl,
-        )
+        return _deactivated(b, wl)
     if wl.evicted or not wl.quota_reserved:
         return _queued(f, q, wl)
+    return _quota_reserved(js, wl)
+
+
+def _unsupported(f: Facts, b: Builder, problem: str) -> Gate:
+    """Kueue is there but cannot be used (announced once per problem): the job waits."""
+    if f.old.queue is None or f.old.queue.message != problem:
+        b.event(Reason.KUEUE_UNSUPPORTED, problem)
+    return Gate(Pass.HOLD, Reason.KUEUE_UNSUPPORTED, problem, Phase.PENDING)
+
+
+def _deactivated(b: Builder, wl: WorkloadObservation) -> Gate:
+    """The Workload is inactive: the job waits. One we deactivated for spec.suspend (now lifted,
+    or this pass would have ended suspended) is activated again."""
+    if b.status.queue is not None and b.status.queue.suspended:  # our suspend, now lifted
+        b.add(SetWorkloadActive(wl.name, True))
+        b.status.queue.suspended = False
+    return Gate(
+        Pass.HOLD,
+        Reason.DEACTIVATED,
+        f"Kueue deactivated Workload {wl.name} (spec.active: false)"
+        f"{': ' + wl.eviction_message if wl.eviction_message else ''}; the job waits, "
+        "without node pools, until it is active again",
+        workload=wl,
+    )
+
+
+def _quota_reserved(js: JobSetObservation, wl: WorkloadObservation) -> Gate:
+    """Quota reserved: our check (if the ClusterQueue lists one) decides, then admission."""
     check = wl.check
     admitted = f"admitted by Kueue in ClusterQueue {wl.cluster_queue}"
     if check is None:  # the ClusterQueue lists no check of ours: quota only
