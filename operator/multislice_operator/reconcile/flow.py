@@ -243,7 +243,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, _stalled(cap))
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
-    checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
+    checkpoint.serve_requests(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
 
 
