@@ -1,6 +1,6 @@
 """`make bench`: every operator benchmark, then the scale curve and the targets.
 
-    python -m benchmarks.run [--quick] [--only reconcile,gang,restart,footprint,recovery]
+    python -m benchmarks.run [--quick] [--only complexity,reconcile,gang,restart,footprint,recovery]
                              [--skip-workload] [--log-dir DIR]
 
 Each benchmark prints its table and writes benchmarks/results/<name>.json; this writes
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import footprint, gang, gke_calls, reconcile, recovery, restart
+from benchmarks import complexity, footprint, gang, gke_calls, reconcile, recovery, restart
 from benchmarks.common import save, say, table
 
-BENCHMARKS = ("reconcile", "gang", "restart", "footprint", "gke_calls", "recovery")
+# complexity first: it reads the source (under a second), the others boot control planes.
+BENCHMARKS = ("complexity", "reconcile", "gang", "restart", "footprint", "gke_calls", "recovery")
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,16 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 lift is not None and lift < 0,
                 "never resumed" if not r["resumed"] else f"on {r['resumed_on_slices']} slices",
             )
+    if "complexity" in results:
+        c = results["complexity"]
+        core = c["scopes"][complexity.CORE]
+        add(
+            f"{complexity.CORE} functions of complexity >= {c['threshold']}",
+            core["at_or_above"],
+            f"<= {core['goal']}",
+            core["met"],
+            f"largest {core['max']}; {core['functions']} functions",
+        )
     rows = [
         [
             t["target"],
@@ -309,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{'quick' if args.quick else 'full'} run; operator logs in {log_dir}")
     started = time.monotonic()
     runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "complexity": complexity.run,
         "reconcile": lambda: reconcile.run(cfg.reconcile, log_dir=log_dir),
         "gang": lambda: gang.run(cfg.gang, log_dir=log_dir),
         "restart": lambda: restart.run(cfg.restart, cfg.restart_reps, log_dir=log_dir),

@@ -247,7 +247,7 @@ def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, s
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, cap.stalled)
     grow = elastic.grow_request(plan, js, f.size, f.attempt)
-    checkpoint.decide(f, b, due, _flex_start_end(f, b), grow)
+    checkpoint.serve_requests(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
 
 

@@ -335,31 +335,47 @@ def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
     slice runs again."""
     last = b.status.last_restart
     if b.status.restarts > f.old.restarts:
-        failure = b.status.last_failure
-        # The failure that caused restart n was seen on a pod of attempt n-1; an older record
-        # belongs to an earlier restart and says nothing about this one.
-        known = failure is not None and failure.restart_attempt == b.status.restarts - 1
-        lost = steps_lost(failure) if known and failure is not None else None
-        cause = f.restarts.cause.value if f.restarts.cause else CAUSE_WORKLOAD
-        if g.state in RECOVERING and g.since is not None:
-            began = g.since  # when the slices stopped running, as accounted
-        else:  # stopped and recovered unseen (while the operator was down, or within a pass)
-            blind = f.obs.blind_since
-            began = min(at_second(blind), f.now) if blind is not None else f.now
-        # A shrink after a loss the job has not recovered from: the outage began with the loss.
-        unrecovered = last is not None and last.recovery_seconds is None
-        if cause == RestartCause.RESIZE.value and unrecovered and last and last.time:
-            began = min(began, last.time)
-        last = RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
-        g.lost_steps += lost or 0
+        last = _counted(f, b, g, last)
     if last is not None and last.recovery_seconds is None and _all_running(f, b, g):
-        old = f.old.goodput
-        opened_now = old is None or g.since != old.since or g.state != old.state
-        end = g.since if opened_now and g.since is not None else f.now
-        began = last.time or end
-        seconds = int((max(end, began) - began).total_seconds())
-        last = last.model_copy(update={"recovery_seconds": seconds})
+        last = _recovered(f, g, last)
     b.status.last_restart = last
+
+
+def _counted(f: Facts, b: Builder, g: GoodputStatus, last: RestartStatus | None) -> RestartStatus:
+    """The record of the restart counted on this pass; its lost steps go to the goodput."""
+    failure = b.status.last_failure
+    # The failure that caused restart n was seen on a pod of attempt n-1; an older record
+    # belongs to an earlier restart and says nothing about this one.
+    known = failure is not None and failure.restart_attempt == b.status.restarts - 1
+    lost = steps_lost(failure) if known and failure is not None else None
+    cause = f.restarts.cause.value if f.restarts.cause else CAUSE_WORKLOAD
+    began = _outage_began(f, g, cause, last)
+    g.lost_steps += lost or 0
+    return RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
+
+
+def _outage_began(f: Facts, g: GoodputStatus, cause: str, last: RestartStatus | None) -> datetime:
+    """When the slices stopped running, for a restart counted now."""
+    if g.state in RECOVERING and g.since is not None:
+        began = g.since  # when the slices stopped running, as accounted
+    else:  # stopped and recovered unseen (while the operator was down, or within a pass)
+        blind = f.obs.blind_since
+        began = min(at_second(blind), f.now) if blind is not None else f.now
+    # A shrink after a loss the job has not recovered from: the outage began with the loss.
+    unrecovered = last is not None and last.recovery_seconds is None
+    if cause == RestartCause.RESIZE.value and unrecovered and last and last.time:
+        began = min(began, last.time)
+    return began
+
+
+def _recovered(f: Facts, g: GoodputStatus, last: RestartStatus) -> RestartStatus:
+    """`last` with its recovery time: from the outage's start to when every slice ran again."""
+    old = f.old.goodput
+    opened_now = old is None or g.since != old.since or g.state != old.state
+    end = g.since if opened_now and g.since is not None else f.now
+    began = last.time or end
+    seconds = int((max(end, began) - began).total_seconds())
+    return last.model_copy(update={"recovery_seconds": seconds})
 
 
 def _all_running(f: Facts, b: Builder, g: GoodputStatus) -> bool:

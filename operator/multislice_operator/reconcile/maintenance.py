@@ -11,12 +11,14 @@ the workload for a checkpoint that long before it (checkpoint.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from multislice_operator.api.models import ConditionType, MaintenanceStatus
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import NodeMaintenance
 
 MAINTENANCE = ConditionType.MAINTENANCE_SCHEDULED
 REQUEST_PREFIX = "maint-"
@@ -36,54 +38,15 @@ def assess(f: Facts, b: Builder) -> str | None:
     found = f.obs.maintenance
     old = f.old.maintenance
     if not found:
-        b.status.maintenance = None
-        before = f.old.condition(MAINTENANCE)
-        if before is not None and before.status == "True":
-            b.cond(
-                MAINTENANCE,
-                "False",
-                Reason.NO_MAINTENANCE_SCHEDULED,
-                "no node of the job announces host maintenance any more",
-            )
+        _clear(f, b)
         return None
-    times = [m.time for m in found if m.time is not None]
-    latest = [m.latest for m in found if m.latest is not None]
-    now = MaintenanceStatus(
-        time=min(times) if times else None,
-        latest_time=max(latest) if latest else None,
-        slices=sorted({m.slice_index for m in found if m.slice_index is not None}),
-        nodes=len({m.node for m in found}),
-        active=any(m.active for m in found),
-    )
+    now = _summary(found)
     b.status.maintenance = now
-    where = (
-        f"slice{'s' if len(now.slices) > 1 else ''} {', '.join(map(str, now.slices))}"
-        if now.slices
-        else "the job's nodes"
-    )
-    nodes = f"{now.nodes} node{'s' if now.nodes > 1 else ''}"
     assert f.spec is not None
     ahead = f.spec.maintenance.checkpoint_ahead_seconds
-    if now.active:
-        reason = Reason.MAINTENANCE_IN_PROGRESS
-        message = f"host maintenance in progress on {where} ({nodes}): those hosts stop"
-    else:
-        reason = Reason.MAINTENANCE_SCHEDULED
-        when = iso(now.time) if now.time else "an unannounced time"
-        latest_note = f" (latest start {iso(now.latest_time)})" if now.latest_time else ""
-        message = (
-            f"GKE scheduled host maintenance at {when}{latest_note} on {where} ({nodes}): "
-            "the slice stops and all slices restart (cause disruption)"
-        )
-        if ahead is not None and now.time is not None:
-            message += f"; a checkpoint is requested {ahead}s before"
+    reason, message = _condition(now, ahead)
     b.cond(MAINTENANCE, "True", reason, message)
-    changed = old is None or (old.time, old.slices, old.active) != (
-        now.time,
-        now.slices,
-        now.active,
-    )
-    if changed:
+    if old is None or (old.time, old.slices, old.active) != (now.time, now.slices, now.active):
         b.event(reason, message)
     if ahead is None or now.time is None:
         return None
@@ -92,3 +55,53 @@ def assess(f: Facts, b: Builder) -> str | None:
         b.requeue_in(due)
         return None
     return request_id(now.time)
+
+
+def _clear(f: Facts, b: Builder) -> None:
+    """No node announces maintenance: no status, and the condition turns False if it was True."""
+    b.status.maintenance = None
+    before = f.old.condition(MAINTENANCE)
+    if before is not None and before.status == "True":
+        b.cond(
+            MAINTENANCE,
+            "False",
+            Reason.NO_MAINTENANCE_SCHEDULED,
+            "no node of the job announces host maintenance any more",
+        )
+
+
+def _summary(found: Sequence[NodeMaintenance]) -> MaintenanceStatus:
+    """The earliest announced start, the latest it may move to, and what it hits."""
+    times = [m.time for m in found if m.time is not None]
+    latest = [m.latest for m in found if m.latest is not None]
+    return MaintenanceStatus(
+        time=min(times) if times else None,
+        latest_time=max(latest) if latest else None,
+        slices=sorted({m.slice_index for m in found if m.slice_index is not None}),
+        nodes=len({m.node for m in found}),
+        active=any(m.active for m in found),
+    )
+
+
+def _condition(now: MaintenanceStatus, ahead: int | None) -> tuple[Reason, str]:
+    """The MaintenanceScheduled condition's reason and message (the event's too)."""
+    where = (
+        f"slice{'s' if len(now.slices) > 1 else ''} {', '.join(map(str, now.slices))}"
+        if now.slices
+        else "the job's nodes"
+    )
+    nodes = f"{now.nodes} node{'s' if now.nodes > 1 else ''}"
+    if now.active:
+        return (
+            Reason.MAINTENANCE_IN_PROGRESS,
+            f"host maintenance in progress on {where} ({nodes}): those hosts stop",
+        )
+    when = iso(now.time) if now.time else "an unannounced time"
+    latest_note = f" (latest start {iso(now.latest_time)})" if now.latest_time else ""
+    message = (
+        f"GKE scheduled host maintenance at {when}{latest_note} on {where} ({nodes}): "
+        "the slice stops and all slices restart (cause disruption)"
+    )
+    if ahead is not None and now.time is not None:
+        message += f"; a checkpoint is requested {ahead}s before"
+    return Reason.MAINTENANCE_SCHEDULED, message

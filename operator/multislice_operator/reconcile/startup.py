@@ -22,7 +22,7 @@ from multislice_operator.plan import Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, live
 from multislice_operator.reconcile.reasons import Reason
-from multislice_operator.reconcile.types import EvictPods
+from multislice_operator.reconcile.types import EvictPods, Pod, SliceObservation
 
 TIMED_PHASES = (Phase.STARTING, Phase.RESTARTING)
 
@@ -56,46 +56,87 @@ def check(f: Facts, b: Builder, phase: Phase, repairing: bool) -> None:
 
 
 def _act(f: Facts, b: Builder, plan: Plan, timing: StartupStatus, timeout: int) -> None:
-    hosts = plan.shape.hosts
     pods = [p for p in f.live_pods if p.attempt == timing.attempt and not p.deleting]
-    slices = range(f.active)  # the JobSet's: fewer than spec.slices while an elastic job shrank
-    running = {i: sum(1 for p in pods if p.slice_index == i and p.running) for i in slices}
-    done = f.succeeded  # a slice that finished already is not slow
-    slow = [i for i in slices if running[i] + done.get(i, 0) < hosts]
+    running, slow = _slow_slices(f, plan, pods)
     if not slow:  # every pod runs (or ran); the JobSet has not said so yet
         b.requeue_in(f.cfg.resync_seconds)
         return
     unschedulable = {
         i for i in slow if any(p.slice_index == i and p.unschedulable_since for p in pods)
     }
+    head = _head(timeout, plan.shape.hosts, running, slow, unschedulable)
+    free = _free_pools(f, plan, timing, pods, len(unschedulable))
+    if free:
+        _replace_pools(f, b, timing, free, head)
+        return
+    _evict(f, b, timing, timeout, pods, slow, head)
+
+
+def _slow_slices(f: Facts, plan: Plan, pods: list[Pod]) -> tuple[dict[int, int], list[int]]:
+    """Running pods per slice of the JobSet, and the slices with fewer running (or finished)
+    pods than hosts."""
+    slices = range(f.active)  # the JobSet's: fewer than spec.slices while an elastic job shrank
+    running = {i: sum(1 for p in pods if p.slice_index == i and p.running) for i in slices}
+    done = f.succeeded  # a slice that finished already is not slow
+    slow = [i for i in slices if running[i] + done.get(i, 0) < plan.shape.hosts]
+    return running, slow
+
+
+def _head(
+    timeout: int, hosts: int, running: dict[int, int], slow: list[int], unschedulable: set[int]
+) -> str:
+    """The event's first sentence: the deadline and each slow slice's running pods."""
     what = "; ".join(
         f"slice {i}: {running[i]}/{hosts} pods running"
         + (" (unschedulable)" if i in unschedulable else "")
         for i in slow
     )
-    head = (
+    return (
         f"not every pod runs {timeout}s after the capacity was ready "
         f"(spec.failurePolicy.startupTimeoutSeconds): {what}"
     )
-    # The pools no pod of this attempt got (Managed): where the unschedulable pods should go.
+
+
+def _free_pools(
+    f: Facts, plan: Plan, timing: StartupStatus, pods: list[Pod], wanted: int
+) -> list[SliceObservation]:
+    """The pools no pod of this attempt got (Managed): where the unschedulable pods should go;
+    at most `wanted`, each replaced once per attempt."""
+    if not plan.managed:
+        return []
     occupied = {p.pool for p in pods if p.pool and p.node}
-    free = [
+    return [
         s
         for s in sorted(f.obs.slices, key=lambda s: s.index)
-        if plan.managed and live(s) and s.pool not in occupied and s.index not in timing.repaired
-    ][: len(unschedulable)]
-    if free:
-        pools = tuple(str(s.pool) for s in free)
-        b.delete_pools(pools)
-        timing.repaired = sorted({*timing.repaired, *(s.index for s in free)})
-        timing.since = f.now  # the replaced pool's capacity restarts the clock anyway
-        b.event(
-            Reason.STARTUP_DEADLINE_EXCEEDED,
-            f"{head}; replacing node pool {', '.join(pools)}, on which no pod of the job could "
-            "schedule",
-            cause="startup",
-        )
-        return
+        if live(s) and s.pool not in occupied and s.index not in timing.repaired
+    ][:wanted]
+
+
+def _replace_pools(
+    f: Facts, b: Builder, timing: StartupStatus, free: list[SliceObservation], head: str
+) -> None:
+    pools = tuple(str(s.pool) for s in free)
+    b.delete_pools(pools)
+    timing.repaired = sorted({*timing.repaired, *(s.index for s in free)})
+    timing.since = f.now  # the replaced pool's capacity restarts the clock anyway
+    b.event(
+        Reason.STARTUP_DEADLINE_EXCEEDED,
+        f"{head}; replacing node pool {', '.join(pools)}, on which no pod of the job could "
+        "schedule",
+        cause="startup",
+    )
+
+
+def _evict(
+    f: Facts,
+    b: Builder,
+    timing: StartupStatus,
+    timeout: int,
+    pods: list[Pod],
+    slow: list[int],
+    head: str,
+) -> None:
+    """Every slice restarts: evict the slow slices' pods that do not run."""
     victims = [p.name for p in pods if p.slice_index in slow and not p.running]
     if not victims:  # the slow slice has no pod to evict: any pod restarts every slice
         victims = [p.name for p in pods][:1]
