@@ -1,4 +1,4 @@
-"""Checkpoints on demand (contract.md section 3). Pure.
+"""Checkpoints on demand (docs/environment.md section 3). Pure.
 
 One mechanism for users and maintenance: a request has an id; the operator puts
 `multislice.dev/checkpoint-request: <id>` on every pod of the attempt it was made in (pods that
@@ -22,7 +22,7 @@ from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import AnnotatePods
 
-MAX_ID_LENGTH = 63  # contract section 3
+MAX_ID_LENGTH = 63  # docs/environment.md section 3
 SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START = "user", "maintenance", "flex-start"
 SOURCE_ELASTIC = "elastic"  # before an elastic job grows back (elastic.py)
 SOURCES = (SOURCE_USER, SOURCE_MAINTENANCE, SOURCE_FLEX_START, SOURCE_ELASTIC)

@@ -11,7 +11,7 @@ from multislice_operator.api.models import (
     RestartsByCause,
     RestartStatus,
 )
-from multislice_operator.reconcile.reasons import metric_of
+from multislice_operator.reconcile.reasons import Reason, metric_of
 from multislice_operator.reconcile.types import Event, MetricDeltas
 
 
@@ -63,7 +63,7 @@ def _timings(
     now: datetime,
 ) -> None:
     """Time to provision (on the gang's Provisioned event) and to run (when it first runs)."""
-    gang = [e for e in events if e.reason == "GangProvisioned"]
+    gang = [e for e in events if e.reason == Reason.GANG_PROVISIONED]
     if gang and new.start_time:
         m.provisioning_seconds.append((now - new.start_time).total_seconds())
     if new.running_time and not old.running_time and new.start_time:

@@ -258,7 +258,7 @@ def live(g: GoodputStatus | None, now: datetime) -> Live:
     )
 
 
-# ---------------------------------------------------------------- steps lost (contract section 2)
+# ------------------------------------------------------ steps lost (docs/environment.md section 2)
 
 
 def steps_lost(f: PodFailureStatus) -> int | None:

@@ -35,7 +35,7 @@ from multislice_operator.api.models import (
 from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 C = RestartCause
-HANG_REASON = "hang"  # the termination message's reason for EXIT_HANG (contract section 2)
+HANG_REASON = "hang"  # the termination message reason of EXIT_HANG (docs/environment.md section 2)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The workload's termination message (environment contract section 2), read in one place.
+"""The workload's termination message (docs/environment.md section 2), read in one place.
 
 The workload writes one JSON object: `{"step", "checkpointStep", "reason", "checkpointRequest":
 {"id", "step"}}`; anything else (FallbackToLogsOnError may put logs there) says nothing.
@@ -22,7 +22,7 @@ def _step(value: Any) -> int | None:
 
 
 def request(value: Any) -> tuple[str, int] | None:
-    """{"id": ..., "step": ...} (contract section 3) as (id, step); None for anything else."""
+    """{"id": ..., "step": ...} (docs/environment.md section 3) as (id, step); else None."""
     if not isinstance(value, Mapping):
         return None
     rid, step = value.get("id"), value.get("step")

@@ -44,7 +44,7 @@ class SliceObservation:
 
 @dataclass(frozen=True)
 class Termination:
-    """What the workload wrote in its termination message (environment contract section 2)."""
+    """What the workload wrote in its termination message (docs/environment.md section 2)."""
 
     step: int | None = None  # the last step it reached
     checkpoint_step: int | None = None  # the step of its last checkpoint
