@@ -7,14 +7,32 @@ Kueue resume is no restart."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from multislice_operator import keys
+from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.controller import observe as ob
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import load_job, plan_job
+from multislice_operator.pools import PoolState
+from multislice_operator.reconcile import (
+    DecideConfig,
+    DeleteJobSet,
+    DeletePools,
+    JobMeta,
+    JobSetObservation,
+    SliceObservation,
+    decide,
+)
 from multislice_operator.render import render_jobset
 from tests.unit import jobs
+
+NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
+CFG = DecideConfig.from_settings(None, resync_seconds=10, not_ready_grace_seconds=60)
+META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 
 SIDECAR_8080 = {"name": "metrics", "image": "m", "ports": [{"containerPort": 8080}]}
 
@@ -90,3 +108,68 @@ def test_explicit_host_ports_off_the_host_network_are_checked_as_kubernetes_does
         {"containerPort": 5000}, {"containerPort": 5000}]}]}  # fmt: skip
     found = errors(jobs.body(template=template(**one_init)))
     assert "spec.template.spec.initContainers[0].ports[1].containerPort" in found
+
+
+# ---------------------------------------------------------------- a scheduler nobody runs
+
+
+def pod_body(index: int, *, conditions: list[dict[str, Any]] | None = None,
+             node: str | None = None, created: datetime = NOW) -> dict[str, Any]:  # fmt: skip
+    """A pod of slice `index` as the apiserver has it; schedulerName volcano."""
+    spec: dict[str, Any] = {"schedulerName": "volcano", "containers": [{"name": "c"}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "metadata": {
+            "name": f"job-slice-{index}-0-x",
+            "creationTimestamp": created.isoformat().replace("+00:00", "Z"),
+            "labels": {keys.JOBSET_JOB_INDEX: str(index), keys.JOBSET_RESTART_ATTEMPT: "0"},
+        },
+        "spec": spec,
+        "status": {"phase": "Pending", "conditions": conditions or []},
+    }
+
+
+def test_a_pod_no_scheduler_looks_at_counts_as_unschedulable_from_its_creation():
+    created = NOW - timedelta(seconds=5)
+    (pod,) = ob.pod_records([ob.summarize_pod(pod_body(0, created=created))], JobSetObservation())
+    assert pod.unschedulable_since == created
+    assert "spec.template.spec.schedulerName is 'volcano'" in pod.scheduler_message
+    # A scheduler that looked at it, a pod bound to a node, a deleted one: not this case.
+    scheduled = [{"type": "PodScheduled", "status": "True"}]
+    gated = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]
+    deleted = pod_body(0)
+    deleted["metadata"]["deletionTimestamp"] = "2026-12-04T12:00:00Z"
+    others = [pod_body(0, conditions=scheduled), pod_body(0, conditions=gated),
+              pod_body(0, node="n-1"), deleted]  # fmt: skip
+    views = ob.pod_records([ob.summarize_pod(b) for b in others], JobSetObservation())
+    assert [p.unschedulable_since for p in views] == [None] * 4
+
+
+def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
+    spec, plan = jobs.spec_and_plan(
+        template={"spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "i"}]}}
+    )
+    assert spec.failure_policy.unschedulable_timeout_seconds == 600  # on by default
+    pools = [p.name for p in plan.node_pools]
+    slices = [SliceObservation(i, pools[i], PoolState.READY, 4, present_hosts=4) for i in (0, 1)]
+    created = NOW - timedelta(seconds=601)
+    pods = ob.pod_records(
+        [ob.summarize_pod(pod_body(i, created=created)) for i in (0, 1)], JobSetObservation()
+    )
+    old = MultisliceJobStatus.from_dict(
+        {"phase": "Starting", "capacityReadyTime": created.isoformat()}
+    )
+    obs = jobs.Observed(now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=pods)
+    d = decide(META, spec, plan, None, old, obs, CFG)
+    assert d.status.phase == "Failed", d.status.message
+    assert "spec.template.spec.schedulerName is 'volcano'" in (d.status.message or "")
+    assert DeleteJobSet() in d.actions and DeletePools(tuple(pools)) in d.actions
+    # Before the deadline: a pass is asked for when it falls due.
+    young = ob.pod_records(
+        [ob.summarize_pod(pod_body(i, created=NOW - timedelta(seconds=60))) for i in (0, 1)],
+        JobSetObservation(),
+    )
+    fresh = decide(META, spec, plan, None, old, jobs.Observed(
+        now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=young), CFG)  # fmt: skip
+    assert fresh.status.phase != "Failed" and fresh.requeue_after == 540
