@@ -173,3 +173,70 @@ def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
     fresh = decide(META, spec, plan, None, old, jobs.Observed(
         now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=young), CFG)  # fmt: skip
     assert fresh.status.phase != "Failed" and fresh.requeue_after == 540
+
+
+# ---------------------------------------------------------------- a PriorityClass that is not there
+
+
+def test_a_missing_priority_class_fails_the_job_before_any_pool_naming_the_field():
+    spec, plan = jobs.spec_and_plan(
+        template={"spec": {"priorityClassName": "hi", "containers": [{"name": "c", "image": "i"}]}}
+    )
+    absent = [SliceObservation(i, p.name, PoolState.ABSENT) for i, p in enumerate(plan.pools)]
+    obs = jobs.Observed(now=NOW, slices=absent, admission=None)
+    obs.missing_priority_class = "hi"
+    meta = JobMeta("ns", "job", "uid-1", 1)
+    d = decide(meta, spec, plan, None, MultisliceJobStatus(), obs, CFG)
+    assert d.status.phase == "Failed" and d.actions == []  # no dry run, finalizer or pool
+    failed = d.status.condition("Failed")
+    assert failed is not None and failed.reason == "PriorityClassNotFound"
+    assert "spec.template.spec.priorityClassName" in (d.status.message or "")
+    assert "'hi'" in (d.status.message or "")
+    # Once pools exist (the class deleted under a running job), it is not this verdict's.
+    up = [SliceObservation(i, p.name, PoolState.READY, 4) for i, p in enumerate(plan.pools)]
+    later = jobs.Observed(now=NOW, slices=up)
+    later.missing_priority_class = "hi"
+    assert decide(META, spec, plan, None, MultisliceJobStatus(), later, CFG).status.phase != (
+        "Failed"
+    )
+
+
+class Classes:
+    """The PriorityClasses an apiserver has; counts the reads."""
+
+    def __init__(self, *names: str) -> None:
+        self.names, self.reads = set(names), 0
+
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return {"metadata": {"name": name}} if name in self.names else None
+
+
+def test_the_priority_class_is_read_before_the_first_pool_once_per_name():
+    import asyncio
+
+    from multislice_operator.controller import reconciler
+    from tests.unit.test_forget import Apiserver, runtime
+
+    class Api(Apiserver, Classes):
+        def __init__(self) -> None:
+            Apiserver.__init__(self)
+            Classes.__init__(self, "there")
+
+    api = Api()
+    rt = runtime(api)
+    rt.provisioner = None
+    body: dict[str, Any] = {"metadata": {"name": "job", "namespace": "ns", "uid": "u"}}
+
+    def observe(name: str | None) -> str | None:
+        pod: dict[str, Any] = {"containers": [{"name": "c", "image": "i"}]}
+        if name:
+            pod["priorityClassName"] = name
+        spec, plan = jobs.spec_and_plan(template={"spec": pod}, provisioning={"mode": "Existing"})
+        obs = asyncio.run(reconciler.observe_job(rt, ("ns", "job"), body, plan, spec))
+        return obs.missing_priority_class
+
+    assert observe("gone") == "gone" and observe("gone") == "gone"
+    assert observe("there") is None and observe("there") is None
+    assert observe(None) is None
+    assert api.reads == 2  # one read per name, whatever the passes
