@@ -240,3 +240,54 @@ def test_the_priority_class_is_read_before_the_first_pool_once_per_name():
     assert observe("there") is None and observe("there") is None
     assert observe(None) is None
     assert api.reads == 2  # one read per name, whatever the passes
+
+
+# ---------------------------------------------------------------- false alarms
+
+RUNNING = {
+    "phase": "Running",
+    "runningTime": "2026-12-04T11:00:00Z",
+    "capacityReadyTime": "2026-12-04T11:00:00Z",
+    "restarts": 0,
+}
+
+
+def test_the_pod_losses_of_a_deletion_are_no_restart():
+    """Deleting a running job kills its pods (DisruptionTarget); JobSet may count a restart
+    before it goes. The pass that releases the pools and lifts the finalizer says nothing of it."""
+    spec, plan = jobs.spec_and_plan()
+    up = [SliceObservation(i, p.name, PoolState.READY, 4) for i, p in enumerate(plan.pools)]
+    killed = [jobs.failed(f"job-slice-{i}-0-a", i, 143, disruption="DeletionByPodGC")
+              for i in (0, 1)]  # fmt: skip
+    js = JobSetObservation(restarts=1, restarts_counted=0, replicas=2)
+    deleting = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=True)
+    old = MultisliceJobStatus.from_dict(RUNNING)
+    for slices in (up, [SliceObservation(i, p.name, PoolState.ABSENT)
+                        for i, p in enumerate(plan.pools)]):  # fmt: skip
+        obs = jobs.Observed(now=NOW, slices=slices, jobset=js, pods=killed)
+        d = decide(deleting, spec, plan, None, old, obs, CFG)
+        assert "RestartingAllSlices" not in [e.reason for e in d.events], d.events
+        assert d.status.restarts == 0 and not d.metrics.restarts, d.metrics
+
+
+def test_a_kueue_resume_after_a_preemption_is_a_start_not_a_restart():
+    from multislice_operator.reconcile import CheckState
+    from tests.unit.test_queue import iso, obs, run, up, wl
+
+    ran = datetime(2026, 12, 1, 11, 0, 0, tzinfo=UTC)
+    # Ran once, was preempted and queued again; the gang is back and Kueue admitted the job.
+    waiting = {
+        "phase": "Provisioning",
+        "restarts": 0,
+        "runningTime": iso(ran),
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+    }
+    admitted = wl(CheckState.READY, admitted=True)
+    resumed = obs(admitted, slices=up(), jobset=JobSetObservation(ready_jobs=0, replicas=2))
+    d = run(old=waiting, obs=resumed)
+    assert d.status.phase == "Starting", d.status.message
+    assert d.status.restarts == 0
+    # A slice that stops while the job runs is still a restart of every slice.
+    running = {**waiting, "phase": "Running"}
+    one_up = obs(admitted, slices=up(), jobset=JobSetObservation(ready_jobs=1, replicas=2))
+    assert run(old=running, obs=one_up).status.phase == "Restarting"
