@@ -38,9 +38,13 @@ def host_network(pod: dict[str, Any]) -> bool:
     return True if value is None else bool(value)
 
 
+def _list(obj: Any, key: str) -> list[Any]:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, list) else []
+
+
 def _ports(container: Any) -> list[Any]:
-    ports = container.get("ports") if isinstance(container, dict) else None
-    return ports if isinstance(ports, list) else []
+    return _list(container, "ports")
 
 
 def _host_ports(
@@ -71,7 +75,7 @@ def conflicts(pod: Any) -> list[FieldError]:
     if not isinstance(pod, dict):
         return []
     on_host = host_network(pod)
-    containers = pod.get("containers") if isinstance(pod.get("containers"), list) else []
+    containers = _list(pod, "containers")
     errors = []
     held: dict[str, str] = {}
     if on_host and containers:
@@ -85,7 +89,7 @@ def conflicts(pod: Any) -> list[FieldError]:
                 errors.append(_duplicate(field, key, held[key], port, on_host))
             else:
                 held[key] = where
-    inits = pod.get("initContainers") if isinstance(pod.get("initContainers"), list) else []
+    inits = _list(pod, "initContainers")
     for i, c in enumerate(inits):
         own: dict[str, str] = {}
         for key, field, where, port in _host_ports(c, f"{POD}.initContainers[{i}]", on_host):
