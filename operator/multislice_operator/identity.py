@@ -10,7 +10,7 @@ routes requests from these Pods to the Compute Engine metadata server"):
   Kubernetes service account, unless it runs on the host network: then as the node's account;
 * the kubelet pulls images with the node's credentials in both cases.
 
-TPU pods run on the host network by default (render.host_network: GKE's Multislice example and
+TPU pods run on the host network by default (hostports.host_network: GKE's Multislice example and
 xpk do), so under Workload Identity they still act as the nodes' service account. The product
 keeps that default (DCN traffic over the hosts' NICs), says so, and keeps the nodes' scopes in
 both modes (provisioning/gke_requests.py), as xpk does.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from multislice_operator.render import host_network
+from multislice_operator.hostports import host_network
 
 # What GKE uses when a node pool names no service account (NodeConfig.service_account).
 COMPUTE_DEFAULT_ACCOUNT = (

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from multislice_operator import (
     advisor,
     catalog,
+    hostports,
     keys,
     parallelism,
     placement,
@@ -314,6 +315,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     if not template_errors:
         errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
         errors += _check_placement(spec.template["spec"], pools)
+        errors += hostports.conflicts(spec.template["spec"])
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)

@@ -14,6 +14,12 @@ from multislice_operator.api.models import (
     ExitCodePolicy,
     MultisliceJobSpec,
 )
+from multislice_operator.hostports import (
+    JAX_COORDINATOR_PORT,
+    MEGASCALE_PORT,
+    OPERATOR_PORTS,
+    host_network,
+)
 from multislice_operator.names import REPLICATED_JOB
 from multislice_operator.plan import Plan
 from multislice_operator.reconcile import restart_strategy
@@ -23,8 +29,6 @@ JOBSET_KIND = "JobSet"
 
 # JobSet / Job metadata the environment reads through the downward API.
 
-MEGASCALE_PORT = 8080
-JAX_COORDINATOR_PORT = 8476
 FATAL_RULE = "FatalExitCode"  # JobSet rule names: alphanumerics and _,: only
 DISRUPTION_RULE = "Disruption"
 DISRUPTION_CONDITION = "DisruptionTarget"  # the pod condition of preemption, eviction, shutdown
@@ -126,12 +130,6 @@ def job_labels(plan: Plan) -> dict[str, str]:
     return {keys.JOB_NAME: plan.name, keys.MANAGED_BY: keys.MANAGED_BY_VALUE}
 
 
-def host_network(pod: dict[str, Any]) -> bool:
-    """Whether the rendered pods run on the host network: yes unless the template says false."""
-    value = pod.get("hostNetwork")
-    return True if value is None else bool(value)
-
-
 def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     template = copy.deepcopy(spec.template)
     meta = template.setdefault("metadata", {}) or {}
@@ -166,7 +164,7 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
         resources[kind] = {**(resources.get(kind) or {}), keys.TPU_RESOURCE: chips}
     ports = list(tpu.get("ports") or [])
     known = {p.get("containerPort") for p in ports}
-    for port, pname in ((MEGASCALE_PORT, "megascale"), (JAX_COORDINATOR_PORT, "jax-coord")):
+    for port, pname in OPERATOR_PORTS:
         if port not in known:
             ports.append({"containerPort": port, "name": pname, "protocol": "TCP"})
     tpu["ports"] = ports

@@ -189,6 +189,7 @@ BASE_RULES = {
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("", "namespaces", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
     ("", "events", "create"),
     ("", "events", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -327,8 +328,8 @@ def test_custom_render(tmp_path: Path) -> None:
 
 # leases: their own Role; the reviews are cluster-scoped questions to the apiserver.
 CLUSTER_SCOPED = (
-    "nodes", "namespaces", "customresourcedefinitions", "leases", "tokenreviews",
-    "subjectaccessreviews",
+    "nodes", "namespaces", "priorityclasses", "customresourcedefinitions", "leases",
+    "tokenreviews", "subjectaccessreviews",
 )  # fmt: skip
 NAMESPACED = {r for r in BASE_RULES if r[1] not in CLUSTER_SCOPED}
 LEASES = {r for r in BASE_RULES if r[1] == "leases"}

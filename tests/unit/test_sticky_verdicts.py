@@ -181,6 +181,17 @@ def _pod_security_refused() -> Case:
     )
 
 
+def _priority_class_not_found() -> Case:
+    before = _observed(slices=[pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)])
+    before.missing_priority_class = "hi"
+    return Case(
+        old={},
+        before=before,
+        gone=_after(slices=before.slices),  # the PriorityClass created since
+        meta=replace(META, has_finalizer=False),
+    )
+
+
 def _jobset_refused() -> Case:
     none = [pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)]
     return Case(
@@ -250,6 +261,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.JOBSET_FAILED: _jobset_failed,
     Reason.ADMISSION_CHECK_REJECTED: _admission_check_rejected,
     Reason.POD_SECURITY_REFUSED: _pod_security_refused,
+    Reason.PRIORITY_CLASS_NOT_FOUND: _priority_class_not_found,
     Reason.JOBSET_REFUSED: _jobset_refused,
     Reason.POOL_NAME_TAKEN: _pool_name_taken,
     Reason.PROVISIONING_FAILED: _provisioning_failed,

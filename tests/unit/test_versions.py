@@ -100,12 +100,14 @@ def test_the_start_up_reads_are_what_rbac_allows(recorder: Recorder):
     k = kube.Kube(settings=None)  # type: ignore[arg-type]
     assert asyncio.run(k.served_versions("kueue.x-k8s.io")) is None  # 404: not installed
     assert asyncio.run(k.get_namespace("ns")) is None
+    assert asyncio.run(k.get_priority_class("hi")) is None
     # CRDs: a list with a field selector (the chart grants list and watch, not get).
     with pytest.raises(kube.NotFound):
         asyncio.run(k.get_crd("jobsets.jobset.x-k8s.io"))
     assert recorder.urls == [
         "/apis/kueue.x-k8s.io",
         "/api/v1/namespaces/ns",
+        "/apis/scheduling.k8s.io/v1/priorityclasses/hi",
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
         "?fieldSelector=metadata.name%3Djobsets.jobset.x-k8s.io",
     ]

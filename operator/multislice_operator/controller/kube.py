@@ -181,6 +181,16 @@ class Kube:
             return None
         return found
 
+    async def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A PriorityClass (cluster-scoped), None when there is none of that name."""
+        try:
+            found: dict[str, Any] = await self._call(
+                "get", f"/apis/scheduling.k8s.io/v1/priorityclasses/{_q(name)}"
+            )
+        except NotFound:
+            return None
+        return found
+
     # -- MultisliceJobs ------------------------------------------------------------------------
 
     def _job_url(self, namespace: str, name: str, sub: str = "") -> str:

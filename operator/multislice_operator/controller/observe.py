@@ -29,6 +29,8 @@ from multislice_operator.reconcile import (
 )
 from multislice_operator.render import DISRUPTION_CONDITION
 
+DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
+
 # ---------------------------------------------------------------- index summaries
 
 
@@ -106,6 +108,16 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     unschedulable = (
         scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     )
+    spec = body.get("spec") or {}
+    # No scheduler looks at it: Pending with no PodScheduled condition at all (a scheduler
+    # sets one on its first attempt, False or True); a schedulerName nobody runs. It counts
+    # against the unschedulable deadline from its creation, as the scheduler's "no" would.
+    unseen = (
+        "PodScheduled" not in conds
+        and status.get("phase", "Pending") == "Pending"
+        and not spec.get("nodeName")
+        and not meta.get("deletionTimestamp")
+    )
     disruption = conds.get(DISRUPTION_CONDITION) or {}
     annotations = meta.get("annotations") or {}
     return {
@@ -119,20 +131,38 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "reason": reason,
         "termination": said,
         "deleting": bool(meta.get("deletionTimestamp")),
-        # The scheduler's verdict, only while it cannot place the pod.
+        # The scheduler's verdict, only while it cannot place the pod (or none looks at it).
         "unschedulable": (
             (scheduled.get("lastTransitionTime") or meta.get("creationTimestamp") or "")
             if unschedulable
+            else (meta.get("creationTimestamp") or "")
+            if unseen
             else None
         ),
-        "schedulerMessage": (scheduled.get("message") or "") if unschedulable else "",
-        "node": (body.get("spec") or {}).get("nodeName") or None,
+        "schedulerMessage": (
+            (scheduled.get("message") or "")
+            if unschedulable
+            else unseen_message(spec.get("schedulerName"))
+            if unseen
+            else ""
+        ),
+        "node": spec.get("nodeName") or None,
         "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
         if disruption.get("status") == "True"
         else None,
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
     }
+
+
+def unseen_message(scheduler: str | None) -> str:
+    """Why a pod that no scheduler has looked at waits, naming the field that chose one."""
+    name = scheduler or DEFAULT_SCHEDULER
+    return (
+        f"nothing: no scheduler has looked at the pod (no PodScheduled condition); "
+        f"spec.template.spec.schedulerName is {name!r}: is a scheduler of that name running? "
+        "Remove the field for the default scheduler"
+    )
 
 
 def checkpoint_saved(text: str | None) -> tuple[str, int] | None:

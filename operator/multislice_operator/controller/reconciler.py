@@ -229,6 +229,26 @@ async def _pod_security(
     return podsecurity.refusal(key[0], labels, pod)
 
 
+async def _missing_priority_class(rt: Runtime, spec: MultisliceJobSpec) -> str | None:
+    """The PriorityClass the template names, when there is none of that name (the apiserver's
+    Priority admission refuses every pod then: the Job controller's creates fail after the whole
+    gang was provisioned). Read only before the first pool, once per name for all jobs (cached
+    briefly). Unknown (no RBAC, an error) is None."""
+    pod = spec.template.get("spec") or {}
+    name = pod.get("priorityClassName") if isinstance(pod, dict) else None
+    if not name or not isinstance(name, str):
+        return None
+    exists = rt.priority_class_exists(name)
+    if exists is None:
+        try:
+            exists = await rt.kube.get_priority_class(name) is not None
+        except ApiError as exc:
+            log.warning("PriorityClass %s not readable (not checked): %s", name, exc)
+            return None
+        rt.remember_priority_class(name, exists)
+    return None if exists else name
+
+
 async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
@@ -268,8 +288,9 @@ async def observe_job(
     nothing_yet = not (observed.jobset and observed.jobset.owned) and (
         not plan.managed or all(s.pool_state == PoolState.ABSENT for s in observed.slices)
     )
-    if nothing_yet:  # before the first pool: a namespace that refuses the pods fails the job
+    if nothing_yet:  # before the first pool: what refuses every pod fails the job at once
         observed.pod_security = await _pod_security(rt, key, plan, spec)
+        observed.missing_priority_class = await _missing_priority_class(rt, spec)
     return observed
 
 

@@ -118,6 +118,9 @@ class Runtime:
     judging: dict[str, asyncio.Future[Admission]] = field(default_factory=dict)  # in flight
     # Namespaces' labels (Pod Security's level), read before a job's first pool; kept briefly.
     _namespaces: dict[str, tuple[float, dict[str, str]]] = field(default_factory=dict)
+    # Whether a PriorityClass exists, by name, read before the first pool of a job that names
+    # one; kept as briefly (one read per name, not one per job or pass).
+    _priority_classes: dict[str, tuple[float, bool]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
     created_jobsets: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
@@ -153,6 +156,16 @@ class Runtime:
 
     def remember_namespace_labels(self, namespace: str, labels: dict[str, str]) -> None:
         self._namespaces[namespace] = (time.monotonic(), labels)
+
+    def priority_class_exists(self, name: str) -> bool | None:
+        """Whether the PriorityClass was there when last read; None: not read lately."""
+        seen = self._priority_classes.get(name)
+        if seen is None or time.monotonic() - seen[0] > NAMESPACE_LABELS_TTL_SECONDS:
+            return None
+        return seen[1]
+
+    def remember_priority_class(self, name: str, exists: bool) -> None:
+        self._priority_classes[name] = (time.monotonic(), exists)
 
     def poke(
         self, namespace: str | None, name: str | None, batch: float = 0.0, quiet: float = 0.0

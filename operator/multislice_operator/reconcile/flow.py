@@ -164,8 +164,12 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
     b.cond(ConditionType.DCN_BOUND, bound, reason, advice.message)
     if not f.deleting and f.finished_before and not f.world_agrees:
         _status_ignored(f, b)
+    if f.deleting:
+        # Deleting kills the pods (JobSet may count a restart on its way out): no restart to
+        # record or announce (RestartingAllSlices would page on a deletion).
+        return None
     count_restarts(f, b)
-    return None if f.deleting else maintenance.assess(f, b)
+    return maintenance.assess(f, b)
 
 
 def _status_ignored(f: Facts, b: Builder) -> None:

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     JOBSET_FAILED = "JobSetFailed"
     ADMISSION_CHECK_REJECTED = "AdmissionCheckRejected"
     POD_SECURITY_REFUSED = "PodSecurityRefused"
+    PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
     JOBSET_REFUSED = "JobSetRefused"
     POOL_NAME_TAKEN = "PoolNameTaken"
     PROVISIONING_FAILED = "ProvisioningFailed"
@@ -179,6 +180,13 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "The namespace's Pod Security level refuses the job's host-network pods; found before any "
         "node pool.",
+        terminal=True,
+        event=False,
+    ),
+    Reason.PRIORITY_CLASS_NOT_FOUND: Info(
+        WARNING,
+        "The PriorityClass spec.template.spec.priorityClassName names does not exist, so the "
+        "apiserver refuses every pod; found before any node pool.",
         terminal=True,
         event=False,
     ),

@@ -19,6 +19,7 @@ from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 SLICES_READY = ConditionType.SLICES_READY
+RUNS = (Phase.RUNNING, Phase.RESTARTING)  # the phases of a JobSet that ran and runs on
 
 
 def latest_failure(failures: Sequence[Pod]) -> Pod | None:
@@ -114,7 +115,10 @@ def running_phase(f: Facts, b: Builder, js: JobSetObservation, capacity_ready: b
         return Phase.RUNNING, f"{slices}/{slices} slices running{of}"
     message = f"{up}/{slices} slices running"
     b.cond(SLICES_READY, "False", Reason.SLICES_STARTING, message)
-    was_running = b.status.running_time is not None
+    # A slice that stops while the job runs (before JobSet counts the restart). Not a job that
+    # ran once and starts again after a hold (Kueue's preemption and resume, spec.suspend):
+    # that is a start, no restart of all slices.
+    was_running = b.status.running_time is not None and f.old.phase in RUNS
     if js.restarts > 0 or not capacity_ready or was_running:
         attempt = f"restart {js.restarts}" if js.restarts else "a slice stopped"
         return Phase.RESTARTING, f"restarting all slices ({attempt}): {message}"

@@ -242,6 +242,10 @@ class Observed:
     # The namespace's Pod Security `enforce` level refuses the job's pods (host network): the
     # apiserver's words for it (controller/podsecurity.py); None: allowed or not known.
     pod_security: str | None = None
+    # The PriorityClass spec.template.spec.priorityClassName names, read before the first pool
+    # and found not to exist (the apiserver's Priority admission refuses every pod); None: it
+    # exists, none is named, or it is not known.
+    missing_priority_class: str | None = None
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
 

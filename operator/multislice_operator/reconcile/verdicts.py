@@ -154,6 +154,19 @@ def pod_security(f: Facts) -> Verdict | None:
     return Verdict(End.FAIL, Reason.POD_SECURITY_REFUSED, refused)
 
 
+def priority_class_missing(f: Facts) -> Verdict | None:
+    name = f.obs.missing_priority_class
+    if not name or not before_first_pool(f):
+        return None
+    return Verdict(
+        End.FAIL,
+        Reason.PRIORITY_CLASS_NOT_FOUND,
+        f"spec.template.spec.priorityClassName: no PriorityClass {name!r} exists, so the "
+        "apiserver would refuse every pod of the job (nothing was provisioned); create it "
+        "(`kubectl get priorityclasses` lists those there) or fix the name, then recreate the job",
+    )
+
+
 def jobset_refused(f: Facts) -> Verdict | None:
     verdict = f.obs.admission
     if f.js is not None or verdict is None or not verdict.refused:
@@ -263,6 +276,7 @@ VERDICTS: tuple[Rule, ...] = (
     jobset_failed,
     check_rejected,
     pod_security,
+    priority_class_missing,
     jobset_refused,
     pool_name_taken,
     provisioning_failed,

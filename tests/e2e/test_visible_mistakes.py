@@ -1,0 +1,152 @@
+"""Issue 45, section 2, end to end: no gang held for a mistake the operator could see.
+
+Managed mode against the real apiserver, scheduler, JobSet controller and kwok nodes (cluster
+profile) and the GKE simulator. Three template mistakes used to hold both pools until the job
+was deleted (or 600 s): each now fails before the first pool, or within the unschedulable
+deadline (on by default), with a message naming the field. And a running job deleted posts no
+RestartingAllSlices (a false alarm that paged on every deletion).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from multislice_local.harness import wait_for
+from multislice_local.stack import LocalStack
+from multislice_operator.api import models
+from multislice_operator.plan import node_pool_name
+from tests import msj
+from tests.msj import create, custom, event_lines
+
+
+@pytest.fixture(scope="module")
+def stack(kube_cluster, tmp_path_factory):
+    log = tmp_path_factory.mktemp("visible") / "operator.log"
+    with msj.local_stack(kube_cluster, log) as s:
+        yield s
+
+
+@pytest.fixture
+def env(stack, namespace, kube_cluster):
+    ns = namespace(kube_cluster, "visible")
+    stack.sim.clear_faults()
+    stack.sim.reset_counters()
+    yield stack, ns
+
+
+def job(name: str, run: str = "1h", **pod: Any) -> dict[str, Any]:
+    """A job whose pod template has `pod`'s fields besides its container."""
+    body = msj.job(name, run=run, failure_policy={"maxRestarts": 5})
+    body["spec"]["template"]["spec"].update(pod)
+    return body
+
+
+def pools_of(stack: LocalStack, ns: str, name: str) -> dict[str, Any]:
+    names = {node_pool_name(ns, name, i) for i in range(2)}
+    return {k: v for k, v in stack.sim.pools().items() if k in names}
+
+
+def creates(stack: LocalStack) -> int:
+    return int(stack.sim.counters()["calls"].get("create_node_pool", 0))
+
+
+def failed(stack: LocalStack, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731 (the operator of the moment)
+    st: dict[str, Any] = msj.wait_phase(stack.api, ns, name, "Failed", timeout, log=log)["status"]
+    return st
+
+
+def reason(st: dict[str, Any]) -> str:
+    return str({c["type"]: c for c in st["conditions"]}["Failed"]["reason"])
+
+
+def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = custom(stack.api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def delete(stack: LocalStack, ns: str, name: str) -> None:
+    custom(stack.api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, name
+    )
+    wait_for(
+        lambda: msj.get(stack.api, ns, name, missing_ok=True) is None,
+        90,
+        f"{name} deleted (finalizer removed)",
+        interval=0.5,
+        on_timeout=lambda: stack.op.log_tail(30),
+    )
+
+
+def test_a_sidecar_on_the_operators_port_is_refused_before_any_pool(env):
+    """A metrics sidecar on 8080: on the host network its port would be a duplicate host port
+    of the operator's MEGASCALE_PORT, and every pod refused; the dry run cannot see it."""
+    stack, ns = env
+    sidecar = {"name": "metrics", "image": msj.IMAGE, "ports": [{"containerPort": 8080}]}
+    body = job("sidecar")
+    body["spec"]["template"]["spec"]["containers"].append(sidecar)
+    create(stack.api, ns, body)
+    st = failed(stack, ns, "sidecar")
+    assert reason(st) == "InvalidSpec", st
+    assert "spec.template.spec.containers[1].ports[0].containerPort" in st["message"], st
+    assert "TCP//8080" in st["message"] and "hostNetwork: false" in st["message"]
+    assert creates(stack) == 0 and not pools_of(stack, ns, "sidecar")
+    assert jobset(stack, ns, "sidecar") is None
+    delete(stack, ns, "sidecar")
+
+
+def test_a_priority_class_that_does_not_exist_fails_the_job_before_any_pool(env):
+    stack, ns = env
+    create(stack.api, ns, job("prio", priorityClassName=f"{ns}-missing"))
+    st = failed(stack, ns, "prio")
+    assert reason(st) == "PriorityClassNotFound", st
+    assert "spec.template.spec.priorityClassName" in st["message"], st["message"]
+    assert f"{ns}-missing" in st["message"]
+    assert creates(stack) == 0 and not pools_of(stack, ns, "prio")
+    assert jobset(stack, ns, "prio") is None
+    delete(stack, ns, "prio")
+
+
+def test_pods_no_scheduler_looks_at_fail_the_job_within_the_unschedulable_deadline(env):
+    """schedulerName names a scheduler that is not running: the pods stay Pending with no
+    PodScheduled condition; they count against unschedulableTimeoutSeconds all the same."""
+    stack, ns = env
+    body = job("volcano", schedulerName="volcano")
+    body["spec"]["failurePolicy"]["unschedulableTimeoutSeconds"] = 30
+    create(stack.api, ns, body)
+    wait_for(lambda: len(pools_of(stack, ns, "volcano")) == 2, 60, "pools created")
+    st = failed(stack, ns, "volcano", 180)
+    assert reason(st) == "Unschedulable", st
+    assert "spec.template.spec.schedulerName is 'volcano'" in st["message"], st["message"]
+    assert "unschedulableTimeoutSeconds" in st["message"]
+    wait_for(
+        lambda: not pools_of(stack, ns, "volcano"),
+        60,
+        "the pools of the failed job released",
+        on_timeout=lambda: stack.op.log_tail(30),
+    )
+    delete(stack, ns, "volcano")
+
+
+def test_a_running_job_deleted_posts_no_restart(env):
+    stack, ns = env
+    create(stack.api, ns, job("witness"))  # keeps passes coming once the other one is gone
+    create(stack.api, ns, job("gone"))
+    for name in ("witness", "gone"):
+        msj.wait_phase(stack.api, ns, name, "Running", 180, log=stack.op.log_tail)
+    delete(stack, ns, "gone")
+    msj.wait_reconciles(stack.op, 3)  # the deleting passes' events are posted by now
+    lines = event_lines(stack.api, ns, "gone")
+    assert not [line for line in lines if line.startswith("RestartingAllSlices")], lines
+    assert not pools_of(stack, ns, "gone")
+    delete(stack, ns, "witness")
