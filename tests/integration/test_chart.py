@@ -620,6 +620,17 @@ def test_kueue_status_patch_is_limited_to_the_named_checks(tmp_path: Path) -> No
             "/metrics/networkPolicy/from",
         ),
         ({"liveness": {"port": 8080}}, "'liveness' not allowed"),  # now health.port
+        # A misspelt key of an env entry would silently drop the value.
+        ({"extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "vaule": "60"}]}, "/extraEnv/0"),
+        # The operator's pod stays within the Pod Security "restricted" level.
+        ({"securityContext": {"privileged": True}}, "/securityContext/privileged"),
+        ({"securityContext": {"allowPrivilegeEscalation": True}}, "allowPrivilegeEscalation"),
+        ({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}, "/capabilities/add/0"),
+        ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+        ({"podSecurityContext": {"runAsNonroot": True}}, "'runAsNonroot' not allowed"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
+        ({"resources": {"requests": {"cpu": "1 core"}}}, "/resources/requests/cpu"),
     ],
 )
 def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
@@ -629,6 +640,79 @@ def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needl
     )  # fmt: skip
     assert result.returncode != 0
     assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        # Two listeners on one port: the second never binds and the pod crash-loops.
+        ({"health": {"port": 8000}}, "health.port (8000) is metrics.port"),
+        ({"metrics": {"port": 8081}, "health": {"port": 8081}}, "health.port (8081)"),
+        # Prometheus and GMP refuse a scrape timeout longer than the interval.
+        (
+            {"metrics": {"serviceMonitor": {"enabled": True, "interval": "30s",
+                                            "scrapeTimeout": "1m"}}},
+            "metrics.serviceMonitor.scrapeTimeout (1m) is longer than its interval (30s)",
+        ),
+        (
+            {"metrics": {"podMonitoring": {"enabled": True, "interval": "1m",
+                                           "timeout": "1m500ms"}}},
+            "metrics.podMonitoring.timeout (1m500ms) is longer than its interval (1m)",
+        ),
+        # A budget that never allows an eviction: every node drain hangs on the operator.
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": 1}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": "100%"}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": "60%"}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}, "never allows"),
+        (
+            {"replicaCount": 2, "health": {"standbyReady": True},
+             "podDisruptionBudget": {"enabled": True, "minAvailable": 2}},
+            "never allows",
+        ),
+        # No metrics endpoint: nothing may scrape it.
+        ({"metrics": {"port": 0, "serviceMonitor": {"enabled": True}}}, "metrics.port is 0"),
+        ({"metrics": {"port": 0, "podMonitoring": {"enabled": True}}}, "metrics.port is 0"),
+        ({"metrics": {"port": 0, "prometheusRule": {"enabled": True}}}, "metrics.port is 0"),
+    ],
+)  # fmt: skip
+def test_chart_refuses_values_that_contradict_each_other(
+    tmp_path: Path, values: dict[str, Any], needle: str
+) -> None:
+    """What a JSON schema cannot say (it compares no two values): the templates' `fail`."""
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_budgets_and_timeouts_that_leave_room_render(tmp_path: Path) -> None:
+    budget = {"enabled": True, "minAvailable": 1}
+    values = {"replicaCount": 2, "health": {"standbyReady": True}, "podDisruptionBudget": budget}
+    assert one(render(tmp_path, values), "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    budget = {"enabled": True, "minAvailable": "50%"}
+    values = {"replicaCount": 2, "health": {"standbyReady": True}, "podDisruptionBudget": budget}
+    assert one(render(tmp_path, values), "PodDisruptionBudget")["spec"]["minAvailable"] == "50%"
+    monitor = {"enabled": True, "interval": "1m", "scrapeTimeout": "1m"}  # equal is allowed
+    (endpoint,) = one(render(tmp_path, {"metrics": {"serviceMonitor": monitor}}), "ServiceMonitor")[
+        "spec"
+    ]["endpoints"]
+    assert endpoint["scrapeTimeout"] == "1m"
+    monitor = {"enabled": True, "interval": "1m30s", "timeout": "90000ms"}
+    assert one(render(tmp_path, {"metrics": {"podMonitoring": monitor}}), "PodMonitoring")
+    limits = {"cpu": 1, "memory": "512Mi", "ephemeral-storage": "1.5Gi"}
+    resources = {"limits": limits, "requests": {"cpu": "100m", "memory": "1e8"}}
+    assert container(render(tmp_path, {"resources": resources}))["resources"]["limits"] == limits
+
+
+def test_metrics_port_0_turns_the_metrics_off(tmp_path: Path) -> None:
+    """docs/metrics.md: `metrics.port: 0` turns the metrics off (MSJ_METRICS_PORT=0), so the
+    pod has no metrics port and nothing points at one."""
+    docs = render(tmp_path, {"metrics": {"port": 0}})
+    assert env_of(docs)["MSJ_METRICS_PORT"] == "0"
+    assert [p["name"] for p in container(docs)["ports"]] == ["healthz"]
+    assert not by_kind(docs, "Service")
 
 
 # ---------------------------------------------------------------- against the real apiserver
