@@ -489,16 +489,32 @@ def test_an_existing_service_account_must_be_named_and_not_default(tmp_path: Pat
     assert pod["serviceAccountName"] == "msj-ops"
 
 
-def test_user_roles_aggregate_into_edit_admin_and_view(tmp_path: Path) -> None:
-    roles = {r["metadata"]["name"]: r for r in by_kind(render(tmp_path), "ClusterRole")}
+def user_roles(tmp_path: Path, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    docs = render(tmp_path, values)
+    return {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+
+
+def aggregated_into(role: dict[str, Any]) -> set[str]:
+    prefix = "rbac.authorization.k8s.io/aggregate-to-"
+    labels = role["metadata"]["labels"]
+    return {k.removeprefix(prefix) for k, v in labels.items() if k.startswith(prefix) and v}
+
+
+def test_user_roles_the_viewer_aggregates_and_the_editor_only_when_asked(tmp_path: Path) -> None:
+    """Creating a MultisliceJob spends TPUs, which `edit` alone never allows: the editor joins
+    Kubernetes' roles only when the install says so (as JobSet's and Kueue's editors never do);
+    the viewer joins view, edit and admin, as Kueue's viewers."""
+    roles = user_roles(tmp_path)
     editor, viewer = roles["multislice-editor"], roles["multislice-viewer"]
-    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
-    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
-    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert aggregated_into(editor) == set()
+    assert aggregated_into(viewer) == {"view", "edit", "admin"}
     assert grants_of([editor]) >= {("multislice.dev", "multislicejobs", "create")}
     assert {v for _, _, v in grants_of([viewer])} == {"get", "list", "watch"}
-    off = render(tmp_path, {"rbac": {"userRoles": {"create": False}}})
-    assert "multislice-editor" not in {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")}
+    for choice, into in (("none", set()), ("admin", {"admin"}), ("edit", {"edit", "admin"})):
+        values = {"rbac": {"userRoles": {"editorAggregation": choice}}}
+        assert aggregated_into(user_roles(tmp_path, values)["multislice-editor"]) == into
+    off = user_roles(tmp_path, {"rbac": {"userRoles": {"create": False}}})
+    assert "multislice-editor" not in off
 
 
 def test_metrics_reader_role_and_its_optional_binding(tmp_path: Path) -> None:
@@ -631,6 +647,7 @@ def test_kueue_status_patch_is_limited_to_the_named_checks(tmp_path: Path) -> No
         ({"podSecurityContext": {"runAsNonroot": True}}, "'runAsNonroot' not allowed"),
         ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
         ({"resources": {"requests": {"cpu": "1 core"}}}, "/resources/requests/cpu"),
+        ({"rbac": {"userRoles": {"editorAggregation": True}}}, "editorAggregation"),
     ],
 )
 def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
@@ -1326,12 +1343,14 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
 ) -> None:
     """The chart's multislice-editor/viewer, aggregated by Kubernetes' own clusterrole-aggregation
     controller (kube-controller-manager, run here with that controller alone) into the built-in
-    `edit`, `admin` and `view`: a user bound to `edit` in a namespace creates, patches and deletes
-    MultisliceJobs there without any hand-written rule, one bound to `view` reads them and
-    creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
+    roles. By default only the viewer is: a user bound to `edit` or `admin` reads MultisliceJobs
+    and creates none (no TPU spending). With `editorAggregation: admin` the namespace admin
+    creates them and the editor still not; with `edit` a user bound to `edit` creates, patches
+    and deletes MultisliceJobs there without any hand-written rule, one bound to `view` reads
+    them and creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
     ns = namespace(kube_api, "msj-roles")
     rbac_api = client.RbacAuthorizationV1Api(api)
-    for user, role in (("alice", "edit"), ("bob", "view")):
+    for user, role in (("alice", "edit"), ("bob", "view"), ("carol", "admin")):
         rbac_api.create_namespaced_role_binding(ns, {
             "metadata": {"name": f"{user}-{role}"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -1344,7 +1363,7 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
         user: client.CustomObjectsApi(
             config.new_client_from_config(config_file=str(kube_api.user_kubeconfig(user)))
         )
-        for user in ("alice", "bob")
+        for user in ("alice", "bob", "carol")
     }
     group, version = models.API_VERSION.split("/")
 
@@ -1365,10 +1384,14 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
             return int(exc.status)
         return 200
 
-    roles = [
-        r for r in by_kind(render(tmp_path), "ClusterRole")
-        if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
-    ]  # fmt: skip
+    def roles_for(aggregation: str) -> list[dict[str, Any]]:
+        values = {"rbac": {"userRoles": {"editorAggregation": aggregation}}}
+        return [
+            r for r in by_kind(render(tmp_path, values), "ClusterRole")
+            if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
+        ]  # fmt: skip
+
+    roles = roles_for("edit")
     assert len(roles) == 2
     log = (tmp_path / "kcm.log").open("w")
     kcm = subprocess.Popen(
@@ -1387,6 +1410,22 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
     try:
         assert as_user("alice", "create", body=job("before")) == 403  # `edit` alone: nothing
         assert aggregated("edit") == set()
+        # The default: every role reads, none spends.
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles_for("none")))
+        assert result.returncode == 0, result.stderr
+        for role in ("view", "edit", "admin"):
+            wait_for(lambda r=role: aggregated(r) == {"get", "list", "watch"}, 60, f"{role} reads",
+                     on_timeout=lambda: (tmp_path / "kcm.log").read_text())  # fmt: skip
+        for user in ("alice", "bob", "carol"):
+            assert as_user(user, "list") == 200
+            assert as_user(user, "create", body=job(f"{user}-default")) == 403
+        # Namespace admins spend, editors still not.
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles_for("admin")))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "create" in aggregated("admin"), 60, "admin aggregated")
+        assert as_user("carol", "create", body=job("carols")) == 200
+        assert as_user("alice", "create", body=job("alices")) == 403
+        assert as_user("carol", "delete", "carols") == 200
         result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles))
         assert result.returncode == 0, result.stderr
         wait_for(lambda: "create" in aggregated("edit"), 60, "edit aggregated",
