@@ -238,8 +238,8 @@ def test_default_render(tmp_path: Path) -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        *["ValidatingAdmissionPolicy"] * 3,
-        *["ValidatingAdmissionPolicyBinding"] * 5,
+        *["ValidatingAdmissionPolicy"] * 4,  # pod patches, evictions, Job dry runs, JobSets
+        *["ValidatingAdmissionPolicyBinding"] * 6,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -456,6 +456,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
         "multislice-operator-pod-patch.multislice.dev",
         "multislice-operator-job-dry-run.multislice.dev",
         "multislice-operator-pod-eviction.multislice.dev",
+        "multislice-operator-jobset.multislice.dev",
     }
     for policy in policies.values():  # the operator's own requests only
         (cond,) = policy["spec"]["matchConditions"]
@@ -470,7 +471,23 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
     off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
     no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
-    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 2
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 3
+
+
+def test_the_jobset_policy_refuses_the_system_namespaces_unless_listed(tmp_path: Path) -> None:
+    def refused(values: dict[str, Any] | None = None) -> str:
+        (policy,) = [
+            p for p in by_kind(render(tmp_path, values), "ValidatingAdmissionPolicy")
+            if p["metadata"]["name"].endswith("-jobset.multislice.dev")
+        ]  # fmt: skip
+        return str(policy["spec"]["validations"][0]["expression"])
+
+    system = '"kube-system","kube-public","kube-node-lease"'
+    assert refused() == f'!(request.namespace in [{system},"msj-system"])'
+    allowed = {"rbac": {"admissionPolicy": {"allowedSystemNamespaces": ["kube-system"]}}}
+    assert (
+        refused(allowed) == '!(request.namespace in ["kube-public","kube-node-lease","msj-system"])'
+    )
 
 
 def test_an_existing_service_account_must_be_named_and_not_default(tmp_path: Path) -> None:
@@ -852,7 +869,12 @@ class Rbac:
         values = {
             "watchNamespaces": [ns],
             "serviceAccount": {"name": "multislice-operator"},
-            "rbac": {"userRoles": {"create": False}},  # cluster-wide, one name: not here
+            "rbac": {
+                "userRoles": {"create": False},  # cluster-wide, one name: not here
+                # The operator runs its jobs in its own namespace here, which the JobSet policy
+                # refuses unless listed.
+                "admissionPolicy": {"allowedSystemNamespaces": [ns]},
+            },
             **(values or {}),
         }
         if kueue:
@@ -1207,6 +1229,7 @@ class AsOperator:
 
         self.api = config.new_client_from_config(config_file=str(kubeconfig))
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
         self.ns = ns
 
     def verdict(self, call: Any) -> str:
@@ -1244,11 +1267,57 @@ class AsOperator:
         kwargs = {"dry_run": "All"} if dry_run else {}
         return self.verdict(lambda: self.batch.create_namespaced_job(self.ns, body, **kwargs))
 
+    def create_jobset(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> str:
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        return self.verdict(
+            lambda: self.custom.create_namespaced_custom_object(*JS, ns, "jobsets", body, **kwargs)
+        )
+
+    def patch_jobset(self, ns: str, name: str, patch: dict[str, Any]) -> str:
+        return self.verdict(
+            lambda: self.custom.patch_namespaced_custom_object(*JS, ns, "jobsets", name, patch)
+        )
+
+    def delete_jobset(self, ns: str, name: str) -> str:
+        return self.verdict(
+            lambda: self.custom.delete_namespaced_custom_object(*JS, ns, "jobsets", name)
+        )
+
     def close(self) -> None:
         self.api.close()
 
 
 POLICY = "ValidatingAdmissionPolicy"
+
+
+def jobset_labels(job: str) -> dict[str, str]:
+    return {"multislice.dev/job-name": job, "app.kubernetes.io/managed-by": "multislice-operator"}
+
+
+def msj_owner(job: str, kind: str = models.KIND, controller: bool = True) -> dict[str, Any]:
+    return {"apiVersion": models.API_VERSION, "kind": kind, "name": job,
+            "uid": str(uuid.uuid4()), "controller": controller}  # fmt: skip
+
+
+def jobset_body(
+    name: str,
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+    pod: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A JobSet as the operator renders one (its labels, one controller owner reference to the
+    MultisliceJob of its name), unless told otherwise."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": jobset_labels(name) if labels is None else labels,
+        "ownerReferences": [msj_owner(name)] if owners is None else owners,
+    }
+    pod = pod or {"restartPolicy": "Never", "containers": [{"name": "c", "image": "img:1"}]}
+    return {
+        "apiVersion": "/".join(JS), "kind": "JobSet", "metadata": meta,
+        "spec": {"replicatedJobs": [{"name": "slice", "replicas": 1,
+                                     "template": {"spec": {"template": {"spec": pod}}}}]},
+    }  # fmt: skip
 
 
 def test_admission_policies_narrow_the_operators_pod_and_job_grants(
@@ -1318,6 +1387,76 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
         op.close()
 
 
+def test_admission_policy_narrows_the_operators_jobset_grants(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """The default cluster-wide install (no watchNamespaces): RBAC lets the operator's
+    ServiceAccount create, patch and delete JobSets in every namespace, with any pod template.
+    The chart's JobSet policy lets through only what the operator does (the JobSet of a
+    MultisliceJob: its labels, one controller owner reference to that job) and nothing in a
+    system namespace: issue 44's probe, a JobSet in kube-system running as another account on
+    the host's network and PID namespace, privileged, is refused."""
+    release_ns = namespace(kube_api, "msj-js-op")  # the operator's own: a system namespace too
+    team = namespace(kube_api, "msj-js-team")
+    values = {"watchNamespaces": [], "rbac": {"userRoles": {"create": False}}}
+    op = AsOperator(rbac.install(release_ns, values=values), team)
+    admin = client.CustomObjectsApi(api)
+    hostile = {
+        "restartPolicy": "Never", "serviceAccountName": "attachdetach-controller",
+        "hostNetwork": True, "hostPID": True,
+        "containers": [{"name": "c", "image": "img:1", "securityContext": {"privileged": True}}],
+    }  # fmt: skip
+    probe = jobset_body("probe", pod=hostile)
+    try:
+        wait_for(
+            lambda: POLICY in op.create_jobset("kube-system", probe, dry_run=True),
+            30,
+            "the JobSet policy in force",
+        )
+        for ns in ("kube-system", "kube-public", "kube-node-lease", release_ns):
+            verdict = op.create_jobset(ns, probe)
+            assert POLICY in verdict and f"in the system namespace {ns}" in verdict, ns
+        # Even a JobSet of a MultisliceJob there (made by someone else) is neither changed nor
+        # deleted.
+        admin.create_namespaced_custom_object(*JS, "kube-system", "jobsets", jobset_body("sys"))
+        try:
+            assert "system namespace" in op.patch_jobset("kube-system", "sys", {"spec": {}})
+            assert "system namespace" in op.delete_jobset("kube-system", "sys")
+        finally:
+            admin.delete_namespaced_custom_object(*JS, "kube-system", "jobsets", "sys")
+        # What the operator does: its dry run, the create, suspend/resume, the delete.
+        assert op.create_jobset(team, jobset_body("train"), dry_run=True) == "allowed"
+        assert op.create_jobset(team, jobset_body("train")) == "allowed"
+        assert op.patch_jobset(team, "train", {"spec": {"suspend": True}}) == "allowed"
+        # Not a MultisliceJob's JobSet.
+        ours = "only the JobSet of a MultisliceJob"
+        for bad in (
+            jobset_body("bare", labels={}),
+            jobset_body("unmanaged", labels={"multislice.dev/job-name": "unmanaged"}),
+            jobset_body("orphan", owners=[]),
+            jobset_body("deployed", owners=[msj_owner("deployed", kind="Deployment")]),
+            jobset_body("borrowed", owners=[msj_owner("another-job")]),
+            jobset_body("not-controlled", owners=[msj_owner("not-controlled", controller=False)]),
+        ):
+            verdict = op.create_jobset(team, bad, dry_run=True)
+            assert POLICY in verdict and ours in verdict, bad["metadata"]
+        relabel = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "someone"}}}
+        assert ours in op.patch_jobset(team, "train", relabel)
+        # Someone else's JobSet: neither relabelled into ours, nor changed, nor deleted.
+        admin.create_namespaced_custom_object(
+            *JS, team, "jobsets", jobset_body("theirs", labels={}, owners=[])
+        )
+        adopt = {"metadata": {"labels": jobset_labels("theirs"),
+                              "ownerReferences": [msj_owner("theirs")]}}  # fmt: skip
+        verdict = op.patch_jobset(team, "theirs", adopt)
+        assert POLICY in verdict and "as stored before the request too" in verdict
+        assert POLICY in op.patch_jobset(team, "theirs", {"spec": {"suspend": True}})
+        assert POLICY in op.delete_jobset(team, "theirs")
+        assert op.delete_jobset(team, "train") == "allowed"
+    finally:
+        op.close()
+
+
 def test_without_the_policies_rbac_alone_grants_all_of_it(
     api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
 ) -> None:
@@ -1331,6 +1470,7 @@ def test_without_the_policies_rbac_alone_grants_all_of_it(
         assert op.patch("web-7d9f8-abcde", {"metadata": {"labels": {"stolen": "1"}}}) == "allowed"
         assert op.create_job("real", dry_run=False) == "allowed"
         assert op.evict("web-7d9f8-abcde") == "allowed"
+        assert op.create_jobset(ns, jobset_body("bare", labels={}, owners=[])) == "allowed"
     finally:
         op.close()
 
