@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The krew archive of kubectl msj: dist/kubectl-msj-v<version>.tar.gz holding the launcher
-# (plugins/krew/kubectl-msj) and the multislice-operator wheel; then plugins/msj.yaml gets the
+# (plugins/krew/kubectl-msj), the multislice-operator wheel and LICENSE (krew's pre-submit checklist:
+# the archive carries the license and the manifest extracts it); then plugins/msj.yaml gets the
 # archive's uri and sha256. Byte-for-byte repeatable for one commit and one build backend:
 # timestamps from the last commit (SOURCE_DATE_EPOCH), sorted entries, numeric root owner,
 # gzip without a name or time.
@@ -32,12 +33,12 @@ if [[ -n $wheel ]]; then
 else
   "$python" -m pip wheel --quiet --no-deps --wheel-dir "$stage" "$root" >&2
 fi
-cp "$root/plugins/krew/kubectl-msj" "$stage/"
+cp "$root/plugins/krew/kubectl-msj" "$root/LICENSE" "$stage/"
 chmod 0755 "$stage/kubectl-msj"
 mkdir -p "$out"
 archive=$out/kubectl-msj-v$version.tar.gz
 (cd "$stage" && tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 \
-  --numeric-owner --mode='u+rw,go+r,go-w' -cf - kubectl-msj multislice_operator-*.whl) \
+  --numeric-owner --mode='u+rw,go+r,go-w' -cf - LICENSE kubectl-msj multislice_operator-*.whl) \
   | gzip -n -9 >"$archive"
 sha=$(sha256sum "$archive" | cut -d' ' -f1)
 "$python" - "$manifest" "$base_url/v$version/$(basename "$archive")" "$sha" "v$version" <<'PY'

@@ -239,8 +239,8 @@ def test_default_render(tmp_path: Path) -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        *["ValidatingAdmissionPolicy"] * 3,
-        *["ValidatingAdmissionPolicyBinding"] * 5,
+        *["ValidatingAdmissionPolicy"] * 4,  # pod patches, evictions, Job dry runs, JobSets
+        *["ValidatingAdmissionPolicyBinding"] * 6,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -457,6 +457,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
         "multislice-operator-pod-patch.multislice.dev",
         "multislice-operator-job-dry-run.multislice.dev",
         "multislice-operator-pod-eviction.multislice.dev",
+        "multislice-operator-jobset.multislice.dev",
     }
     for policy in policies.values():  # the operator's own requests only
         (cond,) = policy["spec"]["matchConditions"]
@@ -471,7 +472,23 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
     off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
     no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
-    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 2
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 3
+
+
+def test_the_jobset_policy_refuses_the_system_namespaces_unless_listed(tmp_path: Path) -> None:
+    def refused(values: dict[str, Any] | None = None) -> str:
+        (policy,) = [
+            p for p in by_kind(render(tmp_path, values), "ValidatingAdmissionPolicy")
+            if p["metadata"]["name"].endswith("-jobset.multislice.dev")
+        ]  # fmt: skip
+        return str(policy["spec"]["validations"][0]["expression"])
+
+    system = '"kube-system","kube-public","kube-node-lease"'
+    assert refused() == f'!(request.namespace in [{system},"msj-system"])'
+    allowed = {"rbac": {"admissionPolicy": {"allowedSystemNamespaces": ["kube-system"]}}}
+    assert (
+        refused(allowed) == '!(request.namespace in ["kube-public","kube-node-lease","msj-system"])'
+    )
 
 
 def test_an_existing_service_account_must_be_named_and_not_default(tmp_path: Path) -> None:
@@ -490,16 +507,32 @@ def test_an_existing_service_account_must_be_named_and_not_default(tmp_path: Pat
     assert pod["serviceAccountName"] == "msj-ops"
 
 
-def test_user_roles_aggregate_into_edit_admin_and_view(tmp_path: Path) -> None:
-    roles = {r["metadata"]["name"]: r for r in by_kind(render(tmp_path), "ClusterRole")}
+def user_roles(tmp_path: Path, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    docs = render(tmp_path, values)
+    return {r["metadata"]["name"]: r for r in by_kind(docs, "ClusterRole")}
+
+
+def aggregated_into(role: dict[str, Any]) -> set[str]:
+    prefix = "rbac.authorization.k8s.io/aggregate-to-"
+    labels = role["metadata"]["labels"]
+    return {k.removeprefix(prefix) for k, v in labels.items() if k.startswith(prefix) and v}
+
+
+def test_user_roles_the_viewer_aggregates_and_the_editor_only_when_asked(tmp_path: Path) -> None:
+    """Creating a MultisliceJob spends TPUs, which `edit` alone never allows: the editor joins
+    Kubernetes' roles only when the install says so (as JobSet's and Kueue's editors never do);
+    the viewer joins view, edit and admin, as Kueue's viewers."""
+    roles = user_roles(tmp_path)
     editor, viewer = roles["multislice-editor"], roles["multislice-viewer"]
-    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
-    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
-    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert aggregated_into(editor) == set()
+    assert aggregated_into(viewer) == {"view", "edit", "admin"}
     assert grants_of([editor]) >= {("multislice.dev", "multislicejobs", "create")}
     assert {v for _, _, v in grants_of([viewer])} == {"get", "list", "watch"}
-    off = render(tmp_path, {"rbac": {"userRoles": {"create": False}}})
-    assert "multislice-editor" not in {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")}
+    for choice, into in (("none", set()), ("admin", {"admin"}), ("edit", {"edit", "admin"})):
+        values = {"rbac": {"userRoles": {"editorAggregation": choice}}}
+        assert aggregated_into(user_roles(tmp_path, values)["multislice-editor"]) == into
+    off = user_roles(tmp_path, {"rbac": {"userRoles": {"create": False}}})
+    assert "multislice-editor" not in off
 
 
 def test_metrics_reader_role_and_its_optional_binding(tmp_path: Path) -> None:
@@ -621,6 +654,18 @@ def test_kueue_status_patch_is_limited_to_the_named_checks(tmp_path: Path) -> No
             "/metrics/networkPolicy/from",
         ),
         ({"liveness": {"port": 8080}}, "'liveness' not allowed"),  # now health.port
+        # A misspelt key of an env entry would silently drop the value.
+        ({"extraEnv": [{"name": "MSJ_GC_INTERVAL_SECONDS", "vaule": "60"}]}, "/extraEnv/0"),
+        # The operator's pod stays within the Pod Security "restricted" level.
+        ({"securityContext": {"privileged": True}}, "/securityContext/privileged"),
+        ({"securityContext": {"allowPrivilegeEscalation": True}}, "allowPrivilegeEscalation"),
+        ({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}, "/capabilities/add/0"),
+        ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+        ({"podSecurityContext": {"runAsNonroot": True}}, "'runAsNonroot' not allowed"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
+        ({"resources": {"requests": {"cpu": "1 core"}}}, "/resources/requests/cpu"),
+        ({"rbac": {"userRoles": {"editorAggregation": True}}}, "editorAggregation"),
     ],
 )
 def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needle: str) -> None:
@@ -630,6 +675,79 @@ def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needl
     )  # fmt: skip
     assert result.returncode != 0
     assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        # Two listeners on one port: the second never binds and the pod crash-loops.
+        ({"health": {"port": 8000}}, "health.port (8000) is metrics.port"),
+        ({"metrics": {"port": 8081}, "health": {"port": 8081}}, "health.port (8081)"),
+        # Prometheus and GMP refuse a scrape timeout longer than the interval.
+        (
+            {"metrics": {"serviceMonitor": {"enabled": True, "interval": "30s",
+                                            "scrapeTimeout": "1m"}}},
+            "metrics.serviceMonitor.scrapeTimeout (1m) is longer than its interval (30s)",
+        ),
+        (
+            {"metrics": {"podMonitoring": {"enabled": True, "interval": "1m",
+                                           "timeout": "1m500ms"}}},
+            "metrics.podMonitoring.timeout (1m500ms) is longer than its interval (1m)",
+        ),
+        # A budget that never allows an eviction: every node drain hangs on the operator.
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": 1}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": "100%"}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "minAvailable": "60%"}}, "never allows"),
+        ({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}, "never allows"),
+        (
+            {"replicaCount": 2, "health": {"standbyReady": True},
+             "podDisruptionBudget": {"enabled": True, "minAvailable": 2}},
+            "never allows",
+        ),
+        # No metrics endpoint: nothing may scrape it.
+        ({"metrics": {"port": 0, "serviceMonitor": {"enabled": True}}}, "metrics.port is 0"),
+        ({"metrics": {"port": 0, "podMonitoring": {"enabled": True}}}, "metrics.port is 0"),
+        ({"metrics": {"port": 0, "prometheusRule": {"enabled": True}}}, "metrics.port is 0"),
+    ],
+)  # fmt: skip
+def test_chart_refuses_values_that_contradict_each_other(
+    tmp_path: Path, values: dict[str, Any], needle: str
+) -> None:
+    """What a JSON schema cannot say (it compares no two values): the templates' `fail`."""
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_budgets_and_timeouts_that_leave_room_render(tmp_path: Path) -> None:
+    budget = {"enabled": True, "minAvailable": 1}
+    values = {"replicaCount": 2, "health": {"standbyReady": True}, "podDisruptionBudget": budget}
+    assert one(render(tmp_path, values), "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    budget = {"enabled": True, "minAvailable": "50%"}
+    values = {"replicaCount": 2, "health": {"standbyReady": True}, "podDisruptionBudget": budget}
+    assert one(render(tmp_path, values), "PodDisruptionBudget")["spec"]["minAvailable"] == "50%"
+    monitor = {"enabled": True, "interval": "1m", "scrapeTimeout": "1m"}  # equal is allowed
+    (endpoint,) = one(render(tmp_path, {"metrics": {"serviceMonitor": monitor}}), "ServiceMonitor")[
+        "spec"
+    ]["endpoints"]
+    assert endpoint["scrapeTimeout"] == "1m"
+    monitor = {"enabled": True, "interval": "1m30s", "timeout": "90000ms"}
+    assert one(render(tmp_path, {"metrics": {"podMonitoring": monitor}}), "PodMonitoring")
+    limits = {"cpu": 1, "memory": "512Mi", "ephemeral-storage": "1.5Gi"}
+    resources = {"limits": limits, "requests": {"cpu": "100m", "memory": "1e8"}}
+    assert container(render(tmp_path, {"resources": resources}))["resources"]["limits"] == limits
+
+
+def test_metrics_port_0_turns_the_metrics_off(tmp_path: Path) -> None:
+    """docs/metrics.md: `metrics.port: 0` turns the metrics off (MSJ_METRICS_PORT=0), so the
+    pod has no metrics port and nothing points at one."""
+    docs = render(tmp_path, {"metrics": {"port": 0}})
+    assert env_of(docs)["MSJ_METRICS_PORT"] == "0"
+    assert [p["name"] for p in container(docs)["ports"]] == ["healthz"]
+    assert not by_kind(docs, "Service")
 
 
 # ---------------------------------------------------------------- against the real apiserver
@@ -752,7 +870,12 @@ class Rbac:
         values = {
             "watchNamespaces": [ns],
             "serviceAccount": {"name": "multislice-operator"},
-            "rbac": {"userRoles": {"create": False}},  # cluster-wide, one name: not here
+            "rbac": {
+                "userRoles": {"create": False},  # cluster-wide, one name: not here
+                # The operator runs its jobs in its own namespace here, which the JobSet policy
+                # refuses unless listed.
+                "admissionPolicy": {"allowedSystemNamespaces": [ns]},
+            },
             **(values or {}),
         }
         if kueue:
@@ -1107,6 +1230,7 @@ class AsOperator:
 
         self.api = config.new_client_from_config(config_file=str(kubeconfig))
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
         self.ns = ns
 
     def verdict(self, call: Any) -> str:
@@ -1144,11 +1268,57 @@ class AsOperator:
         kwargs = {"dry_run": "All"} if dry_run else {}
         return self.verdict(lambda: self.batch.create_namespaced_job(self.ns, body, **kwargs))
 
+    def create_jobset(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> str:
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        return self.verdict(
+            lambda: self.custom.create_namespaced_custom_object(*JS, ns, "jobsets", body, **kwargs)
+        )
+
+    def patch_jobset(self, ns: str, name: str, patch: dict[str, Any]) -> str:
+        return self.verdict(
+            lambda: self.custom.patch_namespaced_custom_object(*JS, ns, "jobsets", name, patch)
+        )
+
+    def delete_jobset(self, ns: str, name: str) -> str:
+        return self.verdict(
+            lambda: self.custom.delete_namespaced_custom_object(*JS, ns, "jobsets", name)
+        )
+
     def close(self) -> None:
         self.api.close()
 
 
 POLICY = "ValidatingAdmissionPolicy"
+
+
+def jobset_labels(job: str) -> dict[str, str]:
+    return {"multislice.dev/job-name": job, "app.kubernetes.io/managed-by": "multislice-operator"}
+
+
+def msj_owner(job: str, kind: str = models.KIND, controller: bool = True) -> dict[str, Any]:
+    return {"apiVersion": models.API_VERSION, "kind": kind, "name": job,
+            "uid": str(uuid.uuid4()), "controller": controller}  # fmt: skip
+
+
+def jobset_body(
+    name: str,
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+    pod: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A JobSet as the operator renders one (its labels, one controller owner reference to the
+    MultisliceJob of its name), unless told otherwise."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": jobset_labels(name) if labels is None else labels,
+        "ownerReferences": [msj_owner(name)] if owners is None else owners,
+    }
+    pod = pod or {"restartPolicy": "Never", "containers": [{"name": "c", "image": "img:1"}]}
+    return {
+        "apiVersion": "/".join(JS), "kind": "JobSet", "metadata": meta,
+        "spec": {"replicatedJobs": [{"name": "slice", "replicas": 1,
+                                     "template": {"spec": {"template": {"spec": pod}}}}]},
+    }  # fmt: skip
 
 
 def test_admission_policies_narrow_the_operators_pod_and_job_grants(
@@ -1218,6 +1388,76 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
         op.close()
 
 
+def test_admission_policy_narrows_the_operators_jobset_grants(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """The default cluster-wide install (no watchNamespaces): RBAC lets the operator's
+    ServiceAccount create, patch and delete JobSets in every namespace, with any pod template.
+    The chart's JobSet policy lets through only what the operator does (the JobSet of a
+    MultisliceJob: its labels, one controller owner reference to that job) and nothing in a
+    system namespace: issue 44's probe, a JobSet in kube-system running as another account on
+    the host's network and PID namespace, privileged, is refused."""
+    release_ns = namespace(kube_api, "msj-js-op")  # the operator's own: a system namespace too
+    team = namespace(kube_api, "msj-js-team")
+    values = {"watchNamespaces": [], "rbac": {"userRoles": {"create": False}}}
+    op = AsOperator(rbac.install(release_ns, values=values), team)
+    admin = client.CustomObjectsApi(api)
+    hostile = {
+        "restartPolicy": "Never", "serviceAccountName": "attachdetach-controller",
+        "hostNetwork": True, "hostPID": True,
+        "containers": [{"name": "c", "image": "img:1", "securityContext": {"privileged": True}}],
+    }  # fmt: skip
+    probe = jobset_body("probe", pod=hostile)
+    try:
+        wait_for(
+            lambda: POLICY in op.create_jobset("kube-system", probe, dry_run=True),
+            30,
+            "the JobSet policy in force",
+        )
+        for ns in ("kube-system", "kube-public", "kube-node-lease", release_ns):
+            verdict = op.create_jobset(ns, probe)
+            assert POLICY in verdict and f"in the system namespace {ns}" in verdict, ns
+        # Even a JobSet of a MultisliceJob there (made by someone else) is neither changed nor
+        # deleted.
+        admin.create_namespaced_custom_object(*JS, "kube-system", "jobsets", jobset_body("sys"))
+        try:
+            assert "system namespace" in op.patch_jobset("kube-system", "sys", {"spec": {}})
+            assert "system namespace" in op.delete_jobset("kube-system", "sys")
+        finally:
+            admin.delete_namespaced_custom_object(*JS, "kube-system", "jobsets", "sys")
+        # What the operator does: its dry run, the create, suspend/resume, the delete.
+        assert op.create_jobset(team, jobset_body("train"), dry_run=True) == "allowed"
+        assert op.create_jobset(team, jobset_body("train")) == "allowed"
+        assert op.patch_jobset(team, "train", {"spec": {"suspend": True}}) == "allowed"
+        # Not a MultisliceJob's JobSet.
+        ours = "only the JobSet of a MultisliceJob"
+        for bad in (
+            jobset_body("bare", labels={}),
+            jobset_body("unmanaged", labels={"multislice.dev/job-name": "unmanaged"}),
+            jobset_body("orphan", owners=[]),
+            jobset_body("deployed", owners=[msj_owner("deployed", kind="Deployment")]),
+            jobset_body("borrowed", owners=[msj_owner("another-job")]),
+            jobset_body("not-controlled", owners=[msj_owner("not-controlled", controller=False)]),
+        ):
+            verdict = op.create_jobset(team, bad, dry_run=True)
+            assert POLICY in verdict and ours in verdict, bad["metadata"]
+        relabel = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "someone"}}}
+        assert ours in op.patch_jobset(team, "train", relabel)
+        # Someone else's JobSet: neither relabelled into ours, nor changed, nor deleted.
+        admin.create_namespaced_custom_object(
+            *JS, team, "jobsets", jobset_body("theirs", labels={}, owners=[])
+        )
+        adopt = {"metadata": {"labels": jobset_labels("theirs"),
+                              "ownerReferences": [msj_owner("theirs")]}}  # fmt: skip
+        verdict = op.patch_jobset(team, "theirs", adopt)
+        assert POLICY in verdict and "as stored before the request too" in verdict
+        assert POLICY in op.patch_jobset(team, "theirs", {"spec": {"suspend": True}})
+        assert POLICY in op.delete_jobset(team, "theirs")
+        assert op.delete_jobset(team, "train") == "allowed"
+    finally:
+        op.close()
+
+
 def test_without_the_policies_rbac_alone_grants_all_of_it(
     api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
 ) -> None:
@@ -1231,6 +1471,7 @@ def test_without_the_policies_rbac_alone_grants_all_of_it(
         assert op.patch("web-7d9f8-abcde", {"metadata": {"labels": {"stolen": "1"}}}) == "allowed"
         assert op.create_job("real", dry_run=False) == "allowed"
         assert op.evict("web-7d9f8-abcde") == "allowed"
+        assert op.create_jobset(ns, jobset_body("bare", labels={}, owners=[])) == "allowed"
     finally:
         op.close()
 
@@ -1243,12 +1484,14 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
 ) -> None:
     """The chart's multislice-editor/viewer, aggregated by Kubernetes' own clusterrole-aggregation
     controller (kube-controller-manager, run here with that controller alone) into the built-in
-    `edit`, `admin` and `view`: a user bound to `edit` in a namespace creates, patches and deletes
-    MultisliceJobs there without any hand-written rule, one bound to `view` reads them and
-    creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
+    roles. By default only the viewer is: a user bound to `edit` or `admin` reads MultisliceJobs
+    and creates none (no TPU spending). With `editorAggregation: admin` the namespace admin
+    creates them and the editor still not; with `edit` a user bound to `edit` creates, patches
+    and deletes MultisliceJobs there without any hand-written rule, one bound to `view` reads
+    them and creates none. Before the roles exist `edit` grants nothing on MultisliceJobs."""
     ns = namespace(kube_api, "msj-roles")
     rbac_api = client.RbacAuthorizationV1Api(api)
-    for user, role in (("alice", "edit"), ("bob", "view")):
+    for user, role in (("alice", "edit"), ("bob", "view"), ("carol", "admin")):
         rbac_api.create_namespaced_role_binding(ns, {
             "metadata": {"name": f"{user}-{role}"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -1261,7 +1504,7 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
         user: client.CustomObjectsApi(
             config.new_client_from_config(config_file=str(kube_api.user_kubeconfig(user)))
         )
-        for user in ("alice", "bob")
+        for user in ("alice", "bob", "carol")
     }
     group, version = models.API_VERSION.split("/")
 
@@ -1282,10 +1525,14 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
             return int(exc.status)
         return 200
 
-    roles = [
-        r for r in by_kind(render(tmp_path), "ClusterRole")
-        if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
-    ]  # fmt: skip
+    def roles_for(aggregation: str) -> list[dict[str, Any]]:
+        values = {"rbac": {"userRoles": {"editorAggregation": aggregation}}}
+        return [
+            r for r in by_kind(render(tmp_path, values), "ClusterRole")
+            if r["metadata"]["name"] in ("multislice-editor", "multislice-viewer")
+        ]  # fmt: skip
+
+    roles = roles_for("edit")
     assert len(roles) == 2
     log = (tmp_path / "kcm.log").open("w")
     kcm = subprocess.Popen(
@@ -1304,6 +1551,22 @@ def test_namespace_editors_run_jobs_and_viewers_read_them_through_the_aggregated
     try:
         assert as_user("alice", "create", body=job("before")) == 403  # `edit` alone: nothing
         assert aggregated("edit") == set()
+        # The default: every role reads, none spends.
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles_for("none")))
+        assert result.returncode == 0, result.stderr
+        for role in ("view", "edit", "admin"):
+            wait_for(lambda r=role: aggregated(r) == {"get", "list", "watch"}, 60, f"{role} reads",
+                     on_timeout=lambda: (tmp_path / "kcm.log").read_text())  # fmt: skip
+        for user in ("alice", "bob", "carol"):
+            assert as_user(user, "list") == 200
+            assert as_user(user, "create", body=job(f"{user}-default")) == 403
+        # Namespace admins spend, editors still not.
+        result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles_for("admin")))
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: "create" in aggregated("admin"), 60, "admin aggregated")
+        assert as_user("carol", "create", body=job("carols")) == 200
+        assert as_user("alice", "create", body=job("alices")) == 403
+        assert as_user("carol", "delete", "carols") == 200
         result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(roles))
         assert result.returncode == 0, result.stderr
         wait_for(lambda: "create" in aggregated("edit"), 60, "edit aggregated",

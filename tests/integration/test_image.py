@@ -487,6 +487,7 @@ def test_krew_manifest_is_what_krew_accepts() -> None:
         assert {f["from"] for f in platform["files"]} == {
             "kubectl-msj",
             "multislice_operator-*.whl",
+            "LICENSE",  # krew's pre-submit checklist: the license is extracted too
         }
 
 
@@ -513,6 +514,7 @@ def test_krew_archive_holds_the_launcher_and_the_wheel(krew_archive: tuple[Path,
     with tarfile.open(archive) as tar:
         members = {m.name: m for m in tar.getmembers()}
     assert members.keys() == {
+        "LICENSE",
         "kubectl-msj",
         f"multislice_operator-{project()['version']}-py3-none-any.whl",
     }

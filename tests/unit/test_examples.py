@@ -139,3 +139,12 @@ def test_example_workload_args_parse(name: str, container: dict[str, Any]) -> No
 
 def test_most_examples_run_the_shipped_workload() -> None:
     assert len(workload_containers()) >= 5
+
+
+def test_no_example_job_names_a_namespace() -> None:
+    """`kubectl apply -n team-a -f examples/...` puts the job in team-a: a namespace in the
+    file would make kubectl refuse it (the namespace from the provided object does not match)."""
+    for path in sorted((ROOT / "examples").glob("**/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == KIND:
+                assert "namespace" not in doc["metadata"], path.relative_to(ROOT)

@@ -85,7 +85,8 @@ in one Role per watched namespace. */}}
 # One JobSet per job: dry-run and created, read back on a name conflict, suspended/resumed by
 # patch, deleted when the job fails for a reason of the operator's while it runs (its pods must
 # not wait for released capacity; a spent maxDisruptionRestarts, which JobSet would restart
-# forever). Otherwise the garbage collector deletes it (owner reference).
+# forever). Otherwise the garbage collector deletes it (owner reference). The admission policy
+# (rbac.admissionPolicy) allows only a MultisliceJob's JobSet, outside the system namespaces.
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
