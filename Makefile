@@ -88,7 +88,7 @@ docs: install
 	$(BIN)/python -m multislice_operator.api.docs > docs/api.md
 	$(BIN)/python -m multislice_operator.settings docs/install.md
 	$(BIN)/python -c "from multislice_operator.reconcile.reasons import write_table; write_table('docs/failures.md')"
-	$(BIN)/python -c "from multislice_operator.cli import write_exit_codes; write_exit_codes('docs/cli.md')"
+	$(BIN)/python -c "from multislice_operator.cli.main import write_exit_codes; write_exit_codes('docs/cli.md')"
 	$(BIN)/python -c "import sys; from multislice_operator.api.docs import write_cause_lists; write_cause_lists(*sys.argv[1:])" README.md docs/*.md
 
 # The image's hash locks, from pyproject.toml's operator extra and image/build-requirements.in

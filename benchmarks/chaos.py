@@ -59,7 +59,7 @@ from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.api import models
-from multislice_operator.plan import node_pool_name
+from multislice_operator.planning.plan import node_pool_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUP, VERSION, PLURAL = models.GROUP, models.VERSION, models.PLURAL

@@ -64,7 +64,7 @@ from multislice_local.stack import (
     PROJECT,
     ZONE,
 )
-from multislice_operator import keys
+from multislice_operator.common import keys
 
 NAMESPACE = "gang"
 ACCELERATOR = "v5litepod-8"  # two hosts of 4 chips per slice: the smallest multi-host shape

@@ -28,8 +28,8 @@ from benchmarks.watcher import Spec, Watcher
 from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.gke_sim import GkeSimulator, SimConfig
 from multislice_local.harness import OperatorProcess, install_crds
-from multislice_operator import keys
-from multislice_operator.plan import node_pool_name
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import node_pool_name
 
 NAMESPACE = "idle"
 ACCELERATOR = "v5litepod-4"

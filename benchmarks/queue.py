@@ -31,8 +31,8 @@ from benchmarks.common import save, say, stats, table
 from multislice_local import queues
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 FLAVOR = "tpu-v5e"
 

@@ -56,8 +56,8 @@ from benchmarks.common import (
 from benchmarks.watcher import Spec, Watcher
 from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.harness import OperatorProcess, install_crds
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile import (
     Admission,
     DecideConfig,
@@ -66,7 +66,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
-from multislice_operator.render import render_jobset
+from multislice_operator.render.jobset import render_jobset
 
 NAMESPACE = "bench"
 POOLS, HOSTS = 2, 4  # v5litepod-16: 4 hosts of 4 chips, topology 4x4; 2 slices per job

@@ -67,8 +67,8 @@ from benchmarks.common import JOBSET, MSJ, pool_label, save, say, table
 from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 NAME = "train"
 ACCELERATOR, HOSTS, CHIPS_PER_SLICE, SLICES = "v5litepod-16", 4, 16, 4

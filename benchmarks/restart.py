@@ -40,8 +40,8 @@ from benchmarks.watcher import Spec, Watcher
 from multislice_local.controlplane import ControlPlane
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod, register_tpu_nodes
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.render import render_jobset
+from multislice_operator.planning.plan import load_job, plan_job
+from multislice_operator.render.jobset import render_jobset
 
 ACCELERATOR, ACCEL_LABEL, TOPOLOGY, HOSTS, CHIPS = (
     "v5litepod-16",

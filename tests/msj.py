@@ -35,7 +35,7 @@ from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.api import models
-from multislice_operator.plan import node_pool_name
+from multislice_operator.planning.plan import node_pool_name
 
 IMAGE = "example.invalid/t:1"
 NODE_LABEL = "e2e-test"  # a test's own nodes carry it with the namespace as value

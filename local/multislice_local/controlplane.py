@@ -56,7 +56,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from multislice_operator import keys
+from multislice_operator.common import keys
 from multislice_operator.controller.serving import subject_alt_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

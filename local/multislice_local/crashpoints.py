@@ -98,7 +98,7 @@ def install(point: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from multislice_operator.cli import main as operator_main
+    from multislice_operator.cli.main import main as operator_main
 
     point = os.environ.get(CRASH_POINT_ENV)
     if point:

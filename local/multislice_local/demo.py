@@ -31,9 +31,9 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local.gke_sim import Faults
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
 from multislice_local.stack import ExistingCluster, LocalStack, StackOptions
-from multislice_operator import keys
 from multislice_operator.api import models
-from multislice_operator.plan import load_job, node_pool_name, plan_job
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import load_job, node_pool_name, plan_job
 
 NAMESPACE = "demo"
 JOB = "llm-v5e"
@@ -928,7 +928,7 @@ class Demo:
             return
         from rich.console import Console
 
-        from multislice_operator import view
+        from multislice_operator.cli import view
 
         self.n.say(f"where the TPU time went (multislice-operator status {JOB} -n {self.ns}):")
         view.render(view.view(obj, view.now_utc()), Console(file=self.n.out, highlight=False))

@@ -106,11 +106,9 @@ from urllib.parse import urlsplit
 from google.cloud.container_v1.types import cluster_service
 from google.protobuf import json_format
 
-from multislice_operator import (
-    catalog,
-    keys,
-)
 from multislice_operator.api import models
+from multislice_operator.common import keys
+from multislice_operator.tpu import catalog
 
 log = logging.getLogger(__name__)
 

@@ -122,7 +122,7 @@ class OperatorProcess:
         entry = (
             "multislice_local.crashpoints"
             if CRASH_POINT_ENV in self.env
-            else ("multislice_operator.cli")
+            else ("multislice_operator.cli.main")
         )
         argv = [
             sys.executable,

@@ -34,7 +34,7 @@ from multislice_local.controlplane import (
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
 )
-from multislice_operator import keys
+from multislice_operator.common import keys
 
 FAIL_EXIT_CODE_ANNOTATION = "multislice.dev/fail-exit-code"
 FAIL_AFTER_ANNOTATION = "multislice.dev/fail-after"

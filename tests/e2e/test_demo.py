@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client
 
 from multislice_local.controlplane import ControlPlane
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 
 def processes_mentioning(text: str) -> list[int]:

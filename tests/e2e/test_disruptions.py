@@ -32,8 +32,8 @@ from multislice_local.nodes import (
     label_nodes,
     taint_nodes,
 )
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from tests import msj
 from tests.msj import create, custom, events, status
 

@@ -104,7 +104,7 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
     # The view a person reads says the same (through kubectl, as a user runs it).
     out = subprocess.run(
         [
-            sys.executable, "-m", "multislice_operator.cli", "status", "restart", "-n", ns,
+            sys.executable, "-m", "multislice_operator.cli.main", "status", "restart", "-n", ns,
             "--kubectl", str(bin_dir() / "kubectl"), "-o", "json",
         ],
         capture_output=True, text=True, timeout=60, check=True,
@@ -116,7 +116,7 @@ def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
     assert view["lastRestart"] == restart
     text = subprocess.run(
         [
-            sys.executable, "-m", "multislice_operator.cli", "status", "restart", "-n", ns,
+            sys.executable, "-m", "multislice_operator.cli.main", "status", "restart", "-n", ns,
             "--kubectl", str(bin_dir() / "kubectl"),
         ],
         capture_output=True, text=True, timeout=60, check=True,

@@ -19,7 +19,7 @@ from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
 from multislice_local.stack import LocalStack
 from multislice_operator.api import models
-from multislice_operator.plan import node_pool_name
+from multislice_operator.planning.plan import node_pool_name
 from tests import msj
 from tests.msj import create, custom, event_lines
 

@@ -19,7 +19,7 @@ from multislice_local.nodes import (
     RUN_DURATION_ANNOTATION,
     fail_pod,
 )
-from multislice_operator import keys
+from multislice_operator.common import keys
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 ACCELERATOR, TOPOLOGY, CHIPS_PER_HOST = "tpu-v5-lite-podslice", "2x4", 4

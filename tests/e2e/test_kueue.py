@@ -15,8 +15,8 @@ from multislice_local import queues
 from multislice_local.gke_sim import KubeNodeRegistrar
 from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from tests import msj
 
 FLAVOR = "tpu-v5e"
@@ -182,7 +182,7 @@ def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
 
 
 def env_plan_key(env: Env, name: str) -> str:
-    from multislice_operator.plan import job_key
+    from multislice_operator.planning.plan import job_key
 
     return job_key(env.ns, name)
 

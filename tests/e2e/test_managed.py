@@ -11,9 +11,9 @@ from kubernetes.client.exceptions import ApiException
 
 from multislice_local.gke_sim import KubeNodeRegistrar
 from multislice_local.harness import wait_for
-from multislice_operator import keys
 from multislice_operator.api import models
-from multislice_operator.plan import node_pool_name
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import node_pool_name
 from tests import msj
 from tests.msj import create, custom, event_lines, get, pools_of, status
 

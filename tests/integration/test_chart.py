@@ -407,7 +407,7 @@ def test_rendered_env_is_what_the_operator_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The chart's MSJ_* names and flags are the ones settings.py reads (flags win)."""
-    from multislice_operator.cli import build_parser
+    from multislice_operator.cli.main import build_parser
     from multislice_operator.settings import from_args
 
     docs = render(tmp_path, CUSTOM_VALUES, release="ml")

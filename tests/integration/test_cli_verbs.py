@@ -20,8 +20,8 @@ from kubernetes import client
 
 from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.harness import install_crds, wait_for
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from tests import msj
 
 T0 = "2026-01-01T00:00:00Z"
@@ -37,14 +37,14 @@ def api(kube_api: ControlPlane) -> Any:
 
 def cli(cp: ControlPlane, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "multislice_operator.cli", *argv, "--kubectl", kubectl_path()],
+        [sys.executable, "-m", "multislice_operator.cli.main", *argv, "--kubectl", kubectl_path()],
         env=cp.client_env(), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
 
 def cli_background(cp: ControlPlane, *argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "multislice_operator.cli", *argv, "--kubectl", kubectl_path()],
+        [sys.executable, "-m", "multislice_operator.cli.main", *argv, "--kubectl", kubectl_path()],
         env=cp.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -171,6 +171,6 @@ def test_longest_names_and_shared_reservations_accepted(api, namespace, kube_api
     obj["metadata"]["name"] = name
     obj["spec"].update(change)
     create(api, ns, obj, dry_run="All")
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.planning.plan import load_job, plan_job
 
     plan_job(load_job({**obj, "metadata": {"name": name, "namespace": ns}}))  # the plan agrees

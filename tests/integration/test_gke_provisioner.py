@@ -15,8 +15,8 @@ import pytest
 from google.api_core import exceptions as gexc
 
 from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
-from multislice_operator.plan import Plan, load_job, make_plan
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
+from multislice_operator.planning.plan import Plan, load_job, make_plan
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.provisioning.gke import (
     GkeProvisioner,
@@ -570,7 +570,7 @@ def test_dry_run_prints_exactly_what_the_simulator_receives(
 
     import yaml
 
-    from multislice_operator.cli import main
+    from multislice_operator.cli.main import main
 
     obj = copy.deepcopy(BASE_JOB)
     obj["metadata"]["uid"] = UID
@@ -841,7 +841,7 @@ def test_dry_run_prints_the_policy_and_pools_the_simulator_receives(
 
     import yaml
 
-    from multislice_operator.cli import main
+    from multislice_operator.cli.main import main
 
     obj = copy.deepcopy(BASE_JOB)
     obj["metadata"]["uid"] = UID

@@ -12,8 +12,8 @@ from multislice_local.controlplane import bin_dir
 from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from tests import msj
 
 WAIT = 3.0  # --kueue-workload-wait-seconds

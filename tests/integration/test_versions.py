@@ -23,8 +23,8 @@ from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
 from multislice_operator.api import models
 from multislice_operator.controller import admission, versions
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.render import render_jobset
+from multislice_operator.planning.plan import load_job, plan_job
+from multislice_operator.render.jobset import render_jobset
 
 JOBSET_CRD = "jobset.x-k8s.io_jobsets.yaml"
 KUEUE_KINDS = ("admissionchecks", "localqueues", "workloads")

@@ -22,8 +22,8 @@ from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.nodes import register_tpu_nodes
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
-from multislice_operator import keys
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from tests import msj
 
 JS = ("jobset.x-k8s.io", "v1alpha2")

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from multislice_operator.api import models
-from multislice_operator.cli import build_parser
+from multislice_operator.cli.main import build_parser
 from multislice_operator.settings import Settings, env_of, flag_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -404,7 +404,7 @@ def _check_tokens(tokens: list[str], where: str) -> list[Finding]:
         if not ours:
             return []
         known = module_flags().get(module) or (
-            operator_commands()["run"] if module == "multislice_operator.cli" else set()
+            operator_commands()["run"] if module == "multislice_operator.cli.main" else set()
         )
         return [Finding(where, f"`python -m {module}` has no flag {f}") for f in flags
                 if f not in known | {"--help"}]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.reconcile import Admission, Pod, Termination
 from multislice_operator.reconcile import Observed as _Observed
 

@@ -1,6 +1,7 @@
 import pytest
 
-from multislice_operator import advisor, catalog, parallelism
+from multislice_operator.planning import advisor
+from multislice_operator.tpu import catalog, parallelism
 
 
 def par_for(slices, data=None, fsdp=None, pipeline=None):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from multislice_operator.api.models import MultisliceJobStatus, ProvisioningMode
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import DecideConfig, JobMeta, SliceObservation
 from multislice_operator.reconcile.capacity import CapacityModel
 from multislice_operator.reconcile.capacity_existing import EXISTING_POOLS

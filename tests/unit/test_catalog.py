@@ -1,6 +1,6 @@
 import pytest
 
-from multislice_operator import catalog
+from multislice_operator.tpu import catalog
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from multislice_operator import metrics
 from multislice_operator.api import docs, models
 from multislice_operator.api.models import BUDGET_OF_CAUSE, Budget, RestartCause
+from multislice_operator.controller import metrics
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]

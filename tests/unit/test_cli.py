@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from multislice_operator.cli import main
+from multislice_operator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "v5e-16x2-fsdp.yaml"
@@ -178,7 +178,16 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     many = tmp_path / "many.yaml"
     many.write_text("---\n".join([EXAMPLE.read_text()] * 400))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "multislice_operator.cli", "plan", "-f", str(many), "-o", "json"],
+        [
+            sys.executable,
+            "-m",
+            "multislice_operator.cli.main",
+            "plan",
+            "-f",
+            str(many),
+            "-o",
+            "json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multislice_operator import cli_verbs
-from multislice_operator.cli import build_parser
+from multislice_operator.cli import verbs as cli_verbs
+from multislice_operator.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

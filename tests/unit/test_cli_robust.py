@@ -15,9 +15,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multislice_operator import cli
-from multislice_operator.cli import main
-from multislice_operator.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
+from multislice_operator.cli import main as cli
+from multislice_operator.cli.main import main
+from multislice_operator.cli.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "v5e-16x2-fsdp.yaml"
@@ -108,7 +108,7 @@ def test_deep_nesting_is_refused_naming_the_limit(tmp_path, capsys, verb):
 def test_stdout_on_a_full_disk_is_one_line_and_its_own_code():
     with open("/dev/full", "w") as full:
         done = subprocess.run(
-            [sys.executable, "-m", "multislice_operator.cli", "validate", "-f", str(EXAMPLE)],
+            [sys.executable, "-m", "multislice_operator.cli.main", "validate", "-f", str(EXAMPLE)],
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
@@ -221,7 +221,7 @@ def test_a_wrong_now_is_a_usage_error(capsys):
 
 
 def test_logs_reports_kubectls_failure_as_its_own_code(tmp_path, capsys):
-    from multislice_operator import cli_verbs
+    from multislice_operator.cli import verbs as cli_verbs
 
     kubectl = cli_verbs.Kubectl(
         type("A", (), {"kubectl": "false", "context": None, "kubeconfig": None})()

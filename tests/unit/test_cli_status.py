@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from multislice_operator.cli import main
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.cli.main import main
+from multislice_operator.cli.view import duration
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile import (
     DecideConfig,
     JobMeta,
@@ -23,7 +24,6 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
-from multislice_operator.view import duration
 from tests.unit import jobs
 from tests.unit.jobs import Observed
 
@@ -234,7 +234,7 @@ def test_json_needs_no_rich_and_text_says_how_to_get_it(tmp_path):
     code = (
         "import sys\n"
         "sys.modules['rich'] = None  # not installed\n"
-        "from multislice_operator.cli import main\n"
+        "from multislice_operator.cli.main import main\n"
         f"assert main(['status', '-f', {str(path)!r}, '-o', 'json']) == 0\n"
         f"sys.exit(main(['status', '-f', {str(path)!r}]))\n"
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from multislice_operator import metrics
+from multislice_operator.controller import metrics
 
 DASHBOARD = (
     Path(__file__).resolve().parents[2] / "charts/multislice-operator/dashboards/goodput.json"

@@ -4,9 +4,9 @@ The world is what the operator observes of one Managed job of 2 slices: its node
 and delete take time; a create fails: stockout, quota, a permanent error; a pool vanishes: spot
 preemption or a delete out of band; nodes vanish or go NotReady; the pool errors; another job's
 pool takes one of our names; a stray pool with our uid), its JobSet (restarts charged or not,
-completion and failure, as render.py's failure policy makes JobSet act), the pods of the current
-attempt (retryable, fatal, hang and disruption failures), Kueue (quota reserved, this operator's
-admission check, admission, preemption), the user (a terminal phase written by hand, the
+completion and failure, as render/jobset.py's failure policy makes JobSet act), the pods of the
+current attempt (retryable, fatal, hang and disruption failures), Kueue (quota reserved, this
+operator's admission check, admission, preemption), the user (a terminal phase written by hand, the
 finalizer removed, suspend, delete) and the operator itself (a restart loses its memory: the
 apiserver's dry-run verdict, and it did not watch the job meanwhile; a crash between the status
 write and the actions: the status written, none or only the first few of its actions applied,
@@ -77,15 +77,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from multislice_operator import keys
 from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
     RestartCause,
 )
-from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.reconcile import (
     AddFinalizer,
     Admission,
@@ -1342,7 +1342,7 @@ class DecideMachine(RuleBasedStateMachine):
         return placed
 
     def _pod_fails(self, i: int, code: int, disruption: str | None) -> None:
-        """A pod of slice i failed: JobSet's failure policy, as render.py writes it."""
+        """A pod of slice i failed: JobSet's failure policy, as render/jobset.py writes it."""
         w, js, fp = self.w, self.w.jobset, self.spec.failure_policy
         if js is None or js.failed or js.completed or js.gone_at is not None:
             return
@@ -1363,7 +1363,7 @@ class DecideMachine(RuleBasedStateMachine):
         elif fp.is_fatal(code):  # FailJobSet
             js.failed, js.failure_reason = True, "FailJobSetFailurePolicyAction"
             js.failure_message = f"pod failed with exit code {code}"
-        elif js.counted >= max(0, fp.max_restarts - js.counted_base):  # what render.py left
+        elif js.counted >= max(0, fp.max_restarts - js.counted_base):  # what render/jobset.py left
             js.failed, js.failure_reason = True, "ReachedMaxRestarts"
             js.failure_message = "jobset failed due to reaching max number of restarts"
         else:  # RestartJobSet

@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolState
 from multislice_operator.controller.observe import (
     checkpoint_saved,
     jobset_observation,
@@ -18,8 +19,7 @@ from multislice_operator.controller.observe import (
     summarize_node,
     summarize_pod,
 )
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile import (
     AnnotatePods,
     DecideConfig,

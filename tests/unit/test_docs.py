@@ -12,15 +12,18 @@ from typing import Any
 import pytest
 import yaml
 
-from multislice_operator import advisor, catalog, keys, metrics
 from multislice_operator.api import docs, models
-from multislice_operator.cli import build_parser
-from multislice_operator.cli import main as cli_main
-from multislice_operator.plan import load_job, make_plan, plan_job
+from multislice_operator.cli.main import build_parser
+from multislice_operator.cli.main import main as cli_main
+from multislice_operator.common import keys
+from multislice_operator.controller import metrics
+from multislice_operator.planning import advisor
+from multislice_operator.planning.plan import load_job, make_plan, plan_job
 from multislice_operator.reconcile.reasons import REGISTRY
 from multislice_operator.reconcile.reasons import table as reasons_table
-from multislice_operator.render import FATAL_RULE, contract_env, render_jobset
+from multislice_operator.render.jobset import FATAL_RULE, contract_env, render_jobset
 from multislice_operator.settings import Settings, env_of, settings_table
+from multislice_operator.tpu import catalog
 from tests.unit import doccheck
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common import keys
+from multislice_operator.common.errors import SpecError
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller.observe import jobset_observation, pod_records
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile import decide
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
@@ -29,7 +29,7 @@ from multislice_operator.reconcile.types import (
     Pod,
     SliceObservation,
 )
-from multislice_operator.render import render_jobset
+from multislice_operator.render.jobset import render_jobset
 from tests.unit.jobs import Observed, body, spec_and_plan
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from multislice_operator import keys
 from multislice_operator.api import models
 from multislice_operator.api.crd import generate_crd
-from multislice_operator.cli import main
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import load_job, make_plan, node_pool_name
+from multislice_operator.cli.main import main
+from multislice_operator.common import keys
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import load_job, make_plan, node_pool_name
 
 TEMPLATE = {"spec": {"containers": [{"name": "c", "image": "i"}]}}
 NEW_FIELDS = ("spec.elastic.minSlices", "spec.parallelism.dcn", "spec.spares")

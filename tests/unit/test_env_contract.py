@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from multislice_operator import keys
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.render import render_jobset
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import load_job, plan_job
+from multislice_operator.render.jobset import render_jobset
 from multislice_workload import env as contract
 
 FIELD = re.compile(r"^metadata\.annotations\['([^']+)'\]$")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from multislice_operator.api.models import KIND
-from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.render import render_jobset
+from multislice_operator.planning.plan import Plan, load_job, plan_job
+from multislice_operator.render.jobset import render_jobset
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -73,7 +73,7 @@ def test_seed_scenarios_are_covered() -> None:
 
 
 def test_cli_validates_every_example(capsys: pytest.CaptureFixture[str]) -> None:
-    from multislice_operator.cli import main
+    from multislice_operator.cli.main import main
 
     for path in FILES:
         assert main(["validate", "-f", str(path)]) == 0, capsys.readouterr().err

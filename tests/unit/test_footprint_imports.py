@@ -20,7 +20,7 @@ HEAVY = (
 def test_run_parser_and_handlers_import_nothing_heavy():
     code = (
         "import sys\n"
-        "from multislice_operator.cli import build_parser\n"
+        "from multislice_operator.cli.main import build_parser\n"
         "build_parser().parse_args(['run', '-A'])\n"
         "import multislice_operator.controller.handlers\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from multislice_local.nodes import tpu_node_manifest
-from multislice_operator import metrics
-from multislice_operator.controller import handlers
+from multislice_operator.controller import handlers, metrics
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.runtime import Indexes, JobKey, Runtime
 from multislice_operator.reconcile import DecideConfig

@@ -10,9 +10,9 @@ import asyncio
 from typing import Any
 
 from multislice_local.nodes import tpu_node_manifest
+from multislice_operator.common.pools import PoolState
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller import reconciler
-from multislice_operator.pools import PoolState
 from multislice_operator.provisioning.base import GangObservation, PoolObservation
 from tests.unit.jobs import spec_and_plan
 from tests.unit.test_forget import Apiserver, runtime

@@ -9,7 +9,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.container_v1.types import cluster_service as cs
 
-from multislice_operator.plan import Plan, load_job, plan_job
+from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.provisioning.gke_errors import (
     CODE_PERMISSION,
     CODE_QUOTA,

@@ -332,7 +332,7 @@ def test_the_operators_workload_identity_pool_can_pull_and_write(
     sim: GkeSimulator, gke: container_v1.ClusterManagerClient
 ) -> None:
     """Issue 21: in Workload Identity mode the operator sent no scopes (fails on that code)."""
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.planning.plan import load_job, plan_job
     from multislice_operator.provisioning.gke_requests import NodeOptions, build_node_pool
 
     sim.configure(workload_identity=True)

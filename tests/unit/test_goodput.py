@@ -18,8 +18,8 @@ from multislice_operator.api.models import (
     Phase,
     PodFailureStatus,
 )
+from multislice_operator.common.pools import PoolState
 from multislice_operator.controller.observe import pod_records, summarize_pod
-from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     DecideConfig,
     JobMeta,

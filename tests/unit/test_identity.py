@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from multislice_operator.identity import (
+from multislice_operator.render.identity import (
     COMPUTE_DEFAULT_ACCOUNT,
     EXISTING,
     KUBERNETES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
     Admission,

@@ -14,17 +14,53 @@ FORBIDDEN = {
         "multislice_operator.provisioning",
         "multislice_operator.controller",
         "multislice_operator.cli",
-        "multislice_operator.metrics",
         "kopf",
         "google",
     ),
     "api": (
-        "multislice_operator.plan",
+        "multislice_operator.planning",
         "multislice_operator.render",
         "multislice_operator.reconcile",
         "multislice_operator.provisioning",
         "multislice_operator.controller",
     ),
+    "common": (
+        "multislice_operator.tpu",
+        "multislice_operator.api",
+        "multislice_operator.planning",
+        "multislice_operator.render",
+        "multislice_operator.reconcile",
+        "multislice_operator.controller",
+        "multislice_operator.provisioning",
+        "multislice_operator.cli",
+    ),
+    "tpu": (
+        "multislice_operator.api",
+        "multislice_operator.planning",
+        "multislice_operator.render",
+        "multislice_operator.reconcile",
+        "multislice_operator.controller",
+        "multislice_operator.provisioning",
+        "multislice_operator.cli",
+    ),
+    "planning": (
+        "multislice_operator.render",
+        "multislice_operator.reconcile",
+        "multislice_operator.controller",
+        "multislice_operator.provisioning",
+        "multislice_operator.cli",
+    ),
+    "render": (
+        "multislice_operator.reconcile",
+        "multislice_operator.controller",
+        "multislice_operator.provisioning",
+        "multislice_operator.cli",
+    ),
+    "provisioning": (
+        "multislice_operator.controller",
+        "multislice_operator.cli",
+    ),
+    "controller": ("multislice_operator.cli",),
 }
 
 
@@ -70,8 +106,9 @@ def test_arrows_point_down() -> None:
 
 
 def test_ownership_is_one_rule() -> None:
-    """Every caller matches objects to jobs through ownership.py, never by label or name alone."""
-    from multislice_operator.ownership import Owner, orphaned, owner_of
+    """Every caller matches objects to jobs through common/ownership.py, never by label or name
+    alone."""
+    from multislice_operator.common.ownership import Owner, orphaned, owner_of
 
     me = ("ns", "job")
     assert owner_of(made_by_us=False, claim_uid="u1", claim_key=me, job_key=me, job_uid="u1") == (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multislice_operator import metrics
+from multislice_operator.controller import metrics
 
 
 def sample(metric: str, **labels: str) -> float | None:

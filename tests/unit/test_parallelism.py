@@ -1,6 +1,6 @@
 import pytest
 
-from multislice_operator import parallelism
+from multislice_operator.tpu import parallelism
 
 
 def resolve(ici=None, dcn=None, chips=16, slices=2):

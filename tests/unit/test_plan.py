@@ -3,8 +3,13 @@ import copy
 import pytest
 
 from multislice_operator.api.models import FailurePolicy
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import NODE_POOL_NAME_MAX, load_job, make_plan, node_pool_name
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import (
+    NODE_POOL_NAME_MAX,
+    load_job,
+    make_plan,
+    node_pool_name,
+)
 
 BASE = {
     "apiVersion": "multislice.dev/v1alpha1",

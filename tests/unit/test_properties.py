@@ -3,8 +3,8 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import load_job, plan_job
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import load_job, plan_job
 
 small = st.one_of(st.none(), st.integers(min_value=-2, max_value=300))
 accelerators = st.one_of(

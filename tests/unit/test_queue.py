@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
     AdmissionCheckObservation,

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.ownership import Owner
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.common.ownership import Owner
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
     CreateJobSet,

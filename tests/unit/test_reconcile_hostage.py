@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     Admission,
     CreateJobSet,

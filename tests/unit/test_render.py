@@ -1,11 +1,11 @@
 import copy
 
-from multislice_operator import keys
-from multislice_operator.plan import (
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import (
     load_job,
     plan_job,
 )
-from multislice_operator.render import (
+from multislice_operator.render.jobset import (
     coordinator_host,
     render_jobset,
 )

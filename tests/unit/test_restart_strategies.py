@@ -17,7 +17,8 @@ from multislice_operator.reconcile.facts import Facts, derive
 from multislice_operator.reconcile.restart_recreate import RECREATE
 from multislice_operator.reconcile.restart_resize import RESIZE
 from multislice_operator.reconcile.restart_strategy import STRATEGIES, RestartStrategy
-from multislice_operator.render import render_jobset
+from multislice_operator.render import jobset
+from multislice_operator.render.jobset import render_jobset
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -34,7 +35,10 @@ def test_the_jobset_renders_the_registrys_restart_fields() -> None:
     spec, plan = spec_and_plan()
     policy = render_jobset(plan, spec)["spec"]["failurePolicy"]
     assert policy["restartStrategy"] == "Recreate"
-    assert restart_strategy.jobset_fields() == {"restartStrategy": "Recreate"}
+    # The binding: what render/jobset.py renders is what the registry's strategies need.
+    registry = restart_strategy.jobset_fields()
+    assert registry == {"restartStrategy": "Recreate"}
+    assert {k: policy[k] for k in registry} == registry == jobset.JOBSET_RESTART_FIELDS
 
 
 class InPlace:
@@ -50,9 +54,16 @@ class InPlace:
 
 
 def test_a_new_strategy_is_a_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next strategy is one class and its registry entries; its JobSet half is rendered by
+    render/jobset.py (render reads no registry of decide()'s), which the binding test below
+    holds to the registry."""
     inplace: RestartStrategy = InPlace()
     jobset_causes = {c: inplace for c, s in STRATEGIES.items() if s is RECREATE}
     monkeypatch.setattr(restart_strategy, "STRATEGIES", {**STRATEGIES, **jobset_causes})
+    assert restart_strategy.jobset_fields() == {"restartStrategy": "InPlaceRestart"}
+    assert restart_strategy.strategy_of(RestartCause.WORKLOAD) is inplace
+    assert restart_strategy.strategy_of(RestartCause.RESIZE) is RESIZE
+    monkeypatch.setattr(jobset, "JOBSET_RESTART_FIELDS", restart_strategy.jobset_fields())
     spec, plan = spec_and_plan()
     assert render_jobset(plan, spec)["spec"]["failurePolicy"]["restartStrategy"] == (
         "InPlaceRestart"

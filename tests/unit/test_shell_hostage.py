@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from kopf._cogs.clients import errors as kopf_errors
 
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller import admission, handlers, reconciler
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.runtime import Indexes, Runtime
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.provisioning.gke import OwnedPool
 from multislice_operator.reconcile import Admission, DecideConfig, JobMeta, JobSetObservation
-from multislice_operator.render import render_jobset, render_probe_job
+from multislice_operator.render.jobset import render_jobset, render_probe_job
 from multislice_operator.settings import Settings
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import decide
 from multislice_operator.reconcile.types import (
     CreateJobSet,
@@ -204,8 +204,8 @@ def test_spares_with_a_kueue_queue_are_refused_naming_the_field():
     """Kueue's quota counts the JobSet's pods: queued spares would hold chips no quota counts."""
     import pytest
 
-    from multislice_operator.errors import SpecError
-    from multislice_operator.plan import load_job, plan_job
+    from multislice_operator.common.errors import SpecError
+    from multislice_operator.planning.plan import load_job, plan_job
     from tests.unit.jobs import body
 
     queued = {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.ownership import Owner
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common import keys
+from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.common.ownership import Owner
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     Action,
     Admission,

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multislice_operator.api import podtemplate
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.render import contract_env, render_jobset
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import load_job, plan_job
+from multislice_operator.render.jobset import contract_env, render_jobset
 
 
 def body(template: Any = None, **spec: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
     CreateJobSet,

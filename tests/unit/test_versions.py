@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from multislice_operator import podsecurity
 from multislice_operator.controller import admission, kube, versions
+from multislice_operator.render import podsecurity
 
 RULES = {"type": "object", "properties": {"name": {"type": "string"}}}
 
@@ -144,8 +144,8 @@ def test_pod_security_refuses_host_network_pods_at_baseline(labels, pod, level):
 
 
 def test_the_rendered_pods_are_judged_with_their_defaults():
-    from multislice_operator.plan import load_job, plan_job
-    from multislice_operator.render import render_pod_template
+    from multislice_operator.planning.plan import load_job, plan_job
+    from multislice_operator.render.jobset import render_pod_template
 
     job = load_job(
         {

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from multislice_operator import keys
 from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common import keys
+from multislice_operator.common.errors import SpecError
+from multislice_operator.common.pools import PoolState
 from multislice_operator.controller import observe as ob
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import load_job, plan_job
-from multislice_operator.pools import PoolState
+from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile import (
     DecideConfig,
     DeleteJobSet,
@@ -27,7 +27,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
-from multislice_operator.render import render_jobset
+from multislice_operator.render.jobset import render_jobset
 from tests.unit import jobs
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)

@@ -142,8 +142,8 @@ DCN_LAYOUTS = ("data", "data x fsdp", "fsdp", "pipeline x data")
 
 @pytest.mark.parametrize("layout", DCN_LAYOUTS)
 def test_the_advisors_traffic_is_the_compiled_steps(layout: str) -> None:
-    from multislice_operator import advisor
-    from multislice_operator.parallelism import Parallelism
+    from multislice_operator.planning import advisor
+    from multislice_operator.tpu.parallelism import Parallelism
 
     s, d, f, _ = LAYOUTS[layout]
     t = cached_trainer(LAYOUTS[layout], CFG)
@@ -181,8 +181,8 @@ def test_the_advisors_traffic_is_the_compiled_steps(layout: str) -> None:
 def test_the_verdict_rounds_the_exact_traffic_up_as_the_seed_does(dcn: tuple[int, int]) -> None:
     """The verdict keeps the seed's figures (32 bits with two slices, 64 beyond, for data):
     equal to the exact traffic when every DCN factor is 2, above it beyond."""
-    from multislice_operator import advisor
-    from multislice_operator.parallelism import Parallelism
+    from multislice_operator.planning import advisor
+    from multislice_operator.tpu.parallelism import Parallelism
 
     d, f = dcn
     par = Parallelism(1, 1, 1, dcn_data=d, dcn_fsdp=f, dcn_pipeline=1, dcn_tensor=1)

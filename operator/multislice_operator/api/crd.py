@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from multislice_operator import catalog, names
 from multislice_operator.api import models
+from multislice_operator.common import names
+from multislice_operator.tpu import catalog
 
 # Fields that shape the node pools or the JobSet: they cannot be added, changed or removed once
 # the job exists (changing them means a different job). The rules sit on spec itself, where both

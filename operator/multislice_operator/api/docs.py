@@ -199,7 +199,8 @@ def generate() -> str:
 
 CAUSE_SPAN = re.compile(r"<!-- causes: (?P<key>[\w-]+) -->(?P<body>.*?)<!-- /causes -->", re.S)
 
-# What enforces each budget, and the JobSet failure-policy rule (render.py) behind its restarts.
+# What enforces each budget, and the JobSet failure-policy rule (render/jobset.py) behind its
+# restarts.
 _BUDGET_DOC: dict[models.Budget, tuple[str, str]] = {
     models.Budget.MAX_RESTARTS: (
         "enforced by JobSet",

@@ -22,7 +22,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from multislice_operator.errors import FieldError
+from multislice_operator.common.errors import FieldError
 
 SOURCE_MODULE = "k8s.io/kubernetes"
 SOURCE_FILE = "api/openapi-spec/v3/api__v1_openapi.json"

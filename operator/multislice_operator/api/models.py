@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from multislice_operator import parallelism
 from multislice_operator.api import podtemplate
-from multislice_operator.catalog import ACCELERATOR_PATTERN, GENERATIONS
+from multislice_operator.tpu import parallelism
+from multislice_operator.tpu.catalog import ACCELERATOR_PATTERN, GENERATIONS
 
 GROUP = "multislice.dev"
 VERSION = "v1alpha1"

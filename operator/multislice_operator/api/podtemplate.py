@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from multislice_operator.errors import FieldError
+from multislice_operator.common.errors import FieldError
 
 # Set by the operator in the TPU container (render.contract_env): a user value would silently
 # replace the operator's (a stale MEGASCALE_NUM_SLICES hangs jax.distributed.initialize), so they

@@ -17,7 +17,7 @@ from typing import Any
 from multislice_operator.controller import versions
 from multislice_operator.controller.kube import ApiError, Conflict
 from multislice_operator.reconcile import Admission
-from multislice_operator.render import render_probe_job
+from multislice_operator.render.jobset import render_probe_job
 
 log = logging.getLogger("multislice_operator")
 

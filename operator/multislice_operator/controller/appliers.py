@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from multislice_operator import keys, metrics
 from multislice_operator.api.models import MultisliceJob
-from multislice_operator.controller import admission, kueue
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolError
+from multislice_operator.controller import admission, kueue, metrics
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, Conflict, owner_reference, timestamp
 from multislice_operator.controller.runtime import Runtime, template_key
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolError
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import (
     Action,
     AddFinalizer,
@@ -39,7 +39,7 @@ from multislice_operator.reconcile import (
     SetWorkloadActive,
     ValidateJobSet,
 )
-from multislice_operator.render import render_jobset
+from multislice_operator.render.jobset import render_jobset
 
 log = logging.getLogger("multislice_operator")
 # Pod calls in flight at once for one action (a 256-slice job has a thousand pods).

@@ -11,10 +11,10 @@ import fnmatch
 import logging
 from typing import Any
 
-from multislice_operator import metrics
+from multislice_operator.common.ownership import orphaned
+from multislice_operator.common.pools import PoolState
+from multislice_operator.controller import metrics
 from multislice_operator.controller.runtime import Runtime
-from multislice_operator.ownership import orphaned
-from multislice_operator.pools import PoolState
 
 log = logging.getLogger("multislice_operator")
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import kopf
 
-from multislice_operator import keys, metrics
 from multislice_operator.api import models
-from multislice_operator.controller import kueue, serving, versions
+from multislice_operator.common import keys
+from multislice_operator.controller import kueue, metrics, serving, versions
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop, list_watched_jobs
 from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX
@@ -34,9 +34,9 @@ from multislice_operator.controller.kube import ApiError, Kube
 from multislice_operator.controller.leader import LeaderElector, LeaseConfig
 from multislice_operator.controller.reconciler import reconcile
 from multislice_operator.controller.runtime import Indexes, Runtime
-from multislice_operator.identity import node_identity
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
+from multislice_operator.render.identity import node_identity
 from multislice_operator.settings import Settings
 
 log = logging.getLogger("multislice_operator")
@@ -159,7 +159,8 @@ async def startup(
         ours.kueue,
     )
     if provisioner is not None:
-        # Who the training pods are to Google APIs follows from this (identity.py, docs/install.md).
+        # Who the training pods are to Google APIs follows from this (render/identity.py,
+        # docs/install.md).
         log.info(
             "tpu nodes: %s",
             node_identity(

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from multislice_operator import keys
+from multislice_operator.common import keys
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import Conflict, timestamp
 from multislice_operator.controller.runtime import JobKey, Runtime

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from multislice_operator import keys
-from multislice_operator.names import REPLICATED_JOB
-from multislice_operator.ownership import Owner, owner_of
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common import keys
+from multislice_operator.common.names import REPLICATED_JOB
+from multislice_operator.common.ownership import Owner, owner_of
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import Plan
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Admission,
@@ -27,7 +27,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     termination,
 )
-from multislice_operator.render import DISRUPTION_CONDITION
+from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
 DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
 
@@ -195,7 +195,7 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
         "labels": dict(labels),
-        # Host maintenance GKE announced (keys.py): Unix seconds, and whether it runs now.
+        # Host maintenance GKE announced (common/keys.py): Unix seconds, and whether it runs now.
         "maintenanceTime": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME)),
         "maintenanceLatest": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME_LATEST)),
         "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels or terminating,
@@ -278,8 +278,8 @@ class PoolOwner:
 def jobset_observation(
     summary: dict[str, Any] | None, job_key: tuple[str, str] = ("", ""), job_uid: str = ""
 ) -> JobSetObservation | None:
-    """The JobSet of the job's name, with whose it is (ownership.py: by its controller owner's
-    uid, never by name alone)."""
+    """The JobSet of the job's name, with whose it is (common/ownership.py: by its controller
+    owner's uid, never by name alone)."""
     if summary is None:
         return None
     owner = owner_of(

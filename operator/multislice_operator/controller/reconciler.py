@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from multislice_operator import keys, metrics, podsecurity
 from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
     RestartCause,
 )
-from multislice_operator.controller import appliers, kueue
+from multislice_operator.common import keys
+from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.common.ownership import Owner, owner_of
+from multislice_operator.common.pools import PoolState
+from multislice_operator.controller import appliers, kueue, metrics
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime, template_key
-from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.ownership import Owner, owner_of
-from multislice_operator.plan import Plan, load_job, plan_job
-from multislice_operator.pools import PoolState
+from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.reconcile import (
     Decision,
     JobMeta,
@@ -40,7 +40,8 @@ from multislice_operator.reconcile import (
     goodput,
 )
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
-from multislice_operator.render import render_pod_template
+from multislice_operator.render import podsecurity
+from multislice_operator.render.jobset import render_pod_template
 
 log = logging.getLogger("multislice_operator")
 
@@ -211,8 +212,8 @@ async def _ownership(
 async def _pod_security(
     rt: Runtime, key: JobKey, plan: Plan, spec: MultisliceJobSpec
 ) -> str | None:
-    """Whether the namespace's Pod Security level refuses the job's pods (podsecurity.py): read
-    only before the first pool, for pods that share a host namespace (host network, the
+    """Whether the namespace's Pod Security level refuses the job's pods (render/podsecurity.py):
+    read only before the first pool, for pods that share a host namespace (host network, the
     default); the namespace's labels are cached briefly. Unknown (no RBAC, an error) is None."""
     pod = render_pod_template(plan, spec)["spec"]
     if not any(pod.get(f) for f in podsecurity.HOST_NAMESPACES):

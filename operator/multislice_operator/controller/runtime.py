@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from multislice_operator import metrics
+from multislice_operator.controller import metrics
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from multislice_operator import metrics
+from multislice_operator.controller import metrics
 from multislice_operator.controller.kube import ApiError, Kube
 
 log = logging.getLogger("multislice_operator.serving")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from multislice_operator.plan import NodePoolSpec, Plan
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import NodePoolSpec, Plan
 
 
 @dataclass(frozen=True)

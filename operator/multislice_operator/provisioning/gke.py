@@ -57,13 +57,13 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import container_v1, tpu_v2
 from google.cloud.container_v1.types import cluster_service as cs
 
-from multislice_operator import catalog, keys
-from multislice_operator.ownership import Owner, owner_of
-from multislice_operator.plan import (
+from multislice_operator.common import keys
+from multislice_operator.common.ownership import Owner, owner_of
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import (
     NodePoolSpec,
     Plan,
 )
-from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.provisioning.base import ActionResult, GangObservation, PoolObservation
 from multislice_operator.provisioning.gke_errors import (
     CODE_ALREADY_EXISTS,
@@ -96,6 +96,7 @@ from multislice_operator.provisioning.gke_requests import (
     gce_label_value,
     workload_policies,
 )
+from multislice_operator.tpu import catalog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

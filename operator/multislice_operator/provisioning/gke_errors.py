@@ -13,13 +13,13 @@ import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
-from multislice_operator.plan import NodePoolSpec
-from multislice_operator.pools import CODE_QUOTA as CODE_QUOTA
-from multislice_operator.pools import CODE_STOCKOUT as CODE_STOCKOUT
-from multislice_operator.pools import PoolError
+from multislice_operator.common.pools import CODE_QUOTA as CODE_QUOTA
+from multislice_operator.common.pools import CODE_STOCKOUT as CODE_STOCKOUT
+from multislice_operator.common.pools import PoolError
+from multislice_operator.planning.plan import NodePoolSpec
 
 # PoolError codes this module produces (besides the cloud's own GCE_* ones and the core's
-# capacity codes, pools.py).
+# capacity codes, common/pools.py).
 CODE_RATE_LIMITED = "RATE_LIMITED"  # 429: API rate quota
 CODE_CLUSTER_BUSY = "CLUSTER_BUSY"  # "incompatible operation", "currently creating ..."
 CODE_UNAVAILABLE = "UNAVAILABLE"  # 5xx, timeouts, connection errors

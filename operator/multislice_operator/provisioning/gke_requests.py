@@ -13,8 +13,8 @@ from typing import Any
 from google.cloud.container_v1.types import cluster_service as cs
 from google.protobuf import duration_pb2, json_format
 
-from multislice_operator import keys
-from multislice_operator.plan import NodePoolSpec, Plan
+from multislice_operator.common import keys
+from multislice_operator.planning.plan import NodePoolSpec, Plan
 
 # GCE resource labels (lowercase [a-z0-9_-], <= 63): the owner job, readable without Kubernetes.
 RL_MANAGED_BY = "managed-by"
@@ -59,7 +59,7 @@ class NodeOptions:
     ``workloadMetadataConfig: GKE_METADATA``, so pods off the host network act as their Kubernetes
     service account. The nodes keep :data:`XPK_NODE_SCOPES` in both modes: the kubelet pulls
     images as the node, and host-network pods (the default) act as the node's service account
-    (see identity.py). ``oauth_scopes`` replaces them; ``service_account`` names the node
+    (see render/identity.py). ``oauth_scopes`` replaces them; ``service_account`` names the node
     service account (default: the Compute Engine default one). ``tpu_taint`` sends the
     ``google.com/tpu`` taint explicitly (GKE adds it to TPU nodes itself).
     """

@@ -22,8 +22,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from multislice_operator.api.models import ConditionType, MultisliceJobStatus, Phase
-from multislice_operator.plan import DEFAULT_POD_GRACE_SECONDS, Plan
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import DEFAULT_POD_GRACE_SECONDS, Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.types import (

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolError
+from multislice_operator.common.pools import PoolError
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,
     Capacity,

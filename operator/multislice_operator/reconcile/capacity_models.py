@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from multislice_operator.api.models import ProvisioningMode
-from multislice_operator.plan import Plan
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.capacity import CapacityModel
 from multislice_operator.reconcile.capacity_existing import EXISTING_POOLS
 from multislice_operator.reconcile.capacity_nodepools import NODE_POOLS

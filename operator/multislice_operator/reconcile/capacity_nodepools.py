@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from multislice_operator.api.models import MultisliceJobStatus, Phase
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import elastic
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,

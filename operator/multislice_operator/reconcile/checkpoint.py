@@ -3,8 +3,8 @@
 One mechanism for users and maintenance: a request has an id; the operator puts
 `multislice.dev/checkpoint-request: <id>` on every pod of the attempt it was made in (pods that
 attempt creates later too); each pod sees its own annotations as a file (the downward API
-volume render.py mounts); the workload's processes agree on one step, save there, and process 0
-acknowledges with `multislice.dev/checkpoint-saved: {"id", "step"}` on its pod. A restart ends
+volume render/jobset.py mounts); the workload's processes agree on one step, save there, and process
+0 acknowledges with `multislice.dev/checkpoint-saved: {"id", "step"}` on its pod. A restart ends
 the request: the next attempt resumes from a checkpoint anyway.
 
 A user asks with `kubectl annotate msj NAME multislice.dev/checkpoint-request=ID` (a new value
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from multislice_operator import keys
 from multislice_operator.api.models import CheckpointStatus
+from multislice_operator.common import keys
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason

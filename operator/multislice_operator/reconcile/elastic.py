@@ -27,8 +27,8 @@ from multislice_operator.api.models import (
     MultisliceJobStatus,
     Phase,
 )
-from multislice_operator.plan import Plan
-from multislice_operator.pools import CAPACITY_CODES
+from multislice_operator.common.pools import CAPACITY_CODES
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (

@@ -1,8 +1,8 @@
 """What one pass knows, derived once from its inputs: the views every step reads. Pure.
 
 decide() first turns (job, spec, plan, old status, observation) into `Facts`: the job's own
-JobSet (by owner uid, ownership.py), the pod views of the current attempt (one `Pod` record per
-pod, one definition of running, failed and unschedulable), which slices are ready, lost or in a
+JobSet (by owner uid, common/ownership.py), the pod views of the current attempt (one `Pod` record
+per pod, one definition of running, failed and unschedulable), which slices are ready, lost or in a
 NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity_models.py), the
 restarts split by cause, and the one clock of capacity readiness. Verdicts, the Kueue gate and
 the lifecycle steps read these and never re-derive them.
@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from multislice_operator import keys
 from multislice_operator.api.models import (
     ConditionType,
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
 )
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import Plan
+from multislice_operator.common import keys
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import capacity_models, elastic, restarts
 from multislice_operator.reconcile.capacity import CapacityModel, Slices
 from multislice_operator.reconcile.capacity import live as live

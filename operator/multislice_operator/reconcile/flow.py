@@ -36,8 +36,8 @@ from multislice_operator.api.models import (
     MultisliceJobStatus,
     Phase,
 )
-from multislice_operator.errors import SpecError
-from multislice_operator.plan import Plan
+from multislice_operator.common.errors import SpecError
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import (
     checkpoint,
     elastic,

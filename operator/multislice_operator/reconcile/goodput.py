@@ -34,8 +34,8 @@ from multislice_operator.api.models import (
     SlicePhase,
     StateSeconds,
 )
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.context import Builder, at_second
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.types import CreatePools

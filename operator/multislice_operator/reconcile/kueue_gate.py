@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from multislice_operator import keys
 from multislice_operator.api.models import ConditionType, EvictionStatus, Phase, QueueStatus
-from multislice_operator.names import REPLICATED_JOB
-from multislice_operator.plan import Plan
+from multislice_operator.common import keys
+from multislice_operator.common.names import REPLICATED_JOB
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason

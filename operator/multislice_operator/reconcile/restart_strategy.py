@@ -3,9 +3,12 @@
 A `RestartStrategy` says what it renders into the JobSet (`jobset_fields`, its failurePolicy:
 JobSet carries those restarts out itself) and what the operator does on a pass to carry it out
 (`carry_out`: nothing for JobSet's own restarts; delete the JobSet and create it again for a
-resize). `STRATEGIES` registers one per `RestartCause`; render.py and decide() read the registry
-and never test which strategy a cause has. Implementations: restart_recreate.py (disruption,
-workload, hang, startup: JobSet's Recreate) and restart_resize.py (resize: spec.elastic).
+resize). `STRATEGIES` registers one per `RestartCause`; decide() reads the registry and never
+tests which strategy a cause has. render/jobset.py renders the JobSet's half
+(`JOBSET_RESTART_FIELDS`; render sits below decide() and imports nothing of it), and
+tests/unit/test_restart_strategies.py holds the two equal. Implementations: restart_recreate.py
+(disruption, workload, hang, startup: JobSet's Recreate) and restart_resize.py (resize:
+spec.elastic).
 
 A JobSet has one failurePolicy.restartStrategy: the causes JobSet restarts must agree on it
 (`jobset_fields` raises otherwise). Pure.
@@ -64,7 +67,7 @@ def strategies() -> list[RestartStrategy]:
 
 
 def jobset_fields() -> dict[str, Any]:
-    """The JobSet failurePolicy fields of every strategy (render.py)."""
+    """The JobSet failurePolicy fields of every strategy (what render/jobset.py must render)."""
     fields: dict[str, Any] = {}
     for s in strategies():
         for key, value in s.jobset_fields().items():

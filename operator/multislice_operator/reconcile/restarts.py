@@ -1,6 +1,6 @@
 """Restarts by cause, and the budget each cause is charged to. Pure.
 
-Every restart of all slices is the JobSet's (render.py's failure policy):
+Every restart of all slices is the JobSet's (render/jobset.py's failure policy):
 
 - a pod with the DisruptionTarget condition (preemption, graceful node shutdown, eviction, the
   pod garbage collector removing the pods of a vanished node) fails its Job through the Job's

@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from multislice_operator.api.models import Phase, SlicePhase, SliceStatus
-from multislice_operator.plan import Plan
-from multislice_operator.pools import PoolState
+from multislice_operator.common.pools import PoolState
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, slice_ready
 from multislice_operator.reconcile.types import CreatePools, SliceObservation

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from multislice_operator.api.models import Phase, StartupStatus
-from multislice_operator.plan import Plan
+from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, live
 from multislice_operator.reconcile.reasons import Reason

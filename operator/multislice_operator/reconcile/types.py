@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from multislice_operator.api.models import MultisliceJobStatus
-from multislice_operator.ownership import Owner
-from multislice_operator.pools import PoolError, PoolState
+from multislice_operator.common.ownership import Owner
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.settings import Settings
 
 # ---------------------------------------------------------------- observed state
@@ -119,8 +119,8 @@ class JobSetObservation:
     ready_jobs: int = 0
     active_jobs: int = 0
     succeeded_jobs: int = 0
-    # Whose JobSet of the job's name this is (ownership.py): only MINE is this job's; an ORPHAN
-    # (an earlier job of this name) is deleted and waited for; a STRANGER is never touched.
+    # Whose JobSet of the job's name this is (common/ownership.py): only MINE is this job's; an
+    # ORPHAN (an earlier job of this name) is deleted and waited for; a STRANGER is never touched.
     owner: Owner = Owner.MINE
     uid: str = ""
     created: datetime | None = None  # metadata.creationTimestamp
@@ -240,7 +240,7 @@ class Observed:
     queue: QueueObservation | None = None  # only for a job with the queue-name label
     maintenance: list[NodeMaintenance] = field(default_factory=list)  # the job's nodes only
     # The namespace's Pod Security `enforce` level refuses the job's pods (host network): the
-    # apiserver's words for it (controller/podsecurity.py); None: allowed or not known.
+    # apiserver's words for it (render/podsecurity.py); None: allowed or not known.
     pod_security: str | None = None
     # The PriorityClass spec.template.spec.priorityClassName names, read before the first pool
     # and found not to exist (the apiserver's Priority admission refuses every pod); None: it
@@ -424,7 +424,7 @@ class Event:
 @dataclass
 class MetricDeltas:
     """What this decision adds to the operator's counters and histograms, computed in the core
-    from the old and new status; the shell only applies them (metrics.py)."""
+    from the old and new status; the shell only applies them (controller/metrics.py)."""
 
     restarts: dict[str, int] = field(default_factory=dict)  # cause -> restarts added
     slice_failures: list[tuple[str, str]] = field(default_factory=list)  # (reason label, cause)

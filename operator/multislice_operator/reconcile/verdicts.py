@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from multislice_operator.api.models import ConditionType, Phase
-from multislice_operator.names import REPLICATED_JOB
-from multislice_operator.ownership import Owner
+from multislice_operator.common.names import REPLICATED_JOB
+from multislice_operator.common.ownership import Owner
 from multislice_operator.reconcile import elastic, kueue_gate, restarts
 from multislice_operator.reconcile.capacity import (
     Released,

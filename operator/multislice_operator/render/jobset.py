@@ -9,20 +9,24 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from multislice_operator import keys
 from multislice_operator.api.models import (
     ExitCodePolicy,
     MultisliceJobSpec,
 )
-from multislice_operator.hostports import (
+from multislice_operator.common import keys
+from multislice_operator.common.names import REPLICATED_JOB
+from multislice_operator.planning.hostports import (
     JAX_COORDINATOR_PORT,
     MEGASCALE_PORT,
     OPERATOR_PORTS,
     host_network,
 )
-from multislice_operator.names import REPLICATED_JOB
-from multislice_operator.plan import Plan
-from multislice_operator.reconcile import restart_strategy
+from multislice_operator.planning.plan import Plan
+
+# What the JobSet carries out itself when a slice fails: it deletes and creates every slice's
+# Job (the `Recreate` strategy's JobSet half; a strategy JobSet carries out, such as in-place
+# restart, renders its fields here). Render reads no registry of decide()'s: arrows point down.
+JOBSET_RESTART_FIELDS: dict[str, Any] = {"restartStrategy": "Recreate"}
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
@@ -278,7 +282,9 @@ def render_jobset(
     }
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
-        **restart_strategy.jobset_fields(),  # restartStrategy: one for every cause JobSet restarts
+        # JobSet's half of the restart strategies (reconcile/restart_strategy.py): one
+        # restartStrategy for every cause JobSet restarts (a test binds the two).
+        **JOBSET_RESTART_FIELDS,
         "rules": jobset_failure_rules(pod_policy),
     }
     annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL}

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from multislice_operator.hostports import host_network
+from multislice_operator.planning.hostports import host_network
 
 # What GKE uses when a node pool names no service account (NodeConfig.service_account).
 COMPUTE_DEFAULT_ACCOUNT = (

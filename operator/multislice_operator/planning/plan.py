@@ -15,14 +15,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from multislice_operator import (
-    advisor,
-    catalog,
-    hostports,
-    keys,
-    parallelism,
-    placement,
-)
 from multislice_operator.api import kubeschema, podtemplate
 from multislice_operator.api.models import (
     API_VERSION,
@@ -33,17 +25,20 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     ProvisioningMode,
 )
-from multislice_operator.errors import (
+from multislice_operator.common import keys
+from multislice_operator.common.errors import (
     FieldError,
     SpecError,
 )
-from multislice_operator.names import (
+from multislice_operator.common.names import (
     DNS1035_RE,
     DNS_LABEL_MAX,
     longest_pod_name,
     max_name_length,
 )
-from multislice_operator.parallelism import Parallelism
+from multislice_operator.planning import advisor, hostports, placement
+from multislice_operator.tpu import catalog, parallelism
+from multislice_operator.tpu.parallelism import Parallelism
 
 # Labels and annotations the operator owns.
 

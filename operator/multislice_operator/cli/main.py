@@ -1,5 +1,5 @@
 """The `multislice-operator` command (and `kubectl msj`): validate, plan, render, crd, status, run;
-the cluster verbs list, logs, events, suspend, resume, checkpoint, delete live in cli_verbs.py.
+the cluster verbs list, logs, events, suspend, resume, checkpoint, delete live in cli/verbs.py.
 
 Bad input (missing file, invalid YAML, wrong kind, invalid spec) gets clear lines naming the field
 and a non-zero exit, never a traceback.
@@ -18,8 +18,8 @@ from typing import Any, TextIO
 import yaml
 
 from multislice_operator import __version__
-from multislice_operator.errors import FieldError, SpecError
-from multislice_operator.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
+from multislice_operator.cli.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
+from multislice_operator.common.errors import FieldError, SpecError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -88,7 +88,7 @@ def _read_bytes(path: str) -> bytes:
 
 
 def _read_documents(path: str) -> list[Any]:
-    from multislice_operator.yamlload import InputTooLarge, load_all
+    from multislice_operator.cli.yamlload import InputTooLarge, load_all
 
     data = _read_bytes(path)
     try:
@@ -132,7 +132,7 @@ def _label(obj: dict[str, Any]) -> str:
 def _load_job(obj: Any) -> Any:
     """load_job, and what the apiserver asks of a file that the operator's own reads (always of
     a stored object) need not: a name."""
-    from multislice_operator.plan import load_job
+    from multislice_operator.planning.plan import load_job
 
     job = load_job(obj)
     if not job.metadata.name:
@@ -149,14 +149,14 @@ def _load_job(obj: Any) -> Any:
 
 
 def _plan(obj: dict[str, Any]) -> Any:
-    from multislice_operator.plan import plan_job
+    from multislice_operator.planning.plan import plan_job
 
     return plan_job(_load_job(obj))
 
 
 def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
     """Who the pods will be to Google APIs, under the operator settings given (--gke-*, MSJ_*)."""
-    from multislice_operator.identity import pod_identity
+    from multislice_operator.render.identity import pod_identity
     from multislice_operator.settings import Settings, gke_settings
 
     settings = Settings(**gke_settings(args))
@@ -197,7 +197,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from multislice_operator.identity import node_identity
+    from multislice_operator.render.identity import node_identity
     from multislice_operator.settings import Settings, gke_settings
 
     settings = Settings(**gke_settings(args))
@@ -350,8 +350,8 @@ PLACEHOLDER_ZONE, PLACEHOLDER_UID, PLACEHOLDER_REGION = "ZONE", "JOB_UID", "REGI
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from multislice_operator.plan import plan_job
-    from multislice_operator.render import render_jobset
+    from multislice_operator.planning.plan import plan_job
+    from multislice_operator.render.jobset import render_jobset
 
     if args.gke_requests:
         return render_gke_requests(args)
@@ -372,7 +372,7 @@ def render_gke_requests(args: argparse.Namespace) -> int:
     """Print the requests the operator will send, as JSON (`terraform plan`): the workload
     policies the slices need (InsertResourcePolicyRequest, sent when the policy does not exist
     yet), then one CreateNodePoolRequest per slice."""
-    from multislice_operator.plan import plan_job
+    from multislice_operator.planning.plan import plan_job
     from multislice_operator.provisioning.gke import resolve_node_locations
     from multislice_operator.provisioning.gke_requests import (
         cluster_path,
@@ -437,7 +437,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One job: phase and why, slices, restarts, where its time went, the next retry."""
     from datetime import datetime
 
-    from multislice_operator import view
+    from multislice_operator.cli import view
 
     if args.file:
         docs = _read_documents(args.file)
@@ -550,7 +550,7 @@ def build_parser(prog: str = "multislice-operator") -> argparse.ArgumentParser:
     p.add_argument("--now", help=argparse.SUPPRESS)  # tests: a fixed 'now' (ISO 8601)
     p.set_defaults(func=cmd_status)
 
-    from multislice_operator.cli_verbs import add_verbs
+    from multislice_operator.cli.verbs import add_verbs
 
     add_verbs(sub)  # list, logs, events, suspend, resume, checkpoint, delete
 

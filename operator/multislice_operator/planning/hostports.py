@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from multislice_operator.errors import FieldError
+from multislice_operator.common.errors import FieldError
 
 MEGASCALE_PORT = 8080
 JAX_COORDINATOR_PORT = 8476
@@ -65,7 +65,7 @@ def _host_ports(
 
 
 def _operators(tpu: Any) -> list[tuple[str, str]]:
-    """(key, name) of the ports the render adds to the TPU container (render.py)."""
+    """(key, name) of the ports the render adds to the TPU container (render/jobset.py)."""
     declared = {p.get("containerPort") for p in _ports(tpu) if isinstance(p, dict)}
     return [(f"TCP//{port}", name) for port, name in OPERATOR_PORTS if port not in declared]
 

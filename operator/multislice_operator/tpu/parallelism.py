@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from multislice_operator.errors import FieldError
+from multislice_operator.common.errors import FieldError
 
 ICI_AXES = ("data", "fsdp", "tensor")
 DCN_AXES = ("data", "fsdp", "pipeline", "tensor")

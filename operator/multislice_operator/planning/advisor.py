@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from multislice_operator.catalog import SliceShape
-from multislice_operator.parallelism import Parallelism
+from multislice_operator.tpu.catalog import SliceShape
+from multislice_operator.tpu.parallelism import Parallelism
 
 # The seed keeps a margin because the DCN can drop packets briefly: it asks for 350,000 tokens per
 # slice with two slices where the bound is 176,000, i.e. about twice the minimum.

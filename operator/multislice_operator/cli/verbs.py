@@ -1,7 +1,7 @@
 """The verbs of `kubectl msj` that act on a cluster: list, logs, events, suspend, resume,
 checkpoint, delete (docs/cli.md).
 
-Every call goes through the user's own kubectl, as `status` does (view.py): the same kubeconfig,
+Every call goes through the user's own kubectl, as `status` does (cli/view.py): the same kubeconfig,
 contexts and exec plugins (gke-gcloud-auth-plugin), RBAC as the user, and no Kubernetes client
 library in the thin install. Reads are `kubectl get -o json`; writes are one `kubectl patch`,
 `annotate` or `delete` each, so `--dry-run` style questions have kubectl's answers.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from multislice_operator import keys
+from multislice_operator.common import keys
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 POLL_SECONDS = 1.0
@@ -108,7 +108,7 @@ class Kubectl:
 
 
 def resource() -> str:
-    from multislice_operator.view import RESOURCE
+    from multislice_operator.cli.view import RESOURCE
 
     return RESOURCE
 
@@ -147,7 +147,7 @@ def table(rows: list[list[str]]) -> str:
 
 def list_rows(items: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
     """One summary per job, as `list -o json` prints it."""
-    from multislice_operator import view
+    from multislice_operator.cli import view
 
     rows = []
     for obj in items:
@@ -177,7 +177,7 @@ def _ready(value: str | None) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from multislice_operator.view import now_utc, percent
+    from multislice_operator.cli.view import now_utc, percent
 
     kubectl = Kubectl(args)
     items = kubectl.get(resource(), all_namespaces=args.all_namespaces).get("items") or []
@@ -344,7 +344,7 @@ def _event_row(e: dict[str, Any], now: datetime) -> list[str]:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from multislice_operator.view import now_utc
+    from multislice_operator.cli.view import now_utc
 
     kubectl = Kubectl(args)
     ns, name = _ns_name(kubectl.job(args.name))

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from multislice_operator import keys
-from multislice_operator.errors import FieldError
+from multislice_operator.common import keys
+from multislice_operator.common.errors import FieldError
 
 # Domains whose labels GKE or the kubelet may set on a node we did not list: unknown, not absent.
 PLATFORM_DOMAINS = ("kubernetes.io", "k8s.io", "cloud.google.com", "gke.io", "googleapis.com")

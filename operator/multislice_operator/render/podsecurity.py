@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from multislice_operator.keys import POD_SECURITY_ENFORCE
+from multislice_operator.common.keys import POD_SECURITY_ENFORCE
 
 PRIVILEGED, BASELINE, RESTRICTED = "privileged", "baseline", "restricted"
 HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
