@@ -34,6 +34,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
+from tests.unit import jobs
 from tests.unit.jobs import failed, succeeded
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -69,8 +70,8 @@ EXISTING = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(
 
 
 def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices=None, **spec):
+    """One pass of `job(**spec)` (on existing pools) at `t` seconds, its JobSet `js`."""
     mode = spec.pop("mode", "Existing")
-    s, p = job(mode, **spec)
     obs = Observed(
         now=at(t),
         slices=list(EXISTING if slices is None else slices),
@@ -78,8 +79,7 @@ def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices
         pods=[*failures, *pods],
         maintenance=list(maint),
     )
-    old = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta(annotations), s, p, None, old, obs, CFG)
+    return jobs.run(old, obs, cfg=CFG, meta=meta(annotations), plan=job(mode, **spec))
 
 
 def by_cause(d) -> dict[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ from multislice_operator.controller.observe import jobset_observation, pod_recor
 from multislice_operator.errors import SpecError
 from multislice_operator.plan import load_job, plan_job
 from multislice_operator.pools import PoolError, PoolState
-from multislice_operator.reconcile import decide
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
     AnnotatePods,
@@ -24,17 +24,16 @@ from multislice_operator.reconcile.types import (
     CreatePools,
     DecideConfig,
     DeleteJobSet,
-    JobMeta,
     JobSetObservation,
     Pod,
     SliceObservation,
 )
 from multislice_operator.render import render_jobset
+from tests.unit import jobs
 from tests.unit.jobs import Observed, body, spec_and_plan
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings(None, resync_seconds=10)
-META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 HOSTS = 4  # v5litepod-16: 4 hosts per slice
 WAIT = 60
 ELASTIC = {"slices": 4, "elastic": {"minSlices": 3, "waitSeconds": WAIT}}
@@ -44,10 +43,7 @@ def plan_of(**extra: Any):
     return spec_and_plan(**{**ELASTIC, **extra})
 
 
-def run(old: MultisliceJobStatus | dict | None, obs, **extra: Any):
-    spec, plan = plan_of(**extra)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, spec, plan, None, status or MultisliceJobStatus(), obs, CFG)
+run = partial(jobs.run, cfg=CFG, **ELASTIC)  # run(old, obs, **extra): ELASTIC with `extra`
 
 
 def pools(*states: PoolState, error: dict[int, str] | None = None) -> list[SliceObservation]:

@@ -5,27 +5,23 @@ pools up), and the end of the run is a disruption the workload checkpoints ahead
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
-from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.api.models import Phase
 from multislice_operator.pools import PoolState
 from multislice_operator.reconcile import (
     AnnotatePods,
     CreateJobSet,
     CreatePools,
-    DecideConfig,
     DeletePools,
-    JobMeta,
     JobSetObservation,
     Pod,
     SliceObservation,
-    decide,
 )
 from tests.unit import jobs
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig.from_settings()
-META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 FLEX = {
     "accelerator": "v6e-16",
     "parallelism": {"ici": {"fsdp": 16}, "dcn": {"data": 2}},
@@ -46,9 +42,7 @@ def flex(ready: int = 0) -> list[SliceObservation]:
     ]  # fmt: skip
 
 
-def run(old, obs):
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, SPEC, PLAN, None, status, obs, CFG)
+run = partial(jobs.run, plan=(SPEC, PLAN))
 
 
 def reason(d, ctype="Provisioned"):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
 from multislice_operator import keys
-from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     AddFinalizer,
@@ -27,7 +27,6 @@ from multislice_operator.reconcile import (
     SetAdmissionCheckState,
     SliceObservation,
     WorkloadObservation,
-    decide,
 )
 from multislice_operator.reconcile.gate import activate
 from tests.unit import jobs
@@ -52,10 +51,7 @@ def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def run(old=None, obs=None, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta, s, p, None, status, obs or Observed(now=NOW), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META, metadata={"labels": LABELS})
 
 
 def st(d):

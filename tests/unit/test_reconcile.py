@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
@@ -26,6 +27,7 @@ from multislice_operator.reconcile import (
     backoff_seconds,
     decide,
 )
+from tests.unit import jobs
 from tests.unit.jobs import Observed, failed, spec_and_plan
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -50,9 +52,7 @@ def st(decision):
     return decision.status.to_dict()
 
 
-def run(old=None, obs=None, now=NOW, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    return decide(meta, s, p, None, as_status(old), obs or Observed(now=now), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META)
 
 
 def pools(*states, ready=None, errors=None):

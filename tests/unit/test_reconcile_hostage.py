@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.errors import FieldError, SpecError
@@ -42,10 +43,7 @@ _, PLAN = spec_and_plan()
 POOL = [p.name for p in PLAN.node_pools]
 
 
-def run(old=None, obs=None, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta, s, p, None, status, obs or Observed(now=NOW, admission=OK), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META)
 
 
 def ready(*hosts: int, present: tuple[int, ...] | None = None) -> list[SliceObservation]:

@@ -4,10 +4,9 @@ lost pool's slice restarts at once on a spare while the lost pool is replaced as
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 
-from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.pools import PoolState
-from multislice_operator.reconcile import decide
 from multislice_operator.reconcile.types import (
     CreateJobSet,
     CreatePools,
@@ -18,6 +17,7 @@ from multislice_operator.reconcile.types import (
     Pod,
     SliceObservation,
 )
+from tests.unit import jobs
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -26,10 +26,7 @@ META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 HOSTS = 4  # hosts per slice of the default job (v5p, 2x2x4)
 
 
-def run(old: dict | MultisliceJobStatus | None, obs, spares: int = 1):
-    spec, plan = spec_and_plan(spares=spares)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, spec, plan, None, status or MultisliceJobStatus(), obs, CFG)
+run = partial(jobs.run, cfg=CFG, meta=META, spares=1)  # run(old, obs, spares=...)
 
 
 def pools(*states: PoolState, ready: list[int] | None = None, spares: int = 1):

@@ -28,7 +28,7 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile.facts import derive
 from multislice_operator.reconcile.reasons import REGISTRY, Reason
 from tests.unit import jobs
-from tests.unit.jobs import Observed, spec_and_plan
+from tests.unit.jobs import Observed, run, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings()
@@ -48,12 +48,6 @@ def slices(*states: PoolState) -> list[SliceObservation]:
         SliceObservation(i, POOLS[i], s, 4 if s == PoolState.READY else 0, present_hosts=None)
         for i, s in enumerate(states)
     ]
-
-
-def run(old, obs, meta=None, **spec):
-    s, p = spec_and_plan(**spec)
-    meta = meta or JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
-    return decide(meta, s, p, None, MultisliceJobStatus.from_dict(old), obs, CFG)
 
 
 def test_a_late_verdict_does_not_leave_an_earlier_steps_create_behind():
