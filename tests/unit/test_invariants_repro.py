@@ -19,6 +19,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
 )
 from multislice_operator.reconcile import Observed as _Observed
+from multislice_operator.reconcile.reasons import Reason
 from tests.unit.jobs import Observed, run, spec_and_plan
 from tests.unit.test_decide_machine import violations
 
@@ -28,7 +29,7 @@ RUNNING = {
     "phase": "Running",
     "slices": UP,
     "conditions": [
-        {"type": "Provisioned", "status": "True", "reason": "GangReady", "message": "ready"}
+        {"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY, "message": "ready"}
     ],
 }
 
