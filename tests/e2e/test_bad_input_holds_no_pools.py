@@ -1,4 +1,4 @@
-"""Issue 14 end to end: no input, update or blip holds TPUs hostage.
+"""Issue 14 end to end: no bad input, update or blip leaves a job holding TPU node pools.
 
 Managed mode against the real apiserver, JobSet controller and webhooks, scheduler and kwok nodes
 (cluster profile) and the GKE simulator. Every case ends one of two ways, within a bound: the job
@@ -29,7 +29,7 @@ NOT_READY_GRACE_S = 20  # the operator's node NotReady grace period in this modu
 
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    log = tmp_path_factory.mktemp("hostage") / "operator.log"
+    log = tmp_path_factory.mktemp("bad-input") / "operator.log"
     env = {"MSJ_NODE_NOT_READY_GRACE_SECONDS": str(NOT_READY_GRACE_S)}
     with msj.local_stack(kube_cluster, log, operator_env=env) as s:
         yield s
@@ -37,7 +37,7 @@ def stack(kube_cluster, tmp_path_factory):
 
 @pytest.fixture
 def env(stack, namespace, kube_cluster):
-    ns = namespace(kube_cluster, "hostage")
+    ns = namespace(kube_cluster, "bad-input")
     stack.sim.clear_faults()
     stack.sim.configure(op_latency_s=1.0)
     stack.sim.reset_counters()

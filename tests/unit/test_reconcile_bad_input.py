@@ -1,4 +1,5 @@
-"""decide() for issue 14: no input, update or blip holds TPUs hostage (table tests, pure)."""
+"""decide() for issue 14: no bad input, update or blip leaves a job holding TPU node pools
+(table tests, pure)."""
 
 from __future__ import annotations
 
