@@ -15,7 +15,7 @@ the simulator's admin API (`POST /_sim/faults`, `POST /_sim/pools/NAME/preempt`)
 Invariants, checked every half second and at the end of every trial:
 
 * no duplicate pool: never two live pools for one (job uid, slice);
-* no capacity held hostage: a job Succeeded or Failed for RELEASE_BOUND_S holds no pool, and a
+* no capacity held: a job Succeeded or Failed for RELEASE_BOUND_S holds no pool, and a
   job the apiserver refused never had one;
 * no partial gang held: a job never holds some but not all of its pools, without its JobSet,
   for longer than its gang timeout plus the longest backoff and a margin;
@@ -452,14 +452,16 @@ class Trial:
             mine = self.pools_of(pools, case)
             self.seen_pools.setdefault(case.name, set()).update(mine)
             if case.never_pooled and mine:
-                self.violate("hostage", f"{case.name} was refused but got pools {sorted(mine)}")
+                self.violate(
+                    "capacity held", f"{case.name} was refused but got pools {sorted(mine)}"
+                )
             job = self.get(case.name)
             phase = self.ended(case.name, job)
             if phase is not None:
                 since = self.terminal_since.setdefault(case.name, now)
                 if mine and now - since > RELEASE_BOUND_S:
                     self.violate(
-                        "hostage",
+                        "capacity held",
                         f"{case.name} {phase} for {now - since:.0f}s holds {sorted(mine)}",
                     )
             else:

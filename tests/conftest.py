@@ -66,7 +66,7 @@ _CLUSTER_SHARDS = {
         "kube_cluster-3"
     ),
     "tests/e2e/test_goodput.py": "kube_cluster-3",
-    "tests/e2e/test_hostage.py": "kube_cluster-3",
+    "tests/e2e/test_bad_input_holds_no_pools.py": "kube_cluster-3",
 }
 # Groups start in this order, longest first, then every other one (xdist's LoadScope would start
 # the groups with the most tests first, and the many quick kube_api tests are not the long pole).

@@ -24,6 +24,7 @@ from kubernetes import client
 from multislice_local.controlplane import ControlPlane
 from multislice_operator.api import models
 from multislice_operator.common import keys
+from multislice_operator.reconcile.reasons import Reason
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -100,24 +101,29 @@ def run_borrowed(cp: ControlPlane, scenario: str, *extra: str, **kw: Any) -> tup
 
 
 SCENARIOS = {
-    "restart": ["RestartingAllSlices", "restarts=1", "GangProvisioned", "20 steps lost"],
-    "stockout": ["GangRolledBack", "GCE_STOCKOUT"],
-    "preemption": ["SliceLost", "preempting spot node pool"],
+    "restart": [
+        Reason.RESTARTING_ALL_SLICES,
+        "restarts=1",
+        Reason.GANG_PROVISIONED,
+        "20 steps lost",
+    ],
+    "stockout": [Reason.GANG_ROLLED_BACK, "GCE_STOCKOUT"],
+    "preemption": [Reason.SLICE_LOST, "preempting spot node pool"],
     "fatal": ["exited with non-retryable code 78"],
     "maintenance": [
-        "MaintenanceScheduled",
-        "CheckpointRequested",
-        "CheckpointSaved",
+        Reason.MAINTENANCE_SCHEDULED,
+        Reason.CHECKPOINT_REQUESTED,
+        Reason.CHECKPOINT_SAVED,
         "cause disruption: not charged to maxRestarts",
         "restarts: 1 (disruption 1)",
         "0 steps lost",
     ],
     "elastic": [
-        "ShrinkingSlices",
+        Reason.SHRINKING_SLICES,
         "status.activeSlices=3, condition Degraded=True (FewerSlices)",
         "replicas=3, its pod template says MEGASCALE_NUM_SLICES=3",
         "multislice.dev/checkpoint-request=grow-4-",
-        "GrowingSlices",
+        Reason.GROWING_SLICES,
         "running on all 4 slices again: activeSlices=4, Degraded=False (AllSlices)",
         "resize 2",
         "of running, on fewer slices (spec.elastic)",

@@ -34,6 +34,7 @@ from multislice_local.nodes import (
 )
 from multislice_operator.api import models
 from multislice_operator.common import keys
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 from tests.msj import create, custom, events, status
 
@@ -159,7 +160,7 @@ def test_three_preemptions_with_max_restarts_one_and_the_job_still_succeeds(env)
     assert done["lastFailure"]["disruption"] == NODE_SHUTDOWN
     js = jobset(api, ns, "preempted")["status"]
     assert js["restarts"] == 3 and js.get("restartsCountTowardsMax", 0) == 0  # JobSet's own view
-    restarts = [e for e in events(api, ns, "preempted") if e.reason == "RestartingAllSlices"]
+    restarts = [e for e in events(api, ns, "preempted") if e.reason == Reason.RESTARTING_ALL_SLICES]
     assert len(restarts) == 3
     assert all("cause disruption: not charged to maxRestarts" in e.message for e in restarts)
 
@@ -227,7 +228,7 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
         api, ns, "maint", op, "MaintenanceScheduled", lambda s: bool(s.get("maintenance"))
     )
     cond = {c["type"]: c for c in st["conditions"]}["MaintenanceScheduled"]
-    assert (cond["status"], cond["reason"]) == ("True", "MaintenanceScheduled")
+    assert (cond["status"], cond["reason"]) == ("True", Reason.MAINTENANCE_SCHEDULED)
     iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
     assert iso in cond["message"] and "slice 1" in cond["message"]
     assert st["maintenance"]["slices"] == [1] and st["maintenance"]["nodes"] == 4
@@ -264,10 +265,14 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     )
     assert saved["checkpoint"]["savedStep"] == 240 and saved["checkpoint"]["podsAnnotated"] == 8
     # CheckpointSaved is posted after the status write just seen: waited for, not read once.
-    msj.wait_events(api, ns, "maint", "MaintenanceScheduled", "CheckpointRequested",
-                    "CheckpointSaved", log=op.log_tail)  # fmt: skip
+    msj.wait_events(api, ns, "maint", Reason.MAINTENANCE_SCHEDULED, Reason.CHECKPOINT_REQUESTED,
+                    Reason.CHECKPOINT_SAVED, log=op.log_tail)  # fmt: skip
     reasons = {e.reason for e in events(api, ns, "maint")}
-    assert {"MaintenanceScheduled", "CheckpointRequested", "CheckpointSaved"} <= reasons
+    assert {
+        Reason.MAINTENANCE_SCHEDULED,
+        Reason.CHECKPOINT_REQUESTED,
+        Reason.CHECKPOINT_SAVED,
+    } <= reasons
     wait_for(
         lambda: (
             msj.metric(
@@ -283,7 +288,7 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     label_nodes(api, pool, {keys.GKE_SCHEDULED_MAINTENANCE_TIME: None})
     over = wait_status(api, ns, "maint", op, "maintenance over", lambda s: not s.get("maintenance"))
     cond = {c["type"]: c for c in over["conditions"]}["MaintenanceScheduled"]
-    assert (cond["status"], cond["reason"]) == ("False", "NoMaintenanceScheduled")
+    assert (cond["status"], cond["reason"]) == ("False", Reason.NO_MAINTENANCE_SCHEDULED)
 
 
 def test_a_users_checkpoint_request_reaches_every_pod(env):
@@ -328,9 +333,11 @@ def test_startup_deadline_fires_on_the_slice_whose_pods_cannot_schedule(env):
     body = job("slow", "40s", ns, failurePolicy={"startupTimeoutSeconds": 10})
     create(api, ns, body)
     fired = wait_for(
-        lambda: [e for e in events(api, ns, "slow") if e.reason == "StartupDeadlineExceeded"],
+        lambda: [
+            e for e in events(api, ns, "slow") if e.reason == Reason.STARTUP_DEADLINE_EXCEEDED
+        ],
         120,
-        "StartupDeadlineExceeded",
+        Reason.STARTUP_DEADLINE_EXCEEDED,
         on_timeout=lambda: f"{status(api, ns, 'slow')}\n{op.log_tail(40)}",
     )
     message = fired[0].message

@@ -13,6 +13,7 @@ import yaml
 from kubernetes import client
 
 from multislice_local.harness import wait_for
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 from tests.msj import RUN_DURATION_ANNOTATION, create, event_lines, pools_of
 
@@ -60,7 +61,9 @@ def test_tpu7x_128_two_slices_run_on_workload_policy_pools(stack, namespace, kub
     msj.wait_phase(stack.api, ns, "ironwood", "Succeeded", 120, log=lambda n: stack.op.log_tail(n))
     wait_for(lambda: not pools_of(stack.sim, ns, "ironwood"), 60, "pools deleted after success")
     assert "msj-tpu7x-4x4x4" in stack.sim.policies()  # shared, never deleted by the operator
-    assert any(e.startswith("GangProvisioned") for e in event_lines(stack.api, ns, "ironwood"))
+    assert any(
+        e.startswith(Reason.GANG_PROVISIONED) for e in event_lines(stack.api, ns, "ironwood")
+    )
 
 
 def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_cluster):
@@ -79,7 +82,9 @@ def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_clus
 
     def waiting(st: dict) -> bool:
         cond = {c["type"]: c for c in st.get("conditions") or []}.get("Provisioned") or {}
-        return cond.get("reason") == "WaitingForFlexStartCapacity" and bool(st.get("jobSet"))
+        return cond.get("reason") == Reason.WAITING_FOR_FLEX_START_CAPACITY and bool(
+            st.get("jobSet")
+        )
 
     first = msj.wait_status(stack.api, ns, "flex", "waiting for flex-start", waiting, 60, log=log)
     since = first["status"]["attemptStartTime"]
@@ -88,7 +93,9 @@ def test_flex_start_waits_without_rollback_then_runs(stack, namespace, kube_clus
     wait_for(lambda: msj.reconciles(stack.op) > passes + 10, 60, "ten more passes")
     later = msj.wait_status(stack.api, ns, "flex", "still waiting", waiting, 30, log=log)
     assert later["status"]["attemptStartTime"] == since
-    assert not [e for e in event_lines(stack.api, ns, "flex") if e.startswith("GangRolledBack")]
+    assert not [
+        e for e in event_lines(stack.api, ns, "flex") if e.startswith(Reason.GANG_ROLLED_BACK)
+    ]
     creates = [c for c in stack.sim.received_creates() if "msj-flex-" in str(c)]
     assert len(creates) == 2  # one create per slice, never again
     for name in pools_of(stack.sim, ns, "flex"):

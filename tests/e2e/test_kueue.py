@@ -17,6 +17,7 @@ from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
 from multislice_operator.api import models
 from multislice_operator.common import keys
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 
 FLAVOR = "tpu-v5e"
@@ -217,8 +218,10 @@ def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
     # No requeueAfterSeconds on our Retry: with it Kueue v0.17.0 keeps the quota until requeueAt.
     assert "requeueAfterSeconds" not in check and check["retryCount"] == 1, check
     assert not (env.workload("b")["status"].get("requeueState") or {}).get("requeueAt")
-    lines = msj.wait_events(env.stack.api, env.ns, "b", "GangRolledBack", log=env.stack.op.log_tail)
-    assert any(e.startswith("GangRolledBack") and "GCE_STOCKOUT" in e for e in lines), lines
+    lines = msj.wait_events(
+        env.stack.api, env.ns, "b", Reason.GANG_ROLLED_BACK, log=env.stack.op.log_tail
+    )
+    assert any(e.startswith(Reason.GANG_ROLLED_BACK) and "GCE_STOCKOUT" in e for e in lines), lines
     assert "b" not in quota_holders(env)
     env.phase("c", "Succeeded")
     done = env.phase("b", "Succeeded", 120)

@@ -14,6 +14,7 @@ from multislice_local.harness import wait_for
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.planning.plan import node_pool_name
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 from tests.msj import create, custom, event_lines, get, pools_of, status
 
@@ -73,8 +74,8 @@ def test_gang_provisioned_runs_succeeds_and_releases(env):
     wait_for(lambda: not pools_of(stack.sim, ns, "gang"), 30, "pools deleted after success")
     for name in pools:
         wait_for(lambda n=name: not nodes_of(stack, n), 30, f"nodes of {name} removed")
-    lines = msj.wait_events(stack.api, ns, "gang", "GangProvisioned", log=stack.op.log_tail)
-    assert any(e.startswith("GangProvisioned") for e in lines), lines
+    lines = msj.wait_events(stack.api, ns, "gang", Reason.GANG_PROVISIONED, log=stack.op.log_tail)
+    assert any(e.startswith(Reason.GANG_PROVISIONED) for e in lines), lines
 
 
 def test_stockout_rolls_back_whole_gang_then_retries(env):
@@ -83,13 +84,15 @@ def test_stockout_rolls_back_whole_gang_then_retries(env):
     create(stack.api, ns, job("stock", run="1h"))  # the test ends Running: it stays there
 
     def rolled_back():
-        return [e for e in event_lines(stack.api, ns, "stock") if e.startswith("GangRolledBack")]
+        return [
+            e for e in event_lines(stack.api, ns, "stock") if e.startswith(Reason.GANG_ROLLED_BACK)
+        ]
 
     rb = wait_for(rolled_back, 60, "gang rolled back", interval=0.5)
     assert "GCE_STOCKOUT" in rb[0] and "slice" in rb[0]
     st = status(stack.api, ns, "stock")
     cond = {c["type"]: c for c in st["conditions"]}
-    assert cond["Provisioned"]["reason"] in ("GangSliceFailed", "Provisioning")
+    assert cond["Provisioned"]["reason"] in (Reason.GANG_SLICE_FAILED, Reason.PROVISIONING)
     # Every pool of the failed attempt goes away before the next attempt.
     wait_for(
         lambda: status(stack.api, ns, "stock").get("provisioningAttempts", 0) >= 2,
@@ -130,7 +133,7 @@ def test_timeout_rolls_back_and_retries(env):
     def timed_out():
         st = status(stack.api, ns, "slow")
         conds = {c["type"]: c for c in st.get("conditions", [])}
-        return conds.get("Provisioned", {}).get("reason") == "GangTimeout"
+        return conds.get("Provisioned", {}).get("reason") == Reason.GANG_TIMEOUT
 
     wait_for(timed_out, 40, "gang timeout", interval=0.5)
     stack.sim.configure(op_latency_s=1.0)
@@ -196,8 +199,8 @@ def test_spot_preemption_replaces_one_slice_and_restarts_all(env):
     # A lost slice is a disruption: not charged to maxRestarts (issue 15).
     assert done["restartsByCause"]["disruption"] == done["restarts"], done["restartsByCause"]
     assert stack.sim.counters()["calls"].get("create_node_pool", 0) == 1  # only the victim
-    lost = [e for e in msj.wait_events(stack.api, ns, "spot", "SliceLost", log=stack.op.log_tail)
-            if e.startswith("SliceLost")]  # fmt: skip
+    lines = msj.wait_events(stack.api, ns, "spot", Reason.SLICE_LOST, log=stack.op.log_tail)
+    lost = [e for e in lines if e.startswith(Reason.SLICE_LOST)]
     assert any("slice 1" in e for e in lost), (lost, stack.op.log_tail(60))
     # The survivor's pool was never replaced: the only create after the preemption is the
     # victim's (the release after success deletes both, which is checked elsewhere).
@@ -250,8 +253,8 @@ def test_a_spare_takes_a_lost_slices_place_while_its_replacement_is_stocked_out(
     assert replacement is None or replacement["status"] != "RUNNING", replacement
     assert spare in busy_pools(stack, ns, "spare")
     provisioned = next(c for c in st["conditions"] if c["type"] == "Provisioned")
-    assert (provisioned["status"], provisioned["reason"]) == ("True", "RepairingSpare")
-    lost = msj.wait_events(stack.api, ns, "spare", "SliceLost", log=stack.op.log_tail)
+    assert (provisioned["status"], provisioned["reason"]) == ("True", Reason.REPAIRING_SPARE)
+    lost = msj.wait_events(stack.api, ns, "spare", Reason.SLICE_LOST, log=stack.op.log_tail)
     assert any("a spare node pool takes its place" in e for e in lost), lost
     assert set(pools_of(stack.sim, ns, "spare")) <= held  # replaced under its own name only
     assert stack.sim.counters()["calls"].get("create_node_pool", 0) >= 1  # and it was tried
@@ -286,10 +289,10 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
         lambda: [
             e
             for e in event_lines(stack.api, ns, "stuck")
-            if e.startswith("StartupDeadlineExceeded")
+            if e.startswith(Reason.STARTUP_DEADLINE_EXCEEDED)
         ],
         90,
-        "StartupDeadlineExceeded",
+        Reason.STARTUP_DEADLINE_EXCEEDED,
         interval=0.5,
         on_timeout=lambda: f"{status(stack.api, ns, 'stuck')}\n{stack.op.log_tail(40)}",
     )
@@ -304,7 +307,7 @@ def test_startup_deadline_replaces_the_pool_no_pod_could_schedule_on(env):
     running = wait_phase(stack, ns, "stuck", "Running", 120)
     assert running["readySlices"] == "2/2"
     assert running.get("restarts", 0) == 0  # the scheduled slice kept its pods: no restart
-    msj.wait_events(stack.api, ns, "stuck", "SliceLost", log=stack.op.log_tail)
+    msj.wait_events(stack.api, ns, "stuck", Reason.SLICE_LOST, log=stack.op.log_tail)
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, "stuck"
     )
@@ -440,7 +443,7 @@ def test_an_elastic_job_runs_on_three_slices_under_a_held_stockout_and_grows_bac
 
     st = wait_for(on(3), 120, "Running on 3 slices", interval=0.5, on_timeout=explain)
     degraded = _condition(st, "Degraded")
-    assert (degraded["status"], degraded["reason"]) == ("True", "FewerSlices"), degraded
+    assert (degraded["status"], degraded["reason"]) == ("True", Reason.FEWER_SLICES), degraded
     assert victim not in busy_pools(stack, ns, "el")
     replacement = stack.sim.pools().get(victim)
     assert replacement is None or replacement["status"] != "RUNNING", replacement
@@ -452,7 +455,7 @@ def test_an_elastic_job_runs_on_three_slices_under_a_held_stockout_and_grows_bac
     env_vars = {e["name"]: e.get("value") for e in
                 rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
     assert env_vars["MEGASCALE_NUM_SLICES"] == "3" and env_vars["JAX_PROCESS_COUNT"] == "12"
-    shrunk = msj.wait_events(stack.api, ns, "el", "ShrinkingSlices", log=stack.op.log_tail)
+    shrunk = msj.wait_events(stack.api, ns, "el", Reason.SHRINKING_SLICES, log=stack.op.log_tail)
     assert any("restarting on 3 of 4 slices" in e for e in shrunk), shrunk
     # The stockout ends: the replacement comes, and the operator asks for a checkpoint first.
     stack.sim.clear_faults()
@@ -479,7 +482,7 @@ def test_an_elastic_job_runs_on_three_slices_under_a_held_stockout_and_grows_bac
     )
     st = wait_for(on(4), 180, "Running on 4 slices again", interval=0.5, on_timeout=explain)
     assert _condition(st, "Degraded")["status"] == "False"
-    grown = msj.wait_events(stack.api, ns, "el", "GrowingSlices", log=stack.op.log_tail)
+    grown = msj.wait_events(stack.api, ns, "el", Reason.GROWING_SLICES, log=stack.op.log_tail)
     assert any(f"checkpoint {rid} saved at step 120" in e for e in grown), grown
     done = wait_phase(stack, ns, "el", "Succeeded", 300)
     assert done["restartsByCause"]["resize"] == 2, done["restartsByCause"]

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local.harness import wait_for
 from multislice_local.nodes import fail_pod
 from multislice_operator.api import models
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 from tests.msj import create, events, get
 
@@ -111,7 +112,7 @@ def test_retryable_failure_restarts_all_slices_then_succeeds(env):
     )
     done = wait_phase(api, ns, "retry", "Succeeded", op)
     assert done["status"]["restarts"] == 1
-    assert "RestartingAllSlices" in {e.reason for e in events(api, ns, "retry")}
+    assert Reason.RESTARTING_ALL_SLICES in {e.reason for e in events(api, ns, "retry")}
     assert fresh is not None
 
 

@@ -24,6 +24,7 @@ from multislice_local.nodes import delete_nodes, register_tpu_nodes
 from multislice_operator import __version__
 from multislice_operator.api import models
 from multislice_operator.api.crd import generate_crd
+from multislice_operator.reconcile.reasons import Reason
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "multislice-operator"
@@ -1198,7 +1199,7 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         )
         # The event is posted after the evictions, in the same pass: it may trail the pod's end.
         wait_for(
-            lambda: "StartupDeadlineExceeded" in jobs.reasons("slow"),
+            lambda: Reason.STARTUP_DEADLINE_EXCEEDED in jobs.reasons("slow"),
             10,
             "the StartupDeadlineExceeded event",
             on_timeout=op.log_tail,

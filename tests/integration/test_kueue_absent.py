@@ -14,6 +14,7 @@ from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
 from multislice_operator.api import models
 from multislice_operator.common import keys
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 
 WAIT = 3.0  # --kueue-workload-wait-seconds
@@ -93,7 +94,7 @@ def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
         assert "no Kueue Workload exists for JobSet lonely" in st["message"], st
         assert cause in st["message"], st
         admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
-        assert (admitted["status"], admitted["reason"]) == ("False", "NoKueueWorkload")
+        assert (admitted["status"], admitted["reason"]) == ("False", Reason.NO_KUEUE_WORKLOAD)
         js = custom.get_namespaced_custom_object(*JS, ns, "jobsets", "lonely")
         assert js["spec"]["suspend"] is True  # nothing runs without Kueue's admission
         assert js["metadata"]["labels"][keys.KUEUE_QUEUE_NAME] == "team-a"
@@ -106,14 +107,14 @@ def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
             )
             return [e.reason for e in items]
 
-        wait_for(lambda: "NoKueueWorkload" in reasons(), 10, "the event")
+        wait_for(lambda: Reason.NO_KUEUE_WORKLOAD in reasons(), 10, "the event")
         # Several resyncs later: still one event, still no pool ever asked for.
         wait_for(
             lambda: msj.reconciles(op) > 10,
             60,
             "more reconciles",
         )
-        assert reasons().count("NoKueueWorkload") == 1
+        assert reasons().count(Reason.NO_KUEUE_WORKLOAD) == 1
         assert sim.pools() == {}
         assert sim.counters()["calls"].get("create_node_pool", 0) == 0
         custom.delete_namespaced_custom_object(

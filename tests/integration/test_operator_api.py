@@ -11,6 +11,7 @@ from multislice_local.controlplane import bin_dir
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.nodes import register_tpu_nodes
 from multislice_operator.api import models
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 
 JS = ("jobset.x-k8s.io", "v1alpha2")
@@ -167,7 +168,7 @@ def test_lifecycle_running_restarting_succeeded(cluster: Cluster):
     assert done["status"]["completionTime"]
     assert done["status"]["restarts"] == 1
     # Posted after the status write that the phase wait saw: waited for, not read once.
-    msj.wait_events(cluster.api, cluster.ns, "life", "RestartingAllSlices", "Succeeded",
+    msj.wait_events(cluster.api, cluster.ns, "life", Reason.RESTARTING_ALL_SLICES, "Succeeded",
                     log=cluster.op.log_tail)  # fmt: skip
 
 

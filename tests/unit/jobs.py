@@ -1,13 +1,28 @@
-"""What the unit tests of decide() share: a MultisliceJob body, its spec and plan, and an
-observation in which the apiserver already accepted the JobSet."""
+"""What the unit tests of decide() share: a MultisliceJob body, its spec and plan, an
+observation in which the apiserver already accepted the JobSet, pods, and `run`: one decide()
+pass. A test file that needs its own config or job binds them once, e.g.
+``run = partial(jobs.run, cfg=CFG, now=NOW)``."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.planning.plan import Plan, load_job, plan_job
-from multislice_operator.reconcile import Admission, Pod, Termination
+from multislice_operator.reconcile import (
+    Admission,
+    DecideConfig,
+    Decision,
+    JobMeta,
+    Pod,
+    Termination,
+    decide,
+)
 from multislice_operator.reconcile import Observed as _Observed
+
+CFG = DecideConfig.from_settings()
+META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 
 
 def body(
@@ -41,6 +56,35 @@ def Observed(**kw: Any) -> _Observed:
     any pool, issue 14); the tests of admission itself pass `admission` explicitly."""
     kw.setdefault("admission", Admission())
     return _Observed(**kw)
+
+
+def status(old: MultisliceJobStatus | dict[str, Any] | None) -> MultisliceJobStatus:
+    """`old` as decide() takes it: a status, or the dict stored in the object (None or {}: a
+    new job's empty status)."""
+    return old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
+
+
+def run(
+    old: MultisliceJobStatus | dict[str, Any] | None = None,
+    obs: _Observed | None = None,
+    *,
+    now: datetime | None = None,
+    cfg: DecideConfig = CFG,
+    meta: JobMeta = META,
+    plan: tuple[Any, Plan] | None = None,
+    **spec: Any,
+) -> Decision:
+    """One decide() pass from the status `old` on `obs` (None: nothing observed at `now` but an
+    accepted JobSet), for `plan` (a spec and its plan) or else the job ``body(**spec)``
+    (`metadata` included)."""
+    if plan is not None and spec:
+        raise TypeError("run() takes a plan or the spec fields of one, not both")
+    if obs is None:
+        if now is None:
+            raise TypeError("run() needs obs, or now to observe nothing at")
+        obs = Observed(now=now)
+    s, p = plan if plan is not None else spec_and_plan(**spec)
+    return decide(meta, s, p, None, status(old), obs, cfg)
 
 
 def failed(

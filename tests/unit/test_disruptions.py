@@ -34,6 +34,8 @@ from multislice_operator.reconcile import (
     SliceObservation,
     decide,
 )
+from multislice_operator.reconcile.reasons import Reason
+from tests.unit import jobs
 from tests.unit.jobs import failed, succeeded
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -69,8 +71,8 @@ EXISTING = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(
 
 
 def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices=None, **spec):
+    """One pass of `job(**spec)` (on existing pools) at `t` seconds, its JobSet `js`."""
     mode = spec.pop("mode", "Existing")
-    s, p = job(mode, **spec)
     obs = Observed(
         now=at(t),
         slices=list(EXISTING if slices is None else slices),
@@ -78,8 +80,7 @@ def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices
         pods=[*failures, *pods],
         maintenance=list(maint),
     )
-    old = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta(annotations), s, p, None, old, obs, CFG)
+    return jobs.run(old, obs, cfg=CFG, meta=meta(annotations), plan=job(mode, **spec))
 
 
 def by_cause(d) -> dict[str, int]:
@@ -107,7 +108,7 @@ def test_three_preemptions_are_disruptions_not_charged_to_max_restarts():
         js = JobSetObservation(restarts=n, restarts_counted=0)
         d = run(status, js, [preempted(n - 1)], failurePolicy={"maxRestarts": 1})
         status = d.status
-        (event,) = [e for e in d.events if e.reason == "RestartingAllSlices"]
+        (event,) = [e for e in d.events if e.reason == Reason.RESTARTING_ALL_SLICES]
         assert event.cause == "disruption"
         assert "not charged to maxRestarts" in event.message
         assert f"{n}/30 of spec.failurePolicy.maxDisruptionRestarts" in event.message
@@ -136,7 +137,7 @@ def test_charged_restarts_are_the_programs_own(failure, cause):
     d = run({"phase": "Running"}, JobSetObservation(restarts=1, restarts_counted=1), [failure])
     assert by_cause(d)[cause] == 1 and sum(by_cause(d).values()) == 1
     assert d.status.last_failure is not None and d.status.last_failure.cause == cause
-    (event,) = [e for e in d.events if e.reason == "RestartingAllSlices"]
+    (event,) = [e for e in d.events if e.reason == Reason.RESTARTING_ALL_SLICES]
     assert event.cause == cause and "1/10 of spec.failurePolicy.maxRestarts" in event.message
 
 
@@ -196,9 +197,9 @@ def test_disruption_budget_fails_the_job_then_its_jobset_is_deleted():
     d = run(old, js, [preempted(2)], failurePolicy={"maxDisruptionRestarts": 2})
     assert d.status.phase == "Failed"
     cond = d.status.condition("Failed")
-    assert cond is not None and cond.reason == "MaxDisruptionRestarts"
+    assert cond is not None and cond.reason == Reason.MAX_DISRUPTION_RESTARTS
     assert "more than spec.failurePolicy.maxDisruptionRestarts (2)" in cond.message
-    assert "MaxDisruptionRestarts" in reasons(d)
+    assert Reason.MAX_DISRUPTION_RESTARTS in reasons(d)
     # The verdict's own actions in the same pass (the shell writes the status, which says why,
     # before it applies them): the JobSet would restart the slices forever.
     assert d.actions == [DeleteJobSet()]
@@ -381,17 +382,20 @@ def pods_of(attempt: int = 0, annotated: str | None = None) -> list[Pod]:
 def test_maintenance_shows_the_earliest_time_and_slices_and_announces_once():
     d = run({"phase": "Running"}, RUNNING, maint=[maint(7200, 1), maint(3600, 0)], pods=pods_of())
     cond = d.status.condition("MaintenanceScheduled")
-    assert cond is not None and (cond.status, cond.reason) == ("True", "MaintenanceScheduled")
+    assert cond is not None and (cond.status, cond.reason) == ("True", Reason.MAINTENANCE_SCHEDULED)
     assert "2026-11-30T13:00:00Z" in cond.message and "slices 0, 1" in cond.message
     assert d.status.maintenance is not None
     assert (d.status.maintenance.time, d.status.maintenance.slices) == (at(3600), [0, 1])
-    assert reasons(d).count("MaintenanceScheduled") == 1
+    assert reasons(d).count(Reason.MAINTENANCE_SCHEDULED) == 1
     assert not [a for a in d.actions if isinstance(a, AnnotatePods)]  # no checkpointAheadSeconds
     again = run(d.status, RUNNING, maint=[maint(7200, 1), maint(3600, 0)], pods=pods_of(), t=5)
-    assert "MaintenanceScheduled" not in reasons(again)
+    assert Reason.MAINTENANCE_SCHEDULED not in reasons(again)
     over = run(again.status, RUNNING, pods=pods_of(), t=10)
     cond = over.status.condition("MaintenanceScheduled")
-    assert cond is not None and (cond.status, cond.reason) == ("False", "NoMaintenanceScheduled")
+    assert cond is not None and (cond.status, cond.reason) == (
+        "False",
+        Reason.NO_MAINTENANCE_SCHEDULED,
+    )
     assert over.status.maintenance is None
 
 
@@ -403,7 +407,7 @@ def test_a_job_that_never_saw_maintenance_has_no_such_condition():
 def test_maintenance_in_progress():
     d = run({"phase": "Running"}, RUNNING, maint=[maint(-5, 1, active=True)], pods=pods_of())
     cond = d.status.condition("MaintenanceScheduled")
-    assert cond is not None and cond.reason == "MaintenanceInProgress"
+    assert cond is not None and cond.reason == Reason.MAINTENANCE_IN_PROGRESS
 
 
 def test_checkpoint_requested_ahead_of_maintenance_on_every_pod():
@@ -421,11 +425,11 @@ def test_checkpoint_requested_ahead_of_maintenance_on_every_pod():
         "maintenance",
         at(3000),
     )
-    assert "CheckpointRequested" in reasons(due)
+    assert Reason.CHECKPOINT_REQUESTED in reasons(due)
     # Annotated: nothing more to do, and the same window is not asked twice.
     done = run(due.status, RUNNING, maint=[maint(3600)], pods=pods_of(0, rid), t=3010, **spec)
     assert not [a for a in done.actions if isinstance(a, AnnotatePods)]
-    assert "CheckpointRequested" not in reasons(done)
+    assert Reason.CHECKPOINT_REQUESTED not in reasons(done)
     assert done.status.checkpoint is not None and done.status.checkpoint.pods_annotated == 8
 
 
@@ -459,7 +463,7 @@ def test_a_users_request_reaches_every_pod_including_later_ones():
     again = run(d.status, RUNNING, pods=later, annotations=USER, t=5)
     (ann,) = [a for a in again.actions if isinstance(a, AnnotatePods)]
     assert ann.pods == ("job-slice-1-9",)
-    assert "CheckpointRequested" not in reasons(again)
+    assert Reason.CHECKPOINT_REQUESTED not in reasons(again)
 
 
 def test_the_saved_step_comes_from_the_acknowledgement():
@@ -477,10 +481,11 @@ def test_the_saved_step_comes_from_the_acknowledgement():
     saved = run(d.status, RUNNING, pods=acked, annotations=USER, t=30)
     cp = saved.status.checkpoint
     assert cp is not None and (cp.saved_step, cp.saved_time) == (240, at(30))
-    assert "CheckpointSaved" in reasons(saved)
+    assert Reason.CHECKPOINT_SAVED in reasons(saved)
     idle = run(saved.status, RUNNING, pods=acked, annotations=USER, t=40)
-    assert idle.status.to_dict() == saved.status.to_dict() and "CheckpointSaved" not in reasons(
-        idle
+    assert (
+        idle.status.to_dict() == saved.status.to_dict()
+        and Reason.CHECKPOINT_SAVED not in reasons(idle)
     )
 
 
@@ -516,7 +521,7 @@ def test_a_new_user_value_is_a_new_request_and_an_invalid_one_is_refused():
         annotations={keys.CHECKPOINT_REQUEST: "x" * 64},
         t=10,
     )
-    assert "CheckpointRequestInvalid" in reasons(bad)
+    assert Reason.CHECKPOINT_REQUEST_INVALID in reasons(bad)
     assert bad.status.checkpoint is not None and bad.status.checkpoint.request_id == "2"
     assert not [a for a in bad.actions if isinstance(a, AnnotatePods)]
     quiet = run(
@@ -526,7 +531,7 @@ def test_a_new_user_value_is_a_new_request_and_an_invalid_one_is_refused():
         annotations={keys.CHECKPOINT_REQUEST: "x" * 64},
         t=11,
     )
-    assert "CheckpointRequestInvalid" not in reasons(quiet)
+    assert Reason.CHECKPOINT_REQUEST_INVALID not in reasons(quiet)
 
 
 def test_no_request_while_the_jobset_is_suspended_or_absent():
@@ -580,7 +585,7 @@ def test_startup_deadline_restarts_all_slices_naming_the_slow_one():
     fired = run(before.status, STARTING, pods=slow_pods(), t=60, **STARTUP)
     (evict,) = [a for a in fired.actions if isinstance(a, EvictPods)]
     assert evict.pods == tuple(f"job-slice-1-{h}" for h in range(4))
-    (event,) = [e for e in fired.events if e.reason == "StartupDeadlineExceeded"]
+    (event,) = [e for e in fired.events if e.reason == Reason.STARTUP_DEADLINE_EXCEEDED]
     assert "slice 1: 0/4 pods running (unschedulable)" in event.message
     assert event.cause == "startup"
     assert fired.status.startup is not None and fired.status.startup.evicted
@@ -635,14 +640,14 @@ def test_managed_slice_whose_pods_cannot_schedule_gets_a_new_pool_once():
         "phase": "Starting",
         "capacityReadyTime": "2026-11-30T11:58:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     # JobSet put slice 0 on the pool of status.slices[1]: the free one, pool 0, is replaced.
     pods = slow_pods(pool=slices[1].pool)
     d = run(old, STARTING, pods=pods, slices=slices, mode="Managed", **STARTUP)
     assert d.actions == [DeletePools((slices[0].pool,))]
-    (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
+    (event,) = [e for e in d.events if e.reason == Reason.STARTUP_DEADLINE_EXCEEDED]
     assert "slice 1: 0/4 pods running (unschedulable)" in event.message
     assert f"replacing node pool {slices[0].pool}, on which no pod" in event.message
     assert d.status.startup is not None and d.status.startup.repaired == [0]
@@ -661,7 +666,7 @@ def test_pods_that_schedule_but_do_not_run_are_evicted_in_managed_mode_too():
         "phase": "Starting",
         "capacityReadyTime": "2026-11-30T11:58:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     d = run(
@@ -678,7 +683,7 @@ def test_the_clock_stops_while_capacity_is_not_ready():
         "phase": "Restarting",
         "capacityReadyTime": "2026-11-30T11:50:00Z",
         "startup": {"attempt": 0, "since": "2026-11-30T11:50:00Z"},
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     d = run(old, STARTING, pods=slow_pods(), slices=lost, mode="Managed", **STARTUP)
@@ -720,7 +725,7 @@ def test_a_slice_that_already_finished_is_not_slow():
         }
     )
     d = decide(meta(), s, p, None, old, obs, CFG)
-    (event,) = [e for e in d.events if e.reason == "StartupDeadlineExceeded"]
+    (event,) = [e for e in d.events if e.reason == Reason.STARTUP_DEADLINE_EXCEEDED]
     assert "slice 0: 0/4 pods running" in event.message and "slice 1" not in event.message
 
 
@@ -731,11 +736,11 @@ def test_a_disruption_budget_verdict_the_jobset_does_not_back_is_ignored():
         "phase": "Failed",
         "restarts": 1,
         "conditions": [
-            {"type": "Failed", "status": "True", "reason": "MaxDisruptionRestarts"},
+            {"type": "Failed", "status": "True", "reason": Reason.MAX_DISRUPTION_RESTARTS},
         ],
     }
     d = run(
         old, JobSetObservation(restarts=1, ready_jobs=2), failurePolicy={"maxDisruptionRestarts": 2}
     )
     assert DeleteJobSet() not in d.actions
-    assert d.status.phase != "Failed" and "StatusIgnored" in reasons(d)
+    assert d.status.phase != "Failed" and Reason.STATUS_IGNORED in reasons(d)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from multislice_operator.common.errors import SpecError
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller.observe import jobset_observation, pod_records
 from multislice_operator.planning.plan import load_job, plan_job
-from multislice_operator.reconcile import decide
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
     AnnotatePods,
@@ -24,17 +25,16 @@ from multislice_operator.reconcile.types import (
     CreatePools,
     DecideConfig,
     DeleteJobSet,
-    JobMeta,
     JobSetObservation,
     Pod,
     SliceObservation,
 )
 from multislice_operator.render.jobset import render_jobset
+from tests.unit import jobs
 from tests.unit.jobs import Observed, body, spec_and_plan
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings(None, resync_seconds=10)
-META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 HOSTS = 4  # v5litepod-16: 4 hosts per slice
 WAIT = 60
 ELASTIC = {"slices": 4, "elastic": {"minSlices": 3, "waitSeconds": WAIT}}
@@ -44,10 +44,7 @@ def plan_of(**extra: Any):
     return spec_and_plan(**{**ELASTIC, **extra})
 
 
-def run(old: MultisliceJobStatus | dict | None, obs, **extra: Any):
-    spec, plan = plan_of(**extra)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, spec, plan, None, status or MultisliceJobStatus(), obs, CFG)
+run = partial(jobs.run, cfg=CFG, **ELASTIC)  # run(old, obs, **extra): ELASTIC with `extra`
 
 
 def pools(*states: PoolState, error: dict[int, str] | None = None) -> list[SliceObservation]:
@@ -122,7 +119,7 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
     assert d.status.phase == "Restarting"
     assert "or on fewer slices (spec.elastic) if it is not ready within 60s" in next(
-        e.message for e in d.events if e.reason == "SliceLost"
+        e.message for e in d.events if e.reason == Reason.SLICE_LOST
     )
     assert d.requeue_after is not None and d.requeue_after <= WAIT
     assert cond(d, "Degraded")["status"] == "False"
@@ -131,8 +128,8 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     later = T0 + timedelta(seconds=WAIT + 1)
     d = run(d.status, Observed(now=later, slices=creating, jobset=js(4, 1, ready=3)))
     assert d.actions == [DeleteJobSet(resize=True)]
-    assert "ShrinkingSlices" in events(d)
-    shrink = next(e.message for e in d.events if e.reason == "ShrinkingSlices")
+    assert Reason.SHRINKING_SLICES in events(d)
+    shrink = next(e.message for e in d.events if e.reason == Reason.SHRINKING_SLICES)
     assert "restarting on 3 of 4 slices (dcn.data 3)" in shrink
     assert d.status.phase == "Restarting"
     # Being deleted (foreground): nothing is created until it is gone.
@@ -144,7 +141,7 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     assert CreateJobSet(3, 2, 0) in d.actions
     assert d.status.active_slices == 3
     assert cond(d, "Degraded")["status"] == "True"
-    assert cond(d, "Degraded")["reason"] == "FewerSlices"
+    assert cond(d, "Degraded")["reason"] == Reason.FEWER_SLICES
     # The new JobSet runs on 3 slices: the job is Running, degraded; the resize is a restart
     # charged to no budget.
     d = run(d.status, Observed(now=later, slices=creating, jobset=js(3, 2, base=2),
@@ -153,10 +150,10 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     assert d.status.restarts == 2
     assert d.status.restarts_by_cause is not None
     assert d.status.restarts_by_cause.resize == 1 and d.status.restarts_by_cause.disruption == 1
-    assert cond(d, "Provisioned")["reason"] == "RepairingDegraded"
+    assert cond(d, "Provisioned")["reason"] == Reason.REPAIRING_DEGRADED
     assert d.status.goodput is not None and d.status.goodput.state == "running"
     assert d.status.goodput.degraded
-    assert "RestartingAllSlices" not in events(d)  # the resize has its own event
+    assert Reason.RESTARTING_ALL_SLICES not in events(d)  # the resize has its own event
     # Recovered: from the loss (not from the new JobSet) to training on 3 slices again.
     last = d.status.last_restart
     assert last is not None and last.cause == "resize" and last.time == T0
@@ -180,7 +177,7 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     d = run(d.status, Observed(now=grow_at, slices=ready, jobset=js(3, 2, base=2),
                                 pods=pods(3, 2, saved=("grow-4-2", 500))))  # fmt: skip
     assert d.actions == [DeleteJobSet(resize=True)]
-    grow = next(e.message for e in d.events if e.reason == "GrowingSlices")
+    grow = next(e.message for e in d.events if e.reason == Reason.GROWING_SLICES)
     assert "checkpoint grow-4-2 saved at step 500" in grow
     d = run(d.status, Observed(now=grow_at, slices=ready))
     assert CreateJobSet(None, 3, 0) in d.actions
@@ -198,7 +195,7 @@ def test_a_stockout_for_the_replacement_shrinks_at_once():
                     error={3: "GCE_STOCKOUT"})  # fmt: skip
     d = run(running_on_four(), Observed(now=T0, slices=stocked, jobset=js(4, 1, ready=3)))
     assert DeleteJobSet(resize=True) in d.actions
-    shrink = next(e.message for e in d.events if e.reason == "ShrinkingSlices")
+    shrink = next(e.message for e in d.events if e.reason == Reason.SHRINKING_SLICES)
     assert "GCE_STOCKOUT" in shrink
 
 
@@ -209,7 +206,7 @@ def test_never_below_min_slices_the_job_waits_as_today():
     d = run(old.status, Observed(now=later, slices=two_lost, jobset=js(4, 1, ready=2)))
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
     assert d.status.phase == "Restarting"
-    assert cond(d, "Provisioned")["reason"] == "Repairing"
+    assert cond(d, "Provisioned")["reason"] == Reason.REPAIRING
 
 
 def test_the_first_gang_is_all_or_none_even_when_elastic():
@@ -242,7 +239,7 @@ def test_a_grow_goes_without_the_checkpoint_when_the_workload_never_answers():
                                jobset=js(3, 2, base=2), pods=pods(3, 2)))  # fmt: skip
     assert d.actions == [DeleteJobSet(resize=True)]
     assert "not saved within 300s" in next(
-        e.message for e in d.events if e.reason == "GrowingSlices"
+        e.message for e in d.events if e.reason == Reason.GROWING_SLICES
     )
 
 
@@ -307,11 +304,11 @@ def test_a_shrunk_job_whose_three_slices_run_is_not_judged_slow_for_the_fourth()
         "capacityReadyTime": "2026-12-03T11:00:00Z",
         "startup": {"attempt": 2, "since": "2026-12-03T11:00:00Z"},
     }
-    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": "FewerSlices",
+    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": Reason.FEWER_SLICES,
                           "message": "", "lastTransitionTime": "2026-12-03T11:00:00Z"}]  # fmt: skip
     obs = Observed(now=T0, slices=ready, jobset=js(3, 2, ready=2, base=2), pods=pods(3, 2))
     d = run(old, obs, failurePolicy={"startupTimeoutSeconds": 60})
-    assert "StartupDeadlineExceeded" not in events(d), [e.message for e in d.events]
+    assert Reason.STARTUP_DEADLINE_EXCEEDED not in events(d), [e.message for e in d.events]
     assert not any(type(a).__name__ in ("EvictPods", "DeletePools") for a in d.actions)
 
 
@@ -324,7 +321,7 @@ def test_a_shrunk_jobset_that_is_finishing_is_not_restarted_to_grow():
                                   ready_jobs=2)  # fmt: skip
     d = run(old, Observed(now=T0, slices=ready, jobset=finishing))
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
-    assert "GrowingSlices" not in events(d)
+    assert Reason.GROWING_SLICES not in events(d)
 
 
 def test_a_shrunk_job_below_min_slices_waits_on_the_slices_it_has():
@@ -334,14 +331,14 @@ def test_a_shrunk_job_below_min_slices_waits_on_the_slices_it_has():
     of 4 slices are Ready again') with half its pools gone."""
     lost = pools(PoolState.READY, PoolState.READY, PoolState.ABSENT, PoolState.CREATING)
     old = running_on_four() | {"activeSlices": 3, "restarts": 2}
-    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": "FewerSlices",
+    old["conditions"] = [{"type": "Degraded", "status": "True", "reason": Reason.FEWER_SLICES,
                           "message": "", "lastTransitionTime": "2026-12-03T11:00:00Z"}]  # fmt: skip
     old["slices"][3] |= {"phase": "Provisioning", "hosts": 0,
                          "lostTime": "2026-12-03T11:00:00Z"}  # fmt: skip
     # Slice 2's pods failed with their pool (PodGC): the JobSet restarted, nothing runs.
     d = run(old, Observed(now=T0, slices=lost, jobset=js(3, 3, ready=0, base=2)))
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions), d.actions
-    assert "GrowingSlices" not in events(d)
+    assert Reason.GROWING_SLICES not in events(d)
     assert CreatePools((2,)) in d.actions
     assert d.status.active_slices == 3
     assert cond(d, "Degraded")["status"] == "True"
@@ -366,8 +363,8 @@ def test_the_pass_that_sees_the_grow_checkpoint_saved_grows_at_once():
     d = run(asked.status, Observed(now=later, slices=ready, jobset=js(3, 2, base=2), pods=saved))
     assert d.actions == [DeleteJobSet(resize=True)]
     assert d.status.checkpoint is not None and d.status.checkpoint.saved_step == 500
-    assert "CheckpointSaved" in events(d)
-    grow = next(e.message for e in d.events if e.reason == "GrowingSlices")
+    assert Reason.CHECKPOINT_SAVED in events(d)
+    grow = next(e.message for e in d.events if e.reason == Reason.GROWING_SLICES)
     assert "checkpoint grow-4-2 saved at step 500" in grow
 
 

@@ -5,27 +5,24 @@ pools up), and the end of the run is a disruption the workload checkpoints ahead
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
-from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.api.models import Phase
 from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import (
     AnnotatePods,
     CreateJobSet,
     CreatePools,
-    DecideConfig,
     DeletePools,
-    JobMeta,
     JobSetObservation,
     Pod,
     SliceObservation,
-    decide,
 )
+from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig.from_settings()
-META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 FLEX = {
     "accelerator": "v6e-16",
     "parallelism": {"ici": {"fsdp": 16}, "dcn": {"data": 2}},
@@ -46,9 +43,7 @@ def flex(ready: int = 0) -> list[SliceObservation]:
     ]  # fmt: skip
 
 
-def run(old, obs):
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, SPEC, PLAN, None, status, obs, CFG)
+run = partial(jobs.run, plan=(SPEC, PLAN))
 
 
 def reason(d, ctype="Provisioned"):
@@ -65,9 +60,9 @@ def test_pools_waiting_for_flex_start_capacity_are_no_failure_and_get_their_jobs
     }
     d = run(old, Observed(now=NOW, slices=flex()))
     assert d.status.phase == Phase.PROVISIONING
-    assert reason(d) == "WaitingForFlexStartCapacity"
+    assert reason(d) == Reason.WAITING_FOR_FLEX_START_CAPACITY
     assert "since 2026-12-01T10:00:00Z" in (d.status.message or "")
-    assert "GangRolledBack" not in [e.reason for e in d.events]
+    assert Reason.GANG_ROLLED_BACK not in [e.reason for e in d.events]
     assert d.actions == [CreateJobSet()]  # pending pods make GKE scale the pools up
     # The JobSet exists, its pods pending: still waiting; no repair, no deadline runs.
     pending = [Pod(f"job-slice-{i}-0", i) for i in range(2)]
@@ -99,7 +94,7 @@ def test_once_the_capacity_comes_the_job_runs_and_checkpoints_before_the_run_end
                       checkpoint_request=ann.value) for p in pods]  # fmt: skip
     d2 = run(d.status, Observed(now=late + timedelta(seconds=5), slices=ready, jobset=js,
                                 pods=acked))  # fmt: skip
-    assert "CheckpointRequested" not in [e.reason for e in d2.events]
+    assert Reason.CHECKPOINT_REQUESTED not in [e.reason for e in d2.events]
 
 
 def test_the_nodes_going_at_the_end_of_the_run_are_a_lost_slice():
@@ -111,5 +106,5 @@ def test_the_nodes_going_at_the_end_of_the_run_are_a_lost_slice():
     gone = flex(ready=0)
     d = run(seen, Observed(now=NOW, slices=gone, jobset=JobSetObservation(ready_jobs=0)))
     assert d.status.phase == Phase.RESTARTING
-    assert "SliceLost" in [e.reason for e in d.events]
+    assert Reason.SLICE_LOST in [e.reason for e in d.events]
     assert any(isinstance(a, DeletePools) for a in d.actions)

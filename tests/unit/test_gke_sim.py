@@ -894,8 +894,8 @@ def test_a_pool_created_again_gets_nodes_of_new_names(monkeypatch: pytest.Monkey
     a pool deleted and created again under its name has new VMs, and new node names. With the
     old names, pods bound to a deleted node looked bound to its namesake in the new pool: the
     NotReady mark the node lifecycle controller had put on the old node's pods stayed on a
-    pod of the new, and a restart onto the replaced pool never ran (test_hostage's NotReady
-    replacement, under load)."""
+    pod of the new, and a restart onto the replaced pool never ran (the NotReady replacement
+    of tests/e2e/test_bad_input_holds_no_pools.py, under load)."""
     from multislice_local import gke_sim, nodes
 
     names: list[str] = []

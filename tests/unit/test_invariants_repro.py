@@ -12,26 +12,24 @@ from multislice_operator.reconcile import (
     AddFinalizer,
     Admission,
     CreatePools,
-    DecideConfig,
     Decision,
     DeletePools,
     JobMeta,
     JobSetObservation,
     SliceObservation,
-    decide,
 )
 from multislice_operator.reconcile import Observed as _Observed
-from tests.unit.jobs import Observed, spec_and_plan
+from multislice_operator.reconcile.reasons import Reason
+from tests.unit.jobs import Observed, run, spec_and_plan
 from tests.unit.test_decide_machine import violations
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-CFG = DecideConfig.from_settings()
 UP = [{"index": i, "phase": "Running", "hosts": 4, "seenReady": True} for i in range(2)]
 RUNNING = {
     "phase": "Running",
     "slices": UP,
     "conditions": [
-        {"type": "Provisioned", "status": "True", "reason": "GangReady", "message": "ready"}
+        {"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY, "message": "ready"}
     ],
 }
 
@@ -46,12 +44,6 @@ def slices(*states: PoolState) -> list[SliceObservation]:
         SliceObservation(i, plan.node_pools[i].name, s, 4 if s == PoolState.READY else 0)
         for i, s in enumerate(states)
     ]
-
-
-def run(m: JobMeta, old: dict | MultisliceJobStatus, obs: _Observed, **spec) -> Decision:
-    s, p = spec_and_plan(**spec)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(m, s, p, None, status, obs, CFG)
 
 
 def creating(obs: _Observed, d: Decision) -> _Observed:
@@ -76,7 +68,7 @@ def test_a_late_verdict_does_not_create_what_it_fails():
         jobset=JobSetObservation(restarts=2, restarts_counted=0, ready_jobs=1),
     )
     spec = {"capacity": {"type": "Spot"}, "failurePolicy": {"maxDisruptionRestarts": 1}}
-    d = run(meta(), RUNNING, obs, **spec)
+    d = run(RUNNING, obs, meta=meta(), **spec)
     assert d.status.phase == Phase.FAILED
     assert violations(meta(), d, obs) == []
     assert not any(isinstance(a, CreatePools) for a in d.actions)
@@ -91,11 +83,11 @@ def test_the_pass_after_a_create_does_not_delete_it_unprovoked():
         jobset=JobSetObservation(restarts=2, restarts_counted=0, ready_jobs=1),
     )
     spec = {"capacity": {"type": "Spot"}, "failurePolicy": {"maxDisruptionRestarts": 1}}
-    first = run(meta(), RUNNING, obs, **spec)
+    first = run(RUNNING, obs, meta=meta(), **spec)
     created = {
         obs.slices[i].pool for a in first.actions if isinstance(a, CreatePools) for i in a.slices
     }
-    second = run(meta(), first.status, creating(obs, first), **spec)
+    second = run(first.status, creating(obs, first), meta=meta(), **spec)
     deleted = {n for a in second.actions if isinstance(a, DeletePools) for n in a.pools}
     assert not created & deleted
 
@@ -109,7 +101,7 @@ def test_no_pool_is_created_without_the_finalizer():
         slices=slices(PoolState.READY, PoolState.ABSENT),
         jobset=JobSetObservation(ready_jobs=1),
     )
-    d = run(meta(finalizer=False), {"phase": "Succeeded"}, obs)
+    d = run({"phase": "Succeeded"}, obs, meta=meta(finalizer=False))
     assert violations(meta(finalizer=False), d, obs) == []
     creates = [i for i, a in enumerate(d.actions) if isinstance(a, CreatePools)]
     adds = [i for i, a in enumerate(d.actions) if isinstance(a, AddFinalizer)]
@@ -128,7 +120,7 @@ def test_a_hand_written_terminal_phase_does_not_bypass_suspend():
         slices=slices(PoolState.ABSENT, PoolState.ABSENT),
         jobset=JobSetObservation(restarts=2),
     )
-    d = run(meta(), {"phase": "Failed"}, obs, suspend=True)
+    d = run({"phase": "Failed"}, obs, meta=meta(), suspend=True)
     assert not any(isinstance(a, CreatePools) for a in d.actions), d.actions
 
 
@@ -138,7 +130,7 @@ def test_a_refused_jobset_releases_a_stray_pool_once():
     obs = Observed(now=NOW, slices=slices(PoolState.ABSENT, PoolState.ABSENT))
     obs.strays = {"old-naming-pool": PoolState.READY}
     obs.admission = Admission(refused="spec.replicatedJobs: Invalid value")
-    d = run(meta(), {"phase": "Pending"}, obs)
+    d = run({"phase": "Pending"}, obs, meta=meta())
     assert violations(meta(), d, obs) == []
 
 
@@ -151,7 +143,7 @@ def test_completion_is_one_status_write():
         slices=slices(PoolState.READY, PoolState.READY),
         jobset=JobSetObservation(completed=True, succeeded_jobs=2),
     )
-    first = run(meta(), RUNNING, obs)
-    again = run(meta(), MultisliceJobStatus.from_dict(first.status.to_dict()), obs)
+    first = run(RUNNING, obs, meta=meta())
+    again = run(MultisliceJobStatus.from_dict(first.status.to_dict()), obs, meta=meta())
     assert first.actions or (again.actions == [] and again.events == [])
     assert again.status.to_dict() == first.status.to_dict()

@@ -4,10 +4,10 @@ admission."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
-from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
@@ -28,9 +28,9 @@ from multislice_operator.reconcile import (
     SetAdmissionCheckState,
     SliceObservation,
     WorkloadObservation,
-    decide,
 )
 from multislice_operator.reconcile.kueue_gate import activate
+from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
 from tests.unit.jobs import Observed
 
@@ -53,10 +53,7 @@ def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def run(old=None, obs=None, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta, s, p, None, status, obs or Observed(now=NOW), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META, metadata={"labels": LABELS})
 
 
 def st(d):
@@ -128,7 +125,7 @@ def test_a_queued_job_gets_its_jobset_at_once_and_no_pool():
     assert d.actions == [AddFinalizer(), CreateJobSet()]
     assert st(d)["phase"] == "Queued"
     assert st(d)["queue"]["localQueue"] == LQ
-    assert cond(d)["reason"] == "WaitingForWorkload"
+    assert cond(d)["reason"] == Reason.WAITING_FOR_WORKLOAD
 
 
 def test_no_pool_while_kueue_has_not_made_a_workload_yet():
@@ -145,11 +142,11 @@ def test_no_workload_after_the_bound_says_so_once_and_holds_no_pool():
     assert st(d)["phase"] == "Pending"  # not claiming to be queued
     assert "no Kueue Workload exists for JobSet job after 60s" in st(d)["message"]
     assert "Kueue is not installed" in st(d)["message"]
-    assert cond(d)["reason"] == "NoKueueWorkload"
-    assert reasons(d).count("NoKueueWorkload") == 1
+    assert cond(d)["reason"] == Reason.NO_KUEUE_WORKLOAD
+    assert reasons(d).count(Reason.NO_KUEUE_WORKLOAD) == 1
     assert isinstance(d.actions[0], DeletePools) and len(d.actions[0].pools) == 2
     again = run(old=d.status, obs=obs(workload=None, now=later + timedelta(seconds=30)))
-    assert "NoKueueWorkload" not in reasons(again) and again.actions == []
+    assert Reason.NO_KUEUE_WORKLOAD not in reasons(again) and again.actions == []
 
 
 def test_no_workload_because_the_operator_does_not_watch_kueue():
@@ -170,7 +167,7 @@ def test_waiting_for_quota_says_where_and_why_and_releases_any_pool():
     assert st(d)["phase"] == "Queued"
     assert "LocalQueue team-a (ClusterQueue cq)" in st(d)["message"]
     assert "32 more needed" in st(d)["message"]
-    assert cond(d)["reason"] == "QuotaPending"
+    assert cond(d)["reason"] == Reason.QUOTA_PENDING
     assert st(d)["queue"]["clusterQueue"] == "cq"
     assert kinds(d) == ["DeletePools"]  # never hold pools without quota
 
@@ -181,7 +178,7 @@ def test_unknown_local_queue_is_inadmissible():
         pending_message="LocalQueue team-a doesn't exist",
     ))  # fmt: skip
     d = run(obs=obs(queue=q))
-    assert cond(d)["reason"] == "Inadmissible"
+    assert cond(d)["reason"] == Reason.INADMISSIBLE
     assert "doesn't exist" in st(d)["message"]
     assert d.actions == []
 
@@ -194,7 +191,7 @@ def test_quota_and_a_pending_check_start_the_gang():
     assert d.actions == [CreatePools((0, 1))]
     assert st(d)["phase"] == "Provisioning"
     assert st(d)["provisioningAttempts"] == 1
-    assert cond(d)["reason"] == "GangProvisioning"
+    assert cond(d)["reason"] == Reason.GANG_PROVISIONING
     assert st(d)["queue"]["admissionCheck"] == CHECK
     assert st(d)["queue"]["checkState"] == "Pending"
 
@@ -213,7 +210,7 @@ def test_gang_ready_sets_the_check_ready_with_pod_set_updates_pinning_the_pools(
         (PodSetUpdate("slice", node_selector={keys.JOB_KEY: p.job_key}),),
     )
     assert st(d)["phase"] == "Starting"
-    assert "GangProvisioned" in reasons(d)
+    assert Reason.GANG_PROVISIONED in reasons(d)
     # Seen Ready, JobSet still suspended: wait for Kueue, nothing to write.
     wait = run(old=d.status, obs=obs(wl(CheckState.READY), slices=up()))
     assert wait.actions == [] and st(wait)["phase"] == "Starting"
@@ -247,8 +244,8 @@ def test_stockout_rolls_back_and_hands_the_quota_back_with_retry():
     (retry,) = checks(d)
     assert retry.state == "Retry" and "GCE_STOCKOUT" in retry.message
     assert st(d)["phase"] == "Queued"
-    assert cond(d)["reason"] == "CheckRetry"
-    assert "GangRolledBack" in reasons(d)
+    assert cond(d)["reason"] == Reason.CHECK_RETRY
+    assert Reason.GANG_ROLLED_BACK in reasons(d)
     next_at = st(d)["nextAttemptTime"]
     # Kueue has not acted yet: the check says Retry; only release.
     seen_retry = run(old=d.status, obs=obs(wl(CheckState.RETRY), slices=slices))
@@ -318,7 +315,7 @@ def running_obs(workload, **kw):
 def test_preemption_releases_the_pools_counts_once_and_names_the_preemptor():
     before = run(
         old={"phase": "Running", "restarts": 0, "conditions": [
-            {"type": "Provisioned", "status": "True", "reason": "GangReady"}]},
+            {"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}]},
         obs=running_obs(wl(CheckState.READY, admitted=True)),
     )  # fmt: skip
     preempted = wl(
@@ -338,10 +335,10 @@ def test_preemption_releases_the_pools_counts_once_and_names_the_preemptor():
     assert st(d)["phase"] == "Queued"
     assert st(d)["queue"]["preemptions"] == 1
     assert st(d)["queue"]["lastEviction"]["preemptedBy"] == "ns/urgent"
-    assert reasons(d).count("Preempted") == 1
+    assert reasons(d).count(Reason.PREEMPTED) == 1
     assert st(d)["restarts"] == 0  # a preemption is not a restart of all slices
     again = run(old=d.status, obs=obs(preempted, slices=absent()))
-    assert st(again)["queue"]["preemptions"] == 1 and "Preempted" not in reasons(again)
+    assert st(again)["queue"]["preemptions"] == 1 and Reason.PREEMPTED not in reasons(again)
     # Quota again: a fresh gang attempt, counted.
     back = run(old=again.status, obs=obs(wl(CheckState.PENDING, retry=0)))
     assert back.actions == [CreatePools((0, 1))]
@@ -363,7 +360,7 @@ def test_an_evicted_job_keeps_its_pools_until_its_jobset_is_suspended_and_its_po
 
     running = run(
         old={"phase": "Running", "restarts": 0, "conditions": [
-            {"type": "Provisioned", "status": "True", "reason": "GangReady"}]},
+            {"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}]},
         obs=running_obs(wl(CheckState.READY, admitted=True), pods=pods()),
     )  # fmt: skip
     preempted = wl(
@@ -415,7 +412,7 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue():
         "phase": "Running",
         "restarts": 0,
         "runningTime": iso(NOW),
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
     }
     restarting = obs(
         wl(CheckState.READY, admitted=True),
@@ -431,7 +428,7 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue():
 def test_a_lost_slice_of_an_admitted_job_is_repaired_alone():
     old = {
         "phase": "Running",
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     lost = obs(
@@ -448,7 +445,7 @@ def test_a_lost_slice_of_an_admitted_job_is_repaired_alone():
 def test_a_deactivated_workload_holds_nothing():
     d = run(obs=obs(wl(active=False, quota_reserved=False), slices=up()))
     assert kinds(d) == ["DeletePools"]
-    assert cond(d)["reason"] == "Deactivated"
+    assert cond(d)["reason"] == Reason.DEACTIVATED
 
 
 # ---------------------------------------------------------------- quota only
@@ -505,7 +502,7 @@ def test_a_lost_slice_being_repaired_stays_a_repair_on_the_next_pass():
     old = {
         "phase": "Running",
         "provisioningAttempts": 1,
-        "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+        "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
         "slices": [{"index": i, "hosts": 4, "seenReady": True} for i in range(2)],
     }
     lost = obs(
@@ -515,13 +512,13 @@ def test_a_lost_slice_being_repaired_stays_a_repair_on_the_next_pass():
     )
     first = run(old=old, obs=lost)
     assert first.actions == [CreatePools((0,))]
-    assert cond(first, "Provisioned")["reason"] == "Repairing"
+    assert cond(first, "Provisioned")["reason"] == Reason.REPAIRING
     creating = obs(
         wl(CheckState.READY, admitted=True),
         slices=pools(PoolState.CREATING, PoolState.READY),
         jobset=JobSetObservation(ready_jobs=1, restarts=1, created=NOW),
     )
     again = run(old=first.status, obs=creating)
-    assert cond(again, "Provisioned")["reason"] == "Repairing"
+    assert cond(again, "Provisioned")["reason"] == Reason.REPAIRING
     assert st(again).get("provisioningAttempts") == 1 and "attemptStartTime" not in st(again)
     assert st(again)["phase"] == "Restarting"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 
@@ -26,6 +27,8 @@ from multislice_operator.reconcile import (
     backoff_seconds,
     decide,
 )
+from multislice_operator.reconcile.reasons import Reason
+from tests.unit import jobs
 from tests.unit.jobs import Observed, failed, spec_and_plan
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -50,9 +53,7 @@ def st(decision):
     return decision.status.to_dict()
 
 
-def run(old=None, obs=None, now=NOW, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    return decide(meta, s, p, None, as_status(old), obs or Observed(now=now), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META)
 
 
 def pools(*states, ready=None, errors=None):
@@ -99,7 +100,7 @@ def test_dcn_advice_condition():
     )
     cond = {c["type"]: c for c in st(d)["conditions"]}
     assert cond["DCNBound"]["status"] == "True"
-    assert cond["DCNBound"]["reason"] == "BatchTooSmall"
+    assert cond["DCNBound"]["reason"] == Reason.BATCH_TOO_SMALL
 
 
 # ---------------------------------------------------------------- Existing mode
@@ -153,11 +154,11 @@ def test_restart_counted_once_with_cause():
     )
     d = run(old={"phase": "Running", "restarts": 1}, obs=obs, provisioning={"mode": "Existing"})
     assert st(d)["restarts"] == 2
-    restart = [e for e in d.events if e.reason == "RestartingAllSlices"]
+    restart = [e for e in d.events if e.reason == Reason.RESTARTING_ALL_SLICES]
     assert len(restart) == 1
     assert "job-slice-1-0-abc" in restart[0].message and "17" in restart[0].message
     again = run(old=d.status, obs=obs, provisioning={"mode": "Existing"})
-    assert "RestartingAllSlices" not in reasons(again)
+    assert Reason.RESTARTING_ALL_SLICES not in reasons(again)
 
 
 def test_non_retryable_failure_names_pod_and_code():
@@ -214,7 +215,7 @@ def test_managed_without_provisioner_waits_with_reason():
     d = run(obs=Observed(now=NOW, provisioner_configured=False))
     assert st(d)["phase"] == "Pending"
     cond = {c["type"]: c for c in st(d)["conditions"]}
-    assert cond["Provisioned"]["reason"] == "ProvisionerNotConfigured"
+    assert cond["Provisioned"]["reason"] == Reason.PROVISIONER_NOT_CONFIGURED
     assert "--gke-cluster" in st(d)["message"] and "mode: Existing" in st(d)["message"]
 
 
@@ -246,7 +247,7 @@ def test_gang_ready_creates_jobset():
     d = run(old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.READY)))
     assert d.actions == [CreateJobSet()]
     assert "attemptStartTime" not in d.status
-    assert "GangProvisioned" in reasons(d)
+    assert Reason.GANG_PROVISIONED in reasons(d)
     assert st(d)["readySlices"] == "2/2"
 
 
@@ -269,14 +270,14 @@ def test_stockout_rolls_back_the_whole_gang():
     )
     (delete,) = d.actions
     assert isinstance(delete, DeletePools) and len(delete.pools) == 2
-    assert "GangRolledBack" in reasons(d)
-    msg = next(e.message for e in d.events if e.reason == "GangRolledBack")
+    assert Reason.GANG_ROLLED_BACK in reasons(d)
+    msg = next(e.message for e in d.events if e.reason == Reason.GANG_ROLLED_BACK)
     assert "slice 1" in msg and "GCE_STOCKOUT" in msg
     wait = backoff_seconds("uid-1", 1, CFG)
     assert st(d)["nextAttemptTime"] == iso(NOW + timedelta(seconds=wait))
     assert 24 <= wait <= 36
     cond = {c["type"]: c for c in st(d)["conditions"]}
-    assert cond["Provisioned"]["reason"] == "GangSliceFailed"
+    assert cond["Provisioned"]["reason"] == Reason.GANG_SLICE_FAILED
     # During the backoff nothing is created; leftovers are deleted.
     later = run(
         old=d.status,
@@ -312,7 +313,7 @@ def test_timeout_rolls_back():
     d = run(old=old, obs=Observed(now=NOW, slices=pools(PoolState.READY, PoolState.CREATING)))
     assert isinstance(d.actions[0], DeletePools)
     cond = {c["type"]: c for c in st(d)["conditions"]}
-    assert cond["Provisioned"]["reason"] == "GangTimeout"
+    assert cond["Provisioned"]["reason"] == Reason.GANG_TIMEOUT
     assert "slices 1 not ready" in cond["Provisioned"]["message"]
 
 
@@ -367,11 +368,11 @@ def test_lost_slice_replaced_alone():
     assert d.actions == [DeletePools((p.node_pools[1].name,))]
     assert st(d)["phase"] == "Restarting"
     assert st(d)["slices"][1]["phase"] == "Repairing"
-    assert reasons(d).count("SliceLost") == 1
+    assert reasons(d).count(Reason.SLICE_LOST) == 1
     obs.slices = pools(PoolState.READY, PoolState.ABSENT)
     d2 = run(old=d.status, obs=obs)
     assert d2.actions == [CreatePools((1,))]
-    assert "SliceLost" not in reasons(d2)  # announced once per loss
+    assert Reason.SLICE_LOST not in reasons(d2)  # announced once per loss
 
 
 def test_fresh_pool_without_nodes_yet_is_not_lost():
@@ -383,7 +384,7 @@ def test_fresh_pool_without_nodes_yet_is_not_lost():
     before = [{"index": 0, "phase": "Running"}, {"index": 1, "phase": "Provisioning"}]
     d = run(old={"phase": "Restarting", "restarts": 1, "slices": before}, obs=obs)
     assert d.actions == []
-    assert "SliceLost" not in reasons(d)
+    assert Reason.SLICE_LOST not in reasons(d)
 
 
 def test_finished_releases_pools_unless_kept():
@@ -604,7 +605,7 @@ def test_a_refused_create_of_an_absent_pool_belongs_to_its_attempt():
         old={"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)},
         obs=obs,
     )
-    assert reasons(during) == ["GangRolledBack"]
+    assert reasons(during) == [Reason.GANG_ROLLED_BACK]
     after_backoff = run(old={"phase": "Provisioning", "provisioningAttempts": 1}, obs=obs)
     assert after_backoff.actions == [CreatePools((0, 1))]
     assert st(after_backoff)["provisioningAttempts"] == 2

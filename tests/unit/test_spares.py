@@ -4,10 +4,10 @@ lost pool's slice restarts at once on a spare while the lost pool is replaced as
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 
-from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common.pools import PoolState
-from multislice_operator.reconcile import decide
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     CreateJobSet,
     CreatePools,
@@ -18,6 +18,7 @@ from multislice_operator.reconcile.types import (
     Pod,
     SliceObservation,
 )
+from tests.unit import jobs
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -26,10 +27,7 @@ META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 HOSTS = 4  # hosts per slice of the default job (v5p, 2x2x4)
 
 
-def run(old: dict | MultisliceJobStatus | None, obs, spares: int = 1):
-    spec, plan = spec_and_plan(spares=spares)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(META, spec, plan, None, status or MultisliceJobStatus(), obs, CFG)
+run = partial(jobs.run, cfg=CFG, meta=META, spares=1)  # run(old, obs, spares=...)
 
 
 def pools(*states: PoolState, ready: list[int] | None = None, spares: int = 1):
@@ -106,8 +104,8 @@ def test_a_lost_pool_covered_by_a_spare_runs_again_before_its_replacement_exists
     _, plan = spec_and_plan(spares=1)
     assert d.actions == [DeletePools((plan.pools[1].name,))]
     assert cond(d, "Provisioned")["status"] == "True"
-    assert cond(d, "Provisioned")["reason"] == "RepairingSpare"
-    lost = [e.message for e in d.events if e.reason == "SliceLost"]
+    assert cond(d, "Provisioned")["reason"] == Reason.REPAIRING_SPARE
+    lost = [e.message for e in d.events if e.reason == Reason.SLICE_LOST]
     assert len(lost) == 1 and "a spare node pool takes its place" in lost[0]
     # The JobSet restarted (JobSet's own failure policy): slice 1 now runs on the spare, pool 2,
     # while pool 1 is absent and being created again: the job is Running, not repairing.
@@ -135,7 +133,7 @@ def test_without_a_spare_the_same_loss_waits_for_the_replacement():
     d = run(running_before(2), obs, spares=0)
     assert d.actions == [CreatePools((1,))]
     assert d.status.phase == "Restarting"
-    assert cond(d, "Provisioned")["reason"] == "Repairing"
+    assert cond(d, "Provisioned")["reason"] == Reason.REPAIRING
     assert d.status.goodput is not None and d.status.goodput.state == "repairing"
 
 
@@ -149,7 +147,7 @@ def test_two_pools_lost_with_one_spare_is_not_enough():
     assert d.actions == [CreatePools((1, 2))]
     assert d.status.phase == "Restarting"
     assert cond(d, "Provisioned")["status"] == "False"
-    assert cond(d, "Provisioned")["reason"] == "Repairing"
+    assert cond(d, "Provisioned")["reason"] == Reason.REPAIRING
     assert d.status.goodput is not None and d.status.goodput.state == "repairing"
 
 

@@ -28,7 +28,7 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile.facts import derive
 from multislice_operator.reconcile.reasons import REGISTRY, Reason
 from tests.unit import jobs
-from tests.unit.jobs import Observed, spec_and_plan
+from tests.unit.jobs import Observed, run, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings()
@@ -38,7 +38,7 @@ RUNNING = {
     "phase": "Running",
     "runningTime": "2026-12-01T11:00:00Z",
     "capacityReadyTime": "2026-12-01T11:00:00Z",
-    "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}],
+    "conditions": [{"type": "Provisioned", "status": "True", "reason": Reason.GANG_READY}],
     "slices": [{"index": i, "phase": "Running", "hosts": 4, "seenReady": True} for i in range(2)],
 }
 
@@ -48,12 +48,6 @@ def slices(*states: PoolState) -> list[SliceObservation]:
         SliceObservation(i, POOLS[i], s, 4 if s == PoolState.READY else 0, present_hosts=None)
         for i, s in enumerate(states)
     ]
-
-
-def run(old, obs, meta=None, **spec):
-    s, p = spec_and_plan(**spec)
-    meta = meta or JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
-    return decide(meta, s, p, None, MultisliceJobStatus.from_dict(old), obs, CFG)
 
 
 def test_a_late_verdict_does_not_leave_an_earlier_steps_create_behind():
@@ -71,11 +65,11 @@ def test_a_late_verdict_does_not_leave_an_earlier_steps_create_behind():
     )
     d = run(RUNNING, obs, failurePolicy={"maxDisruptionRestarts": 1})
     assert d.status.phase == Phase.FAILED
-    assert d.status.condition("Failed").reason == "MaxDisruptionRestarts"  # type: ignore[union-attr]
+    assert d.status.condition("Failed").reason == Reason.MAX_DISRUPTION_RESTARTS  # type: ignore[union-attr]
     assert d.actions == [DeleteJobSet(), DeletePools((POOLS[0],))]
     assert [e.reason for e in d.events] == [
-        "RestartingAllSlices",
-        "MaxDisruptionRestarts",
+        Reason.RESTARTING_ALL_SLICES,
+        Reason.MAX_DISRUPTION_RESTARTS,
         "Failed",
     ]
 
@@ -93,7 +87,7 @@ def test_a_pool_is_never_created_without_the_finalizer():
     meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=False)
     d = run({**RUNNING, "phase": "Succeeded"}, obs, meta=meta)
     assert d.actions == [AddFinalizer(), CreatePools((1,))]
-    assert "StatusIgnored" in [e.reason for e in d.events]
+    assert Reason.STATUS_IGNORED in [e.reason for e in d.events]
     assert d.status.phase == Phase.RESTARTING
 
 
@@ -176,7 +170,7 @@ def test_a_namespace_that_refuses_the_pods_fails_the_job_before_any_pool():
     obs.pod_security = refused
     d = run({}, obs, meta=JobMeta("ns", "job", "uid-1", 1))
     assert d.status.phase == Phase.FAILED and d.actions == []  # no dry run, no finalizer, no pool
-    assert d.status.condition("Failed").reason == "PodSecurityRefused"  # type: ignore[union-attr]
+    assert d.status.condition("Failed").reason == Reason.POD_SECURITY_REFUSED  # type: ignore[union-attr]
     # Once pools exist (the namespace changed under a running job), it is not this verdict's.
     later = Observed(now=NOW, slices=slices(PoolState.READY, PoolState.READY))
     later.pod_security = refused
@@ -188,7 +182,7 @@ def test_a_job_without_a_checkpoint_says_so_once():
     meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
     obs = Observed(now=NOW, slices=slices(PoolState.ABSENT, PoolState.ABSENT))
     first = decide(meta, s, p, None, MultisliceJobStatus(), obs, CFG)
-    (warned,) = [e for e in first.events if e.reason == "NoCheckpoint"]
+    (warned,) = [e for e in first.events if e.reason == Reason.NO_CHECKPOINT]
     assert "spec.checkpoint.directory" in warned.message and warned.type == "Warning"
     again = decide(meta, s, p, None, first.status, obs, CFG)
-    assert "NoCheckpoint" not in [e.reason for e in again.events]
+    assert Reason.NO_CHECKPOINT not in [e.reason for e in again.events]

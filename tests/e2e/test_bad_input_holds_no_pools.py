@@ -1,4 +1,4 @@
-"""Issue 14 end to end: no input, update or blip holds TPUs hostage.
+"""Issue 14 end to end: no bad input, update or blip leaves a job holding TPU node pools.
 
 Managed mode against the real apiserver, JobSet controller and webhooks, scheduler and kwok nodes
 (cluster profile) and the GKE simulator. Every case ends one of two ways, within a bound: the job
@@ -20,6 +20,7 @@ from multislice_local.nodes import RUN_DURATION_ANNOTATION, set_not_ready
 from multislice_local.stack import LocalStack
 from multislice_operator.api import models
 from multislice_operator.planning.plan import node_pool_name
+from multislice_operator.reconcile.reasons import Reason
 from tests import msj
 from tests.msj import create, custom, event_lines
 
@@ -28,7 +29,7 @@ NOT_READY_GRACE_S = 20  # the operator's node NotReady grace period in this modu
 
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    log = tmp_path_factory.mktemp("hostage") / "operator.log"
+    log = tmp_path_factory.mktemp("bad-input") / "operator.log"
     env = {"MSJ_NODE_NOT_READY_GRACE_SECONDS": str(NOT_READY_GRACE_S)}
     with msj.local_stack(kube_cluster, log, operator_env=env) as s:
         yield s
@@ -36,7 +37,7 @@ def stack(kube_cluster, tmp_path_factory):
 
 @pytest.fixture
 def env(stack, namespace, kube_cluster):
-    ns = namespace(kube_cluster, "hostage")
+    ns = namespace(kube_cluster, "bad-input")
     stack.sim.clear_faults()
     stack.sim.configure(op_latency_s=1.0)
     stack.sim.reset_counters()
@@ -158,7 +159,7 @@ def test_refused_template_fails_before_any_pool(env, changes, needle):
     st = failed_before_any_pool(stack, ns, "refused", needle)
     assert "the apiserver refuses" in st["message"], st["message"]
     cond = {c["type"]: c for c in st["conditions"]}
-    assert cond["Failed"]["reason"] == "JobSetRefused"
+    assert cond["Failed"]["reason"] == Reason.JOBSET_REFUSED
     delete(stack, ns, "refused")
 
 
@@ -191,7 +192,7 @@ def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     assert "didn't match Pod's node affinity/selector" in st["message"], st["message"]
     assert "spec.failurePolicy.unschedulableTimeoutSeconds" in st["message"]
     cond = {c["type"]: c for c in st["conditions"]}
-    assert cond["Failed"]["reason"] == "Unschedulable"
+    assert cond["Failed"]["reason"] == Reason.UNSCHEDULABLE
     no_pools_left(stack, ns, "nosched")
     wait_for(lambda: jobset(stack, ns, "nosched") is None, 30, "JobSet of the failed job deleted")
     msj.wait_reconciles(stack.op, 1)  # a pass more (a Failed job: every 6 resyncs)
@@ -210,7 +211,7 @@ def test_a_namespace_whose_pod_security_refuses_tpu_pods_fails_the_job_before_an
     create(stack.api, ns, job("podsec"))
     st = wait_phase(stack, ns, "podsec", "Failed", 60)
     cond = {c["type"]: c for c in st["conditions"]}
-    assert cond["Failed"]["reason"] == "PodSecurityRefused", st
+    assert cond["Failed"]["reason"] == Reason.POD_SECURITY_REFUSED, st
     assert "restricted" in st["message"] and "hostNetwork" in st["message"], st["message"]
     assert not pools_of(stack, ns, "podsec")
     assert jobset(stack, ns, "podsec") is None
@@ -230,7 +231,7 @@ def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
     assert "no pod of slice" in st["message"], st["message"]
     assert "kubectl describe job nopods-slice-" in st["message"]
     cond = {c["type"]: c for c in st["conditions"]}
-    assert cond["Failed"]["reason"] == "PodsNotCreated"
+    assert cond["Failed"]["reason"] == Reason.PODS_NOT_CREATED
     no_pools_left(stack, ns, "nopods")
     wait_for(lambda: jobset(stack, ns, "nopods") is None, 30, "JobSet of the failed job deleted")
     delete(stack, ns, "nopods")
@@ -279,7 +280,7 @@ def test_pool_name_collision_never_touches_the_other_jobs_pools(env):
     stack.sim.reset_counters()
     create(stack.api, ns, job(second))
     st = wait_phase(stack, ns, second, "Failed", 60)
-    assert "PoolNameTaken" in {c["reason"] for c in st["conditions"]}
+    assert Reason.POOL_NAME_TAKEN in {c["reason"] for c in st["conditions"]}
     assert first in st["message"] and node_pool_name(ns, first, 0) in st["message"], st
     msj.wait_reconciles(stack.op, 3)  # several passes over both jobs
     assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
@@ -302,13 +303,13 @@ def test_a_not_ready_blip_is_an_event_not_a_repair(env):
     stack.sim.reset_counters()
     pool = node_pool_name(ns, "blip", 1)
     set_not_ready(stack.api, pool)
-    msj.wait_events(stack.api, ns, "blip", "SliceNotReady", log=stack.op.log_tail)
+    msj.wait_events(stack.api, ns, "blip", Reason.SLICE_NOT_READY, log=stack.op.log_tail)
     msj.wait_reconciles(stack.op, 2)  # more passes with slice 1's nodes NotReady, within grace
     assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
-    assert not any(e.startswith("SliceLost") for e in event_lines(stack.api, ns, "blip"))
+    assert not any(e.startswith(Reason.SLICE_LOST) for e in event_lines(stack.api, ns, "blip"))
     set_not_ready(stack.api, pool, False)
     wait_for(
-        lambda: any(e.startswith("SliceReady") for e in event_lines(stack.api, ns, "blip")),
+        lambda: any(e.startswith(Reason.SLICE_READY) for e in event_lines(stack.api, ns, "blip")),
         30,
         "a SliceReady event",
         on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "blip")) + stack.op.log_tail(30),
@@ -316,7 +317,7 @@ def test_a_not_ready_blip_is_an_event_not_a_repair(env):
     st = wait_phase(stack, ns, "blip", "Running", 60)
     assert st["restarts"] == 0, st
     assert calls(stack, "delete_node_pool") == 0 and calls(stack, "create_node_pool") == 0
-    assert not any(e.startswith("SliceLost") for e in event_lines(stack.api, ns, "blip"))
+    assert not any(e.startswith(Reason.SLICE_LOST) for e in event_lines(stack.api, ns, "blip"))
     delete(stack, ns, "blip")
     no_pools_left(stack, ns, "blip")
 
@@ -329,7 +330,7 @@ def test_not_ready_past_the_grace_period_replaces_the_slice(env):
     pool = node_pool_name(ns, "gone", 1)
     set_not_ready(stack.api, pool)
     lost = wait_for(
-        lambda: [e for e in event_lines(stack.api, ns, "gone") if e.startswith("SliceLost")],
+        lambda: [e for e in event_lines(stack.api, ns, "gone") if e.startswith(Reason.SLICE_LOST)],
         NOT_READY_GRACE_S + 40,
         "SliceLost after the grace period",
         on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "gone")) + stack.op.log_tail(30),
@@ -375,7 +376,9 @@ def test_a_hand_written_terminal_status_releases_nothing(env):
     assert calls(stack, "delete_node_pool") == 0, stack.sim.counters()
     assert len(pools_of(stack, ns, "liar")) == 2
     wait_for(
-        lambda: any(e.startswith("StatusIgnored") for e in event_lines(stack.api, ns, "liar")),
+        lambda: any(
+            e.startswith(Reason.STATUS_IGNORED) for e in event_lines(stack.api, ns, "liar")
+        ),
         30,
         "a StatusIgnored event",
         on_timeout=lambda: "\n".join(event_lines(stack.api, ns, "liar")) + stack.op.log_tail(30),

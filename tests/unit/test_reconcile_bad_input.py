@@ -1,8 +1,10 @@
-"""decide() for issue 14: no input, update or blip holds TPUs hostage (table tests, pure)."""
+"""decide() for issue 14: no bad input, update or blip leaves a job holding TPU node pools
+(table tests, pure)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common.errors import FieldError, SpecError
@@ -23,6 +25,7 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
     decide,
 )
+from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
 from tests.unit.jobs import spec_and_plan
 
@@ -42,10 +45,7 @@ _, PLAN = spec_and_plan()
 POOL = [p.name for p in PLAN.node_pools]
 
 
-def run(old=None, obs=None, meta=META, **spec):
-    s, p = spec_and_plan(**spec)
-    status = old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-    return decide(meta, s, p, None, status, obs or Observed(now=NOW, admission=OK), CFG)
+run = partial(jobs.run, cfg=CFG, now=NOW, meta=META)
 
 
 def ready(*hosts: int, present: tuple[int, ...] | None = None) -> list[SliceObservation]:
@@ -114,7 +114,7 @@ def test_a_refused_jobset_fails_the_job_with_the_apiservers_words_and_no_pool():
     assert "CreatePools" not in kinds(d) and "CreateJobSet" not in kinds(d)
     assert d.status.phase == "Failed"
     assert "spec.template.labels: bad" in (d.status.message or "")
-    assert cond(d, "Failed")["reason"] == "JobSetRefused"
+    assert cond(d, "Failed")["reason"] == Reason.JOBSET_REFUSED
 
 
 def test_a_refusal_after_pools_exist_releases_them():
@@ -162,7 +162,7 @@ def test_unschedulable_past_the_deadline_fails_with_the_schedulers_reason_and_re
     assert d.status.phase == "Failed"
     assert "didn't match Pod's node affinity/selector" in (d.status.message or "")
     assert "unschedulableTimeoutSeconds" in (d.status.message or "")
-    assert cond(d, "Failed")["reason"] == "Unschedulable"
+    assert cond(d, "Failed")["reason"] == Reason.UNSCHEDULABLE
     assert DeleteJobSet() in d.actions and DeletePools(tuple(POOL)) in d.actions
     # Next pass: the JobSet is being deleted; the Failed status stands and the pools go.
     again = Observed(
@@ -195,7 +195,7 @@ def test_a_not_ready_blip_is_an_event_not_a_repair():
     )
     d = run(old=RUNNING, obs=blip)
     assert d.actions == []
-    assert reasons(d) == ["SliceNotReady"]
+    assert reasons(d) == [Reason.SLICE_NOT_READY]
     assert d.status.phase == "Running"
     assert cond(d, "Provisioned")["status"] == "True"
     assert d.status.slices[1].not_ready_time == NOW
@@ -217,7 +217,7 @@ def test_a_not_ready_blip_is_an_event_not_a_repair():
         admission=OK,
     )
     d3 = run(old=d2.status, obs=back)
-    assert d3.actions == [] and reasons(d3) == ["SliceReady"]
+    assert d3.actions == [] and reasons(d3) == [Reason.SLICE_READY]
     assert d3.status.slices[1].not_ready_time is None
 
 
@@ -237,7 +237,7 @@ def test_not_ready_past_the_grace_period_is_a_lost_slice():
     )
     d2 = run(old=d.status, obs=late)
     assert d2.actions == [DeletePools((POOL[1],))]
-    lost = next(e for e in d2.events if e.reason == "SliceLost")
+    lost = next(e for e in d2.events if e.reason == Reason.SLICE_LOST)
     assert "NotReady for 61s" in lost.message
 
 
@@ -247,7 +247,7 @@ def test_nodes_gone_is_a_lost_slice_at_once():
     )
     d = run(old=RUNNING, obs=gone)
     assert d.actions == [DeletePools((POOL[1],))]
-    assert "SliceLost" in reasons(d)
+    assert Reason.SLICE_LOST in reasons(d)
 
 
 # ---------------------------------------------------------------- status is not a command
@@ -260,7 +260,7 @@ def test_a_terminal_status_the_world_contradicts_is_ignored():
         obs=Observed(now=NOW, slices=ready(4, 4), jobset=JS_RUNNING, pods=PODS, admission=OK),
     )
     assert not any(isinstance(a, DeletePools) for a in d.actions)
-    assert "StatusIgnored" in reasons(d)
+    assert Reason.STATUS_IGNORED in reasons(d)
     assert d.status.phase == "Running" and d.status.completion_time is None
 
 
@@ -299,7 +299,7 @@ def taken(older: bool) -> list[SliceObservation]:
 
 def test_a_pool_of_an_older_live_job_fails_this_job_and_is_never_deleted():
     d = run(obs=Observed(now=NOW, slices=taken(True), admission=OK))
-    assert d.status.phase == "Failed" and cond(d, "Failed")["reason"] == "PoolNameTaken"
+    assert d.status.phase == "Failed" and cond(d, "Failed")["reason"] == Reason.POOL_NAME_TAKEN
     assert "ns/other" in (d.status.message or "") and POOL[0] in (d.status.message or "")
     deleted = [p for a in d.actions if isinstance(a, DeletePools) for p in a.pools]
     assert deleted == [POOL[1]]  # ours only
@@ -364,7 +364,9 @@ def test_a_slice_without_any_pod_fails_after_the_deadline():
     fresh = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 300})
     assert fresh.status.phase != "Failed" and fresh.requeue_after == 180
     late = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 100})
-    assert late.status.phase == "Failed" and cond(late, "Failed")["reason"] == "PodsNotCreated"
+    assert (
+        late.status.phase == "Failed" and cond(late, "Failed")["reason"] == Reason.PODS_NOT_CREATED
+    )
     assert "kubectl describe job job-slice-1" in (late.status.message or "")
     assert DeleteJobSet() in late.actions and DeletePools(tuple(POOL)) in late.actions
     every = run(old=old, obs=obs({0: 4, 1: 4}), failurePolicy={"unschedulableTimeoutSeconds": 100})
