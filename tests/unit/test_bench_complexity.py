@@ -91,7 +91,7 @@ def test_a_run_reports_the_core_apart_from_the_package(
     branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(21))
     (tmp_path / "reconcile").mkdir()
     (tmp_path / "reconcile" / "core.py").write_text(f"def big(x):\n{branches}\n    return -1\n")
-    (tmp_path / "cli/view.py").write_text(f"def wide(x):\n{branches}\n    return -1\n")
+    (tmp_path / "view.py").write_text(f"def wide(x):\n{branches}\n    return -1\n")
     monkeypatch.setattr(complexity, "save", lambda name, data: tmp_path / f"{name}.json")
     out = complexity.run(threshold=20, top=1, root=tmp_path)
     core, package = out["scopes"][complexity.CORE], out["scopes"]["operator package"]
