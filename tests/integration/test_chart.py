@@ -561,6 +561,34 @@ def test_metrics_network_policy_admits_only_the_listed_peers(tmp_path: Path) -> 
     assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "multislice-operator"
 
 
+def test_metrics_network_policy_admits_the_gmp_collector_when_pod_monitoring_is_on(
+    tmp_path: Path,
+) -> None:
+    """GKE Managed Prometheus scrapes from its collector's namespace (gmp-system), not from
+    `monitoring`: with both on, the policy admits the namespaces of podMonitoring's
+    collectorSubjects too (issue 44)."""
+    on = {"networkPolicy": {"enabled": True}}
+
+    def sources(metrics: dict[str, Any]) -> list[Any]:
+        (rule,) = one(render(tmp_path, {"metrics": metrics}), "NetworkPolicy")["spec"]["ingress"]
+        return list(rule["from"])
+
+    def namespace(name: str) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    assert sources(on) == [namespace("monitoring")]
+    assert sources({**on, "podMonitoring": {"enabled": True}}) == [
+        namespace("monitoring"),
+        namespace("gmp-system"),
+    ]
+    collectors = [
+        {"kind": "ServiceAccount", "name": "collector", "namespace": "gmp-public"},
+        {"kind": "ServiceAccount", "name": "rule-evaluator", "namespace": "gmp-public"},
+    ]
+    both = {**on, "podMonitoring": {"enabled": True, "collectorSubjects": collectors}}
+    assert sources(both) == [namespace("monitoring"), namespace("gmp-public")]
+
+
 def test_disruption_budget_and_topology_spread(tmp_path: Path) -> None:
     assert not by_kind(render(tmp_path), "PodDisruptionBudget")
     pdb = one(render(tmp_path, {"podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget")
