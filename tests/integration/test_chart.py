@@ -589,6 +589,25 @@ def test_metrics_network_policy_admits_the_gmp_collector_when_pod_monitoring_is_
     assert sources(both) == [namespace("monitoring"), namespace("gmp-public")]
 
 
+def test_default_resources_bound_ephemeral_storage(tmp_path: Path) -> None:
+    """kube-score's ephemeral-storage finding (issue 44): the default requests and limits it.
+    The kubelet evicts a pod whose disk use (its containers' logs and writable layers, and its
+    emptyDirs) passes the sum of its containers' limits: the limit must leave room for the /tmp
+    emptyDir and the kubelet's rotated logs (10Mi x 5 by default) besides."""
+    docs = render(tmp_path)
+    resources = container(docs)["resources"]
+    (tmp,) = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+
+    def mib(quantity: str) -> int:
+        assert quantity.endswith("Mi"), quantity
+        return int(quantity[:-2])
+
+    assert mib(resources["requests"]["ephemeral-storage"]) >= mib(tmp["emptyDir"]["sizeLimit"])
+    limit = mib(resources["limits"]["ephemeral-storage"])
+    assert limit >= mib(tmp["emptyDir"]["sizeLimit"]) + 50 + 64  # and the image's writable layer
+    assert "cpu" not in resources["limits"]  # by choice: docs/install.md#what-kube-score-reports
+
+
 def test_disruption_budget_and_topology_spread(tmp_path: Path) -> None:
     assert not by_kind(render(tmp_path), "PodDisruptionBudget")
     pdb = one(render(tmp_path, {"podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget")
