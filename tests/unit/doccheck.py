@@ -633,16 +633,16 @@ def emitted_label_values() -> dict[tuple[str, str], frozenset[str]]:
 def _named_label_values(text: str) -> list[tuple[int, str, str, str]]:
     """(offset, metric, label, value) for `metric{label="value"}` selectors and for the value
     lists of docs/metrics.md's table (`label`: `a`, `b`; words in parentheses are remarks)."""
-    named = []
+    named: list[tuple[int, str, str, str]] = []
     for m in re.finditer(r"\b(multislice_\w+)\{([^}]*)\}", text):
         for pair in re.finditer(r'(\w+)\s*=\s*"([^"]*)"', m.group(2)):
             named.append((m.start(), m.group(1), pair.group(1), pair.group(2)))
     for row in re.finditer(r"^\| `(multislice_\w+)` \| \w+ \| ([^|\n]*) \|", text, re.MULTILINE):
         column = re.sub(r"<!--.*?-->|\([^)]*\)", "", row.group(2))
         for part in column.split(";"):
-            if m := re.match(r"\s*`(\w+)`:(.*)", part):
-                for value in re.findall(r"`([^`]+)`", m.group(2)):
-                    named.append((row.start(), row.group(1), m.group(1), value))
+            if values := re.match(r"\s*`(\w+)`:(.*)", part):
+                for value in re.findall(r"`([^`]+)`", values.group(2)):
+                    named.append((row.start(), row.group(1), values.group(1), value))
     return named
 
 
