@@ -27,6 +27,19 @@ local health = {
   Suspended = "Suspended",
 }
 hs.status = health[phase] or "Unknown"
+-- An elastic job running on fewer slices than spec.slices (condition Degraded=True, reason
+-- FewerSlices: lost slices that cannot come back soon, a stockout or spec.elastic.waitSeconds
+-- passed) is Degraded, as a Deployment past its progress deadline is. Only a running job's
+-- health changes.
+if hs.status == "Healthy" and phase == "Running" and obj.status.conditions ~= nil then
+  for _, c in ipairs(obj.status.conditions) do
+    if c.type == "Degraded" and c.status == "True" then
+      hs.status = "Degraded"
+      hs.message = phase .. ": " .. tostring(c.reason) .. ": " .. tostring(c.message or "")
+      return hs
+    end
+  end
+end
 if obj.status.message ~= nil and obj.status.message ~= "" then
   hs.message = phase .. ": " .. obj.status.message
 else

@@ -561,6 +561,53 @@ def test_metrics_network_policy_admits_only_the_listed_peers(tmp_path: Path) -> 
     assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "multislice-operator"
 
 
+def test_metrics_network_policy_admits_the_gmp_collector_when_pod_monitoring_is_on(
+    tmp_path: Path,
+) -> None:
+    """GKE Managed Prometheus scrapes from its collector's namespace (gmp-system), not from
+    `monitoring`: with both on, the policy admits the namespaces of podMonitoring's
+    collectorSubjects too (issue 44)."""
+    on = {"networkPolicy": {"enabled": True}}
+
+    def sources(metrics: dict[str, Any]) -> list[Any]:
+        (rule,) = one(render(tmp_path, {"metrics": metrics}), "NetworkPolicy")["spec"]["ingress"]
+        return list(rule["from"])
+
+    def namespace(name: str) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    assert sources(on) == [namespace("monitoring")]
+    assert sources({**on, "podMonitoring": {"enabled": True}}) == [
+        namespace("monitoring"),
+        namespace("gmp-system"),
+    ]
+    collectors = [
+        {"kind": "ServiceAccount", "name": "collector", "namespace": "gmp-public"},
+        {"kind": "ServiceAccount", "name": "rule-evaluator", "namespace": "gmp-public"},
+    ]
+    both = {**on, "podMonitoring": {"enabled": True, "collectorSubjects": collectors}}
+    assert sources(both) == [namespace("monitoring"), namespace("gmp-public")]
+
+
+def test_default_resources_bound_ephemeral_storage(tmp_path: Path) -> None:
+    """kube-score's ephemeral-storage finding (issue 44): the default requests and limits it.
+    The kubelet evicts a pod whose disk use (its containers' logs and writable layers, and its
+    emptyDirs) passes the sum of its containers' limits: the limit must leave room for the /tmp
+    emptyDir and the kubelet's rotated logs (10Mi x 5 by default) besides."""
+    docs = render(tmp_path)
+    resources = container(docs)["resources"]
+    (tmp,) = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+
+    def mib(quantity: str) -> int:
+        assert quantity.endswith("Mi"), quantity
+        return int(quantity[:-2])
+
+    assert mib(resources["requests"]["ephemeral-storage"]) >= mib(tmp["emptyDir"]["sizeLimit"])
+    limit = mib(resources["limits"]["ephemeral-storage"])
+    assert limit >= mib(tmp["emptyDir"]["sizeLimit"]) + 50 + 64  # and the image's writable layer
+    assert "cpu" not in resources["limits"]  # by choice: docs/install.md#what-kube-score-reports
+
+
 def test_disruption_budget_and_topology_spread(tmp_path: Path) -> None:
     assert not by_kind(render(tmp_path), "PodDisruptionBudget")
     pdb = one(render(tmp_path, {"podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget")

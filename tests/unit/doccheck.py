@@ -562,3 +562,132 @@ def check_states(text: str, name: str = "doc") -> list[Finding]:
 
 def yaml_blocks(text: str) -> list[tuple[int, str]]:
     return [(line, body) for line, lang, body in _fenced(text) if lang in ("yaml", "yml")]
+
+
+# ---------------------------------------------------------------- metric label values (issue 44)
+
+
+def _exposed(metric: Any) -> str:
+    """The name Prometheus sees: the client keeps a counter's name without `_total`."""
+    return f"{metric._name}_total" if metric._type == "counter" else str(metric._name)
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def _literal_label_values(metrics: Any) -> dict[tuple[str, str], set[str]]:
+    """The label values written as literals at `METRIC.labels(...)` calls of the operator, one
+    call deep: an argument that is a parameter of the calling function takes the literals its
+    callers in the same module pass (applier's `_count("create", ...)`)."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for path in sorted((ROOT / "operator").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] + [tree]:
+            params = [a.arg for a in fn.args.args] if isinstance(fn, ast.FunctionDef) else []
+            for call in ast.walk(fn):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+                    continue
+                owner = call.func.value
+                var = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                metric = getattr(metrics, var, None) if call.func.attr == "labels" else None
+                if isinstance(metric, metrics.PerNamespace):
+                    metric, labels = metric.metric, metric.metric._labelnames[1:]
+                elif metric is not None and hasattr(metric, "_labelnames"):
+                    labels = metric._labelnames
+                else:
+                    continue
+                for label, arg in zip(labels, call.args, strict=False):
+                    values = _strings(arg)
+                    if isinstance(arg, ast.Name) and arg.id in params:
+                        at = params.index(arg.id)
+                        for c in calls:
+                            if getattr(c.func, "id", None) == fn.name and len(c.args) > at:  # type: ignore[union-attr]
+                                values |= _strings(c.args[at])
+                    found.setdefault((_exposed(metric), label), set()).update(values)
+    return found
+
+
+@functools.cache
+def emitted_label_values() -> dict[tuple[str, str], frozenset[str]]:
+    """(metric, label) -> every value the operator can give that label: the label sets preset at
+    0 (registered when the reconciler is imported), the literals at `.labels(...)` calls, and the
+    enums the scrape-time collectors read (a job's phase, a goodput state)."""
+    from multislice_operator.controller import metrics, reconciler  # noqa: F401 (the presets)
+
+    found = _literal_label_values(metrics)
+    for per in metrics._PER_NAMESPACE:
+        labels = per.metric._labelnames[1:]
+        for values in per.presets:
+            for label, value in zip(labels, per.full(values), strict=True):
+                found.setdefault((_exposed(per.metric), label), set()).add(value)
+    found[("multislice_jobs", "phase")] = {str(p) for p in models.Phase}
+    for name in ("multislice_job_state_seconds_total", "multislice_job_state_chip_seconds_total"):
+        found[(name, "state")] = {str(s) for s in models.GoodputState}
+    return {key: frozenset(values) for key, values in found.items()}
+
+
+def _named_label_values(text: str) -> list[tuple[int, str, str, str]]:
+    """(offset, metric, label, value) for `metric{label="value"}` selectors and for the value
+    lists of docs/metrics.md's table (`label`: `a`, `b`; words in parentheses are remarks)."""
+    named: list[tuple[int, str, str, str]] = []
+    for m in re.finditer(r"\b(multislice_\w+)\{([^}]*)\}", text):
+        for pair in re.finditer(r'(\w+)\s*=\s*"([^"]*)"', m.group(2)):
+            named.append((m.start(), m.group(1), pair.group(1), pair.group(2)))
+    for row in re.finditer(r"^\| `(multislice_\w+)` \| \w+ \| ([^|\n]*) \|", text, re.MULTILINE):
+        column = re.sub(r"<!--.*?-->|\([^)]*\)", "", row.group(2))
+        for part in column.split(";"):
+            if values := re.match(r"\s*`(\w+)`:(.*)", part):
+                for value in re.findall(r"`([^`]+)`", values.group(2)):
+                    named.append((row.start(), row.group(1), values.group(1), value))
+    return named
+
+
+def check_metric_labels(text: str, name: str = "doc") -> list[Finding]:
+    """Every metric label value a page names is one the operator can emit."""
+    emitted = emitted_label_values()
+    found = []
+    for pos, metric, label, value in _named_label_values(text):
+        where = f"{name}:{_line(text, pos)}"
+        if (metric, label) not in emitted:
+            found.append(Finding(where, f"{metric}{{{label}}}: the code gives no values to check"))
+        elif value not in emitted[(metric, label)]:
+            can = ", ".join(sorted(emitted[(metric, label)]))
+            found.append(Finding(where, f'{metric}{{{label}="{value}"}} is never emitted ({can})'))
+    return found
+
+
+# ---------------------------------------------------------------- chart resource names (issue 44)
+
+
+def chart_names(rendered: list[dict[str, Any]]) -> set[str]:
+    """The names a rendered chart gives: every object's, and the `resourceNames` its roles grant
+    (the leader-election and heartbeat Leases, made by the operator at run time)."""
+    names = {d["metadata"]["name"] for d in rendered}
+    for d in rendered:
+        for rule in d.get("rules", []) if d["kind"] in ("Role", "ClusterRole") else []:
+            names.update(rule.get("resourceNames", []))
+    return names
+
+
+def check_chart_names(
+    text: str, name: str, rendered: set[str], release: str, fullname: str
+) -> list[Finding]:
+    """Every `<release>-...` / `<fullname>-...` name a page writes is rendered by the chart for a
+    release named `release` (whose fullname is `fullname`)."""
+    found = []
+    for m in re.finditer(r"`(<(?:release|fullname)>[\w.<>-]*)`", text):
+        written = m.group(1).rstrip(".")
+        resolved = written.replace("<release>", release).replace("<fullname>", fullname)
+        if resolved not in rendered:
+            found.append(
+                Finding(
+                    f"{name}:{_line(text, m.start())}",
+                    f"`{written}` ({resolved} for release {release}) is not a name the chart "
+                    "renders",
+                )
+            )
+    return found

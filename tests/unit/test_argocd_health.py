@@ -86,6 +86,35 @@ def test_failed_job_explains_why() -> None:
     assert got["status"] == "Degraded" and "non-retryable code 42" in got["message"]
 
 
+SHRUNK = {
+    "type": "Degraded",
+    "status": "True",
+    "reason": "FewerSlices",
+    "message": "running on 3 of 4 slices (spec.elastic); slice 1: GCE_STOCKOUT",
+}
+
+
+def test_an_elastic_job_on_fewer_slices_is_degraded() -> None:
+    """Argo CD's Degraded: the resource runs, but not as its spec asks (as a Deployment short of
+    its replicas); the message says by how much and why (issue 44)."""
+    status = {"phase": "Running", "message": "3/4 slices running", "conditions": [SHRUNK]}
+    got = health(job(status))
+    assert got == {
+        "status": "Degraded",
+        "message": "Running: FewerSlices: running on 3 of 4 slices (spec.elastic); "
+        "slice 1: GCE_STOCKOUT",
+    }
+
+
+def test_degraded_false_or_a_finished_job_keeps_its_health() -> None:
+    """All slices back (Degraded=False) is Healthy; a job that ends shrunk is Succeeded, and a
+    shrinking job that restarts is Progressing: the condition changes only a running job's."""
+    back = {**SHRUNK, "status": "False", "reason": "AllSlices", "message": "running on all 4"}
+    assert health(job({"phase": "Running", "conditions": [back]}))["status"] == "Healthy"
+    for phase, expected in (("Succeeded", "Healthy"), ("Restarting", "Progressing")):
+        assert health(job({"phase": phase, "conditions": [SHRUNK]}))["status"] == expected
+
+
 def test_gitops_doc_snippet_is_the_same_script() -> None:
     doc = (ROOT / "docs" / "gitops.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", doc, re.DOTALL)

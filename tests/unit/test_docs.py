@@ -211,8 +211,15 @@ EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
         doccheck.check_environment,
         doccheck.check_defaults,
         doccheck.check_states,
+        doccheck.check_metric_labels,
     ],
-    ids=["commands-and-flags", "environment", "defaults", "phases-conditions-reasons"],
+    ids=[
+        "commands-and-flags",
+        "environment",
+        "defaults",
+        "phases-conditions-reasons",
+        "metric-label-values",
+    ],
 )
 def test_every_name_in_the_docs_exists_in_the_code(doc: str, check: Any) -> None:
     findings = check((ROOT / doc).read_text(), doc)
@@ -244,6 +251,12 @@ def test_every_name_in_the_docs_exists_in_the_code(doc: str, check: Any) -> None
         ("condition `Wedged` reason `Admitted`", doccheck.check_states,
          "condition `Wedged` does not exist"),
         ("event `ReleasingNodePools`", doccheck.check_states, "`ReleasingNodePools`"),
+        ('`multislice_reconcile_total{result="requeue"}`', doccheck.check_metric_labels,
+         'multislice_reconcile_total{result="requeue"} is never emitted'),
+        ("| `multislice_gke_node_pool_actions_total` | counter | `action`: `create`, `resize` |",
+         doccheck.check_metric_labels, '{action="resize"} is never emitted'),
+        ('`multislice_jobs{phase="Waiting"}`', doccheck.check_metric_labels,
+         '{phase="Waiting"} is never emitted'),
     ],
 )  # fmt: skip
 def test_each_check_fails_on_a_wrong_doc(snippet: str, check: Any, needle: str) -> None:

@@ -133,7 +133,7 @@ REGISTRY.register(JOBS)
 
 RECONCILE_TOTAL = Counter(
     "multislice_reconcile_total",
-    "Reconciles of MultisliceJobs by result (success, error, requeue).",
+    "Reconciles of MultisliceJobs by result (success, error).",
     ["result"],
     registry=REGISTRY,
 )
