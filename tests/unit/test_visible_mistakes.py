@@ -26,6 +26,7 @@ from multislice_operator.reconcile import (
     JobSetObservation,
     SliceObservation,
 )
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.render.jobset import render_jobset
 from tests.unit import jobs
 
@@ -187,7 +188,7 @@ def test_a_missing_priority_class_fails_the_job_before_any_pool_naming_the_field
     d = jobs.run(None, obs, cfg=CFG, meta=meta, plan=(spec, plan))
     assert d.status.phase == "Failed" and d.actions == []  # no dry run, finalizer or pool
     failed = d.status.condition("Failed")
-    assert failed is not None and failed.reason == "PriorityClassNotFound"
+    assert failed is not None and failed.reason == Reason.PRIORITY_CLASS_NOT_FOUND
     assert "spec.template.spec.priorityClassName" in (d.status.message or "")
     assert "'hi'" in (d.status.message or "")
     # Once pools exist (the class deleted under a running job), it is not this verdict's.
@@ -262,7 +263,7 @@ def test_the_pod_losses_of_a_deletion_are_no_restart():
                         for i, p in enumerate(plan.pools)]):  # fmt: skip
         obs = jobs.Observed(now=NOW, slices=slices, jobset=js, pods=killed)
         d = jobs.run(old, obs, cfg=CFG, meta=deleting, plan=(spec, plan))
-        assert "RestartingAllSlices" not in [e.reason for e in d.events], d.events
+        assert Reason.RESTARTING_ALL_SLICES not in [e.reason for e in d.events], d.events
         assert d.status.restarts == 0 and not d.metrics.restarts, d.metrics
 
 
