@@ -22,7 +22,6 @@ from multislice_operator.reconcile import (
     JobMeta,
     JobSetObservation,
     SliceObservation,
-    decide,
 )
 from tests.unit import jobs
 from tests.unit.jobs import Observed
@@ -65,7 +64,7 @@ def restarted_job() -> dict:
     ):
         pods = [*failures, *jobs.running(running, js.restarts if js else 0)]
         obs = Observed(now=at(t), slices=list(slices), jobset=js, pods=pods)
-        status = decide(meta, job.spec, plan, None, status, obs, CFG).status
+        status = jobs.run(status, obs, cfg=CFG, meta=meta, plan=(job.spec, plan)).status
     assert status is not None
     obj["status"] = status.to_dict()
     return obj
@@ -139,15 +138,8 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
     plan = plan_job(job)
     meta = JobMeta("team", "llm", "uid", 1, creation_time=T0, has_finalizer=True)
     names = [p.name for p in plan.node_pools]
-    first = decide(
-        meta,
-        job.spec,
-        plan,
-        None,
-        None,
-        Observed(now=at(1), slices=[SliceObservation(i, n) for i, n in enumerate(names)]),
-        CFG,
-    ).status
+    nothing_yet = Observed(now=at(1), slices=[SliceObservation(i, n) for i, n in enumerate(names)])
+    first = jobs.run(None, nothing_yet, cfg=CFG, meta=meta, plan=(job.spec, plan)).status
     stockout = PoolError(1, names[1], "GCE_STOCKOUT", "no capacity", False)
     obs = Observed(
         now=at(20),
@@ -156,7 +148,7 @@ def test_next_gang_attempt_after_a_rollback(tmp_path, capsys):
             SliceObservation(1, names[1], PoolState.FAILED, error=stockout),
         ],
     )
-    st = decide(meta, job.spec, plan, None, first, obs, CFG).status
+    st = jobs.run(first, obs, cfg=CFG, meta=meta, plan=(job.spec, plan)).status
     assert st.next_attempt_time is not None
     obj["status"] = st.to_dict()
     data = json.loads(status_of(tmp_path, obj, at(25), "-o", "json", capsys=capsys))

@@ -32,7 +32,6 @@ from multislice_operator.reconcile import (
     Observed,
     Pod,
     SliceObservation,
-    decide,
 )
 from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
@@ -72,6 +71,8 @@ EXISTING = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(
 
 def run(old, js, failures=(), t=0.0, pods=(), maint=(), annotations=None, slices=None, **spec):
     """One pass of `job(**spec)` (on existing pools) at `t` seconds, its JobSet `js`."""
+    # Not a copy of jobs.run: it builds this file's observation (pools, JobSet, failed pods,
+    # maintenance) and job (provisioning mode, annotations), then hands them to jobs.run.
     mode = spec.pop("mode", "Existing")
     obs = Observed(
         now=at(t),
@@ -724,7 +725,7 @@ def test_a_slice_that_already_finished_is_not_slow():
             "startup": {"attempt": 0, "since": "2026-11-30T11:58:00Z"},
         }
     )
-    d = decide(meta(), s, p, None, old, obs, CFG)
+    d = jobs.run(old, obs, cfg=CFG, meta=meta(), plan=(s, p))
     (event,) = [e for e in d.events if e.reason == Reason.STARTUP_DEADLINE_EXCEEDED]
     assert "slice 0: 0/4 pods running" in event.message and "slice 1" not in event.message
 

@@ -26,7 +26,6 @@ from multislice_operator.reconcile import (
     JobSetObservation,
     SliceObservation,
     Termination,
-    decide,
     termination,
 )
 from multislice_operator.reconcile.goodput import (
@@ -366,7 +365,6 @@ SLICES = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)
 
 
 def step(old, t, blind=None, jobset=None, failures=(), running=None):
-    spec, plan = existing_job()
     obs = Observed(
         now=at(t),
         slices=list(SLICES),
@@ -374,7 +372,7 @@ def step(old, t, blind=None, jobset=None, failures=(), running=None):
         pods=[*failures, *jobs.running(running or {}, jobset.restarts if jobset else 0)],
         blind_since=at(blind) if blind is not None else None,
     )
-    return decide(META, spec, plan, None, old, obs, CFG).status
+    return jobs.run(old, obs, cfg=CFG, meta=META, plan=existing_job()).status
 
 
 def test_one_restart_reports_cause_lost_steps_and_recovery():
@@ -476,7 +474,7 @@ def test_a_lost_slice_is_repairing_time_with_its_pool_held():
         ],
         jobset=JobSetObservation(ready_jobs=1),
     )
-    s = decide(META, managed_spec, mplan, None, old, obs, CFG).status
+    s = jobs.run(old, obs, cfg=CFG, meta=META, plan=(managed_spec, mplan)).status
     assert s.goodput is not None
     # The surviving pool, and the replacement this very pass creates (held from now on).
     assert s.goodput.held_chips == 32 and s.goodput.state == "repairing"
@@ -553,7 +551,7 @@ def test_resuming_a_managed_job_is_provisioning_time():
         slices=[SliceObservation(i, n, PoolState.ABSENT) for i, n in enumerate(names)],
         jobset=JobSetObservation(suspended=True),
     )
-    d = decide(META, spec, plan, None, old, obs, CFG)
+    d = jobs.run(old, obs, cfg=CFG, meta=META, plan=(spec, plan))
     assert d.status.phase == "Provisioning" and "resuming" in (d.status.message or "")
     assert d.status.goodput is not None and d.status.goodput.state == "provisioning"
     assert d.status.goodput.seconds.suspended == 30

@@ -44,10 +44,6 @@ def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def as_status(old):
-    return old if isinstance(old, MultisliceJobStatus) else MultisliceJobStatus.from_dict(old)
-
-
 def st(decision):
     """The status as written to the apiserver (camelCase, no nulls)."""
     return decision.status.to_dict()
@@ -474,7 +470,7 @@ def test_kueue_owns_the_suspend_flag():
     meta = JobMeta("ns", "job", "uid-1", 1, labels={"kueue.x-k8s.io/queue-name": "tpu-queue"})
     s, p = spec_and_plan(provisioning={"mode": "Existing"})
     obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True))
-    d = decide(meta, s, p, None, as_status({"phase": "Starting"}), obs, CFG)
+    d = run(old={"phase": "Starting"}, obs=obs, meta=meta, plan=(s, p))
     assert d.actions == []  # a suspended JobSet that names a queue is resumed by Kueue, not us
     assert st(d)["phase"] == "Queued"
     assert "tpu-queue" in st(d)["message"]

@@ -346,7 +346,7 @@ def test_a_phase_written_over_a_sticking_verdict_does_not_revive_the_job(
     case, _, written = _verdict(reason)
     written.phase = Phase(phase) if phase else None
     d = case.decide(written, case.gone)
-    assert "StatusIgnored" not in [e.reason for e in d.events]
+    assert Reason.STATUS_IGNORED not in [e.reason for e in d.events]
     _assert_sticks(reason, d, case.gone)
 
 
@@ -359,7 +359,7 @@ def test_a_failed_status_written_by_hand_beside_a_running_jobset_is_recomputed(
     old["conditions"] = [{"type": "Failed", "status": "True", "reason": str(reason)}]
     obs = jobs.Observed(now=NOW, slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4}))
     d = CASES[Reason.UNSCHEDULABLE]().decide(MultisliceJobStatus.from_dict(old), obs)
-    assert d.status.phase == Phase.RUNNING and "StatusIgnored" in [e.reason for e in d.events]
+    assert d.status.phase == Phase.RUNNING and Reason.STATUS_IGNORED in [e.reason for e in d.events]
     assert d.actions == []
 
 
@@ -373,7 +373,7 @@ def test_jobsets_own_failure_reason_beside_a_running_jobset_is_recomputed() -> N
     written = MultisliceJobStatus.from_dict(first.status.to_dict())
     running = _after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4}))
     d = case.decide(written, running)
-    assert d.status.phase == Phase.RUNNING and "StatusIgnored" in [e.reason for e in d.events]
+    assert d.status.phase == Phase.RUNNING and Reason.STATUS_IGNORED in [e.reason for e in d.events]
     assert d.actions == []
 
 

@@ -21,7 +21,6 @@ from multislice_operator.reconcile import (
     JobMeta,
     JobSetObservation,
     SliceObservation,
-    decide,
     invariants,
     verdicts,
 )
@@ -181,8 +180,8 @@ def test_a_job_without_a_checkpoint_says_so_once():
     s, p = spec_and_plan(checkpoint={})
     meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
     obs = Observed(now=NOW, slices=slices(PoolState.ABSENT, PoolState.ABSENT))
-    first = decide(meta, s, p, None, MultisliceJobStatus(), obs, CFG)
+    first = run(None, obs, meta=meta, plan=(s, p))
     (warned,) = [e for e in first.events if e.reason == Reason.NO_CHECKPOINT]
     assert "spec.checkpoint.directory" in warned.message and warned.type == "Warning"
-    again = decide(meta, s, p, None, first.status, obs, CFG)
+    again = run(first.status, obs, meta=meta, plan=(s, p))
     assert Reason.NO_CHECKPOINT not in [e.reason for e in again.events]

@@ -25,14 +25,13 @@ from multislice_operator.reconcile import (
     JobMeta,
     JobSetObservation,
     SliceObservation,
-    decide,
 )
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.render.jobset import render_jobset
 from tests.unit import jobs
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings(None, resync_seconds=10, not_ready_grace_seconds=60)
-META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 
 SIDECAR_8080 = {"name": "metrics", "image": "m", "ports": [{"containerPort": 8080}]}
 
@@ -161,7 +160,7 @@ def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
         {"phase": "Starting", "capacityReadyTime": created.isoformat()}
     )
     obs = jobs.Observed(now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=pods)
-    d = decide(META, spec, plan, None, old, obs, CFG)
+    d = jobs.run(old, obs, cfg=CFG, plan=(spec, plan))
     assert d.status.phase == "Failed", d.status.message
     assert "spec.template.spec.schedulerName is 'volcano'" in (d.status.message or "")
     assert DeleteJobSet() in d.actions and DeletePools(tuple(pools)) in d.actions
@@ -170,8 +169,8 @@ def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
         [ob.summarize_pod(pod_body(i, created=NOW - timedelta(seconds=60))) for i in (0, 1)],
         JobSetObservation(),
     )
-    fresh = decide(META, spec, plan, None, old, jobs.Observed(
-        now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=young), CFG)  # fmt: skip
+    early = jobs.Observed(now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=young)
+    fresh = jobs.run(old, early, cfg=CFG, plan=(spec, plan))
     assert fresh.status.phase != "Failed" and fresh.requeue_after == 540
 
 
@@ -186,19 +185,17 @@ def test_a_missing_priority_class_fails_the_job_before_any_pool_naming_the_field
     obs = jobs.Observed(now=NOW, slices=absent, admission=None)
     obs.missing_priority_class = "hi"
     meta = JobMeta("ns", "job", "uid-1", 1)
-    d = decide(meta, spec, plan, None, MultisliceJobStatus(), obs, CFG)
+    d = jobs.run(None, obs, cfg=CFG, meta=meta, plan=(spec, plan))
     assert d.status.phase == "Failed" and d.actions == []  # no dry run, finalizer or pool
     failed = d.status.condition("Failed")
-    assert failed is not None and failed.reason == "PriorityClassNotFound"
+    assert failed is not None and failed.reason == Reason.PRIORITY_CLASS_NOT_FOUND
     assert "spec.template.spec.priorityClassName" in (d.status.message or "")
     assert "'hi'" in (d.status.message or "")
     # Once pools exist (the class deleted under a running job), it is not this verdict's.
     up = [SliceObservation(i, p.name, PoolState.READY, 4) for i, p in enumerate(plan.pools)]
     later = jobs.Observed(now=NOW, slices=up)
     later.missing_priority_class = "hi"
-    assert decide(META, spec, plan, None, MultisliceJobStatus(), later, CFG).status.phase != (
-        "Failed"
-    )
+    assert jobs.run(None, later, cfg=CFG, plan=(spec, plan)).status.phase != "Failed"
 
 
 class Classes:
@@ -265,8 +262,8 @@ def test_the_pod_losses_of_a_deletion_are_no_restart():
     for slices in (up, [SliceObservation(i, p.name, PoolState.ABSENT)
                         for i, p in enumerate(plan.pools)]):  # fmt: skip
         obs = jobs.Observed(now=NOW, slices=slices, jobset=js, pods=killed)
-        d = decide(deleting, spec, plan, None, old, obs, CFG)
-        assert "RestartingAllSlices" not in [e.reason for e in d.events], d.events
+        d = jobs.run(old, obs, cfg=CFG, meta=deleting, plan=(spec, plan))
+        assert Reason.RESTARTING_ALL_SLICES not in [e.reason for e in d.events], d.events
         assert d.status.restarts == 0 and not d.metrics.restarts, d.metrics
 
 
