@@ -130,6 +130,19 @@ def get(
     return obj
 
 
+def jobset(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    """The JobSet `name`, or None when there is none."""
+    try:
+        obj: dict[str, Any] = custom(api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
 def wait_jobset(
     api: client.ApiClient, ns: str, name: str, timeout: float, *, log: Callable[[int], str]
 ) -> dict[str, Any]:

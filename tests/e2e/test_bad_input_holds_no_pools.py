@@ -82,18 +82,6 @@ def calls(stack: LocalStack, method: str) -> int:
     return int(stack.sim.counters()["calls"].get(method, 0))
 
 
-def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = custom(stack.api).get_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
-
-
 def delete(stack: LocalStack, ns: str, name: str) -> None:
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, name
@@ -112,7 +100,7 @@ def failed_before_any_pool(stack, ns, name, needle: str) -> dict[str, Any]:
     assert needle in st["message"], st["message"]
     assert calls(stack, "create_node_pool") == 0, stack.sim.counters()
     assert not pools_of(stack, ns, name)
-    assert jobset(stack, ns, name) is None
+    assert msj.jobset(stack.api, ns, name) is None
     return st
 
 
@@ -194,7 +182,9 @@ def test_unschedulable_pods_fail_the_job_with_the_schedulers_reason(env):
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["Failed"]["reason"] == Reason.UNSCHEDULABLE
     no_pools_left(stack, ns, "nosched")
-    wait_for(lambda: jobset(stack, ns, "nosched") is None, 30, "JobSet of the failed job deleted")
+    wait_for(
+        lambda: msj.jobset(stack.api, ns, "nosched") is None, 30, "JobSet of the failed job deleted"
+    )
     msj.wait_reconciles(stack.op, 1)  # a pass more (a Failed job: every 6 resyncs)
     assert status(stack, ns, "nosched")["phase"] == "Failed"
     assert not pools_of(stack, ns, "nosched")
@@ -214,7 +204,7 @@ def test_a_namespace_whose_pod_security_refuses_tpu_pods_fails_the_job_before_an
     assert cond["Failed"]["reason"] == Reason.POD_SECURITY_REFUSED, st
     assert "restricted" in st["message"] and "hostNetwork" in st["message"], st["message"]
     assert not pools_of(stack, ns, "podsec")
-    assert jobset(stack, ns, "podsec") is None
+    assert msj.jobset(stack.api, ns, "podsec") is None
     delete(stack, ns, "podsec")
 
 
@@ -233,7 +223,9 @@ def test_pods_the_apiserver_never_creates_fail_the_job_after_the_deadline(env):
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["Failed"]["reason"] == Reason.PODS_NOT_CREATED
     no_pools_left(stack, ns, "nopods")
-    wait_for(lambda: jobset(stack, ns, "nopods") is None, 30, "JobSet of the failed job deleted")
+    wait_for(
+        lambda: msj.jobset(stack.api, ns, "nopods") is None, 30, "JobSet of the failed job deleted"
+    )
     delete(stack, ns, "nopods")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
@@ -63,18 +62,6 @@ def reason(st: dict[str, Any]) -> str:
     return str({c["type"]: c for c in st["conditions"]}["Failed"]["reason"])
 
 
-def jobset(stack: LocalStack, ns: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = custom(stack.api).get_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
-
-
 def delete(stack: LocalStack, ns: str, name: str) -> None:
     custom(stack.api).delete_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, name
@@ -101,7 +88,7 @@ def test_a_sidecar_on_the_operators_port_is_refused_before_any_pool(env):
     assert "spec.template.spec.containers[1].ports[0].containerPort" in st["message"], st
     assert "TCP//8080" in st["message"] and "hostNetwork: false" in st["message"]
     assert creates(stack) == 0 and not pools_of(stack, ns, "sidecar")
-    assert jobset(stack, ns, "sidecar") is None
+    assert msj.jobset(stack.api, ns, "sidecar") is None
     delete(stack, ns, "sidecar")
 
 
@@ -113,7 +100,7 @@ def test_a_priority_class_that_does_not_exist_fails_the_job_before_any_pool(env)
     assert "spec.template.spec.priorityClassName" in st["message"], st["message"]
     assert f"{ns}-missing" in st["message"]
     assert creates(stack) == 0 and not pools_of(stack, ns, "prio")
-    assert jobset(stack, ns, "prio") is None
+    assert msj.jobset(stack.api, ns, "prio") is None
     delete(stack, ns, "prio")
 
 
