@@ -105,8 +105,7 @@ def failed_for_good(old: MultisliceJobStatus) -> bool:
     )
 
 
-def _world_agrees(old: MultisliceJobStatus, _spec: MultisliceJobSpec | None,
-                  js: JobSetObservation | None) -> bool:  # fmt: skip
+def _world_agrees(old: MultisliceJobStatus, js: JobSetObservation | None) -> bool:
     """A terminal status is only believed when the world shows that nothing of the job runs: no
     JobSet of its own (none, one being deleted, one suspended: no pods) or its own is terminal.
     Status is memory, not a command: a phase written by hand never deletes the pools under
@@ -204,7 +203,7 @@ def derive(
         slices=slices,
         restarts=restarts.attribute(old, js, failures),
         finished_before=_finished_before(old),
-        world_agrees=_world_agrees(old, spec, js),
+        world_agrees=_world_agrees(old, js),
         capacity_ready_since=clock,
         size=size,
         capacity=model,
