@@ -149,18 +149,9 @@ def wait_jobset(
     """The job's JobSet once it exists. The operator writes a job's Starting status before it
     creates the JobSet, so a test that saw Starting and plays the JobSet controller waits here."""
 
-    def look() -> dict[str, Any] | None:
-        try:
-            js: dict[str, Any] = custom(api).get_namespaced_custom_object(
-                "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return js
-
-    return wait_for(look, timeout, f"JobSet {ns}/{name}", on_timeout=lambda: log(30))
+    return wait_for(
+        lambda: jobset(api, ns, name), timeout, f"JobSet {ns}/{name}", on_timeout=lambda: log(30)
+    )
 
 
 def status(
