@@ -174,7 +174,7 @@ kueue_overlay() { # <dir for the overlay files> <tools dir>; prints the -overlay
     exit 1
   fi
   sed "s|$pin|metricsCertPath := localMetricsCertDir()|" "$main" >"$1/main.go"
-  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go"
+  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go" # one overlay for both
   printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$pkg/main.go" "$1/main.go" \
     "$pkg/zz_metrics_cert_dir.go" "$1/metrics_cert_dir.go" >"$1/overlay.json"
   echo "-overlay=$1/overlay.json"
