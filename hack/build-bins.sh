@@ -181,16 +181,18 @@ kueue_overlay() { # <dir for the overlay files> <tools dir>; prints the -overlay
 }
 # -mod=readonly: with -mod=mod the go command would rewrite tools/kueue/go.mod to list the
 # overlaid package's imports as direct requirements.
+OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir may be running
+trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
 build_kueue() { # <binary name> <tools dir> <version>
   local flags=()
   if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
     local overlay
     overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
+    OVERLAYS+=("$overlay")
     flags=("$(kueue_overlay "$overlay" "$2")" -mod=readonly)
   fi
   build "$1" "$2" ./cmd/kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$3" \
     ${flags[@]+"${flags[@]}"}
-  rm -rf "$OUT"/.kueue-overlay.*
 }
 build_kueue kueue-controller kueue "$KUEUE_VERSION"
 HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
