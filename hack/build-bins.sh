@@ -20,7 +20,9 @@ TOOLS="$HACK/tools"
 
 # The pinned versions come from the tools modules' go.mod files: one source of truth.
 modver() { # <tools dir> <module path>
-  awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print $NF; exit }' "$TOOLS/$1/go.mod"
+  # "m vX [// indirect]" inside a require block, or "require m vX" on one line
+  awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' \
+    "$TOOLS/$1/go.mod"
 }
 KUBE_VERSION="$(modver kube k8s.io/kubernetes)"
 ETCD_VERSION="$(modver kube go.etcd.io/etcd/server/v3)"
