@@ -166,12 +166,17 @@ def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
             break
         assert pools == [] and phase == "Queued", env.dump()
         time.sleep(0.3)
+    # The admission while c holds it: under Kueue v0.15 (the compatibility lane) the finished
+    # workload was seen with no status.admission; v0.19 keeps it.
+    admission = wait_for(
+        lambda: ((env.workload("c") or {}).get("status") or {}).get("admission"), 60, "c admitted"
+    )
     done = env.phase("c", "Succeeded")  # (its 4 s Running can pass between two polls)
     assert done["queue"]["admissionCheck"] == queues.CHECK
     wl = env.workload("c")
     (pod_set,) = wl["spec"]["podSets"]
     assert (pod_set["name"], pod_set["count"]) == ("slice", 8)  # 4 hosts x 2 slices
-    (assigned,) = wl["status"]["admission"]["podSetAssignments"]
+    (assigned,) = admission["podSetAssignments"]
     assert assigned["resourceUsage"]["google.com/tpu"] == str(CHIPS)  # 4 chips x 4 x 2
     (check,) = wl["status"]["admissionChecks"]
     assert check["state"] == "Ready"
