@@ -20,7 +20,9 @@ TOOLS="$HACK/tools"
 
 # The pinned versions come from the tools modules' go.mod files: one source of truth.
 modver() { # <tools dir> <module path>
-  awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print $NF; exit }' "$TOOLS/$1/go.mod"
+  # "m vX [// indirect]" inside a require block, or "require m vX" on one line
+  awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' \
+    "$TOOLS/$1/go.mod"
 }
 KUBE_VERSION="$(modver kube k8s.io/kubernetes)"
 ETCD_VERSION="$(modver kube go.etcd.io/etcd/server/v3)"
@@ -28,11 +30,22 @@ JOBSET_VERSION="$(modver jobset sigs.k8s.io/jobset)"
 KWOK_VERSION="$(modver kwok sigs.k8s.io/kwok)"
 HELM_VERSION="$(modver helm helm.sh/helm/v3)"
 KUEUE_VERSION="$(modver kueue sigs.k8s.io/kueue)"
-for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION KUEUE_VERSION; do
+# The compatibility lane: the oldest JobSet and Kueue controllers the operator supports, run on
+# the same Kubernetes (tests/compat).
+JOBSET_COMPAT_VERSION="$(modver jobset-compat sigs.k8s.io/jobset)"
+KUEUE_COMPAT_VERSION="$(modver kueue-compat sigs.k8s.io/kueue)"
+# Helm's default Kubernetes version comes from the client-go it is built with, as upstream's
+# Makefile stamps it (client-go v0.X.Y -> Kubernetes 1.X); without it `helm template` assumes v1.20.
+HELM_KUBE_MINOR="$(modver helm k8s.io/client-go)"
+HELM_KUBE_MINOR="${HELM_KUBE_MINOR#v0.}"
+HELM_KUBE_MINOR="${HELM_KUBE_MINOR%%.*}"
+for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION KUEUE_VERSION \
+  JOBSET_COMPAT_VERSION KUEUE_COMPAT_VERSION HELM_KUBE_MINOR; do
   [[ -n "${!v}" ]] || { echo "build-bins: cannot read $v from hack/tools/*/go.mod" >&2; exit 1; }
 done
 
 KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_jobset-${JOBSET_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kueue-${KUEUE_VERSION}"
+KEY+="_compat-jobset-${JOBSET_COMPAT_VERSION}-kueue-${KUEUE_COMPAT_VERSION}"
 ROOT="${MULTISLICE_BIN_CACHE:-$HOME/.cache/multislice-operator/bin}"
 OUT="$ROOT/$KEY"
 
@@ -66,10 +79,11 @@ mkdir -p "$LOGS"
 # empty module and build caches; hack/README.md): the progress lines say how far along the whole
 # build is, so a first build that takes half an hour does not look stuck.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
-  jobset-controller kueue-controller helm)
+  jobset-controller kueue-controller helm jobset-controller-compat kueue-controller-compat)
 declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
   [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
   [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [kueue-controller]=410 [helm]=151
+  [jobset-controller-compat]=182 [kueue-controller-compat]=410 # estimates: same modules, older
 )
 TOTAL=${#COMPONENTS[@]}
 step=0
@@ -127,11 +141,12 @@ build() {
   built=$((built + 1))
 }
 
-if [[ $MODULE_DIRS == 1 ]]; then
-  for m in "jobset sigs.k8s.io/jobset" "kueue sigs.k8s.io/kueue"; do
+if [[ $MODULE_DIRS == 1 ]]; then # one line per tools module: <tools dir> <module dir>
+  for m in "jobset sigs.k8s.io/jobset" "kueue sigs.k8s.io/kueue" \
+    "jobset-compat sigs.k8s.io/jobset" "kueue-compat sigs.k8s.io/kueue"; do
     # shellcheck disable=SC2086 # two words on purpose: <tools dir> <module path>
     dir="$(moddir $m)" # an assignment, so that a failed lookup stops the script (set -e)
-    echo "${m#* } $dir"
+    echo "${m%% *} $dir"
   done
   exit 0
 fi
@@ -151,9 +166,9 @@ build jobset-controller jobset sigs.k8s.io/jobset \
 # packages) to our tools module as ./cmd/kueue with that one path made overridable by
 # KUEUE_METRICS_CERT_DIR. Nothing is written into the clone. See
 # hack/tools/kueue/overlay/metrics_cert_dir.go.in.
-kueue_overlay() { # <dir for the overlay files>; prints the -overlay flag
-  local src main pin='metricsCertPath := "/etc/kueue/metrics/certs"' pkg="$TOOLS/kueue/cmd/kueue"
-  src="$(moddir kueue sigs.k8s.io/kueue)"
+kueue_overlay() { # <dir for the overlay files> <tools dir>; prints the -overlay flag
+  local src main pin='metricsCertPath := "/etc/kueue/metrics/certs"' pkg="$TOOLS/$2/cmd/kueue"
+  src="$(moddir "$2" sigs.k8s.io/kueue)"
   main="$src/cmd/kueue/main.go"
   if [[ "$(ls "$src/cmd/kueue")" != main.go || "$(grep -cF "$pin" "$main")" != 1 ]]; then
     echo "build-bins: $src/cmd/kueue is no longer one main.go with one '$pin';" \
@@ -161,24 +176,35 @@ kueue_overlay() { # <dir for the overlay files>; prints the -overlay flag
     exit 1
   fi
   sed "s|$pin|metricsCertPath := localMetricsCertDir()|" "$main" >"$1/main.go"
-  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go"
+  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go" # one overlay for both
   printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$pkg/main.go" "$1/main.go" \
     "$pkg/zz_metrics_cert_dir.go" "$1/metrics_cert_dir.go" >"$1/overlay.json"
   echo "-overlay=$1/overlay.json"
 }
 # -mod=readonly: with -mod=mod the go command would rewrite tools/kueue/go.mod to list the
 # overlaid package's imports as direct requirements.
-KUEUE_FLAGS=()
-if [[ $FORCE == 1 || ! -x "$OUT/kueue-controller" ]]; then
-  KUEUE_OVERLAY_DIR="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
-  trap 'rm -rf "$KUEUE_OVERLAY_DIR"' EXIT
-  KUEUE_FLAGS=("$(kueue_overlay "$KUEUE_OVERLAY_DIR")" -mod=readonly)
-fi
-build kueue-controller kueue ./cmd/kueue \
-  "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-  ${KUEUE_FLAGS[@]+"${KUEUE_FLAGS[@]}"}
-build helm helm helm.sh/helm/v3/cmd/helm \
-  "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir may be running
+trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
+build_kueue() { # <binary name> <tools dir> <version>
+  local flags=()
+  if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
+    local overlay
+    overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
+    OVERLAYS+=("$overlay")
+    flags=("$(kueue_overlay "$overlay" "$2")" -mod=readonly)
+  fi
+  build "$1" "$2" ./cmd/kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$3" \
+    ${flags[@]+"${flags[@]}"}
+}
+build_kueue kueue-controller kueue "$KUEUE_VERSION"
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  HELM_LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+done
+build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
+build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
+build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
 
 # CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
 # binaries. Each file is written to a tmp name and moved into place, like the binaries.
@@ -188,7 +214,7 @@ copy_manifest() {
   local dir="$1" mod="$2" name="$3"
   shift 3
   [[ $FORCE == 0 && -f "$OUT/$name" ]] && return
-  local src f tmp="$OUT/.$name.tmp.$$"
+  local src f tmp="$OUT/$name.tmp.$$"
   src="$(moddir "$dir" "$mod")"
   : >"$tmp"
   for f in "$@"; do
@@ -211,7 +237,24 @@ if [[ $FORCE == 1 || ! -f "$OUT/kueue-crds.yaml" ]]; then
 fi
 copy_manifest kueue sigs.k8s.io/kueue kueue-crds.yaml ${KUEUE_CRDS[@]+"${KUEUE_CRDS[@]}"}
 copy_manifest kueue sigs.k8s.io/kueue kueue-webhook-manifests.yaml webhook/manifests.yaml
+mkdir -p "$OUT/compat"
+copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset.x-k8s.io_jobsets.yaml \
+  crd/bases/jobset.x-k8s.io_jobsets.yaml
+copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset-webhook-manifests.yaml \
+  webhook/manifests.yaml
+KUEUE_COMPAT_CRDS=()
+if [[ $FORCE == 1 || ! -f "$OUT/compat/kueue-crds.yaml" ]]; then
+  KUEUE_COMPAT_SRC="$(moddir kueue-compat sigs.k8s.io/kueue)"
+  for f in "$KUEUE_COMPAT_SRC"/config/components/crd/bases/*.yaml; do
+    KUEUE_COMPAT_CRDS+=("crd/bases/${f##*/}")
+  done
+fi
+copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-crds.yaml \
+  ${KUEUE_COMPAT_CRDS[@]+"${KUEUE_COMPAT_CRDS[@]}"}
+copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-webhook-manifests.yaml \
+  webhook/manifests.yaml
 
 printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
-  "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" > "$OUT/VERSIONS"
+  "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" \
+  "jobset-compat=$JOBSET_COMPAT_VERSION" "kueue-compat=$KUEUE_COMPAT_VERSION" > "$OUT/VERSIONS"
 echo "build-bins: $built built; binaries in $OUT"

@@ -7,11 +7,15 @@
 #
 #   UNIT_JOBS  pytest-xdist workers of the unit layer (0: one process)
 #   CP_JOBS    workers of the control-plane layer (0: one process, after the unit layer in one)
+#   COMPAT     1 (default): after the control-plane layer, the compatibility lane runs the tests
+#              marked `compat` again on the oldest JobSet and Kueue controllers we support
+#              (MULTISLICE_CONTROLLERS=compat, hack/README.md); 0 skips it
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 UNIT_JOBS=${UNIT_JOBS:-1}
 CP_JOBS=${CP_JOBS:-4}
+COMPAT=${COMPAT:-1}
 
 log=$(mktemp -t msj-unit-layer.XXXXXX.log)
 started=$SECONDS
@@ -33,6 +37,12 @@ $PY -c 'from multislice_local.controlplane import ensure_binaries as e; e()' || 
 if [ $rc -eq 0 ]; then
   $PY -m pytest -q -n "$CP_JOBS" --dist loadgroup tests/integration tests/e2e || rc=$?
   echo "control-plane layer: exit $rc, $((SECONDS - started)) s since make test started"
+fi
+if [ $rc -eq 0 ] && [ "$COMPAT" = 1 ]; then
+  compat_jobs=$CP_JOBS; [ "$compat_jobs" = 0 ] || compat_jobs=3
+  MULTISLICE_CONTROLLERS=compat $PY -m pytest -q -n "$compat_jobs" --dist loadgroup -m compat \
+    tests/e2e || rc=$?
+  echo "compatibility lane: exit $rc, $((SECONDS - started)) s since make test started"
 fi
 
 if [ -n "$unit_pid" ]; then

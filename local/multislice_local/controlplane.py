@@ -8,7 +8,7 @@ what to undo before it stops):
 * ``cluster``: ``api`` plus kube-controller-manager, kube-scheduler, the kwok controller (fake
   nodes and pod phases, see :mod:`multislice_local.nodes`) and the JobSet controller with
   its webhooks served on 127.0.0.1.
-* ``kueue``: ``cluster`` plus the Kueue controller (v0.17, JobSet integration only): its CRDs
+* ``kueue``: ``cluster`` plus the Kueue controller (v0.19, JobSet integration only): its CRDs
   with their conversion webhook on 127.0.0.1, its own and its JobSet webhooks (installed only
   while it runs), no visibility API server (no position-in-queue API locally).
 
@@ -61,6 +61,20 @@ from multislice_operator.controller.serving import subject_alt_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-bins.sh"
+# The compatibility lane (hack/README.md, tests/README.md): MULTISLICE_CONTROLLERS=compat runs the
+# oldest JobSet and Kueue controllers the operator supports, with their own CRDs and webhook
+# manifests (built into <cache>/compat/ and as *-compat binaries), on the same Kubernetes.
+CONTROLLERS_ENV = "MULTISLICE_CONTROLLERS"
+COMPAT = os.environ.get(CONTROLLERS_ENV, "current") == "compat"
+
+
+def _controller(name: str) -> str:
+    """The file name in the binary cache of a JobSet/Kueue binary or manifest for this lane."""
+    if not COMPAT:
+        return name
+    return f"{name}-compat" if name.endswith("-controller") else f"compat/{name}"
+
+
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -69,12 +83,12 @@ BINARIES = (
     "kubectl",
     "kwok",
     "kwokctl",
-    "jobset-controller",
+    _controller("jobset-controller"),
     "helm",
-    "kueue-controller",
+    _controller("kueue-controller"),
 )
-JOBSET_CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
-JOBSET_WEBHOOKS_FILE = "jobset-webhook-manifests.yaml"
+JOBSET_CRD_FILE = _controller("jobset.x-k8s.io_jobsets.yaml")
+JOBSET_WEBHOOKS_FILE = _controller("jobset-webhook-manifests.yaml")
 JOBSET_CRD_NAME = "jobsets.jobset.x-k8s.io"
 # kwok manages only nodes carrying this annotation (see nodes.py).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -949,7 +963,7 @@ JOBSET_PROBE = {
 
 JOBSET_CONTROLLER = Component(
     "jobset-controller",
-    "jobset-controller",
+    _controller("jobset-controller"),
     lambda cp: [
         f"--kubeconfig={cp.kubeconfig}",
         f"--config={cp.workdir / 'jobset' / 'config.yaml'}",
@@ -980,8 +994,8 @@ JOBSET_CONTROLLER = Component(
 # ("Locally") the demo
 
 
-KUEUE_CRDS_FILE = "kueue-crds.yaml"
-KUEUE_WEBHOOKS_FILE = "kueue-webhook-manifests.yaml"
+KUEUE_CRDS_FILE = _controller("kueue-crds.yaml")
+KUEUE_WEBHOOKS_FILE = _controller("kueue-webhook-manifests.yaml")
 KUEUE_NAMESPACE = "kueue-system"
 # upstream config/components/crd/kustomization.yaml: these serve v1beta1 through a conversion
 # webhook; the other Kueue CRDs convert with strategy None.
@@ -1058,7 +1072,7 @@ KUEUE_PROBE = {
 
 KUEUE_CONTROLLER = Component(
     "kueue-controller",
-    "kueue-controller",
+    _controller("kueue-controller"),
     lambda cp: [
         f"--kubeconfig={cp.kubeconfig}",
         f"--config={cp.workdir / 'kueue' / 'config.yaml'}",

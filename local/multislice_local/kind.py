@@ -24,7 +24,7 @@ from multislice_local.controlplane import (
 
 CLUSTER_NAME = "msj-demo"
 JOBSET_MANIFESTS = (
-    "https://github.com/kubernetes-sigs/jobset/releases/download/v0.10.1/manifests.yaml"
+    "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml"
 )
 
 

@@ -126,7 +126,8 @@ def with_template(name: str, **changes: Any) -> dict[str, Any]:
     ("changes", "needle"),
     [
         ({"labels": {"bad key!": "x"}}, "bad key!"),  # item 3: the Job the JobSet would make
-        ({"labels": {"team": "v" * 100}}, "must be no more than 63 characters"),  # item 3
+        # Kubernetes 1.36 says "bytes" (1.34 said "characters").
+        ({"labels": {"team": "v" * 100}}, "must be no more than 63 bytes"),  # item 3
         ({"ports": [{"containerPort": 99999}]}, "containerPort"),  # what only Job validation sees
         (
             {

@@ -58,6 +58,7 @@ def nodes_of(stack, pool: str) -> list:
     )
 
 
+@pytest.mark.compat
 def test_gang_provisioned_runs_succeeds_and_releases(env):
     stack, ns = env
     # Runs long enough for its Running status to be seen under load (what the test reads).
@@ -78,6 +79,7 @@ def test_gang_provisioned_runs_succeeds_and_releases(env):
     assert any(e.startswith(Reason.GANG_PROVISIONED) for e in lines), lines
 
 
+@pytest.mark.compat
 def test_stockout_rolls_back_whole_gang_then_retries(env):
     stack, ns = env
     stack.sim.set_faults(stockout_next=1)
@@ -140,6 +142,7 @@ def test_timeout_rolls_back_and_retries(env):
     wait_phase(stack, ns, "slow", "Running", 120)
 
 
+@pytest.mark.compat
 def test_delete_mid_provisioning_leaves_nothing(env):
     stack, ns = env
     stack.sim.configure(op_latency_s=5.0)

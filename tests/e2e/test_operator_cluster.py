@@ -79,6 +79,7 @@ def test_job_succeeds_on_its_own(env):
     assert done["status"]["restarts"] == 0
 
 
+@pytest.mark.compat
 def test_retryable_failure_restarts_all_slices_then_succeeds(env):
     api, ns, op = env
     create(api, ns, job("retry", "6s", ns))
@@ -128,6 +129,7 @@ def test_non_retryable_failure_fails_the_job(env):
     assert failed["status"]["restarts"] == 0
 
 
+@pytest.mark.compat
 def test_delete_cascades_to_jobset(env):
     api, ns, op = env
     create(api, ns, job("cascade", "1h", ns))

@@ -12,10 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "build-bins.sh"
-# What the build reads from each module (the CRDs, webhook manifests, Kueue's main.go).
+# What the build reads from each module (the CRDs, webhook manifests, Kueue's main.go), by tools
+# module: the current versions and the compatibility lane's (hack/README.md).
+JOBSET_CRD = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
 EXPECTED = {
-    "sigs.k8s.io/jobset": "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
-    "sigs.k8s.io/kueue": "cmd/kueue/main.go",
+    "jobset": JOBSET_CRD,
+    "kueue": "cmd/kueue/main.go",
+    "jobset-compat": JOBSET_CRD,
+    "kueue-compat": "cmd/kueue/main.go",
 }
 
 
@@ -46,6 +50,8 @@ def test_every_module_lookup_works_on_an_empty_module_cache(tmp_path: Path) -> N
         found = Path(dirs[module])
         assert found.is_relative_to(tmp_path / "gomodcache"), found  # downloaded, not pre-cached
         assert (found / path).is_file(), (module, path)
+    # The compatibility lane builds older releases, not the current ones a second time.
+    assert dirs["jobset"] != dirs["jobset-compat"] and dirs["kueue"] != dirs["kueue-compat"]
 
 
 def test_a_lookup_that_cannot_succeed_stops_the_build_naming_the_module(tmp_path: Path) -> None:

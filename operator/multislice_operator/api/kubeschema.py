@@ -127,7 +127,7 @@ def load() -> dict[str, Any]:
 
 
 def source_version() -> str:
-    """The Kubernetes version the shipped schema was generated from (v1.34.4)."""
+    """The Kubernetes version the shipped schema was generated from (hack/tools/kube/go.mod)."""
     return str(load()["source"].split("@", 1)[1].split(" ", 1)[0])
 
 

@@ -24,9 +24,9 @@ from multislice_operator.controller.runtime import Runtime
 log = logging.getLogger("multislice_operator")
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
-KUEUE_MINIMUM, KUEUE_TESTED = "v0.15.0", "v0.17.0"
+KUEUE_MINIMUM, KUEUE_TESTED = "v0.15.0", "v0.19.2"
 JOBSET_CRD, JOBSET_VERSION = "jobsets.jobset.x-k8s.io", "v1alpha2"
-JOBSET_MINIMUM, JOBSET_TESTED = "v0.10.0", "v0.10.1"
+JOBSET_MINIMUM, JOBSET_TESTED = "v0.10.0", "v0.12.0"
 JOBSET_FIELD = "onJobFailureMessagePatterns"
 RECHECK_SECONDS = 60.0
 

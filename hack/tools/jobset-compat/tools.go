@@ -1,0 +1,8 @@
+//go:build tools
+
+// Package tools pins sigs.k8s.io/jobset for hack/build-bins.sh.
+package tools
+
+import (
+	_ "sigs.k8s.io/jobset"
+)
