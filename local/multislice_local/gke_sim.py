@@ -122,6 +122,9 @@ _K8S_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
 _USER_GKE_NODE_LABELS = {
     "cloud.google.com/gke-tpu-ici-resiliency",
     "cloud.google.com/gke-location-hint",
+    # xpk creates v6e (and GPU) pools with --accelerator-network-profile=auto
+    # --node-labels=cloud.google.com/gke-networking-dra-driver=true (src/xpk/core/nodepool.py).
+    "cloud.google.com/gke-networking-dra-driver",
 }
 _DNS1123_SUBDOMAIN_RE = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -400,6 +403,7 @@ class _Pool:
     pod_cidr_size: int = 24  # the per-node block of the pod range (podIpv4CidrSize)
     flex_held: bool = False  # flex-start: DWS holds it waiting until grant_flex_start()
     flex_epoch: int = 0  # flex-start grants/expiries belong to one provisioning
+    topology: str | None = None  # the slice's: tpuTopology or its workload policy's
 
     @property
     def flex_start(self) -> bool:
@@ -933,7 +937,9 @@ class GkeSimulator:
                 " or ".join(k for k, ok in (("pull images", access["pullImages"]),
                             ("write Cloud Storage", access["writeStorage"])) if not ok),
             )  # fmt: skip
-        pool = _Pool(cluster_path, name, spec)
+        pool = _Pool(
+            cluster_path, name, spec, topology=self._slice_topology(spec, location, project)
+        )
         max_pods = int(spec.get("maxPodsConstraint", {}).get("maxPodsPerNode", 0))
         pool.pod_cidr_size = pod_cidr_size(max_pods or self.config.default_max_pods_per_node)
         if pool.flex_start and self.faults.flex_start_hold > 0:
@@ -1161,7 +1167,7 @@ class GkeSimulator:
         _validate_max_pods(spec.get("maxPodsConstraint"))
         self._validate_version(machine, bool(config.get("flexStart")))
         self._validate_flex_start(spec, machine)
-        self._validate_tpu(spec, location, machine)
+        self._validate_tpu(spec, location, machine, project)
         self._validate_placement(spec, location, machine, project)
 
     def _validate_version(self, machine: str, flex_start: bool) -> None:
@@ -1190,11 +1196,14 @@ class GkeSimulator:
 
     def _validate_flex_start(self, spec: dict[str, Any], machine: str) -> None:
         config = spec.get("config", {})
+        duration = _seconds(config.get("maxRunDuration"))
+        if duration is not None and duration <= 0:
+            # A run bound must be a positive duration. Wording UNCONFIRMED.
+            raise _invalid(f"maxRunDuration must be positive, got {config.get('maxRunDuration')}.")
         if not config.get("flexStart"):
-            if config.get("maxRunDuration"):
-                # maxRunDuration bounds flex-start (and spot) VMs; on-demand VMs run until
-                # deleted. Wording UNCONFIRMED; refused here, stricter than GKE may be.
-                raise _invalid("maxRunDuration is only supported with flexStart node pools.")
+            # maxRunDuration is not tied to flex-start: "The maximum duration for the nodes to
+            # exist. If unspecified, the nodes can exist indefinitely." (container v1
+            # NodeConfig.max_run_duration).
             return
         tpu = TPU_MACHINES.get(machine)
         gen = tpu.generation if tpu is not None else None
@@ -1210,8 +1219,7 @@ class GkeSimulator:
             # Flex-start capacity is not reserved: xpk and GKE's guides create the pools with
             # --reservation-affinity=none. Wording UNCONFIRMED.
             raise _invalid("Flex-start node pools require reservationAffinity NO_RESERVATION.")
-        duration = _seconds(config.get("maxRunDuration"))
-        if duration is not None and not 0 < duration <= models.FLEX_START_MAX_RUN_S:
+        if duration is not None and duration > models.FLEX_START_MAX_RUN_S:
             # "for up to seven days" (GKE "About flex-start"). Wording UNCONFIRMED.
             raise _invalid(
                 f"maxRunDuration must be at most {models.FLEX_START_MAX_RUN_S}s (7 days), got "
@@ -1295,8 +1303,30 @@ class GkeSimulator:
             if not str(scope).startswith("https://www.googleapis.com/auth/"):
                 raise _invalid(f"Invalid OAuth scope {scope!r}: give the scope's full URL.")
 
-    def _validate_tpu(self, spec: dict[str, Any], location: str, machine: str) -> None:
-        topology = spec.get("placementPolicy", {}).get("tpuTopology")
+    def _slice_topology(self, spec: dict[str, Any], location: str, project: str) -> str | None:
+        """The slice topology a pool asks for: its tpuTopology or, on a generation placed by
+        workload policy, the accelerator topology of the policy it names. GKE's Ironwood guides
+        and xpk create multi-host tpu7x pools with the policy alone (xpk
+        src/xpk/core/nodepool.py: "--tpu-topology should also not be passed when workload policy
+        is used"; GKE "Use dynamic slicing with a custom scheduler": --placement-policy, no
+        --tpu-topology)."""
+        placement = spec.get("placementPolicy", {})
+        if placement.get("tpuTopology"):
+            return str(placement["tpuTopology"])
+        tpu = TPU_MACHINES.get(str(spec.get("config", {}).get("machineType", "")))
+        gen = tpu.generation if tpu is not None else None
+        name = placement.get("policyName")
+        if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY or not name:
+            return None
+        region = _region(self._zones(spec, location)[0])
+        rp = self._policies.get(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        topology = rp.workload.get("acceleratorTopology") if rp is not None else None
+        return str(topology) if topology else None
+
+    def _validate_tpu(
+        self, spec: dict[str, Any], location: str, machine: str, project: str
+    ) -> None:
+        topology = self._slice_topology(spec, location, project)
         tpu = TPU_MACHINES.get(machine)
         if tpu is None:
             if topology:
@@ -1410,7 +1440,7 @@ class GkeSimulator:
         workload = rp.workload
         if workload_gen and (
             workload.get("type") != "HIGH_THROUGHPUT"
-            or workload.get("acceleratorTopology") != placement.get("tpuTopology")
+            or workload.get("acceleratorTopology") != pool.topology
         ):
             return "policy_mismatch"
         return None
@@ -1876,9 +1906,7 @@ def _node_group(pool: _Pool) -> NodeGroup:
     chips = 0
     if tpu is not None:
         accelerator, chips = tpu.accelerator_label, tpu.chips_per_host
-        topology = pool.spec.get("placementPolicy", {}).get("tpuTopology") or (
-            tpu.single_host_topology()
-        )
+        topology = pool.topology or tpu.single_host_topology()
         labels[keys.GKE_TPU_ACCELERATOR] = accelerator
         labels[keys.GKE_TPU_TOPOLOGY] = topology
     return NodeGroup(
