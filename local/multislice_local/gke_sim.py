@@ -455,6 +455,7 @@ class _ResourcePolicy:
     name: str
     body: dict[str, Any]  # the ResourcePolicy JSON as received (camelCase)
     created: str = field(default_factory=lambda: _now())
+    status: str = "READY"  # CREATING until its insert operation is DONE (ResourcePolicy.status)
 
     @property
     def path(self) -> str:
@@ -474,7 +475,7 @@ class _ResourcePolicy:
             "name": self.name,
             "region": f"{_COMPUTE_URL}/projects/{self.project}/regions/{self.region}",
             "selfLink": f"{_COMPUTE_URL}/{self.path}",
-            "status": "READY",
+            "status": self.status,
         }
 
 
@@ -625,6 +626,7 @@ class GkeSimulator:
         self._pools: dict[str, _Pool] = {}  # by pool path
         self._ops: dict[str, _Operation] = {}  # by operation path
         self._creates_accepted = 0
+        self._policy_inserts_accepted = 0
         # TPU pools accepted whose nodes could not pull an image or write gs:// (node_access).
         self._crippled_pools = 0
         self._calls: Counter[str] = Counter()
@@ -724,6 +726,7 @@ class GkeSimulator:
                 "responses": dict(self._responses),
                 "injected": dict(self._injected),
                 "createsAccepted": self._creates_accepted,
+                "policyInsertsAccepted": self._policy_inserts_accepted,
                 "tpuPoolsWithoutStorageAccess": self._crippled_pools,
                 "livePools": len(self._pools),
                 "runningOperations": sum(self._ops_running.values()),
@@ -1044,15 +1047,19 @@ class GkeSimulator:
         spec = _parse_policy(body)
         name = str(spec.get("name", ""))
         _validate_policy(spec)
-        rp = _ResourcePolicy(project, region, name, spec)
+        rp = _ResourcePolicy(project, region, name, spec, status="CREATING")
         if rp.path in self._policies:
-            # GCE: 409 alreadyExists "The resource '...' already exists".
+            # GCE: 409 alreadyExists "The resource '...' already exists", also while the first
+            # insert's operation runs: the name is taken at insert (piercefreeman/
+            # cloud-gpu-reliability#5: 409 on an insert "twice in the same second").
             raise ApiError(409, "ALREADY_EXISTS", f"The resource '{rp.path}' already exists")
+        self._policies[rp.path] = rp
+        self._policy_inserts_accepted += 1
         op = self._compute_op(project, region, "insert", rp.path)
 
         def finish() -> None:
             with self._lock:
-                self._policies[rp.path] = rp
+                rp.status = "READY"
                 op.status, op.end = "DONE", _now()
 
         if self.config.policy_latency_s <= 0:
@@ -1078,6 +1085,10 @@ class GkeSimulator:
         self, project: str, region: str, name: str, *, body: bytes
     ) -> dict[str, Any]:
         rp = self._policy(project, region, name)
+        if rp.status != "READY":
+            # GCE: 400 resourceNotReady "The resource '...' is not ready" (Compute Engine error
+            # reasons). Wording UNCONFIRMED for resource policies.
+            raise ApiError(400, "FAILED_PRECONDITION", f"The resource '{rp.path}' is not ready")
         users = [p for p in self._pools.values() if _policy_of(p) == (project, region, name)]
         if users:
             # GCE refuses to delete a resource in use: 400 resourceInUseByAnotherResource "The
@@ -1256,6 +1267,13 @@ class GkeSimulator:
             if path not in self._policies:
                 raise _invalid(
                     f"Placement policy {name} was not found: resource policy {path} does not exist."
+                )
+            if self._policies[path].status != "READY":
+                # A policy whose insert has not finished cannot place instances yet. Refused
+                # here (GKE's answer is not public); wording UNCONFIRMED.
+                raise _invalid(
+                    f"Placement policy {name} is not ready: resource policy {path} is "
+                    f"{self._policies[path].status}."
                 )
         if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY:
             return
