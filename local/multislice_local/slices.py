@@ -342,15 +342,14 @@ class InMemorySliceStore:
 class KubeSliceStore:
     """Slices in a Kubernetes API server where the CRD (:data:`CRD_FILE`) is installed."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client_or_kubeconfig: Any) -> None:
         from kubernetes import client
 
-        self._api = client.CustomObjectsApi(api_client)
+        self._api = client.CustomObjectsApi(_api_client(api_client_or_kubeconfig))
 
     def list(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self._api.list_cluster_custom_object(GROUP, VERSION, PLURAL)[
-            "items"
-        ]
+        found: Any = self._api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        items: list[dict[str, Any]] = found["items"]
         return items
 
     def write_status(self, name: str, status: dict[str, Any]) -> None:
@@ -363,15 +362,24 @@ class KubeSliceStore:
         self._api.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, body)
 
 
-def install_crd(api_client: Any) -> None:
+def _api_client(api_client_or_kubeconfig: Any) -> Any:
+    from kubernetes import client, config
+
+    if isinstance(api_client_or_kubeconfig, client.ApiClient):
+        return api_client_or_kubeconfig
+    return config.new_client_from_config(config_file=str(api_client_or_kubeconfig))  # type: ignore[no-untyped-call]
+
+
+def install_crd(api_client_or_kubeconfig: Any) -> None:
     """Create the Slice CRD (as enabling GKE's slice controller does); no-op when present."""
     import yaml
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     body = yaml.safe_load(CRD_FILE.read_text())
+    api = client.ApiextensionsV1Api(_api_client(api_client_or_kubeconfig))
     try:
-        client.ApiextensionsV1Api(api_client).create_custom_resource_definition(body)
+        api.create_custom_resource_definition(body)
     except ApiException as err:
         if err.status != 409:
             raise
