@@ -55,6 +55,15 @@ less); each rule cites its public source where it is enforced (:meth:`GkeSimulat
   :meth:`GkeSimulator.node_access` says what its nodes can do.
 * :meth:`GkeSimulator.received_creates` returns every CreateNodePoolRequest as received
   (``parent`` from the URL, the JSON body), for comparing with the operator's dry run.
+* Compute Engine resource policies (workload policies): an insert takes the name at once, the
+  policy reads CREATING until its operation is DONE (``policy_latency_s``), then READY; a second
+  insert of the name meanwhile is 409 alreadyExists, a pool naming a policy that is not READY is
+  refused. A tpu7x pool may name only its workload policy: the policy's accelerator topology is
+  the slice's (GKE's Ironwood guides, xpk).
+* GKE dynamic slicing (:mod:`multislice_local.slices`, docs/dynamic-slicing-contract.md):
+  :meth:`GkeSimulator.add_reservation` makes All Capacity mode reservations of 4x4x4 sub-blocks
+  that tpu7x pools take whole; with a ``slice_store`` a simulated slice controller forms ``Slice``
+  objects, labels their nodes and follows :meth:`GkeSimulator.set_cube_state`.
 
 Faults (settable in the constructor, with Python methods, over ``/_sim/faults`` or as CLI flags),
 see :class:`Faults`: ``stockout_next`` (next N creates), ``stockout_on_create`` (the k-th
@@ -69,8 +78,9 @@ Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/coun
 ``maxConcurrentOperations``, ``preemptRecreateS``, ``releaseChannel``, ``workloadIdentity``,
 ``mutationDelayS``),
 ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
-(``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``). Names are
-looked up across clusters.
+(``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``),
+``POST /_sim/reservations`` (``{"name": "R", "blocks": {"block-1": 4}}``), ``GET /_sim/cubes``,
+``POST /_sim/cubes/ID/state`` (``{"state": "UNHEALTHY"}``). Names are looked up across clusters.
 
 CLI: ``python -m multislice_local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
 as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
@@ -2351,8 +2361,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-429-next", type=int, default=0)
     parser.add_argument("--http-5xx-next", type=int, default=0)
     parser.add_argument("--invalid-machine-type", action="append", default=[])
+    parser.add_argument(
+        "--reservation",
+        action="append",
+        default=[],
+        metavar="[projects/P/reservations/]R=BLOCK:N[,BLOCK:N]",
+        help="an All Capacity mode reservation of N 4x4x4 sub-blocks per block (dynamic slicing)",
+    )
+    parser.add_argument("--reservation-project", default="local-project")
+    parser.add_argument(
+        "--slices",
+        action="store_true",
+        help="serve GKE's Slice CRD in the --kubeconfig cluster and run the slice controller",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.slices and not args.kubeconfig:
+        parser.error("--slices needs --kubeconfig (the cluster the Slices live in)")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     config = SimConfig(
         op_latency_s=args.op_latency,
@@ -2378,13 +2403,31 @@ def main(argv: list[str] | None = None) -> int:
     registrar: NodeRegistrar | None = None
     if args.kubeconfig:
         registrar = KubeNodeRegistrar(os.fspath(args.kubeconfig))
+    store: slices.SliceStore | None = None
+    if args.slices:
+        slices.install_crd(os.fspath(args.kubeconfig))
+        store = slices.KubeSliceStore(os.fspath(args.kubeconfig))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with GkeSimulator(config, faults, registrar, host=args.host, port=args.port) as sim:
+    with GkeSimulator(
+        config, faults, registrar, host=args.host, port=args.port, slice_store=store
+    ) as sim:
+        for name, blocks in _parse_reservations(args.reservation):
+            sim.add_reservation(name, blocks, project=args.reservation_project)
         print(sim.url, flush=True)
         stop.wait()
     return 0
+
+
+def _parse_reservations(values: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """``R=block-1:4,block-2:4`` -> [("R", {"block-1": 4, "block-2": 4})]."""
+    out = []
+    for value in values:
+        name, _, spec = value.partition("=")
+        blocks = {b: int(n) for b, _, n in (part.partition(":") for part in spec.split(","))}
+        out.append((name, blocks))
+    return out
 
 
 if __name__ == "__main__":
