@@ -505,3 +505,33 @@ def test_cubes_over_the_admin_api(
     pid = got["partitionIds"][0]
     after = admin(dyn, "POST", f"/_sim/cubes/{pid}/state", {"state": "UNHEALTHY"})["cubes"]
     assert [c["state"] for c in after if c["partitionId"] == pid] == ["UNHEALTHY"]
+
+
+def test_cli_serves_reservations_and_needs_a_cluster_for_slices() -> None:
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    base = [sys.executable, "-m", "multislice_local.gke_sim", "--port", "0"]
+    refused = subprocess.run([*base, "--slices"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--slices needs --kubeconfig" in refused.stderr
+    proc = subprocess.Popen(
+        [*base, "--reservation", "res=block-1:2,block-2:1", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        with urllib.request.urlopen(url + "/_sim/cubes", timeout=5) as response:
+            cubes = json.loads(response.read())["cubes"]
+        assert [(c["block"], c["pool"]) for c in cubes] == [
+            ("block-1", None),
+            ("block-1", None),
+            ("block-2", None),
+        ]
+        assert all(c["path"].startswith("projects/local-project/reservations/res/") for c in cubes)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
