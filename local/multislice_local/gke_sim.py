@@ -890,6 +890,7 @@ class GkeSimulator:
         self.registrar.unregister(pool.name)
         with self._lock:
             pool.nodes = 0
+            self._set_nodes_ready(pool, False)
         log.info("gke-sim preempted pool=%s recreate_after_s=%s", name, delay)
         if delay is not None:
             self._scheduler.after(float(delay), lambda: self._recreate_nodes(pool))
@@ -906,6 +907,7 @@ class GkeSimulator:
             )
             if remove_nodes:
                 pool.nodes = 0
+                self._set_nodes_ready(pool, False)
         log.info("gke-sim broke pool=%s", name)
 
     # -- dynamic slicing: sub-blocks and the slice controller ------------------------------------
@@ -1007,6 +1009,10 @@ class GkeSimulator:
         if len(taken) == 1:  # its nodes are that cube's: GKE labels them with it
             pool.extra_labels.update(taken[0].node_labels())
         return None
+
+    def _set_nodes_ready(self, pool: _Pool, ready: bool) -> None:
+        for path in pool.cubes:
+            self._cubes[path].nodes_ready = ready
 
     def _release_cubes(self, pool: _Pool) -> None:
         for path in pool.cubes:
@@ -1717,8 +1723,7 @@ class GkeSimulator:
             pool.status_message = error or ""
             pool.op = None
             self._end_op(op)
-            for path in pool.cubes:
-                self._cubes[path].nodes_ready = error is None
+            self._set_nodes_ready(pool, error is None)
         log.info("gke-sim pool running pool=%s nodes=%d", pool.name, group.count)
 
     def _flex_wait(self, op: _Operation, pool: _Pool) -> None:
@@ -1826,6 +1831,7 @@ class GkeSimulator:
         if self._register(group) is None:
             with self._lock:
                 pool.nodes = group.count
+                self._set_nodes_ready(pool, True)
 
     # -- admin HTTP API -------------------------------------------------------------------------
 

@@ -232,10 +232,14 @@ def formation(
 
 
 def health(members: list[SubBlock]) -> tuple[str, str]:
-    """The state of a formed slice from its cubes' partition states."""
+    """The state of a formed slice from its cubes' partition states; a cube whose VMs are gone
+    (its pool deleted, preempted, broken) fails it too."""
     broken = [c.partition_id for c in members if c.state not in (HEALTHY, DEGRADED)]
     if broken:
         return FAILED, f"partitions cannot be used: {', '.join(broken)}"
+    lost = [c.partition_id for c in members if not c.nodes_ready]
+    if lost:
+        return FAILED, f"partitions lost their nodes: {', '.join(lost)}"
     degraded = [c.partition_id for c in members if c.state == DEGRADED]
     if degraded:
         return ACTIVE_DEGRADED, f"degraded partitions: {', '.join(degraded)}"

@@ -535,3 +535,17 @@ def test_cli_serves_reservations_and_needs_a_cluster_for_slices() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_a_slice_whose_cube_loses_its_nodes_fails(
+    dyn: GkeSimulator, dgke: container_v1.ClusterManagerClient
+) -> None:
+    """A preempted (or deleted) sub-block pool takes its VMs away: the Slice on it is FAILED."""
+    ids = make_cubes(dyn, dgke, ["cube-a"])
+    store = store_of(dyn)
+    store.create(slice_obj("job-0", [ids["cube-a"]], topology="4x4x4"))
+    wait_for(lambda: state(dyn, "job-0") == slices.ACTIVE)
+    dyn.preempt("cube-a", recreate_after_s=None)
+    wait_for(lambda: state(dyn, "job-0") == slices.FAILED)
+    obj = store.get("job-0")
+    assert obj is not None and "lost their nodes" in obj["status"]["conditions"][0]["message"]
