@@ -867,6 +867,7 @@ class GkeSimulator:
                 "pools": [p.to_json() | {"nodes": p.nodes} for p in self._pools.values()],
                 "resourcePolicies": [rp.to_json() for rp in self._policies.values()],
                 "operations": [o.to_json() for o in self._ops.values()],
+                "cubes": self.cubes(),
                 "counters": self.counters(),
                 "faults": self.faults.to_json(),
             }

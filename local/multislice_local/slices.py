@@ -428,8 +428,13 @@ class SliceController:
         self.activation_s = activation_s
         self._clock = clock
         self._tracked: dict[str, _Tracked] = {}
+        self._lock = threading.Lock()  # one pass at a time (the simulator's timer, a test)
 
     def sync(self, cubes: dict[str, SubBlock]) -> None:
+        with self._lock:
+            self._sync(cubes)
+
+    def _sync(self, cubes: dict[str, SubBlock]) -> None:
         objs = sorted(
             self.store.list(),
             key=lambda o: (str(o["metadata"].get("creationTimestamp", "")), o["metadata"]["name"]),
