@@ -1467,6 +1467,17 @@ class GkeSimulator:
                 f"acceleratorTopology must be {slices.CUBE_TOPOLOGY} (one sub-block), got "
                 f"{workload.get('acceleratorTopology')}."
             )
+        if workload.get("acceleratorTopologyMode") == "PROVISION_ONLY" and (
+            _reservation_target(spec, project) is None
+        ):
+            # "Dynamic slicing features are available exclusively on TPUs that use All Capacity
+            # mode" (GKE "About GKE dynamic slicing"): a sub-block pool consumes a specific
+            # reservation. Wording UNCONFIRMED.
+            raise _invalid(
+                f"Workload policy {name} has acceleratorTopologyMode PROVISION_ONLY: the node "
+                "pool must consume a specific All Capacity mode reservation "
+                "(reservationAffinity SPECIFIC_RESERVATION)."
+            )
         if placement.get("tpuTopology") and not name and placement.get("type") != "COMPACT":
             # A multi-host tpu7x pool names its workload policy ("This policy replaces the
             # --tpu-topology flag used by other TPU versions", GKE "About Ironwood (TPU7x) in

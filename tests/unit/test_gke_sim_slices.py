@@ -549,3 +549,12 @@ def test_a_slice_whose_cube_loses_its_nodes_fails(
     wait_for(lambda: state(dyn, "job-0") == slices.FAILED)
     obj = store.get("job-0")
     assert obj is not None and "lost their nodes" in obj["status"]["conditions"][0]["message"]
+
+
+def test_a_sub_block_pool_needs_a_reservation(
+    dyn: GkeSimulator, dgke: container_v1.ClusterManagerClient
+) -> None:
+    pool = cube_pool("cube-od")
+    pool.config.reservation_affinity = None  # on demand
+    with pytest.raises(gexc.BadRequest, match="must consume a specific All Capacity"):
+        dgke.create_node_pool(parent=CLUSTER, node_pool=pool)
