@@ -263,7 +263,7 @@ def ready_condition(
 
 def state_of(obj: dict[str, Any]) -> str | None:
     """A Slice's state: its Ready condition's reason (None before the controller wrote one)."""
-    for cond in obj.get("status", {}).get("conditions", []) or []:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == READY:
             return str(cond.get("reason"))
     return None
@@ -407,13 +407,14 @@ class SliceController:
     """GKE's slice controller, simulated: one :meth:`sync` pass forms, watches and dismantles
     Slices over the simulator's sub-blocks (``cubes``: partition ID -> sub-block, a snapshot).
 
-    Formation: SliceNotCreated, then SliceCreationFailed or FAILED (:func:`formation`), or
-    ACTIVATING for ``activation_s`` and then ACTIVE / ACTIVE_DEGRADED / FAILED; a formed slice
-    labels its nodes ``cloud.google.com/gke-tpu-slice`` = its name and
-    ``cloud.google.com/gke-tpu-topology`` = its topology. Afterwards it follows its cubes: a
-    DEGRADED cube makes it ACTIVE_DEGRADED (HEALTHY again: ACTIVE), an UNHEALTHY one FAILED, which
-    stays until the Slice is deleted. Deleting removes the node labels and frees the partitions
-    (the finalizer goes). ``slice.gke.io/retry-on-failure: "true"`` retries SliceCreationFailed.
+    Formation: the checks of GKE's SliceNotCreated step (not written: one pass does them), then
+    SliceCreationFailed or FAILED (:func:`formation`), or ACTIVATING for ``activation_s`` and
+    then ACTIVE / ACTIVE_DEGRADED / FAILED; a formed slice labels its nodes
+    ``cloud.google.com/gke-tpu-slice`` = its name and ``cloud.google.com/gke-tpu-topology`` = its
+    topology. Afterwards it follows its cubes: a DEGRADED cube makes it ACTIVE_DEGRADED (HEALTHY
+    again: ACTIVE), an UNHEALTHY one (or one that lost its nodes) FAILED, which stays until the
+    Slice is deleted. Deleting removes the node labels and frees the partitions (the finalizer
+    goes). ``slice.gke.io/retry-on-failure: "true"`` retries SliceCreationFailed.
     """
 
     def __init__(
@@ -458,8 +459,8 @@ class SliceController:
         self, obj: dict[str, Any], cubes: dict[str, SubBlock], taken: dict[str, str]
     ) -> None:
         name = str(obj["metadata"]["name"])
-        spec = obj.get("spec", {})
-        members = [cubes[p] for p in spec.get("partitionIds", []) if p in cubes]
+        spec = obj.get("spec") or {}
+        members = [cubes[p] for p in spec.get("partitionIds") or [] if p in cubes]
         state = state_of(obj)
         if obj["metadata"].get("deletionTimestamp"):
             if state in (ACTIVATING, ACTIVE, ACTIVE_DEGRADED, FAILED):
@@ -468,7 +469,7 @@ class SliceController:
             return
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
             self.store.set_finalizer(name, True)
-        retry = obj["metadata"].get("annotations", {}).get(RETRY_ANNOTATION) == "true"
+        retry = (obj["metadata"].get("annotations") or {}).get(RETRY_ANNOTATION) == "true"
         if state is None or (state == SLICE_CREATION_FAILED and retry):
             new, message = formation(name, spec, cubes, taken)
             if new in READY_STATES:
@@ -498,7 +499,7 @@ class SliceController:
         previous = next(
             (
                 c
-                for c in obj.get("status", {}).get("conditions", []) or []
+                for c in (obj.get("status") or {}).get("conditions") or []
                 if c.get("type") == READY
             ),
             None,
