@@ -167,3 +167,24 @@ def test_the_slice_controller_on_the_api_server(api: client.ApiClient) -> None:
         gke.transport.close()
         for name in pools:
             nodes.delete_nodes(api, name)
+
+
+def test_the_local_stack_runs_the_slice_controller_when_asked(kube_api: Any) -> None:
+    from multislice_local.stack import PROJECT, LocalStack, StackOptions
+
+    options = StackOptions(
+        profile="api",
+        start_operator=False,
+        slice_controller=True,
+        reservations={"stack-res": {"block-1": 2}},
+    )
+    stack = LocalStack(options, control_plane=kube_api).start()
+    try:
+        assert stack.sim is not None and stack.sim.slice_controller is not None
+        cubes = stack.sim.cubes()
+        assert [c["path"].rsplit("/reservationBlocks/")[0] for c in cubes] == [
+            f"projects/{PROJECT}/reservations/stack-res"
+        ] * 2
+        client.CustomObjectsApi(stack.api).list_cluster_custom_object(G, V, P)  # served
+    finally:
+        stack.stop()
