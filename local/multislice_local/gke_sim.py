@@ -55,6 +55,15 @@ less); each rule cites its public source where it is enforced (:meth:`GkeSimulat
   :meth:`GkeSimulator.node_access` says what its nodes can do.
 * :meth:`GkeSimulator.received_creates` returns every CreateNodePoolRequest as received
   (``parent`` from the URL, the JSON body), for comparing with the operator's dry run.
+* Compute Engine resource policies (workload policies): an insert takes the name at once, the
+  policy reads CREATING until its operation is DONE (``policy_latency_s``), then READY; a second
+  insert of the name meanwhile is 409 alreadyExists, a pool naming a policy that is not READY is
+  refused. A tpu7x pool may name only its workload policy: the policy's accelerator topology is
+  the slice's (GKE's Ironwood guides, xpk).
+* GKE dynamic slicing (:mod:`multislice_local.slices`, docs/dynamic-slicing-contract.md):
+  :meth:`GkeSimulator.add_reservation` makes All Capacity mode reservations of 4x4x4 sub-blocks
+  that tpu7x pools take whole; with a ``slice_store`` a simulated slice controller forms ``Slice``
+  objects, labels their nodes and follows :meth:`GkeSimulator.set_cube_state`.
 
 Faults (settable in the constructor, with Python methods, over ``/_sim/faults`` or as CLI flags),
 see :class:`Faults`: ``stockout_next`` (next N creates), ``stockout_on_create`` (the k-th
@@ -69,8 +78,9 @@ Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/coun
 ``maxConcurrentOperations``, ``preemptRecreateS``, ``releaseChannel``, ``workloadIdentity``,
 ``mutationDelayS``),
 ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
-(``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``). Names are
-looked up across clusters.
+(``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``),
+``POST /_sim/reservations`` (``{"name": "R", "blocks": {"block-1": 4}}``), ``GET /_sim/cubes``,
+``POST /_sim/cubes/ID/state`` (``{"state": "UNHEALTHY"}``). Names are looked up across clusters.
 
 CLI: ``python -m multislice_local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
 as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
@@ -81,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import json
@@ -106,6 +117,7 @@ from urllib.parse import urlsplit
 from google.cloud.container_v1.types import cluster_service
 from google.protobuf import json_format
 
+from multislice_local import slices
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.tpu import catalog
@@ -122,6 +134,9 @@ _K8S_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
 _USER_GKE_NODE_LABELS = {
     "cloud.google.com/gke-tpu-ici-resiliency",
     "cloud.google.com/gke-location-hint",
+    # xpk creates v6e (and GPU) pools with --accelerator-network-profile=auto
+    # --node-labels=cloud.google.com/gke-networking-dra-driver=true (src/xpk/core/nodepool.py).
+    "cloud.google.com/gke-networking-dra-driver",
 }
 _DNS1123_SUBDOMAIN_RE = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -221,6 +236,16 @@ class InMemoryRegistrar:
             self.groups[group.pool] = group
             self.events.append(("register", group.pool, group.count))
 
+    def label(self, pool: str, labels: dict[str, str | None]) -> None:
+        """Set (None: remove) labels on a pool's nodes, as the Kubernetes registrar does."""
+        with self._lock:
+            group = self.groups.get(pool)
+            if group is None:
+                return
+            merged = {k: v for k, v in {**group.labels, **labels}.items() if v is not None}
+            self.groups[pool] = dataclasses.replace(group, labels=merged)
+            self.events.append(("label", pool, group.count))
+
     def unregister(self, pool: str) -> None:
         with self._lock:
             group = self.groups.pop(pool, None)
@@ -232,6 +257,18 @@ class InMemoryRegistrar:
                 group = self.groups.get(pool)
                 return group.count if group else 0
             return sum(g.count for g in self.groups.values())
+
+
+class _RegistrarLabeler:
+    """Labels a pool's nodes through the simulator's registrar (when it can label)."""
+
+    def __init__(self, sim: GkeSimulator) -> None:
+        self._sim = sim
+
+    def label(self, pool: str, labels: dict[str, str | None]) -> None:
+        label = getattr(self._sim.registrar, "label", None)
+        if label is not None:
+            label(pool, labels)
 
 
 class KubeNodeRegistrar:
@@ -261,6 +298,11 @@ class KubeNodeRegistrar:
             # New VMs, new names (GKE: gke-CLUSTER-POOL-<8 hex of the instance group>-<4>).
             instance_group=secrets.token_hex(4),
         )
+
+    def label(self, pool: str, labels: dict[str, str | None]) -> None:
+        from multislice_local import nodes
+
+        nodes.label_nodes(self._target, pool, labels)
 
     def unregister(self, pool: str) -> None:
         from multislice_local import nodes
@@ -319,6 +361,9 @@ class SimConfig:
     # A node pool create or delete waits this long before GKE applies it (its round trip):
     # listings answered meanwhile do not show it yet.
     mutation_delay_s: float = 0.0
+    # Dynamic slicing: a Slice stays ACTIVATING this long; the slice controller syncs this often.
+    slice_activation_s: float = 0.5
+    slice_sync_s: float = 0.1
 
     def delete_latency(self) -> float:
         return self.op_latency_s if self.delete_latency_s is None else self.delete_latency_s
@@ -400,6 +445,10 @@ class _Pool:
     pod_cidr_size: int = 24  # the per-node block of the pod range (podIpv4CidrSize)
     flex_held: bool = False  # flex-start: DWS holds it waiting until grant_flex_start()
     flex_epoch: int = 0  # flex-start grants/expiries belong to one provisioning
+    topology: str | None = None  # the slice's: tpuTopology or its workload policy's
+    cubes: list[str] = field(default_factory=list)  # sub-block paths it holds (All Capacity)
+    extra_labels: dict[str, str] = field(default_factory=dict)  # GKE's labels of its sub-block
+    full_target: str = ""  # the reservation path it aimed at when it found no free sub-block
 
     @property
     def flex_start(self) -> bool:
@@ -451,6 +500,7 @@ class _ResourcePolicy:
     name: str
     body: dict[str, Any]  # the ResourcePolicy JSON as received (camelCase)
     created: str = field(default_factory=lambda: _now())
+    status: str = "READY"  # CREATING until its insert operation is DONE (ResourcePolicy.status)
 
     @property
     def path(self) -> str:
@@ -470,7 +520,7 @@ class _ResourcePolicy:
             "name": self.name,
             "region": f"{_COMPUTE_URL}/projects/{self.project}/regions/{self.region}",
             "selfLink": f"{_COMPUTE_URL}/{self.path}",
-            "status": "READY",
+            "status": self.status,
         }
 
 
@@ -612,6 +662,7 @@ class GkeSimulator:
         registrar: NodeRegistrar | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        slice_store: slices.SliceStore | None = None,
     ) -> None:
         self.config = config or SimConfig()
         self.faults = faults or Faults()
@@ -621,6 +672,7 @@ class GkeSimulator:
         self._pools: dict[str, _Pool] = {}  # by pool path
         self._ops: dict[str, _Operation] = {}  # by operation path
         self._creates_accepted = 0
+        self._policy_inserts_accepted = 0
         # TPU pools accepted whose nodes could not pull an image or write gs:// (node_access).
         self._crippled_pools = 0
         self._calls: Counter[str] = Counter()
@@ -634,6 +686,16 @@ class GkeSimulator:
         self._policies: dict[str, _ResourcePolicy] = {}
         self._compute_ops: dict[str, _ComputeOperation] = {}
         self._received_policies: list[dict[str, Any]] = []
+        # Dynamic slicing: sub-blocks of All Capacity mode reservations by path; the slice
+        # controller when Slices are served (``slice_store``).
+        self._cubes: dict[str, slices.SubBlock] = {}
+        self.slice_controller = (
+            slices.SliceController(
+                slice_store, _RegistrarLabeler(self), self.config.slice_activation_s
+            )
+            if slice_store is not None
+            else None
+        )
         self._scheduler = _Scheduler()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -653,6 +715,8 @@ class GkeSimulator:
             daemon=True,
         )
         self._thread.start()
+        if self.slice_controller is not None:
+            self._scheduler.after(self.config.slice_sync_s, self._slice_tick)
         log.info("gke-sim listening url=%s", self.url)
         return self
 
@@ -720,6 +784,7 @@ class GkeSimulator:
                 "responses": dict(self._responses),
                 "injected": dict(self._injected),
                 "createsAccepted": self._creates_accepted,
+                "policyInsertsAccepted": self._policy_inserts_accepted,
                 "tpuPoolsWithoutStorageAccess": self._crippled_pools,
                 "livePools": len(self._pools),
                 "runningOperations": sum(self._ops_running.values()),
@@ -802,6 +867,7 @@ class GkeSimulator:
                 "pools": [p.to_json() | {"nodes": p.nodes} for p in self._pools.values()],
                 "resourcePolicies": [rp.to_json() for rp in self._policies.values()],
                 "operations": [o.to_json() for o in self._ops.values()],
+                "cubes": self.cubes(),
                 "counters": self.counters(),
                 "faults": self.faults.to_json(),
             }
@@ -825,6 +891,7 @@ class GkeSimulator:
         self.registrar.unregister(pool.name)
         with self._lock:
             pool.nodes = 0
+            self._set_nodes_ready(pool, False)
         log.info("gke-sim preempted pool=%s recreate_after_s=%s", name, delay)
         if delay is not None:
             self._scheduler.after(float(delay), lambda: self._recreate_nodes(pool))
@@ -841,7 +908,119 @@ class GkeSimulator:
             )
             if remove_nodes:
                 pool.nodes = 0
+                self._set_nodes_ready(pool, False)
         log.info("gke-sim broke pool=%s", name)
+
+    # -- dynamic slicing: sub-blocks and the slice controller ------------------------------------
+
+    def add_reservation(self, name: str, blocks: dict[str, int], project: str = "p") -> list[str]:
+        """An All Capacity mode reservation with ``blocks`` ({block: sub-block count}); returns
+        the partition IDs of its sub-blocks (4x4x4 cubes of 16 tpu7x VMs). Node pools aimed at it
+        (at the reservation, a block or a sub-block) take whole free sub-blocks."""
+        reservation = (
+            name if name.startswith("projects/") else f"projects/{project}/reservations/{name}"
+        )
+        with self._lock:
+            added = slices.sub_blocks(reservation, blocks)
+            for cube in added:
+                self._cubes.setdefault(cube.path, cube)
+            return [c.partition_id for c in added]
+
+    def cubes(self) -> list[dict[str, Any]]:
+        """Every sub-block: path, block, partition ID, partition state, its pool, nodes ready."""
+        with self._lock:
+            return [
+                {
+                    "path": c.path,
+                    "block": c.block,
+                    "subBlock": c.name,
+                    "partitionId": c.partition_id,
+                    "state": c.state,
+                    "pool": c.pool,
+                    "nodesReady": c.nodes_ready,
+                }
+                for c in self._cubes.values()
+            ]
+
+    def set_cube_state(self, key: str, state: str) -> None:
+        """Set a cube's partition state (``slices.PARTITION_STATES``): by partition ID, sub-block
+        name or path, or the pool on it. Its nodes' ``cloud.google.com/gke-tpu-partition-4x4x4-
+        state`` label follows, and the slice controller's next pass the Slice holding it
+        (DEGRADED: ACTIVE_DEGRADED; UNHEALTHY: FAILED). Raises KeyError for an unknown cube."""
+        if state not in slices.PARTITION_STATES:
+            raise ValueError(f"state must be one of {slices.PARTITION_STATES}, got {state!r}")
+        with self._lock:
+            found = [
+                c
+                for c in self._cubes.values()
+                if key in (c.partition_id, c.name, c.path) or (c.pool is not None and key == c.pool)
+            ]
+            if not found:
+                raise KeyError(f"no sub-block {key!r}")
+            cube = found[0]
+            cube.state = state
+            pool = next((p for p in self._pools.values() if cube.path in p.cubes), None)
+            if pool is not None and len(pool.cubes) == 1:
+                pool.extra_labels[slices.PARTITION_STATE_LABEL] = state
+        if pool is not None and len(pool.cubes) == 1:
+            _RegistrarLabeler(self).label(pool.name, {slices.PARTITION_STATE_LABEL: state})
+        log.info("gke-sim cube %s (%s) is %s", cube.partition_id, cube.name, state)
+
+    def sync_slices(self) -> None:
+        """One pass of the slice controller now (it also runs every ``slice_sync_s``)."""
+        if self.slice_controller is None:
+            raise RuntimeError("no slice store: construct the simulator with slice_store")
+        with self._lock:
+            snapshot = {c.partition_id: dataclasses.replace(c) for c in self._cubes.values()}
+        self.slice_controller.sync(snapshot)
+
+    def _slice_tick(self) -> None:
+        try:
+            self.sync_slices()
+        except Exception:  # the API server may be briefly away; the next pass retries
+            log.exception("gke-sim slice controller pass failed")
+        self._scheduler.after(self.config.slice_sync_s, self._slice_tick)
+
+    def _claim_cubes(self, pool: _Pool, project: str) -> str | None:
+        """Take the sub-blocks a pool on an All Capacity reservation needs: one per 64 chips of
+        its slice (a PROVISION_ONLY sub-block pool: one). None when it got them (or is not on
+        such a reservation), else the failure ``reservation_full``: more cubes than the
+        reservation (block, sub-block) has free."""
+        target = _reservation_target(pool.spec, project)
+        if target is None or not any(
+            c.path == target or c.path.startswith(target + "/") for c in self._cubes.values()
+        ):
+            return None
+        chips = catalog.topology_chips(pool.topology) if pool.topology else 0
+        want = max(1, chips // slices.CHIPS_PER_CUBE)
+        taken: list[slices.SubBlock] = []
+        for _ in range(want):
+            cube = slices.pick_sub_block(
+                [c for c in self._cubes.values() if not taken or c.block == taken[0].block],
+                target,
+            )
+            if cube is None:
+                for c in taken:
+                    c.pool = None
+                pool.full_target = target
+                return "reservation_full"
+            cube.pool = pool.name
+            taken.append(cube)
+        pool.cubes = [c.path for c in taken]
+        if len(taken) == 1:  # its nodes are that cube's: GKE labels them with it
+            pool.extra_labels.update(taken[0].node_labels())
+        return None
+
+    def _set_nodes_ready(self, pool: _Pool, ready: bool) -> None:
+        for path in pool.cubes:
+            self._cubes[path].nodes_ready = ready
+
+    def _release_cubes(self, pool: _Pool) -> None:
+        for path in pool.cubes:
+            cube = self._cubes.get(path)
+            if cube is not None and cube.pool == pool.name:
+                cube.pool, cube.nodes_ready = None, False
+        pool.cubes = []
 
     def _find(self, name: str) -> _Pool:
         with self._lock:
@@ -933,7 +1112,10 @@ class GkeSimulator:
                 " or ".join(k for k, ok in (("pull images", access["pullImages"]),
                             ("write Cloud Storage", access["writeStorage"])) if not ok),
             )  # fmt: skip
-        pool = _Pool(cluster_path, name, spec)
+        pool = _Pool(
+            cluster_path, name, spec, topology=self._slice_topology(spec, location, project)
+        )
+        reservation_full = self._claim_cubes(pool, project)
         max_pods = int(spec.get("maxPodsConstraint", {}).get("maxPodsPerNode", 0))
         pool.pod_cidr_size = pod_cidr_size(max_pods or self.config.default_max_pods_per_node)
         if pool.flex_start and self.faults.flex_start_hold > 0:
@@ -942,6 +1124,7 @@ class GkeSimulator:
         op = self._start_op(location, project, "CREATE_NODE_POOL", path)
         op.failure = (
             self._placement_failure(pool)
+            or reservation_full
             or self._ip_space_failure(pool)
             or self._planned_failure(spec, location)
         )
@@ -1038,15 +1221,19 @@ class GkeSimulator:
         spec = _parse_policy(body)
         name = str(spec.get("name", ""))
         _validate_policy(spec)
-        rp = _ResourcePolicy(project, region, name, spec)
+        rp = _ResourcePolicy(project, region, name, spec, status="CREATING")
         if rp.path in self._policies:
-            # GCE: 409 alreadyExists "The resource '...' already exists".
+            # GCE: 409 alreadyExists "The resource '...' already exists", also while the first
+            # insert's operation runs: the name is taken at insert (piercefreeman/
+            # cloud-gpu-reliability#5: 409 on an insert "twice in the same second").
             raise ApiError(409, "ALREADY_EXISTS", f"The resource '{rp.path}' already exists")
+        self._policies[rp.path] = rp
+        self._policy_inserts_accepted += 1
         op = self._compute_op(project, region, "insert", rp.path)
 
         def finish() -> None:
             with self._lock:
-                self._policies[rp.path] = rp
+                rp.status = "READY"
                 op.status, op.end = "DONE", _now()
 
         if self.config.policy_latency_s <= 0:
@@ -1072,6 +1259,10 @@ class GkeSimulator:
         self, project: str, region: str, name: str, *, body: bytes
     ) -> dict[str, Any]:
         rp = self._policy(project, region, name)
+        if rp.status != "READY":
+            # GCE: 400 resourceNotReady "The resource '...' is not ready" (Compute Engine error
+            # reasons). Wording UNCONFIRMED for resource policies.
+            raise ApiError(400, "FAILED_PRECONDITION", f"The resource '{rp.path}' is not ready")
         users = [p for p in self._pools.values() if _policy_of(p) == (project, region, name)]
         if users:
             # GCE refuses to delete a resource in use: 400 resourceInUseByAnotherResource "The
@@ -1161,7 +1352,7 @@ class GkeSimulator:
         _validate_max_pods(spec.get("maxPodsConstraint"))
         self._validate_version(machine, bool(config.get("flexStart")))
         self._validate_flex_start(spec, machine)
-        self._validate_tpu(spec, location, machine)
+        self._validate_tpu(spec, location, machine, project)
         self._validate_placement(spec, location, machine, project)
 
     def _validate_version(self, machine: str, flex_start: bool) -> None:
@@ -1190,11 +1381,14 @@ class GkeSimulator:
 
     def _validate_flex_start(self, spec: dict[str, Any], machine: str) -> None:
         config = spec.get("config", {})
+        duration = _seconds(config.get("maxRunDuration"))
+        if duration is not None and duration <= 0:
+            # A run bound must be a positive duration. Wording UNCONFIRMED.
+            raise _invalid(f"maxRunDuration must be positive, got {config.get('maxRunDuration')}.")
         if not config.get("flexStart"):
-            if config.get("maxRunDuration"):
-                # maxRunDuration bounds flex-start (and spot) VMs; on-demand VMs run until
-                # deleted. Wording UNCONFIRMED; refused here, stricter than GKE may be.
-                raise _invalid("maxRunDuration is only supported with flexStart node pools.")
+            # maxRunDuration is not tied to flex-start: "The maximum duration for the nodes to
+            # exist. If unspecified, the nodes can exist indefinitely." (container v1
+            # NodeConfig.max_run_duration).
             return
         tpu = TPU_MACHINES.get(machine)
         gen = tpu.generation if tpu is not None else None
@@ -1210,8 +1404,7 @@ class GkeSimulator:
             # Flex-start capacity is not reserved: xpk and GKE's guides create the pools with
             # --reservation-affinity=none. Wording UNCONFIRMED.
             raise _invalid("Flex-start node pools require reservationAffinity NO_RESERVATION.")
-        duration = _seconds(config.get("maxRunDuration"))
-        if duration is not None and not 0 < duration <= models.FLEX_START_MAX_RUN_S:
+        if duration is not None and duration > models.FLEX_START_MAX_RUN_S:
             # "for up to seven days" (GKE "About flex-start"). Wording UNCONFIRMED.
             raise _invalid(
                 f"maxRunDuration must be at most {models.FLEX_START_MAX_RUN_S}s (7 days), got "
@@ -1249,8 +1442,42 @@ class GkeSimulator:
                 raise _invalid(
                     f"Placement policy {name} was not found: resource policy {path} does not exist."
                 )
+            if self._policies[path].status != "READY":
+                # A policy whose insert has not finished cannot place instances yet. Refused
+                # here (GKE's answer is not public); wording UNCONFIRMED.
+                raise _invalid(
+                    f"Placement policy {name} is not ready: resource policy {path} is "
+                    f"{self._policies[path].status}."
+                )
         if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY:
             return
+        policy = self._policies.get(
+            f"projects/{project}/regions/{_region(self._zones(spec, location)[0])}"
+            f"/resourcePolicies/{name}"
+        )
+        workload = policy.workload if policy is not None else {}
+        if workload.get("acceleratorTopologyMode") == "PROVISION_ONLY" and (
+            workload.get("acceleratorTopology") != slices.CUBE_TOPOLOGY
+        ):
+            # Incremental provisioning: "Always set the accelerator-topology field to 4x4x4 to
+            # match the total number of chips within a single sub-block" (GKE "Use dynamic
+            # slicing with a custom scheduler"). Wording UNCONFIRMED.
+            raise _invalid(
+                f"Workload policy {name} has acceleratorTopologyMode PROVISION_ONLY: its "
+                f"acceleratorTopology must be {slices.CUBE_TOPOLOGY} (one sub-block), got "
+                f"{workload.get('acceleratorTopology')}."
+            )
+        if workload.get("acceleratorTopologyMode") == "PROVISION_ONLY" and (
+            _reservation_target(spec, project) is None
+        ):
+            # "Dynamic slicing features are available exclusively on TPUs that use All Capacity
+            # mode" (GKE "About GKE dynamic slicing"): a sub-block pool consumes a specific
+            # reservation. Wording UNCONFIRMED.
+            raise _invalid(
+                f"Workload policy {name} has acceleratorTopologyMode PROVISION_ONLY: the node "
+                "pool must consume a specific All Capacity mode reservation "
+                "(reservationAffinity SPECIFIC_RESERVATION)."
+            )
         if placement.get("tpuTopology") and not name and placement.get("type") != "COMPACT":
             # A multi-host tpu7x pool names its workload policy ("This policy replaces the
             # --tpu-topology flag used by other TPU versions", GKE "About Ironwood (TPU7x) in
@@ -1295,8 +1522,30 @@ class GkeSimulator:
             if not str(scope).startswith("https://www.googleapis.com/auth/"):
                 raise _invalid(f"Invalid OAuth scope {scope!r}: give the scope's full URL.")
 
-    def _validate_tpu(self, spec: dict[str, Any], location: str, machine: str) -> None:
-        topology = spec.get("placementPolicy", {}).get("tpuTopology")
+    def _slice_topology(self, spec: dict[str, Any], location: str, project: str) -> str | None:
+        """The slice topology a pool asks for: its tpuTopology or, on a generation placed by
+        workload policy, the accelerator topology of the policy it names. GKE's Ironwood guides
+        and xpk create multi-host tpu7x pools with the policy alone (xpk
+        src/xpk/core/nodepool.py: "--tpu-topology should also not be passed when workload policy
+        is used"; GKE "Use dynamic slicing with a custom scheduler": --placement-policy, no
+        --tpu-topology)."""
+        placement = spec.get("placementPolicy", {})
+        if placement.get("tpuTopology"):
+            return str(placement["tpuTopology"])
+        tpu = TPU_MACHINES.get(str(spec.get("config", {}).get("machineType", "")))
+        gen = tpu.generation if tpu is not None else None
+        name = placement.get("policyName")
+        if gen is None or gen.placement != catalog.Placement.WORKLOAD_POLICY or not name:
+            return None
+        region = _region(self._zones(spec, location)[0])
+        rp = self._policies.get(f"projects/{project}/regions/{region}/resourcePolicies/{name}")
+        topology = rp.workload.get("acceleratorTopology") if rp is not None else None
+        return str(topology) if topology else None
+
+    def _validate_tpu(
+        self, spec: dict[str, Any], location: str, machine: str, project: str
+    ) -> None:
+        topology = self._slice_topology(spec, location, project)
         tpu = TPU_MACHINES.get(machine)
         if tpu is None:
             if topology:
@@ -1410,7 +1659,7 @@ class GkeSimulator:
         workload = rp.workload
         if workload_gen and (
             workload.get("type") != "HIGH_THROUGHPUT"
-            or workload.get("acceleratorTopology") != placement.get("tpuTopology")
+            or workload.get("acceleratorTopology") != pool.topology
         ):
             return "policy_mismatch"
         return None
@@ -1486,6 +1735,7 @@ class GkeSimulator:
             pool.status_message = error or ""
             pool.op = None
             self._end_op(op)
+            self._set_nodes_ready(pool, error is None)
         log.info("gke-sim pool running pool=%s nodes=%d", pool.name, group.count)
 
     def _flex_wait(self, op: _Operation, pool: _Pool) -> None:
@@ -1546,6 +1796,7 @@ class GkeSimulator:
         code = 3 if op.failure in ("placement", "policy_mismatch") else 8
         self._end_op(op, error={"code": code, "message": message})
         pool.op = None
+        self._release_cubes(pool)
         if self.config.failed_create_leaves_pool:
             pool.status, pool.status_message = "ERROR", message
         else:
@@ -1572,8 +1823,10 @@ class GkeSimulator:
             except Exception:
                 log.exception("gke-sim node removal failed pool=%s", pool.name)
         with self._lock:
-            self._pools.pop(op.target, None)
+            gone = self._pools.pop(op.target, None)
             self._end_op(op)
+            if gone is not None:
+                self._release_cubes(gone)
         log.info("gke-sim pool deleted pool=%s", op.target.rsplit("/", 1)[1])
 
     def _recreate_nodes(self, pool: _Pool) -> None:
@@ -1590,6 +1843,7 @@ class GkeSimulator:
         if self._register(group) is None:
             with self._lock:
                 pool.nodes = group.count
+                self._set_nodes_ready(pool, True)
 
     # -- admin HTTP API -------------------------------------------------------------------------
 
@@ -1623,6 +1877,18 @@ class GkeSimulator:
             return {"offered": self.config.offered}
         if method == "POST" and len(parts) == 3 and parts[0] == "pools":
             return self._admin_pool(parts[1], parts[2], data)
+        if method == "POST" and parts == ["reservations"]:
+            blocks = {str(k): int(v) for k, v in data["blocks"].items()}
+            ids = self.add_reservation(data["name"], blocks, project=data.get("project", "p"))
+            return {"partitionIds": ids}
+        if method == "GET" and parts == ["cubes"]:
+            return {"cubes": self.cubes()}
+        if method == "POST" and len(parts) == 3 and parts[0] == "cubes" and parts[2] == "state":
+            try:
+                self.set_cube_state(parts[1], str(data["state"]))
+            except KeyError as err:
+                raise ApiError(404, "NOT_FOUND", str(err)) from None
+            return {"cubes": self.cubes()}
         raise ApiError(404, "NOT_FOUND", f"unknown admin call {method} {path}")
 
     def _admin_pool(self, name: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -1831,6 +2097,16 @@ def _failure_message(failure: str, pool: _Pool, zone: str) -> str:
             f"workload policy {policy.get('policyName')} does not match the TPU topology "
             f"{policy.get('tpuTopology')} of machine type {machine}."
         )
+    if failure == "reservation_full":
+        # More cubes than the reservation (block, sub-block) has free: GKE accepts the create and
+        # its instance group cannot place the VMs. Wording UNCONFIRMED.
+        target = pool.full_target or "the reservation"
+        return (
+            f"Not all instances running in IGM after 0s. Current errors: "
+            f"[GCE_STOCKOUT]: Instance '{instance}' creation failed: Reservation {target} has no "
+            f"free sub-block: {nodes} tpu7x VMs need "
+            f"{max(1, nodes // slices.VMS_PER_CUBE)} free 4x4x4 sub-blocks."
+        )
     if failure == "ip_space":
         # "Not all instances running in IGM after ... Current errors: [IP_SPACE_EXHAUSTED]:
         # Instance '...' creation failed: IP space of '...' is exhausted." (hashicorp/
@@ -1865,6 +2141,7 @@ def _node_group(pool: _Pool) -> NodeGroup:
     count = pool.slice_nodes
     user = {str(k): str(v) for k, v in config.get("labels", {}).items()}
     labels = dict(user)
+    labels.update(pool.extra_labels)
     labels[keys.GKE_NODEPOOL] = pool.name
     labels[ZONE_LABEL] = zones[0]
     labels[keys.INSTANCE_TYPE] = machine  # the kubelet's well-known label, from the VM
@@ -1876,9 +2153,7 @@ def _node_group(pool: _Pool) -> NodeGroup:
     chips = 0
     if tpu is not None:
         accelerator, chips = tpu.accelerator_label, tpu.chips_per_host
-        topology = pool.spec.get("placementPolicy", {}).get("tpuTopology") or (
-            tpu.single_host_topology()
-        )
+        topology = pool.topology or tpu.single_host_topology()
         labels[keys.GKE_TPU_ACCELERATOR] = accelerator
         labels[keys.GKE_TPU_TOPOLOGY] = topology
     return NodeGroup(
@@ -1903,6 +2178,19 @@ def _accelerator_type(parent: str, accel: str) -> dict[str, Any]:
         if config_type:
             body["acceleratorConfigs"] = [{"type": config_type, "topology": shape.topology}]
     return body
+
+
+def _reservation_target(spec: dict[str, Any], project: str) -> str | None:
+    """The reservation path a SPECIFIC_RESERVATION pool aims at, as projects/P/reservations/R
+    [/reservationBlocks/B[/reservationSubBlocks/S]]; a bare name is in the pool's project."""
+    affinity = spec.get("config", {}).get("reservationAffinity", {})
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return None
+    values = affinity.get("values", [])
+    if not values:
+        return None
+    value = str(values[0])
+    return value if value.startswith("projects/") else f"projects/{project}/reservations/{value}"
 
 
 def _region(zone: str) -> str:
@@ -2091,8 +2379,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-429-next", type=int, default=0)
     parser.add_argument("--http-5xx-next", type=int, default=0)
     parser.add_argument("--invalid-machine-type", action="append", default=[])
+    parser.add_argument(
+        "--reservation",
+        action="append",
+        default=[],
+        metavar="[projects/P/reservations/]R=BLOCK:N[,BLOCK:N]",
+        help="an All Capacity mode reservation of N 4x4x4 sub-blocks per block (dynamic slicing)",
+    )
+    parser.add_argument("--reservation-project", default="local-project")
+    parser.add_argument(
+        "--slices",
+        action="store_true",
+        help="serve GKE's Slice CRD in the --kubeconfig cluster and run the slice controller",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.slices and not args.kubeconfig:
+        parser.error("--slices needs --kubeconfig (the cluster the Slices live in)")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     config = SimConfig(
         op_latency_s=args.op_latency,
@@ -2118,13 +2421,31 @@ def main(argv: list[str] | None = None) -> int:
     registrar: NodeRegistrar | None = None
     if args.kubeconfig:
         registrar = KubeNodeRegistrar(os.fspath(args.kubeconfig))
+    store: slices.SliceStore | None = None
+    if args.slices:
+        slices.install_crd(os.fspath(args.kubeconfig))
+        store = slices.KubeSliceStore(os.fspath(args.kubeconfig))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with GkeSimulator(config, faults, registrar, host=args.host, port=args.port) as sim:
+    with GkeSimulator(
+        config, faults, registrar, host=args.host, port=args.port, slice_store=store
+    ) as sim:
+        for name, blocks in _parse_reservations(args.reservation):
+            sim.add_reservation(name, blocks, project=args.reservation_project)
         print(sim.url, flush=True)
         stop.wait()
     return 0
+
+
+def _parse_reservations(values: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """``R=block-1:4,block-2:4`` -> [("R", {"block-1": 4, "block-2": 4})]."""
+    out = []
+    for value in values:
+        name, _, spec = value.partition("=")
+        blocks = {b: int(n) for b, _, n in (part.partition(":") for part in spec.split(","))}
+        out.append((name, blocks))
+    return out
 
 
 if __name__ == "__main__":

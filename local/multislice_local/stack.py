@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multislice_local import slices
 from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.gke_sim import Faults, GkeSimulator, KubeNodeRegistrar, SimConfig
 from multislice_local.harness import OperatorProcess, install_crds
@@ -69,6 +70,12 @@ class StackOptions:
     # The operator watches Kueue (--kueue); None: when the profile runs Kueue.
     kueue: bool | None = None
     kueue_workload_wait_seconds: float = 20.0
+    # GKE dynamic slicing: the simulator serves the Slice CRD in the cluster and runs the slice
+    # controller on it (docs/dynamic-slicing-contract.md), over these All Capacity mode
+    # reservations of PROJECT ({reservation: {block: sub-blocks}}).
+    slice_controller: bool = False
+    reservations: dict[str, dict[str, int]] = field(default_factory=dict)
+    slice_activation_s: float = 1.0
 
 
 class LocalStack:
@@ -105,11 +112,22 @@ class LocalStack:
             jobset_crd = bin_dir() / "jobset.x-k8s.io_jobsets.yaml"
             install_crds(self.api, jobset_crd if self.options.profile == "api" else None)
             say("starting the local GKE API simulator")
+            kubeconfig = str(self.cp.kubeconfig)
+            store = None
+            if self.options.slice_controller:
+                slices.install_crd(kubeconfig)
+                store = slices.KubeSliceStore(kubeconfig)
             self.sim = GkeSimulator(
-                config=SimConfig(op_latency_s=self.options.op_latency_s),
+                config=SimConfig(
+                    op_latency_s=self.options.op_latency_s,
+                    slice_activation_s=self.options.slice_activation_s,
+                ),
                 faults=self.options.faults,
-                registrar=KubeNodeRegistrar(str(self.cp.kubeconfig)),
+                registrar=KubeNodeRegistrar(kubeconfig),
+                slice_store=store,
             ).start()
+            for name, blocks in self.options.reservations.items():
+                self.sim.add_reservation(name, blocks, project=PROJECT)
             if self.options.start_operator:
                 say("starting the operator")
                 self.start_operator()

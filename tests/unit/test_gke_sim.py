@@ -653,7 +653,7 @@ def insert_policy(sim: GkeSimulator, name: str = "wp-4x4x4", topology: str = "4x
             ),
         ),
     )
-    wait_for(lambda: name in sim.policies())
+    wait_for(lambda: sim.policies().get(name, {}).get("status") == "READY")
     close(client)
 
 

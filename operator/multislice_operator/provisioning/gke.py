@@ -480,7 +480,7 @@ class GkeProvisioner:
                 return c.pool_error(want.name)
             found = None
         if found is not None:
-            return _policy_mismatch(want, found)
+            return _policy_mismatch(want, found) or _policy_not_ready(want, found)
         if not may_insert:
             return PoolError(None, want.name, CODE_CONFLICT, "workload policy not found", False)
         return await self._insert_policy(want, policies, operations)
@@ -1036,6 +1036,16 @@ def _policy_mismatch(want: WorkloadPolicySpec, found: Any) -> PoolError | None:
         "can create it"
     )
     return PoolError(None, want.name, CODE_WORKLOAD_POLICY, message, True)
+
+
+def _policy_not_ready(want: WorkloadPolicySpec, found: Any) -> PoolError | None:
+    """A transient error while the policy's insert (ours, or another job's that won the race and
+    made ours 409 alreadyExists) is still running: its pools wait for the next pass."""
+    status = getattr(found.status, "name", str(found.status or ""))
+    if status in ("", "READY"):
+        return None
+    message = f"workload policy {want.name} in {want.region} is {status}: waiting for it"
+    return PoolError(None, want.name, CODE_CONFLICT, message, False)
 
 
 def _wait_region_operation(
