@@ -14,7 +14,7 @@ once, without waiting for the startup probe). docs/demo.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -48,18 +48,19 @@ class AgentPlayer:
 
     def step(self, api: client.ApiClient) -> list[str]:
         """What the agents did on this step, for a narration."""
-        js = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        js: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", self.namespace, "jobsets", self.jobset
         )
         status = js.get("status") or {}
         current = status.get("currentInPlaceRestartAttempt")
         previous = status.get("previousInPlaceRestartAttempt")
         core = client.CoreV1Api(api)
-        pods = core.list_namespaced_pod(
+        pods: list[Any] = core.list_namespaced_pod(
             self.namespace, label_selector=f"{keys.JOBSET_NAME}={self.jobset}"
         ).items
         done: list[str] = []
         for pod in pods:
+            pod = cast(Any, pod)
             if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
                 continue
             restarts = _agent_restarts(pod)

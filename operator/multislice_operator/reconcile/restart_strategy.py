@@ -154,3 +154,19 @@ def restart_mode(f: Facts, b: Builder) -> None:
         b.cond(ConditionType.RESTART_IN_PLACE, "False", Reason.IN_PLACE_UNAVAILABLE, why)
         if not any(e.reason == Reason.IN_PLACE_UNAVAILABLE for e in b.events):
             b.event(Reason.IN_PLACE_UNAVAILABLE, why)
+
+
+def summary() -> str:
+    """How a job's slices restart, by cause, for `plan` (offline: the cluster decides which
+    registry applies; the operator's start-up log and the job's RestartInPlace condition say)."""
+    in_place = [c.value for c in RestartCause if strategy_of(c, in_place=True).name == INPLACE.name]
+    rest = [
+        f"{c.value} {strategy_of(c, in_place=True).name}"
+        for c in RestartCause
+        if c.value not in in_place
+    ]
+    return (
+        f"{', '.join(in_place)} {INPLACE.name} where the cluster has it (JobSet >= v0.11 with its "
+        f"InPlaceRestart gate, Kubernetes >= 1.35, --in-place-agent-image), else Recreate; "
+        f"{', '.join(rest)}"
+    )
