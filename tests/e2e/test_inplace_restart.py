@@ -46,6 +46,15 @@ def env(kube_cluster, namespace, tpu_nodes, kube_client, tmp_path):
         op.stop()
 
 
+def cluster_view(api: client.ApiClient, ns: str, op: OperatorProcess, lines: int) -> str:
+    """On a timeout: the pods with their containers' states, and the operator's log."""
+    out = [msj.pods_and_nodes(api, ns)]
+    for p in client.CoreV1Api(api).list_namespaced_pod(ns).items:
+        for c in [*(p.status.init_container_statuses or []), *(p.status.container_statuses or [])]:
+            out.append(f"  {p.metadata.name}/{c.name} restarts={c.restart_count} {c.state}")
+    return "\n".join([*out, op.log_tail(lines)])
+
+
 def pods(api: client.ApiClient, ns: str, name: str) -> list[Any]:
     found = (
         client.CoreV1Api(api)
@@ -95,7 +104,7 @@ def test_a_program_failure_restarts_in_place_and_a_preemption_recreates(env):
         node_selector=msj.own_nodes(ns),
     )
     msj.create(api, ns, body)
-    msj.wait_phase(api, ns, "ip", "Running", 90, log=op.log_tail, tail=30)
+    msj.wait_phase(api, ns, "ip", "Running", 90, log=lambda n: cluster_view(api, ns, op, n))
     job = msj.get(api, ns, "ip")
     assert job is not None
     cond = {c["type"]: c for c in job["status"]["conditions"]}["RestartInPlace"]
