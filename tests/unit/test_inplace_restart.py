@@ -102,6 +102,20 @@ def test_only_retryable_exits_restart_in_place(policy: dict[str, Any], expected:
     assert tpu["restartPolicyRules"] == [{"action": "RestartAllContainers", "exitCodes": expected}]
 
 
+def test_the_workload_reads_its_restart_attempt_from_the_agents_annotation() -> None:
+    """An in-place restart does not move JobSet's restart-attempt label: the program's restart
+    attempt (which its first-attempt-only hooks and its logs read) follows the agent's."""
+    env = {e["name"]: e for e in pod_of(rendered())["containers"][0]["env"]}
+    assert env["MULTISLICE_RESTART_ATTEMPT"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/in-place-restart-attempt']"
+    )
+    s, plan = spec_and_plan()
+    recreate = {e["name"]: e for e in pod_of(render_jobset(plan, s))["containers"][0]["env"]}
+    assert recreate["MULTISLICE_RESTART_ATTEMPT"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
+    )
+
+
 def test_without_in_place_nothing_of_it_is_rendered() -> None:
     s, plan = spec_and_plan()
     js = render_jobset(plan, s)

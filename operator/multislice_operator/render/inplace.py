@@ -83,11 +83,25 @@ def apply_to_pod(pod: dict[str, Any], spec: MultisliceJobSpec, image: str) -> No
     """Add the agent and the TPU container's restart rules to a rendered pod spec."""
     tpu = pod["containers"][0]
     tpu["restartPolicy"] = "Never"  # container-level: restartPolicyRules need one
+    _attempt_from_agent(tpu)
     tpu["restartPolicyRules"] = worker_rules(spec)
     inits = [c for c in pod.get("initContainers") or [] if c.get("name") != AGENT_CONTAINER]
     pod["initContainers"] = [agent_container(image), *inits]
     pod["serviceAccountName"] = service_account(pod)
     pod.pop("automountServiceAccountToken", None)  # the agent reads the mounted token
+
+
+def _attempt_from_agent(tpu: dict[str, Any]) -> None:
+    """MULTISLICE_RESTART_ATTEMPT counts every restart of all slices: under InPlaceRestart the
+    JobSet's restart-attempt label moves only when Jobs are recreated, while the agent's attempt
+    annotation moves on every restart (a recreated pod's agent starts at the JobSet's current
+    attempt + 1 too). The kubelet resolves the downward API each time it starts a container,
+    and the agent writes the annotation before its barrier lets the TPU container start, so the
+    program sees the new attempt after an in-place restart (an unset value reads as 0)."""
+    for var in tpu.get("env") or []:
+        if var.get("name") == "MULTISLICE_RESTART_ATTEMPT" and "valueFrom" in var:
+            path = f"metadata.annotations['{ATTEMPT_ANNOTATION}']"
+            var["valueFrom"] = {"fieldRef": {"fieldPath": path}}
 
 
 def apply_to_job(job_spec: dict[str, Any]) -> None:
