@@ -218,6 +218,16 @@ class AdmissionCheckObservation:
     observed_generation: int | None = None  # of that condition
 
 
+@dataclass(frozen=True)
+class InPlaceSupport:
+    """Whether this cluster restarts pods in place (JobSet's InPlaceRestart with the kubelet's
+    RestartAllContainers action), as controller/versions.py found it at start-up, and why. A
+    fact for decide(): the JobSets it creates restart in place or recreate (docs/restarts.md)."""
+
+    usable: bool
+    why: str
+
+
 @dataclass
 class Observed:
     now: datetime
@@ -248,6 +258,9 @@ class Observed:
     missing_priority_class: str | None = None
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
+    # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
+    # (yet): JobSets recreate, and the job says nothing of it.
+    in_place: InPlaceSupport | None = None
 
 
 @dataclass(frozen=True)
@@ -308,11 +321,14 @@ class CreateJobSet:
     slices: int | None = None
     restarts_before: int = 0
     counted_before: int = 0
+    in_place: bool = False  # rendered for in-place restart (the cluster supports it)
 
 
 @dataclass(frozen=True)
 class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
+
+    in_place: bool = False  # the JobSet judged is the one CreateJobSet will render
 
 
 @dataclass(frozen=True)
