@@ -58,6 +58,13 @@ def _pod_running(obj: dict[str, Any], kv: Any) -> bool:
     return _label(obj, kv) and (obj.get("status") or {}).get("phase") == "Running"
 
 
+def _pod_annotated(obj: dict[str, Any], kv: Any) -> bool:
+    """A Running pod whose annotation `key` is `value` (an in-place restart keeps the pod)."""
+    key, value = kv
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(key) == value and (obj.get("status") or {}).get("phase") == "Running"
+
+
 PREDICATES: dict[str, Predicate] = {
     "exists": lambda _o, _a: True,
     "phase": _phase,
@@ -67,6 +74,7 @@ PREDICATES: dict[str, Predicate] = {
     "node_ready": _node_ready,
     "deleted": _deleted,
     "pod_running": _pod_running,
+    "pod_annotated": _pod_annotated,
 }
 
 
