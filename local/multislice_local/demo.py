@@ -252,10 +252,12 @@ class Demo:
             # Off every other job of that cluster; the heartbeat Lease in our namespace, so it
             # goes with it (and no other operator's is read as ours).
             options.namespaces = [self.ns] + ([OTHER_NAMESPACE] if s.kueue else [])
-            options.operator_env = {
-                "MSJ_LEADER_ELECTION_NAMESPACE": self.ns,
-                "MSJ_LEADER_ELECTION_NAME": "multislice-demo",
-            }
+            options.operator_env.update(
+                {
+                    "MSJ_LEADER_ELECTION_NAMESPACE": self.ns,
+                    "MSJ_LEADER_ELECTION_NAME": "multislice-demo",
+                }
+            )
             self.n.say(
                 f"using the running cluster of {borrowed.kubeconfig} ({profile} profile): "
                 f"namespace {self.ns}, nothing of the cluster is started or stopped"

@@ -45,6 +45,7 @@ class AgentPlayer:
     namespace: str
     jobset: str
     started: set[tuple[str, int]] = field(default_factory=set)  # (pod uid, agent restarts)
+    exited: set[tuple[str, int]] = field(default_factory=set)  # executions that asked a restart
 
     def step(self, api: client.ApiClient) -> list[str]:
         """What the agents did on this step, for a narration."""
@@ -76,7 +77,9 @@ class AgentPlayer:
                 done.append(f"{name}: attempt {attempt}")
                 continue
             mine = (pod.metadata.annotations or {}).get(ATTEMPT_ANNOTATION)
-            if previous is not None and mine is not None and int(mine) <= int(previous):
+            outdated = previous is not None and mine is not None and int(mine) <= int(previous)
+            if outdated and execution not in self.exited:  # an agent exits once
+                self.exited.add(execution)
                 restart_all_containers(api, self.namespace, name, AGENT_EXIT_CODE)
                 done.append(f"{name}: restarts in place (attempt {mine} <= {previous})")
         return done

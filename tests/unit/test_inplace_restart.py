@@ -4,11 +4,13 @@ it (a condition, an event, status.lastRestart.strategy)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 import pytest
+from kopf._cogs.clients import errors as kopf_errors
 
 from multislice_operator.api.models import ConditionType, MultisliceJobStatus, RestartCause
 from multislice_operator.common.pools import PoolState
@@ -186,11 +188,68 @@ def test_everything_found_uses_in_place() -> None:
 
 
 def test_the_probe_jobset_is_one_jobsets_webhook_judges_only_on_the_gate() -> None:
-    probe = versions.probe_jobset()
+    probe = versions.probe_jobset("team-a")
     job = probe["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert probe["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
     assert (job["backoffLimit"], job["podReplacementPolicy"]) == (2**31 - 1, "Failed")
     assert job["completions"] == job["parallelism"]
+    # What the chart's JobSet admission policy demands of the operator's JobSets.
+    meta = probe["metadata"]
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"]["multislice.dev/job-name"] == meta["name"]
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "multislice-operator"
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == (
+        "MultisliceJob",
+        meta["name"],
+        True,
+    )
+
+
+def test_the_probes_go_to_a_namespace_the_operator_watches() -> None:
+    assert versions.probe_namespace([]) == "default"
+    assert versions.probe_namespace(["team-*", "ml"]) == "ml"
+
+
+class FakeKube:
+    """The apiserver's answers to the start-up check's dry runs."""
+
+    def __init__(self, jobset_error: Exception | None, job_kept: bool) -> None:
+        self.jobset_error, self.job_kept = jobset_error, job_kept
+
+    async def dry_run_returned(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body["kind"] == "JobSet":
+            if self.jobset_error is not None:
+                raise self.jobset_error
+            return body
+        if not self.job_kept:
+            body["spec"]["template"]["spec"]["containers"][0].pop("restartPolicyRules")
+        return body
+
+    async def server_version(self) -> str:
+        return "v1.36.3"
+
+
+def _found(kube: FakeKube) -> InPlaceFindings:
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(in_place_agent_image=AGENT, namespaces=[])
+    rt: Any = SimpleNamespace(settings=settings, kube=kube)
+    return asyncio.run(versions.find_in_place(rt, V012))
+
+
+def test_the_check_reads_the_webhooks_gate_refusal_and_a_dropped_rule() -> None:
+    assert versions.in_place_support(_found(FakeKube(None, True))).usable
+    gate = kopf_errors.APIForbiddenError({"message": GATE_OFF}, status=403, headers={})
+    assert "gate is off" in versions.in_place_support(_found(FakeKube(gate, True))).why
+    dropped = versions.in_place_support(_found(FakeKube(None, False)))
+    assert "RestartAllContainersOnContainerExits is off" in dropped.why
+    # RBAC (or any other refusal) is no answer: the check raises and is tried again.
+    rbac = kopf_errors.APIForbiddenError(
+        {"message": "jobsets is forbidden"}, status=403, headers={}
+    )
+    with pytest.raises(kopf_errors.APIError):
+        _found(FakeKube(rbac, True))
 
 
 # ------------------------------------------------------------------------- decide

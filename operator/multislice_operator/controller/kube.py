@@ -137,7 +137,7 @@ class Kube:
         meta = body["metadata"]
         group, _, version = str(body["apiVersion"]).rpartition("/")
         base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        plural = {"JobSet": "jobsets", "Job": "jobs", "Pod": "pods"}[str(body["kind"])]
+        plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
         await self._call(
             "post",
             f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All&{STRICT}",
@@ -182,7 +182,7 @@ class Kube:
         """Create `body` with ?dryRun=All and return what the apiserver would store (its
         defaults applied, fields of disabled features dropped). Raises the refusal."""
         meta = body["metadata"]
-        plural = {"JobSet": "jobsets", "Pod": "pods"}[str(body["kind"])]
+        plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
         group, _, version = str(body["apiVersion"]).rpartition("/")
         base = f"/apis/{group}/{version}" if group else f"/api/{version}"
         url = f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All"

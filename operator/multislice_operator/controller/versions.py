@@ -18,7 +18,7 @@ problem lasts: what is installed, what is needed, and why (operator log, runtime
      is not refused by JobSet's webhook ("InPlaceRestart restart strategy cannot be set when
      InPlaceRestart feature gate is disabled", jobset v0.12.0 pkg/webhooks/jobset_webhook.go);
   4. Kubernetes >= 1.35 and its apiserver keeps a pod's ``RestartAllContainers`` restart rule
-     (a dry run; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta and on in
+     (a dry run of a Job; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta and on in
      1.36). The kubelet's own gate cannot be read from the apiserver: docs/restarts.md.
 """
 
@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from multislice_operator.api import models
+from multislice_operator.common import keys
 from multislice_operator.controller.kube import ApiError
 from multislice_operator.controller.runtime import Runtime
 from multislice_operator.reconcile import InPlaceSupport
@@ -156,9 +158,21 @@ def in_place_support(found: InPlaceFindings) -> InPlaceSupport:
     return InPlaceSupport(True, f"JobSet with InPlaceRestart on Kubernetes {found.kube_version}")
 
 
-def probe_jobset() -> dict[str, Any]:
+GATE_OFF = "InPlaceRestart feature gate is disabled"  # JobSet's webhook, when the gate is off
+NO_UID = "00000000-0000-0000-0000-000000000000"  # a dry run stores nothing; no owner is read
+
+
+def probe_namespace(watched: list[str]) -> str:
+    """Where the dry runs go: a namespace the operator may create JobSets and Jobs in (the
+    first one it watches by name; else default)."""
+    literal = [n for n in watched if not any(ch in n for ch in "*?[")]
+    return literal[0] if literal else PROBE_NAMESPACE
+
+
+def probe_jobset(namespace: str = PROBE_NAMESPACE) -> dict[str, Any]:
     """The smallest JobSet JobSet's webhook accepts under InPlaceRestart (backoffLimit MaxInt32,
-    podReplacementPolicy Failed, completions == parallelism), for a dry run."""
+    podReplacementPolicy Failed, completions == parallelism), for a dry run; labelled and owned
+    as the operator's own (the chart's admission policy lets it create no other JobSet)."""
     job: dict[str, Any] = {
         "parallelism": 1,
         "completions": 1,
@@ -167,10 +181,23 @@ def probe_jobset() -> dict[str, Any]:
         },
     }
     inplace.apply_to_job(job)
+    owner = {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "name": PROBE_NAME,
+        "uid": NO_UID,
+        "controller": True,
+    }
+    labels = {keys.JOB_NAME: PROBE_NAME, keys.MANAGED_BY: keys.MANAGED_BY_VALUE}
     return {
         "apiVersion": f"jobset.x-k8s.io/{JOBSET_VERSION}",
         "kind": "JobSet",
-        "metadata": {"name": PROBE_NAME, "namespace": PROBE_NAMESPACE},
+        "metadata": {
+            "name": PROBE_NAME,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
         "spec": {
             "failurePolicy": {"restartStrategy": IN_PLACE_STRATEGY},
             "replicatedJobs": [{"name": "r", "replicas": 1, "template": {"spec": job}}],
@@ -178,7 +205,9 @@ def probe_jobset() -> dict[str, Any]:
     }
 
 
-def probe_pod() -> dict[str, Any]:
+def probe_job(namespace: str = PROBE_NAMESPACE) -> dict[str, Any]:
+    """A Job whose pod uses the RestartAllContainers action, for a dry run (the operator creates
+    Jobs only so): an apiserver without the feature refuses or drops the rule."""
     rules = [{"action": inplace.RESTART_ALL, "exitCodes": {"operator": "In", "values": [1]}}]
     container = {
         "name": "c",
@@ -186,38 +215,45 @@ def probe_pod() -> dict[str, Any]:
         "restartPolicy": "Never",
         "restartPolicyRules": rules,
     }
+    pod = {"spec": {"restartPolicy": "Never", "containers": [container]}}
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": PROBE_NAME, "namespace": PROBE_NAMESPACE},
-        "spec": {"restartPolicy": "Never", "containers": [container]},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": PROBE_NAME, "namespace": namespace},
+        "spec": {"template": pod},
     }
 
 
-def _kept(pod: dict[str, Any]) -> bool:
-    containers = (pod.get("spec") or {}).get("containers") or []
+def _kept(job: dict[str, Any]) -> bool:
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
     return any(
         r.get("action") == inplace.RESTART_ALL
-        for c in containers
+        for c in pod.get("containers") or []
         for r in c.get("restartPolicyRules") or []
     )
 
 
 async def find_in_place(rt: Runtime, crd: dict[str, Any] | None) -> InPlaceFindings:
-    """The dry runs and reads in_place_support judges (none when no agent image is set)."""
+    """The dry runs and reads in_place_support judges (none when no agent image is set). Raises
+    what is no answer (RBAC, the moment): the check is tried again."""
     image = rt.settings.in_place_agent_image
     if not image or IN_PLACE_STRATEGY not in _restart_strategies(crd):
         return InPlaceFindings(image, crd, None, "", False)
+    namespace = probe_namespace(rt.settings.namespaces)
     refusal: str | None = None
     try:
-        await rt.kube.dry_run_returned(probe_jobset())
+        await rt.kube.dry_run_returned(probe_jobset(namespace))
     except ApiError as exc:
-        refusal = str(exc)
+        message = exc.message or str(exc)
+        if GATE_OFF not in message:
+            raise
+        refusal = message
     version = await rt.kube.server_version()
     try:
-        kept = _kept(await rt.kube.dry_run_returned(probe_pod()))
+        kept = _kept(await rt.kube.dry_run_returned(probe_job(namespace)))
     except ApiError as exc:
-        log.info("pod restart rule refused: %s", exc)
+        if exc.status != 422:  # invalid: the action is not allowed; anything else is no answer
+            raise
         kept = False
     return InPlaceFindings(image, crd, refusal, version, kept)
 
@@ -234,10 +270,14 @@ async def check(rt: Runtime) -> None:
     try:
         crd = await rt.kube.get_crd(JOBSET_CRD)
         jobset = jobset_problem(crd)
-        in_place = in_place_support(await find_in_place(rt, crd))
     except ApiError as exc:
         log.warning("jobset crd not read: %s", exc)
-        jobset = rt.jobset_problem
+        jobset, crd = rt.jobset_problem, None
+    if crd is not None:
+        try:
+            in_place = in_place_support(await find_in_place(rt, crd))
+        except ApiError as exc:  # RBAC or the moment: no answer; the next check asks again
+            log.warning("in-place restart not checked: %s", exc)
     for what, old, new in (
         ("kueue", rt.kueue_problem, kueue),
         ("jobset", rt.jobset_problem, jobset),
