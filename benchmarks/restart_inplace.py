@@ -27,7 +27,9 @@ re-initialisation; in place, also the barrier's startup probe period (1 s). docs
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
+import urllib.request
 import time
 from collections import Counter
 from pathlib import Path
@@ -58,6 +60,7 @@ from multislice_local.controlplane import ControlPlane
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_local.inplace_agent import restart_all_containers
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod, register_tpu_nodes
+from multislice_operator.controller.handlers import DEPENDENT_EVENT_BATCH_SECONDS
 from multislice_operator.render.inplace import ATTEMPT_ANNOTATION
 from multislice_operator.tpu.catalog import slice_shape
 
@@ -90,6 +93,29 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, float]:
     """p50 of every numeric field over the repetitions."""
     keys = [k for k, v in reps[0].items() if isinstance(v, int | float)]
     return {k: percentile([float(r[k]) for r in reps], 50) for k in keys}
+
+
+def passes_in(metrics_text: str) -> int:
+    """The operator's finished passes: the sum of multislice_reconcile_total's samples."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("multislice_reconcile_total{") or line.startswith(
+            "multislice_reconcile_total "
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def passes(op: OperatorProcess) -> int:
+    with urllib.request.urlopen(op.metrics_url, timeout=10) as resp:
+        return passes_in(resp.read().decode())
+
+
+def pass_bound(burst_s: float) -> int:
+    """The most passes a burst of a job's dependent events lasting `burst_s` may cost: one per
+    batch window while it lasts and one after its last event (controller/workqueue.py
+    debounce), and one more for an event that came while a pass was in flight."""
+    return math.ceil(burst_s / DEPENDENT_EVENT_BATCH_SECONDS) + 2
 
 
 def ratio(inplace_s: float, recreate_s: float) -> float:
@@ -159,6 +185,7 @@ class Mode:
         running = _watch_running(self.w, self.ns, self.mode, attempt)
         barrier = _watch_barrier(self.w, self.ns, attempt) if self.mode == "inplace" else ""
         before, cpu0 = request_counts(self.api), cpu_seconds(self.op.proc.pid)
+        passes0 = passes(self.op)
         t0 = time.monotonic()
         if self.mode == "inplace":
             restart_all_containers(self.api, self.ns, victim, RETRYABLE_EXIT)
@@ -173,10 +200,16 @@ class Mode:
             rep["barrier_lifted_s"] = self.w.wait(barrier, [NAME], timeout=120)[NAME] - t0
         rep["recovered_s"] = max(rep["all_running_s"], rep.get("barrier_lifted_s", 0.0))
         settle(self.api, quiet_s=2.0, timeout=120)
+        rep["window_s"] = time.monotonic() - t0
         rep["operator_cpu_s"] = round(cpu_seconds(self.op.proc.pid) - cpu0, 2)
+        # The passes from the failure until the control plane is quiet (window_s), against the
+        # debounce's bound for a burst that long, and the pod events they covered.
+        rep["passes"] = passes(self.op) - passes0
+        rep["pass_bound"] = pass_bound(rep["window_s"])
         writes = restart_writes(count_diff(request_counts(self.api), before))
         rep["writes"] = sum(writes.values())
         rep["writes_by"] = writes
+        rep["pod_writes"] = sum(n for k, n in writes.items() if k.split()[1].startswith("pods"))
         now = {p.metadata.uid for p in core.list_namespaced_pod(self.ns).items}
         rep["pods_kept"] = len(now & uids)
         return rep
