@@ -27,11 +27,9 @@ re-initialisation; in place, also the barrier's startup probe period (1 s). docs
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
-import urllib.request
 import time
-from collections import Counter
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +53,12 @@ from benchmarks.common import (
     wait_until,
 )
 from benchmarks.inplace_agents import EXIT, AgentProcess
+from benchmarks.pass_cpu import pass_bound, window_bound
 from benchmarks.watcher import Spec, Watcher
 from multislice_local.controlplane import ControlPlane
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_local.inplace_agent import restart_all_containers
 from multislice_local.nodes import RUN_DURATION_ANNOTATION, fail_pod, register_tpu_nodes
-from multislice_operator.controller.handlers import DEPENDENT_EVENT_BATCH_SECONDS
 from multislice_operator.render.inplace import ATTEMPT_ANNOTATION
 from multislice_operator.tpu.catalog import slice_shape
 
@@ -109,13 +107,6 @@ def passes_in(metrics_text: str) -> int:
 def passes(op: OperatorProcess) -> int:
     with urllib.request.urlopen(op.metrics_url, timeout=10) as resp:
         return passes_in(resp.read().decode())
-
-
-def pass_bound(burst_s: float) -> int:
-    """The most passes a burst of a job's dependent events lasting `burst_s` may cost: one per
-    batch window while it lasts and one after its last event (controller/workqueue.py
-    debounce), and one more for an event that came while a pass was in flight."""
-    return math.ceil(burst_s / DEPENDENT_EVENT_BATCH_SECONDS) + 2
 
 
 def ratio(inplace_s: float, recreate_s: float) -> float:
@@ -206,6 +197,7 @@ class Mode:
         # debounce's bound for a burst that long, and the pod events they covered.
         rep["passes"] = passes(self.op) - passes0
         rep["pass_bound"] = pass_bound(rep["window_s"])
+        rep["window_bound"] = window_bound(rep["window_s"])
         writes = restart_writes(count_diff(request_counts(self.api), before))
         rep["writes"] = sum(writes.values())
         rep["writes_by"] = writes
@@ -289,7 +281,8 @@ def run(shapes: list[tuple[int, str]], reps: int, log_dir: Path | None = None) -
             ]
         )
     text = table(
-        f"Restart of all slices: failing pod -> every pod Running on the new attempt (p50 of {reps})",
+        f"Restart of all slices: failing pod -> every pod Running on the new attempt "
+        f"(p50 of {reps})",
         [
             "slices x hosts",
             "pods",
