@@ -40,6 +40,7 @@ from multislice_operator.controller.handlers import (
 from multislice_operator.controller.reconciler import job_meta, parse
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.reconcile import decide
+from multislice_operator.reconcile.types import DecideConfig
 from multislice_operator.render.jobset import JOBSET_API_VERSION, JOBSET_KIND
 from multislice_operator.settings import Settings
 from multislice_operator.tpu.catalog import slice_shape
@@ -185,7 +186,7 @@ class World:
         self.meta = job_meta(self.body)
         self.node_bodies = nodes(self.slices, hosts)
         self.set_attempt(attempt)
-        self.cfg = Settings()
+        self.cfg = DecideConfig.from_settings(Settings())
         self.status = MultisliceJobStatus()
 
     def set_attempt(self, attempt: int) -> None:

@@ -38,23 +38,20 @@ from kubernetes import client
 from benchmarks.common import (
     JOBSET,
     MSJ,
-    WRITE_VERBS,
     admin_client,
-    count_diff,
     cpu_seconds,
     create_namespace,
     job_body,
     percentile,
-    request_counts,
     save,
     say,
-    settle,
     table,
     wait_until,
 )
 from benchmarks.inplace_agents import EXIT, AgentProcess
 from benchmarks.pass_cpu import pass_bound, window_bound
 from benchmarks.watcher import Spec, Watcher
+from multislice_local.apimetrics import WRITE_VERBS, count_diff, request_counts, settle
 from multislice_local.controlplane import ControlPlane
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_local.inplace_agent import restart_all_containers
@@ -170,8 +167,9 @@ class Mode:
         assert self.op is not None and self.op.proc is not None
         settle(self.api, quiet_s=2.0, timeout=60)
         core = client.CoreV1Api(self.api)
-        live = [p for p in core.list_namespaced_pod(self.ns).items if p.status.phase == "Running"]
-        victim = sorted(p.metadata.name for p in live)[0]
+        listed: list[Any] = core.list_namespaced_pod(self.ns).items
+        live = [p for p in listed if p.status.phase == "Running"]
+        victim = str(sorted(p.metadata.name for p in live)[0])
         uids = {p.metadata.uid for p in live}
         running = _watch_running(self.w, self.ns, self.mode, attempt)
         barrier = _watch_barrier(self.w, self.ns, attempt) if self.mode == "inplace" else ""
@@ -202,7 +200,8 @@ class Mode:
         rep["writes"] = sum(writes.values())
         rep["writes_by"] = writes
         rep["pod_writes"] = sum(n for k, n in writes.items() if k.split()[1].startswith("pods"))
-        now = {p.metadata.uid for p in core.list_namespaced_pod(self.ns).items}
+        after: list[Any] = core.list_namespaced_pod(self.ns).items
+        now = {p.metadata.uid for p in after}
         rep["pods_kept"] = len(now & uids)
         return rep
 

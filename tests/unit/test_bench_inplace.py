@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from benchmarks.inplace_agents import ANNOTATE, EXIT, Agent, agent_actions
 from benchmarks.pass_cpu import World, fit, growth, pass_bound, window_bound
 from benchmarks.restart_inplace import passes_in, restart_writes
+
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 
 
