@@ -259,11 +259,16 @@ def run_size(
     return out
 
 
-def run(shapes: list[tuple[int, str]], reps: int, log_dir: Path | None = None) -> dict[str, Any]:
-    results, rows = [], []
+def run(
+    shapes: list[tuple[int, str]], reps: int, log_dir: Path | None = None, name: str = ""
+) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    rows = []
     for slices, accelerator in shapes:
         r = run_size(slices, accelerator, reps, log_dir)
         results.append(r)
+        # Each size's figures kept as soon as they are measured (the largest take long).
+        save(name or "restart_inplace", {"repetitions": reps, "results": results})
         ip, rc = r["inplace"], r["recreate"]
         rows.append(
             [
@@ -297,7 +302,7 @@ def run(shapes: list[tuple[int, str]], reps: int, log_dir: Path | None = None) -
         rows,
     )
     out = {"repetitions": reps, "results": results, "table": text}
-    save("restart_inplace", out)
+    save(name or "restart_inplace", out)
     return out
 
 
@@ -306,11 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"small sizes {QUICK}")
     p.add_argument("--shapes", default="", help="e.g. 64:v5litepod-16,16:v5litepod-256")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--name", default="", help="results/<name>.json (default restart_inplace)")
     args = p.parse_args(argv)
     shapes = QUICK if args.quick else FULL
     if args.shapes:
         shapes = [(int(s), a) for s, a in (x.split(":") for x in args.shapes.split(","))]
-    run(shapes, args.reps)
+    run(shapes, args.reps, name=args.name)
     return 0
 
 
