@@ -219,7 +219,7 @@ class Mode:
 
 
 def run_size(
-    slices: int, accelerator: str, reps: int, log_dir: Path | None = None
+    slices: int, accelerator: str, reps: int, log_dir: Path | None = None, name: str = ""
 ) -> dict[str, Any]:
     shape = slice_shape(accelerator)
     pods = slices * shape.hosts
@@ -249,6 +249,7 @@ def run_size(
                 out[mode] = {"reps": runs, **summarize(runs)}
                 if agents:
                     out[mode]["agent_writes"] = agents
+                save(f"{name or 'restart_inplace'}-{pods}-partial", out)  # each mode as measured
         api.close()  # type: ignore[no-untyped-call]
     ip, rc = out["inplace"], out["recreate"]
     out["ratio"] = ratio(ip["recovered_s"], rc["recovered_s"])
@@ -265,7 +266,7 @@ def run(
     results: list[dict[str, Any]] = []
     rows = []
     for slices, accelerator in shapes:
-        r = run_size(slices, accelerator, reps, log_dir)
+        r = run_size(slices, accelerator, reps, log_dir, name)
         results.append(r)
         # Each size's figures kept as soon as they are measured (the largest take long).
         save(name or "restart_inplace", {"repetitions": reps, "results": results})
