@@ -205,8 +205,10 @@ def _jobset_refused() -> Case:
 
 def _preflight_failed() -> Case:
     none = [pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)]
-    failed = PreflightObservation("job-preflight", generation=1, finished=True, exit_code=78,
-                                  message='{"fits": false, "hbm_bytes_per_device": 20000000000}')  # fmt: skip
+    said = '{"fits": false, "hbm_bytes_per_device": 20000000000}'
+    failed = PreflightObservation(
+        "job-preflight", generation=1, finished=True, exit_code=78, message=said
+    )
     return Case(
         old={"phase": "Pending"},
         before=_observed(slices=none, preflight=failed),
