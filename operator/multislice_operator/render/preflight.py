@@ -7,7 +7,9 @@ MaxText's `train_compile.py` does the same with `compile_topology`). What it say
 its container's termination message: the command writes its JSON result to /dev/termination-log
 (the kubelet's default terminationMessagePath), and with terminationMessagePolicy
 FallbackToLogsOnError a command that fails without writing one leaves the tail of its log there
-instead (kubelet: at most 80 lines / 2048 bytes, pkg/kubelet/kuberuntime/kuberuntime_container.go).
+instead (kubelet: getTerminationMessage in pkg/kubelet/kuberuntime/kuberuntime_container.go, at
+most 80 lines / 2048 bytes: pkg/kubelet/container/runtime.go). The policy alone never reads a
+successful command's log, hence the file.
 The pod's status carries it; no pods/log read, no sidecar. A successful command that writes
 nothing (another program's compile) passes without figures.
 """
