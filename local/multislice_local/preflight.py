@@ -12,8 +12,11 @@ on a real cluster, and the operator reads it as it reads a real one.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -85,6 +88,9 @@ def run_compile(pod: dict[str, Any], timeout: float = 600) -> tuple[int, str]:
     printed (the workload's compile writes it), else the tail of its output on failure."""
     container = pod["spec"]["containers"][0]
     argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    beside = Path(sys.executable).parent / argv[0]  # the venv's console script (make demo's)
+    if not shutil.which(argv[0]) and beside.exists():
+        argv[0] = str(beside)
     env = {**os.environ, **pod_env(pod)}
     try:
         done = subprocess.run(
