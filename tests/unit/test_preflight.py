@@ -174,6 +174,13 @@ def test_a_job_of_the_name_that_is_not_ours_is_never_touched():
     assert d.status.phase == "Pending"
 
 
+def test_a_queued_job_compiles_before_its_jobset_reaches_kueue():
+    queued = replace(META, labels={"kueue.x-k8s.io/queue-name": "team-a"})
+    d = run(obs=observed(), meta=queued, **PREFLIGHT)
+    assert CreatePreflightJob() in d.actions
+    assert not {"CreateJobSet", "CreatePools"} & set(kinds(d))
+
+
 def test_without_preflight_nothing_is_compiled():
     d = run(obs=observed())
     assert kinds(d).count("CreatePreflightJob") == 0 and CreatePools((0, 1)) in d.actions
@@ -264,3 +271,28 @@ def test_a_bad_preflight_names_its_field(preflight: dict[str, Any], field: str):
     with pytest.raises(SpecError) as err:
         load_job(jobs.body(preflight=preflight))
     assert any(e.path.startswith(field) for e in err.value.errors), err.value.errors
+
+
+# ---------------------------------------------------------------- the shell's reading of the Job
+
+
+def test_the_job_and_its_pods_last_words_are_read_as_the_apiserver_stores_them():
+    from multislice_operator.controller.observe import preflight_observation
+
+    job = {
+        "metadata": {"name": "job-preflight", "uid": "j1",
+                     "labels": {"multislice.dev/preflight-generation": "3"},
+                     "ownerReferences": [{"uid": "uid-1", "controller": True}]},
+        "status": {"conditions": [{"type": "FailureTarget", "status": "True"},
+                                  {"type": "Failed", "status": "True",
+                                   "reason": "BackoffLimitExceeded"}]},
+    }  # fmt: skip
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": {
+        "exitCode": 78, "message": said(False, 20.5)}}}]}}  # fmt: skip
+    seen = preflight_observation(job, [pod], "uid-1")
+    assert (seen.owned, seen.generation, seen.finished, seen.succeeded) == (True, 3, True, False)
+    assert (seen.exit_code, seen.reason) == (78, "BackoffLimitExceeded")
+    assert pf.result(seen.message)["fits"] is False
+    assert not preflight_observation(job, [], "someone-else").owned
+    running = preflight_observation({**job, "status": {}}, [], "uid-1")
+    assert not running.finished and running.exit_code is None
