@@ -122,6 +122,20 @@ def test_a_compiler_error_is_quoted_in_the_condition():
     assert d.status.preflight is not None and words in (d.status.preflight.message or "")
 
 
+def test_a_compile_error_in_the_workloads_result_is_quoted_not_called_a_fit():
+    # The workload's termination message: its result keys beside its own (reason, message).
+    said = {"v": 1, "reason": "config", "exitCode": 78, "fits": False,
+            "hbm_bytes_per_device": 0, "hbm_capacity_bytes": 16 * 10**9,
+            "error": "mesh 3x16 does not divide the batch of 16", "message": "x"}  # fmt: skip
+    job = compile_job(finished=True, exit_code=78, message=json.dumps(said))
+    d = run(obs=observed(job), **PREFLIGHT)
+    message = cond(d, "Failed")["message"]
+    assert "mesh 3x16 does not divide the batch of 16" in message
+    assert "does not fit" not in message
+    assert d.status.preflight is not None
+    assert d.status.preflight.message == "mesh 3x16 does not divide the batch of 16"
+
+
 def test_a_compile_past_its_deadline_fails_the_job():
     job = compile_job(finished=True, reason="DeadlineExceeded")
     d = run(obs=observed(job), **PREFLIGHT)

@@ -80,6 +80,15 @@ def _gib(n: int | None) -> str:
     return f"{n / GIB:.2f} GiB" if n is not None else "?"
 
 
+def _words(message: str) -> str:
+    """What the command said, bounded: its JSON result's error or message when it wrote one
+    (the workload's termination message: docs/environment.md), else its own text."""
+    data = result(message)
+    said = data.get("error") or data.get("message")
+    text = said if isinstance(said, str) and said else message.strip()
+    return text[-MESSAGE_MAX:] or "no message"
+
+
 def _applies(f: Facts) -> bool:
     """spec.preflight is set and nothing of the job holds capacity yet."""
     spec = f.spec
@@ -103,15 +112,14 @@ def failure(f: Facts) -> str | None:
         return None
     data = result(obs.message)
     need, have = _int(data, "hbm_bytes_per_device"), _int(data, "hbm_capacity_bytes")
-    if data.get("fits") is False:
+    if data.get("fits") is False and not data.get("error") and need is not None:
         why = (
             f"the program does not fit: it needs {_gib(need)} of HBM per device, the TPU has "
             f"{_gib(have)}"
         )
     else:
         code = f"exit code {obs.exit_code}" if obs.exit_code is not None else obs.reason
-        words = obs.message.strip()[-MESSAGE_MAX:] or "no message"
-        why = f"the compile command failed ({code or 'no exit code'}): {words}"
+        why = f"the compile command failed ({code or 'no exit code'}): {_words(obs.message)}"
     fix = (
         "more slices, FSDP (spec.parallelism) or a smaller batch"
         if data.get("fits") is False or obs.exit_code == EXIT_CONFIG_ERROR
@@ -150,7 +158,8 @@ def _status(f: Facts, obs: PreflightObservation) -> PreflightStatus:
         if obs.succeeded
         else PreflightState.FAILED
     )
-    words = obs.message.strip()
+    said = data.get("error") or data.get("message")
+    words = said if isinstance(said, str) else "" if data else obs.message.strip()
     return PreflightStatus(
         state=state,
         job=obs.name,
@@ -158,8 +167,8 @@ def _status(f: Facts, obs: PreflightObservation) -> PreflightStatus:
         hbm_bytes_per_device=_int(data, "hbm_bytes_per_device"),
         hbm_capacity_bytes=_int(data, "hbm_capacity_bytes"),
         step_time_seconds=_number(data, "step_time_s"),
-        # The figures are in their fields; the words only when they are not JSON.
-        message=words[-MESSAGE_MAX:] if words and not data else None,
+        # The figures are in their fields; the words: its error, or its text when not JSON.
+        message=words[-MESSAGE_MAX:] if words else None,
         time=f.now if obs.finished else None,
     )
 
