@@ -64,6 +64,14 @@ class Scenario:
     kueue: bool = False  # the kueue profile, examples/kueue/queues.yaml, the job queued
 
 
+# The preflight scenario's model: about 2.1 B parameters, whose float32 weights and Adam state
+# (~26 GB) fit a v5e chip (16 GB of HBM) only when sharded (FSDP), not replicated (data).
+PREFLIGHT_ARGS = [
+    *("train", "--embed", "4096", "--heads", "32", "--head_dim", "128", "--mlp", "16384"),
+    *("--num_layers", "8", "--seq_len", "1024", "--batch_size", "16"),
+]
+REPLICATED = {"data": 16, "fsdp": 1, "tensor": 1}  # ICI layout the preflight refuses
+
 SCENARIOS = {
     s.name: s
     for s in (
@@ -109,6 +117,14 @@ SCENARIOS = {
             "Succeeded",
             2,
             run="60s",
+        ),
+        Scenario(
+            "preflight",
+            "spec.preflight: the job's compile command, run here as the operator's CPU Job would "
+            "run it, finds that a model replicated on every chip (ICI data 16) does not fit in "
+            "v5e HBM: the job fails before any node pool; the same job with FSDP over the 16 "
+            "chips of each slice fits, is provisioned and runs",
+            "Succeeded",
         ),
         Scenario(
             "queue",
@@ -170,6 +186,9 @@ def demo_job(
         # (Multislice needs them) keep it to four.
         spec.update(accelerator="v5litepod-8", topology="2x4")
         spec["parallelism"] = {"ici": {"fsdp": 8}, "dcn": {"data": 2}}
+    if scenario.name == "preflight":
+        spec["preflight"] = {}  # the workload's own compile command
+        spec["template"]["spec"]["containers"][0]["args"] = PREFLIGHT_ARGS
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run
@@ -201,6 +220,7 @@ class Demo:
         self.maintenance_stage = "announce"
         self.elastic_stage = "preempt"  # elastic scenario: what comes next
         self.elastic_victim = ""  # the preempted pool
+        self.compile_played = False  # preflight scenario: the current job's compile pod played
 
     # -- the story -------------------------------------------------------------------------
 
@@ -262,6 +282,8 @@ class Demo:
         if s.kueue:
             self.queues()
         body = demo_job(s, self.args.run_workload, self.ns)
+        if s.name == "preflight" and not self.preflight_refusal(body):
+            return 1
         self.apply(body)
         outcome = self.watch(body)
         self.timeline()
@@ -455,6 +477,9 @@ class Demo:
     def inject(self, st: dict[str, Any]) -> None:
         if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
             self.start_workload()
+        if self.scenario.name == "preflight":
+            self.play_compile()
+            return
         if self.scenario.name == "maintenance":
             self.maintenance(st)
             return
@@ -716,6 +741,58 @@ class Demo:
     def released(self) -> bool:
         assert self.stack is not None and self.stack.sim is not None
         return not self.stack.sim.pools()
+
+    # -- spec.preflight (the preflight scenario) ----------------------------------------------
+
+    def preflight_refusal(self, body: dict[str, Any]) -> bool:
+        """The job with its model replicated on every chip: refused before any node pool; then
+        deleted, so that the same job with FSDP can run."""
+        assert self.stack is not None and self.stack.sim is not None
+        big = copy.deepcopy(body)
+        big["spec"]["parallelism"]["ici"] = dict(REPLICATED)
+        self.n.say("first with ICI data parallelism 16: every chip holds the whole model")
+        self.apply(big)
+        st = self.watch(big) or {}
+        conds: list[dict[str, Any]] = st.get("conditions") or []
+        failed: dict[str, Any] = next((c for c in conds if c.get("type") == "Failed"), {})
+        creates = int(self.stack.sim.counters()["calls"].get("create_node_pool", 0))
+        if failed.get("reason") != "PreflightFailed" or creates:
+            self.n.say(
+                f"OUTCOME NOT REACHED: phase {st.get('phase')} ({failed.get('reason')}), "
+                f"{creates} node pool creates; expected PreflightFailed and none"
+            )
+            return False
+        self.n.say(f"refused before any node pool (0 created): {failed.get('message')}")
+        self.n.mark("refused by the preflight")
+        client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
+        )
+        deadline = time.monotonic() + 60
+        while self.exists(self.ns, JOB) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.compile_played = False
+        self.n.say("the same job with FSDP over the 16 chips of each slice (ici fsdp 16)")
+        return True
+
+    def play_compile(self) -> None:
+        """The compile Job's pod, played (kwok runs nothing; multislice_local/preflight.py):
+        its command runs here with its environment, its exit code and termination message are
+        written into the pod's status as the kubelet would."""
+        from multislice_local.preflight import compile_pod, finish_compile_pod, run_compile
+
+        assert self.stack is not None
+        if self.compile_played:
+            return
+        pod = compile_pod(self.stack.api, self.ns, f"{JOB}-preflight")
+        if pod is None:
+            return
+        self.compile_played = True
+        command = pod["spec"]["containers"][0].get("command") or []
+        self.n.say(f"compile Job {JOB}-preflight (CPU, no TPU), run here: {' '.join(command)}")
+        code, message = run_compile(pod)
+        self.n.say(f"  exit {code}: {message[-400:] or '(no message)'}")
+        finish_compile_pod(self.stack.api, self.ns, pod, code, message)
+        self.n.mark(f"compile exit {code}")
 
     # -- the real workload (--run-workload) --------------------------------------------------
 

@@ -191,6 +191,8 @@ BASE_RULES = {
     ("jobset.x-k8s.io", "jobsets", "patch"),
     ("jobset.x-k8s.io", "jobsets", "delete"),
     ("batch", "jobs", "create"),
+    ("batch", "jobs", "get"),  # spec.preflight: its compile Job read back
+    ("batch", "jobs", "delete"),  # ... and deleted once it finished
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "pods", "patch"),
@@ -1313,16 +1315,21 @@ class AsOperator:
             lambda: self.core.create_namespaced_pod_eviction(pod, self.ns, body, **kwargs)
         )
 
-    def create_job(self, name: str, dry_run: bool) -> str:
+    def create_job(self, name: str, dry_run: bool, **meta: Any) -> str:
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name},
+            "metadata": {"name": name, **meta},
             "spec": {"template": {"spec": {
                 "restartPolicy": "Never", "containers": [{"name": "c", "image": "img:1"}]}}},
         }  # fmt: skip
         kwargs = {"dry_run": "All"} if dry_run else {}
         return self.verdict(lambda: self.batch.create_namespaced_job(self.ns, body, **kwargs))
+
+    def delete_job(self, name: str) -> str:
+        return self.verdict(
+            lambda: self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
+        )
 
     def create_jobset(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> str:
         kwargs = {"dry_run": "All"} if dry_run else {}
@@ -1436,6 +1443,20 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
             assert POLICY in verdict and f"pod {pod} lacks" in verdict, pod
             assert jobs.pod_annotations(pod) == {}
         assert POLICY in op.create_job("real", dry_run=False)
+        # spec.preflight: a MultisliceJob's compile Job, and only that, is created and deleted.
+        labels = {"multislice.dev/job-name": "train"}
+        owner = [msj_owner("train")]
+        assert POLICY in op.create_job("train-compile", False, labels=labels, ownerReferences=owner)
+        assert POLICY in op.create_job("train-preflight", False, labels=labels)  # no owner
+        assert op.create_job("train-preflight", False, labels=labels, ownerReferences=owner) == (
+            "allowed"
+        )
+        assert op.delete_job("train-preflight") == "allowed"
+        client.BatchV1Api(api).create_namespaced_job(
+            ns, {"metadata": {"name": "other"}, "spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}},
+        )  # fmt: skip
+        assert POLICY in op.delete_job("other")
         assert jobs.pod_annotations(ours) is not None
         assert op.evict(ours) == "allowed"
         wait_for(lambda: jobs.pod_annotations(ours) is None, 10, "the job's pod evicted")

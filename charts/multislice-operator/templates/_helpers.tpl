@@ -90,12 +90,13 @@ in one Role per watched namespace. */}}
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Jobs are only ever created as a server-side dry run (?dryRun=All, nothing is stored): the
-# apiserver's verdict on the pod template before any node pool exists. RBAC cannot say "dry run
-# only"; the admission policy (rbac.admissionPolicy) refuses any other create.
+# Jobs are created as a server-side dry run (?dryRun=All, nothing is stored): the apiserver's
+# verdict on the pod template before any node pool exists; and, for spec.preflight, the job's
+# compile Job, read back (get) and deleted once it finished. RBAC cannot say which Jobs; the
+# admission policy (rbac.admissionPolicy) refuses any other create or delete.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create"]
+  verbs: ["create", "get", "delete"]
 # The job's pods: indexed (failures, exit codes, the scheduler's verdict); a checkpoint request
 # is an annotation on each (metadata only, by merge patch); the startup deadline evicts the pods
 # that never ran. RBAC cannot say which pods nor which fields: the admission policy

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -62,6 +62,9 @@ ELASTIC_WAIT_DEFAULT_S = 600
 # Flex-start VMs run at most seven days; GKE's default maxRunDurationSeconds is that maximum
 # (GKE "About flex-start provisioning mode").
 FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity's regular form).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+PREFLIGHT_TIMEOUT_DEFAULT_S = 1800  # a compile for a 256-slice topology takes minutes on CPU
 
 
 class _Model(BaseModel):
@@ -448,6 +451,50 @@ class Elastic(_Model):
     )
 
 
+class Preflight(_Model):
+    """Compile the program for the job's TPUs on a CPU Job before any node pool is created."""
+
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "The compile command, run in the job's own image (its first container's) as a CPU "
+            "Job with the job's environment. Unset: the workload's `multislice_workload compile "
+            "--topology <generation>:<topology> --slices <n> --json` followed by the first "
+            "container's args. Exit 0: the program fits; any other exit fails the job before any "
+            "node pool (reason PreflightFailed, the command's message in the condition). The "
+            'last line of JSON it writes to /dev/termination-log ({"fits", '
+            '"hbm_bytes_per_device", "hbm_capacity_bytes", "step_time_s"}) is recorded '
+            "in status.preflight. For MaxText: its train_compile module, e.g. [python3, -m, "
+            "MaxText.train_compile, MaxText/configs/base.yml, compile_topology=v5e-16, "
+            "compile_topology_num_slices=2]."
+        ),
+    )
+    timeout_seconds: int = Field(
+        default=PREFLIGHT_TIMEOUT_DEFAULT_S,
+        ge=30,
+        le=24 * 3600,
+        description=(
+            "The compile Job's activeDeadlineSeconds: a compile that runs longer fails the job "
+            "(PreflightFailed)."
+        ),
+    )
+    cpu: str = Field(
+        default="2",
+        pattern=QUANTITY_PATTERN,
+        description="CPU the compile container requests (a Kubernetes quantity, e.g. 2 or 500m).",
+    )
+    memory: str = Field(
+        default="8Gi",
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Memory the compile container requests and is limited to (a Kubernetes quantity, "
+            "e.g. 8Gi): compiling for a large topology holds the whole program on the CPU."
+        ),
+    )
+
+
 class MultisliceJobSpec(_Model):
     """A training program run over several identical TPU slices, provisioned all or none."""
 
@@ -495,6 +542,14 @@ class MultisliceJobSpec(_Model):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     maintenance: Maintenance = Field(default_factory=Maintenance)
+    preflight: Preflight | None = Field(
+        default=None,
+        description=(
+            "Compile the program for the job's TPUs before any node pool exists: the job's image "
+            "runs the compile command as a CPU Job (no TPU), and a program that does not fit or "
+            "does not compile fails the job at once, holding no TPU. Unset: no preflight."
+        ),
+    )
     suspend: bool = Field(
         default=False,
         description=(
@@ -1290,6 +1345,31 @@ class QueueStatus(_Model):
     last_eviction: EvictionStatus | None = Field(default=None)
 
 
+class PreflightState(StrEnum):
+    RUNNING = "Running"
+    PASSED = "Passed"
+    FAILED = "Failed"
+
+
+class PreflightStatus(_Model):
+    """The compile before the first node pool (spec.preflight)."""
+
+    state: PreflightState = Field(description="Running, Passed or Failed.")
+    job: str = Field(description="The compile Job (batch/v1), deleted once it finished.")
+    generation: int = Field(default=0, description="The spec generation it compiled.")
+    hbm_bytes_per_device: int | None = Field(
+        default=None, ge=0, description="HBM the compiled program needs per TPU device."
+    )
+    hbm_capacity_bytes: int | None = Field(
+        default=None, ge=0, description="HBM per device of the job's TPU generation."
+    )
+    step_time_seconds: float | None = Field(
+        default=None, ge=0, description="The compiler's estimated step time (roofline)."
+    )
+    message: str | None = Field(default=None, description="The compile command's last words.")
+    time: datetime | None = Field(default=None, description="When it finished.")
+
+
 class MultisliceJobStatus(_Model):
     """Observed state, written by the operator only: what it observes, and what it must remember."""
 
@@ -1358,6 +1438,9 @@ class MultisliceJobStatus(_Model):
     )
     checkpoint: CheckpointStatus | None = Field(
         default=None, description="The last checkpoint requested on demand and the step saved."
+    )
+    preflight: PreflightStatus | None = Field(
+        default=None, description="The compile before the first node pool (spec.preflight)."
     )
     startup: StartupStatus | None = Field(
         default=None,

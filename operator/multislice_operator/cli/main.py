@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -215,25 +216,53 @@ def cmd_plan(args: argparse.Namespace) -> int:
             status = EXIT_INVALID
             continue
         identity = _identity(obj, plan, args)
-        plans.append((plan, identity, _warnings(obj, plan, identity)))
+        plans.append((plan, identity, _warnings(obj, plan, identity), _preflight(obj, plan)))
     if args.output == "json":
         data = [
             {
                 **p.as_dict(),
                 "podIdentity": i.as_dict(),
                 **({"nodeIdentity": nodes} if p.managed else {}),
+                **({"preflight": pre} if pre else {}),
                 "warnings": [{"path": w.path, "message": w.message} for w in warnings],
             }
-            for p, i, warnings in plans
+            for p, i, warnings, pre in plans
         ]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
-        for plan, identity, warnings in plans:
+        for plan, identity, warnings, pre in plans:
             extra = [("pod identity", identity.principal)]
             extra += [("tpu nodes", nodes)] if plan.managed else []
+            extra += [("preflight", _preflight_text(pre))] if pre else []
             text = format_plan(plan, extra)
             print(text + "".join(f"warning: {w}\n" for w in warnings))
     return status
+
+
+def _preflight(obj: dict[str, Any], plan: Any) -> dict[str, Any] | None:
+    """spec.preflight as the operator will run it: the Job, its command and the HBM per device
+    of the job's TPU generation it must fit in."""
+    from multislice_operator.common.names import preflight_job
+    from multislice_operator.render.preflight import command
+
+    spec = _load_job(obj).spec
+    if spec.preflight is None:
+        return None
+    gen = plan.shape.generation
+    return {
+        "job": preflight_job(plan.name),
+        "command": command(plan, spec),
+        "timeoutSeconds": spec.preflight.timeout_seconds,
+        "hbmCapacityBytes": gen.hbm_bytes // gen.devices_per_chip,
+    }
+
+
+def _preflight_text(pre: dict[str, Any]) -> str:
+    return (
+        f"Job {pre['job']} (CPU, before any node pool; {pre['timeoutSeconds']}s at most): "
+        f"{shlex.join(pre['command'])}; must fit {pre['hbmCapacityBytes'] / 2**30:.1f} GiB of "
+        "HBM per device"
+    )
 
 
 def _count(n: int, what: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from multislice_operator.api.models import MultisliceJob
 from multislice_operator.common import keys
+from multislice_operator.common.names import preflight_job
 from multislice_operator.common.pools import PoolError
 from multislice_operator.controller import admission, kueue, metrics
 from multislice_operator.controller import observe as ob
@@ -39,7 +40,9 @@ from multislice_operator.reconcile import (
     SetWorkloadActive,
     ValidateJobSet,
 )
+from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.render.jobset import render_jobset
+from multislice_operator.render.preflight import render_preflight_job
 
 log = logging.getLogger("multislice_operator")
 # Pod calls in flight at once for one action (a 256-slice job has a thousand pods).
@@ -150,6 +153,23 @@ async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
             rt.judging.pop(template, None)
     rt.judged(t.key, t.uid, t.generation, verdict, template)
     rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
+
+
+async def create_preflight_job(rt: Runtime, t: Target, _: CreatePreflightJob) -> None:
+    """The compile Job, owned by the job (deleted with it); one that exists is left as it is."""
+    job, plan = t.planned()
+    body = render_preflight_job(plan, job.spec, t.generation, owner_reference(t.body))
+    if await rt.kube.create_batch_job(body):
+        log.info("preflight job created job=%s/%s", t.namespace, t.name)
+
+
+async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) -> None:
+    name = preflight_job(t.name)
+    found = await rt.kube.get_batch_job(t.namespace, name)
+    uid = ((found or {}).get("metadata") or {}).get("uid")
+    if uid:  # the one decide() looked at: ours (its owner uid), by its own uid
+        await rt.kube.delete_batch_job(t.namespace, name, str(uid))
+        log.info("preflight job deleted job=%s/%s", t.namespace, t.name)
 
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
@@ -284,6 +304,8 @@ APPLIERS: dict[type[Any], Applier] = {
     DeletePools: delete_pools,
     CreateJobSet: create_jobset,
     ValidateJobSet: validate_jobset,
+    CreatePreflightJob: create_preflight_job,
+    DeletePreflightJob: delete_preflight_job,
     DeleteJobSet: delete_jobset,
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,

@@ -153,6 +153,48 @@ class Kube:
             headers=MERGE_PATCH,
         )
 
+    # -- the compile Job of spec.preflight (batch/v1) -------------------------------------------
+
+    def _batch_job_url(self, namespace: str, name: str = "") -> str:
+        return f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs" + (f"/{_q(name)}" if name else "")
+
+    async def create_batch_job(self, body: dict[str, Any]) -> bool:
+        """Create the Job; False when one of that name exists (idempotent after a crash)."""
+        try:
+            await self._call(
+                "post", f"{self._batch_job_url(body['metadata']['namespace'])}?{STRICT}", body
+            )
+        except Conflict:
+            return False
+        return True
+
+    async def get_batch_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self._call("get", self._batch_job_url(namespace, name))
+        except NotFound:
+            return None
+        return found
+
+    async def delete_batch_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the Job and its pod (background); only that object (a uid precondition)."""
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self._call("delete", self._batch_job_url(namespace, name), payload=options)
+        except (NotFound, Conflict):
+            return
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = await self._call(
+            "get", f"/api/v1/namespaces/{_q(namespace)}/pods?labelSelector={_q(selector)}"
+        )
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items
+
     # -- what is installed (start-up checks) -----------------------------------------------------
 
     async def served_versions(self, group: str) -> list[str] | None:

@@ -27,6 +27,7 @@ from multislice_operator.reconcile import (
     SliceObservation,
     termination,
 )
+from multislice_operator.reconcile.types import PreflightObservation
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
 DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
@@ -460,6 +461,39 @@ def existing_slices(
         for i, (pool, ready) in enumerate(matching)
     ][: plan.slices]
     return slices, len(matching)
+
+
+# The Job controller labels its pods with the Job's uid (Kubernetes 1.27+).
+JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
+
+
+def preflight_observation(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], uid: str
+) -> PreflightObservation:
+    """The compile Job of spec.preflight and its pod's last words (termination message)."""
+    meta = job.get("metadata") or {}
+    conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
+    complete = (conds.get("Complete") or {}).get("status") == "True"
+    failed = conds.get("Failed") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    exit_code, message = None, ""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term:
+                exit_code, message = term.get("exitCode"), term.get("message") or ""
+    return PreflightObservation(
+        name=str(meta.get("name", "")),
+        owned=any(o.get("uid") == uid for o in owners),
+        generation=_int((meta.get("labels") or {}).get(PREFLIGHT_GENERATION)) or 0,
+        finished=complete or failed.get("status") == "True",
+        succeeded=complete,
+        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        message=message,
+        reason=str(failed.get("reason") or "") if failed.get("status") == "True" else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
 
 
 def assemble(

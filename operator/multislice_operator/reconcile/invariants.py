@@ -1,6 +1,7 @@
 """The promises every decision keeps, checked in one place for every branch. Pure.
 
-- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, SetJobSetSuspend(False),
+- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreatePreflightJob,
+  SetJobSetSuspend(False),
   SetWorkloadActive(True)) on a terminal phase or a job being deleted, nor on a job the operator
   failed with a verdict that sticks (its old status: facts.failed_for_good), whatever this
   decision's phase: such a job never creates a pool or runs again;
@@ -29,6 +30,7 @@ from multislice_operator.reconcile.types import (
     AddFinalizer,
     CreateJobSet,
     CreatePools,
+    CreatePreflightJob,
     Decision,
     DeletePools,
     SetJobSetSuspend,
@@ -45,7 +47,7 @@ class InvariantViolation(AssertionError):
 
 def _creates(a: Action) -> bool:
     return (
-        isinstance(a, (CreatePools, CreateJobSet, ValidateJobSet))
+        isinstance(a, (CreatePools, CreateJobSet, ValidateJobSet, CreatePreflightJob))
         or (isinstance(a, SetJobSetSuspend) and not a.suspend)
         or (isinstance(a, SetWorkloadActive) and a.active)
     )

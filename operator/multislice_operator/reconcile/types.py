@@ -144,6 +144,23 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class PreflightObservation:
+    """The job's compile Job (spec.preflight; batch/v1, named by names.preflight_job)."""
+
+    name: str
+    owned: bool = True  # its controller ownerReference is this job's uid
+    generation: int = 0  # the job's spec generation it compiles (its label)
+    finished: bool = False  # Complete or Failed
+    succeeded: bool = False  # Complete
+    exit_code: int | None = None  # of its container, once terminated
+    # Its container's termination message: what the command wrote to /dev/termination-log, or
+    # (FallbackToLogsOnError) the tail of its log when it failed without writing one.
+    message: str = ""
+    reason: str = ""  # the Job's Failed condition's reason (DeadlineExceeded, BackoffLimit...)
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
 class JobMeta:
     namespace: str
     name: str
@@ -248,6 +265,8 @@ class Observed:
     missing_priority_class: str | None = None
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
+    # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
+    preflight: PreflightObservation | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +332,16 @@ class CreateJobSet:
 @dataclass(frozen=True)
 class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
+
+
+@dataclass(frozen=True)
+class CreatePreflightJob:
+    """Run the compile command (spec.preflight) as a CPU Job owned by the job, before any pool."""
+
+
+@dataclass(frozen=True)
+class DeletePreflightJob:
+    """The compile Job finished (or is not this spec's): deleted with its pod."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +432,8 @@ Action = (
     | DeletePools
     | CreateJobSet
     | ValidateJobSet
+    | CreatePreflightJob
+    | DeletePreflightJob
     | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob
