@@ -934,6 +934,11 @@ def _jobset_prepare(cp: ControlPlane, bins: Path, deadline: float) -> None:
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{cp.port('jobset-probe')}"},
     }
+    # In-place restart (docs/restarts.md): the gate is alpha, off by default, and set only in
+    # the config file; a JobSet older than v0.11 refuses a gate it does not know, so only where
+    # its CRD has the strategy.
+    if "InPlaceRestart" in (bins / JOBSET_CRD_FILE).read_text():
+        config["featureGates"] = {"InPlaceRestart": True}
     cp._write("jobset/config.yaml", yaml.safe_dump(config))
 
 

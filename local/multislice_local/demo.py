@@ -29,6 +29,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from multislice_local.gke_sim import Faults
+from multislice_local.inplace_agent import AgentPlayer, restart_all_containers
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
 from multislice_local.stack import ExistingCluster, LocalStack, StackOptions
 from multislice_operator.api import models
@@ -39,6 +40,7 @@ NAMESPACE = "demo"
 JOB = "llm-v5e"
 RETRYABLE_EXIT = 17
 FATAL_EXIT = 78  # the workload's configuration error (42 asks for a restart)
+INPLACE_AGENT_IMAGE = "example.invalid/in-place-restart-agent:v0.12.0"  # never pulled (kwok)
 DEMO_VOCAB = 4096  # the --run-workload tokenizer's vocabulary (the model reads it from the file)
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 # maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
@@ -97,6 +99,15 @@ SCENARIOS = {
         ),
         Scenario(
             "fatal", "a pod exits with a non-retryable code; the job fails", "Failed", 0, run="1h"
+        ),
+        Scenario(
+            "inplace",
+            "in-place restart (JobSet >= v0.11): a pod's program fails and every pod restarts "
+            "in place (names, nodes, UIDs kept, restart counts up); then a spot slice is "
+            "preempted and every pod is recreated",
+            "Succeeded",
+            1,
+            run="45s",
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
         Scenario(
@@ -172,7 +183,7 @@ def demo_job(
     body["metadata"] = {"name": JOB, "namespace": namespace}
     spec = body["spec"]
     spec.pop("checkpoint", None)
-    if scenario.name == "preemption":
+    if scenario.name in ("preemption", "inplace"):
         spec["capacity"] = {"type": "Spot"}
     if scenario.name == "maintenance":
         spec["maintenance"] = {"checkpointAheadSeconds": CHECKPOINT_AHEAD_S}
@@ -217,6 +228,10 @@ class Demo:
         self.queued_seen = False  # queue scenario: seen Queued, and never with a pool then
         self.pools_while_queued: set[str] = set()
         self.maintenance_at: int | None = None  # maintenance scenario: the announced start
+        # inplace scenario: the agents played, what comes next, the pods before the restart
+        self.agents: AgentPlayer | None = None
+        self.inplace_stage = "fail"
+        self.inplace_before: dict[str, tuple[str, str]] = {}
         self.maintenance_stage = "announce"
         self.elastic_stage = "preempt"  # elastic scenario: what comes next
         self.elastic_victim = ""  # the preempted pool
@@ -249,16 +264,20 @@ class Demo:
             faults=s.faults,
             operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
         )
+        if s.name == "inplace":  # no agent image runs under kwok: any name does
+            options.operator_env["MSJ_IN_PLACE_AGENT_IMAGE"] = INPLACE_AGENT_IMAGE
         borrowed: ExistingCluster | None = None
         if self.borrowed:
             borrowed = ExistingCluster(Path(self.args.kubeconfig), profile)
             # Off every other job of that cluster; the heartbeat Lease in our namespace, so it
             # goes with it (and no other operator's is read as ours).
             options.namespaces = [self.ns] + ([OTHER_NAMESPACE] if s.kueue else [])
-            options.operator_env = {
-                "MSJ_LEADER_ELECTION_NAMESPACE": self.ns,
-                "MSJ_LEADER_ELECTION_NAME": "multislice-demo",
-            }
+            options.operator_env.update(
+                {
+                    "MSJ_LEADER_ELECTION_NAMESPACE": self.ns,
+                    "MSJ_LEADER_ELECTION_NAME": "multislice-demo",
+                }
+            )
             self.n.say(
                 f"using the running cluster of {borrowed.kubeconfig} ({profile} profile): "
                 f"namespace {self.ns}, nothing of the cluster is started or stopped"
@@ -486,6 +505,9 @@ class Demo:
         if self.scenario.name == "elastic":
             self.elastic(st)
             return
+        if self.scenario.name == "inplace":
+            self.inplace(st)
+            return
         if self.injected:
             return
         assert self.stack is not None and self.stack.sim is not None
@@ -519,6 +541,66 @@ class Demo:
                 )
             fail_pod(self.stack.api, self.ns, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
+
+    def inplace(self, st: dict[str, Any]) -> None:
+        """Play the agents (every pass), then a program failure restarted in place, then a
+        preemption recreated (docs/demo.md says what is played)."""
+        assert self.stack is not None and self.stack.sim is not None
+        if st.get("phase") not in ("Running", "Restarting"):
+            return
+        if self.agents is None:
+            self.agents = AgentPlayer(self.ns, JOB)
+            cond = {c["type"]: c for c in st.get("conditions") or []}.get("RestartInPlace", {})
+            self.n.say(f"RestartInPlace={cond.get('status')} ({cond.get('message')})")
+        for line in self.agents.step(self.stack.api):
+            self.n.say(f"  agent {line}")
+        js = self.jobset_status() or {}
+        current = js.get("currentInPlaceRestartAttempt")
+        if self.inplace_stage == "fail" and current == 0:
+            self.inplace_before = self.pod_places()
+            pod = self.victim()
+            self.n.say(
+                f"the program of pod {pod} (slice 1) exits 17: its RestartAllContainers "
+                "rule fires (kwok plays the kubelet)"
+            )
+            restart_all_containers(self.stack.api, self.ns, pod, RETRYABLE_EXIT)
+            self.n.mark("program failure: restart in place")
+            self.inplace_stage = "in-place"
+        elif self.inplace_stage == "in-place" and current == 1:
+            after = self.pod_places()
+            kept = after == self.inplace_before
+            self.n.say(
+                f"every pod restarted in place on attempt 1: same names, UIDs and nodes "
+                f"{'yes' if kept else 'NO'}; JobSet restarts {js.get('restarts', 0)}"
+            )
+            self.n.mark("restarted in place")
+            pool = node_pool_name(self.ns, JOB, 1)
+            self.n.say(
+                f"preempting spot node pool {pool} (slice 1): its pods are gone, so "
+                "every pod is recreated"
+            )
+            self.stack.sim.preempt(pool, recreate_after_s=None)
+            self.n.mark("slice 1 preempted")
+            self.inplace_stage = "done"
+
+    def jobset_status(self) -> dict[str, Any] | None:
+        assert self.stack is not None
+        try:
+            js: Any = client.CustomObjectsApi(self.stack.api).get_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets", JOB
+            )
+        except client.ApiException:
+            return None
+        return dict(js.get("status") or {})
+
+    def pod_places(self) -> dict[str, tuple[str, str]]:
+        assert self.stack is not None
+        pods: list[Any] = (
+            client.CoreV1Api(self.stack.api)
+            .list_namespaced_pod(self.ns, label_selector=f"{keys.JOBSET_NAME}={JOB}")
+            .items
+        )
+        return {p.metadata.name: (p.metadata.uid, p.spec.node_name) for p in pods}
 
     def maintenance(self, st: dict[str, Any]) -> None:
         """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""

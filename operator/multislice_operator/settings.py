@@ -133,6 +133,13 @@ class Settings:
         "the multislice.dev/gang-provisioning admission check for jobs that name a queue",
         False,
     )
+    in_place_agent_image: str = _opt(
+        "the image of JobSet's in-place restart agent (cmd/in-place-restart-agent; JobSet "
+        "v0.12.0 publishes none): with it, on a cluster that restarts pods in place (JobSet "
+        ">= v0.11 with its InPlaceRestart gate, Kubernetes >= 1.35), the program's failures "
+        "restart the pods in place; without it every restart recreates them",
+        "",
+    )
     kueue_workload_wait_seconds: float = _opt(
         "how long a queued job's JobSet may go without a Kueue Workload before its status says "
         "that none exists",

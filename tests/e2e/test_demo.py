@@ -110,6 +110,13 @@ SCENARIOS = {
     "stockout": [Reason.GANG_ROLLED_BACK, "GCE_STOCKOUT"],
     "preemption": [Reason.SLICE_LOST, "preempting spot node pool"],
     "fatal": ["exited with non-retryable code 78"],
+    "inplace": [
+        "RestartInPlace=True",
+        "every pod restarted in place on attempt 1: same names, UIDs and nodes yes; JobSet "
+        "restarts 0",
+        "preempting spot node pool",
+        Reason.SLICE_LOST,
+    ],
     "maintenance": [
         Reason.MAINTENANCE_SCHEDULED,
         Reason.CHECKPOINT_REQUESTED,

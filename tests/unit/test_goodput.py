@@ -394,6 +394,7 @@ def test_one_restart_reports_cause_lost_steps_and_recovery():
         "time": at(100),
         "lost_steps": 20,
         "recovery_seconds": None,
+        "strategy": "Recreate",  # no in-place restart where the cluster was not found to have it
     }
     assert s.goodput.lost_steps == 20
     s = step(

@@ -67,6 +67,21 @@ bytes; the tag is then ignored). */}}
 {{/* What the operator does to namespaced objects (templates/rbac.yaml): in the ClusterRole, or
 in one Role per watched namespace. */}}
 {{- define "multislice-operator.namespacedRules" -}}
+{{- if .Values.inPlaceRestart.agentImage }}
+# In-place restart: the agents' ServiceAccount and its RoleBinding to the ClusterRole
+# multislice-inplace-restart (templates/inplace-restart.yaml), applied in each job namespace
+# before the job's JobSet; `bind` on that ClusterRole only.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  verbs: ["bind"]
+  resourceNames: ["multislice-inplace-restart"]
+{{- end }}
 # Jobs: kopf lists and watches them; the operator patches its own finalizer on and off
 # (Managed jobs, before the first node pool); ttlSecondsAfterFinished deletes them; the orphan
 # sweep lists them.

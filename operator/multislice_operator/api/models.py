@@ -923,6 +923,8 @@ class ConditionType(StrEnum):
     ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
     MAINTENANCE_SCHEDULED = "MaintenanceScheduled"  # GKE announced maintenance on its nodes
     DEGRADED = "Degraded"  # spec.elastic: running on fewer slices than spec.slices
+    # Its JobSet restarts the program's failures in place, or recreates them (and why).
+    RESTART_IN_PLACE = "RestartInPlace"
 
 
 class SlicePhase(StrEnum):
@@ -941,8 +943,9 @@ class Condition(_Model):
 
     type: str = Field(
         description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed, Admitted "
-        "(Kueue; only for jobs that name a queue) or MaintenanceScheduled (only once GKE "
-        "announced maintenance on a node of the job)."
+        "(Kueue; only for jobs that name a queue), MaintenanceScheduled (only once GKE "
+        "announced maintenance on a node of the job) or RestartInPlace (once its JobSet "
+        "exists: whether the program's failures restart in place, and why not)."
     )
     status: str = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in one CamelCase word.")
@@ -1150,6 +1153,14 @@ class GoodputStatus(_Model):
     )
 
 
+class RestartStrategyName(StrEnum):
+    """The restart strategies (reconcile/restart_strategy.py), by their `name`."""
+
+    IN_PLACE = "InPlaceRestart"
+    RECREATE = "Recreate"
+    RESIZE = "Resize"
+
+
 class RestartStatus(_Model):
     """The most recent restart of all slices: why, what it cost, how long it took."""
 
@@ -1171,6 +1182,12 @@ class RestartStatus(_Model):
         default=None,
         ge=0,
         description="From `time` to every slice running again; unset until then.",
+    )
+    strategy: RestartStrategyName | None = Field(
+        default=None,
+        description="How the slices restarted: InPlaceRestart (the pods kept, their containers "
+        "started again), Recreate (every pod deleted and created again) or Resize (a new "
+        "JobSet on another slice count); unset in a status written before it was recorded.",
     )
 
 

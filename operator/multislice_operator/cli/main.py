@@ -198,6 +198,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from multislice_operator.reconcile.restart_strategy import summary as restart_summary
     from multislice_operator.render.identity import node_identity
     from multislice_operator.settings import Settings, gke_settings
 
@@ -222,6 +223,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             {
                 **p.as_dict(),
                 "podIdentity": i.as_dict(),
+                "restarts": restart_summary(),
                 **({"nodeIdentity": nodes} if p.managed else {}),
                 **({"preflight": pre} if pre else {}),
                 "warnings": [{"path": w.path, "message": w.message} for w in warnings],
@@ -231,7 +233,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
         for plan, identity, warnings, pre in plans:
-            extra = [("pod identity", identity.principal)]
+            extra = [("pod identity", identity.principal), ("restarts", restart_summary())]
             extra += [("tpu nodes", nodes)] if plan.managed else []
             extra += [("preflight", _preflight_text(pre))] if pre else []
             text = format_plan(plan, extra)

@@ -41,6 +41,7 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
+from multislice_operator.render import inplace
 from multislice_operator.render.jobset import render_jobset
 from multislice_operator.render.preflight import render_preflight_job
 
@@ -123,16 +124,18 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     _count("delete", result.errors)
 
 
-def _jobset(t: Target, a: CreateJobSet | None = None) -> dict[str, Any]:
+def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
     job, plan = t.planned()
-    a = a or CreateJobSet()
-    on = plan.running_on(a.slices) if a.slices else plan
-    jobset = render_jobset(on, job.spec, job.metadata.labels, a.restarts_before, a.counted_before)
+    slices = a.slices if isinstance(a, CreateJobSet) else None
+    before = (a.restarts_before, a.counted_before) if isinstance(a, CreateJobSet) else (0, 0)
+    on = plan.running_on(slices) if slices else plan
+    agent = rt.settings.in_place_agent_image if a.in_place else None
+    jobset = render_jobset(on, job.spec, job.metadata.labels, *before, in_place_agent=agent)
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
     return jobset
 
 
-async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
+async def validate_jobset(rt: Runtime, t: Target, a: ValidateJobSet) -> None:
     """One dry run per template at a time: jobs of a template being judged wait for its
     verdict (a burst of a thousand identical jobs costs two requests, not two thousand)."""
     template = template_key(t.body)
@@ -143,7 +146,7 @@ async def validate_jobset(rt: Runtime, t: Target, _: ValidateJobSet) -> None:
         future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         rt.judging[template] = future
         try:
-            verdict = await admission.judge(rt.kube, _jobset(t))
+            verdict = await admission.judge(rt.kube, _jobset(rt, t, a))
             future.set_result(verdict)
         except BaseException as exc:
             future.set_exception(exc)
@@ -173,8 +176,13 @@ async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) ->
 
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
+    body = _jobset(rt, t, a)
+    if a.in_place:  # the agents' account and its binding first: their pods use them at once
+        pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        for path, obj in inplace.render_rbac(t.namespace, inplace.service_account(pod)):
+            await rt.kube.apply_object(obj, path)
     try:
-        created = await rt.kube.create_jobset(_jobset(t, a))
+        created = await rt.kube.create_jobset(body)
     except ApiError as exc:
         refused = admission.refusal(exc)
         if refused is None:

@@ -215,6 +215,31 @@ class Kube:
         items: list[dict[str, Any]] = found.get("items") or []
         return items[0] if items else None
 
+    async def server_version(self) -> str:
+        """The apiserver's gitVersion (GET /version), e.g. v1.36.3."""
+        found = await self._call("get", "/version", backoffs=())
+        return str(found.get("gitVersion") or "")
+
+    async def dry_run_returned(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create `body` with ?dryRun=All and return what the apiserver would store (its
+        defaults applied, fields of disabled features dropped). Raises the refusal."""
+        meta = body["metadata"]
+        plural = {"JobSet": "jobsets", "Job": "jobs"}[str(body["kind"])]
+        group, _, version = str(body["apiVersion"]).rpartition("/")
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        url = f"{base}/namespaces/{_q(meta['namespace'])}/{plural}?dryRun=All"
+        found: dict[str, Any] = await self._call("post", url, payload=body, backoffs=())
+        return found
+
+    async def apply_object(self, body: dict[str, Any], url: str) -> None:
+        """Server-side apply of one object at `url` (its own path), as the operator."""
+        await self._call(
+            "patch",
+            f"{url}?fieldManager={FIELD_MANAGER}&force=true",
+            payload=body,
+            headers=APPLY_PATCH,
+        )
+
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """A Namespace (its labels: Pod Security's enforce level), None when it is gone."""
         try:

@@ -299,6 +299,7 @@ async def observe_job(
         owners=owners,
         blind_since=rt.blind_since(key),
     )
+    observed.in_place = rt.in_place
     queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
         observed.queue = kueue.queue_observation(rt, key, queue)

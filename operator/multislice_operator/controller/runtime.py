@@ -16,7 +16,7 @@ from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.provisioning.base import Provisioner
-from multislice_operator.reconcile import Admission, DecideConfig
+from multislice_operator.reconcile import Admission, DecideConfig, InPlaceSupport
 from multislice_operator.settings import Settings
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -147,6 +147,8 @@ class Runtime:
     # versions; None when it can (or is not installed at all).
     kueue_problem: str | None = None
     jobset_problem: str | None = None
+    # Whether JobSets restart in place on this cluster, and why (versions.py; decide()'s fact).
+    in_place: InPlaceSupport | None = None
 
     def namespace_labels(self, namespace: str) -> dict[str, str] | None:
         seen = self._namespaces.get(namespace)

@@ -101,7 +101,12 @@ def decide(
         # dry run). Nothing else changes, so nothing is written: its answer comes in a moment.
         return invariants.enforce(
             f,
-            Decision(old, [ValidateJobSet()], requeue_after=cfg.resync_seconds, keep_status=True),
+            Decision(
+                old,
+                [ValidateJobSet(in_place=restart_strategy.in_place_usable(f))],
+                requeue_after=cfg.resync_seconds,
+                keep_status=True,
+            ),
         )
     b = Builder(meta, old, f.now)
     due = _every_pass(f, b)
@@ -116,6 +121,7 @@ def decide(
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
+    restart_strategy.restart_mode(f, b)
     # Being deleted: the slices and the goodput stay as last written (one status write for the
     # deletion, not one per pool state, or per pool gone, seen while the pools are released).
     if not f.deleting:

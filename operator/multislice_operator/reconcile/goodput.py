@@ -31,13 +31,16 @@ from multislice_operator.api.models import (
     PodFailureStatus,
     RestartCause,
     RestartStatus,
+    RestartStrategyName,
     SlicePhase,
     StateSeconds,
 )
 from multislice_operator.common.pools import PoolState
 from multislice_operator.planning.plan import Plan
+from multislice_operator.reconcile import restart_strategy
 from multislice_operator.reconcile.context import Builder, at_second
 from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.restart_strategy import rendered_in_place
 from multislice_operator.reconcile.types import CreatePools
 
 S = GoodputState
@@ -351,7 +354,14 @@ def _counted(f: Facts, b: Builder, g: GoodputStatus, last: RestartStatus | None)
     cause = f.restarts.cause.value if f.restarts.cause else CAUSE_WORKLOAD
     began = _outage_began(f, g, cause, last)
     g.lost_steps += lost or 0
-    return RestartStatus(restart=b.status.restarts, cause=cause, time=began, lost_steps=lost)
+    strategy = restart_strategy.strategy_of(RestartCause(cause), rendered_in_place(b.status))
+    return RestartStatus(
+        restart=b.status.restarts,
+        cause=cause,
+        time=began,
+        lost_steps=lost,
+        strategy=RestartStrategyName(strategy.name),
+    )
 
 
 def _outage_began(f: Facts, g: GoodputStatus, cause: str, last: RestartStatus | None) -> datetime:

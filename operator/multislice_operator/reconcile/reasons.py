@@ -92,6 +92,9 @@ class Reason(StrEnum):
     EVICTED = "Evicted"
     NO_KUEUE_WORKLOAD = "NoKueueWorkload"
     KUEUE_UNSUPPORTED = "KueueUnsupported"
+    # ---- how the JobSet restarts (restart_strategy.py; condition RestartInPlace)
+    IN_PLACE_RESTART = "InPlaceRestart"
+    IN_PLACE_UNAVAILABLE = "InPlaceRestartUnavailable"
     # ---- reasons of the other conditions
     VALID = "Valid"
     BATCH_LARGE_ENOUGH = "BatchLargeEnough"
@@ -320,6 +323,11 @@ REGISTRY: dict[Reason, Info] = {
     Reason.KUEUE_UNSUPPORTED: Info(
         WARNING, "The cluster's Kueue serves no API version this operator speaks."
     ),
+    Reason.IN_PLACE_UNAVAILABLE: Info(
+        NORMAL,
+        "The cluster cannot restart pods in place (JobSet >= v0.11 with its InPlaceRestart "
+        "gate, Kubernetes >= 1.35): every restart recreates the pods (docs/restarts.md).",
+    ),
 }
 
 _CONDITION_REASONS = {
@@ -389,6 +397,10 @@ _CONDITION_REASONS = {
         "Kueue cannot admit the Workload (e.g. no such ClusterQueue).",
     ),
     Reason.REJECTED: ("Admitted", "The admission check rejected the Workload."),
+    Reason.IN_PLACE_RESTART: (
+        "RestartInPlace",
+        "The program's failures, hangs and asked restarts restart the pods in place.",
+    ),
     Reason.WAITING_FOR_FLEX_START_CAPACITY: (
         "Provisioned",
         "Flex-start pools wait for capacity (Dynamic Workload Scheduler): not a failure, no "
@@ -407,6 +419,7 @@ for _reason, _condition in (
     (Reason.MAINTENANCE_IN_PROGRESS, "MaintenanceScheduled"),
     (Reason.NO_KUEUE_WORKLOAD, "Admitted"),
     (Reason.KUEUE_UNSUPPORTED, "Admitted"),
+    (Reason.IN_PLACE_UNAVAILABLE, "RestartInPlace"),
     (Reason.PREEMPTED, "Admitted"),
     (Reason.EVICTED, "Admitted"),
     (Reason.POOL_NAME_TAKEN, "Provisioned"),

@@ -235,6 +235,16 @@ class AdmissionCheckObservation:
     observed_generation: int | None = None  # of that condition
 
 
+@dataclass(frozen=True)
+class InPlaceSupport:
+    """Whether this cluster restarts pods in place (JobSet's InPlaceRestart with the kubelet's
+    RestartAllContainers action), as controller/versions.py found it at start-up, and why. A
+    fact for decide(): the JobSets it creates restart in place or recreate (docs/restarts.md)."""
+
+    usable: bool
+    why: str
+
+
 @dataclass
 class Observed:
     now: datetime
@@ -267,6 +277,9 @@ class Observed:
     kueue_problem: str | None = None
     # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
     preflight: PreflightObservation | None = None
+    # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
+    # (yet): JobSets recreate, and the job says nothing of it.
+    in_place: InPlaceSupport | None = None
 
 
 @dataclass(frozen=True)
@@ -327,11 +340,14 @@ class CreateJobSet:
     slices: int | None = None
     restarts_before: int = 0
     counted_before: int = 0
+    in_place: bool = False  # rendered for in-place restart (the cluster supports it)
 
 
 @dataclass(frozen=True)
 class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
+
+    in_place: bool = False  # the JobSet judged is the one CreateJobSet will render
 
 
 @dataclass(frozen=True)

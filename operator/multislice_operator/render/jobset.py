@@ -22,11 +22,14 @@ from multislice_operator.planning.hostports import (
     host_network,
 )
 from multislice_operator.planning.plan import Plan
+from multislice_operator.render import inplace
 
 # What the JobSet carries out itself when a slice fails: it deletes and creates every slice's
-# Job (the `Recreate` strategy's JobSet half; a strategy JobSet carries out, such as in-place
-# restart, renders its fields here). Render reads no registry of decide()'s: arrows point down.
+# Job (the `Recreate` strategy's JobSet half), or, where the cluster restarts pods in place,
+# restarts the pods where they are and recreates only failed Jobs (`InPlaceRestart`; the pod's
+# half is render/inplace.py). Render reads no registry of decide()'s: arrows point down.
 JOBSET_RESTART_FIELDS: dict[str, Any] = {"restartStrategy": "Recreate"}
+JOBSET_INPLACE_RESTART_FIELDS: dict[str, Any] = {"restartStrategy": "InPlaceRestart"}
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
@@ -256,12 +259,14 @@ def render_jobset(
     job_meta_labels: dict[str, str] | None = None,
     restarts_before: int = 0,
     counted_before: int = 0,
+    in_place_agent: str | None = None,
 ) -> dict[str, Any]:
     """The JobSet for a plan: one replicatedJob `slice` with one Job per slice.
 
     `restarts_before`/`counted_before`: a JobSet recreated on another slice count (spec.elastic)
     continues the job's restart counters (annotations the operator reads back) and has what is
-    left of maxRestarts."""
+    left of maxRestarts. `in_place_agent`: the in-place restart agent's image where the cluster
+    restarts pods in place (decide() says so); None renders Recreate."""
     labels = job_labels(plan)
     queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
     if queue:
@@ -280,11 +285,14 @@ def render_jobset(
         "podFailurePolicy": pod_policy,
         "template": render_pod_template(plan, spec),
     }
+    if in_place_agent:
+        inplace.apply_to_job(job_spec)
+        inplace.apply_to_pod(job_spec["template"]["spec"], spec, in_place_agent)
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
         # JobSet's half of the restart strategies (reconcile/restart_strategy.py): one
         # restartStrategy for every cause JobSet restarts (a test binds the two).
-        **JOBSET_RESTART_FIELDS,
+        **(JOBSET_INPLACE_RESTART_FIELDS if in_place_agent else JOBSET_RESTART_FIELDS),
         "rules": jobset_failure_rules(pod_policy),
     }
     annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: keys.GKE_NODEPOOL}

@@ -1,0 +1,307 @@
+"""In-place restart (issue 40, docs/restarts.md): the JobSet and pods rendered for it, what the
+start-up check concludes from what it finds, and what a job says on a cluster with and without
+it (a condition, an event, status.lastRestart.strategy)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import pytest
+from kopf._cogs.clients import errors as kopf_errors
+
+from multislice_operator.api.models import ConditionType, MultisliceJobStatus, RestartCause
+from multislice_operator.common.pools import PoolState
+from multislice_operator.controller import versions
+from multislice_operator.controller.versions import InPlaceFindings
+from multislice_operator.reconcile import (
+    CreateJobSet,
+    InPlaceSupport,
+    JobSetObservation,
+    Reason,
+    SliceObservation,
+    ValidateJobSet,
+)
+from multislice_operator.reconcile.types import Observed as RawObserved
+from multislice_operator.render import inplace
+from multislice_operator.render.jobset import render_jobset
+from tests.unit import jobs
+from tests.unit.jobs import Observed, spec_and_plan
+
+NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
+AGENT = "registry.example/in-place-restart-agent:v0.12.0"
+EXISTING = {"provisioning": {"mode": "Existing"}}
+SLICES = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
+run = partial(jobs.run, now=NOW)
+
+
+def rendered(**spec: Any) -> dict[str, Any]:
+    s, plan = spec_and_plan(**spec)
+    return render_jobset(plan, s, in_place_agent=AGENT)
+
+
+def pod_of(js: dict[str, Any]) -> dict[str, Any]:
+    return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+# ------------------------------------------------------------------------- render
+
+
+def test_the_jobset_meets_what_jobsets_webhook_demands_under_in_place_restart() -> None:
+    js = rendered()
+    assert js["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
+    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    # pkg/webhooks/jobset_webhook.go (v0.12.0): MaxInt32, Failed, completions == parallelism.
+    assert job["backoffLimit"] == 2**31 - 1
+    assert job["podReplacementPolicy"] == "Failed"
+    assert job["completions"] == job["parallelism"] == 4
+    # The disruption and fatal rules still fail the Job, which JobSet then recreates or fails.
+    assert [r["action"] for r in job["podFailurePolicy"]["rules"]] == ["FailJob", "FailJob"]
+
+
+def test_the_agent_sidecar_its_barrier_probe_and_account() -> None:
+    pod = pod_of(rendered())
+    (agent,) = pod["initContainers"]
+    assert agent["name"] == "in-place-restart-agent" and agent["image"] == AGENT
+    assert agent["restartPolicy"] == "Always"  # a sidecar
+    assert agent["restartPolicyRules"] == [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+    ]
+    probe = agent["startupProbe"]
+    assert probe["httpGet"] == {"path": "/barrier-is-down", "port": 8081}
+    assert probe["periodSeconds"] * probe["failureThreshold"] == 600
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["JOBSET_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"
+    )
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["STARTUP_PROBE_PORT"]["value"] == "8081"
+    assert pod["serviceAccountName"] == "multislice-inplace-restart"
+    # The user's own service account (workload identity) is kept; the agent runs as it.
+    template = {
+        "spec": {"serviceAccountName": "trainer", "containers": [{"name": "c", "image": "i"}]}
+    }
+    assert pod_of(rendered(template=template))["serviceAccountName"] == "trainer"
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ({}, {"operator": "NotIn", "values": [0, 78]}),
+        ({"nonRetryableExitCodes": [3, 78]}, {"operator": "NotIn", "values": [0, 3, 78]}),
+        (
+            {"exitCodePolicy": "RestartIfListed", "restartExitCodes": [42]},
+            {"operator": "In", "values": [42, 75]},
+        ),
+    ],
+)
+def test_only_retryable_exits_restart_in_place(policy: dict[str, Any], expected: Any) -> None:
+    """A fatal exit matches no rule: the pod fails and podFailurePolicy fails the job."""
+    tpu = pod_of(rendered(failurePolicy=policy))["containers"][0]
+    assert tpu["restartPolicy"] == "Never"
+    assert tpu["restartPolicyRules"] == [{"action": "RestartAllContainers", "exitCodes": expected}]
+
+
+def test_the_workload_reads_its_restart_attempt_from_the_agents_annotation() -> None:
+    """An in-place restart does not move JobSet's restart-attempt label: the program's restart
+    attempt (which its first-attempt-only hooks and its logs read) follows the agent's."""
+    env = {e["name"]: e for e in pod_of(rendered())["containers"][0]["env"]}
+    assert env["MULTISLICE_RESTART_ATTEMPT"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/in-place-restart-attempt']"
+    )
+    s, plan = spec_and_plan()
+    recreate = {e["name"]: e for e in pod_of(render_jobset(plan, s))["containers"][0]["env"]}
+    assert recreate["MULTISLICE_RESTART_ATTEMPT"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
+    )
+
+
+def test_without_in_place_nothing_of_it_is_rendered() -> None:
+    s, plan = spec_and_plan()
+    js = render_jobset(plan, s)
+    pod = pod_of(js)
+    assert js["spec"]["failurePolicy"]["restartStrategy"] == "Recreate"
+    assert "initContainers" not in pod and "restartPolicyRules" not in pod["containers"][0]
+    assert js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] == 0
+
+
+def test_the_namespace_objects_bind_the_pods_account_to_the_agents_role() -> None:
+    ours = inplace.render_rbac("team-a", "multislice-inplace-restart")
+    assert [o["kind"] for _, o in ours] == ["ServiceAccount", "RoleBinding"]
+    path, binding = ours[1]
+    assert path.endswith("/namespaces/team-a/rolebindings/multislice-inplace-restart-"
+                         "multislice-inplace-restart")  # fmt: skip
+    assert binding["roleRef"]["name"] == "multislice-inplace-restart"
+    theirs = inplace.render_rbac("team-a", "trainer")
+    assert [o["kind"] for _, o in theirs] == ["RoleBinding"]  # never create the user's account
+    assert theirs[0][1]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "trainer", "namespace": "team-a"}
+    ]
+
+
+# ------------------------------------------------------------------------- discovery
+
+
+def crd(*strategies: str) -> dict[str, Any]:
+    prop = {"type": "string", "enum": list(strategies)}
+    schema = {
+        "properties": {
+            "spec": {"properties": {"failurePolicy": {"properties": {"restartStrategy": prop}}}}
+        }
+    }
+    version = {"name": "v1alpha2", "served": True, "schema": {"openAPIV3Schema": schema}}
+    return {"spec": {"versions": [version]}}
+
+
+V012 = crd("Recreate", "BlockingRecreate", "InPlaceRestart")
+GOOD = InPlaceFindings(AGENT, V012, None, "v1.36.3", True)
+GATE_OFF = (
+    'admission webhook "vjobset.kb.io" denied the request: InPlaceRestart restart strategy '
+    "cannot be set when InPlaceRestart feature gate is disabled"
+)
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"agent_image": ""}, "no in-place restart agent image is configured"),
+        ({"crd": crd("Recreate", "BlockingRecreate")}, "JobSet is older than v0.11.0"),
+        ({"crd": None}, "JobSet is older than v0.11.0"),
+        ({"gate_refusal": GATE_OFF}, "InPlaceRestart feature gate is off"),
+        ({"kube_version": "v1.34.4"}, "Kubernetes v1.34.4 has no RestartAllContainers"),
+        ({"pod_rule_kept": False}, "RestartAllContainersOnContainerExits is off"),
+    ],
+)
+def test_each_missing_piece_says_why_in_place_is_not_used(changes: dict[str, Any], why: str):
+    found = InPlaceFindings(**{**GOOD.__dict__, **changes})
+    support = versions.in_place_support(found)
+    assert not support.usable
+    assert why in support.why
+
+
+def test_everything_found_uses_in_place() -> None:
+    support = versions.in_place_support(GOOD)
+    assert support == InPlaceSupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3")
+    assert versions.kube_minor("v1.35.0-gke.1") == (1, 35)
+
+
+def test_the_probe_jobset_is_one_jobsets_webhook_judges_only_on_the_gate() -> None:
+    probe = versions.probe_jobset("team-a")
+    job = probe["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert probe["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
+    assert (job["backoffLimit"], job["podReplacementPolicy"]) == (2**31 - 1, "Failed")
+    assert job["completions"] == job["parallelism"]
+    # What the chart's JobSet admission policy demands of the operator's JobSets.
+    meta = probe["metadata"]
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"]["multislice.dev/job-name"] == meta["name"]
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "multislice-operator"
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == (
+        "MultisliceJob",
+        meta["name"],
+        True,
+    )
+
+
+def test_the_probes_go_to_a_namespace_the_operator_watches() -> None:
+    assert versions.probe_namespace([]) == "default"
+    assert versions.probe_namespace(["team-*", "ml"]) == "ml"
+
+
+class FakeKube:
+    """The apiserver's answers to the start-up check's dry runs."""
+
+    def __init__(self, jobset_error: Exception | None, job_kept: bool) -> None:
+        self.jobset_error, self.job_kept = jobset_error, job_kept
+
+    async def dry_run_returned(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body["kind"] == "JobSet":
+            if self.jobset_error is not None:
+                raise self.jobset_error
+            return body
+        if not self.job_kept:
+            body["spec"]["template"]["spec"]["containers"][0].pop("restartPolicyRules")
+        return body
+
+    async def server_version(self) -> str:
+        return "v1.36.3"
+
+
+def _found(kube: FakeKube) -> InPlaceFindings:
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(in_place_agent_image=AGENT, namespaces=[])
+    rt: Any = SimpleNamespace(settings=settings, kube=kube)
+    return asyncio.run(versions.find_in_place(rt, V012))
+
+
+def test_the_check_reads_the_webhooks_gate_refusal_and_a_dropped_rule() -> None:
+    assert versions.in_place_support(_found(FakeKube(None, True))).usable
+    gate = kopf_errors.APIForbiddenError({"message": GATE_OFF}, status=403, headers={})
+    assert "gate is off" in versions.in_place_support(_found(FakeKube(gate, True))).why
+    dropped = versions.in_place_support(_found(FakeKube(None, False)))
+    assert "RestartAllContainersOnContainerExits is off" in dropped.why
+    # RBAC (or any other refusal) is no answer: the check raises and is tried again.
+    rbac = kopf_errors.APIForbiddenError(
+        {"message": "jobsets is forbidden"}, status=403, headers={}
+    )
+    with pytest.raises(kopf_errors.APIError):
+        _found(FakeKube(rbac, True))
+
+
+# ------------------------------------------------------------------------- decide
+
+
+def create_pass(support: InPlaceSupport | None) -> Any:
+    return run(obs=Observed(now=NOW, slices=list(SLICES), in_place=support), **EXISTING)
+
+
+def test_a_cluster_with_in_place_creates_the_jobset_for_it_and_says_so() -> None:
+    d = create_pass(InPlaceSupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3"))
+    assert d.actions == [CreateJobSet(in_place=True)]
+    cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
+    assert cond is not None and (cond.status, cond.reason) == ("True", Reason.IN_PLACE_RESTART)
+    assert Reason.IN_PLACE_UNAVAILABLE not in [e.reason for e in d.events]
+
+
+def test_a_cluster_without_it_recreates_with_a_condition_and_an_event_saying_why() -> None:
+    why = "the installed JobSet is older than v0.11.0: ..."
+    d = create_pass(InPlaceSupport(False, why))
+    assert d.actions == [CreateJobSet(in_place=False)]
+    cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("False", Reason.IN_PLACE_UNAVAILABLE)
+    assert cond.message == f"every restart recreates the pods: {why}"
+    events = [e for e in d.events if e.reason == Reason.IN_PLACE_UNAVAILABLE]
+    assert [e.message for e in events] == [cond.message]
+
+
+def test_not_found_out_yet_recreates_and_says_nothing() -> None:
+    d = create_pass(None)
+    assert d.actions == [CreateJobSet()]
+    assert d.status.condition(ConditionType.RESTART_IN_PLACE) is None
+    assert d.events == []
+
+
+def test_the_dry_run_judges_the_jobset_that_will_be_created() -> None:
+    obs = RawObserved(now=NOW, slices=[], in_place=InPlaceSupport(True, "ok"))
+    d = run(obs=obs)  # Managed, no pool yet, not judged: the dry run comes first
+    assert d.actions == [ValidateJobSet(in_place=True)]
+
+
+@pytest.mark.parametrize(
+    ("counted", "cause", "strategy"),
+    [(1, RestartCause.WORKLOAD, "InPlaceRestart"), (0, RestartCause.DISRUPTION, "Recreate")],
+)
+def test_last_restart_says_which_strategy_ran(counted: int, cause: RestartCause, strategy: str):
+    old = MultisliceJobStatus.from_dict({"phase": "Running", "jobSet": "job"})
+    old.conditions = create_pass(InPlaceSupport(True, "ok")).status.conditions
+    js = JobSetObservation(ready_jobs=0, restarts=1, restarts_counted=counted)
+    d = run(old, Observed(now=NOW, slices=list(SLICES), jobset=js), **EXISTING)
+    last = d.status.last_restart
+    assert last is not None and (last.cause, last.strategy) == (cause.value, strategy)
+    assert d.status.restarts_by_cause is not None
+    assert d.status.restarts_by_cause.model_dump()[cause.value] == 1
