@@ -404,3 +404,25 @@ def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persist
     assert sorted(e["launch_process"] for e in restored) == [0, 1]
     assert {e["step"] for e in restored} == {6}
     assert all(e["data_state"] == {"next_example": 6 * 4} for e in restored)
+
+
+def _persistent_steps(directory: Path) -> set[int]:
+    return {int(p.name) for p in directory.iterdir() if p.name.isdigit()}
+
+
+@pytest.mark.parametrize(
+    "layout", [[], ["--ici_data_parallelism", "2", "--ici_fsdp_parallelism", "1"]]
+)
+def test_emergency_checkpointing_runs_in_a_single_process_job(
+    tmp_path: Path, layout: list[str]
+) -> None:
+    """One process (no jax.distributed): Orbax's process/device tables are trivial there, and
+    with one replica (fsdp over the devices) or two (data over them) the run saves and ends 0,
+    not exit 1, which the operator would retry until its budget is spent."""
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    tiers = ["--local_checkpoint_dir", str(local), "--local_checkpoint_every", "2"]
+    args = ["train", *TINY, *layout, "--steps", "4", "--checkpoint_every", "4", *tiers]
+    code, events, stderr = run_workload([*args, "--checkpoint_dir", str(persistent)], timeout=600)
+    assert code == 0, stderr[-3000:]
+    assert events_of(events, "emergency_checkpointing")[0]["replicas"] == (2 if layout else 1)
+    assert 4 in _persistent_steps(persistent)

@@ -26,6 +26,29 @@ POSITION = "data_next_example"
 REPLICA_AXIS = "data"
 
 
+def _process_tables(multihost: Any) -> None:
+    """Set up the tables through which the emergency manager maps processes to devices.
+
+    Orbax fills them through the jax.distributed client's key-value store (its own emergency
+    benchmark calls the same two initializers: orbax/checkpoint/_src/testing/benchmarks/
+    emergency_checkpoint_manager_benchmark.py), and raises when there is no client. A job of
+    one process never starts jax.distributed (`runtime.initialize`), and for it the tables are
+    what those initializers would compute for one process: runtime id 0 is distributed id 0,
+    which holds every device."""
+    import jax
+
+    if jax.process_count() == 1:
+        if not multihost.is_runtime_to_distributed_ids_initialized():
+            multihost._RUNTIME_TO_DISTRIBUTED_ID = [0]
+        if not multihost.is_distributed_to_device_ids_initialized():
+            multihost._DISTRIBUTED_TO_DEVICE_IDS = [[d.id for d in jax.local_devices()]]
+        return
+    if not multihost.is_runtime_to_distributed_ids_initialized():
+        multihost.initialize_runtime_to_distributed_ids()
+    if not multihost.is_distributed_to_device_ids_initialized():
+        multihost.initialize_distributed_to_device_ids()
+
+
 class EmergencyCheckpointer:
     """`checkpoint.Checkpointer`'s interface over Orbax's emergency manager."""
 
@@ -55,13 +78,7 @@ class EmergencyCheckpointer:
         # absl's command line, so take their defaults.
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        # The emergency manager maps processes to devices through these tables; Orbax's own
-        # emergency benchmark sets them up the same way (orbax/checkpoint/_src/testing/
-        # benchmarks/emergency_checkpoint_manager_benchmark.py).
-        if not multihost.is_runtime_to_distributed_ids_initialized():
-            multihost.initialize_runtime_to_distributed_ids()
-        if not multihost.is_distributed_to_device_ids_initialized():
-            multihost.initialize_distributed_to_device_ids()
+        _process_tables(multihost)
         self.directory = directory
         self.every, self.local_every = every, local_every
         # Node-local storage is per host: one directory per process (it must exist).
