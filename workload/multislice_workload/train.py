@@ -698,12 +698,15 @@ class TrainLoop:
             request = self.requests.agree()
             if request is not None:
                 self.serve_request(step, state, request)
-        if self.checkpointer.due(step):
-            self.save(step, state, wait=settles_save(self.env, step))
+        # A step with a forced save (preemption, request above; restart, final below) takes
+        # no periodic one first: under emergency checkpointing that could put the step in the
+        # local tier only, and the forced save of a step already saved is refused.
         if self.env.restart_attempt == 0 and self.env.restart_at_step == step:
             saved = self.save(step, state, wait=True)
             logs.emit("restart_requested", step=step, checkpoint_saved=saved)
             return EXIT_RESTART_REQUESTED
+        if self.checkpointer.due(step) and step < self.cfg.steps:
+            self.save(step, state, wait=settles_save(self.env, step), forced=False)
         return None
 
     def log_step(self, step: int, loss: float) -> None:
@@ -718,8 +721,11 @@ class TrainLoop:
             "corpus": self.data.fingerprint,
         }
 
-    def save(self, step: int, state: dict[str, Any], wait: bool = False) -> bool:
-        """Collective. True when a checkpoint of `step` exists (or is being written) after it."""
+    def save(
+        self, step: int, state: dict[str, Any], wait: bool = False, forced: bool = True
+    ) -> bool:
+        """Collective. True when a checkpoint of `step` exists (or is being written) after it.
+        `forced`: every tier writes it (`EmergencyCheckpointer.save`); periodic saves are not."""
         if not self.checkpointer.enabled:
             return False
         with self.watchdog.long_phase():
@@ -728,14 +734,16 @@ class TrainLoop:
             dies = kills_in_save(self.env, step)
             if dies:  # said before the save: between it and the kill nothing may yield the GIL
                 logs.emit("injected_kill_in_save", step=step)
-            blocked = self.checkpointer.save(step, state, self.data.get_state(), self.meta())
+            blocked = self.checkpointer.save(
+                step, state, self.data.get_state(), self.meta(), forced=forced
+            )
             if blocked is not None:
                 if dies:
                     os.kill(os.getpid(), signal.SIGKILL)
                 logs.emit("checkpoint_started", step=step, blocking_seconds=round(blocked, 3))
             if wait:
                 self.finish_save()
-        return True
+        return self.checkpointer.last_saved == step
 
     def finish_save(self, timeout_s: float | None = None) -> None:
         if not self.checkpointer.wait(timeout_s):
