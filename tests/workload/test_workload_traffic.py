@@ -191,3 +191,32 @@ def test_the_verdict_rounds_the_exact_traffic_up_as_the_seed_does(dcn: tuple[int
     exact = sum(a.bits_per_parameter for a in advisor.dcn_traffic(par) if a.of != advisor.VOCAB)
     verdict = advisor.dcn_bits_per_parameter(par)
     assert verdict == exact if max(dcn) == 2 else verdict > exact
+
+
+# --- Gradient accumulation reduces over the batch axes once per step. ------------------------
+
+
+@pytest.mark.parametrize("layout", ["data x fsdp", "pipeline x data"])
+def test_gradient_accumulation_all_reduces_the_gradients_once_per_step(layout: str) -> None:
+    """--grad_accum 4 (what --microbatch_size makes of fewer slices) sums the microbatches'
+    gradients on each device first and all-reduces the sum over ``data`` (and ``pipeline`` for
+    the embedding and output layers) once: the traffic between slices of one step is N = 1's.
+    FSDP still reduce-scatters each microbatch's gradients (the accumulator is the shard, so
+    each device holds 1/F of it), 4 times N = 1's bytes."""
+    one_cfg = dataclasses.replace(CFG, batch_size=32)
+    one = cached_trainer(LAYOUTS[layout], one_cfg)
+    four = cached_trainer(LAYOUTS[layout], dataclasses.replace(one_cfg, grad_accum=4))
+    got1, got4 = measured(one), measured(four)
+    batch_keys = [k for k in got1 if k[0] == "all-reduce" and "data" in k[1]]
+    assert batch_keys
+    weights = ("all-reduce", ("data",))
+    assert got4[weights]["executions"] == got1[weights]["executions"]
+    assert got4[weights]["bytes"] == pytest.approx(got1[weights]["bytes"], rel=TOLERANCE)
+    # Every all-reduce over the batch axes: the gradient shards, the norm scales and, once
+    # per microbatch, the loss (4 bytes, the slack).
+    total1 = sum(got1[k]["bytes"] for k in batch_keys)
+    total4 = sum(got4.get(k, {"bytes": 0.0})["bytes"] for k in batch_keys)
+    assert total4 == pytest.approx(total1, abs=2 * 4 * 4 * 4)
+    scatter = ("reduce-scatter", ("fsdp",))
+    if scatter in got1:
+        assert got4[scatter]["bytes"] == pytest.approx(4 * got1[scatter]["bytes"], rel=TOLERANCE)

@@ -33,6 +33,7 @@ from multislice_workload.partitioning import (
     to_tensor,
     tree_specs,
     vary,
+    varying_axes,
 )
 
 # Per-layer weights (the stacked arrays add a leading "layers" dimension).
@@ -339,6 +340,16 @@ def local_loss(
 
     # Each parameter's gradient is all-reduced once over the batch axes it is replicated on.
     params = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
+    return _varied_loss(params, tokens, cfg, stages, microbatches)
+
+
+def _varied_loss(
+    params: dict[str, Any], tokens: Any, cfg: ModelConfig, stages: int, microbatches: int
+) -> Any:
+    """`local_loss` of parameters already marked varying over every batch axis: its gradient
+    is this device's contribution, not yet summed over them."""
+    import jax
+
     x = embed(params["embedding"], tokens[:, :-1], cfg)
     if stages == 1:
         x = run_layers(params["layers"], x, cfg)
@@ -380,5 +391,82 @@ def loss(
         mesh=mesh,
         in_specs=(tree_specs(param_axes(cfg)), logical_to_spec(("batch", None))),
         out_specs=P(),
+    )
+    return mapped(params, tokens)
+
+
+def local_loss_and_grads(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    stages: int,
+    microbatches: int,
+    accum: int,
+) -> tuple[Any, Any]:
+    """(mean loss, mean gradients) of the global batch from this device's rows, in `accum`
+    microbatches (local row j in microbatch j % accum; the local rows are a multiple of accum,
+    so that is global row r in microbatch r % accum). Each microbatch's gradients stay this
+    device's own: they are summed on the device in float32, and the sum is all-reduced over
+    the batch axes each parameter is replicated on once per step, not once per microbatch
+    (FSDP's reduce-scatter, inside the loss, still runs per microbatch: the accumulator is the
+    parameter's shard)."""
+    import jax
+    import jax.numpy as jnp
+
+    replicated = jax.tree.map(
+        lambda p: tuple(a for a in BATCH_AXES if a not in varying_axes(p)), params
+    )
+    varied = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
+    value_and_grad = jax.value_and_grad(_varied_loss)
+    rows, width = tokens.shape
+    micro = tokens.reshape(rows // accum, accum, width).swapaxes(0, 1)
+
+    def add(carry: tuple[Any, Any], batch: Any) -> tuple[tuple[Any, Any], None]:
+        total, summed = carry
+        loss, grads = value_and_grad(varied, batch, cfg, stages, microbatches)
+        summed = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), summed, grads)
+        return (total + loss, summed), None
+
+    if accum == 1:
+        loss, grads = value_and_grad(varied, tokens, cfg, stages, microbatches)
+    else:
+        zeros = jax.tree.map(
+            lambda v: vary(jnp.zeros(v.shape, jnp.float32), varying_axes(v)), varied
+        )
+        (total, summed), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), micro)
+        loss, grads = total / accum, jax.tree.map(lambda g: g / accum, summed)
+    grads = jax.tree.map(
+        lambda g, axes: jax.lax.psum(g, axes) if axes else g,
+        grads,
+        replicated,
+    )
+    return loss, grads
+
+
+def loss_and_grads(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    mesh: Any,
+    stages: int = 1,
+    microbatches: int = 1,
+    accum: int = 1,
+) -> tuple[Any, Any]:
+    """`local_loss_and_grads` over the mesh: tokens [batch, seq + 1] sharded as ("batch",
+    None); the gradients come out sharded as the parameters."""
+    import functools
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    body = functools.partial(
+        local_loss_and_grads, cfg=cfg, stages=stages, microbatches=microbatches, accum=accum
+    )
+    specs = tree_specs(param_axes(cfg))
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(specs, logical_to_spec(("batch", None))),
+        out_specs=(P(), specs),
     )
     return mapped(params, tokens)

@@ -18,7 +18,9 @@ its ``all_gather``; https://docs.jax.dev/en/latest/notebooks/shard_map.html, "FS
   weight gradient, in the compute dtype;
 - a parameter replicated over batch axes is marked varying over them once, at the top of the
   loss (`vary`): the transpose of that ``pcast`` is the gradient's one all-reduce over those
-  axes (``data``, and ``pipeline`` for the embedding), on the fsdp shard, in float32;
+  axes (``data``, and ``pipeline`` for the embedding), on the fsdp shard, in float32; the train
+  step differentiates after the mark and writes that ``psum`` itself, once per step after the
+  gradient-accumulation microbatches are summed (`model.local_loss_and_grads`);
 - tensor parallelism is Megatron's: column-parallel matmuls on activations marked varying over
   ``tensor`` (`to_tensor`; its transpose is the backward all-reduce) and row-parallel matmuls
   followed by a ``psum`` (`tensor_sum`; its transpose moves nothing).
@@ -67,13 +69,6 @@ def named(mesh: Any, names: Sequence[str | None]) -> Any:
     from jax.sharding import NamedSharding
 
     return NamedSharding(mesh, logical_to_spec(names))
-
-
-def constrain(x: Any, mesh: Any, names: Sequence[str | None]) -> Any:
-    """A sharding constraint outside the manual region (gradient accumulation's microbatches)."""
-    import jax
-
-    return jax.lax.with_sharding_constraint(x, named(mesh, names))
 
 
 def tree_specs(logical_tree: Any) -> Any:

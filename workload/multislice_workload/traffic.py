@@ -81,8 +81,9 @@ def expected_bytes(
     """Analytic bytes per device per step of every collective the step needs (keys as
     `hlo.summarize`; collectives over axes of size 1 move nothing and are left out).
     `param_bytes`: 2 for ``--param_dtype bfloat16`` (the gradient all-reduces are in the
-    parameters' dtype). With ``--grad_accum N`` each microbatch's backward sends its own: N times
-    these figures, for a microbatch of batch / N."""
+    parameters' dtype). With ``--grad_accum N`` each microbatch sends its own gathers,
+    reduce-scatters and activations (N times these figures, for a microbatch of batch / N), and
+    the gradient all-reduces over the batch axes run once, after the microbatches' sum."""
     big, tiny = expected_parts(cfg, mesh, batch, microbatches, param_bytes, clip_norm)
     return {k: big.get(k, 0.0) + tiny.get(k, 0.0) for k in {*big, *tiny}}
 

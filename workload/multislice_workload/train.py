@@ -61,7 +61,7 @@ from multislice_workload.model import (
     init_params,
     param_axes,
 )
-from multislice_workload.partitioning import bytes_per_device, constrain, named, tree_shardings
+from multislice_workload.partitioning import bytes_per_device, named, tree_shardings
 from multislice_workload.pipeline import bubble_fraction, default_microbatches, measure_bubble
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
@@ -402,34 +402,19 @@ class Trainer:
         return jax.tree.map(lambda x: x.astype(jnp.dtype(self.cfg.param_dtype)), tree)
 
     def gradients(self, params: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
-        """(mean loss, mean gradients) of the global batch, in `grad_accum` microbatches: row r
-        goes to microbatch r % N, so each stays spread over every data-parallel device; the
-        sum is float32 and sharded as the parameters."""
-        import jax
-        import jax.numpy as jnp
-
-        n = self.cfg.grad_accum
-        value_and_grad = jax.value_and_grad(self.loss)
-        if n == 1:
-            return value_and_grad(params, tokens)
-        rows, width = tokens.shape
-        micro = constrain(
-            tokens.reshape(rows // n, n, width).swapaxes(0, 1), self.mesh, (None, "batch", None)
-        )
-        zeros = jax.tree.map(
-            lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
+        """(mean loss, mean gradients) of the global batch, in `grad_accum` microbatches (row r
+        in microbatch r % N, so each stays spread over every data-parallel device), sharded as
+        the parameters: each device sums its microbatches' gradients (float32) before the one
+        all-reduce over the batch axes (`model.local_loss_and_grads`)."""
+        return model.loss_and_grads(
             params,
-            self.shardings["params"],
+            tokens,
+            self.model,
+            self.mesh,
+            self.stages,
+            self.microbatches,
+            self.cfg.grad_accum,
         )
-
-        def add(carry: tuple[Any, Any], batch: Any) -> tuple[tuple[Any, Any], None]:
-            total, summed = carry
-            loss, grads = value_and_grad(params, batch)
-            summed = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), summed, grads)
-            return (total + loss, summed), None
-
-        (total, summed), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), micro)
-        return total / n, jax.tree.map(lambda g: g / n, summed)
 
     def _train_step(self, state: dict[str, Any], tokens: Any) -> tuple[dict[str, Any], Any]:
         import jax
