@@ -92,6 +92,8 @@ class ModelConfig:
     mlp_activation: str = "gelu"
     attention: str = "auto"  # attn.IMPLEMENTATIONS
     attention_block: int = attn.DEFAULT_BLOCK
+    # Of every gradient collective: FSDP's reduce-scatter and the all-reduce over batch axes.
+    grad_reduce_dtype: str = "float32"
 
     @property
     def padded_vocab(self) -> int:
@@ -232,7 +234,9 @@ def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False)
     dtype = jnp.dtype(cfg.dtype)
     lead: Logical = ("layers",) if stacked else ()
     return {
-        name: w if name.endswith("norm") else gather(w, (*lead, *WEIGHT_AXES[name]), dtype)
+        name: w
+        if name.endswith("norm")
+        else gather(w, (*lead, *WEIGHT_AXES[name]), dtype, cfg.grad_reduce_dtype)
         for name, w in layer.items()
     }
 
@@ -307,7 +311,8 @@ def embed(table: Any, inputs: Any, cfg: ModelConfig) -> Any:
     the table, and one all-reduce over ``tensor`` adds the shards' rows (zero elsewhere)."""
     import jax.numpy as jnp
 
-    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype))  # [vocab / tensor, embed]
+    # [vocab / tensor, embed]
+    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype), cfg.grad_reduce_dtype)
     local = inputs - tensor_offset(rows.shape[0])
     inside = (local >= 0) & (local < rows.shape[0])
     looked_up = jnp.take(rows, jnp.clip(local, 0, rows.shape[0] - 1), axis=0)
@@ -321,7 +326,9 @@ def token_losses(params: dict[str, Any], x: Any, targets: Any, cfg: ModelConfig)
     import jax
     import jax.numpy as jnp
 
-    unembed = gather(params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype))
+    unembed = gather(
+        params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype), cfg.grad_reduce_dtype
+    )
     h = to_tensor(rms_norm(x, params["final_norm"]))
     out = jnp.einsum("bte,ev->btv", h, unembed, preferred_element_type=jnp.float32)
     peak = jax.lax.pmax(jax.lax.stop_gradient(out.max(axis=-1)), "tensor")
@@ -435,8 +442,9 @@ def local_loss_and_grads(
         )
         (total, summed), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), micro)
         loss, grads = total / accum, jax.tree.map(lambda g: g / accum, summed)
+    reduce = jnp.dtype(cfg.grad_reduce_dtype)
     grads = jax.tree.map(
-        lambda g, axes: jax.lax.psum(g, axes) if axes else g,
+        lambda g, axes: jax.lax.psum(g.astype(reduce), axes) if axes else g.astype(reduce),
         grads,
         replicated,
     )

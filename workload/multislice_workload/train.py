@@ -103,6 +103,9 @@ class TrainConfig:
     attention_block: int = attn.DEFAULT_BLOCK
     param_dtype: str = "float32"  # bfloat16: bf16 parameters + a float32 master copy
     opt_state_dtype: str = "float32"
+    # Of the gradient collectives (FSDP's reduce-scatter, the all-reduce over data); MaxText's
+    # grad_dtype defaults to float32 too (src/maxtext/configs/base.yml).
+    grad_reduce_dtype: str = "float32"
     grad_accum: int = 1  # microbatches per optimizer step (the global batch is unchanged)
     # Sequences per data-parallel device (data x fsdp) per microbatch; 0: off. Sets grad_accum
     # per run from the mesh, so one command line keeps the same global batch at any slice count.
@@ -157,6 +160,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="of the matmuls")
     add("--param_dtype", choices=("float32", "bfloat16"), default=d.param_dtype)
     add("--opt_state_dtype", choices=optim.STATE_DTYPES, default=d.opt_state_dtype)
+    add(
+        "--grad_reduce_dtype",
+        choices=("float32", "bfloat16"),
+        default=d.grad_reduce_dtype,
+        help="of the gradient reduce-scatters and all-reduces",
+    )
     add("--remat", choices=REMAT_POLICIES, default=d.remat, help="MaxText's remat_policy names")
     add("--mlp_activation", choices=MLP_ACTIVATIONS, default=d.mlp_activation)
     add("--attention", choices=attn.IMPLEMENTATIONS, default=d.attention)
@@ -239,6 +248,7 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
         seq_len=cfg.seq_len,
         dtype=cfg.dtype or "float32",
         remat=cfg.remat,
+        grad_reduce_dtype=cfg.grad_reduce_dtype,
     )
 
 
