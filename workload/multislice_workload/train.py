@@ -112,7 +112,7 @@ class TrainConfig:
     microbatch_size: int = 0
     dataset: str | None = None  # comma-separated paths; None: the stdlib bytes
     text_field: str = "text"
-    tokenizer: str | None = None  # default: the prepared dataset's tokenizer.json, else bytes
+    tokenizer: str | None = None  # default: the prepared dataset's tokenizer, else bytes
     vocab: int = 0  # set from the tokenizer
     eval_every: int = 0  # steps between evaluations of the held-out split; 0: never
     eval_batches: int = 4
@@ -171,7 +171,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--attention", choices=attn.IMPLEMENTATIONS, default=d.attention)
     add("--dataset", default=None, help="prepared dir, or .jsonl/.parquet/.array_record files")
     add("--text_field", default=d.text_field, help="JSONL field / Parquet column")
-    add("--tokenizer", default=None, help="tokenizer.json (default: the prepared dataset's)")
+    add(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json or SentencePiece .model (default: the prepared dataset's)",
+    )
     add("--compilation_cache_dir", default=None, help="'off', default <checkpoint_dir>/...")
     add("--profile_dir", default=None, help="write a profiler trace of a window of steps")
     add("--local_checkpoint_dir", default=None, help="Orbax emergency checkpointing local tier")
@@ -843,11 +847,12 @@ def load_tokenizer(cfg: TrainConfig, spec: DatasetSpec) -> tokenizer.Tokenizer:
     path: Any = cfg.tokenizer or spec.prepared
     if path is None and spec.paths:
         raise ConfigError(
-            f"--dataset {cfg.dataset}: raw text files need --tokenizer (a tokenizer.json)"
+            f"--dataset {cfg.dataset}: raw text files need --tokenizer (a tokenizer.json or "
+            "a SentencePiece .model)"
         )
     try:
         return tokenizer.load(path)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RuntimeError) as err:  # SentencePiece raises RuntimeError
         raise ConfigError(f"--tokenizer: {err}") from err
 
 
@@ -908,7 +913,7 @@ def log_config(
         **{
             k: v
             for k, v in dataclasses.asdict(cfg).items()
-            if v is not None and k != "microbatches"
+            if v is not None and k not in ("microbatches", "tokenizer")  # tokenizer: below
         },
         parameters=trainer.model.parameter_count(),
         flops_per_token=trainer.model.flops_per_token(),
@@ -918,6 +923,7 @@ def log_config(
         ),
         tokenizer=tok.name,
         vocab_size=tok.vocab_size,
+        eos_id=tok.eos_id,
         padded_vocab=trainer.model.padded_vocab,
         compilation_cache_hits=cache_hits[0],
         stages=trainer.stages,
