@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from multislice_workload import attention as attn
 from multislice_workload.partitioning import (
@@ -94,6 +94,9 @@ class ModelConfig:
     attention_block: int = attn.DEFAULT_BLOCK
     # Of every gradient collective: FSDP's reduce-scatter and the all-reduce over batch axes.
     grad_reduce_dtype: str = "float32"
+    # The tokenizer's end-of-text: it starts a new segment of a packed row (`segments`); None:
+    # every row is one sequence.
+    eos_id: int | None = 256
 
     @property
     def padded_vocab(self) -> int:
@@ -213,14 +216,39 @@ def rms_norm(x: Any, scale: Any, eps: float = 1e-6) -> Any:
     return (normed * scale).astype(x.dtype)
 
 
-def rotary(x: Any) -> Any:
-    """Rotary position embedding over [batch, sequence, heads, head_dim] (rotate-half form)."""
+class Segments(NamedTuple):
+    """The documents of packed rows: segment id and position in its document, [batch, T]."""
+
+    ids: Any
+    positions: Any
+
+
+def segments(inputs: Any, eos_id: int) -> Segments:
+    """Segments of input rows [batch, T] from their end-of-text tokens: an end-of-text opens the
+    next document (as its first token, so the target it predicts, that document's first token,
+    is predicted from the document alone), and positions restart at 0 there (MaxText's packed
+    ``inputs_segmentation`` / ``inputs_position``, derived on the device from the tokens)."""
+    import jax
+    import jax.numpy as jnp
+
+    starts = inputs == eos_id
+    index = jnp.broadcast_to(jnp.arange(inputs.shape[1], dtype=jnp.int32), inputs.shape)
+    ids = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+    first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    return Segments(ids, index - first)
+
+
+def rotary(x: Any, positions: Any = None) -> Any:
+    """Rotary position embedding over [batch, sequence, heads, head_dim] (rotate-half form), at
+    `positions` [batch, sequence] (default 0, 1, ...)."""
     import jax.numpy as jnp
 
     half = x.shape[-1] // 2
     freq = 1.0 / (10000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
-    angle = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freq[None, :]
-    sin, cos = jnp.sin(angle)[None, :, None, :], jnp.cos(angle)[None, :, None, :]
+    if positions is None:
+        positions = jnp.arange(x.shape[1])[None, :]
+    angle = positions.astype(jnp.float32)[..., None] * freq
+    sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -241,13 +269,16 @@ def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False)
     }
 
 
-def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
+def decoder_layer(
+    x: Any, w: dict[str, Any], cfg: ModelConfig, packed: Segments | None = None
+) -> Any:
     """One block on activations [local batch, sequence, embed], with gathered weights `w`:
     2 all-reduces over ``tensor`` forward (after the row-parallel ``wo`` and ``wo_mlp``), 2 in the
     backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``/``wi_gate``). The
     query and key/value heads are this device's (tensor-parallel), so attention needs no
     collective; `attend` runs per device (``mesh=None``: its splash kernel is called directly,
-    already inside the manual region)."""
+    already inside the manual region). `packed`: each token attends within its document, at
+    its position in the document."""
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
@@ -257,7 +288,15 @@ def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
         checkpoint_name(jnp.einsum("bte,ehd->bthd", h, w[n]), tag)
         for n, tag in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj"))
     )
-    attended = attn.attend(rotary(q), rotary(k), v, impl=cfg.attention, block=cfg.attention_block)
+    ids, positions = (None, None) if packed is None else packed
+    attended = attn.attend(
+        rotary(q, positions),
+        rotary(k, positions),
+        v,
+        impl=cfg.attention,
+        block=cfg.attention_block,
+        segment_ids=ids,
+    )
     attended = checkpoint_name(attended, "context")
     out = checkpoint_name(jnp.einsum("bthd,hde->bte", attended, w["wo"]), "out_proj")
     x = x + tensor_sum(out)
@@ -293,14 +332,16 @@ def remat(fn: Callable[..., Any], cfg: ModelConfig) -> Callable[..., Any]:
     return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=remat_policy(cfg.remat))
 
 
-def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig) -> Any:
+def run_layers(
+    layers: dict[str, Any], x: Any, cfg: ModelConfig, packed: Segments | None = None
+) -> Any:
     """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan.
     Each block gathers its own weights inside its rematerialized body: the gathered weights of
     one block live at a time, and the recomputation in the backward pass gathers them again."""
     import jax
 
     def block(h: Any, layer: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(h, gather_layer(layer, cfg), cfg), None
+        return decoder_layer(h, gather_layer(layer, cfg), cfg, packed), None
 
     out, _ = jax.lax.scan(remat(block, cfg), x, layers)
     return out
@@ -357,13 +398,15 @@ def _varied_loss(
     is this device's contribution, not yet summed over them."""
     import jax
 
-    x = embed(params["embedding"], tokens[:, :-1], cfg)
+    inputs = tokens[:, :-1]
+    x = embed(params["embedding"], inputs, cfg)
+    packed = None if cfg.eos_id is None else segments(inputs, cfg.eos_id)
     if stages == 1:
-        x = run_layers(params["layers"], x, cfg)
+        x = run_layers(params["layers"], x, cfg, packed)
     else:
         from multislice_workload.pipeline import run_pipeline
 
-        x = run_pipeline(params["layers"], x, cfg, stages, microbatches)
+        x = run_pipeline(params["layers"], x, cfg, stages, microbatches, packed)
     losses = token_losses(params, x, tokens[:, 1:], cfg)
     count = losses.size * _batch_shards()
     return jax.lax.psum(losses.sum(), BATCH_AXES) / count

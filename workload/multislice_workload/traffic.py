@@ -17,7 +17,8 @@ needs and nothing more:
   attention half's sum, not the block's output); the vocabulary-parallel embedding (1) and
   logits (1 backward, plus 3 per-token float32 reductions for the log-sum-exp and the target);
 - pipeline (``pipeline``, S stages, M microbatches): 2 collective-permutes of one microbatch's
-  local activations per iteration forward, 2 backward, over M + S - 1 iterations;
+  local activations per iteration forward, 2 backward, over M + S - 1 iterations, and one
+  all-gather of every stage's packed segments (ids and positions, int32) per step;
 - the norm scales (replicated) and the loss: one all-reduce each over the axes they span;
 - clipping by global norm: one float32 partial sum of squares per sharded parameter, all-reduced
   over the axes that parameter is sharded on.
@@ -139,6 +140,8 @@ def expected_parts(
     add("all-reduce", ("tensor",), 3 * 4 * z.rows * cfg.seq_len, small=True)  # per token
     if s > 1:
         add("collective-permute", ("pipeline",), 4 * iterations * activation)
+        if cfg.eos_id is not None:  # every stage's segment ids and positions, int32, once
+            add("all-gather", ("pipeline",), 4 * 2 * s * z.rows * cfg.seq_len)
     if clip_norm:
         for axes in sharded_axes(cfg, mesh):
             add("all-reduce", axes, 4, small=True)

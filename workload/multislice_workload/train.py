@@ -114,6 +114,7 @@ class TrainConfig:
     text_field: str = "text"
     tokenizer: str | None = None  # default: the prepared dataset's tokenizer, else bytes
     vocab: int = 0  # set from the tokenizer
+    eos_id: int | None = None  # set from the tokenizer (default: the bytes tokenizer's)
     eval_every: int = 0  # steps between evaluations of the held-out split; 0: never
     eval_batches: int = 4
     compilation_cache_dir: str | None = None  # default <checkpoint_dir>/compilation-cache
@@ -191,7 +192,7 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
         **{
             f.name: getattr(args, f.name)
             for f in dataclasses.fields(TrainConfig)
-            if f.name != "vocab"
+            if f.name not in ("vocab", "eos_id")
         }
     )
     checkpoint_dir = cfg.checkpoint_dir or env.checkpoint_dir
@@ -240,6 +241,7 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
 def model_config(cfg: TrainConfig) -> ModelConfig:
     return ModelConfig(
         vocab=cfg.vocab or tokenizer.ByteTokenizer().vocab_size,
+        eos_id=tokenizer.ByteTokenizer().eos_id if cfg.eos_id is None else cfg.eos_id,
         kv_heads=cfg.kv_heads,
         mlp_activation=cfg.mlp_activation,
         attention=cfg.attention,
@@ -781,7 +783,7 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     cfg = config_from(args, env)
     spec = DatasetSpec(tuple(p for p in (cfg.dataset or "").split(",") if p), cfg.text_field)
     tok = load_tokenizer(cfg, spec)
-    cfg = dataclasses.replace(cfg, vocab=tok.vocab_size)
+    cfg = dataclasses.replace(cfg, vocab=tok.vocab_size, eos_id=tok.eos_id)
     cache_hits = enable_compilation_cache(cfg.compilation_cache_dir)
     mesh = make_mesh(env, parallelism_from(args, env), args.allow_split_physical_axes)
     cfg = derive_grad_accum(cfg, mesh.shape)
@@ -923,7 +925,6 @@ def log_config(
         ),
         tokenizer=tok.name,
         vocab_size=tok.vocab_size,
-        eos_id=tok.eos_id,
         padded_vocab=trainer.model.padded_vocab,
         compilation_cache_hits=cache_hits[0],
         stages=trainer.stages,
