@@ -28,7 +28,7 @@ own segment (document), causally: blockwise and splash mask inside their blocks 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal
 
 IMPLEMENTATIONS = ("auto", "splash", "cudnn", "blockwise", "xla")
 DEFAULT_BLOCK = 512
@@ -72,7 +72,10 @@ def attend(
         mask = None
         if segment_ids is not None:
             mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=impl)
+        kernel: Literal["xla", "cudnn"] = "xla" if impl == "xla" else "cudnn"
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=True, implementation=kernel
+        )
     if impl == "splash":
         return splash(q, k, v, block=block, mesh=mesh, interpret=interpret, segment_ids=segment_ids)
     if impl == "blockwise":
