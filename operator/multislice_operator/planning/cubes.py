@@ -18,9 +18,7 @@ Sources (every limit here carries one):
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Iterable
 
 from multislice_operator.api.models import MultisliceJobSpec, ProvisioningMode
 from multislice_operator.common.errors import FieldError
@@ -68,11 +66,16 @@ def cubes_per_slice(shape: catalog.SliceShape) -> int:
     return shape.chips // cube.chips
 
 
-def slice_name(job_key: str, index: int, partitions: Iterable[str]) -> str:
-    """The `Slice` of slice `index` over these cubes: cluster-scoped, so named by the job's key;
-    its spec is immutable, so a slice re-formed on other cubes gets another name (the hash)."""
-    digest = hashlib.sha256(",".join(sorted(partitions)).encode()).hexdigest()[:6]
-    return f"msj-{job_key}-{index}-{digest}"
+def slice_names(job_key: str, index: int) -> tuple[str, str]:
+    """The two names slice `index`'s `Slice` takes in turn. Slices are cluster-scoped (named by
+    the job's key) and their spec is immutable: a slice re-formed on other cubes is a new Slice,
+    created under the other name while the old one is still going away. Both are known from the
+    plan, so the JobSet's pods can select exactly the job's Slices."""
+    return f"msj-{job_key}-{index}a", f"msj-{job_key}-{index}b"
+
+
+def all_slice_names(job_key: str, slices: int) -> list[str]:
+    return [n for i in range(slices) for n in slice_names(job_key, i)]
 
 
 # ---------------------------------------------------------------- what a sub-block can hold
