@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
 from multislice_operator.planning import cubes
 from multislice_operator.reconcile import JobMeta, SliceObservation
@@ -213,3 +214,36 @@ def test_existing_cubes_are_never_created_or_deleted() -> None:
     assert not _of(DeletePools, d.actions) and not _of(DeleteSlices, d.actions)
     assert any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
     assert plan.pools == []
+
+
+# ------------------------------------------------------------ the pods pinned to the Slices
+
+
+def test_the_jobset_puts_each_slice_on_one_of_the_jobs_slices() -> None:
+    from multislice_operator.render.jobset import render_jobset
+
+    spec, plan = _plan(accelerator="tpu7x-256")
+    js = render_jobset(plan, spec)
+    assert js["metadata"]["annotations"][keys.JOBSET_EXCLUSIVE_TOPOLOGY] == keys.GKE_TPU_SLICE
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert pod["metadata"]["annotations"][keys.GKE_TPU_SLICE_TOPOLOGY] == "4x4x8"
+    assert pod["spec"]["nodeSelector"][keys.GKE_TPU_TOPOLOGY] == "4x4x8"
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    [expr] = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert expr["key"] == keys.GKE_TPU_SLICE and expr["operator"] == "In"
+    assert sorted(expr["values"]) == sorted(
+        n for i in range(2) for n in cubes.slice_names(plan.job_key, i)
+    )
+    assert keys.JOB_KEY not in pod["spec"]["nodeSelector"]
+
+
+def test_node_pool_jobs_keep_their_pool_exclusive_placement() -> None:
+    from multislice_operator.render.jobset import render_jobset
+
+    spec, plan = jobs.spec_and_plan()
+    js = render_jobset(plan, spec)
+    assert js["metadata"]["annotations"][keys.JOBSET_EXCLUSIVE_TOPOLOGY] == keys.GKE_NODEPOOL
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "affinity" not in pod
