@@ -247,3 +247,39 @@ def test_node_pool_jobs_keep_their_pool_exclusive_placement() -> None:
     assert js["metadata"]["annotations"][keys.JOBSET_EXCLUSIVE_TOPOLOGY] == keys.GKE_NODEPOOL
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert "affinity" not in pod
+
+
+# ------------------------------------------------------------ what the controller observes
+
+
+def _node(pool: str, partition: str, state: str = "HEALTHY", ready: bool = True,
+          job_key: str | None = None) -> dict[str, Any]:  # fmt: skip
+    labels = {keys.GKE_TPU_PARTITION_ID: partition, keys.GKE_TPU_PARTITION_STATE: state}
+    return {"ready": ready, "accelerator": "tpu7x", "jobKey": job_key, "labels": labels}
+
+
+def test_the_controller_observes_cubes_slices_and_cubes_others_hold() -> None:
+    from multislice_operator.controller.observe import dynamic_observation, summarize_slice
+
+    _, plan = _plan()
+    own = [p.name for p in plan.pools]
+    nodes = {
+        own[0]: [_node(own[0], "c0", job_key=plan.job_key)] * 16,
+        own[1]: [_node(own[1], "c1", "UNHEALTHY", job_key=plan.job_key)] * 16,
+        "someone-elses": [_node("x", "c9")] * 16,  # not the job's cube pool: not seen
+    }
+    mine = cubes.slice_names(plan.job_key, 1)[1]
+    body = {
+        "metadata": {"name": mine},
+        "spec": {"partitionIds": ["c0"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ACTIVE"}]},
+    }
+    other = {"metadata": {"name": "team-b-slice"}, "spec": {"partitionIds": ["c7", "c8"]}}
+    index = {mine: [summarize_slice(body)], "team-b-slice": [summarize_slice(other)]}
+    found, taken, slices = dynamic_observation(plan, nodes, index)
+    assert [(c.partition, c.state, c.ready_hosts, c.ours) for c in found] == [
+        ("c0", "HEALTHY", 16, True),
+        ("c1", "UNHEALTHY", 16, True),
+    ]
+    assert taken == {"c7", "c8"}
+    assert slices == [SliceObjectObservation(mine, 1, ("c0",), "ACTIVE", False)]

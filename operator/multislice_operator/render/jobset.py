@@ -15,13 +15,13 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
+from multislice_operator.planning import cubes
 from multislice_operator.planning.hostports import (
     JAX_COORDINATOR_PORT,
     MEGASCALE_PORT,
     OPERATOR_PORTS,
     host_network,
 )
-from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import Plan
 
 # What the JobSet carries out itself when a slice fails: it deletes and creates every slice's
