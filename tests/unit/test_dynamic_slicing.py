@@ -283,3 +283,29 @@ def test_the_controller_observes_cubes_slices_and_cubes_others_hold() -> None:
     ]
     assert taken == {"c7", "c8"}
     assert slices == [SliceObjectObservation(mine, 1, ("c0",), "ACTIVE", False)]
+
+
+# ------------------------------------------------------------ the cube pools GKE is asked for
+
+
+def test_a_cube_pool_names_a_provision_only_policy_and_no_tpu_topology() -> None:
+    from multislice_operator.provisioning.gke_requests import (
+        build_node_pool,
+        policy_insert_json,
+        workload_policies,
+    )
+
+    _, plan = _plan(accelerator="tpu7x-256", spares=0)
+    cube = plan.pools[0]
+    assert cube.cube and cube.node_count == 16 and cube.machine_type == "tpu7x-standard-4t"
+    pool = build_node_pool(plan, cube, "uid-1", ["us-central1-c"])
+    assert pool.placement_policy.policy_name == "msj-tpu7x-4x4x4-cubes"
+    assert pool.placement_policy.tpu_topology == ""  # the policy carries the 4x4x4
+    [policy] = workload_policies(plan, "us-central1")
+    assert (policy.accelerator_topology, policy.topology_mode) == ("4x4x4", "PROVISION_ONLY")
+    body = policy_insert_json("proj", policy)["resourcePolicyResource"]["workloadPolicy"]
+    assert body["acceleratorTopologyMode"] == "PROVISION_ONLY"
+    # A whole 4x4x4 slice's own policy (Managed) stays apart, and forms its links at once.
+    _, whole = jobs.spec_and_plan(accelerator="tpu7x-128")
+    [own] = workload_policies(whole, "us-central1")
+    assert own.name != policy.name and own.topology_mode == ""

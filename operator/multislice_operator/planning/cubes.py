@@ -66,6 +66,13 @@ def cubes_per_slice(shape: catalog.SliceShape) -> int:
     return shape.chips // cube.chips
 
 
+def cube_policy_name(cube: catalog.SliceShape) -> str:
+    """The workload policy every cube pool is placed with: HIGH_THROUGHPUT, the cube's topology,
+    accelerator topology mode PROVISION_ONLY (VMs without ICI links until a Slice forms them);
+    apart from a whole 4x4x4 slice's policy, which forms its links at once."""
+    return f"msj-{cube.generation.prefix}-{cube.topology}-cubes"
+
+
 def slice_names(job_key: str, index: int) -> tuple[str, str]:
     """The two names slice `index`'s `Slice` takes in turn. Slices are cluster-scoped (named by
     the job's key) and their spec is immutable: a slice re-formed on other cubes is a new Slice,

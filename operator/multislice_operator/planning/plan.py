@@ -68,6 +68,9 @@ class NodePoolSpec:
     workload_policy: str | None = None
     flex_start: bool = False
     max_run_duration_s: int | None = None  # flex-start: GKE removes the VMs after this long
+    # A dynamic-slicing cube (one 4x4x4 sub-block): its workload policy provisions the VMs
+    # without forming ICI links (PROVISION_ONLY); the Slice forms them later.
+    cube: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,7 @@ class NodePoolSpec:
             "workloadPolicy": self.workload_policy,
             "flexStart": self.flex_start,
             "maxRunDurationSeconds": self.max_run_duration_s,
+            "cube": self.cube,
         }
 
 
@@ -400,11 +404,18 @@ def _capacity_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespac
     if cube is None or _cubes_source(spec) != CubeSource.MANAGED.value:
         return [], [], per
     used = spec.slices * per
-    return (
-        _node_pools(spec, cube, namespace, name, range(used)),
-        _node_pools(spec, cube, namespace, name, range(used, used + spec.spares)),
-        per,
-    )
+
+    def as_cubes(indexes: range) -> list[NodePoolSpec]:
+        # The policy carries the topology, in PROVISION_ONLY mode; no tpuTopology on the pool
+        # (docs/provisioning.md, dynamic slicing: GKE "Use dynamic slicing with a custom
+        # scheduler", create node pools with incremental provisioning).
+        policy = cubes.cube_policy_name(cube)
+        return [
+            dataclasses.replace(p, tpu_topology=None, workload_policy=policy, cube=True)
+            for p in _node_pools(spec, cube, namespace, name, indexes)
+        ]
+
+    return as_cubes(range(used)), as_cubes(range(used, used + spec.spares)), per
 
 
 def _cubes_source(spec: MultisliceJobSpec) -> str | None:
