@@ -8,6 +8,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
@@ -309,3 +312,64 @@ def test_a_cube_pool_names_a_provision_only_policy_and_no_tpu_topology() -> None
     _, whole = jobs.spec_and_plan(accelerator="tpu7x-128")
     [own] = workload_policies(whole, "us-central1")
     assert own.name != policy.name and own.topology_mode == ""
+
+
+# ------------------------------------------------------------ properties: all or none, no leak
+
+STATES = ["", "SliceNotCreated", "ACTIVATING", "ACTIVE", "ACTIVE_DEGRADED", "FAILED"]
+CUBE_STATES = ["HEALTHY", "HEALTHY", "DEGRADED", "UNHEALTHY", "INCOMPLETE"]
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[Any, dict[str, Any], bool, bool]:
+    """tpu7x-256 x 2 + 1 spare cube: five cubes in any health, each slice's Slice in any state
+    on cubes drawn from them, the JobSet there or not, the job being deleted or not."""
+    sp = _plan(accelerator="tpu7x-256", spares=1)
+    plan = sp[1]
+    found = [
+        CubeObservation(f"p{i}", p.name, draw(st.sampled_from(CUBE_STATES)),
+                        draw(st.sampled_from([16, 16, 15, 0])), True)
+        for i, p in enumerate(plan.pools)
+    ]  # fmt: skip
+    objects = []
+    for i in range(plan.slices):
+        if draw(st.booleans()):
+            parts = tuple(draw(st.lists(st.sampled_from([c.partition for c in found]),
+                                        min_size=2, max_size=2, unique=True)))  # fmt: skip
+            turn = draw(st.integers(0, 1))
+            state = draw(st.sampled_from(STATES))
+            objects.append(_slice(plan, i, parts, state, turn, draw(st.booleans())))
+    obs = {"slices": _pools(plan), "cubes": found, "slice_objects": objects}
+    return sp, obs, draw(st.booleans()), draw(st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(world=worlds())
+def test_slices_are_formed_all_or_none_and_nothing_is_left(world: Any) -> None:
+    sp, obs, started, deleting = world
+    plan = sp[1]
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=deleting)
+    extra: dict[str, Any] = {"jobset": JobSetObservation()} if started else {}
+    old = _running_old() if started else None
+    d = jobs.run(old, Observed(now=NOW, **obs, **extra), plan=sp, meta=meta)
+    assert not d.violations, d.violations
+    live = {o.index: o for o in obs["slice_objects"] if not o.deleting}
+    made = _of(CreateSlice, d.actions)
+    if deleting:
+        assert not made
+        deleted = {n for a in _of(DeleteSlices, d.actions) for n in a.names}
+        assert deleted == {o.name for o in live.values()}  # every Slice of the job goes
+        done = any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
+        assert not done or not obs["slice_objects"]  # the finalizer stays while any is left
+        return
+    active = {i for i, o in live.items() if o.state == "ACTIVE"}
+    if _of(CreateJobSet, d.actions):
+        assert active == set(range(plan.slices))  # the JobSet only on every Slice ACTIVE
+    usable = {c.partition for c in obs["cubes"] if c.state == "HEALTHY" and c.ready_hosts == 16}
+    assert all(len(a.partitions) == plan.cubes_per_slice for a in made)  # whole Slices only
+    parts = [p for a in made for p in a.partitions]
+    assert len(parts) == len(set(parts)) and set(parts) <= usable
+    assert not set(parts) & {p for o in obs["slice_objects"] for p in o.partitions}
+    broken = {i for i, o in live.items() if o.state in ("ACTIVE_DEGRADED", "FAILED")}
+    missing = {i for i in range(plan.slices) if i not in live or i in broken}
+    assert {a.index for a in made} in (set(), missing)  # all the missing Slices, or none
