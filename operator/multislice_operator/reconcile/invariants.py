@@ -148,7 +148,9 @@ def _delete_slices(seen: _Seen, a: Action) -> str | None:
     if foreign:
         return f"not-ours: DeleteSlices {foreign}, not the job's"
     created = sorted(set(a.names) & seen.created)
-    return f"create-and-delete: DeleteSlices {created} created in the same pass" if created else None
+    if created:
+        return f"create-and-delete: DeleteSlices {created} created in the same pass"
+    return None
 
 
 # In order; the first broken promise is the action's (a create at the end is not tracked). Each
