@@ -187,7 +187,8 @@ def _swap(stack: LocalStack, ns: str, state: str) -> None:
 
     def reformed() -> bool:
         now = _cubes_by_slice(stack.api, ns, "iw")
-        return len(now) == 2 and victim not in now and cube not in sum(now.values(), [])
+        held = {p for parts in now.values() for p in parts}
+        return len(now) == 2 and victim not in now and cube not in held
 
     wait_for(reformed, 120, f"the slice re-formed off cube {cube} ({state})")
     kept = sorted(before)[0]
