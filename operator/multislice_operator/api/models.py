@@ -863,8 +863,8 @@ SPEC_RULES: list[Rule] = [
     Rule(
         path=(),
         field="spec.spares",
-        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} == "
-        f"'{ProvisioningMode.MANAGED.value}'",
+        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} != "
+        f"'{ProvisioningMode.EXISTING.value}'",
         message="spec.spares needs provisioning.mode: Managed (spare node pools) or "
         "DynamicSlicing (spare cubes): the operator keeps the spares itself; with Existing node "
         "pools set spares: 0 (provision spare pools yourself)",
