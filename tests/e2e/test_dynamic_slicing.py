@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from multislice_local import slices as sim_slices
-from multislice_local.gke_sim import GkeSimulator, KubeNodeRegistrar, SimConfig
 from multislice_local.harness import wait_for
-from multislice_local.stack import PROJECT, LocalStack, StackOptions
+from multislice_local.stack import PROJECT, LocalStack
 from multislice_operator.common import keys
 from tests import msj
 from tests.msj import create, pools_of
@@ -27,26 +25,8 @@ ACTIVE = "ACTIVE"
 def stack(kube_cluster: Any, tmp_path_factory: Any) -> Iterator[LocalStack]:
     """The local stack whose GKE simulator runs the slice controller on the cluster's Slices."""
     log = tmp_path_factory.mktemp("dynamic") / "operator.log"
-    s = LocalStack(
-        StackOptions(operator_log=log, op_latency_s=0.5, start_operator=False),
-        control_plane=kube_cluster,
-    )
-    s.start()
-    try:
-        assert s.sim is not None
-        s.sim.stop()  # the stack's own has no slice controller: one that has takes its place
-        kubeconfig = str(kube_cluster.kubeconfig)
-        sim_slices.install_crd(kubeconfig)
-        s.sim = GkeSimulator(
-            config=SimConfig(op_latency_s=0.5, slice_activation_s=1.0),
-            faults=s.options.faults,
-            registrar=KubeNodeRegistrar(kubeconfig),
-            slice_store=sim_slices.KubeSliceStore(kubeconfig),
-        ).start()
-        s.start_operator()
+    with msj.local_stack(kube_cluster, log, op_latency_s=0.5, slice_controller=True) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str = "600s",
