@@ -174,15 +174,29 @@ def _swap(stack: LocalStack, ns: str, state: str) -> None:
     # restarts every slice; kwok deletes an evicted pod without the Failed phase, so here the
     # Job replaces them) and run again, all 16, on the nodes of the slice's new Slice.
     new = next(n for n in _cubes_by_slice(stack.api, ns, "iw") if n != kept)
-    nodes = {n.metadata.name for n in _nodes_of_slice(stack.api, new)}
     core = client.CoreV1Api(stack.api)
 
-    def back_on_the_new_slice() -> bool:
-        pods = core.list_namespaced_pod(ns, label_selector=f"{keys.JOB_NAME}=iw").items
-        running = [p for p in pods if p.status.phase == "Running" and p.spec.node_name in nodes]
-        return len(running) == 16
+    seen: list[str] = []
 
-    wait_for(back_on_the_new_slice, 120, f"slice 1 running on {new}", on_timeout=why)
+    def back_on_the_new_slice() -> bool:
+        nodes = {n.metadata.name for n in _nodes_of_slice(stack.api, new)}
+        pods = core.list_namespaced_pod(ns, label_selector=f"{keys.JOB_NAME}=iw").items
+        seen[:] = [f"{len(nodes)} nodes of {new}"] + [
+            f"{p.metadata.name} {p.status.phase} {p.spec.node_name}" for p in pods
+        ]
+        ran = [
+            p
+            for p in pods
+            if p.status.phase in ("Running", "Succeeded") and p.spec.node_name in nodes
+        ]
+        return len(ran) == 16
+
+    wait_for(
+        back_on_the_new_slice,
+        180,
+        f"slice 1 running on {new}",
+        on_timeout=lambda: why() + "\n" + "\n".join(seen),
+    )
     msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
 
 
@@ -192,7 +206,7 @@ def test_a_failed_cube_is_swapped_for_the_spare(
     ns = namespace(kube_cluster, "dyn")
     assert stack.sim is not None
     stack.sim.add_reservation("iw-spare", {"block-1": 3}, project=PROJECT)
-    create(stack.api, ns, _job("iw", "iw-spare", run="40s"))
+    create(stack.api, ns, _job("iw", "iw-spare", run="90s"))
     _swap(stack, ns, "UNHEALTHY")
     msj.wait_phase(stack.api, ns, "iw", "Succeeded", 240, log=lambda n: stack.op.log_tail(n))
     _delete(stack, ns, "iw")

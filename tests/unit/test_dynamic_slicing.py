@@ -234,7 +234,8 @@ def test_the_jobset_puts_each_slice_on_one_of_the_jobs_slices() -> None:
     terms = pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
-    [expr] = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    [expr, healthy] = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert healthy == {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
     assert expr["key"] == keys.GKE_TPU_SLICE and expr["operator"] == "In"
     assert sorted(expr["values"]) == sorted(
         n for i in range(2) for n in cubes.slice_names(plan.job_key, i)

@@ -191,17 +191,22 @@ def _pin_to_slices(template: dict[str, Any], plan: Plan) -> None:
         **(meta.get("annotations") or {}),
         keys.GKE_TPU_SLICE_TOPOLOGY: plan.shape.topology,
     }
-    term = {
+    ours = {
         "key": keys.GKE_TPU_SLICE,
         "operator": "In",
         "values": cubes.all_slice_names(plan.job_key, plan.slices),
     }
+    # Healthy cubes only, as xpk's slice controller asks (slice/internal/core/constants.go,
+    # TPUSliceHealthNodeSelectorHealthy): a restarted pod never lands on the broken cube of a
+    # Slice that is still going away.
+    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
     pod = template["spec"]
     affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.setdefault("nodeSelectorTerms", []) or [{}]
     required["nodeSelectorTerms"] = [
-        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), term]} for t in terms
+        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), ours, healthy]}
+        for t in terms
     ]
 
 
