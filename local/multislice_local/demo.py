@@ -529,7 +529,8 @@ class Demo:
         """The job's GKE Slices (cluster-scoped, labelled with the job)."""
         assert self.stack is not None
         selector = f"{keys.JOB_NAMESPACE}={self.ns},{keys.JOB_NAME}={JOB}"
-        found: dict[str, Any] = client.CustomObjectsApi(self.stack.api).list_cluster_custom_object(
+        api: Any = client.CustomObjectsApi(self.stack.api)
+        found = api.list_cluster_custom_object(
             keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL, label_selector=selector
         )
         return list(found["items"])
