@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local.gke_sim import Faults
 from multislice_local.inplace_agent import AgentPlayer, restart_all_containers
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
-from multislice_local.stack import ExistingCluster, LocalStack, StackOptions
+from multislice_local.stack import PROJECT, ExistingCluster, LocalStack, StackOptions
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.planning.plan import load_job, node_pool_name, plan_job
@@ -138,6 +138,14 @@ SCENARIOS = {
             "Succeeded",
         ),
         Scenario(
+            "ironwood",
+            "2 tpu7x-128 slices on GKE dynamic slicing: 3 cubes (4x4x4 sub-blocks, one a spare), "
+            "one GKE Slice per slice ACTIVE before the JobSet; a cube under slice 1 fails, its "
+            "Slice is re-formed on the spare cube and the slice runs again; nothing is left",
+            "Succeeded",
+            run="30s",
+        ),
+        Scenario(
             "queue",
             "two teams share 64 chips through Kueue; the job waits Queued with zero node pools "
             "until quota frees, then gets its gang and runs",
@@ -147,6 +155,18 @@ SCENARIOS = {
     )
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# The ironwood scenario: an All Capacity reservation of one block of 3 sub-blocks in the simulator,
+# the job's 2 slices of one cube each and 1 spare cube (docs/provisioning.md#dynamic-slicing).
+IRONWOOD_RESERVATION = "ironwood-demo"
+IRONWOOD_SPEC = {
+    "accelerator": "tpu7x-128",
+    "topology": "4x4x4",
+    "slices": 2,
+    "spares": 1,
+    "parallelism": {"ici": {"fsdp": 128}, "dcn": {"data": 2}},
+    "capacity": {"type": "Reserved", "reservation": f"{IRONWOOD_RESERVATION}/reservationBlocks/b1"},
+    "provisioning": {"mode": "DynamicSlicing"},
+}
 # The queue scenario: examples/kueue/queues.yaml, plus team-a's LocalQueue in the demo namespace;
 # two other 32-chip jobs take both teams' quota first.
 TEAM_QUEUE = "team-a"
@@ -192,6 +212,8 @@ def demo_job(
         spec.update(slices=ELASTIC_SLICES, capacity={"type": "Spot"})
         spec["parallelism"]["dcn"]["data"] = ELASTIC_SLICES  # only dcn.data shrinks
         spec["elastic"] = {"minSlices": ELASTIC_MIN, "waitSeconds": ELASTIC_WAIT_S}
+    if scenario.name == "ironwood":
+        spec.update(IRONWOOD_SPEC)
     if run_workload:
         # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
         # (Multislice needs them) keep it to four.
@@ -263,6 +285,7 @@ class Demo:
             op_latency_s=self.args.pool_latency,
             faults=s.faults,
             operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
+            slice_controller=s.name == "ironwood",
         )
         if s.name == "inplace":  # no agent image runs under kwok: any name does
             options.operator_env["MSJ_IN_PLACE_AGENT_IMAGE"] = INPLACE_AGENT_IMAGE
@@ -300,6 +323,10 @@ class Demo:
         self.n.mark("local cluster, GKE simulator and operator up")
         if s.kueue:
             self.queues()
+        if s.name == "ironwood":
+            assert self.stack.sim is not None
+            self.stack.sim.add_reservation(IRONWOOD_RESERVATION, {"b1": 3}, project=PROJECT)
+            self.n.say(f"reservation {IRONWOOD_RESERVATION}: block b1 of 3 sub-blocks (cubes)")
         body = demo_job(s, self.args.run_workload, self.ns)
         if s.name == "preflight" and not self.preflight_refusal(body):
             return 1
@@ -507,6 +534,8 @@ class Demo:
             return
         if self.scenario.name == "inplace":
             self.inplace(st)
+        if self.scenario.name == "ironwood":
+            self.ironwood(st)
             return
         if self.injected:
             return
@@ -601,6 +630,37 @@ class Demo:
             .items
         )
         return {p.metadata.name: (p.metadata.uid, p.spec.node_name) for p in pods}
+
+    def job_slices(self) -> list[dict[str, Any]]:
+        """The job's GKE Slices (cluster-scoped, labelled with the job)."""
+        assert self.stack is not None
+        selector = f"{keys.JOB_NAMESPACE}={self.ns},{keys.JOB_NAME}={JOB}"
+        api: Any = client.CustomObjectsApi(self.stack.api)
+        found = api.list_cluster_custom_object(
+            keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL, label_selector=selector
+        )
+        return list(found["items"])
+
+    def ironwood(self, st: dict[str, Any]) -> None:
+        """Play GKE: once both Slices are ACTIVE and the job runs, fail a cube of slice 1's."""
+        if self.injected or st.get("phase") != "Running":
+            return
+        assert self.stack is not None and self.stack.sim is not None
+        slices = sorted(self.job_slices(), key=lambda o: o["metadata"]["name"])
+        for o in slices:
+            ready = [c for c in o.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            state = ready[0].get("reason") if ready else "-"
+            self.n.say(
+                f"  Slice {o['metadata']['name']} {o['spec']['topology']} {state} "
+                f"partitionIds {o['spec']['partitionIds']}"
+            )
+        if len(slices) != 2:
+            return
+        self.injected = True
+        cube = slices[1]["spec"]["partitionIds"][0]
+        self.n.say(f"cube {cube} under Slice {slices[1]['metadata']['name']} fails (UNHEALTHY)")
+        self.stack.sim.set_cube_state(cube, "UNHEALTHY")
+        self.n.mark("a cube failed")
 
     def maintenance(self, st: dict[str, Any]) -> None:
         """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""
@@ -1015,6 +1075,8 @@ class Demo:
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
+        if s.name == "ironwood":
+            problems += self.ironwood_problems()
         nodes = self.fake_nodes()
         if nodes:
             problems.append(f"fake TPU nodes left: {len(nodes)}")
@@ -1031,6 +1093,17 @@ class Demo:
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def ironwood_problems(self) -> list[str]:
+        problems = []
+        if not self.injected:
+            problems.append("no cube was failed (the Slices never both ran)")
+        if "SliceLost" not in {what for _, what in self.n.marks}:
+            problems.append("no SliceLost")
+        left = [o["metadata"]["name"] for o in self.job_slices()]
+        if left:
+            problems.append(f"Slices left: {', '.join(left)}")
+        return problems
 
     def maintenance_problems(self, st: dict[str, Any]) -> list[str]:
         problems = []

@@ -135,6 +135,13 @@ SCENARIOS = {
         "resize 2",
         "of running, on fewer slices (spec.elastic)",
     ],
+    "ironwood": [
+        "reservation ironwood-demo: block b1 of 3 sub-blocks",
+        "4x4x4 ACTIVE partitionIds",
+        "fails (UNHEALTHY)",
+        Reason.SLICE_LOST,
+        "re-formed at once from spare cubes",
+    ],
     "delete": ["deleting the job while its node pools are being created", "the job is gone"],
     "queue": [
         "insufficient unused quota for google.com/tpu",

@@ -105,6 +105,11 @@ in one Role per watched namespace. */}}
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood): one Slice per slice of such a
+# job, created from its cubes and deleted when the job ends or the Slice breaks. Cluster-scoped.
+- apiGroups: ["accelerator.gke.io"]
+  resources: ["slices"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Jobs are created as a server-side dry run (?dryRun=All, nothing is stored): the apiserver's
 # verdict on the pod template before any node pool exists; and, for spec.preflight, the job's
 # compile Job, read back (get) and deleted once it finished. RBAC cannot say which Jobs; the

@@ -87,6 +87,14 @@ class CapacityType(StrEnum):
 class ProvisioningMode(StrEnum):
     MANAGED = "Managed"
     EXISTING = "Existing"
+    DYNAMIC_SLICING = "DynamicSlicing"  # Ironwood: GKE Slice objects over 4x4x4 cubes
+
+
+class CubeSource(StrEnum):
+    """Where a dynamic-slicing job's 4x4x4 cubes (reservation sub-blocks) come from."""
+
+    MANAGED = "Managed"  # the operator creates one node pool per cube, and deletes it after
+    EXISTING = "Existing"  # a platform team provisioned them; the operator only forms Slices
 
 
 class Capacity(_Model):
@@ -132,6 +140,23 @@ class Capacity(_Model):
         return self.max_run_duration_seconds or FLEX_START_MAX_RUN_S
 
 
+class DynamicSlicing(_Model):
+    """GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood only): capacity comes as
+    4x4x4 cubes (reservation sub-blocks of 16 tpu7x VMs, one node pool each) and the operator
+    stitches them into one GKE `Slice` (accelerator.gke.io/v1beta1) per slice of the job."""
+
+    cubes: CubeSource = Field(
+        default=CubeSource.MANAGED,
+        description=(
+            "Managed: the operator creates the cubes it needs (one node pool per sub-block of "
+            "spec.capacity.reservation, an All Capacity mode reservation; its block or sub-block "
+            "when the reservation names one) and deletes them when the job ends. Existing: the "
+            "cubes are node pools a platform team provisioned; the operator only forms and "
+            "deletes the Slices. spec.spares counts cubes kept free for a lost cube's slice."
+        ),
+    )
+
+
 class Provisioning(_Model):
     """How the slices' node pools come to exist."""
 
@@ -140,8 +165,14 @@ class Provisioning(_Model):
         description=(
             "Managed: the operator creates one GKE node pool per slice, all or none, and deletes "
             "them when the job ends. Existing: the slices run on node pools that already exist "
-            "with the matching accelerator and topology labels."
+            "with the matching accelerator and topology labels. DynamicSlicing (tpu7x, GKE "
+            "1.35.2-gke.1842000+): each slice is a GKE Slice formed from 4x4x4 cubes "
+            "(provisioning.dynamicSlicing), all or none."
         ),
+    )
+    dynamic_slicing: DynamicSlicing | None = Field(
+        default=None,
+        description="Only with mode DynamicSlicing: where the cubes come from (default Managed).",
     )
     timeout_seconds: int = Field(
         default=1800,
@@ -528,11 +559,13 @@ class MultisliceJobSpec(_Model):
         ge=0,
         le=SPARES_MAX,
         description=(
-            "Hot spare slices (Managed mode only): extra node pools of the same shape, created "
+            "Hot spare slices (Managed mode): extra node pools of the same shape, created "
             "with the job's and kept provisioned for it but not used by its JobSet, so that a "
             "lost slice is replaced by a Ready pool instead of a new one. Spares cost as much as "
             "running slices (their chips are billed while idle: `multislice-operator plan` shows "
-            f"them apart). spec.slices + spec.spares is at most {SLICES_MAX}."
+            f"them apart). spec.slices + spec.spares is at most {SLICES_MAX}. With mode "
+            "DynamicSlicing spares count 4x4x4 cubes kept free: a lost cube's slice is re-formed "
+            "from a spare cube."
         ),
     )
     capacity: Capacity = Field(default_factory=Capacity)
@@ -628,6 +661,19 @@ def _cel_dcn(axis: str) -> str:
 # What the slice counts must be multiples of: the DCN axes an elastic shrink keeps.
 _CEL_FIXED = "(" + " * ".join(_cel_dcn(a) for a in parallelism.FIXED_DCN_AXES) + ")"
 _CEL_MIN = "self.elastic.minSlices"
+_DYN = ProvisioningMode.DYNAMIC_SLICING.value
+_CEL_CUBES = (
+    "(has(self.provisioning) && has(self.provisioning.dynamicSlicing) && "
+    "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
+    f"'{CubeSource.MANAGED.value}')"
+)
+
+
+def _cubes(s: MultisliceJobSpec) -> str:
+    ds = s.provisioning.dynamic_slicing
+    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
+
+
 _CEL_MODE = (
     "(has(self.provisioning) && has(self.provisioning.mode) ? self.provisioning.mode : "
     f"'{ProvisioningMode.MANAGED.value}')"
@@ -872,12 +918,54 @@ SPEC_RULES: list[Rule] = [
     Rule(
         path=(),
         field="spec.spares",
-        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} == "
-        f"'{ProvisioningMode.MANAGED.value}'",
-        message="spec.spares needs provisioning.mode: Managed: the operator creates and keeps "
-        "the spare node pools itself; with Existing node pools set spares: 0 (provision spare "
-        "pools yourself)",
-        holds=lambda s: s.spares == 0 or s.provisioning.mode == ProvisioningMode.MANAGED,
+        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} != "
+        f"'{ProvisioningMode.EXISTING.value}'",
+        message="spec.spares needs provisioning.mode: Managed (spare node pools) or "
+        "DynamicSlicing (spare cubes): the operator keeps the spares itself; with Existing node "
+        "pools set spares: 0 (provision spare pools yourself)",
+        holds=lambda s: s.spares == 0 or s.provisioning.mode != ProvisioningMode.EXISTING,
+    ),
+    # Dynamic slicing (issue 41): GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
+    # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
+    Rule(
+        path=("provisioning",),
+        field="spec.provisioning.dynamicSlicing",
+        cel=f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{_DYN}')",
+        message="spec.provisioning.dynamicSlicing is only read with mode: DynamicSlicing; set "
+        "the mode or remove dynamicSlicing",
+        holds=lambda s: (
+            s.provisioning.dynamic_slicing is None
+            or s.provisioning.mode == ProvisioningMode.DYNAMIC_SLICING
+        ),
+    ),
+    Rule(
+        path=(),
+        field="spec.accelerator",
+        cel=f"{_CEL_MODE} != '{_DYN}' || self.accelerator.startsWith('tpu7x-')",
+        message="spec.accelerator: provisioning.mode DynamicSlicing forms GKE Slices from "
+        "Ironwood 4x4x4 cubes only; use a tpu7x accelerator or mode Managed",
+        holds=lambda s: (
+            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
+            or s.accelerator.startswith("tpu7x-")
+        ),
+    ),
+    # Incremental provisioning of cubes takes an All Capacity mode reservation (GKE "Use dynamic
+    # slicing with a custom scheduler", requirements).
+    Rule(
+        path=(),
+        field="spec.capacity.type",
+        cel=f"{_CEL_MODE} != '{_DYN}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
+        f"(has(self.capacity) && has(self.capacity.type) && "
+        f"self.capacity.type == '{CapacityType.RESERVED.value}')",
+        message="spec.capacity.type must be Reserved with provisioning.mode DynamicSlicing: "
+        "the operator creates the cubes from an All Capacity mode reservation "
+        "(spec.capacity.reservation, its block or sub-block); or set "
+        "provisioning.dynamicSlicing.cubes: Existing for cubes that are there",
+        holds=lambda s: (
+            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
+            or _cubes(s) == CubeSource.EXISTING
+            or s.capacity.type == CapacityType.RESERVED
+        ),
     ),
     Rule(
         path=(),

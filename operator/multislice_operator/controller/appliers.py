@@ -30,9 +30,11 @@ from multislice_operator.reconcile import (
     AnnotatePods,
     CreateJobSet,
     CreatePools,
+    CreateSlice,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
+    DeleteSlices,
     EvictPods,
     RemoveFinalizer,
     SetAdmissionCheckState,
@@ -44,6 +46,7 @@ from multislice_operator.reconcile.types import CreatePreflightJob, DeletePrefli
 from multislice_operator.render import inplace
 from multislice_operator.render.jobset import render_jobset
 from multislice_operator.render.preflight import render_preflight_job
+from multislice_operator.render.slice import render_slice
 
 log = logging.getLogger("multislice_operator")
 # Pod calls in flight at once for one action (a 256-slice job has a thousand pods).
@@ -122,6 +125,20 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     else:
         result = await rt.provisioner.delete_named(list(action.pools))
     _count("delete", result.errors)
+
+
+async def create_slice(rt: Runtime, t: Target, a: CreateSlice) -> None:
+    _, plan = t.planned()
+    await rt.kube.create_slice(render_slice(plan, a.name, a.topology, a.partitions))
+    log.info(
+        "slice created job=%s/%s slice=%d name=%s partitions=%s",
+        t.namespace, t.name, a.index, a.name, ",".join(a.partitions),
+    )  # fmt: skip
+
+
+async def delete_slices(rt: Runtime, t: Target, a: DeleteSlices) -> None:
+    await asyncio.gather(*(rt.kube.delete_slice(name) for name in a.names))
+    log.info("slices deleted job=%s/%s names=%s", t.namespace, t.name, ",".join(a.names))
 
 
 def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
@@ -310,6 +327,8 @@ APPLIERS: dict[type[Any], Applier] = {
     RemoveFinalizer: remove_finalizer,
     CreatePools: create_pools,
     DeletePools: delete_pools,
+    CreateSlice: create_slice,
+    DeleteSlices: delete_slices,
     CreateJobSet: create_jobset,
     ValidateJobSet: validate_jobset,
     CreatePreflightJob: create_preflight_job,

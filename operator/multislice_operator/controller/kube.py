@@ -18,12 +18,14 @@ from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 log = logging.getLogger("multislice_operator.kube")
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
+SLICES = f"/apis/{keys.SLICE_GROUP}/{keys.SLICE_VERSION}/{keys.SLICE_PLURAL}"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # controller/versions.py refuses a Kueue without it
 KUEUE = f"/apis/{KUEUE_API_VERSION}"
 COMPONENT = "multislice-operator"
@@ -128,6 +130,23 @@ class Kube:
                 payload=options,
             )
         except (NotFound, Conflict):  # gone, or another object of that name now
+            return
+
+    # -- GKE Slices (dynamic slicing; cluster-scoped) -----------------------------------------
+
+    async def create_slice(self, body: dict[str, Any]) -> None:
+        """Create a `Slice`; one of that name already there is success (idempotent)."""
+        try:
+            await self._call("post", f"{SLICES}?{STRICT}", payload=body)
+        except Conflict:
+            return
+
+    async def delete_slice(self, name: str) -> None:
+        """Delete a `Slice`; gone is success. The slice controller dismantles it and frees its
+        cubes (GKE "Use dynamic slicing with a custom scheduler", delete the slice)."""
+        try:
+            await self._call("delete", f"{SLICES}/{_q(name)}")
+        except NotFound:
             return
 
     async def dry_run_create(self, body: dict[str, Any]) -> None:

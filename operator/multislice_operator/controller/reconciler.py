@@ -273,7 +273,7 @@ async def observe_job(
     gang, offered = None, None
     configured = rt.provisioner is not None
     meta = job_meta(body)
-    if plan.managed and rt.provisioner is not None:
+    if plan.pools and rt.provisioner is not None:  # Managed, or dynamic slicing's cube pools
         gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
         if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
             gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
@@ -298,6 +298,7 @@ async def observe_job(
         strays=strays,
         owners=owners,
         blind_since=rt.blind_since(key),
+        slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
     queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)

@@ -43,6 +43,30 @@ class SliceObservation:
 
 
 @dataclass(frozen=True)
+class CubeObservation:
+    """One 4x4x4 cube (a reservation sub-block, one node pool) a dynamic-slicing job may use:
+    its nodes' partition labels (GKE: cloud.google.com/gke-tpu-partition-4x4x4-id and -state)."""
+
+    partition: str
+    pool: str
+    state: str = "HEALTHY"  # HEALTHY, DEGRADED, UNHEALTHY, UNSET, INCOMPLETE
+    ready_hosts: int = 0
+    ours: bool = False  # a pool the job created (Managed cubes)
+
+
+@dataclass(frozen=True)
+class SliceObjectObservation:
+    """A GKE `Slice` (accelerator.gke.io/v1beta1, cluster-scoped) named as the job's: its cubes
+    and its state, the reason of its Ready condition ("" before the controller wrote one)."""
+
+    name: str
+    index: int  # the job's slice it forms
+    partitions: tuple[str, ...]
+    state: str = ""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
 class Termination:
     """What the workload wrote in its termination message (docs/environment.md section 2)."""
 
@@ -280,6 +304,11 @@ class Observed:
     # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
     # (yet): JobSets recreate, and the job says nothing of it.
     in_place: InPlaceSupport | None = None
+    # Dynamic slicing: the cubes the job may use (its own pools', or the cluster's with
+    # Existing cubes), the partitions any other Slice holds, and the job's own Slices.
+    cubes: list[CubeObservation] = field(default_factory=list)
+    cubes_taken: frozenset[str] = frozenset()
+    slice_objects: list[SliceObjectObservation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -329,6 +358,21 @@ class CreatePools:
 @dataclass(frozen=True)
 class DeletePools:
     pools: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CreateSlice:
+    """A GKE `Slice` of `topology` over these cubes' partition ids (dynamic slicing)."""
+
+    name: str
+    index: int
+    topology: str
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeleteSlices:
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -446,6 +490,8 @@ Action = (
     | RemoveFinalizer
     | CreatePools
     | DeletePools
+    | CreateSlice
+    | DeleteSlices
     | CreateJobSet
     | ValidateJobSet
     | CreatePreflightJob
