@@ -20,7 +20,12 @@ def wait_until(check: object, timeout: float = 5.0) -> None:
 def test_a_burst_gets_up_to_max_threads_and_they_go_once_idle() -> None:
     pool = IdleExitThreadPool(4, idle_s=0.2, thread_name_prefix="t-burst")
     gate = threading.Event()
-    futures = [pool.submit(lambda i=i: gate.wait(5) and i) for i in range(10)]
+
+    def held(i: int) -> int:
+        gate.wait(5)
+        return i
+
+    futures = [pool.submit(held, i) for i in range(10)]
     wait_until(lambda: pool.threads == 4)
     time.sleep(0.05)
     assert pool.threads == 4  # never more than the limit, however many are queued
@@ -46,7 +51,7 @@ def test_no_call_is_stranded_when_a_thread_times_out_as_it_is_submitted() -> Non
     """Submissions timed to meet threads leaving: every one still runs."""
     pool = IdleExitThreadPool(2, idle_s=0.001, thread_name_prefix="t-race")
     for i in range(300):
-        assert pool.submit(lambda i=i: i).result(5) == i
+        assert pool.submit(int, i).result(5) == i
         if i % 7 == 0:
             time.sleep(0.002)  # let the threads time out
     pool.shutdown()
