@@ -135,7 +135,7 @@ def run(
 ) -> dict[str, Any]:
     say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}")
     log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-lifecycle-{n}.log"
-    timeout = 300 + n * 3.0
+    timeout = 600 + n * 6.0  # a shared 2-core machine took more than 900 s for 200 jobs
     options = StackOptions(operator_log=log, operator_env=dict(env or {}))
     with LocalStack(options) as stack:
         assert stack.op is not None and stack.op.proc is not None
