@@ -202,7 +202,9 @@ def demo_job(
     body: dict[str, Any] = yaml.safe_load(example.read_text())
     body["metadata"] = {"name": JOB, "namespace": namespace}
     spec = body["spec"]
-    spec.pop("checkpoint", None)
+    # The example's checkpoint directory stays, as a job should name one (without it every
+    # restart starts from step 0: NoCheckpoint). The kwok pods write nothing there; with
+    # --run-workload the workload checkpoints to a local directory instead (start_workload).
     if scenario.name in ("preemption", "inplace"):
         spec["capacity"] = {"type": "Spot"}
     if scenario.name == "maintenance":
@@ -266,7 +268,10 @@ class Demo:
         self.n.say(f"scenario '{s.name}': {s.summary}")
         from multislice_local.controlplane import ensure_binaries
 
-        self.n.say("checking the control-plane binaries (the first build takes ~10 minutes)")
+        self.n.say(
+            "checking the control-plane binaries (built once; how long the first build takes: "
+            "README.md, 'The two commands'; it prints its progress against the expected total)"
+        )
         ensure_binaries()
         self.n.mark("binaries ready")
         if s.kueue and self.args.cluster != "local":
@@ -367,7 +372,8 @@ class Demo:
         self.n.say(
             f"applying MultisliceJob {self.ns}/{JOB}: {plan.slices} x {plan.shape.accelerator} "
             f"({plan.shape.hosts} hosts each, {plan.total_chips} chips), "
-            f"{plan.capacity}, DCN {plan.advice.verdict}"
+            f"{plan.capacity}, DCN {plan.advice.verdict}, checkpoints in "
+            f"{body['spec'].get('checkpoint', {}).get('directory', 'none')}"
         )
         self.create_job(body)
         self.n.mark("job applied")
@@ -564,9 +570,12 @@ class Demo:
             if name == "restart":  # what the workload writes on exit (its termination message)
                 said = {"v": 1, "reason": "crash", "exitCode": code, **LAST_STEPS}
                 message = json.dumps(said)
+                step, saved = LAST_STEPS["step"], LAST_STEPS["checkpointStep"]
                 self.n.say(
-                    f"  its termination message: last step {LAST_STEPS['step']}, last checkpoint "
-                    f"at step {LAST_STEPS['checkpointStep']}"
+                    f"  its termination message: last step {step}, last checkpoint at step "
+                    f"{saved}: every slice restarts and resumes from that checkpoint in the "
+                    f"job's checkpoint directory, training steps {saved + 1}-{step} again "
+                    f"({step - saved} steps lost)"
                 )
             fail_pod(self.stack.api, self.ns, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
@@ -966,9 +975,15 @@ class Demo:
         import threading
 
         from multislice_workload import prepare
+        from multislice_workload.env import CHECKPOINT_DIR
         from multislice_workload.local import launch
 
         env = self.pod_env()
+        # The job's directory (gs://...) is not reachable here: the same local one for every
+        # process and attempt, so the restart resumes from it.
+        ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
+        job_dir = env.get(CHECKPOINT_DIR)
+        env[CHECKPOINT_DIR] = ckpt
         corpus = Path(tempfile.mkdtemp(prefix="msj-demo-corpus-"))
         manifest = prepare.prepare(
             prepare.builtin_documents(["python-docs"]), corpus, vocab_size=DEMO_VOCAB
@@ -987,8 +1002,8 @@ class Demo:
             f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
             " crashes at step 25 and every process restarts from the last checkpoint"
         )
+        self.n.say(f"  checkpoints in {ckpt} (the job names {job_dir}: no cloud here)")
         holder: dict[str, Any] = {}
-        ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
 
         train_args = [
             "train",

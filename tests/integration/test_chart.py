@@ -250,8 +250,8 @@ def test_default_render(tmp_path: Path) -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        *["ValidatingAdmissionPolicy"] * 4,  # pod patches, evictions, Job dry runs, JobSets
-        *["ValidatingAdmissionPolicyBinding"] * 6,
+        *["ValidatingAdmissionPolicy"] * 5,  # pod patches, evictions, Job dry runs, JobSets, events
+        *["ValidatingAdmissionPolicyBinding"] * 7,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -469,6 +469,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
         "multislice-operator-job-dry-run.multislice.dev",
         "multislice-operator-pod-eviction.multislice.dev",
         "multislice-operator-jobset.multislice.dev",
+        "multislice-operator-event.multislice.dev",
     }
     for policy in policies.values():  # the operator's own requests only
         (cond,) = policy["spec"]["matchConditions"]
@@ -483,7 +484,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
     off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
     no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
-    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 3
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 4
 
 
 def test_the_jobset_policy_refuses_the_system_namespaces_unless_listed(tmp_path: Path) -> None:
@@ -1347,6 +1348,19 @@ class AsOperator:
             lambda: self.custom.delete_namespaced_custom_object(*JS, ns, "jobsets", name)
         )
 
+    def post_event(self, ns: str, about: dict[str, Any], message: str = "m") -> tuple[str, str]:
+        """An Event about `about` (an involvedObject) in `ns`: (verdict, its name if made)."""
+        body = {"metadata": {"generateName": "probe.", "namespace": ns}, "involvedObject": about,
+                "type": "Normal", "reason": "Probe", "message": message, "count": 1}  # fmt: skip
+        made: list[str] = []
+        verdict = self.verdict(
+            lambda: made.append(self.core.create_namespaced_event(ns, body).metadata.name)
+        )
+        return verdict, (made or [""])[0]
+
+    def patch_event(self, ns: str, name: str, patch: dict[str, Any]) -> str:
+        return self.verdict(lambda: self.core.patch_namespaced_event(name, ns, patch))
+
     def close(self) -> None:
         self.api.close()
 
@@ -1535,6 +1549,48 @@ def test_admission_policy_narrows_the_operators_jobset_grants(
         op.close()
 
 
+def test_admission_policy_limits_the_operators_events_to_its_jobs(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """RBAC lets the operator post and patch any Event of a namespace it watches, about any
+    object; the chart's event policy lets through only what the operator posts (an Event about a
+    MultisliceJob of that namespace) and the repeat count it patches."""
+    ns = namespace(kube_api, "msj-ev")
+    op = AsOperator(rbac.install(ns), ns)
+    job = {"apiVersion": models.API_VERSION, "kind": models.KIND, "name": "train",
+           "namespace": ns, "uid": str(uuid.uuid4())}  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "namespace": ns}
+    only = "only about a MultisliceJob of the event's namespace"
+    try:
+        wait_for(lambda: POLICY in op.post_event(ns, pod)[0], 30, "the event policy in force")
+        verdict, name = op.post_event(ns, job)
+        assert verdict == "allowed"
+        assert op.patch_event(ns, name, {"count": 2, "lastTimestamp": "2026-12-04T00:00:00Z"}) == (
+            "allowed"
+        )
+        posted = client.CoreV1Api(api).read_namespaced_event(name, ns)
+        assert (posted.count, posted.involved_object.kind) == (2, models.KIND)
+        for about in (
+            pod,
+            {**job, "apiVersion": "example.com/v1"},  # another group's kind of that name
+            {"apiVersion": "/".join(JS), "kind": "JobSet", "name": "train", "namespace": ns},
+        ):
+            verdict, _ = op.post_event(ns, about)
+            assert POLICY in verdict and only in verdict, about
+        repeat = "only to count a repeat"
+        for change in (
+            {"message": "the pod was fine after all"},
+            {"reason": "Other"},
+            {"type": "Warning"},
+            {"involvedObject": {"name": "another"}},
+        ):
+            verdict = op.patch_event(ns, name, change)
+            assert POLICY in verdict and repeat in verdict, change
+        assert client.CoreV1Api(api).read_namespaced_event(name, ns).message == "m"
+    finally:
+        op.close()
+
+
 def test_without_the_policies_rbac_alone_grants_all_of_it(
     api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
 ) -> None:
@@ -1549,6 +1605,8 @@ def test_without_the_policies_rbac_alone_grants_all_of_it(
         assert op.create_job("real", dry_run=False) == "allowed"
         assert op.evict("web-7d9f8-abcde") == "allowed"
         assert op.create_jobset(ns, jobset_body("bare", labels={}, owners=[])) == "allowed"
+        about = {"apiVersion": "v1", "kind": "Pod", "name": "web-7d9f8-abcde", "namespace": ns}
+        assert op.post_event(ns, about)[0] == "allowed"
     finally:
         op.close()
 

@@ -790,10 +790,13 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
     # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
+    delay_start(env)
     trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
     trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
     if eval_data is not None:
         trainer.compiled_eval  # noqa: B018
+    # Compile times differ by tens of seconds on a busy machine; gloo's first collective waits 30 s.
+    runtime.wait_for_peers(runtime.COMPILED_BARRIER, args.init_timeout)
     if cfg.measure_bubble and trainer.stages > 1:
         logs.emit(
             "pipeline_bubble",
@@ -1010,6 +1013,14 @@ def inject_faults(env: WorkloadEnv, step: int) -> None:
             # the next collective, all of them) until the notice has spread makes the agreed
             # step K + 1 instead of "whenever it arrives", which a short test run could outlive.
             time.sleep(_NOTICE_PROPAGATION_S)
+
+
+def delay_start(env: WorkloadEnv) -> None:
+    """Test hook (MULTISLICE_DELAY_START_SECONDS), first attempt only: this process falls that far
+    behind its peers before it compiles, as one does on a busy machine."""
+    if env.restart_attempt == 0 and env.delay_start_seconds:
+        logs.emit("injected_delay", seconds=env.delay_start_seconds)
+        time.sleep(env.delay_start_seconds)
 
 
 def settles_save(env: WorkloadEnv, step: int) -> bool:
