@@ -1,7 +1,8 @@
 """`make bench`: every operator benchmark, then the scale curve and the targets.
 
-    python -m benchmarks.run [--quick] [--only complexity,reconcile,gang,restart,footprint,recovery]
-                             [--skip-workload] [--log-dir DIR]
+    python -m benchmarks.run [--quick] [--skip-workload] [--log-dir DIR]
+        [--only complexity,pass_cpu,reconcile,gang,restart,restart_inplace,footprint,
+        lifecycle_memory,gke_calls,recovery]
 
 Each benchmark prints its table and writes benchmarks/results/<name>.json; this writes
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
@@ -30,6 +31,7 @@ from benchmarks import (
     footprint,
     gang,
     gke_calls,
+    lifecycle_memory,
     pass_cpu,
     reconcile,
     recovery,
@@ -47,6 +49,7 @@ BENCHMARKS = (
     "restart",
     "restart_inplace",
     "footprint",
+    "lifecycle_memory",
     "gke_calls",
     "recovery",
 )
@@ -64,10 +67,21 @@ class Sizes:
     restart_inplace: list[tuple[int, str]]
     restart_inplace_reps: int
     pass_cpu: list[int]
+    lifecycle_jobs: int = 200  # Managed jobs through the whole local stack (lifecycle_memory)
 
 
 QUICK = Sizes(
-    [10, 100], [1, 8, 64], [2], 3, [0, 100], 20.0, [10], restart_inplace.QUICK, 2, [256, 1024]
+    [10, 100],
+    [1, 8, 64],
+    [2],
+    3,
+    [0, 100],
+    20.0,
+    [10],
+    restart_inplace.QUICK,
+    2,
+    [256, 1024],
+    lifecycle_jobs=20,
 )
 FULL = Sizes(
     [10, 100, 1000, 5000],
@@ -256,6 +270,18 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                 add("RSS at 1000 jobs (MiB)", v, "< 150 MiB", v < 150, "")
             elif r["jobs"] > 1000:  # the scale curve's end: reported, no goal of its own
                 add(f"RSS at {r['jobs']} jobs (MiB)", r["idle"]["rss_mib"], "-", None, "")
+    if "lifecycle_memory" in results:
+        life = results["lifecycle_memory"]
+        add(
+            f"RSS {life['after_seconds']:g}s after a {life['jobs']}-job Managed lifecycle load "
+            "vs idle (MiB)",
+            life["rss_delta_mib"],
+            "<= +20 MiB",
+            life["rss_delta_mib"] <= 20,
+            f"{life['idle']['rss_mib']:.1f} -> peak {life['peak']['rss_mib']:.1f} -> "
+            f"{life['after']['rss_mib']:.1f} MiB; threads {life['idle']['threads']:g} -> "
+            f"{life['peak']['threads']:g} -> {life['after']['threads']:g}",
+        )
     if "restart" in results:
         big = max(results["restart"]["results"], key=lambda r: r["slices"])
         add(
@@ -398,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         "gang": lambda: gang.run(cfg.gang, log_dir=log_dir),
         "restart": lambda: restart.run(cfg.restart, cfg.restart_reps, log_dir=log_dir),
         "footprint": lambda: footprint.run(cfg.footprint, cfg.idle_s, log_dir=log_dir),
+        "lifecycle_memory": lambda: lifecycle_memory.run(cfg.lifecycle_jobs, log_dir=log_dir),
         "gke_calls": lambda: gke_calls.run(cfg.gke_calls, cfg.idle_s, 10.0, log_dir=log_dir),
         "recovery": lambda: recovery.run(stockout_s=30.0 if args.quick else 60.0, log_dir=log_dir),
         "restart_inplace": lambda: restart_inplace.run(

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local.gke_sim import Faults
 from multislice_local.inplace_agent import AgentPlayer, restart_all_containers
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
-from multislice_local.stack import ExistingCluster, LocalStack, StackOptions
+from multislice_local.stack import PROJECT, ExistingCluster, LocalStack, StackOptions
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.planning.plan import load_job, node_pool_name, plan_job
@@ -65,6 +65,14 @@ class Scenario:
     faults: Faults = field(default_factory=Faults)
     kueue: bool = False  # the kueue profile, examples/kueue/queues.yaml, the job queued
 
+
+# The preflight scenario's model: about 2.1 B parameters, whose float32 weights and Adam state
+# (~26 GB) fit a v5e chip (16 GB of HBM) only when sharded (FSDP), not replicated (data).
+PREFLIGHT_ARGS = [
+    *("train", "--embed", "4096", "--heads", "32", "--head_dim", "128", "--mlp", "16384"),
+    *("--num_layers", "8", "--seq_len", "1024", "--batch_size", "16"),
+]
+REPLICATED = {"data": 16, "fsdp": 1, "tensor": 1}  # ICI layout the preflight refuses
 
 SCENARIOS = {
     s.name: s
@@ -122,6 +130,22 @@ SCENARIOS = {
             run="60s",
         ),
         Scenario(
+            "preflight",
+            "spec.preflight: the job's compile command, run here as the operator's CPU Job would "
+            "run it, finds that a model replicated on every chip (ICI data 16) does not fit in "
+            "v5e HBM: the job fails before any node pool; the same job with FSDP over the 16 "
+            "chips of each slice fits, is provisioned and runs",
+            "Succeeded",
+        ),
+        Scenario(
+            "ironwood",
+            "2 tpu7x-128 slices on GKE dynamic slicing: 3 cubes (4x4x4 sub-blocks, one a spare), "
+            "one GKE Slice per slice ACTIVE before the JobSet; a cube under slice 1 fails, its "
+            "Slice is re-formed on the spare cube and the slice runs again; nothing is left",
+            "Succeeded",
+            run="30s",
+        ),
+        Scenario(
             "queue",
             "two teams share 64 chips through Kueue; the job waits Queued with zero node pools "
             "until quota frees, then gets its gang and runs",
@@ -131,6 +155,18 @@ SCENARIOS = {
     )
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# The ironwood scenario: an All Capacity reservation of one block of 3 sub-blocks in the simulator,
+# the job's 2 slices of one cube each and 1 spare cube (docs/provisioning.md#dynamic-slicing).
+IRONWOOD_RESERVATION = "ironwood-demo"
+IRONWOOD_SPEC = {
+    "accelerator": "tpu7x-128",
+    "topology": "4x4x4",
+    "slices": 2,
+    "spares": 1,
+    "parallelism": {"ici": {"fsdp": 128}, "dcn": {"data": 2}},
+    "capacity": {"type": "Reserved", "reservation": f"{IRONWOOD_RESERVATION}/reservationBlocks/b1"},
+    "provisioning": {"mode": "DynamicSlicing"},
+}
 # The queue scenario: examples/kueue/queues.yaml, plus team-a's LocalQueue in the demo namespace;
 # two other 32-chip jobs take both teams' quota first.
 TEAM_QUEUE = "team-a"
@@ -166,7 +202,9 @@ def demo_job(
     body: dict[str, Any] = yaml.safe_load(example.read_text())
     body["metadata"] = {"name": JOB, "namespace": namespace}
     spec = body["spec"]
-    spec.pop("checkpoint", None)
+    # The example's checkpoint directory stays, as a job should name one (without it every
+    # restart starts from step 0: NoCheckpoint). The kwok pods write nothing there; with
+    # --run-workload the workload checkpoints to a local directory instead (start_workload).
     if scenario.name in ("preemption", "inplace"):
         spec["capacity"] = {"type": "Spot"}
     if scenario.name == "maintenance":
@@ -176,11 +214,16 @@ def demo_job(
         spec.update(slices=ELASTIC_SLICES, capacity={"type": "Spot"})
         spec["parallelism"]["dcn"]["data"] = ELASTIC_SLICES  # only dcn.data shrinks
         spec["elastic"] = {"minSlices": ELASTIC_MIN, "waitSeconds": ELASTIC_WAIT_S}
+    if scenario.name == "ironwood":
+        spec.update(IRONWOOD_SPEC)
     if run_workload:
         # Real JAX runs here on CPU, one process per host: the smallest multi-host slices
         # (Multislice needs them) keep it to four.
         spec.update(accelerator="v5litepod-8", topology="2x4")
         spec["parallelism"] = {"ici": {"fsdp": 8}, "dcn": {"data": 2}}
+    if scenario.name == "preflight":
+        spec["preflight"] = {}  # the workload's own compile command
+        spec["template"]["spec"]["containers"][0]["args"] = PREFLIGHT_ARGS
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run
@@ -216,6 +259,7 @@ class Demo:
         self.maintenance_stage = "announce"
         self.elastic_stage = "preempt"  # elastic scenario: what comes next
         self.elastic_victim = ""  # the preempted pool
+        self.compile_played = False  # preflight scenario: the current job's compile pod played
 
     # -- the story -------------------------------------------------------------------------
 
@@ -224,7 +268,10 @@ class Demo:
         self.n.say(f"scenario '{s.name}': {s.summary}")
         from multislice_local.controlplane import ensure_binaries
 
-        self.n.say("checking the control-plane binaries (the first build takes ~10 minutes)")
+        self.n.say(
+            "checking the control-plane binaries (built once; how long the first build takes: "
+            "README.md, 'The two commands'; it prints its progress against the expected total)"
+        )
         ensure_binaries()
         self.n.mark("binaries ready")
         if s.kueue and self.args.cluster != "local":
@@ -243,6 +290,7 @@ class Demo:
             op_latency_s=self.args.pool_latency,
             faults=s.faults,
             operator_log=Path(tempfile.mkstemp(prefix="msj-demo-operator-", suffix=".log")[1]),
+            slice_controller=s.name == "ironwood",
         )
         if s.name == "inplace":  # no agent image runs under kwok: any name does
             options.operator_env["MSJ_IN_PLACE_AGENT_IMAGE"] = INPLACE_AGENT_IMAGE
@@ -280,7 +328,13 @@ class Demo:
         self.n.mark("local cluster, GKE simulator and operator up")
         if s.kueue:
             self.queues()
+        if s.name == "ironwood":
+            assert self.stack.sim is not None
+            self.stack.sim.add_reservation(IRONWOOD_RESERVATION, {"b1": 3}, project=PROJECT)
+            self.n.say(f"reservation {IRONWOOD_RESERVATION}: block b1 of 3 sub-blocks (cubes)")
         body = demo_job(s, self.args.run_workload, self.ns)
+        if s.name == "preflight" and not self.preflight_refusal(body):
+            return 1
         self.apply(body)
         outcome = self.watch(body)
         self.timeline()
@@ -318,7 +372,8 @@ class Demo:
         self.n.say(
             f"applying MultisliceJob {self.ns}/{JOB}: {plan.slices} x {plan.shape.accelerator} "
             f"({plan.shape.hosts} hosts each, {plan.total_chips} chips), "
-            f"{plan.capacity}, DCN {plan.advice.verdict}"
+            f"{plan.capacity}, DCN {plan.advice.verdict}, checkpoints in "
+            f"{body['spec'].get('checkpoint', {}).get('directory', 'none')}"
         )
         self.create_job(body)
         self.n.mark("job applied")
@@ -474,6 +529,9 @@ class Demo:
     def inject(self, st: dict[str, Any]) -> None:
         if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
             self.start_workload()
+        if self.scenario.name == "preflight":
+            self.play_compile()
+            return
         if self.scenario.name == "maintenance":
             self.maintenance(st)
             return
@@ -482,6 +540,8 @@ class Demo:
             return
         if self.scenario.name == "inplace":
             self.inplace(st)
+        if self.scenario.name == "ironwood":
+            self.ironwood(st)
             return
         if self.injected:
             return
@@ -510,9 +570,12 @@ class Demo:
             if name == "restart":  # what the workload writes on exit (its termination message)
                 said = {"v": 1, "reason": "crash", "exitCode": code, **LAST_STEPS}
                 message = json.dumps(said)
+                step, saved = LAST_STEPS["step"], LAST_STEPS["checkpointStep"]
                 self.n.say(
-                    f"  its termination message: last step {LAST_STEPS['step']}, last checkpoint "
-                    f"at step {LAST_STEPS['checkpointStep']}"
+                    f"  its termination message: last step {step}, last checkpoint at step "
+                    f"{saved}: every slice restarts and resumes from that checkpoint in the "
+                    f"job's checkpoint directory, training steps {saved + 1}-{step} again "
+                    f"({step - saved} steps lost)"
                 )
             fail_pod(self.stack.api, self.ns, pod, code, message=message)
             self.n.mark(f"pod failed with exit {code}")
@@ -576,6 +639,37 @@ class Demo:
             .items
         )
         return {p.metadata.name: (p.metadata.uid, p.spec.node_name) for p in pods}
+
+    def job_slices(self) -> list[dict[str, Any]]:
+        """The job's GKE Slices (cluster-scoped, labelled with the job)."""
+        assert self.stack is not None
+        selector = f"{keys.JOB_NAMESPACE}={self.ns},{keys.JOB_NAME}={JOB}"
+        api: Any = client.CustomObjectsApi(self.stack.api)
+        found = api.list_cluster_custom_object(
+            keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL, label_selector=selector
+        )
+        return list(found["items"])
+
+    def ironwood(self, st: dict[str, Any]) -> None:
+        """Play GKE: once both Slices are ACTIVE and the job runs, fail a cube of slice 1's."""
+        if self.injected or st.get("phase") != "Running":
+            return
+        assert self.stack is not None and self.stack.sim is not None
+        slices = sorted(self.job_slices(), key=lambda o: o["metadata"]["name"])
+        for o in slices:
+            ready = [c for c in o.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            state = ready[0].get("reason") if ready else "-"
+            self.n.say(
+                f"  Slice {o['metadata']['name']} {o['spec']['topology']} {state} "
+                f"partitionIds {o['spec']['partitionIds']}"
+            )
+        if len(slices) != 2:
+            return
+        self.injected = True
+        cube = slices[1]["spec"]["partitionIds"][0]
+        self.n.say(f"cube {cube} under Slice {slices[1]['metadata']['name']} fails (UNHEALTHY)")
+        self.stack.sim.set_cube_state(cube, "UNHEALTHY")
+        self.n.mark("a cube failed")
 
     def maintenance(self, st: dict[str, Any]) -> None:
         """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""
@@ -799,6 +893,58 @@ class Demo:
         assert self.stack is not None and self.stack.sim is not None
         return not self.stack.sim.pools()
 
+    # -- spec.preflight (the preflight scenario) ----------------------------------------------
+
+    def preflight_refusal(self, body: dict[str, Any]) -> bool:
+        """The job with its model replicated on every chip: refused before any node pool; then
+        deleted, so that the same job with FSDP can run."""
+        assert self.stack is not None and self.stack.sim is not None
+        big = copy.deepcopy(body)
+        big["spec"]["parallelism"]["ici"] = dict(REPLICATED)
+        self.n.say("first with ICI data parallelism 16: every chip holds the whole model")
+        self.apply(big)
+        st = self.watch(big) or {}
+        conds: list[dict[str, Any]] = st.get("conditions") or []
+        failed: dict[str, Any] = next((c for c in conds if c.get("type") == "Failed"), {})
+        creates = int(self.stack.sim.counters()["calls"].get("create_node_pool", 0))
+        if failed.get("reason") != "PreflightFailed" or creates:
+            self.n.say(
+                f"OUTCOME NOT REACHED: phase {st.get('phase')} ({failed.get('reason')}), "
+                f"{creates} node pool creates; expected PreflightFailed and none"
+            )
+            return False
+        self.n.say(f"refused before any node pool (0 created): {failed.get('message')}")
+        self.n.mark("refused by the preflight")
+        client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
+        )
+        deadline = time.monotonic() + 60
+        while self.exists(self.ns, JOB) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.compile_played = False
+        self.n.say("the same job with FSDP over the 16 chips of each slice (ici fsdp 16)")
+        return True
+
+    def play_compile(self) -> None:
+        """The compile Job's pod, played (kwok runs nothing; multislice_local/preflight.py):
+        its command runs here with its environment, its exit code and termination message are
+        written into the pod's status as the kubelet would."""
+        from multislice_local.preflight import compile_pod, finish_compile_pod, run_compile
+
+        assert self.stack is not None
+        if self.compile_played:
+            return
+        pod = compile_pod(self.stack.api, self.ns, f"{JOB}-preflight")
+        if pod is None:
+            return
+        self.compile_played = True
+        command = pod["spec"]["containers"][0].get("command") or []
+        self.n.say(f"compile Job {JOB}-preflight (CPU, no TPU), run here: {' '.join(command)}")
+        code, message = run_compile(pod)
+        self.n.say(f"  exit {code}: {message[-400:] or '(no message)'}")
+        finish_compile_pod(self.stack.api, self.ns, pod, code, message)
+        self.n.mark(f"compile exit {code}")
+
     # -- the real workload (--run-workload) --------------------------------------------------
 
     def pod_env(self) -> dict[str, str]:
@@ -829,9 +975,15 @@ class Demo:
         import threading
 
         from multislice_workload import prepare
+        from multislice_workload.env import CHECKPOINT_DIR
         from multislice_workload.local import launch
 
         env = self.pod_env()
+        # The job's directory (gs://...) is not reachable here: the same local one for every
+        # process and attempt, so the restart resumes from it.
+        ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
+        job_dir = env.get(CHECKPOINT_DIR)
+        env[CHECKPOINT_DIR] = ckpt
         corpus = Path(tempfile.mkdtemp(prefix="msj-demo-corpus-"))
         manifest = prepare.prepare(
             prepare.builtin_documents(["python-docs"]), corpus, vocab_size=DEMO_VOCAB
@@ -850,8 +1002,8 @@ class Demo:
             f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
             " crashes at step 25 and every process restarts from the last checkpoint"
         )
+        self.n.say(f"  checkpoints in {ckpt} (the job names {job_dir}: no cloud here)")
         holder: dict[str, Any] = {}
-        ckpt = tempfile.mkdtemp(prefix="msj-demo-ckpt-")
 
         train_args = [
             "train",
@@ -938,6 +1090,8 @@ class Demo:
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
+        if s.name == "ironwood":
+            problems += self.ironwood_problems()
         nodes = self.fake_nodes()
         if nodes:
             problems.append(f"fake TPU nodes left: {len(nodes)}")
@@ -954,6 +1108,17 @@ class Demo:
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def ironwood_problems(self) -> list[str]:
+        problems = []
+        if not self.injected:
+            problems.append("no cube was failed (the Slices never both ran)")
+        if "SliceLost" not in {what for _, what in self.n.marks}:
+            problems.append("no SliceLost")
+        left = [o["metadata"]["name"] for o in self.job_slices()]
+        if left:
+            problems.append(f"Slices left: {', '.join(left)}")
+        return problems
 
     def maintenance_problems(self, st: dict[str, Any]) -> list[str]:
         problems = []

@@ -105,6 +105,8 @@ SCENARIOS = {
         Reason.RESTARTING_ALL_SLICES,
         "restarts=1",
         Reason.GANG_PROVISIONED,
+        "checkpoints in gs://my-bucket/llm-v5e",
+        "resumes from that checkpoint",
         "20 steps lost",
     ],
     "stockout": [Reason.GANG_ROLLED_BACK, "GCE_STOCKOUT"],
@@ -135,6 +137,13 @@ SCENARIOS = {
         "resize 2",
         "of running, on fewer slices (spec.elastic)",
     ],
+    "ironwood": [
+        "reservation ironwood-demo: block b1 of 3 sub-blocks",
+        "4x4x4 ACTIVE partitionIds",
+        "fails (UNHEALTHY)",
+        Reason.SLICE_LOST,
+        "re-formed at once from spare cubes",
+    ],
     "delete": ["deleting the job while its node pools are being created", "the job is gone"],
     "queue": [
         "insufficient unused quota for google.com/tpu",
@@ -152,6 +161,9 @@ def check_story(scenario: str, code: int, out: str) -> None:
     for needle in SCENARIOS[scenario]:
         assert needle in out, f"{needle!r} missing:\n{out[-3000:]}"
     assert "timeline:" in out
+    # The headline job is used as it should be: it names a checkpoint directory, so no warning
+    # that every restart starts from step 0 contradicts the steps it says were lost.
+    assert Reason.NO_CHECKPOINT not in out
     if scenario != "delete":  # it ends with where the job's TPU time went
         assert re.search(r"goodput  \S+ since creation", out), out[-3000:]
         assert "chip goodput" in out

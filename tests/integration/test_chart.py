@@ -191,6 +191,8 @@ BASE_RULES = {
     ("jobset.x-k8s.io", "jobsets", "patch"),
     ("jobset.x-k8s.io", "jobsets", "delete"),
     ("batch", "jobs", "create"),
+    ("batch", "jobs", "get"),  # spec.preflight: its compile Job read back
+    ("batch", "jobs", "delete"),  # ... and deleted once it finished
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "pods", "patch"),
@@ -248,8 +250,8 @@ def test_default_render(tmp_path: Path) -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
-        *["ValidatingAdmissionPolicy"] * 4,  # pod patches, evictions, Job dry runs, JobSets
-        *["ValidatingAdmissionPolicyBinding"] * 6,
+        *["ValidatingAdmissionPolicy"] * 5,  # pod patches, evictions, Job dry runs, JobSets, events
+        *["ValidatingAdmissionPolicyBinding"] * 7,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -467,6 +469,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
         "multislice-operator-job-dry-run.multislice.dev",
         "multislice-operator-pod-eviction.multislice.dev",
         "multislice-operator-jobset.multislice.dev",
+        "multislice-operator-event.multislice.dev",
     }
     for policy in policies.values():  # the operator's own requests only
         (cond,) = policy["spec"]["matchConditions"]
@@ -481,7 +484,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
     off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
     no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
-    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 3
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 4
 
 
 def test_the_jobset_policy_refuses_the_system_namespaces_unless_listed(tmp_path: Path) -> None:
@@ -1313,16 +1316,21 @@ class AsOperator:
             lambda: self.core.create_namespaced_pod_eviction(pod, self.ns, body, **kwargs)
         )
 
-    def create_job(self, name: str, dry_run: bool) -> str:
+    def create_job(self, name: str, dry_run: bool, **meta: Any) -> str:
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name},
+            "metadata": {"name": name, **meta},
             "spec": {"template": {"spec": {
                 "restartPolicy": "Never", "containers": [{"name": "c", "image": "img:1"}]}}},
         }  # fmt: skip
         kwargs = {"dry_run": "All"} if dry_run else {}
         return self.verdict(lambda: self.batch.create_namespaced_job(self.ns, body, **kwargs))
+
+    def delete_job(self, name: str) -> str:
+        return self.verdict(
+            lambda: self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
+        )
 
     def create_jobset(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> str:
         kwargs = {"dry_run": "All"} if dry_run else {}
@@ -1339,6 +1347,19 @@ class AsOperator:
         return self.verdict(
             lambda: self.custom.delete_namespaced_custom_object(*JS, ns, "jobsets", name)
         )
+
+    def post_event(self, ns: str, about: dict[str, Any], message: str = "m") -> tuple[str, str]:
+        """An Event about `about` (an involvedObject) in `ns`: (verdict, its name if made)."""
+        body = {"metadata": {"generateName": "probe.", "namespace": ns}, "involvedObject": about,
+                "type": "Normal", "reason": "Probe", "message": message, "count": 1}  # fmt: skip
+        made: list[str] = []
+        verdict = self.verdict(
+            lambda: made.append(self.core.create_namespaced_event(ns, body).metadata.name)
+        )
+        return verdict, (made or [""])[0]
+
+    def patch_event(self, ns: str, name: str, patch: dict[str, Any]) -> str:
+        return self.verdict(lambda: self.core.patch_namespaced_event(name, ns, patch))
 
     def close(self) -> None:
         self.api.close()
@@ -1436,6 +1457,20 @@ def test_admission_policies_narrow_the_operators_pod_and_job_grants(
             assert POLICY in verdict and f"pod {pod} lacks" in verdict, pod
             assert jobs.pod_annotations(pod) == {}
         assert POLICY in op.create_job("real", dry_run=False)
+        # spec.preflight: a MultisliceJob's compile Job, and only that, is created and deleted.
+        labels = {"multislice.dev/job-name": "train"}
+        owner = [msj_owner("train")]
+        assert POLICY in op.create_job("train-compile", False, labels=labels, ownerReferences=owner)
+        assert POLICY in op.create_job("train-preflight", False, labels=labels)  # no owner
+        assert op.create_job("train-preflight", False, labels=labels, ownerReferences=owner) == (
+            "allowed"
+        )
+        assert op.delete_job("train-preflight") == "allowed"
+        client.BatchV1Api(api).create_namespaced_job(
+            ns, {"metadata": {"name": "other"}, "spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}},
+        )  # fmt: skip
+        assert POLICY in op.delete_job("other")
         assert jobs.pod_annotations(ours) is not None
         assert op.evict(ours) == "allowed"
         wait_for(lambda: jobs.pod_annotations(ours) is None, 10, "the job's pod evicted")
@@ -1514,6 +1549,48 @@ def test_admission_policy_narrows_the_operators_jobset_grants(
         op.close()
 
 
+def test_admission_policy_limits_the_operators_events_to_its_jobs(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """RBAC lets the operator post and patch any Event of a namespace it watches, about any
+    object; the chart's event policy lets through only what the operator posts (an Event about a
+    MultisliceJob of that namespace) and the repeat count it patches."""
+    ns = namespace(kube_api, "msj-ev")
+    op = AsOperator(rbac.install(ns), ns)
+    job = {"apiVersion": models.API_VERSION, "kind": models.KIND, "name": "train",
+           "namespace": ns, "uid": str(uuid.uuid4())}  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "namespace": ns}
+    only = "only about a MultisliceJob of the event's namespace"
+    try:
+        wait_for(lambda: POLICY in op.post_event(ns, pod)[0], 30, "the event policy in force")
+        verdict, name = op.post_event(ns, job)
+        assert verdict == "allowed"
+        assert op.patch_event(ns, name, {"count": 2, "lastTimestamp": "2026-12-04T00:00:00Z"}) == (
+            "allowed"
+        )
+        posted = client.CoreV1Api(api).read_namespaced_event(name, ns)
+        assert (posted.count, posted.involved_object.kind) == (2, models.KIND)
+        for about in (
+            pod,
+            {**job, "apiVersion": "example.com/v1"},  # another group's kind of that name
+            {"apiVersion": "/".join(JS), "kind": "JobSet", "name": "train", "namespace": ns},
+        ):
+            verdict, _ = op.post_event(ns, about)
+            assert POLICY in verdict and only in verdict, about
+        repeat = "only to count a repeat"
+        for change in (
+            {"message": "the pod was fine after all"},
+            {"reason": "Other"},
+            {"type": "Warning"},
+            {"involvedObject": {"name": "another"}},
+        ):
+            verdict = op.patch_event(ns, name, change)
+            assert POLICY in verdict and repeat in verdict, change
+        assert client.CoreV1Api(api).read_namespaced_event(name, ns).message == "m"
+    finally:
+        op.close()
+
+
 def test_without_the_policies_rbac_alone_grants_all_of_it(
     api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
 ) -> None:
@@ -1528,6 +1605,8 @@ def test_without_the_policies_rbac_alone_grants_all_of_it(
         assert op.create_job("real", dry_run=False) == "allowed"
         assert op.evict("web-7d9f8-abcde") == "allowed"
         assert op.create_jobset(ns, jobset_body("bare", labels={}, owners=[])) == "allowed"
+        about = {"apiVersion": "v1", "kind": "Pod", "name": "web-7d9f8-abcde", "namespace": ns}
+        assert op.post_event(ns, about)[0] == "allowed"
     finally:
         op.close()
 

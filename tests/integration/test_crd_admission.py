@@ -99,6 +99,17 @@ BASE = {
         ({"failurePolicy": {"startupTimeoutSeconds": 5}}, "startupTimeoutSeconds"),
         ({"failurePolicy": {"maxDisruptionRestarts": -1}}, "maxDisruptionRestarts"),
         ({"maintenance": {"checkpointAheadSeconds": 0}}, "checkpointAheadSeconds"),
+        # Issue 41: dynamic slicing is tpu7x on a reservation; its field only with its mode.
+        ({"provisioning": {"mode": "DynamicSlicing"}}, "forms GKE Slices from Ironwood"),
+        (
+            {"accelerator": "tpu7x-128", "provisioning": {"mode": "DynamicSlicing"}},
+            "spec.capacity.type must be Reserved with provisioning.mode DynamicSlicing",
+        ),
+        (
+            {"provisioning": {"dynamicSlicing": {"cubes": "Existing"}}},
+            "dynamicSlicing is only read with mode: DynamicSlicing",
+        ),
+        ({"spares": 1, "provisioning": {"mode": "Existing"}}, "spec.spares needs"),
     ],
 )
 def test_invalid_objects_rejected_naming_the_field(api, namespace, kube_api, change, needle):

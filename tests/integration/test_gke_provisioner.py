@@ -903,3 +903,31 @@ def test_a_listing_taken_while_a_mutation_is_in_flight_is_not_served_after_it(
     obs = run(scenario())
     want = PoolState.CREATING if mutation == "create" else PoolState.DELETING
     assert {p.status for p in obs.pools.values()} == {want}, obs
+
+
+def gke_api_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("gke-api"))
+
+
+def test_the_client_threads_of_a_burst_go_once_it_is_over(
+    make_prov: Callable[..., GkeProvisioner],
+) -> None:
+    """A gang's creates run concurrently, a thread each up to max_concurrency; after a 200-job
+    load the operator kept all 32 for the rest of its life (issue 45: threads 2 -> 27, each with
+    its own malloc arena). They now go once idle."""
+    assert gke_api_threads() == 0
+    prov = make_prov(max_concurrency=6, idle_thread_s=0.5)
+    plan = plan_of(slices=6)
+
+    async def burst() -> None:
+        result = await prov.create(plan, plan.node_pools, UID)
+        assert result.errors == []
+        await until(prov, plan, {PoolState.READY})
+
+    run(burst())
+    assert gke_api_threads() >= 2  # the creates ran side by side
+    deadline = time.monotonic() + 5
+    while gke_api_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gke_api_threads() == 0
+    run(until(prov, plan, {PoolState.READY}))  # and calls still run afterwards

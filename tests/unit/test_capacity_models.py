@@ -12,6 +12,7 @@ from multislice_operator.api.models import MultisliceJobStatus, ProvisioningMode
 from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import DecideConfig, JobMeta, SliceObservation
 from multislice_operator.reconcile.capacity import CapacityModel
+from multislice_operator.reconcile.capacity_dynamic import DYNAMIC_SLICES
 from multislice_operator.reconcile.capacity_existing import EXISTING_POOLS
 from multislice_operator.reconcile.capacity_models import MODELS, WITHOUT_PLAN, model_of
 from multislice_operator.reconcile.capacity_nodepools import NODE_POOLS
@@ -31,6 +32,7 @@ def test_every_provisioning_mode_has_a_capacity_model() -> None:
     assert set(MODELS) == set(ProvisioningMode)
     assert MODELS[ProvisioningMode.MANAGED] is NODE_POOLS
     assert MODELS[ProvisioningMode.EXISTING] is EXISTING_POOLS
+    assert MODELS[ProvisioningMode.DYNAMIC_SLICING] is DYNAMIC_SLICES
     assert len({m.name for m in MODELS.values()}) == len(MODELS)  # one name, one model
 
 
@@ -43,9 +45,18 @@ def test_each_model_implements_the_whole_interface(model: CapacityModel) -> None
         assert callable(getattr(model, member)) == callable(declared), member
 
 
+# What a mode needs besides itself: dynamic slicing is tpu7x on a reservation.
+NEEDS = {
+    ProvisioningMode.DYNAMIC_SLICING: {
+        "accelerator": "tpu7x-128",
+        "capacity": {"type": "Reserved", "reservation": "ironwood"},
+    }
+}
+
+
 @pytest.mark.parametrize("mode", list(ProvisioningMode))
 def test_derive_chooses_the_plans_model_once(mode: ProvisioningMode) -> None:
-    spec, plan = spec_and_plan(provisioning={"mode": mode.value})
+    spec, plan = spec_and_plan(provisioning={"mode": mode.value}, **NEEDS.get(mode, {}))
     f = derive(META, spec, plan, None, MultisliceJobStatus(), Observed(now=NOW), CFG)
     assert f.capacity is MODELS[mode] is model_of(plan)
 

@@ -196,3 +196,41 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
     assert proc.returncode == 141
+
+
+IRONWOOD = ROOT / "examples" / "tpu7x-256x2-dynamic-slicing.yaml"
+
+
+def test_plan_shows_the_cubes_and_the_slices(capsys):
+    code, out, _ = run(capsys, "plan", "-f", str(IRONWOOD))
+    assert code == 0
+    assert "cubes (4x4x4, Managed): 5 (2 slices x 2 + 1 spare)" in out
+    assert out.count("  cube ") == 4 and out.count("spare cube 4") == 1
+    slices = [line for line in out.splitlines() if "partitionIds [" in line]
+    assert len(slices) == 2 and all("4x4x8" in line for line in slices)
+    assert "partition id of cube 2, partition id of cube 3" in slices[1]
+
+
+def test_render_gke_requests_shows_cube_pools_then_the_slices(capsys):
+    code, out, _ = run(capsys, "render", "--gke-requests", "-f", str(IRONWOOD))
+    assert code == 0
+    docs = json.loads(out)
+    policy = docs[0]["resourcePolicyResource"]["workloadPolicy"]
+    assert policy["acceleratorTopologyMode"] == "PROVISION_ONLY"
+    pools = [d for d in docs if "nodePool" in d]
+    assert len(pools) == 5 and {p["nodePool"]["initialNodeCount"] for p in pools} == {16}
+    slices = [d for d in docs if d.get("kind") == "Slice"]
+    assert [s["spec"]["partitionIds"] for s in slices] == [
+        ["PARTITION_ID_OF_CUBE_0", "PARTITION_ID_OF_CUBE_1"],
+        ["PARTITION_ID_OF_CUBE_2", "PARTITION_ID_OF_CUBE_3"],
+    ]
+
+
+def test_validate_refuses_two_slices_aimed_at_one_sub_block(tmp_path, capsys):
+    """The reported bug, through the CLI: accepted with no warning before."""
+    obj = yaml.safe_load((ROOT / "examples" / "tpu7x-128x2.yaml").read_text())
+    obj["spec"]["capacity"]["reservation"] += "/reservationSubBlocks/sub-1"
+    bad = tmp_path / "sub.yaml"
+    bad.write_text(yaml.safe_dump(obj))
+    code, _, err = run(capsys, "validate", "-f", str(bad))
+    assert code == 1 and "spec.capacity.reservation" in err and "one 4x4x4 cube" in err

@@ -54,6 +54,7 @@ from multislice_operator.reconcile import (
 )
 from multislice_operator.reconcile.facts import derive
 from multislice_operator.reconcile.reasons import REGISTRY, Reason
+from multislice_operator.reconcile.types import PreflightObservation
 from tests.unit import jobs
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -202,6 +203,21 @@ def _jobset_refused() -> Case:
     )
 
 
+def _preflight_failed() -> Case:
+    none = [pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)]
+    said = '{"fits": false, "hbm_bytes_per_device": 20000000000}'
+    failed = PreflightObservation(
+        "job-preflight", generation=1, finished=True, exit_code=78, message=said
+    )
+    return Case(
+        old={"phase": "Pending"},
+        before=_observed(slices=none, preflight=failed),
+        gone=_after(slices=none),  # its Job deleted: only the status remembers
+        spec={"preflight": {}},
+        meta=replace(META, has_finalizer=False),
+    )
+
+
 def _pool_name_taken() -> Case:
     taken = pool(1, taken_by="ns/other", taken_by_older=True)
     world = {"jobset": JS_RUNNING, "pods": jobs.running({0: 4})}
@@ -263,6 +279,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.POD_SECURITY_REFUSED: _pod_security_refused,
     Reason.PRIORITY_CLASS_NOT_FOUND: _priority_class_not_found,
     Reason.JOBSET_REFUSED: _jobset_refused,
+    Reason.PREFLIGHT_FAILED: _preflight_failed,
     Reason.POOL_NAME_TAKEN: _pool_name_taken,
     Reason.PROVISIONING_FAILED: _provisioning_failed,
     Reason.MAX_DISRUPTION_RESTARTS: _max_disruption_restarts,

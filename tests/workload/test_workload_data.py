@@ -127,6 +127,108 @@ def test_a_missing_text_field_is_named(tmp_path: Path) -> None:
         datasets.read_documents(path)
 
 
+# --- Tokenizers other than ours: the end-of-text id is the tokenizer's. ------------------------
+
+DOCS = [f"document {i}: the quick brown fox jumps over the lazy dog {i % 7}." for i in range(40)]
+
+
+def sentencepiece_model(path: Path) -> Path:
+    """A tiny SentencePiece model trained here (sentencepiece's trainer, no download); its
+    pieces 0..3 are unk, bos, eos, pad (eos 2 by default)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(DOCS), model_writer=model, vocab_size=48, pad_id=3,
+        minloglevel=2,
+    )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    return path
+
+
+def llama3_style_json(directory: Path, config: bool) -> Path:
+    """A JSON tokenizer whose document separator is Llama 3's ``<|end_of_text|>``, named by a
+    tokenizer_config.json beside it (`config`) or only a special token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    tok.train_from_iterator(
+        DOCS,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    if config:
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})
+        )
+    return directory / "tokenizer.json"
+
+
+def test_a_sentencepiece_model_loads_with_its_own_eos(tmp_path: Path) -> None:
+    import sentencepiece as spm
+
+    path = sentencepiece_model(tmp_path / "sp.model")
+    tok = tokenizer.load(path)
+    reference = spm.SentencePieceProcessor(model_file=str(path))
+    assert tok.vocab_size == reference.get_piece_size() == 48
+    assert tok.eos_id == reference.eos_id() == 2
+    assert tok.decode(tok.encode(DOCS[0])) == DOCS[0]
+    stream = datasets.token_stream(DOCS[:2], tok)
+    first = len(tok.encode(DOCS[0]))
+    assert stream[first] == 2 and stream[-1] == 2 and list(stream).count(2) == 2
+
+
+@pytest.mark.parametrize("config", [True, False])
+def test_a_llama3_style_json_tokenizer_ends_documents_with_its_eos(
+    tmp_path: Path, config: bool
+) -> None:
+    tok = tokenizer.load(llama3_style_json(tmp_path / "llama3", config))
+    assert tok.eos_id == 1  # <|end_of_text|>, not GPT-2's <|endoftext|> (absent)
+    assert datasets.token_stream(DOCS[:1], tok)[-1] == 1
+
+
+def test_a_json_tokenizer_whose_eos_cannot_be_told_is_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    bare = tmp_path / "tokenizer.json"
+    Tokenizer(models.BPE()).save(str(bare))
+    with pytest.raises(ValueError, match=r'tokenizer_config\.json with "eos_token"'):
+        tokenizer.load(bare)
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "llama3"])
+def test_train_and_prepare_run_with_another_tokenizer(tmp_path: Path, kind: str) -> None:
+    """A job whose --tokenizer is a SentencePiece model or a Llama-3-style tokenizer.json trains
+    (it exited 78: no '<|endoftext|>'), and `prepare --tokenizer` keeps that tokenizer."""
+    from tests.workload.test_workload_cli import TINY, run_workload
+
+    if kind == "sentencepiece":
+        path = sentencepiece_model(tmp_path / "tokenizer.model")
+    else:
+        path = llama3_style_json(tmp_path / "llama3", config=True)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    tok = tokenizer.load(path)
+    args = ["train", *TINY, "--seq_len", "8", "--steps", "2", "--tokenizer", str(path)]
+    code, events, stderr = run_workload([*args, "--dataset", str(data)], timeout=600)
+    assert code == 0, stderr[-3000:]
+    config = next(e for e in events if e["event"] == "train_config")
+    assert config["vocab_size"] == tok.vocab_size and config["tokenizer"] == str(path)
+    assert config["eos_id"] == tok.eos_id
+    out = tmp_path / "prepared"
+    prepare.prepare(DOCS, out, vocab_size=0, tokenizer_path=str(path))
+    again = tokenizer.load(out)
+    assert (again.vocab_size, again.eos_id) == (tok.vocab_size, tok.eos_id)
+
+
 # --- The global batch iterator. --------------------------------------------------------------
 
 

@@ -320,3 +320,29 @@ def test_a_hung_pipeline_stage_is_caught_by_every_watchdog(tmp_path: Path) -> No
         if code == exitcodes.EXIT_HANG:
             message = messages[process]
             assert message is not None and message["reason"] == "hang"
+
+
+def test_a_process_far_behind_its_peers_at_start_still_trains(tmp_path: Path) -> None:
+    """Process 1 starts compiling 40 s after process 0 (a busy machine): more than gloo's fixed
+    30 s rendezvous at the first collective, which failed every such start before the processes
+    met at a barrier (bounded by --init_timeout) once compiled. Two processes, three steps."""
+    delay = 40
+    result = launch(
+        2,
+        1,
+        1,
+        args=["train", *TINY, "--steps", "3", "--log_every", "1"],
+        faults={1: {contract.DELAY_START_SECONDS: str(delay)}},
+        log_dir=str(tmp_path / "logs"),
+        timeout_s=300,
+        grace_s=1,
+    )
+    print(result.format_timeline())
+    assert result.succeeded and result.restarts == 0, result.format_timeline()
+    finished = result.events_named("finished")
+    assert sorted((e["launch_process"], e["step"]) for e in finished) == [(0, 3), (1, 3)]
+    # The skew was real and absorbed before the first collective: process 0 went on only once
+    # process 1 had slept and compiled.
+    (delayed,) = result.events_named("injected_delay")
+    (config0,) = [e for e in result.events_named("train_config") if e["launch_process"] == 0]
+    assert config0["time"] - delayed["time"] >= delay

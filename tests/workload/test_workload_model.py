@@ -173,3 +173,84 @@ def test_flops_count_grouped_query_attention_and_swiglu() -> None:
     n = 4 * (2 * 32 * 2 * 16 + 2 * 32 * 1 * 16 + 3 * 32 * 64) + 32 * 384
     assert model.matmul_parameters() == n
     assert model.parameter_count() == n + 384 * 32 + 4 * 2 * 32 + 32
+
+
+# --- Packed rows: documents do not see each other. ---------------------------------------------
+
+
+def hidden(cfg: Any, params: dict[str, Any], inputs: np.ndarray) -> np.ndarray:
+    """The blocks' output [rows, T, embed] for input rows, through the loss's own path
+    (embedding, segments from end-of-text, `run_layers`), on one device."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from multislice_workload import model
+
+    def body(params: dict[str, Any], inputs: Any) -> Any:
+        x = model.embed(params["embedding"], inputs, cfg)
+        packed = None if cfg.eos_id is None else model.segments(inputs, cfg.eos_id)
+        return model.run_layers(params["layers"], x, cfg, packed)
+
+    mapped = jax.shard_map(body, mesh=mesh(1, 1, 1, 1), in_specs=P(), out_specs=P())
+    return np.asarray(jax.jit(mapped)(params, inputs))
+
+
+@pytest.mark.parametrize("attention", ["blockwise", "xla"])
+def test_a_tokens_output_does_not_depend_on_another_document_in_its_row(attention: str) -> None:
+    """Rows [doc A, end-of-text, doc B]: B's outputs (from the end-of-text on, which opens B)
+    are the same whatever A holds, and equal those of B at the start of a row (positions
+    restart at the end-of-text). Without segments (eos_id None, how rows were packed before)
+    they depend on A."""
+    from multislice_workload import model
+
+    cfg = dataclasses.replace(
+        train.model_config(CFG), attention=attention, attention_block=8, layers=2
+    )
+    eos = cfg.eos_id
+    params = model.init_params(cfg, 0)
+    rng = np.random.default_rng(0)
+    a1, a2 = (rng.integers(0, 256, 5) for _ in range(2))
+    b = rng.integers(0, 256, CFG.seq_len - 6)
+    rows = np.stack(
+        [
+            np.concatenate([a1, [eos], b]),
+            np.concatenate([a2, [eos], b]),
+            np.concatenate([[eos], b, rng.integers(0, 256, 5)]),
+        ]
+    ).astype(np.int32)
+    out = hidden(cfg, params, rows)
+    np.testing.assert_array_equal(out[0, 5:], out[1, 5:])
+    np.testing.assert_allclose(out[0, 5:], out[2, : CFG.seq_len - 5], atol=1e-5, rtol=1e-5)
+    unpacked = hidden(dataclasses.replace(cfg, eos_id=None), params, rows)
+    assert not np.allclose(unpacked[0, 5:], unpacked[1, 5:])
+
+
+def test_the_pipeline_gives_each_microbatch_its_own_segments() -> None:
+    """Rows full of end-of-text tokens (many documents per row): 2 pipeline stages give the
+    loss and gradients of the same devices without a pipeline, so every stage applied each
+    microbatch's segments, not another's (the stages all-gather them once per step)."""
+    import jax
+
+    staged, plain = trainer((2, 1, 2, 1)), trainer((1, 2, 2, 1))
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 256, (CFG.batch_size, CFG.seq_len + 1)).astype(np.int32)
+    tokens[rng.random(tokens.shape) < 0.15] = staged.model.eos_id
+    params = staged.init_state()["params"]
+    results = []
+    for t in (staged, plain):
+        batch = jax.device_put(tokens, t.batch_sharding)
+        placed = jax.device_put(params, t.shardings["params"])
+        loss, grads = jax.jit(t.gradients)(placed, batch)
+        results.append((float(loss), flat(grads)))
+    (loss_s, grads_s), (loss_p, grads_p) = results
+    assert loss_s == pytest.approx(loss_p, rel=1e-5)
+    for name in grads_p:
+        np.testing.assert_allclose(grads_s[name], grads_p[name], atol=1e-5, rtol=1e-4)
+    # The same batch without segments gives another loss: the check above can fail.
+    # An end-of-text id no token has: one segment per row, as before packing was masked.
+    unpacked = trainer((1, 2, 2, 1), dataclasses.replace(CFG, eos_id=-1))
+    loss_u, _ = jax.jit(unpacked.gradients)(
+        jax.device_put(params, unpacked.shardings["params"]),
+        jax.device_put(tokens, unpacked.batch_sharding),
+    )
+    assert float(loss_u) != pytest.approx(loss_p, rel=1e-5)

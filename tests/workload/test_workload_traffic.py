@@ -80,25 +80,36 @@ def test_fsdp_reduce_scatters_each_gradient_once_and_all_reduces_none() -> None:
     assert got[("all-reduce", ("fsdp",))]["bytes"] == pytest.approx(2 * 7 / 8 * 4 * norms)
 
 
-def test_bf16_weights_are_cast_before_they_are_gathered() -> None:
-    """Under --dtype bfloat16 every all-gather and reduce-scatter is bf16 in the program, and
-    moves half the float32 bytes; the data-parallel all-reduce stays float32. Read from the HLO
-    before XLA's passes: XLA:CPU has no bf16 collectives and widens them to f32 after the
-    convert (the values stay bf16-rounded); a TPU keeps them bf16."""
+@pytest.mark.parametrize(
+    "reduce_flag, reduced",
+    [(None, "f32"), ("float32", "f32"), ("bfloat16", "bf16")],
+)
+def test_bf16_weights_are_gathered_in_bf16_and_gradients_reduce_in_grad_reduce_dtype(
+    reduce_flag: str | None, reduced: str
+) -> None:
+    """Under --dtype bfloat16 every all-gather is bf16 in the program, and moves half the
+    float32 bytes. Every gradient collective (FSDP's reduce-scatter, the all-reduce over
+    ``data``) is in --grad_reduce_dtype: float32 by default (MaxText's grad_dtype default),
+    bf16 when asked, at half the bytes. Read from the HLO before XLA's passes: XLA:CPU has no
+    bf16 collectives and widens them to f32 after the convert (the values stay bf16-rounded);
+    a TPU keeps them bf16."""
     import jax
     import jax.numpy as jnp
 
-    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    option = {} if reduce_flag is None else {"grad_reduce_dtype": reduce_flag}
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", **option)
     t = cached_trainer((1, 2, 2, 2), cfg)
     batch = jax.ShapeDtypeStruct(
         (cfg.batch_size, cfg.seq_len + 1), jnp.int32, sharding=t.batch_sharding
     )
     text = jax.jit(t._train_step).lower(t.abstract_state, batch).as_text(dialect="hlo")
     found = hlo.collectives(text, t.mesh.size)
-    weights = [c for c in found if c.op in ("all-gather", "reduce-scatter")]
-    assert weights and all(c.dtypes == {"bf16"} for c in weights)
+    gathers = [c for c in found if c.op == "all-gather"]
+    assert gathers and all(c.dtypes == {"bf16"} for c in gathers)
+    scatters = [c for c in found if c.op == "reduce-scatter"]
+    assert scatters and all(c.dtypes == {reduced} for c in scatters)
     data = [c for c in found if hlo.axes_of(c, t.mesh.devices.shape, MESH_AXES) == ("data",)]
-    assert data and all(c.dtypes == {"f32"} for c in data)
+    assert data and all(c.dtypes == {reduced} for c in data)
     got = hlo.summarize(found, t.mesh.devices.shape, MESH_AXES)
     want = traffic.expected_bytes(t.model, dict(t.mesh.shape), cfg.batch_size)
     for key in (
@@ -108,11 +119,16 @@ def test_bf16_weights_are_cast_before_they_are_gathered() -> None:
     ):
         assert got[key]["bytes"] == pytest.approx(want[key], rel=TOLERANCE), key
     f32 = traffic.expected_bytes(
-        dataclasses.replace(t.model, dtype="float32"), dict(t.mesh.shape), cfg.batch_size
+        dataclasses.replace(t.model, dtype="float32", grad_reduce_dtype="float32"),
+        dict(t.mesh.shape),
+        cfg.batch_size,
     )
+    half = 2 if reduced == "bf16" else 1
     assert got[("all-gather", ("fsdp",))]["bytes"] == pytest.approx(
         f32[("all-gather", ("fsdp",))] / 2
     )
+    for key in (("reduce-scatter", ("fsdp",)), ("all-reduce", ("data",))):
+        assert got[key]["bytes"] == pytest.approx(f32[key] / half, rel=TOLERANCE), key
 
 
 def test_the_pipeline_sends_stage_boundary_activations_only() -> None:
@@ -191,3 +207,32 @@ def test_the_verdict_rounds_the_exact_traffic_up_as_the_seed_does(dcn: tuple[int
     exact = sum(a.bits_per_parameter for a in advisor.dcn_traffic(par) if a.of != advisor.VOCAB)
     verdict = advisor.dcn_bits_per_parameter(par)
     assert verdict == exact if max(dcn) == 2 else verdict > exact
+
+
+# --- Gradient accumulation reduces over the batch axes once per step. ------------------------
+
+
+@pytest.mark.parametrize("layout", ["data x fsdp", "pipeline x data"])
+def test_gradient_accumulation_all_reduces_the_gradients_once_per_step(layout: str) -> None:
+    """--grad_accum 4 (what --microbatch_size makes of fewer slices) sums the microbatches'
+    gradients on each device first and all-reduces the sum over ``data`` (and ``pipeline`` for
+    the embedding and output layers) once: the traffic between slices of one step is N = 1's.
+    FSDP still reduce-scatters each microbatch's gradients (the accumulator is the shard, so
+    each device holds 1/F of it), 4 times N = 1's bytes."""
+    one_cfg = dataclasses.replace(CFG, batch_size=32)
+    one = cached_trainer(LAYOUTS[layout], one_cfg)
+    four = cached_trainer(LAYOUTS[layout], dataclasses.replace(one_cfg, grad_accum=4))
+    got1, got4 = measured(one), measured(four)
+    batch_keys = [k for k in got1 if k[0] == "all-reduce" and "data" in k[1]]
+    assert batch_keys
+    weights = ("all-reduce", ("data",))
+    assert got4[weights]["executions"] == got1[weights]["executions"]
+    assert got4[weights]["bytes"] == pytest.approx(got1[weights]["bytes"], rel=TOLERANCE)
+    # Every all-reduce over the batch axes: the gradient shards, the norm scales and, once
+    # per microbatch, the loss (4 bytes, the slack).
+    total1 = sum(got1[k]["bytes"] for k in batch_keys)
+    total4 = sum(got4.get(k, {"bytes": 0.0})["bytes"] for k in batch_keys)
+    assert total4 == pytest.approx(total1, abs=2 * 4 * 4 * 4)
+    scatter = ("reduce-scatter", ("fsdp",))
+    if scatter in got1:
+        assert got4[scatter]["bytes"] == pytest.approx(4 * got1[scatter]["bytes"], rel=TOLERANCE)

@@ -363,7 +363,8 @@ def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persist
     hook): slice 1's background write needs the coordinator on process 0, and a crash after step
     7 could otherwise land while that write is still committing, restoring step 5. The write is
     made slow here (`_slow_local_commit`), so without the hook this fails every time, not only
-    under load."""
+    under load. The final step, 8, is due for the local tier only, and still reaches the
+    persistent one."""
     from multislice_workload import env as contract
     from multislice_workload.env import Parallelism
     from multislice_workload.local import launch
@@ -398,9 +399,58 @@ def test_after_a_pod_loss_the_run_restores_the_local_tier_newer_than_the_persist
     assert result.succeeded, result.format_timeline()
     persistent_steps = {int(p.name) for p in persistent.iterdir() if p.name.isdigit()}
     assert 5 in persistent_steps and 6 not in persistent_steps  # step 6: the local tier only
+    assert 8 in persistent_steps  # the final save is forced into the persistent tier
     assert {p.name for p in (local / "process-1").iterdir()} == {"6", "8"}  # the 2 newest
     assert not any((local / "process-0").iterdir())  # the primary slice keeps no local tier
     restored = result.events_named("restored", attempt=1)
     assert sorted(e["launch_process"] for e in restored) == [0, 1]
     assert {e["step"] for e in restored} == {6}
     assert all(e["data_state"] == {"next_example": 6 * 4} for e in restored)
+
+
+def _persistent_steps(directory: Path) -> set[int]:
+    return {int(p.name) for p in directory.iterdir() if p.name.isdigit()}
+
+
+@pytest.mark.parametrize(
+    "layout", [[], ["--ici_data_parallelism", "2", "--ici_fsdp_parallelism", "1"]]
+)
+def test_emergency_checkpointing_runs_in_a_single_process_job(
+    tmp_path: Path, layout: list[str]
+) -> None:
+    """One process (no jax.distributed): Orbax's process/device tables are trivial there, and
+    with one replica (fsdp over the devices) or two (data over them) the run saves and ends 0,
+    not exit 1, which the operator would retry until its budget is spent."""
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    tiers = ["--local_checkpoint_dir", str(local), "--local_checkpoint_every", "2"]
+    args = ["train", *TINY, *layout, "--steps", "4", "--checkpoint_every", "4", *tiers]
+    code, events, stderr = run_workload([*args, "--checkpoint_dir", str(persistent)], timeout=600)
+    assert code == 0, stderr[-3000:]
+    assert events_of(events, "emergency_checkpointing")[0]["replicas"] == (2 if layout else 1)
+    assert 4 in _persistent_steps(persistent)
+
+
+def test_with_one_replica_the_final_and_the_preemption_saves_reach_the_persistent_tier(
+    tmp_path: Path,
+) -> None:
+    """One replica: Orbax's emergency manager is a plain persistent manager that saves every
+    `--checkpoint_every` steps unless forced. Step 6 is due for the local tier (every 2) only:
+    the preemption save there, and the final save at step 10, must still be written, and the
+    restart resumes from step 6, not from the periodic step 4."""
+    from multislice_workload import env as contract
+
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    args = [
+        "train", *TINY, "--steps", "10", "--checkpoint_every", "4", "--keep_checkpoints", "5",
+        "--local_checkpoint_dir", str(local), "--local_checkpoint_every", "2",
+        "--checkpoint_dir", str(persistent),
+    ]  # fmt: skip
+    code, events, stderr = run_workload(args, {contract.PREEMPT_AT_STEP: "6"}, timeout=600)
+    assert code == 143, stderr[-3000:]
+    assert events_of(events, "preempted")[0]["checkpoint_saved"] is True
+    assert {4, 6} <= _persistent_steps(persistent)  # Orbax also keeps its first save, 2
+    code, events, stderr = run_workload(args, {contract.RESTART_ATTEMPT: "1"}, timeout=600)
+    assert code == 0, stderr[-3000:]
+    assert events_of(events, "restored")[0]["step"] == 6
+    assert {4, 6, 8, 10} <= _persistent_steps(persistent)
+    assert events_of(events, "checkpoint_saved")[-1]["step"] == 10

@@ -108,12 +108,25 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.enabled and step % self.every == 0
 
+    @property
+    def last_saved(self) -> int | None:
+        """The last step saved (being written, or durable) or restored."""
+        return self._last_saved
+
     def save(
-        self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any]
+        self,
+        step: int,
+        state: Any,
+        data: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        forced: bool = True,
     ) -> float | None:
         """Start saving (collective: every process calls it at the same step) the state, the
         data position `data` and `meta`. Returns the seconds it blocked, None when nothing was
-        started (disabled, or already saved)."""
+        started (disabled, or already saved). One tier: every save is written, `forced` or
+        periodic (`EmergencyCheckpointer.save`'s distinction)."""
+        del forced
         if not self._manager or self._last_saved == step:
             return None
         import orbax.checkpoint as ocp

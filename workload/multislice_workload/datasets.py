@@ -3,7 +3,8 @@ text records, or (the default) the bytes of the standard library's source (`data
 
 Every source is a token stream: documents tokenized, each followed by the end-of-text token, one
 after the other. Example i is the window ``[i x W, (i + 1) x W)`` of that stream (W = seq_len + 1,
-inputs and next-token targets; packed, documents are not masked from each other, as GPT-2). A
+inputs and next-token targets; packed: the model masks attention to each document, the
+segments it derives from the end-of-text tokens, `model.segments`). A
 prepared dataset (`prepare.py`) stores the stream in fixed-size chunks, one ArrayRecord record
 each, so a window is one or two record reads and no index is built at start-up; JSONL, Parquet
 and text-record ArrayRecord files are tokenized in memory at start-up by every process (for a

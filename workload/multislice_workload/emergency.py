@@ -26,6 +26,29 @@ POSITION = "data_next_example"
 REPLICA_AXIS = "data"
 
 
+def _process_tables(multihost: Any) -> None:
+    """Set up the tables through which the emergency manager maps processes to devices.
+
+    Orbax fills them through the jax.distributed client's key-value store (its own emergency
+    benchmark calls the same two initializers: orbax/checkpoint/_src/testing/benchmarks/
+    emergency_checkpoint_manager_benchmark.py), and raises when there is no client. A job of
+    one process never starts jax.distributed (`runtime.initialize`), and for it the tables are
+    what those initializers would compute for one process: runtime id 0 is distributed id 0,
+    which holds every device."""
+    import jax
+
+    if jax.process_count() == 1:
+        if not multihost.is_runtime_to_distributed_ids_initialized():
+            multihost._RUNTIME_TO_DISTRIBUTED_ID = [0]
+        if not multihost.is_distributed_to_device_ids_initialized():
+            multihost._DISTRIBUTED_TO_DEVICE_IDS = [[d.id for d in jax.local_devices()]]
+        return
+    if not multihost.is_runtime_to_distributed_ids_initialized():
+        multihost.initialize_runtime_to_distributed_ids()
+    if not multihost.is_distributed_to_device_ids_initialized():
+        multihost.initialize_distributed_to_device_ids()
+
+
 class EmergencyCheckpointer:
     """`checkpoint.Checkpointer`'s interface over Orbax's emergency manager."""
 
@@ -55,13 +78,7 @@ class EmergencyCheckpointer:
         # absl's command line, so take their defaults.
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        # The emergency manager maps processes to devices through these tables; Orbax's own
-        # emergency benchmark sets them up the same way (orbax/checkpoint/_src/testing/
-        # benchmarks/emergency_checkpoint_manager_benchmark.py).
-        if not multihost.is_runtime_to_distributed_ids_initialized():
-            multihost.initialize_runtime_to_distributed_ids()
-        if not multihost.is_distributed_to_device_ids_initialized():
-            multihost.initialize_distributed_to_device_ids()
+        _process_tables(multihost)
         self.directory = directory
         self.every, self.local_every = every, local_every
         # Node-local storage is per host: one directory per process (it must exist).
@@ -93,6 +110,7 @@ class EmergencyCheckpointer:
             options=options,
         )
         self._last_saved: int | None = None
+        self._last_forced = False
         self._pending: tuple[int, float] | None = None
         self._finished = False
         logs.emit(
@@ -129,23 +147,43 @@ class EmergencyCheckpointer:
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step % self.local_every == 0
 
+    @property
+    def last_saved(self) -> int | None:
+        return self._last_saved
+
     def save(
-        self, step: int, state: Any, data: dict[str, Any], meta: dict[str, Any]
+        self,
+        step: int,
+        state: Any,
+        data: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        forced: bool = True,
     ) -> float | None:
+        """`forced` (a final, preemption, requested or restart save): every tier writes the
+        step, the primary replica to `--checkpoint_dir` whatever `--checkpoint_every` says.
+        Unforced (a periodic save, `due`), Orbax's intervals pick the tiers: with one replica
+        the manager is a plain persistent one, and a step due for the local tier only is not
+        saved at all. A step is saved once: a forced save must come first (Orbax refuses a
+        step its tier already holds)."""
         import orbax.checkpoint as ocp
 
         del meta  # the emergency manager keeps the state item only
         if self._last_saved == step:
+            if forced and not self._last_forced:
+                raise RuntimeError(
+                    f"step {step} was saved by its intervals (perhaps to the local tier only); "
+                    "a forced save of the same step must come first"
+                )
             return None
         start = time.perf_counter()
-        forced = not self.due(step)  # a requested / preemption save: every tier takes it
         item = self.with_position(state, int(data["next_example"]))
         saved = self._manager.save(
             step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(item)), force=forced
         )
         if not saved:
             return None
-        self._last_saved = step
+        self._last_saved, self._last_forced = step, forced
         self._pending = (step, start)
         return time.perf_counter() - start
 
@@ -154,7 +192,7 @@ class EmergencyCheckpointer:
         restored = self._manager.restore(step)
         state = dict(restored.state if hasattr(restored, "state") else restored)
         data.set_state({"next_example": int(state.pop(POSITION))})
-        self._last_saved = step
+        self._last_saved, self._last_forced = step, True
         return state, {}
 
     def poll_finished(self) -> tuple[int, float] | None:

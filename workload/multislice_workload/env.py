@@ -47,13 +47,16 @@ POD_NAMESPACE = "MULTISLICE_POD_NAMESPACE"
 # after step K: crash (exit 13); SIGTERM to itself (a preemption); hang forever (the watchdog's
 # case); ask for a restart (exit 42); SIGKILL itself while a checkpoint of step K is being written;
 # wait until its own checkpoint of step K is written before step K + 1 (so a fault injected later,
-# on any process, finds step K committed instead of racing its background write).
+# on any process, finds step K committed instead of racing its background write). One more acts
+# before any step: sleep S seconds after joining jax.distributed, before compiling (a process far
+# behind its peers, as on a busy machine).
 FAIL_AT_STEP = "MULTISLICE_FAIL_AT_STEP"
 PREEMPT_AT_STEP = "MULTISLICE_PREEMPT_AT_STEP"
 HANG_AT_STEP = "MULTISLICE_HANG_AT_STEP"
 RESTART_AT_STEP = "MULTISLICE_RESTART_AT_STEP"
 KILL_IN_SAVE_AT_STEP = "MULTISLICE_KILL_IN_SAVE_AT_STEP"
 SETTLE_SAVE_AT_STEP = "MULTISLICE_SETTLE_SAVE_AT_STEP"
+DELAY_START_SECONDS = "MULTISLICE_DELAY_START_SECONDS"
 FAULT_VARIABLES: tuple[str, ...] = (
     FAIL_AT_STEP,
     PREEMPT_AT_STEP,
@@ -61,6 +64,7 @@ FAULT_VARIABLES: tuple[str, ...] = (
     RESTART_AT_STEP,
     KILL_IN_SAVE_AT_STEP,
     SETTLE_SAVE_AT_STEP,
+    DELAY_START_SECONDS,
 )
 
 PARALLELISM_VARIABLES: tuple[str, ...] = (
@@ -181,6 +185,7 @@ class WorkloadEnv:
     restart_at_step: int | None = None
     kill_in_save_at_step: int | None = None
     settle_save_at_step: int | None = None
+    delay_start_seconds: int | None = None
     podinfo_dir: str | None = None
     # True when no contract variable was set: a developer running one process by hand.
     standalone: bool = False
@@ -338,6 +343,7 @@ class _OptionalFields(TypedDict):
     restart_at_step: int | None
     kill_in_save_at_step: int | None
     settle_save_at_step: int | None
+    delay_start_seconds: int | None
     podinfo_dir: str | None
 
 
@@ -350,6 +356,7 @@ def _optional_fields(reader: _Reader) -> _OptionalFields:
         "restart_at_step": reader.optional_integer(RESTART_AT_STEP),
         "kill_in_save_at_step": reader.optional_integer(KILL_IN_SAVE_AT_STEP),
         "settle_save_at_step": reader.optional_integer(SETTLE_SAVE_AT_STEP),
+        "delay_start_seconds": reader.optional_integer(DELAY_START_SECONDS),
         "podinfo_dir": reader.environ.get(PODINFO_DIR, "").strip() or None,
     }
 

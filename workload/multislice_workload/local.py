@@ -42,6 +42,7 @@ _PER_PROCESS_EVENTS = {
     "injected_failure",
     "injected_preemption",
     "injected_hang",
+    "injected_delay",
     "injected_kill_in_save",
     "config_error",
     "crash",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from multislice_workload import attention as attn
 from multislice_workload.partitioning import (
@@ -33,6 +33,7 @@ from multislice_workload.partitioning import (
     to_tensor,
     tree_specs,
     vary,
+    varying_axes,
 )
 
 # Per-layer weights (the stacked arrays add a leading "layers" dimension).
@@ -91,6 +92,11 @@ class ModelConfig:
     mlp_activation: str = "gelu"
     attention: str = "auto"  # attn.IMPLEMENTATIONS
     attention_block: int = attn.DEFAULT_BLOCK
+    # Of every gradient collective: FSDP's reduce-scatter and the all-reduce over batch axes.
+    grad_reduce_dtype: str = "float32"
+    # The tokenizer's end-of-text: it starts a new segment of a packed row (`segments`); None:
+    # every row is one sequence.
+    eos_id: int | None = 256
 
     @property
     def padded_vocab(self) -> int:
@@ -210,14 +216,39 @@ def rms_norm(x: Any, scale: Any, eps: float = 1e-6) -> Any:
     return (normed * scale).astype(x.dtype)
 
 
-def rotary(x: Any) -> Any:
-    """Rotary position embedding over [batch, sequence, heads, head_dim] (rotate-half form)."""
+class Segments(NamedTuple):
+    """The documents of packed rows: segment id and position in its document, [batch, T]."""
+
+    ids: Any
+    positions: Any
+
+
+def segments(inputs: Any, eos_id: int) -> Segments:
+    """Segments of input rows [batch, T] from their end-of-text tokens: an end-of-text opens the
+    next document (as its first token, so the target it predicts, that document's first token,
+    is predicted from the document alone), and positions restart at 0 there (MaxText's packed
+    ``inputs_segmentation`` / ``inputs_position``, derived on the device from the tokens)."""
+    import jax
+    import jax.numpy as jnp
+
+    starts = inputs == eos_id
+    index = jnp.broadcast_to(jnp.arange(inputs.shape[1], dtype=jnp.int32), inputs.shape)
+    ids = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+    first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    return Segments(ids, index - first)
+
+
+def rotary(x: Any, positions: Any = None) -> Any:
+    """Rotary position embedding over [batch, sequence, heads, head_dim] (rotate-half form), at
+    `positions` [batch, sequence] (default 0, 1, ...)."""
     import jax.numpy as jnp
 
     half = x.shape[-1] // 2
     freq = 1.0 / (10000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
-    angle = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freq[None, :]
-    sin, cos = jnp.sin(angle)[None, :, None, :], jnp.cos(angle)[None, :, None, :]
+    if positions is None:
+        positions = jnp.arange(x.shape[1])[None, :]
+    angle = positions.astype(jnp.float32)[..., None] * freq
+    sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -231,18 +262,23 @@ def gather_layer(layer: dict[str, Any], cfg: ModelConfig, stacked: bool = False)
     dtype = jnp.dtype(cfg.dtype)
     lead: Logical = ("layers",) if stacked else ()
     return {
-        name: w if name.endswith("norm") else gather(w, (*lead, *WEIGHT_AXES[name]), dtype)
+        name: w
+        if name.endswith("norm")
+        else gather(w, (*lead, *WEIGHT_AXES[name]), dtype, cfg.grad_reduce_dtype)
         for name, w in layer.items()
     }
 
 
-def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
+def decoder_layer(
+    x: Any, w: dict[str, Any], cfg: ModelConfig, packed: Segments | None = None
+) -> Any:
     """One block on activations [local batch, sequence, embed], with gathered weights `w`:
     2 all-reduces over ``tensor`` forward (after the row-parallel ``wo`` and ``wo_mlp``), 2 in the
     backward pass (the inputs of the column-parallel ``wq/wk/wv`` and ``wi``/``wi_gate``). The
     query and key/value heads are this device's (tensor-parallel), so attention needs no
     collective; `attend` runs per device (``mesh=None``: its splash kernel is called directly,
-    already inside the manual region)."""
+    already inside the manual region). `packed`: each token attends within its document, at
+    its position in the document."""
     import jax
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
@@ -252,7 +288,15 @@ def decoder_layer(x: Any, w: dict[str, Any], cfg: ModelConfig) -> Any:
         checkpoint_name(jnp.einsum("bte,ehd->bthd", h, w[n]), tag)
         for n, tag in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj"))
     )
-    attended = attn.attend(rotary(q), rotary(k), v, impl=cfg.attention, block=cfg.attention_block)
+    ids, positions = (None, None) if packed is None else packed
+    attended = attn.attend(
+        rotary(q, positions),
+        rotary(k, positions),
+        v,
+        impl=cfg.attention,
+        block=cfg.attention_block,
+        segment_ids=ids,
+    )
     attended = checkpoint_name(attended, "context")
     out = checkpoint_name(jnp.einsum("bthd,hde->bte", attended, w["wo"]), "out_proj")
     x = x + tensor_sum(out)
@@ -288,14 +332,16 @@ def remat(fn: Callable[..., Any], cfg: ModelConfig) -> Callable[..., Any]:
     return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=remat_policy(cfg.remat))
 
 
-def run_layers(layers: dict[str, Any], x: Any, cfg: ModelConfig) -> Any:
+def run_layers(
+    layers: dict[str, Any], x: Any, cfg: ModelConfig, packed: Segments | None = None
+) -> Any:
     """The stacked blocks in `layers` (leading dimension = blocks), in order, under lax.scan.
     Each block gathers its own weights inside its rematerialized body: the gathered weights of
     one block live at a time, and the recomputation in the backward pass gathers them again."""
     import jax
 
     def block(h: Any, layer: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(h, gather_layer(layer, cfg), cfg), None
+        return decoder_layer(h, gather_layer(layer, cfg), cfg, packed), None
 
     out, _ = jax.lax.scan(remat(block, cfg), x, layers)
     return out
@@ -306,7 +352,8 @@ def embed(table: Any, inputs: Any, cfg: ModelConfig) -> Any:
     the table, and one all-reduce over ``tensor`` adds the shards' rows (zero elsewhere)."""
     import jax.numpy as jnp
 
-    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype))  # [vocab / tensor, embed]
+    # [vocab / tensor, embed]
+    rows = gather(table, PARAM_AXES["embedding"], jnp.dtype(cfg.dtype), cfg.grad_reduce_dtype)
     local = inputs - tensor_offset(rows.shape[0])
     inside = (local >= 0) & (local < rows.shape[0])
     looked_up = jnp.take(rows, jnp.clip(local, 0, rows.shape[0] - 1), axis=0)
@@ -320,7 +367,9 @@ def token_losses(params: dict[str, Any], x: Any, targets: Any, cfg: ModelConfig)
     import jax
     import jax.numpy as jnp
 
-    unembed = gather(params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype))
+    unembed = gather(
+        params["unembed"], PARAM_AXES["unembed"], jnp.dtype(cfg.dtype), cfg.grad_reduce_dtype
+    )
     h = to_tensor(rms_norm(x, params["final_norm"]))
     out = jnp.einsum("bte,ev->btv", h, unembed, preferred_element_type=jnp.float32)
     peak = jax.lax.pmax(jax.lax.stop_gradient(out.max(axis=-1)), "tensor")
@@ -339,13 +388,25 @@ def local_loss(
 
     # Each parameter's gradient is all-reduced once over the batch axes it is replicated on.
     params = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
-    x = embed(params["embedding"], tokens[:, :-1], cfg)
+    return _varied_loss(params, tokens, cfg, stages, microbatches)
+
+
+def _varied_loss(
+    params: dict[str, Any], tokens: Any, cfg: ModelConfig, stages: int, microbatches: int
+) -> Any:
+    """`local_loss` of parameters already marked varying over every batch axis: its gradient
+    is this device's contribution, not yet summed over them."""
+    import jax
+
+    inputs = tokens[:, :-1]
+    x = embed(params["embedding"], inputs, cfg)
+    packed = None if cfg.eos_id is None else segments(inputs, cfg.eos_id)
     if stages == 1:
-        x = run_layers(params["layers"], x, cfg)
+        x = run_layers(params["layers"], x, cfg, packed)
     else:
         from multislice_workload.pipeline import run_pipeline
 
-        x = run_pipeline(params["layers"], x, cfg, stages, microbatches)
+        x = run_pipeline(params["layers"], x, cfg, stages, microbatches, packed)
     losses = token_losses(params, x, tokens[:, 1:], cfg)
     count = losses.size * _batch_shards()
     return jax.lax.psum(losses.sum(), BATCH_AXES) / count
@@ -380,5 +441,83 @@ def loss(
         mesh=mesh,
         in_specs=(tree_specs(param_axes(cfg)), logical_to_spec(("batch", None))),
         out_specs=P(),
+    )
+    return mapped(params, tokens)
+
+
+def local_loss_and_grads(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    stages: int,
+    microbatches: int,
+    accum: int,
+) -> tuple[Any, Any]:
+    """(mean loss, mean gradients) of the global batch from this device's rows, in `accum`
+    microbatches (local row j in microbatch j % accum; the local rows are a multiple of accum,
+    so that is global row r in microbatch r % accum). Each microbatch's gradients stay this
+    device's own: they are summed on the device in float32, and the sum is all-reduced over
+    the batch axes each parameter is replicated on once per step, not once per microbatch
+    (FSDP's reduce-scatter, inside the loss, still runs per microbatch: the accumulator is the
+    parameter's shard)."""
+    import jax
+    import jax.numpy as jnp
+
+    replicated = jax.tree.map(
+        lambda p: tuple(a for a in BATCH_AXES if a not in varying_axes(p)), params
+    )
+    varied = jax.tree.map(lambda p: vary(p, BATCH_AXES), params)
+    value_and_grad = jax.value_and_grad(_varied_loss)
+    rows, width = tokens.shape
+    micro = tokens.reshape(rows // accum, accum, width).swapaxes(0, 1)
+
+    def add(carry: tuple[Any, Any], batch: Any) -> tuple[tuple[Any, Any], None]:
+        total, summed = carry
+        loss, grads = value_and_grad(varied, batch, cfg, stages, microbatches)
+        summed = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), summed, grads)
+        return (total + loss, summed), None
+
+    if accum == 1:
+        loss, grads = value_and_grad(varied, tokens, cfg, stages, microbatches)
+    else:
+        zeros = jax.tree.map(
+            lambda v: vary(jnp.zeros(v.shape, jnp.float32), varying_axes(v)), varied
+        )
+        (total, summed), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), micro)
+        loss, grads = total / accum, jax.tree.map(lambda g: g / accum, summed)
+    reduce = jnp.dtype(cfg.grad_reduce_dtype)
+    grads = jax.tree.map(
+        lambda g, axes: jax.lax.psum(g.astype(reduce), axes) if axes else g.astype(reduce),
+        grads,
+        replicated,
+    )
+    return loss, grads
+
+
+def loss_and_grads(
+    params: dict[str, Any],
+    tokens: Any,
+    cfg: ModelConfig,
+    mesh: Any,
+    stages: int = 1,
+    microbatches: int = 1,
+    accum: int = 1,
+) -> tuple[Any, Any]:
+    """`local_loss_and_grads` over the mesh: tokens [batch, seq + 1] sharded as ("batch",
+    None); the gradients come out sharded as the parameters."""
+    import functools
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    body = functools.partial(
+        local_loss_and_grads, cfg=cfg, stages=stages, microbatches=microbatches, accum=accum
+    )
+    specs = tree_specs(param_axes(cfg))
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(specs, logical_to_spec(("batch", None))),
+        out_specs=(P(), specs),
     )
     return mapped(params, tokens)

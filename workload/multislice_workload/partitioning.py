@@ -14,11 +14,15 @@ This is the pattern of JAX's shard_map FSDP example (the matmul inside the ``sha
 its ``all_gather``; https://docs.jax.dev/en/latest/notebooks/shard_map.html, "FSDP"):
 
 - a weight is cast to the compute dtype, then all-gathered over ``fsdp`` (`gather`), where it
-  is used; JAX transposes that ``all_gather`` into one ``psum_scatter``: one reduce-scatter per
-  weight gradient, in the compute dtype;
+  is used; its custom VJP is one ``psum_scatter``: one reduce-scatter per weight gradient, in
+  the gradient-reduction dtype (``--grad_reduce_dtype``, float32 by default, as MaxText's
+  ``grad_dtype``; JAX's own transpose of the gather would reduce in the compute dtype);
 - a parameter replicated over batch axes is marked varying over them once, at the top of the
   loss (`vary`): the transpose of that ``pcast`` is the gradient's one all-reduce over those
-  axes (``data``, and ``pipeline`` for the embedding), on the fsdp shard, in float32;
+  axes (``data``, and ``pipeline`` for the embedding), on the fsdp shard; the train
+  step differentiates after the mark and writes that ``psum`` itself, once per step after the
+  gradient-accumulation microbatches are summed, in the gradient-reduction dtype
+  (`model.local_loss_and_grads`);
 - tensor parallelism is Megatron's: column-parallel matmuls on activations marked varying over
   ``tensor`` (`to_tensor`; its transpose is the backward all-reduce) and row-parallel matmuls
   followed by a ``psum`` (`tensor_sum`; its transpose moves nothing).
@@ -26,6 +30,7 @@ its ``all_gather``; https://docs.jax.dev/en/latest/notebooks/shard_map.html, "FS
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,13 +72,6 @@ def named(mesh: Any, names: Sequence[str | None]) -> Any:
     from jax.sharding import NamedSharding
 
     return NamedSharding(mesh, logical_to_spec(names))
-
-
-def constrain(x: Any, mesh: Any, names: Sequence[str | None]) -> Any:
-    """A sharding constraint outside the manual region (gradient accumulation's microbatches)."""
-    import jax
-
-    return jax.lax.with_sharding_constraint(x, named(mesh, names))
 
 
 def tree_specs(logical_tree: Any) -> Any:
@@ -126,16 +124,42 @@ def varying_axes(*xs: Any) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def gather(w: Any, names: Sequence[str | None], dtype: Any) -> Any:
+def gather(w: Any, names: Sequence[str | None], dtype: Any, reduce_dtype: Any = None) -> Any:
     """This device's shard of a weight, cast to `dtype` and then all-gathered over ``fsdp`` (so
-    the gather moves compute-dtype bytes); its gradient is reduce-scattered back to the shard."""
+    the gather moves compute-dtype bytes); its gradient is reduce-scattered back to the shard
+    in `reduce_dtype` (default `dtype`, what JAX's transpose of the gather would use)."""
     import jax
 
-    w = w.astype(dtype)
     spec = logical_to_spec(names)
     if "fsdp" not in spec or axis_size("fsdp") == 1:
-        return w
-    return jax.lax.all_gather(w, "fsdp", axis=list(spec).index("fsdp"), tiled=True)
+        return w.astype(dtype)
+    axis = list(spec).index("fsdp")
+    reduce = jax.numpy.dtype(reduce_dtype or dtype)
+    gathered: Any = _fsdp_gather()(w, axis, jax.numpy.dtype(dtype), reduce, w.dtype)
+    return gathered
+
+
+@functools.cache
+def _fsdp_gather() -> Any:
+    """cast + all_gather over ``fsdp`` whose backward casts the cotangent to the reduce dtype,
+    reduce-scatters it, and casts the shard back to the weight's dtype (`own`)."""
+    import jax
+
+    def forward(w: Any, axis: int, dtype: Any, reduce: Any, own: Any) -> Any:
+        return jax.lax.all_gather(w.astype(dtype), "fsdp", axis=axis, tiled=True)
+
+    def forward_with_residual(
+        w: Any, axis: int, dtype: Any, reduce: Any, own: Any
+    ) -> tuple[Any, None]:
+        return forward(w, axis, dtype, reduce, own), None
+
+    def backward(axis: int, dtype: Any, reduce: Any, own: Any, _: None, ct: Any) -> tuple[Any]:
+        shard = jax.lax.psum_scatter(ct.astype(reduce), "fsdp", scatter_dimension=axis, tiled=True)
+        return (shard.astype(own),)
+
+    gather = jax.custom_vjp(forward, nondiff_argnums=(1, 2, 3, 4))
+    gather.defvjp(forward_with_residual, backward)
+    return gather
 
 
 def to_tensor(x: Any) -> Any:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multislice_workload.model import ModelConfig, decoder_layer, gather_layer, remat
+from multislice_workload.model import ModelConfig, Segments, decoder_layer, gather_layer, remat
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -47,22 +47,34 @@ def default_microbatches(stages: int, batch: int, batch_shards: int) -> int:
     return stages
 
 
-def run_stage(weights: dict[str, Any], h: Any, cfg: ModelConfig) -> Any:
-    """A stage's blocks (gathered `weights` [L/S, ...]) on one microbatch, each rematerialized."""
+def run_stage(
+    weights: dict[str, Any], h: Any, cfg: ModelConfig, packed: Segments | None = None
+) -> Any:
+    """A stage's blocks (gathered `weights` [L/S, ...]) on one microbatch, each rematerialized;
+    `packed`: the microbatch's segments."""
     import jax
 
     def block(x: Any, w: dict[str, Any]) -> tuple[Any, None]:
-        return decoder_layer(x, w, cfg), None
+        return decoder_layer(x, w, cfg, packed), None
 
     out, _ = jax.lax.scan(remat(block, cfg), h, weights)
     return out
 
 
 def run_pipeline(
-    layers: dict[str, Any], x: Any, cfg: ModelConfig, stages: int, microbatches: int
+    layers: dict[str, Any],
+    x: Any,
+    cfg: ModelConfig,
+    stages: int,
+    microbatches: int,
+    packed: Segments | None = None,
 ) -> Any:
     """This stage's `layers` [L/S, ...] applied, as a GPipe schedule, to every row of the batch;
-    x: this device's rows [local batch, seq, embed] (this stage's M/S microbatches)."""
+    x: this device's rows [local batch, seq, embed] (this stage's M/S microbatches); `packed`:
+    the segments of those rows. A stage runs every microbatch, so it needs every stage's
+    segments: they are all-gathered over ``pipeline`` once per step (2 int32 per token), and at
+    iteration t stage s takes microbatch t - s's (microbatch m is slot m mod M/S of stage
+    m div M/S, the order `state_io` feeds stage 0)."""
     import jax
     import jax.numpy as jnp
 
@@ -73,12 +85,24 @@ def run_pipeline(
     stage = jax.lax.axis_index("pipeline")
     down = [(s, s + 1) for s in range(stages - 1)]
     up = [(s + 1, s) for s in range(stages - 1)]
+    every = None
+    if packed is not None:
+        # [S, M/S, microbatch rows, 2, seq]: every stage's segments, by stage and slot.
+        mine = jnp.stack(packed, axis=1).reshape(slots, rows // slots, 2, seq)
+        every = jax.lax.all_gather(mine, "pipeline")
+
+    def segments_at(t: Any) -> Segments | None:
+        if every is None:
+            return None
+        m = jnp.clip(t - stage, 0, microbatches - 1)  # outside 0..M-1: a bubble, any will do
+        both = every[m // slots, m % slots]
+        return Segments(both[:, 0], both[:, 1])
 
     def iteration(carry: tuple[Any, Any], t: Any) -> tuple[tuple[Any, Any], None]:
         shift, state_io = carry
         slot = t % slots
         held = jax.lax.dynamic_index_in_dim(state_io, slot, keepdims=False)
-        out = run_stage(weights, jnp.where(stage == 0, held, shift), cfg)
+        out = run_stage(weights, jnp.where(stage == 0, held, shift), cfg, segments_at(t))
         shift = jax.lax.ppermute(out, "pipeline", down)
         moved = jax.lax.ppermute(held, "pipeline", up)
         landed = jnp.where(stage == stages - 1, out, moved)

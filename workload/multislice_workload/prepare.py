@@ -10,7 +10,9 @@ for ``help()`` (79 documents, about 465 kB of English prose with code), and with
 or .txt files instead.
 
 The output, read by ``train --dataset DIR``: ``tokenizer.json`` (a byte-level BPE trained on the
-train split only), ``train-0000K-of-0000N.array_record`` and ``eval-00000-of-00001.array_record``
+train split only; with ``--tokenizer`` a copy of that tokenizer.json, with its
+tokenizer_config.json, or SentencePiece ``tokenizer.model``),
+``train-0000K-of-0000N.array_record`` and ``eval-00000-of-00001.array_record``
 (one record per `chunk_tokens` tokens of the split's stream, `datasets.py`), and ``dataset.json``
 (the manifest: vocabulary, token dtype, chunk size, shards, token and document counts, a
 fingerprint of the tokens).
@@ -74,7 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--text_field", default="text", help="JSONL field / Parquet column with the text")
     add("--corpus", default="python-docs", help=f"without --input: any of {', '.join(CORPORA)}")
     add("--vocab_size", type=int, default=4096, help="BPE vocabulary, end-of-text included")
-    add("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
+    add(
+        "--tokenizer",
+        default=None,
+        help="use this tokenizer.json or SentencePiece .model instead of training one",
+    )
     add("--shards", type=int, default=4, help="ArrayRecord files for the train split")
     add("--chunk_tokens", type=int, default=4096, help="tokens per record")
 
@@ -122,9 +128,8 @@ def prepare(
             f"{datasets.EVAL_EVERY} is held out for eval)"
         )
     if tokenizer_path:
-        tok: tokenizer.Tokenizer = tokenizer.load(tokenizer_path)
-        (out / "tokenizer.json").write_bytes(Path(tok.name).read_bytes())
-        tok = tokenizer.load(out / "tokenizer.json")
+        given = tokenizer.load_file(tokenizer_path)
+        tok: tokenizer.Tokenizer = tokenizer.load(tokenizer.copy_to(given, out))
     else:
         tok = tokenizer.train_bpe(split_docs["train"], vocab_size, out / "tokenizer.json")
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
@@ -140,7 +145,7 @@ def prepare(
     manifest = {
         "format": datasets.FORMAT,
         "source": source,
-        "tokenizer": "tokenizer.json",
+        "tokenizer": Path(tok.name).name,
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
         "dtype": np.dtype(dtype).name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import signal
 from collections.abc import Mapping
@@ -10,8 +11,13 @@ from types import FrameType
 
 from multislice_workload.env import ConfigError, WorkloadEnv
 
-# Generous: on a restart every pod is recreated and image pulls can make some start late.
+# Generous: on a restart every pod is recreated and image pulls can make some start late. The
+# one bound on how far apart the processes may be at start-up: joining, the CPU backend's topology
+# exchange and the barrier before the first collective (`wait_for_peers`) all wait this long.
 DEFAULT_INIT_TIMEOUT_S = 300
+# The barrier every process passes once its programs are compiled, right before the first one
+# runs (see `wait_for_peers`).
+COMPILED_BARRIER = "multislice_workload/compiled"
 
 
 def on_tpu(environ: Mapping[str, str] | None = None) -> bool:
@@ -43,6 +49,7 @@ def initialize(
         # Off TPU nothing is auto-detected (TPU_WORKER_HOSTNAMES would otherwise trigger the GKE
         # TPU detector); gloo carries cross-process collectives over TCP.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        set_cpu_topology_timeouts(init_timeout_s)
         jax.distributed.initialize(
             coordinator_address=env.jax_coordinator,
             num_processes=env.process_count,
@@ -51,6 +58,39 @@ def initialize(
             initialization_timeout=init_timeout_s,
         )
     check_identity(env, jax.process_index(), jax.process_count())
+
+
+def set_cpu_topology_timeouts(init_timeout_s: int) -> None:
+    """The CPU backend's start-up exchange of device topologies waits as long as joining did.
+
+    JAX 0.10's defaults (jax/_src/xla_bridge.py: `jax_cpu_get_local_topology_timeout_minutes` 2,
+    `..._global_...` 5, the global one "strictly greater" than the local one) are a library's
+    guess; the workload's own bound is `init_timeout_s`.
+    """
+    import jax
+
+    local = max(1, math.ceil(init_timeout_s / 60))
+    jax.config.update("jax_cpu_get_local_topology_timeout_minutes", local)
+    jax.config.update("jax_cpu_get_global_topology_timeout_minutes", local + 1)
+
+
+def wait_for_peers(name: str, timeout_s: int) -> None:
+    """Block until every process has called this with `name` (a no-op for one process).
+
+    Why before the first program runs: on CPU, JAX's gloo collectives connect each group of
+    processes lazily, in its first collective, and that rendezvous waits gloo's fixed 30 s
+    (gloo/context.cc `kTimeoutDefault`; XLA's `make_gloo_tcp_collectives` takes no timeout and
+    never sets one, JAX 0.10.2), so processes that finish compiling more than 30 s apart (a busy
+    machine) fail with "Gloo context initialization failed: DEADLINE_EXCEEDED". Meeting at the
+    coordination service's barrier first, under the workload's own start-up bound, brings them to
+    the first collective together. The same barrier Orbax uses between processes.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None or distributed.global_state.num_processes <= 1:
+        return
+    client.wait_at_barrier(name, timeout_in_ms=timeout_s * 1000)
 
 
 def check_identity(env: WorkloadEnv, process_index: int, process_count: int) -> None:

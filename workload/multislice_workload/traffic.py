@@ -7,16 +7,18 @@ needs and nothing more:
 
 - FSDP (``fsdp``, n = F): each weight all-gathered in the compute dtype once per use (twice per
   step with rematerialization: forward and recomputed forward; once in the pipeline, which
-  gathers a stage's weights before its loop) and its gradient reduce-scattered once;
+  gathers a stage's weights before its loop) and its gradient reduce-scattered once, in the
+  gradient-reduction dtype (``--grad_reduce_dtype``, float32 by default);
 - data parallelism (``data``, and ``pipeline`` for the embedding and output layers, which are
-  data-parallel over stages): one all-reduce of each gradient shard (float32, or bf16 with
-  bf16 parameters);
+  data-parallel over stages): one all-reduce of each gradient shard, in the gradient-reduction
+  dtype;
 - tensor parallelism (``tensor``, Megatron): per block 2 all-reduces of the activations
   forward, 2 backward, and with rematerialization 1 more (the recomputed forward needs the
   attention half's sum, not the block's output); the vocabulary-parallel embedding (1) and
   logits (1 backward, plus 3 per-token float32 reductions for the log-sum-exp and the target);
 - pipeline (``pipeline``, S stages, M microbatches): 2 collective-permutes of one microbatch's
-  local activations per iteration forward, 2 backward, over M + S - 1 iterations;
+  local activations per iteration forward, 2 backward, over M + S - 1 iterations, and one
+  all-gather of every stage's packed segments (ids and positions, int32) per step;
 - the norm scales (replicated) and the loss: one all-reduce each over the axes they span;
 - clipping by global norm: one float32 partial sum of squares per sharded parameter, all-reduced
   over the axes that parameter is sharded on.
@@ -75,15 +77,15 @@ def expected_bytes(
     mesh: Mapping[str, int],
     batch: int,
     microbatches: int = 1,
-    param_bytes: int = 4,
     clip_norm: bool = True,
 ) -> dict[Key, float]:
     """Analytic bytes per device per step of every collective the step needs (keys as
     `hlo.summarize`; collectives over axes of size 1 move nothing and are left out).
-    `param_bytes`: 2 for ``--param_dtype bfloat16`` (the gradient all-reduces are in the
-    parameters' dtype). With ``--grad_accum N`` each microbatch's backward sends its own: N times
-    these figures, for a microbatch of batch / N."""
-    big, tiny = expected_parts(cfg, mesh, batch, microbatches, param_bytes, clip_norm)
+    Gradient collectives are in `cfg.grad_reduce_dtype`. With ``--grad_accum N`` each
+    microbatch sends its own gathers, reduce-scatters and activations (N times these figures,
+    for a microbatch of batch / N), and the gradient all-reduces over the batch axes run once,
+    after the microbatches' sum."""
+    big, tiny = expected_parts(cfg, mesh, batch, microbatches, clip_norm)
     return {k: big.get(k, 0.0) + tiny.get(k, 0.0) for k in {*big, *tiny}}
 
 
@@ -92,7 +94,6 @@ def expected_parts(
     mesh: Mapping[str, int],
     batch: int,
     microbatches: int = 1,
-    param_bytes: int = 4,
     clip_norm: bool = True,
 ) -> tuple[dict[Key, float], dict[Key, float]]:
     """`expected_bytes` split in two: the weights, gradients and activations, and the small
@@ -118,15 +119,15 @@ def expected_parts(
     gathers = 2 if remat and s == 1 else 1  # the pipeline gathers once, outside its remat
     weights = layers * z.layer_gathered
     add("all-gather", ("fsdp",), c * (gathers * weights + 2 * z.vocab_gathered))
-    add("reduce-scatter", ("fsdp",), c * (weights + 2 * z.vocab_gathered))
-    # Gradient shards (parameter dtype), all-reduced over the axes each parameter is replicated
+    g = 2 if cfg.grad_reduce_dtype == "bfloat16" else 4  # float32 or bfloat16
+    add("reduce-scatter", ("fsdp",), g * (weights + 2 * z.vocab_gathered))
+    # Gradient shards (reduction dtype), all-reduced over the axes each parameter is replicated
     # on; the loss is one float32.
-    p = param_bytes
-    add("all-reduce", ("data",), p * weights / f)
-    add("all-reduce", ("pipeline", "data"), p * 2 * z.vocab_gathered / f)
+    add("all-reduce", ("data",), g * weights / f)
+    add("all-reduce", ("pipeline", "data"), g * 2 * z.vocab_gathered / f)
     norms = 2 * layers * cfg.embed
-    add("all-reduce", ("data", "fsdp"), p * norms, small=True)
-    add("all-reduce", ("pipeline", "data", "fsdp"), p * cfg.embed + 4, small=True)
+    add("all-reduce", ("data", "fsdp"), g * norms, small=True)
+    add("all-reduce", ("pipeline", "data", "fsdp"), g * cfg.embed + 4, small=True)
     # Megatron activations: [rows, seq, embed] in the compute dtype.
     per_block = 5 if remat else 4
     iterations = microbatches + s - 1 if s > 1 else 1
@@ -139,6 +140,8 @@ def expected_parts(
     add("all-reduce", ("tensor",), 3 * 4 * z.rows * cfg.seq_len, small=True)  # per token
     if s > 1:
         add("collective-permute", ("pipeline",), 4 * iterations * activation)
+        if cfg.eos_id is not None:  # every stage's segment ids and positions, int32, once
+            add("all-gather", ("pipeline",), 4 * 2 * s * z.rows * cfg.seq_len)
     if clip_norm:
         for axes in sharded_axes(cfg, mesh):
             add("all-reduce", axes, 4, small=True)

@@ -61,7 +61,7 @@ from multislice_workload.model import (
     init_params,
     param_axes,
 )
-from multislice_workload.partitioning import bytes_per_device, constrain, named, tree_shardings
+from multislice_workload.partitioning import bytes_per_device, named, tree_shardings
 from multislice_workload.pipeline import bubble_fraction, default_microbatches, measure_bubble
 from multislice_workload.podinfo import (
     DEFAULT_POLL_S,
@@ -103,14 +103,18 @@ class TrainConfig:
     attention_block: int = attn.DEFAULT_BLOCK
     param_dtype: str = "float32"  # bfloat16: bf16 parameters + a float32 master copy
     opt_state_dtype: str = "float32"
+    # Of the gradient collectives (FSDP's reduce-scatter, the all-reduce over data); MaxText's
+    # grad_dtype defaults to float32 too (src/maxtext/configs/base.yml).
+    grad_reduce_dtype: str = "float32"
     grad_accum: int = 1  # microbatches per optimizer step (the global batch is unchanged)
     # Sequences per data-parallel device (data x fsdp) per microbatch; 0: off. Sets grad_accum
     # per run from the mesh, so one command line keeps the same global batch at any slice count.
     microbatch_size: int = 0
     dataset: str | None = None  # comma-separated paths; None: the stdlib bytes
     text_field: str = "text"
-    tokenizer: str | None = None  # default: the prepared dataset's tokenizer.json, else bytes
+    tokenizer: str | None = None  # default: the prepared dataset's tokenizer, else bytes
     vocab: int = 0  # set from the tokenizer
+    eos_id: int | None = None  # set from the tokenizer (default: the bytes tokenizer's)
     eval_every: int = 0  # steps between evaluations of the held-out split; 0: never
     eval_batches: int = 4
     compilation_cache_dir: str | None = None  # default <checkpoint_dir>/compilation-cache
@@ -157,12 +161,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dtype", choices=("bfloat16", "float32"), default=None, help="of the matmuls")
     add("--param_dtype", choices=("float32", "bfloat16"), default=d.param_dtype)
     add("--opt_state_dtype", choices=optim.STATE_DTYPES, default=d.opt_state_dtype)
+    add(
+        "--grad_reduce_dtype",
+        choices=("float32", "bfloat16"),
+        default=d.grad_reduce_dtype,
+        help="of the gradient reduce-scatters and all-reduces",
+    )
     add("--remat", choices=REMAT_POLICIES, default=d.remat, help="MaxText's remat_policy names")
     add("--mlp_activation", choices=MLP_ACTIVATIONS, default=d.mlp_activation)
     add("--attention", choices=attn.IMPLEMENTATIONS, default=d.attention)
     add("--dataset", default=None, help="prepared dir, or .jsonl/.parquet/.array_record files")
     add("--text_field", default=d.text_field, help="JSONL field / Parquet column")
-    add("--tokenizer", default=None, help="tokenizer.json (default: the prepared dataset's)")
+    add(
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json or SentencePiece .model (default: the prepared dataset's)",
+    )
     add("--compilation_cache_dir", default=None, help="'off', default <checkpoint_dir>/...")
     add("--profile_dir", default=None, help="write a profiler trace of a window of steps")
     add("--local_checkpoint_dir", default=None, help="Orbax emergency checkpointing local tier")
@@ -178,7 +192,7 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
         **{
             f.name: getattr(args, f.name)
             for f in dataclasses.fields(TrainConfig)
-            if f.name != "vocab"
+            if f.name not in ("vocab", "eos_id")
         }
     )
     checkpoint_dir = cfg.checkpoint_dir or env.checkpoint_dir
@@ -227,6 +241,7 @@ def config_from(args: argparse.Namespace, env: WorkloadEnv) -> TrainConfig:
 def model_config(cfg: TrainConfig) -> ModelConfig:
     return ModelConfig(
         vocab=cfg.vocab or tokenizer.ByteTokenizer().vocab_size,
+        eos_id=tokenizer.ByteTokenizer().eos_id if cfg.eos_id is None else cfg.eos_id,
         kv_heads=cfg.kv_heads,
         mlp_activation=cfg.mlp_activation,
         attention=cfg.attention,
@@ -239,6 +254,7 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
         seq_len=cfg.seq_len,
         dtype=cfg.dtype or "float32",
         remat=cfg.remat,
+        grad_reduce_dtype=cfg.grad_reduce_dtype,
     )
 
 
@@ -402,34 +418,19 @@ class Trainer:
         return jax.tree.map(lambda x: x.astype(jnp.dtype(self.cfg.param_dtype)), tree)
 
     def gradients(self, params: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
-        """(mean loss, mean gradients) of the global batch, in `grad_accum` microbatches: row r
-        goes to microbatch r % N, so each stays spread over every data-parallel device; the
-        sum is float32 and sharded as the parameters."""
-        import jax
-        import jax.numpy as jnp
-
-        n = self.cfg.grad_accum
-        value_and_grad = jax.value_and_grad(self.loss)
-        if n == 1:
-            return value_and_grad(params, tokens)
-        rows, width = tokens.shape
-        micro = constrain(
-            tokens.reshape(rows // n, n, width).swapaxes(0, 1), self.mesh, (None, "batch", None)
-        )
-        zeros = jax.tree.map(
-            lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
+        """(mean loss, mean gradients) of the global batch, in `grad_accum` microbatches (row r
+        in microbatch r % N, so each stays spread over every data-parallel device), sharded as
+        the parameters: each device sums its microbatches' gradients (float32) before the one
+        all-reduce over the batch axes (`model.local_loss_and_grads`)."""
+        return model.loss_and_grads(
             params,
-            self.shardings["params"],
+            tokens,
+            self.model,
+            self.mesh,
+            self.stages,
+            self.microbatches,
+            self.cfg.grad_accum,
         )
-
-        def add(carry: tuple[Any, Any], batch: Any) -> tuple[tuple[Any, Any], None]:
-            total, summed = carry
-            loss, grads = value_and_grad(params, batch)
-            summed = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), summed, grads)
-            return (total + loss, summed), None
-
-        (total, summed), _ = jax.lax.scan(add, (jnp.zeros((), jnp.float32), zeros), micro)
-        return total / n, jax.tree.map(lambda g: g / n, summed)
 
     def _train_step(self, state: dict[str, Any], tokens: Any) -> tuple[dict[str, Any], Any]:
         import jax
@@ -698,12 +699,15 @@ class TrainLoop:
             request = self.requests.agree()
             if request is not None:
                 self.serve_request(step, state, request)
-        if self.checkpointer.due(step):
-            self.save(step, state, wait=settles_save(self.env, step))
+        # A step with a forced save (preemption, request above; restart, final below) takes
+        # no periodic one first: under emergency checkpointing that could put the step in the
+        # local tier only, and the forced save of a step already saved is refused.
         if self.env.restart_attempt == 0 and self.env.restart_at_step == step:
             saved = self.save(step, state, wait=True)
             logs.emit("restart_requested", step=step, checkpoint_saved=saved)
             return EXIT_RESTART_REQUESTED
+        if self.checkpointer.due(step) and step < self.cfg.steps:
+            self.save(step, state, wait=settles_save(self.env, step), forced=False)
         return None
 
     def log_step(self, step: int, loss: float) -> None:
@@ -718,8 +722,11 @@ class TrainLoop:
             "corpus": self.data.fingerprint,
         }
 
-    def save(self, step: int, state: dict[str, Any], wait: bool = False) -> bool:
-        """Collective. True when a checkpoint of `step` exists (or is being written) after it."""
+    def save(
+        self, step: int, state: dict[str, Any], wait: bool = False, forced: bool = True
+    ) -> bool:
+        """Collective. True when a checkpoint of `step` exists (or is being written) after it.
+        `forced`: every tier writes it (`EmergencyCheckpointer.save`); periodic saves are not."""
         if not self.checkpointer.enabled:
             return False
         with self.watchdog.long_phase():
@@ -728,14 +735,16 @@ class TrainLoop:
             dies = kills_in_save(self.env, step)
             if dies:  # said before the save: between it and the kill nothing may yield the GIL
                 logs.emit("injected_kill_in_save", step=step)
-            blocked = self.checkpointer.save(step, state, self.data.get_state(), self.meta())
+            blocked = self.checkpointer.save(
+                step, state, self.data.get_state(), self.meta(), forced=forced
+            )
             if blocked is not None:
                 if dies:
                     os.kill(os.getpid(), signal.SIGKILL)
                 logs.emit("checkpoint_started", step=step, blocking_seconds=round(blocked, 3))
             if wait:
                 self.finish_save()
-        return True
+        return self.checkpointer.last_saved == step
 
     def finish_save(self, timeout_s: float | None = None) -> None:
         if not self.checkpointer.wait(timeout_s):
@@ -774,17 +783,20 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     cfg = config_from(args, env)
     spec = DatasetSpec(tuple(p for p in (cfg.dataset or "").split(",") if p), cfg.text_field)
     tok = load_tokenizer(cfg, spec)
-    cfg = dataclasses.replace(cfg, vocab=tok.vocab_size)
+    cfg = dataclasses.replace(cfg, vocab=tok.vocab_size, eos_id=tok.eos_id)
     cache_hits = enable_compilation_cache(cfg.compilation_cache_dir)
     mesh = make_mesh(env, parallelism_from(args, env), args.allow_split_physical_axes)
     cfg = derive_grad_accum(cfg, mesh.shape)
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
     # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
+    delay_start(env)
     trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
     trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
     if eval_data is not None:
         trainer.compiled_eval  # noqa: B018
+    # Compile times differ by tens of seconds on a busy machine; gloo's first collective waits 30 s.
+    runtime.wait_for_peers(runtime.COMPILED_BARRIER, args.init_timeout)
     if cfg.measure_bubble and trainer.stages > 1:
         logs.emit(
             "pipeline_bubble",
@@ -840,11 +852,12 @@ def load_tokenizer(cfg: TrainConfig, spec: DatasetSpec) -> tokenizer.Tokenizer:
     path: Any = cfg.tokenizer or spec.prepared
     if path is None and spec.paths:
         raise ConfigError(
-            f"--dataset {cfg.dataset}: raw text files need --tokenizer (a tokenizer.json)"
+            f"--dataset {cfg.dataset}: raw text files need --tokenizer (a tokenizer.json or "
+            "a SentencePiece .model)"
         )
     try:
         return tokenizer.load(path)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RuntimeError) as err:  # SentencePiece raises RuntimeError
         raise ConfigError(f"--tokenizer: {err}") from err
 
 
@@ -905,7 +918,7 @@ def log_config(
         **{
             k: v
             for k, v in dataclasses.asdict(cfg).items()
-            if v is not None and k != "microbatches"
+            if v is not None and k not in ("microbatches", "tokenizer")  # tokenizer: below
         },
         parameters=trainer.model.parameter_count(),
         flops_per_token=trainer.model.flops_per_token(),
@@ -1000,6 +1013,14 @@ def inject_faults(env: WorkloadEnv, step: int) -> None:
             # the next collective, all of them) until the notice has spread makes the agreed
             # step K + 1 instead of "whenever it arrives", which a short test run could outlive.
             time.sleep(_NOTICE_PROPAGATION_S)
+
+
+def delay_start(env: WorkloadEnv) -> None:
+    """Test hook (MULTISLICE_DELAY_START_SECONDS), first attempt only: this process falls that far
+    behind its peers before it compiles, as one does on a busy machine."""
+    if env.restart_attempt == 0 and env.delay_start_seconds:
+        logs.emit("injected_delay", seconds=env.delay_start_seconds)
+        time.sleep(env.delay_start_seconds)
 
 
 def settles_save(env: WorkloadEnv, step: int) -> bool:

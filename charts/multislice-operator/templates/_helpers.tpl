@@ -105,12 +105,18 @@ in one Role per watched namespace. */}}
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Jobs are only ever created as a server-side dry run (?dryRun=All, nothing is stored): the
-# apiserver's verdict on the pod template before any node pool exists. RBAC cannot say "dry run
-# only"; the admission policy (rbac.admissionPolicy) refuses any other create.
+# GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood): one Slice per slice of such a
+# job, created from its cubes and deleted when the job ends or the Slice breaks. Cluster-scoped.
+- apiGroups: ["accelerator.gke.io"]
+  resources: ["slices"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Jobs are created as a server-side dry run (?dryRun=All, nothing is stored): the apiserver's
+# verdict on the pod template before any node pool exists; and, for spec.preflight, the job's
+# compile Job, read back (get) and deleted once it finished. RBAC cannot say which Jobs; the
+# admission policy (rbac.admissionPolicy) refuses any other create or delete.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create"]
+  verbs: ["create", "get", "delete"]
 # The job's pods: indexed (failures, exit codes, the scheduler's verdict); a checkpoint request
 # is an annotation on each (metadata only, by merge patch); the startup deadline evicts the pods
 # that never ran. RBAC cannot say which pods nor which fields: the admission policy

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -62,6 +62,9 @@ ELASTIC_WAIT_DEFAULT_S = 600
 # Flex-start VMs run at most seven days; GKE's default maxRunDurationSeconds is that maximum
 # (GKE "About flex-start provisioning mode").
 FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+# A Kubernetes resource quantity (k8s.io/apimachinery resource.Quantity's regular form).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+PREFLIGHT_TIMEOUT_DEFAULT_S = 1800  # a compile for a 256-slice topology takes minutes on CPU
 
 
 class _Model(BaseModel):
@@ -84,6 +87,14 @@ class CapacityType(StrEnum):
 class ProvisioningMode(StrEnum):
     MANAGED = "Managed"
     EXISTING = "Existing"
+    DYNAMIC_SLICING = "DynamicSlicing"  # Ironwood: GKE Slice objects over 4x4x4 cubes
+
+
+class CubeSource(StrEnum):
+    """Where a dynamic-slicing job's 4x4x4 cubes (reservation sub-blocks) come from."""
+
+    MANAGED = "Managed"  # the operator creates one node pool per cube, and deletes it after
+    EXISTING = "Existing"  # a platform team provisioned them; the operator only forms Slices
 
 
 class Capacity(_Model):
@@ -129,6 +140,23 @@ class Capacity(_Model):
         return self.max_run_duration_seconds or FLEX_START_MAX_RUN_S
 
 
+class DynamicSlicing(_Model):
+    """GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood only): capacity comes as
+    4x4x4 cubes (reservation sub-blocks of 16 tpu7x VMs, one node pool each) and the operator
+    stitches them into one GKE `Slice` (accelerator.gke.io/v1beta1) per slice of the job."""
+
+    cubes: CubeSource = Field(
+        default=CubeSource.MANAGED,
+        description=(
+            "Managed: the operator creates the cubes it needs (one node pool per sub-block of "
+            "spec.capacity.reservation, an All Capacity mode reservation; its block or sub-block "
+            "when the reservation names one) and deletes them when the job ends. Existing: the "
+            "cubes are node pools a platform team provisioned; the operator only forms and "
+            "deletes the Slices. spec.spares counts cubes kept free for a lost cube's slice."
+        ),
+    )
+
+
 class Provisioning(_Model):
     """How the slices' node pools come to exist."""
 
@@ -137,8 +165,14 @@ class Provisioning(_Model):
         description=(
             "Managed: the operator creates one GKE node pool per slice, all or none, and deletes "
             "them when the job ends. Existing: the slices run on node pools that already exist "
-            "with the matching accelerator and topology labels."
+            "with the matching accelerator and topology labels. DynamicSlicing (tpu7x, GKE "
+            "1.35.2-gke.1842000+): each slice is a GKE Slice formed from 4x4x4 cubes "
+            "(provisioning.dynamicSlicing), all or none."
         ),
+    )
+    dynamic_slicing: DynamicSlicing | None = Field(
+        default=None,
+        description="Only with mode DynamicSlicing: where the cubes come from (default Managed).",
     )
     timeout_seconds: int = Field(
         default=1800,
@@ -448,6 +482,50 @@ class Elastic(_Model):
     )
 
 
+class Preflight(_Model):
+    """Compile the program for the job's TPUs on a CPU Job before any node pool is created."""
+
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "The compile command, run in the job's own image (its first container's) as a CPU "
+            "Job with the job's environment. Unset: the workload's `multislice_workload compile "
+            "--topology <generation>:<topology> --slices <n> --json` followed by the first "
+            "container's args. Exit 0: the program fits; any other exit fails the job before any "
+            "node pool (reason PreflightFailed, the command's message in the condition). The "
+            'last line of JSON it writes to /dev/termination-log ({"fits", '
+            '"hbm_bytes_per_device", "hbm_capacity_bytes", "step_time_s"}) is recorded '
+            "in status.preflight. For MaxText: its train_compile module, e.g. [python3, -m, "
+            "MaxText.train_compile, MaxText/configs/base.yml, compile_topology=v5e-16, "
+            "compile_topology_num_slices=2]."
+        ),
+    )
+    timeout_seconds: int = Field(
+        default=PREFLIGHT_TIMEOUT_DEFAULT_S,
+        ge=30,
+        le=24 * 3600,
+        description=(
+            "The compile Job's activeDeadlineSeconds: a compile that runs longer fails the job "
+            "(PreflightFailed)."
+        ),
+    )
+    cpu: str = Field(
+        default="2",
+        pattern=QUANTITY_PATTERN,
+        description="CPU the compile container requests (a Kubernetes quantity, e.g. 2 or 500m).",
+    )
+    memory: str = Field(
+        default="8Gi",
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Memory the compile container requests and is limited to (a Kubernetes quantity, "
+            "e.g. 8Gi): compiling for a large topology holds the whole program on the CPU."
+        ),
+    )
+
+
 class MultisliceJobSpec(_Model):
     """A training program run over several identical TPU slices, provisioned all or none."""
 
@@ -481,11 +559,13 @@ class MultisliceJobSpec(_Model):
         ge=0,
         le=SPARES_MAX,
         description=(
-            "Hot spare slices (Managed mode only): extra node pools of the same shape, created "
+            "Hot spare slices (Managed mode): extra node pools of the same shape, created "
             "with the job's and kept provisioned for it but not used by its JobSet, so that a "
             "lost slice is replaced by a Ready pool instead of a new one. Spares cost as much as "
             "running slices (their chips are billed while idle: `multislice-operator plan` shows "
-            f"them apart). spec.slices + spec.spares is at most {SLICES_MAX}."
+            f"them apart). spec.slices + spec.spares is at most {SLICES_MAX}. With mode "
+            "DynamicSlicing spares count 4x4x4 cubes kept free: a lost cube's slice is re-formed "
+            "from a spare cube."
         ),
     )
     capacity: Capacity = Field(default_factory=Capacity)
@@ -495,6 +575,14 @@ class MultisliceJobSpec(_Model):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     maintenance: Maintenance = Field(default_factory=Maintenance)
+    preflight: Preflight | None = Field(
+        default=None,
+        description=(
+            "Compile the program for the job's TPUs before any node pool exists: the job's image "
+            "runs the compile command as a CPU Job (no TPU), and a program that does not fit or "
+            "does not compile fails the job at once, holding no TPU. Unset: no preflight."
+        ),
+    )
     suspend: bool = Field(
         default=False,
         description=(
@@ -573,6 +661,19 @@ def _cel_dcn(axis: str) -> str:
 # What the slice counts must be multiples of: the DCN axes an elastic shrink keeps.
 _CEL_FIXED = "(" + " * ".join(_cel_dcn(a) for a in parallelism.FIXED_DCN_AXES) + ")"
 _CEL_MIN = "self.elastic.minSlices"
+_DYN = ProvisioningMode.DYNAMIC_SLICING.value
+_CEL_CUBES = (
+    "(has(self.provisioning) && has(self.provisioning.dynamicSlicing) && "
+    "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
+    f"'{CubeSource.MANAGED.value}')"
+)
+
+
+def _cubes(s: MultisliceJobSpec) -> str:
+    ds = s.provisioning.dynamic_slicing
+    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
+
+
 _CEL_MODE = (
     "(has(self.provisioning) && has(self.provisioning.mode) ? self.provisioning.mode : "
     f"'{ProvisioningMode.MANAGED.value}')"
@@ -817,12 +918,54 @@ SPEC_RULES: list[Rule] = [
     Rule(
         path=(),
         field="spec.spares",
-        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} == "
-        f"'{ProvisioningMode.MANAGED.value}'",
-        message="spec.spares needs provisioning.mode: Managed: the operator creates and keeps "
-        "the spare node pools itself; with Existing node pools set spares: 0 (provision spare "
-        "pools yourself)",
-        holds=lambda s: s.spares == 0 or s.provisioning.mode == ProvisioningMode.MANAGED,
+        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} != "
+        f"'{ProvisioningMode.EXISTING.value}'",
+        message="spec.spares needs provisioning.mode: Managed (spare node pools) or "
+        "DynamicSlicing (spare cubes): the operator keeps the spares itself; with Existing node "
+        "pools set spares: 0 (provision spare pools yourself)",
+        holds=lambda s: s.spares == 0 or s.provisioning.mode != ProvisioningMode.EXISTING,
+    ),
+    # Dynamic slicing (issue 41): GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
+    # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
+    Rule(
+        path=("provisioning",),
+        field="spec.provisioning.dynamicSlicing",
+        cel=f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{_DYN}')",
+        message="spec.provisioning.dynamicSlicing is only read with mode: DynamicSlicing; set "
+        "the mode or remove dynamicSlicing",
+        holds=lambda s: (
+            s.provisioning.dynamic_slicing is None
+            or s.provisioning.mode == ProvisioningMode.DYNAMIC_SLICING
+        ),
+    ),
+    Rule(
+        path=(),
+        field="spec.accelerator",
+        cel=f"{_CEL_MODE} != '{_DYN}' || self.accelerator.startsWith('tpu7x-')",
+        message="spec.accelerator: provisioning.mode DynamicSlicing forms GKE Slices from "
+        "Ironwood 4x4x4 cubes only; use a tpu7x accelerator or mode Managed",
+        holds=lambda s: (
+            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
+            or s.accelerator.startswith("tpu7x-")
+        ),
+    ),
+    # Incremental provisioning of cubes takes an All Capacity mode reservation (GKE "Use dynamic
+    # slicing with a custom scheduler", requirements).
+    Rule(
+        path=(),
+        field="spec.capacity.type",
+        cel=f"{_CEL_MODE} != '{_DYN}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
+        f"(has(self.capacity) && has(self.capacity.type) && "
+        f"self.capacity.type == '{CapacityType.RESERVED.value}')",
+        message="spec.capacity.type must be Reserved with provisioning.mode DynamicSlicing: "
+        "the operator creates the cubes from an All Capacity mode reservation "
+        "(spec.capacity.reservation, its block or sub-block); or set "
+        "provisioning.dynamicSlicing.cubes: Existing for cubes that are there",
+        holds=lambda s: (
+            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
+            or _cubes(s) == CubeSource.EXISTING
+            or s.capacity.type == CapacityType.RESERVED
+        ),
     ),
     Rule(
         path=(),
@@ -1307,6 +1450,31 @@ class QueueStatus(_Model):
     last_eviction: EvictionStatus | None = Field(default=None)
 
 
+class PreflightState(StrEnum):
+    RUNNING = "Running"
+    PASSED = "Passed"
+    FAILED = "Failed"
+
+
+class PreflightStatus(_Model):
+    """The compile before the first node pool (spec.preflight)."""
+
+    state: PreflightState = Field(description="Running, Passed or Failed.")
+    job: str = Field(description="The compile Job (batch/v1), deleted once it finished.")
+    generation: int = Field(default=0, description="The spec generation it compiled.")
+    hbm_bytes_per_device: int | None = Field(
+        default=None, ge=0, description="HBM the compiled program needs per TPU device."
+    )
+    hbm_capacity_bytes: int | None = Field(
+        default=None, ge=0, description="HBM per device of the job's TPU generation."
+    )
+    step_time_seconds: float | None = Field(
+        default=None, ge=0, description="The compiler's estimated step time (roofline)."
+    )
+    message: str | None = Field(default=None, description="The compile command's last words.")
+    time: datetime | None = Field(default=None, description="When it finished.")
+
+
 class MultisliceJobStatus(_Model):
     """Observed state, written by the operator only: what it observes, and what it must remember."""
 
@@ -1375,6 +1543,9 @@ class MultisliceJobStatus(_Model):
     )
     checkpoint: CheckpointStatus | None = Field(
         default=None, description="The last checkpoint requested on demand and the step saved."
+    )
+    preflight: PreflightStatus | None = Field(
+        default=None, description="The compile before the first node pool (spec.preflight)."
     )
     startup: StartupStatus | None = Field(
         default=None,

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -216,7 +217,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             status = EXIT_INVALID
             continue
         identity = _identity(obj, plan, args)
-        plans.append((plan, identity, _warnings(obj, plan, identity)))
+        plans.append((plan, identity, _warnings(obj, plan, identity), _preflight(obj, plan)))
     if args.output == "json":
         data = [
             {
@@ -224,18 +225,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "podIdentity": i.as_dict(),
                 "restarts": restart_summary(),
                 **({"nodeIdentity": nodes} if p.managed else {}),
+                **({"preflight": pre} if pre else {}),
                 "warnings": [{"path": w.path, "message": w.message} for w in warnings],
             }
-            for p, i, warnings in plans
+            for p, i, warnings, pre in plans
         ]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
     else:
-        for plan, identity, warnings in plans:
+        for plan, identity, warnings, pre in plans:
             extra = [("pod identity", identity.principal), ("restarts", restart_summary())]
             extra += [("tpu nodes", nodes)] if plan.managed else []
+            extra += [("preflight", _preflight_text(pre))] if pre else []
             text = format_plan(plan, extra)
             print(text + "".join(f"warning: {w}\n" for w in warnings))
     return status
+
+
+def _preflight(obj: dict[str, Any], plan: Any) -> dict[str, Any] | None:
+    """spec.preflight as the operator will run it: the Job, its command and the HBM per device
+    of the job's TPU generation it must fit in."""
+    from multislice_operator.common.names import preflight_job
+    from multislice_operator.render.preflight import command
+
+    spec = _load_job(obj).spec
+    if spec.preflight is None:
+        return None
+    gen = plan.shape.generation
+    return {
+        "job": preflight_job(plan.name),
+        "command": command(plan, spec),
+        "timeoutSeconds": spec.preflight.timeout_seconds,
+        "hbmCapacityBytes": gen.hbm_bytes // gen.devices_per_chip,
+    }
+
+
+def _preflight_text(pre: dict[str, Any]) -> str:
+    return (
+        f"Job {pre['job']} (CPU, before any node pool; {pre['timeoutSeconds']}s at most): "
+        f"{shlex.join(pre['command'])}; must fit {pre['hbmCapacityBytes'] / 2**30:.1f} GiB of "
+        "HBM per device"
+    )
 
 
 def _count(n: int, what: str) -> str:
@@ -248,7 +277,8 @@ def _summary(plan: Any) -> str:
     if plan.elastic:
         text += f", elastic down to {plan.elastic.min_slices} slices"
     if plan.spares:
-        text += f", {_count(plan.spares, 'spare slice')} ({plan.spare_chips} chips more)"
+        spare = "spare cube" if plan.dynamic else "spare slice"
+        text += f", {_count(plan.spares, spare)} ({plan.spare_chips} chips more)"
     return f"{text}, DCN {plan.advice.verdict}"
 
 
@@ -277,7 +307,8 @@ def _sizes_rows(plan: Any) -> list[tuple[str, str]]:
         rows.append(
             (
                 "spares",
-                f"{_count(plan.spares, 'hot spare slice')}, {plan.spare_chips} chips held "
+                f"{_count(plan.spares, 'spare cube' if plan.dynamic else 'hot spare slice')}, "
+                f"{plan.spare_chips} chips held "
                 f"beside the job's {plan.total_chips} "
                 f"({plan.total_chips + plan.spare_chips} in all), unused by the JobSet",
             )
@@ -313,6 +344,8 @@ def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if plan.dynamic:
+        return "\n".join(lines + _dynamic_lines(plan)) + "\n"
     if plan.node_pools:
         lines.append("node pools:")
         lines += [_pool_line(p, "slice") for p in plan.node_pools]
@@ -320,6 +353,45 @@ def format_plan(plan: Any, extra: list[tuple[str, str]] | None = None) -> str:
         lines.append("spare node pools (not used by the JobSet):")
         lines += [_pool_line(p, "spare") for p in plan.spare_pools]
     return "\n".join(lines) + "\n"
+
+
+def _dynamic_lines(plan: Any) -> list[str]:
+    """Dynamic slicing: the cubes (created, or the cluster's), then the GKE Slices, each over
+    its cubes' partition ids (known once the cubes' nodes exist: the cubes it starts from)."""
+    from multislice_operator.planning import cubes
+
+    per, topo = plan.cubes_per_slice, plan.shape.generation.sub_block_topology
+    lines = [f"cubes ({topo}, {plan.cubes_source}): {plan.cubes_needed} "
+             f"({plan.slices} slices x {per} + {plan.spares} spare)"]  # fmt: skip
+    lines += [_pool_line(p, "cube") for p in plan.node_pools]
+    lines += [_pool_line(p, "spare cube") for p in plan.spare_pools]
+    lines.append("slices (GKE Slice objects, accelerator.gke.io/v1beta1):")
+    for i in range(plan.slices):
+        first, second = cubes.slice_names(plan.job_key, i)
+        parts = ", ".join(f"partition id of cube {i * per + k}" for k in range(per))
+        lines.append(
+            f"  {first} (re-formed as {second})  slice {i}  {plan.shape.topology}  "
+            f"partitionIds [{parts}]"
+        )
+    return lines
+
+
+def slice_requests(plan: Any) -> list[dict[str, Any]]:
+    """The Slices a dynamic-slicing job creates first, partition ids as placeholders (each is
+    the cloud.google.com/gke-tpu-partition-4x4x4-id of the cube's nodes, known once they exist)."""
+    from multislice_operator.planning import cubes
+    from multislice_operator.render.slice import render_slice
+
+    per = plan.cubes_per_slice
+    return [
+        render_slice(
+            plan,
+            cubes.slice_names(plan.job_key, i)[0],
+            plan.shape.topology,
+            tuple(f"PARTITION_ID_OF_CUBE_{i * per + k}" for k in range(per)),
+        )
+        for i in range(plan.slices)
+    ]
 
 
 def _pool_line(p: Any, what: str) -> str:
@@ -404,6 +476,7 @@ def render_gke_requests(args: argparse.Namespace) -> int:
     region = PLACEHOLDER_REGION if zones == [PLACEHOLDER_ZONE] else region_of(zones[0])
     policies: dict[str, dict[str, Any]] = {}
     requests: list[dict[str, Any]] = []
+    slices: list[dict[str, Any]] = []  # dynamic slicing: the Slices, after the cubes' pools
     status = EXIT_OK
     for obj in _jobs(args.file):
         try:
@@ -413,10 +486,10 @@ def render_gke_requests(args: argparse.Namespace) -> int:
             _print_errors(obj, exc, sys.stderr)
             status = EXIT_INVALID
             continue
-        if not plan.managed:
-            print(
-                f"{_label(obj)}: provisioning mode Existing: no node pool requests", file=sys.stderr
-            )
+        if plan.dynamic:
+            slices += slice_requests(plan)
+        if not plan.pools:
+            print(f"{_label(obj)}: {_no_pools(plan)}: no node pool requests", file=sys.stderr)
             continue
         uid = job.metadata.uid or PLACEHOLDER_UID
         for policy in workload_policies(plan, region):
@@ -424,8 +497,14 @@ def render_gke_requests(args: argparse.Namespace) -> int:
         requests += create_requests(
             plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
         )
-    print(json.dumps([*policies.values(), *requests], indent=2))
+    print(json.dumps([*policies.values(), *requests, *slices], indent=2))
     return status
+
+
+def _no_pools(plan: Any) -> str:
+    if plan.dynamic:
+        return "dynamic slicing on Existing cubes"
+    return "provisioning mode Existing"
 
 
 def cmd_crd(_: argparse.Namespace) -> int:

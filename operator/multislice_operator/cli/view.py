@@ -82,6 +82,18 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _preflight_lines(pre: dict[str, Any] | None) -> list[str]:
+    """spec.preflight's compile: its state and, once it ran, the HBM it needs per device."""
+    if not pre:
+        return []
+    need, have = pre.get("hbmBytesPerDevice"), pre.get("hbmCapacityBytes")
+    hbm = f", HBM {need / 2**30:.2f} GiB per device" if isinstance(need, int) else ""
+    hbm += f" of {have / 2**30:.2f} GiB" if hbm and isinstance(have, int) else ""
+    step = pre.get("stepTimeSeconds")
+    hbm += f", step ~{step:.3g} s" if isinstance(step, (int, float)) else ""
+    return [f"preflight: {pre.get('state', '?')} (Job {pre.get('job', '?')}){hbm}"]
+
+
 def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
     """Everything the view shows, as plain data: the status as read, the goodput live at `now`."""
     # A file (status -f) may hold anything where a mapping belongs: read what is well typed.
@@ -131,6 +143,9 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         else None,
         "checkpoint": st.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json")
         if st.checkpoint and st.checkpoint.request_id
+        else None,
+        "preflight": st.preflight.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if st.preflight
         else None,
         "provisioningAttempts": st.provisioning_attempts,
         "nextAttemptTime": _iso(st.next_attempt_time),
@@ -232,6 +247,8 @@ def render(v: dict[str, Any], console: Any) -> None:
             + (f" {failure['reason']}" if failure.get("reason") else "")
             + (f" (cause {failure['cause']})" if failure.get("cause") else "")
         )
+    for line in _preflight_lines(v.get("preflight")):
+        console.print(line)
     maint = v["maintenance"]
     if maint:
         slices = ", ".join(str(i) for i in maint.get("slices", [])) or "-"

@@ -63,3 +63,16 @@ GKE_SCHEDULED_MAINTENANCE_TIME = "cloud.google.com/scheduled-maintenance-time"
 GKE_SCHEDULED_MAINTENANCE_TIME_LATEST = "cloud.google.com/scheduled-maintenance-time-latest"
 GKE_ACTIVE_NODE_MAINTENANCE = "cloud.google.com/active-node-maintenance"
 GKE_IMPENDING_NODE_TERMINATION = "cloud.google.com/impending-node-termination"
+# GKE dynamic slicing (Ironwood): a cube's partition id and health on its nodes, the Slice a node
+# belongs to once formed, the pod annotation naming the slice topology ("Use dynamic slicing with
+# a custom scheduler"; xpk slice-main slice/internal/core/constants.go), and the Slice API.
+GKE_TPU_PARTITION_ID = "cloud.google.com/gke-tpu-partition-4x4x4-id"
+GKE_TPU_PARTITION_STATE = "cloud.google.com/gke-tpu-partition-4x4x4-state"
+GKE_TPU_SLICE = "cloud.google.com/gke-tpu-slice"
+GKE_TPU_SLICE_TOPOLOGY = "cloud.google.com/gke-tpu-slice-topology"
+SLICE_GROUP, SLICE_VERSION, SLICE_PLURAL, SLICE_KIND = (
+    "accelerator.gke.io",
+    "v1beta1",
+    "slices",
+    "Slice",
+)

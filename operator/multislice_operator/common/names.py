@@ -16,6 +16,16 @@ POD_NAME_SUFFIX = "-abcde"
 DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+PREFLIGHT_SUFFIX = "-preflight"
+
+
+def preflight_job(name: str) -> str:
+    """The compile Job of a job's spec.preflight: one deterministic name, so a pass after a crash
+    finds the Job it created. A job name fits a pod name with 16 characters to spare
+    (`max_name_length`), so `<name>-preflight-abcde` is a DNS label too."""
+    return f"{name}{PREFLIGHT_SUFFIX}"
+
+
 def longest_pod_name(name: str, slices: int, hosts: int) -> str:
     """The longest pod name JobSet will generate for this job (its webhook checks this one)."""
     return f"{name}-{REPLICATED_JOB}-{slices - 1}-{hosts - 1}{POD_NAME_SUFFIX}"

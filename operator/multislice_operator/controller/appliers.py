@@ -16,6 +16,7 @@ from typing import Any
 
 from multislice_operator.api.models import MultisliceJob
 from multislice_operator.common import keys
+from multislice_operator.common.names import preflight_job
 from multislice_operator.common.pools import PoolError
 from multislice_operator.controller import admission, kueue, metrics
 from multislice_operator.controller import observe as ob
@@ -29,9 +30,11 @@ from multislice_operator.reconcile import (
     AnnotatePods,
     CreateJobSet,
     CreatePools,
+    CreateSlice,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
+    DeleteSlices,
     EvictPods,
     RemoveFinalizer,
     SetAdmissionCheckState,
@@ -39,8 +42,11 @@ from multislice_operator.reconcile import (
     SetWorkloadActive,
     ValidateJobSet,
 )
+from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.render import inplace
 from multislice_operator.render.jobset import render_jobset
+from multislice_operator.render.preflight import render_preflight_job
+from multislice_operator.render.slice import render_slice
 
 log = logging.getLogger("multislice_operator")
 # Pod calls in flight at once for one action (a 256-slice job has a thousand pods).
@@ -121,6 +127,20 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     _count("delete", result.errors)
 
 
+async def create_slice(rt: Runtime, t: Target, a: CreateSlice) -> None:
+    _, plan = t.planned()
+    await rt.kube.create_slice(render_slice(plan, a.name, a.topology, a.partitions))
+    log.info(
+        "slice created job=%s/%s slice=%d name=%s partitions=%s",
+        t.namespace, t.name, a.index, a.name, ",".join(a.partitions),
+    )  # fmt: skip
+
+
+async def delete_slices(rt: Runtime, t: Target, a: DeleteSlices) -> None:
+    await asyncio.gather(*(rt.kube.delete_slice(name) for name in a.names))
+    log.info("slices deleted job=%s/%s names=%s", t.namespace, t.name, ",".join(a.names))
+
+
 def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
     job, plan = t.planned()
     slices = a.slices if isinstance(a, CreateJobSet) else None
@@ -153,6 +173,23 @@ async def validate_jobset(rt: Runtime, t: Target, a: ValidateJobSet) -> None:
             rt.judging.pop(template, None)
     rt.judged(t.key, t.uid, t.generation, verdict, template)
     rt.queue.add(t.key)  # what was learned is the next pass's observation: now, not at resync
+
+
+async def create_preflight_job(rt: Runtime, t: Target, _: CreatePreflightJob) -> None:
+    """The compile Job, owned by the job (deleted with it); one that exists is left as it is."""
+    job, plan = t.planned()
+    body = render_preflight_job(plan, job.spec, t.generation, owner_reference(t.body))
+    if await rt.kube.create_batch_job(body):
+        log.info("preflight job created job=%s/%s", t.namespace, t.name)
+
+
+async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) -> None:
+    name = preflight_job(t.name)
+    found = await rt.kube.get_batch_job(t.namespace, name)
+    uid = ((found or {}).get("metadata") or {}).get("uid")
+    if uid:  # the one decide() looked at: ours (its owner uid), by its own uid
+        await rt.kube.delete_batch_job(t.namespace, name, str(uid))
+        log.info("preflight job deleted job=%s/%s", t.namespace, t.name)
 
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
@@ -290,8 +327,12 @@ APPLIERS: dict[type[Any], Applier] = {
     RemoveFinalizer: remove_finalizer,
     CreatePools: create_pools,
     DeletePools: delete_pools,
+    CreateSlice: create_slice,
+    DeleteSlices: delete_slices,
     CreateJobSet: create_jobset,
     ValidateJobSet: validate_jobset,
+    CreatePreflightJob: create_preflight_job,
+    DeletePreflightJob: delete_preflight_job,
     DeleteJobSet: delete_jobset,
     SetJobSetSuspend: set_jobset_suspend,
     DeleteJob: delete_job,

@@ -139,6 +139,7 @@ async def startup(
             workloads=kwargs.get("workload_index", {}),
             local_queues=kwargs.get("local_queue_index", {}),
             admission_checks=kwargs.get("admission_check_index", {}),
+            slices=kwargs.get("slice_index", {}),
         ),
     )
     rt.readiness.leader_elect = ours.leader_elect
@@ -398,6 +399,21 @@ async def node_event(labels: kopf.Labels, **_: Any) -> None:
         _dependent(rt, *key)
 
 
+# GKE Slices (dynamic slicing): cluster-scoped, labelled with their job. kopf starts the watch
+# when the Slice CRD is served (GKE's slice controller enabled on the cluster).
+SLICES = (keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL)
+
+
+@kopf.index(*SLICES, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
+async def slice_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: ob.summarize_slice(body)}
+
+
+@kopf.on.event(*SLICES, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
+async def slice_event(labels: kopf.Labels, **_: Any) -> None:
+    _dependent(runtime(), labels.get(keys.JOB_NAMESPACE), labels.get(keys.JOB_NAME))
+
+
 def _dependent(rt: Runtime, namespace: str | None, name: str | None) -> None:
     """An event of one of the job's dependents (its JobSet, pods, nodes): batched."""
     rt.poke(namespace, name, DEPENDENT_EVENT_BATCH_SECONDS, DEPENDENT_EVENT_QUIET_SECONDS)
@@ -438,7 +454,7 @@ async def admission_check_event(**_: Any) -> None:
 
 def api_groups() -> set[str]:
     """The API groups of the CRDs the registered handlers watch (controller/discovery.py)."""
-    return {MSJ[0], JOBSETS[0]} | ({kueue.GROUP} if _KUEUE_WATCHED else set())
+    return {MSJ[0], JOBSETS[0], SLICES[0]} | ({kueue.GROUP} if _KUEUE_WATCHED else set())
 
 
 def _watch_kueue() -> None:

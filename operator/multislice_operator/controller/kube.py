@@ -18,12 +18,14 @@ from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 log = logging.getLogger("multislice_operator.kube")
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
+SLICES = f"/apis/{keys.SLICE_GROUP}/{keys.SLICE_VERSION}/{keys.SLICE_PLURAL}"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # controller/versions.py refuses a Kueue without it
 KUEUE = f"/apis/{KUEUE_API_VERSION}"
 COMPONENT = "multislice-operator"
@@ -130,6 +132,23 @@ class Kube:
         except (NotFound, Conflict):  # gone, or another object of that name now
             return
 
+    # -- GKE Slices (dynamic slicing; cluster-scoped) -----------------------------------------
+
+    async def create_slice(self, body: dict[str, Any]) -> None:
+        """Create a `Slice`; one of that name already there is success (idempotent)."""
+        try:
+            await self._call("post", f"{SLICES}?{STRICT}", payload=body)
+        except Conflict:
+            return
+
+    async def delete_slice(self, name: str) -> None:
+        """Delete a `Slice`; gone is success. The slice controller dismantles it and frees its
+        cubes (GKE "Use dynamic slicing with a custom scheduler", delete the slice)."""
+        try:
+            await self._call("delete", f"{SLICES}/{_q(name)}")
+        except NotFound:
+            return
+
     async def dry_run_create(self, body: dict[str, Any]) -> None:
         """Create `body` with ?dryRun=All: the apiserver validates, defaults and runs every
         admission webhook (JobSet's included) and persists nothing. Raises the refusal. Not
@@ -152,6 +171,48 @@ class Kube:
             payload={"spec": {"suspend": suspend}},
             headers=MERGE_PATCH,
         )
+
+    # -- the compile Job of spec.preflight (batch/v1) -------------------------------------------
+
+    def _batch_job_url(self, namespace: str, name: str = "") -> str:
+        return f"/apis/batch/v1/namespaces/{_q(namespace)}/jobs" + (f"/{_q(name)}" if name else "")
+
+    async def create_batch_job(self, body: dict[str, Any]) -> bool:
+        """Create the Job; False when one of that name exists (idempotent after a crash)."""
+        try:
+            await self._call(
+                "post", f"{self._batch_job_url(body['metadata']['namespace'])}?{STRICT}", body
+            )
+        except Conflict:
+            return False
+        return True
+
+    async def get_batch_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self._call("get", self._batch_job_url(namespace, name))
+        except NotFound:
+            return None
+        return found
+
+    async def delete_batch_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the Job and its pod (background); only that object (a uid precondition)."""
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self._call("delete", self._batch_job_url(namespace, name), payload=options)
+        except (NotFound, Conflict):
+            return
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = await self._call(
+            "get", f"/api/v1/namespaces/{_q(namespace)}/pods?labelSelector={_q(selector)}"
+        )
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items
 
     # -- what is installed (start-up checks) -----------------------------------------------------
 

@@ -16,17 +16,21 @@ from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner, owner_of
 from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import Plan
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Admission,
+    CubeObservation,
     JobSetObservation,
     NodeMaintenance,
     Observed,
     Pod,
+    SliceObjectObservation,
     SliceObservation,
     termination,
 )
+from multislice_operator.reconcile.types import PreflightObservation
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
 DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
@@ -200,6 +204,61 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "maintenanceLatest": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME_LATEST)),
         "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels or terminating,
     }
+
+
+def summarize_slice(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A GKE `Slice` (accelerator.gke.io/v1beta1): its cubes and its state, the reason of its
+    Ready condition (GKE "Slice" reference; docs/provisioning.md, dynamic slicing)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    ready: dict[str, Any] = next(
+        (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        {},
+    )
+    return {
+        "name": meta.get("name", ""),
+        "partitions": tuple(spec.get("partitionIds") or ()),
+        "state": str(ready.get("reason") or ""),
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+
+
+def dynamic_observation(
+    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], slices: Mapping[Any, Any]
+) -> tuple[list[CubeObservation], frozenset[str], list[SliceObjectObservation]]:
+    """Dynamic slicing: the cubes the job may use (its own cube pools, or with Existing cubes the
+    cluster's unclaimed tpu7x pools that carry a partition id), the partitions other Slices hold,
+    and the job's own Slices (named as cubes.slice_names says)."""
+    own = {p.name for p in plan.pools}
+    found = []
+    for pool, members in sorted(nodes.items(), key=lambda kv: str(kv[0])):
+        members = [n for n in members if n["labels"].get(keys.GKE_TPU_PARTITION_ID)]
+        if not members or (own and str(pool) not in own) or (not own and members[0]["jobKey"]):
+            continue
+        if members[0]["accelerator"] != plan.shape.generation.gke_accelerator:
+            continue
+        labels = members[0]["labels"]
+        found.append(
+            CubeObservation(
+                labels[keys.GKE_TPU_PARTITION_ID],
+                str(pool),
+                labels.get(keys.GKE_TPU_PARTITION_STATE, ""),
+                sum(1 for n in members if n["ready"]),
+                str(pool) in own,
+            )
+        )
+    names = {n: i for i in range(plan.slices) for n in cubes.slice_names(plan.job_key, i)}
+    mine, taken = [], set()
+    for name in sorted(slices):
+        s = first(slices, name)
+        if name in names:
+            index = names[name]
+            mine.append(
+                SliceObjectObservation(name, index, s["partitions"], s["state"], s["deleting"])
+            )
+        else:
+            taken.update(s["partitions"])
+    return found, frozenset(taken), mine
 
 
 def listing_behind_nodes(plan: Plan, gang: GangObservation, nodes: Mapping[Any, Any]) -> bool:
@@ -462,6 +521,39 @@ def existing_slices(
     return slices, len(matching)
 
 
+# The Job controller labels its pods with the Job's uid (Kubernetes 1.27+).
+JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
+
+
+def preflight_observation(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], uid: str
+) -> PreflightObservation:
+    """The compile Job of spec.preflight and its pod's last words (termination message)."""
+    meta = job.get("metadata") or {}
+    conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
+    complete = (conds.get("Complete") or {}).get("status") == "True"
+    failed = conds.get("Failed") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    exit_code, message = None, ""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term:
+                exit_code, message = term.get("exitCode"), term.get("message") or ""
+    return PreflightObservation(
+        name=str(meta.get("name", "")),
+        owned=any(o.get("uid") == uid for o in owners),
+        generation=_int((meta.get("labels") or {}).get(PREFLIGHT_GENERATION)) or 0,
+        finished=complete or failed.get("status") == "True",
+        succeeded=complete,
+        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        message=message,
+        reason=str(failed.get("reason") or "") if failed.get("status") == "True" else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
 def assemble(
     plan: Plan,
     uid: str,
@@ -477,11 +569,12 @@ def assemble(
     strays: Mapping[str, PoolState] | None = None,
     owners: Mapping[str, PoolOwner] | None = None,
     blind_since: datetime | None = None,
+    slices: Mapping[Any, Any] | None = None,
 ) -> Observed:
     js = jobset_observation(jobset, (plan.namespace, plan.name), uid)
     own = (
         {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
-        if plan.managed
+        if plan.pools
         else {}
     )
     records = pod_records(pods, js, own)
@@ -497,7 +590,11 @@ def assemble(
         strays=dict(strays or {}),
         maintenance=maintenance_observations(plan, nodes, records, attempt),
     )
-    if plan.managed:
+    if plan.dynamic:
+        obs.cubes, obs.cubes_taken, obs.slice_objects = dynamic_observation(
+            plan, nodes, slices or {}
+        )
+    if plan.pools:  # Managed, and dynamic slicing's cube pools
         if gang is not None:
             obs.slices = managed_slices(
                 plan,
@@ -507,7 +604,7 @@ def assemble(
                 present_nodes_by_pool(nodes),
                 owners,
             )
-    else:
+    elif not plan.dynamic:
         obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
     return obs
 

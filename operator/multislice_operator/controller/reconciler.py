@@ -23,6 +23,7 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common import keys
 from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.common.names import preflight_job
 from multislice_operator.common.ownership import Owner, owner_of
 from multislice_operator.common.pools import PoolState
 from multislice_operator.controller import appliers, kueue, metrics
@@ -40,6 +41,7 @@ from multislice_operator.reconcile import (
     goodput,
 )
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
+from multislice_operator.reconcile.types import PreflightObservation
 from multislice_operator.render import podsecurity
 from multislice_operator.render.jobset import render_pod_template
 
@@ -250,13 +252,28 @@ async def _missing_priority_class(rt: Runtime, spec: MultisliceJobSpec) -> str |
     return None if exists else name
 
 
+async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObservation | None:
+    """The job's compile Job (spec.preflight), and its pod once it finished (the termination
+    message): read, not watched, while the job holds no capacity (decide() polls)."""
+    job = await rt.kube.get_batch_job(key[0], preflight_job(key[1]))
+    if job is None:
+        return None
+    finished = any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+    uid = str((job.get("metadata") or {}).get("uid", ""))
+    pods = await rt.kube.list_pods(key[0], f"{ob.JOB_CONTROLLER_UID}={uid}") if finished else []
+    return ob.preflight_observation(job, pods, meta.uid)
+
+
 async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
     gang, offered = None, None
     configured = rt.provisioner is not None
     meta = job_meta(body)
-    if plan.managed and rt.provisioner is not None:
+    if plan.pools and rt.provisioner is not None:  # Managed, or dynamic slicing's cube pools
         gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
         if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
             gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
@@ -281,6 +298,7 @@ async def observe_job(
         strays=strays,
         owners=owners,
         blind_since=rt.blind_since(key),
+        slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
     queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
@@ -293,6 +311,8 @@ async def observe_job(
     if nothing_yet:  # before the first pool: what refuses every pod fails the job at once
         observed.pod_security = await _pod_security(rt, key, plan, spec)
         observed.missing_priority_class = await _missing_priority_class(rt, spec)
+        if spec.preflight is not None:
+            observed.preflight = await _preflight(rt, key, meta)
     return observed
 
 

@@ -92,6 +92,8 @@ class Indexes:
     workloads: Mapping[Any, Any] = field(default_factory=dict)
     local_queues: Mapping[Any, Any] = field(default_factory=dict)
     admission_checks: Mapping[Any, Any] = field(default_factory=dict)
+    # GKE Slices (dynamic slicing), by name: present once the Slice CRD is served.
+    slices: Mapping[Any, Any] = field(default_factory=dict)
 
 
 @dataclass

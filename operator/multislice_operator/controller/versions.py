@@ -18,8 +18,8 @@ problem lasts: what is installed, what is needed, and why (operator log, runtime
      is not refused by JobSet's webhook ("InPlaceRestart restart strategy cannot be set when
      InPlaceRestart feature gate is disabled", jobset v0.12.0 pkg/webhooks/jobset_webhook.go);
   4. Kubernetes >= 1.35 and its apiserver keeps a pod's ``RestartAllContainers`` restart rule
-     (a dry run of a Job; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta and on in
-     1.36). The kubelet's own gate cannot be read from the apiserver: docs/restarts.md.
+     (a dry run of a Job; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta
+     and on in 1.36). The kubelet's own gate cannot be read from the apiserver: docs/restarts.md.
 """
 
 from __future__ import annotations

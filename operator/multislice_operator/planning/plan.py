@@ -21,6 +21,7 @@ from multislice_operator.api.models import (
     KIND,
     SPEC_RULES,
     CapacityType,
+    CubeSource,
     MultisliceJob,
     MultisliceJobSpec,
     ProvisioningMode,
@@ -36,7 +37,7 @@ from multislice_operator.common.names import (
     longest_pod_name,
     max_name_length,
 )
-from multislice_operator.planning import advisor, hostports, placement
+from multislice_operator.planning import advisor, cubes, hostports, placement
 from multislice_operator.tpu import catalog, parallelism
 from multislice_operator.tpu.parallelism import Parallelism
 
@@ -67,6 +68,9 @@ class NodePoolSpec:
     workload_policy: str | None = None
     flex_start: bool = False
     max_run_duration_s: int | None = None  # flex-start: GKE removes the VMs after this long
+    # A dynamic-slicing cube (one 4x4x4 sub-block): its workload policy provisions the VMs
+    # without forming ICI links (PROVISION_ONLY); the Slice forms them later.
+    cube: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +87,7 @@ class NodePoolSpec:
             "workloadPolicy": self.workload_policy,
             "flexStart": self.flex_start,
             "maxRunDurationSeconds": self.max_run_duration_s,
+            "cube": self.cube,
         }
 
 
@@ -140,6 +145,10 @@ class Plan:
     spare_pools: list[NodePoolSpec] = field(default_factory=list)
     # The pods' terminationGracePeriodSeconds: how long a stopping pod may keep its node.
     pod_grace_seconds: int = DEFAULT_POD_GRACE_SECONDS
+    # DynamicSlicing: the 4x4x4 cubes each slice's GKE Slice is stitched from, and where the
+    # cubes come from (Managed: node_pools and spare_pools are the cubes' pools; Existing).
+    cubes_per_slice: int = 0
+    cubes_source: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -180,7 +189,11 @@ class Plan:
 
     @property
     def spare_chips(self) -> int:
-        """The chips of the hot spares: held and billed, never used by the JobSet."""
+        """The chips of the hot spares: held and billed, never used by the JobSet (spare cubes
+        with dynamic slicing)."""
+        cube = self.shape.generation.sub_block_topology
+        if self.dynamic and cube is not None:
+            return catalog.topology_chips(cube) * self.spares
         return self.shape.chips * self.spares
 
     @property
@@ -190,6 +203,29 @@ class Plan:
     @property
     def managed(self) -> bool:
         return self.mode == ProvisioningMode.MANAGED.value
+
+    @property
+    def dynamic(self) -> bool:
+        """GKE dynamic slicing: each slice a `Slice` over cubes."""
+        return self.mode == ProvisioningMode.DYNAMIC_SLICING.value
+
+    @property
+    def cubes_needed(self) -> int:
+        """DynamicSlicing: the cubes the job holds, its slices' and its spare cubes."""
+        return self.slices * self.cubes_per_slice + self.spares if self.dynamic else 0
+
+    def dynamic_slicing_dict(self) -> dict[str, Any] | None:
+        if not self.dynamic:
+            return None
+        return {
+            "cubes": self.cubes_source,
+            "cubeTopology": self.shape.generation.sub_block_topology,
+            "cubesPerSlice": self.cubes_per_slice,
+            "sliceTopology": self.shape.topology,
+            "slices": self.slices,
+            "spareCubes": self.spares,
+            "totalCubes": self.cubes_needed,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -220,6 +256,7 @@ class Plan:
             "dcn": self.advice.as_dict(),
             "nodePools": [p.as_dict() for p in self.node_pools],
             "sparePools": [p.as_dict() for p in self.spare_pools],
+            "dynamicSlicing": self.dynamic_slicing_dict(),
             "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
         }
 
@@ -305,8 +342,11 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     errors += template_errors
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
-    managed = spec.provisioning.mode == ProvisioningMode.MANAGED.value
-    pools = _node_pools(spec, shape, namespace, name, range(spec.slices)) if managed else []
+    errors += cubes.sub_block_errors(spec, shape)
+    errors += cubes.dynamic_slicing_errors(spec, shape)
+    if errors and any(e.path == "spec.topology" for e in errors):
+        raise SpecError(errors)
+    pools, spare_pools, per_slice = _capacity_pools(spec, shape, namespace, name)
     if not template_errors:
         errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
         errors += _check_placement(spec.template["spec"], pools)
@@ -314,7 +354,6 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     if errors:
         raise SpecError(errors)
     advice = advisor.advise(shape, spec.slices, par, spec.training.global_batch_tokens)
-    spare_indexes = range(spec.slices, spec.slices + spec.spares)
     return Plan(
         namespace=namespace,
         name=name,
@@ -334,11 +373,57 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
             else None
         ),
         spares=spec.spares,
-        spare_pools=_node_pools(spec, shape, namespace, name, spare_indexes) if managed else [],
+        spare_pools=spare_pools,
+        cubes_per_slice=per_slice,
+        cubes_source=_cubes_source(spec),
         pod_grace_seconds=int(
             spec.template["spec"].get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE_SECONDS)
         ),
     )
+
+
+def _capacity_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str,
+                    name: str) -> tuple[list[NodePoolSpec], list[NodePoolSpec], int]:  # fmt: skip
+    """The node pools the operator creates (the slices', the spares') and the cubes per slice.
+
+    Managed: one pool per slice and spare. DynamicSlicing with Managed cubes: one pool per 4x4x4
+    cube (a sub-block: GKE "Configure TPUs with GKE dynamic slicing"), the slices' cubes then
+    the spare cubes (spec.spares counts cubes). Existing, and Existing cubes: none."""
+    mode = spec.provisioning.mode
+    if mode == ProvisioningMode.MANAGED.value:
+        spares = range(spec.slices, spec.slices + spec.spares)
+        return (
+            _node_pools(spec, shape, namespace, name, range(spec.slices)),
+            _node_pools(spec, shape, namespace, name, spares),
+            0,
+        )
+    if mode != ProvisioningMode.DYNAMIC_SLICING.value:
+        return [], [], 0
+    per = cubes.cubes_per_slice(shape)
+    cube = cubes.cube_shape(shape.generation)
+    if cube is None or _cubes_source(spec) != CubeSource.MANAGED.value:
+        return [], [], per
+    used = spec.slices * per
+
+    def as_cubes(indexes: range) -> list[NodePoolSpec]:
+        # The policy carries the topology, in PROVISION_ONLY mode; no tpuTopology on the pool
+        # (docs/provisioning.md, dynamic slicing: GKE "Use dynamic slicing with a custom
+        # scheduler", create node pools with incremental provisioning).
+        policy = cubes.cube_policy_name(cube)
+        return [
+            dataclasses.replace(p, tpu_topology=None, workload_policy=policy, cube=True)
+            for p in _node_pools(spec, cube, namespace, name, indexes)
+        ]
+
+    return as_cubes(range(used)), as_cubes(range(used, used + spec.spares)), per
+
+
+def _cubes_source(spec: MultisliceJobSpec) -> str | None:
+    """DynamicSlicing: where the cubes come from (Managed by default); None: another mode."""
+    if spec.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING.value:
+        return None
+    ds = spec.provisioning.dynamic_slicing
+    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
 
 
 def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism) -> list[SizePlan]:

@@ -48,7 +48,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -65,6 +64,7 @@ from multislice_operator.planning.plan import (
     Plan,
 )
 from multislice_operator.provisioning.base import ActionResult, GangObservation, PoolObservation
+from multislice_operator.provisioning.executor import IdleExitThreadPool
 from multislice_operator.provisioning.gke_errors import (
     CODE_ALREADY_EXISTS,
     CODE_CONFLICT,
@@ -100,6 +100,9 @@ from multislice_operator.tpu import catalog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The client's calls block, so they run in threads (up to max_concurrency at once, a gang's pools
+# concurrently); a thread idle this long exits instead of staying for the operator's life.
+IDLE_THREAD_SECONDS = 30.0
 
 # GKE's NodePool.Status names -> the core's provider-neutral state.
 _STATE = {
@@ -229,6 +232,7 @@ class GkeProvisioner:
         retry: RetryPolicy | None = None,
         call_timeout_s: float = 30.0,
         max_concurrency: int = 32,
+        idle_thread_s: float = IDLE_THREAD_SECONDS,
         offered_ttl_s: float = 600.0,
         tpu_taint: bool = False,
         node: NodeOptions | None = None,
@@ -255,7 +259,7 @@ class GkeProvisioner:
         }
         self._client = client or container_v1.ClusterManagerClient(**self._client_args)
         self._tpu_client = tpu_client
-        self._executor = ThreadPoolExecutor(max_concurrency, thread_name_prefix="gke-api")
+        self._executor = IdleExitThreadPool(max_concurrency, idle_thread_s, "gke-api")
         self._max_concurrency = max_concurrency
         _widen_connection_pool(self._client, max_concurrency)
         self._ops: dict[str, _OpRecord] = {}  # by pool name

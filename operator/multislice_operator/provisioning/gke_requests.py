@@ -131,7 +131,7 @@ def build_node_pool(
     )
     if node.max_pods_per_node and spec.gke_accelerator:
         pool.max_pods_constraint = cs.MaxPodsConstraint(max_pods_per_node=node.max_pods_per_node)
-    if spec.tpu_topology:
+    if spec.tpu_topology or spec.cube:  # a cube's policy carries its topology (no tpuTopology)
         pool.placement_policy = _placement(spec)
     if spec.flex_start:
         _flex_start(pool, spec)
@@ -244,6 +244,7 @@ def _resource_labels(plan: Plan, spec: NodePoolSpec, owner_uid: str) -> dict[str
 # region and the policy itself): the operator marks the ones it creates in the description.
 WORKLOAD_POLICY_MARK = f"{RL_MANAGED_BY}={keys.MANAGED_BY_VALUE}"
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"
+CUBE_TOPOLOGY_MODE = "PROVISION_ONLY"
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,9 @@ class WorkloadPolicySpec:
     name: str
     region: str
     accelerator_topology: str
+    # PROVISION_ONLY for dynamic-slicing cubes: "provision TPU nodes without forming ICI or OCS
+    # links" (GKE "Use dynamic slicing with a custom scheduler"); "" for a slice's own policy.
+    topology_mode: str = ""
 
     def description(self) -> str:
         return (
@@ -270,9 +274,11 @@ def region_of(zone: str) -> str:
 def workload_policies(plan: Plan, region: str) -> list[WorkloadPolicySpec]:
     """The distinct workload policies the plan's pools name (none for COMPACT generations)."""
     wanted = {
-        (p.workload_policy, p.tpu_topology or p.topology) for p in plan.pools if p.workload_policy
+        (p.workload_policy, p.tpu_topology or p.topology, CUBE_TOPOLOGY_MODE if p.cube else "")
+        for p in plan.pools
+        if p.workload_policy
     }
-    return [WorkloadPolicySpec(name, region, topo) for name, topo in sorted(wanted)]
+    return [WorkloadPolicySpec(name, region, topo, mode) for name, topo, mode in sorted(wanted)]
 
 
 def build_workload_policy(policy: WorkloadPolicySpec) -> Any:
@@ -287,7 +293,9 @@ def build_workload_policy(policy: WorkloadPolicySpec) -> Any:
         region=policy.region,
         description=policy.description(),
         workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_=WORKLOAD_POLICY_TYPE, accelerator_topology=policy.accelerator_topology
+            type_=WORKLOAD_POLICY_TYPE,
+            accelerator_topology=policy.accelerator_topology,
+            **({"accelerator_topology_mode": policy.topology_mode} if policy.topology_mode else {}),
         ),
     )
 

@@ -12,12 +12,14 @@ from collections.abc import Mapping
 from multislice_operator.api.models import ProvisioningMode
 from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile.capacity import CapacityModel
+from multislice_operator.reconcile.capacity_dynamic import DYNAMIC_SLICES
 from multislice_operator.reconcile.capacity_existing import EXISTING_POOLS
 from multislice_operator.reconcile.capacity_nodepools import NODE_POOLS
 
 MODELS: Mapping[ProvisioningMode, CapacityModel] = {
     ProvisioningMode.MANAGED: NODE_POOLS,
     ProvisioningMode.EXISTING: EXISTING_POOLS,
+    ProvisioningMode.DYNAMIC_SLICING: DYNAMIC_SLICES,
 }
 
 # A job without a plan (an invalid spec) holds no slice of its own: like an Existing job, only

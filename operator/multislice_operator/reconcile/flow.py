@@ -14,7 +14,8 @@ One pass, in order:
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
 3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
-   the model asks for it, the finalizer; the Kueue gate (kueue_gate.py) for a job that names a queue
+   the model asks for it, the finalizer; the preflight compile (preflight.py) if the spec asks
+   for it; the Kueue gate (kueue_gate.py) for a job that names a queue
    (`_queued`: held, or provisioning before admission); the capacity (`Facts.capacity.provide`:
    what to create, what to repair); then the JobSet (`_run`): a restart the operator carries
    out (restart_strategy.py: a resize), the JobSet created or resumed, or running (running.py)
@@ -45,6 +46,7 @@ from multislice_operator.reconcile import (
     invariants,
     kueue_gate,
     maintenance,
+    preflight,
     restart_strategy,
     startup,
     verdicts,
@@ -168,6 +170,7 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         advice.verdict, Reason.NO_BATCH_HINT
     )
     b.cond(ConditionType.DCN_BOUND, bound, reason, advice.message)
+    preflight.record(f, b)
     if not f.deleting and f.finished_before and not f.world_agrees:
         _status_ignored(f, b)
     if f.deleting:
@@ -197,6 +200,9 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
     _begin(f, b)
+    compiling = preflight.gate(f, b)  # spec.preflight: compiled before any capacity
+    if compiling is not None:
+        return (*compiling, NO_CAPACITY)
     g = kueue_gate.gate(f, b) if f.queue else None
     queued = _queued(f, b, g)
     if queued is not None:

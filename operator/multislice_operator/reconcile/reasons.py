@@ -61,6 +61,7 @@ class Reason(StrEnum):
     POD_SECURITY_REFUSED = "PodSecurityRefused"
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
     JOBSET_REFUSED = "JobSetRefused"
+    PREFLIGHT_FAILED = "PreflightFailed"
     POOL_NAME_TAKEN = "PoolNameTaken"
     PROVISIONING_FAILED = "ProvisioningFailed"
     MAX_DISRUPTION_RESTARTS = "MaxDisruptionRestarts"
@@ -126,6 +127,8 @@ class Reason(StrEnum):
     INADMISSIBLE = "Inadmissible"
     REJECTED = "Rejected"
     WAITING_FOR_FLEX_START_CAPACITY = "WaitingForFlexStartCapacity"
+    PREFLIGHT_RUNNING = "PreflightRunning"
+    PREFLIGHT_PASSED = "PreflightPassed"
 
     @property
     def info(self) -> Info:
@@ -197,6 +200,14 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "The apiserver (JobSet webhook included) refuses the JobSet or its Jobs; found by a dry "
         "run before the first pool.",
+        terminal=True,
+        event=False,
+    ),
+    Reason.PREFLIGHT_FAILED: Info(
+        WARNING,
+        "The compile command of spec.preflight failed (the program does not fit in the TPUs' "
+        "HBM, does not compile for their topology, or timed out); found before any node pool, "
+        "its message quoted; charged to no restart budget.",
         terminal=True,
         event=False,
     ),
@@ -395,6 +406,10 @@ _CONDITION_REASONS = {
         "Flex-start pools wait for capacity (Dynamic Workload Scheduler): not a failure, no "
         "rollback or timeout while they wait.",
     ),
+    Reason.PREFLIGHT_RUNNING: (
+        "Provisioned",
+        "The compile command of spec.preflight runs as a CPU Job; no node pool until it passes.",
+    ),
 }
 for _reason, (_condition, _doc) in _CONDITION_REASONS.items():
     REGISTRY[_reason] = Info(NORMAL, _doc, condition=_condition, event=False)
@@ -411,6 +426,12 @@ for _reason, _condition in (
     (Reason.PROVISIONING_FAILED, "Provisioned"),
 ):
     REGISTRY[_reason] = dataclasses.replace(REGISTRY[_reason], condition=_condition)
+
+REGISTRY[Reason.PREFLIGHT_PASSED] = Info(
+    NORMAL,
+    "The compile command of spec.preflight passed: the program fits (HBM per device in "
+    "status.preflight); the node pools are created next.",
+)
 
 SLICE_FAILURE_REASONS = {r: i for r, i in REGISTRY.items() if i.metric is not None}
 

@@ -43,6 +43,30 @@ class SliceObservation:
 
 
 @dataclass(frozen=True)
+class CubeObservation:
+    """One 4x4x4 cube (a reservation sub-block, one node pool) a dynamic-slicing job may use:
+    its nodes' partition labels (GKE: cloud.google.com/gke-tpu-partition-4x4x4-id and -state)."""
+
+    partition: str
+    pool: str
+    state: str = "HEALTHY"  # HEALTHY, DEGRADED, UNHEALTHY, UNSET, INCOMPLETE
+    ready_hosts: int = 0
+    ours: bool = False  # a pool the job created (Managed cubes)
+
+
+@dataclass(frozen=True)
+class SliceObjectObservation:
+    """A GKE `Slice` (accelerator.gke.io/v1beta1, cluster-scoped) named as the job's: its cubes
+    and its state, the reason of its Ready condition ("" before the controller wrote one)."""
+
+    name: str
+    index: int  # the job's slice it forms
+    partitions: tuple[str, ...]
+    state: str = ""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
 class Termination:
     """What the workload wrote in its termination message (docs/environment.md section 2)."""
 
@@ -141,6 +165,23 @@ class Admission:
     Job it would make: a server-side dry run before the first pool, or the create itself."""
 
     refused: str = ""  # the apiserver's message; empty: accepted
+
+
+@dataclass(frozen=True)
+class PreflightObservation:
+    """The job's compile Job (spec.preflight; batch/v1, named by names.preflight_job)."""
+
+    name: str
+    owned: bool = True  # its controller ownerReference is this job's uid
+    generation: int = 0  # the job's spec generation it compiles (its label)
+    finished: bool = False  # Complete or Failed
+    succeeded: bool = False  # Complete
+    exit_code: int | None = None  # of its container, once terminated
+    # Its container's termination message: what the command wrote to /dev/termination-log, or
+    # (FallbackToLogsOnError) the tail of its log when it failed without writing one.
+    message: str = ""
+    reason: str = ""  # the Job's Failed condition's reason (DeadlineExceeded, BackoffLimit...)
+    deleting: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,9 +299,16 @@ class Observed:
     missing_priority_class: str | None = None
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
+    # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
+    preflight: PreflightObservation | None = None
     # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
     # (yet): JobSets recreate, and the job says nothing of it.
     in_place: InPlaceSupport | None = None
+    # Dynamic slicing: the cubes the job may use (its own pools', or the cluster's with
+    # Existing cubes), the partitions any other Slice holds, and the job's own Slices.
+    cubes: list[CubeObservation] = field(default_factory=list)
+    cubes_taken: frozenset[str] = frozenset()
+    slice_objects: list[SliceObjectObservation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -313,6 +361,21 @@ class DeletePools:
 
 
 @dataclass(frozen=True)
+class CreateSlice:
+    """A GKE `Slice` of `topology` over these cubes' partition ids (dynamic slicing)."""
+
+    name: str
+    index: int
+    topology: str
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeleteSlices:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class CreateJobSet:
     """Create the job's JobSet. `slices`: on fewer slices than spec.slices (spec.elastic; None:
     spec.slices); `restarts_before`/`counted_before`: the job's restarts so far (all, and those
@@ -329,6 +392,16 @@ class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
 
     in_place: bool = False  # the JobSet judged is the one CreateJobSet will render
+
+
+@dataclass(frozen=True)
+class CreatePreflightJob:
+    """Run the compile command (spec.preflight) as a CPU Job owned by the job, before any pool."""
+
+
+@dataclass(frozen=True)
+class DeletePreflightJob:
+    """The compile Job finished (or is not this spec's): deleted with its pod."""
 
 
 @dataclass(frozen=True)
@@ -417,8 +490,12 @@ Action = (
     | RemoveFinalizer
     | CreatePools
     | DeletePools
+    | CreateSlice
+    | DeleteSlices
     | CreateJobSet
     | ValidateJobSet
+    | CreatePreflightJob
+    | DeletePreflightJob
     | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob

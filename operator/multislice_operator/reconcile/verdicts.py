@@ -18,7 +18,7 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner
-from multislice_operator.reconcile import elastic, kueue_gate, restarts
+from multislice_operator.reconcile import elastic, kueue_gate, preflight, restarts
 from multislice_operator.reconcile.capacity import (
     Released,
     pools_present,
@@ -179,6 +179,11 @@ def jobset_refused(f: Facts) -> Verdict | None:
     )
 
 
+def preflight_failed(f: Facts) -> Verdict | None:
+    message = preflight.failure(f)
+    return Verdict(End.FAIL, Reason.PREFLIGHT_FAILED, message) if message else None
+
+
 def pool_name_taken(f: Facts) -> Verdict | None:
     taken = f.capacity.taken(f)
     if not taken:
@@ -278,6 +283,7 @@ VERDICTS: tuple[Rule, ...] = (
     pod_security,
     priority_class_missing,
     jobset_refused,
+    preflight_failed,
     pool_name_taken,
     provisioning_failed,
     disruption_budget,

@@ -82,6 +82,11 @@ class Generation:
     # generation (regional; the 403 names them: resource "..."); see docs/provisioning.md.
     quota_metric: str = ""
     spot_quota_metric: str = ""
+    # The topology of one reservation sub-block (None: the generation has none we know of). On
+    # Ironwood a sub-block is a 4x4x4 cube of 16 tpu7x VMs, "the fundamental logical building
+    # unit of Ironwood (TPU7x) capacity" (GKE "Configure TPUs with GKE dynamic slicing",
+    # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/use-gke-dynamic-slicing).
+    sub_block_topology: str | None = None
 
 
 _2D_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -185,6 +190,7 @@ GENERATIONS: dict[str, Generation] = {
             # On-demand: the family quota, as for v6e (Cloud Quotas); spot: UNCONFIRMED name.
             quota_metric="TPUS_PER_TPU_FAMILY",
             spot_quota_metric="PREEMPTIBLE_TPU7X",
+            sub_block_topology="4x4x4",
         ),
     )
 }

@@ -1,0 +1,204 @@
+"""Benchmark: the operator's memory and threads through a full Managed lifecycle load (issue 45).
+
+One `cluster`-profile control plane (real apiserver, scheduler, controller-manager with its
+garbage collector, kwok nodes, the JobSet controller), the local GKE simulator and the operator
+as a real process (the local stack, as `make demo` runs it). N Managed jobs of 2 x v5litepod-8
+(two node pools of two hosts each per job: 2N pools, 4N nodes, 4N pods, real JobSets) are
+created at once; the simulator provisions their pools, kwok runs their pods for --run seconds,
+the JobSets complete, the jobs Succeed and release their pools; then the jobs are deleted and
+the benchmark waits until every job, JobSet, pool and node is gone.
+
+Measured on the operator process (VmRSS of it and its descendants, its thread count):
+
+* idle: after a warm-up of a few jobs that went through the same lifecycle (what the first jobs
+  cost once: lazily imported code, the clients' connection pools) and an idle window;
+* peak: sampled every second through the load (and the process's own VmHWM);
+* after: --after seconds after the last job, pool and node were gone.
+
+What the load left behind is after - idle, in MiB and threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from benchmarks.common import (
+    JOBSET,
+    MSJ,
+    WORKERS,
+    create_namespace,
+    job_body,
+    parallel,
+    rss_mib,
+    save,
+    say,
+    table,
+    threads_of,
+)
+from benchmarks.watcher import Spec, Watcher
+from multislice_local.nodes import RUN_DURATION_ANNOTATION
+from multislice_local.stack import LocalStack, StackOptions
+from multislice_operator.common import keys
+
+NAMESPACE = "lifecycle"
+ACCELERATOR, SLICES = "v5litepod-8", 2
+
+
+class Sampler:
+    """The operator's RSS and threads every `interval` seconds, in a thread: the peaks."""
+
+    def __init__(self, pid: int, interval: float = 1.0) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_rss = 0.0
+        self.peak_threads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak_rss = max(self.peak_rss, rss_mib(self.pid))
+                self.peak_threads = max(self.peak_threads, threads_of(self.pid))
+            except OSError:
+                return
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def managed_job(name: str, run: str) -> dict[str, Any]:
+    template = {
+        "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
+        "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
+    }
+    return job_body(name, ACCELERATOR, SLICES, "Managed", template)
+
+
+def load(stack: LocalStack, jobs: list[str], run: str, timeout: float) -> None:
+    """`jobs` created, Succeeded, deleted; returns when they, their JobSets, pools and nodes are
+    gone."""
+    api = stack.api
+    custom = client.CustomObjectsApi(api)
+    assert stack.cp is not None and stack.sim is not None
+    with Watcher(stack.cp.kubeconfig) as w:
+        w.add("succeeded", Spec(MSJ, NAMESPACE, "phase", ["Succeeded"]))
+        w.add("gone", Spec(MSJ, NAMESPACE, "deleted"))
+        w.add("js_gone", Spec(JOBSET, NAMESPACE, "deleted"))
+        parallel(
+            lambda name: custom.create_namespaced_custom_object(
+                *MSJ[:2], NAMESPACE, MSJ[2], managed_job(name, run)
+            ),
+            jobs,
+            WORKERS,
+        )
+        w.wait("succeeded", jobs, timeout=timeout)
+        parallel(
+            lambda name: custom.delete_namespaced_custom_object(*MSJ[:2], NAMESPACE, MSJ[2], name),
+            jobs,
+        )
+        w.wait("gone", jobs, timeout=timeout)
+        w.wait("js_gone", jobs, timeout=timeout)
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while stack.sim.pools() or core.list_node(label_selector=keys.GKE_NODEPOOL).items:
+        if time.monotonic() > deadline:
+            raise TimeoutError("node pools or nodes left after the jobs were deleted")
+        time.sleep(1)
+
+
+def snapshot(pid: int) -> dict[str, float]:
+    return {"rss_mib": rss_mib(pid), "threads": float(threads_of(pid))}
+
+
+def run(
+    n: int,
+    warmup: int = 3,
+    idle_s: float = 30.0,
+    after_s: float = 120.0,
+    run_s: int = 10,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}")
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-lifecycle-{n}.log"
+    timeout = 600 + n * 6.0  # a shared 2-core machine took more than 900 s for 200 jobs
+    options = StackOptions(operator_log=log, operator_env=dict(env or {}))
+    with LocalStack(options) as stack:
+        assert stack.op is not None and stack.op.proc is not None
+        pid = stack.op.proc.pid
+        create_namespace(stack.api, NAMESPACE)
+        time.sleep(idle_s)
+        cold = snapshot(pid)
+        if warmup:
+            load(stack, [f"warm-{i:03d}" for i in range(warmup)], f"{run_s}s", timeout)
+        time.sleep(idle_s)
+        idle = snapshot(pid)
+        started = time.monotonic()
+        with Sampler(pid) as sampler:
+            load(stack, [f"job-{i:05d}" for i in range(n)], f"{run_s}s", timeout)
+        load_s = time.monotonic() - started
+        time.sleep(after_s)
+        after = snapshot(pid)
+    out = {
+        "jobs": n,
+        "accelerator": ACCELERATOR,
+        "slices": SLICES,
+        "warmup_jobs": warmup,
+        "load_seconds": load_s,
+        "after_seconds": after_s,
+        "cold": cold,
+        "idle": idle,
+        "peak": {"rss_mib": sampler.peak_rss, "threads": float(sampler.peak_threads)},
+        "after": after,
+        "rss_delta_mib": after["rss_mib"] - idle["rss_mib"],
+        "threads_delta": after["threads"] - idle["threads"],
+        "operator_log": str(log),
+    }
+    out["table"] = result_table(out)
+    save("lifecycle_memory", out)
+    return out
+
+
+def result_table(r: dict[str, Any]) -> str:
+    return table(
+        f"Operator RSS and threads through {r['jobs']} Managed jobs of {r['slices']} x "
+        f"{r['accelerator']} (real JobSets, GKE simulator; idle: after {r['warmup_jobs']} "
+        f"warm-up jobs; after: {r['after_seconds']:g}s after the last job was gone)",
+        ["", "start", "idle", "peak", "after", "after - idle"],
+        [
+            ["RSS MiB", r["cold"]["rss_mib"], r["idle"]["rss_mib"], r["peak"]["rss_mib"],
+             r["after"]["rss_mib"], r["rss_delta_mib"]],
+            ["threads", r["cold"]["threads"], r["idle"]["threads"], r["peak"]["threads"],
+             r["after"]["threads"], r["threads_delta"]],
+        ],
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--jobs", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--idle", type=float, default=30.0, help="idle window before the load, s")
+    p.add_argument("--after", type=float, default=120.0, help="wait after the load, s")
+    p.add_argument("--run", type=int, default=10, help="how long the pods run, s")
+    args = p.parse_args(argv)
+    run(args.jobs, args.warmup, args.idle, args.after, args.run)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""spec.preflight as a gate before capacity: compile first, then the node pools. Pure.
+
+A job with spec.preflight gets no node pool (and no JobSet) until its compile command has passed
+for the spec it runs: the command runs in the job's own image as a CPU Job owned by the job
+(render/preflight.py), one per spec generation under one deterministic name
+(names.preflight_job), so a pass after a crash finds the Job it created instead of making
+another. The shell reads the Job and its pod's termination message (Observed.preflight) while the
+job holds no capacity; this module says what that means:
+
+* no Job yet: create it; the job is Pending (Provisioned=False, PreflightRunning);
+* running: wait (a pass every few seconds: the Job is read, not watched);
+* passed: status.preflight records it with its figures (HBM per device, the generation's HBM,
+  the estimated step time) and the lifecycle goes on to the capacity in the same pass;
+* failed (a non-zero exit, the deadline): a verdict (verdicts.py, PreflightFailed) fails the job
+  with the command's own words, before any node pool; no restart budget is charged.
+
+A finished Job is deleted on the pass that reads it (its result is in the status first: the
+shell writes the status before it acts), so nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from multislice_operator.api.models import (
+    EXIT_CONFIG_ERROR,
+    ConditionType,
+    Phase,
+    PreflightState,
+    PreflightStatus,
+)
+from multislice_operator.common.names import preflight_job
+from multislice_operator.reconcile.capacity import pools_present
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import (
+    CreatePreflightJob,
+    DeletePreflightJob,
+    PreflightObservation,
+)
+
+POLL_SECONDS = 5.0  # the compile Job is read, not watched: a pass this often while it runs
+MESSAGE_MAX = 1024  # of the command's words kept in the status and the condition
+GIB = 1024**3
+
+
+def result(message: str) -> dict[str, Any]:
+    """The compile command's JSON result: the last line of its termination message that is a
+    JSON object ({"fits", "hbm_bytes_per_device", "hbm_capacity_bytes", "step_time_s", ...});
+    {} when it wrote none."""
+    for line in reversed(message.strip().splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, Mapping):
+            return dict(data)
+    return {}
+
+
+def _number(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return None
+    return float(value)
+
+
+def _int(data: Mapping[str, Any], key: str) -> int | None:
+    value = _number(data, key)
+    return int(value) if value is not None else None
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / GIB:.2f} GiB" if n is not None else "?"
+
+
+def _words(message: str) -> str:
+    """What the command said, bounded: its JSON result's error or message when it wrote one
+    (the workload's termination message: docs/environment.md), else its own text."""
+    data = result(message)
+    said = data.get("error") or data.get("message")
+    text = said if isinstance(said, str) and said else message.strip()
+    return text[-MESSAGE_MAX:] or "no message"
+
+
+def _applies(f: Facts) -> bool:
+    """spec.preflight is set and nothing of the job holds capacity yet."""
+    spec = f.spec
+    return (
+        spec is not None and spec.preflight is not None and f.js is None and not (pools_present(f))
+    )
+
+
+def _current(f: Facts) -> PreflightObservation | None:
+    """The job's own compile Job for the spec it runs now."""
+    obs = f.obs.preflight
+    if obs is None or not obs.owned or obs.generation != f.meta.generation:
+        return None
+    return obs
+
+
+def failure(f: Facts) -> str | None:
+    """Why the compile failed (the verdict's message), or None: it did not (or is not ours)."""
+    obs = _current(f)
+    if obs is None or not obs.finished or obs.succeeded or not _applies(f):
+        return None
+    data = result(obs.message)
+    need, have = _int(data, "hbm_bytes_per_device"), _int(data, "hbm_capacity_bytes")
+    if data.get("fits") is False and not data.get("error") and need is not None:
+        why = (
+            f"the program does not fit: it needs {_gib(need)} of HBM per device, the TPU has "
+            f"{_gib(have)}"
+        )
+    else:
+        code = f"exit code {obs.exit_code}" if obs.exit_code is not None else obs.reason
+        why = f"the compile command failed ({code or 'no exit code'}): {_words(obs.message)}"
+    fix = (
+        "more slices, FSDP (spec.parallelism) or a smaller batch"
+        if data.get("fits") is False or obs.exit_code == EXIT_CONFIG_ERROR
+        else "fix the program or spec.preflight.command"
+    )
+    return (
+        f"preflight: {why}; nothing was provisioned; {fix}, then recreate the job (Job {obs.name})"
+    )
+
+
+def record(f: Facts, b: Builder) -> None:
+    """status.preflight from the compile Job seen now (every pass); a finished Job, or one of an
+    older spec, is deleted (its result is written first)."""
+    obs = f.obs.preflight
+    if obs is None or not obs.owned or obs.deleting:
+        return
+    if obs.finished or obs.generation != f.meta.generation:
+        b.add(DeletePreflightJob())
+    if obs.generation != f.meta.generation:
+        return
+    new = _status(f, obs)
+    old = f.old.preflight
+    if old is not None and old.state == new.state and old.generation == new.generation:
+        new.time = old.time  # unchanged: no status write per pass
+    b.status.preflight = new
+    if new.state == PreflightState.PASSED and (old is None or old.state != new.state):
+        b.event(Reason.PREFLIGHT_PASSED, passed_message(new))
+
+
+def _status(f: Facts, obs: PreflightObservation) -> PreflightStatus:
+    data = result(obs.message) if obs.finished else {}
+    state = (
+        PreflightState.RUNNING
+        if not obs.finished
+        else PreflightState.PASSED
+        if obs.succeeded
+        else PreflightState.FAILED
+    )
+    said = data.get("error") or data.get("message")
+    words = said if isinstance(said, str) else "" if data else obs.message.strip()
+    return PreflightStatus(
+        state=state,
+        job=obs.name,
+        generation=obs.generation,
+        hbm_bytes_per_device=_int(data, "hbm_bytes_per_device"),
+        hbm_capacity_bytes=_int(data, "hbm_capacity_bytes"),
+        step_time_seconds=_number(data, "step_time_s"),
+        # The figures are in their fields; the words: its error, or its text when not JSON.
+        message=words[-MESSAGE_MAX:] if words else None,
+        time=f.now if obs.finished else None,
+    )
+
+
+def passed_message(st: PreflightStatus) -> str:
+    if st.hbm_bytes_per_device is None:
+        return f"preflight passed (Job {st.job})"
+    step = f", estimated step {st.step_time_seconds:.3g} s" if st.step_time_seconds else ""
+    return (
+        f"preflight passed: {_gib(st.hbm_bytes_per_device)} of HBM per device of "
+        f"{_gib(st.hbm_capacity_bytes)}{step}"
+    )
+
+
+def gate(f: Facts, b: Builder) -> tuple[Phase, str] | None:
+    """What the preflight allows this pass: None, go on to the capacity; else the job waits,
+    without any node pool, while its compile Job is created or runs."""
+    if not _applies(f):
+        return None
+    st = b.status.preflight
+    if st is not None and st.generation == f.meta.generation and st.state == PreflightState.PASSED:
+        return None
+    assert f.plan is not None
+    name = preflight_job(f.plan.name)
+    obs = f.obs.preflight
+    if obs is None:
+        b.add(CreatePreflightJob())
+        message = f"preflight: compiling the program for the job's TPUs (Job {name})"
+    elif not obs.owned:
+        message = (
+            f"preflight: a Job named {name} exists that this job does not own; it waits for it "
+            "to go (delete it if it is not an earlier job's of this name)"
+        )
+    elif obs.deleting or obs.generation != f.meta.generation:
+        message = f"preflight: waiting for Job {name} of an older spec to go"
+    else:
+        message = f"preflight: compiling the program for the job's TPUs (Job {name})"
+    b.cond(ConditionType.PROVISIONED, "False", Reason.PREFLIGHT_RUNNING, message)
+    b.requeue_in(POLL_SECONDS)
+    return Phase.PENDING, message

@@ -1,0 +1,223 @@
+"""Dynamic slicing end to end (issue 41): tpu7x jobs with provisioning.mode DynamicSlicing on the
+local stack with the simulated GKE slice controller (local/multislice_local/slices.py, its
+contract docs/dynamic-slicing-contract.md): cube pools created per sub-block, one Slice per slice
+ACTIVE before the JobSet, all or nothing, a degraded Slice and a failed cube re-formed from the
+spare cube with every slice restarted, and nothing left once the job is gone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from multislice_local.harness import wait_for
+from multislice_local.stack import PROJECT, LocalStack
+from multislice_operator.common import keys
+from tests import msj
+from tests.msj import create, pools_of
+
+ACTIVE = "ACTIVE"
+
+
+@pytest.fixture(scope="module")
+def stack(kube_cluster: Any, tmp_path_factory: Any) -> Iterator[LocalStack]:
+    """The local stack whose GKE simulator runs the slice controller on the cluster's Slices."""
+    log = tmp_path_factory.mktemp("dynamic") / "operator.log"
+    with msj.local_stack(kube_cluster, log, op_latency_s=0.5, slice_controller=True) as s:
+        yield s
+
+
+def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str = "600s",
+         accelerator: str = "tpu7x-128") -> dict[str, Any]:  # fmt: skip
+    devices = {"tpu7x-128": 128, "tpu7x-256": 256}[accelerator]
+    return msj.job(
+        name,
+        run=run,
+        accelerator=accelerator,
+        slices=slices,
+        spares=spares,
+        parallelism={"ici": {"fsdp": devices}},
+        capacity={"type": "Reserved", "reservation": f"{reservation}/reservationBlocks/block-1"},
+        provisioning={"mode": "DynamicSlicing", "timeoutSeconds": 600},
+    )
+
+
+def _slices(api: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    """The job's Slices (cluster-scoped, labelled with their job)."""
+    selector = f"{keys.JOB_NAMESPACE}={ns},{keys.JOB_NAME}={name}"
+    return list(
+        msj.custom(api).list_cluster_custom_object(
+            keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL, label_selector=selector
+        )["items"]
+    )
+
+
+def _state(obj: dict[str, Any]) -> str:
+    ready = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+    return str(ready[0].get("reason", "")) if ready else ""
+
+
+def _active(api: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in _slices(api, ns, name)
+        if _state(s) == ACTIVE and not s["metadata"].get("deletionTimestamp")
+    ]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def _cubes_by_slice(api: Any, ns: str, name: str) -> dict[str, list[str]]:
+    return {_name(s): list(s["spec"]["partitionIds"]) for s in _active(api, ns, name)}
+
+
+def _nodes_of_slice(api: Any, slice_name: str) -> list[Any]:
+    core = client.CoreV1Api(api)
+    return list(core.list_node(label_selector=f"{keys.GKE_TPU_SLICE}={slice_name}").items)
+
+
+def _gone(stack: LocalStack, ns: str, name: str) -> None:
+    """Nothing of the job's left: no Slice, no cube pool, the job itself gone."""
+    wait_for(lambda: not _slices(stack.api, ns, name), 90, "the job's Slices deleted")
+    wait_for(lambda: not pools_of(stack.sim, ns, name), 90, "the job's cube pools deleted")
+
+    wait_for(
+        lambda: msj.get(stack.api, ns, name, missing_ok=True) is None,
+        60,
+        "the job deleted (its finalizer released)",
+    )
+
+
+def _delete(stack: LocalStack, ns: str, name: str) -> None:
+    msj.custom(stack.api).delete_namespaced_custom_object(
+        "multislice.dev", "v1alpha1", ns, "multislicejobs", name
+    )
+
+
+def test_create_run_and_delete(stack: LocalStack, namespace: Any, kube_cluster: Any) -> None:
+    """Three cube pools (two slices + a spare), two Slices ACTIVE, the pods on their nodes; then
+    deleted: the Slices, then the cube pools, then the job."""
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-create", {"block-1": 3}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-create"))
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731
+    msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
+    pools = pools_of(stack.sim, ns, "iw")
+    assert len(pools) == 3 and all(p["initialNodeCount"] == 16 for p in pools.values())
+    active = _active(stack.api, ns, "iw")
+    assert len(active) == 2
+    parts = [p for s in active for p in s["spec"]["partitionIds"]]
+    assert len(parts) == len(set(parts)) == 2  # one cube each, never shared
+    core = client.CoreV1Api(stack.api)
+    pods = core.list_namespaced_pod(ns, label_selector=f"{keys.JOB_NAME}=iw").items
+    on = {n.metadata.name for s in active for n in _nodes_of_slice(stack.api, _name(s))}
+    assert len(on) == 32  # the slice controller labelled both Slices' 16 nodes
+    placed = [p.spec.node_name for p in pods if p.spec.node_name]
+    assert placed and set(placed) <= on  # the pods run on the job's Slices only
+    _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")
+
+
+def test_all_or_nothing(stack: LocalStack, namespace: Any, kube_cluster: Any) -> None:
+    """Two slices on a block of one sub-block: one cube comes, the second pool cannot; no Slice
+    is formed alone and no JobSet is created; deleting the job leaves nothing."""
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-small", {"block-1": 1}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-small", spares=0))
+    wait_for(
+        lambda: any(
+            c["pool"] and c["nodesReady"] for c in stack.sim.cubes() if "iw-small" in c["path"]
+        ),
+        120,
+        "the one cube there is provisioned",
+    )
+    passes = msj.reconciles(stack.op)
+    wait_for(lambda: msj.reconciles(stack.op) > passes + 5, 60, "five more passes")
+    assert _slices(stack.api, ns, "iw") == []
+    assert msj.jobset(stack.api, ns, "iw") is None
+    status = msj.status(stack.api, ns, "iw")
+    assert status["phase"] == "Provisioning"
+    _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")
+
+
+def _swap(stack: LocalStack, ns: str, state: str) -> None:
+    """A running job's cube goes `state`: its Slice breaks, the operator re-forms that slice on
+    the spare cube, every slice restarts, the job runs again on two ACTIVE Slices."""
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731
+    msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
+    before = _cubes_by_slice(stack.api, ns, "iw")
+    assert len(before) == 2
+    victim = sorted(before)[1]
+    cube = before[victim][0]
+    assert stack.sim is not None
+    stack.sim.set_cube_state(cube, state)
+
+    def reformed() -> bool:
+        now = _cubes_by_slice(stack.api, ns, "iw")
+        held = {p for parts in now.values() for p in parts}
+        return len(now) == 2 and victim not in now and cube not in held
+
+    why = lambda: stack.op.log_tail(80) + "\n" + msj.pods_and_nodes(stack.api, ns)  # noqa: E731
+    wait_for(reformed, 120, f"the slice re-formed off cube {cube} ({state})", on_timeout=why)
+    kept = sorted(before)[0]
+    assert kept in _cubes_by_slice(stack.api, ns, "iw")  # only the broken slice was re-formed
+    events = msj.event_lines(stack.api, ns, "iw")
+    assert any(e.startswith("SliceLost") and victim in e for e in events), events
+    # The lost slice's pods were evicted (DisruptionTarget: on a kubelet they fail and JobSet
+    # restarts every slice; kwok deletes an evicted pod without the Failed phase, so here the
+    # Job replaces them) and run again, all 16, on the nodes of the slice's new Slice.
+    new = next(n for n in _cubes_by_slice(stack.api, ns, "iw") if n != kept)
+    core = client.CoreV1Api(stack.api)
+
+    seen: list[str] = []
+
+    def back_on_the_new_slice() -> bool:
+        nodes = {n.metadata.name for n in _nodes_of_slice(stack.api, new)}
+        pods = core.list_namespaced_pod(ns, label_selector=f"{keys.JOB_NAME}=iw").items
+        seen[:] = [f"{len(nodes)} nodes of {new}"] + [
+            f"{p.metadata.name} {p.status.phase} {p.spec.node_name}" for p in pods
+        ]
+        ran = [
+            p
+            for p in pods
+            if p.status.phase in ("Running", "Succeeded") and p.spec.node_name in nodes
+        ]
+        return len(ran) == 16
+
+    wait_for(
+        back_on_the_new_slice,
+        180,
+        f"slice 1 running on {new}",
+        on_timeout=lambda: why() + "\n" + "\n".join(seen),
+    )
+    msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
+
+
+def test_a_failed_cube_is_swapped_for_the_spare(
+    stack: LocalStack, namespace: Any, kube_cluster: Any
+) -> None:
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-spare", {"block-1": 3}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-spare", run="90s"))
+    _swap(stack, ns, "UNHEALTHY")
+    msj.wait_phase(stack.api, ns, "iw", "Succeeded", 240, log=lambda n: stack.op.log_tail(n))
+    _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")
+
+
+def test_a_degraded_slice_is_reformed(stack: LocalStack, namespace: Any, kube_cluster: Any) -> None:
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-degraded", {"block-1": 3}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-degraded"))
+    _swap(stack, ns, "DEGRADED")
+    _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")

@@ -1,0 +1,376 @@
+"""Capacity model `DynamicSlices` (capacity_dynamic.py) through decide(): cubes, one GKE `Slice`
+per job slice formed from healthy free cubes all or none, the JobSet only once every Slice is
+ACTIVE, a broken Slice re-formed from a spare cube with every slice restarted, and everything
+released at the end (issue 41)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolState
+from multislice_operator.planning import cubes
+from multislice_operator.reconcile import JobMeta, SliceObservation
+from multislice_operator.reconcile.capacity_dynamic import DYNAMIC_SLICES
+from multislice_operator.reconcile.capacity_models import model_of
+from multislice_operator.reconcile.types import (
+    CreateJobSet,
+    CreatePools,
+    CreateSlice,
+    CubeObservation,
+    DeletePools,
+    DeleteSlices,
+    EvictPods,
+    JobSetObservation,
+    SliceObjectObservation,
+)
+from tests.unit import jobs
+from tests.unit.jobs import Observed
+
+NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
+BLOCK = "ironwood/reservationBlocks/block-1"
+
+
+def _plan(accelerator: str = "tpu7x-128", slices: int = 2, spares: int = 1,
+          cubes_source: str = "Managed") -> Any:  # fmt: skip
+    return jobs.spec_and_plan(
+        accelerator=accelerator,
+        slices=slices,
+        spares=spares,
+        capacity={"type": "Reserved", "reservation": BLOCK},
+        provisioning={"mode": "DynamicSlicing", "dynamicSlicing": {"cubes": cubes_source}},
+    )
+
+
+def _pools(plan: Any, state: PoolState = PoolState.READY) -> list[SliceObservation]:
+    hosts = 16 if state == PoolState.READY else 0
+    return [SliceObservation(p.slice_index, p.name, state, hosts) for p in plan.pools]
+
+
+def _cubes(plan: Any, unhealthy: tuple[str, ...] = ()) -> list[CubeObservation]:
+    return [
+        CubeObservation(f"p{p.slice_index}", p.name,
+                        "UNHEALTHY" if f"p{p.slice_index}" in unhealthy else "HEALTHY", 16, True)
+        for p in plan.pools
+    ]  # fmt: skip
+
+
+def _slice(plan: Any, i: int, parts: tuple[str, ...], state: str = "ACTIVE", turn: int = 0,
+           deleting: bool = False) -> SliceObjectObservation:  # fmt: skip
+    return SliceObjectObservation(cubes.slice_names(plan.job_key, i)[turn], i, parts, state,
+                                  deleting)  # fmt: skip
+
+
+def _of(kind: type, actions: list[Any]) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def _run(sp: Any, old: Any = None, **obs: Any) -> Any:
+    d = jobs.run(old, Observed(now=NOW, **obs), plan=sp)
+    assert not d.violations  # the invariants (invariants.py) dropped nothing
+    return d
+
+
+def test_the_job_mode_picks_the_dynamic_model() -> None:
+    assert model_of(_plan()[1]) is DYNAMIC_SLICES
+
+
+def test_a_new_job_creates_its_cube_pools_and_no_slice_yet() -> None:
+    sp = _plan()
+    d = _run(sp, slices=_pools(sp[1], PoolState.ABSENT))
+    assert _of(CreatePools, d.actions) == [CreatePools((0, 1, 2))]  # 2 slices + 1 spare cube
+    assert not _of(CreateSlice, d.actions) and not _of(CreateJobSet, d.actions)
+
+
+def test_healthy_cubes_become_one_slice_each_all_together() -> None:
+    sp = _plan(accelerator="tpu7x-256", spares=1)  # 4x4x8: two cubes per Slice, 5 cubes
+    plan = sp[1]
+    d = _run(sp, slices=_pools(plan), cubes=_cubes(plan))
+    made = _of(CreateSlice, d.actions)
+    assert [(a.index, a.topology, a.partitions) for a in made] == [
+        (0, "4x4x8", ("p0", "p1")),
+        (1, "4x4x8", ("p2", "p3")),
+    ]
+    assert [a.name for a in made] == [cubes.slice_names(plan.job_key, i)[0] for i in (0, 1)]
+    assert not _of(CreateJobSet, d.actions)  # not before every Slice is ACTIVE
+
+
+def test_too_few_healthy_cubes_form_no_slice_at_all() -> None:
+    sp = _plan(accelerator="tpu7x-256", spares=0)
+    plan = sp[1]
+    d = _run(sp, slices=_pools(plan), cubes=_cubes(plan, unhealthy=("p3",)))
+    assert not _of(CreateSlice, d.actions)  # 3 healthy cubes, 4 needed: none, not one
+    cond = d.status.condition("Provisioned")
+    assert cond is not None and cond.status == "False"
+    assert "waiting for 4 free healthy cubes" in cond.message
+
+
+def test_a_cube_another_slice_holds_is_not_used() -> None:
+    sp = _plan(spares=0)
+    plan = sp[1]
+    d = _run(sp, slices=_pools(plan), cubes=_cubes(plan), cubes_taken=frozenset({"p0"}))
+    assert not _of(CreateSlice, d.actions)  # p1 alone for two slices
+
+
+def test_the_jobset_waits_for_every_slice_active() -> None:
+    sp = _plan()
+    plan = sp[1]
+    one = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "ACTIVATING")]
+    d = _run(sp, slices=_pools(plan), cubes=_cubes(plan), slice_objects=one)
+    assert not _of(CreateJobSet, d.actions) and not _of(CreateSlice, d.actions)
+    both = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",))]
+    d = _run(sp, slices=_pools(plan), cubes=_cubes(plan), slice_objects=both)
+    assert _of(CreateJobSet, d.actions)
+    assert "2/2 Slices ACTIVE" in d.status.condition("Provisioned").message
+
+
+def _running_old() -> MultisliceJobStatus:
+    return MultisliceJobStatus.from_dict(
+        {"phase": "Running", "jobSet": "job",
+         "conditions": [{"type": "Provisioned", "status": "True", "reason": "GangReady"}]}
+    )  # fmt: skip
+
+
+def test_a_failed_slice_is_reformed_from_the_spare_cube_and_every_slice_restarts() -> None:
+    sp = _plan()  # 2 slices of one cube + 1 spare cube (p2)
+    plan = sp[1]
+    slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "FAILED")]
+    d = _run(
+        sp,
+        _running_old(),
+        slices=_pools(plan),
+        cubes=_cubes(plan, unhealthy=("p1",)),
+        slice_objects=slices,
+        jobset=JobSetObservation(),
+        pods=jobs.running({0: 16, 1: 16}),
+    )
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[1].name,))]
+    made = _of(CreateSlice, d.actions)
+    # The lost slice only, on the spare cube, under its other name (the old one is going away).
+    assert [(a.index, a.partitions, a.name) for a in made] == [
+        (1, ("p2",), cubes.slice_names(plan.job_key, 1)[1])
+    ]
+    evicted = _of(EvictPods, d.actions)
+    assert len(evicted) == 1 and len(evicted[0].pods) == 16  # slice 1's pods: JobSet restarts all
+    assert all("slice-1-" in p for p in evicted[0].pods)
+    assert any(e.reason == "SliceLost" for e in d.events)
+
+
+def test_a_degraded_slice_is_a_lost_slice() -> None:
+    sp = _plan()
+    plan = sp[1]
+    slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
+    d = _run(
+        sp,
+        _running_old(),
+        slices=_pools(plan),
+        cubes=_cubes(plan, unhealthy=("p0",)),
+        slice_objects=slices,
+        jobset=JobSetObservation(),
+        pods=jobs.running({0: 16, 1: 16}),
+    )
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p2",)]
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[0].name,))]
+
+
+def test_a_two_cube_slice_waits_for_its_old_slice_to_free_the_healthy_cube() -> None:
+    """tpu7x-256, one spare cube: the broken Slice's healthy cube is free once it is gone."""
+    sp = _plan(accelerator="tpu7x-256", spares=1)
+    plan = sp[1]
+    broken = _slice(plan, 1, ("p2", "p3"), "FAILED")
+    base: dict[str, Any] = dict(slices=_pools(plan), cubes=_cubes(plan, unhealthy=("p3",)),
+                                jobset=JobSetObservation())  # fmt: skip
+    d = _run(sp, _running_old(), slice_objects=[_slice(plan, 0, ("p0", "p1")), broken], **base)
+    assert not _of(CreateSlice, d.actions)  # p4 alone: the Slice needs two cubes
+    gone = [_slice(plan, 0, ("p0", "p1"))]
+    d = _run(sp, _running_old(), slice_objects=gone, **base)
+    assert [(a.index, a.partitions) for a in _of(CreateSlice, d.actions)] == [(1, ("p2", "p4"))]
+
+
+def test_deleting_the_job_deletes_the_slices_then_the_cubes() -> None:
+    sp = _plan()
+    plan = sp[1]
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=True)
+    slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",))]
+    d = jobs.run(_running_old(), Observed(now=NOW, slices=_pools(plan), cubes=_cubes(plan),
+                                          slice_objects=slices), plan=sp, meta=meta)  # fmt: skip
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices(tuple(s.name for s in slices))]
+    deleted = _of(DeletePools, d.actions)
+    assert deleted and set(deleted[0].pools) == {p.name for p in plan.pools}
+    assert not any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
+
+
+def test_existing_cubes_are_never_created_or_deleted() -> None:
+    sp = _plan(cubes_source="Existing", spares=0)
+    plan = sp[1]
+    cubes_there = [CubeObservation(f"x{i}", f"pool-{i}", "HEALTHY", 16) for i in range(2)]
+    d = _run(sp, cubes=cubes_there)
+    assert not _of(CreatePools, d.actions)
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("x0",), ("x1",)]
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=True)
+    d = jobs.run(None, Observed(now=NOW, cubes=cubes_there), plan=sp, meta=meta)
+    assert not _of(DeletePools, d.actions) and not _of(DeleteSlices, d.actions)
+    assert any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
+    assert plan.pools == []
+
+
+# ------------------------------------------------------------ the pods pinned to the Slices
+
+
+def test_the_jobset_puts_each_slice_on_one_of_the_jobs_slices() -> None:
+    from multislice_operator.render.jobset import render_jobset
+
+    spec, plan = _plan(accelerator="tpu7x-256")
+    js = render_jobset(plan, spec)
+    assert js["metadata"]["annotations"][keys.JOBSET_EXCLUSIVE_TOPOLOGY] == keys.GKE_TPU_SLICE
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert pod["metadata"]["annotations"][keys.GKE_TPU_SLICE_TOPOLOGY] == "4x4x8"
+    assert pod["spec"]["nodeSelector"][keys.GKE_TPU_TOPOLOGY] == "4x4x8"
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    [expr, healthy] = terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert healthy == {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
+    assert expr["key"] == keys.GKE_TPU_SLICE and expr["operator"] == "In"
+    assert sorted(expr["values"]) == sorted(
+        n for i in range(2) for n in cubes.slice_names(plan.job_key, i)
+    )
+    assert keys.JOB_KEY not in pod["spec"]["nodeSelector"]
+
+
+def test_node_pool_jobs_keep_their_pool_exclusive_placement() -> None:
+    from multislice_operator.render.jobset import render_jobset
+
+    spec, plan = jobs.spec_and_plan()
+    js = render_jobset(plan, spec)
+    assert js["metadata"]["annotations"][keys.JOBSET_EXCLUSIVE_TOPOLOGY] == keys.GKE_NODEPOOL
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "affinity" not in pod
+
+
+# ------------------------------------------------------------ what the controller observes
+
+
+def _node(pool: str, partition: str, state: str = "HEALTHY", ready: bool = True,
+          job_key: str | None = None) -> dict[str, Any]:  # fmt: skip
+    labels = {keys.GKE_TPU_PARTITION_ID: partition, keys.GKE_TPU_PARTITION_STATE: state}
+    return {"ready": ready, "accelerator": "tpu7x", "jobKey": job_key, "labels": labels}
+
+
+def test_the_controller_observes_cubes_slices_and_cubes_others_hold() -> None:
+    from multislice_operator.controller.observe import dynamic_observation, summarize_slice
+
+    _, plan = _plan()
+    own = [p.name for p in plan.pools]
+    nodes = {
+        own[0]: [_node(own[0], "c0", job_key=plan.job_key)] * 16,
+        own[1]: [_node(own[1], "c1", "UNHEALTHY", job_key=plan.job_key)] * 16,
+        "someone-elses": [_node("x", "c9")] * 16,  # not the job's cube pool: not seen
+    }
+    mine = cubes.slice_names(plan.job_key, 1)[1]
+    body = {
+        "metadata": {"name": mine},
+        "spec": {"partitionIds": ["c0"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ACTIVE"}]},
+    }
+    other = {"metadata": {"name": "team-b-slice"}, "spec": {"partitionIds": ["c7", "c8"]}}
+    index = {mine: [summarize_slice(body)], "team-b-slice": [summarize_slice(other)]}
+    found, taken, slices = dynamic_observation(plan, nodes, index)
+    assert [(c.partition, c.state, c.ready_hosts, c.ours) for c in found] == [
+        ("c0", "HEALTHY", 16, True),
+        ("c1", "UNHEALTHY", 16, True),
+    ]
+    assert taken == {"c7", "c8"}
+    assert slices == [SliceObjectObservation(mine, 1, ("c0",), "ACTIVE", False)]
+
+
+# ------------------------------------------------------------ the cube pools GKE is asked for
+
+
+def test_a_cube_pool_names_a_provision_only_policy_and_no_tpu_topology() -> None:
+    from multislice_operator.provisioning.gke_requests import (
+        build_node_pool,
+        policy_insert_json,
+        workload_policies,
+    )
+
+    _, plan = _plan(accelerator="tpu7x-256", spares=0)
+    cube = plan.pools[0]
+    assert cube.cube and cube.node_count == 16 and cube.machine_type == "tpu7x-standard-4t"
+    pool = build_node_pool(plan, cube, "uid-1", ["us-central1-c"])
+    assert pool.placement_policy.policy_name == "msj-tpu7x-4x4x4-cubes"
+    assert pool.placement_policy.tpu_topology == ""  # the policy carries the 4x4x4
+    [policy] = workload_policies(plan, "us-central1")
+    assert (policy.accelerator_topology, policy.topology_mode) == ("4x4x4", "PROVISION_ONLY")
+    body = policy_insert_json("proj", policy)["resourcePolicyResource"]["workloadPolicy"]
+    assert body["acceleratorTopologyMode"] == "PROVISION_ONLY"
+    # A whole 4x4x4 slice's own policy (Managed) stays apart, and forms its links at once.
+    _, whole = jobs.spec_and_plan(accelerator="tpu7x-128")
+    [own] = workload_policies(whole, "us-central1")
+    assert own.name != policy.name and own.topology_mode == ""
+
+
+# ------------------------------------------------------------ properties: all or none, no leak
+
+STATES = ["", "SliceNotCreated", "ACTIVATING", "ACTIVE", "ACTIVE_DEGRADED", "FAILED"]
+CUBE_STATES = ["HEALTHY", "HEALTHY", "DEGRADED", "UNHEALTHY", "INCOMPLETE"]
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[Any, dict[str, Any], bool, bool]:
+    """tpu7x-256 x 2 + 1 spare cube: five cubes in any health, each slice's Slice in any state
+    on cubes drawn from them, the JobSet there or not, the job being deleted or not."""
+    sp = _plan(accelerator="tpu7x-256", spares=1)
+    plan = sp[1]
+    found = [
+        CubeObservation(f"p{i}", p.name, draw(st.sampled_from(CUBE_STATES)),
+                        draw(st.sampled_from([16, 16, 15, 0])), True)
+        for i, p in enumerate(plan.pools)
+    ]  # fmt: skip
+    objects = []
+    for i in range(plan.slices):
+        if draw(st.booleans()):
+            parts = tuple(draw(st.lists(st.sampled_from([c.partition for c in found]),
+                                        min_size=2, max_size=2, unique=True)))  # fmt: skip
+            turn = draw(st.integers(0, 1))
+            state = draw(st.sampled_from(STATES))
+            objects.append(_slice(plan, i, parts, state, turn, draw(st.booleans())))
+    obs = {"slices": _pools(plan), "cubes": found, "slice_objects": objects}
+    return sp, obs, draw(st.booleans()), draw(st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(world=worlds())
+def test_slices_are_formed_all_or_none_and_nothing_is_left(world: Any) -> None:
+    sp, obs, started, deleting = world
+    plan = sp[1]
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=deleting)
+    extra: dict[str, Any] = {"jobset": JobSetObservation()} if started else {}
+    old = _running_old() if started else None
+    d = jobs.run(old, Observed(now=NOW, **obs, **extra), plan=sp, meta=meta)
+    assert not d.violations, d.violations
+    live = {o.index: o for o in obs["slice_objects"] if not o.deleting}
+    made = _of(CreateSlice, d.actions)
+    if deleting:
+        assert not made
+        deleted = {n for a in _of(DeleteSlices, d.actions) for n in a.names}
+        assert deleted == {o.name for o in live.values()}  # every Slice of the job goes
+        done = any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
+        assert not done or not obs["slice_objects"]  # the finalizer stays while any is left
+        return
+    active = {i for i, o in live.items() if o.state == "ACTIVE"}
+    if _of(CreateJobSet, d.actions):
+        assert active == set(range(plan.slices))  # the JobSet only on every Slice ACTIVE
+    usable = {c.partition for c in obs["cubes"] if c.state == "HEALTHY" and c.ready_hosts == 16}
+    assert all(len(a.partitions) == plan.cubes_per_slice for a in made)  # whole Slices only
+    parts = [p for a in made for p in a.partitions]
+    assert len(parts) == len(set(parts)) and set(parts) <= usable
+    assert not set(parts) & {p for o in obs["slice_objects"] for p in o.partitions}
+    broken = {i for i, o in live.items() if o.state in ("ACTIVE_DEGRADED", "FAILED")}
+    missing = {i for i in range(plan.slices) if i not in live or i in broken}
+    assert {a.index for a in made} in (set(), missing)  # all the missing Slices, or none
