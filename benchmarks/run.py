@@ -1,7 +1,8 @@
 """`make bench`: every operator benchmark, then the scale curve and the targets.
 
     python -m benchmarks.run [--quick] [--skip-workload] [--log-dir DIR]
-        [--only complexity,reconcile,gang,restart,footprint,lifecycle_memory,gke_calls,recovery]
+        [--only complexity,pass_cpu,reconcile,gang,restart,restart_inplace,footprint,
+        lifecycle_memory,gke_calls,recovery]
 
 Each benchmark prints its table and writes benchmarks/results/<name>.json; this writes
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
@@ -31,18 +32,22 @@ from benchmarks import (
     gang,
     gke_calls,
     lifecycle_memory,
+    pass_cpu,
     reconcile,
     recovery,
     restart,
+    restart_inplace,
 )
 from benchmarks.common import save, say, table
 
 # complexity first: it reads the source (under a second), the others boot control planes.
 BENCHMARKS = (
     "complexity",
+    "pass_cpu",
     "reconcile",
     "gang",
     "restart",
+    "restart_inplace",
     "footprint",
     "lifecycle_memory",
     "gke_calls",
@@ -59,12 +64,36 @@ class Sizes:
     footprint: list[int]
     idle_s: float
     gke_calls: list[int]
+    restart_inplace: list[tuple[int, str]]
+    restart_inplace_reps: int
+    pass_cpu: list[int]
     lifecycle_jobs: int = 200  # Managed jobs through the whole local stack (lifecycle_memory)
 
 
-QUICK = Sizes([10, 100], [1, 8, 64], [2], 3, [0, 100], 20.0, [10], lifecycle_jobs=20)
+QUICK = Sizes(
+    [10, 100],
+    [1, 8, 64],
+    [2],
+    3,
+    [0, 100],
+    20.0,
+    [10],
+    restart_inplace.QUICK,
+    2,
+    [256, 1024],
+    lifecycle_jobs=20,
+)
 FULL = Sizes(
-    [10, 100, 1000, 5000], [1, 8, 64, 256], [2, 8, 64], 3, [0, 100, 1000, 5000], 60.0, [10, 100]
+    [10, 100, 1000, 5000],
+    [1, 8, 64, 256],
+    [2, 8, 64],
+    3,
+    [0, 100, 1000, 5000],
+    60.0,
+    [10, 100],
+    restart_inplace.FULL,
+    2,
+    pass_cpu.SIZES,
 )
 BEND = 1.5  # a marginal cost this many times the previous one is where a curve bends
 FLAT = 0.25  # the largest size costing less than this much more than the smallest: flat
@@ -262,6 +291,10 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
             big["ratio"] <= 1.1 if big["slices"] >= 64 else None,
             f"{big['pods']} pods",
         )
+    if "restart_inplace" in results:
+        _inplace_targets(results, add)
+    if "pass_cpu" in results:
+        _pass_cpu_targets(results, add)
     if "gke_calls" in results:
         big = max(results["gke_calls"]["results"], key=lambda r: r["jobs"])
         add(
@@ -309,6 +342,41 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
         return {"targets": out, "table": ""}
     text = table("Targets", ["target", "value", "goal", "status", "note"], rows)
     return {"targets": out, "table": text}
+
+
+def _inplace_targets(results: dict[str, Any], add: Callable[..., None]) -> None:
+    """Issue 40's: a restart of all slices in place against recreate, judged at 1,024 pods, and
+    the operator's passes per restart within the debounce's bound; the CPU per pass linear."""
+    rows = results["restart_inplace"]["results"]
+    big = max(rows, key=lambda r: r["pods"])
+    add(
+        f"restart in place vs recreate, {big['slices']}x{big['hosts']} ({big['pods']} pods)",
+        big["ratio"],
+        f"<= {restart_inplace.GOAL} (at {restart_inplace.GOAL_PODS} pods)",
+        big["ratio"] <= restart_inplace.GOAL if big["pods"] >= restart_inplace.GOAL_PODS else None,
+        f"{big['inplace']['recovered_s']:.1f}s vs {big['recreate']['recovered_s']:.1f}s",
+    )
+    for mode in restart_inplace.MODES:
+        reps = big[mode]["reps"]
+        worst = max(reps, key=lambda r: r["passes"] - r["pass_bound"])
+        add(
+            f"operator passes per {mode} restart of {big['pods']} pods",
+            worst["passes"],
+            f"<= {worst['pass_bound']} (the debounce's bound for {worst['window_s']:.0f}s)",
+            worst["passes"] <= worst["pass_bound"],
+            f"{worst['pod_writes']} pod writes",
+        )
+
+
+def _pass_cpu_targets(results: dict[str, Any], add: Callable[..., None]) -> None:
+    fit = results["pass_cpu"]["pass_s_fit"]
+    add(
+        "operator CPU per pass grows linearly with pods",
+        fit["us_per_pod"],
+        "linear (us per pod)",
+        fit["linear"],
+        f"{fit['fixed_ms']:.2f} ms + {fit['us_per_pod']:.2f} us/pod",
+    )
 
 
 def _reconcile_targets(rows: list[dict[str, Any]], add: Callable[..., None]) -> None:
@@ -359,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         "lifecycle_memory": lambda: lifecycle_memory.run(cfg.lifecycle_jobs, log_dir=log_dir),
         "gke_calls": lambda: gke_calls.run(cfg.gke_calls, cfg.idle_s, 10.0, log_dir=log_dir),
         "recovery": lambda: recovery.run(stockout_s=30.0 if args.quick else 60.0, log_dir=log_dir),
+        "restart_inplace": lambda: restart_inplace.run(
+            cfg.restart_inplace, cfg.restart_inplace_reps, log_dir=log_dir
+        ),
+        "pass_cpu": lambda: pass_cpu.run(cfg.pass_cpu, 3 if args.quick else 9),
     }
     results: dict[str, Any] = {}
     failed: list[str] = []

@@ -58,6 +58,13 @@ def _pod_running(obj: dict[str, Any], kv: Any) -> bool:
     return _label(obj, kv) and (obj.get("status") or {}).get("phase") == "Running"
 
 
+def _pod_annotated(obj: dict[str, Any], kv: Any) -> bool:
+    """A Running pod whose annotation `key` is `value` (an in-place restart keeps the pod)."""
+    key, value = kv
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(key) == value and (obj.get("status") or {}).get("phase") == "Running"
+
+
 PREDICATES: dict[str, Predicate] = {
     "exists": lambda _o, _a: True,
     "phase": _phase,
@@ -67,6 +74,7 @@ PREDICATES: dict[str, Predicate] = {
     "node_ready": _node_ready,
     "deleted": _deleted,
     "pod_running": _pod_running,
+    "pod_annotated": _pod_annotated,
 }
 
 
@@ -130,33 +138,40 @@ class _Child:
         return custom.list_cluster_custom_object, [group, version, plural]
 
     def _watch(self, stream: tuple[Any, str | None], ready: threading.Event) -> None:
+        """List, then watch from there; when the watch ends or fails (an expired resource
+        version on a loaded apiserver sends an ERROR event), list and watch again: objects
+        first seen by that list are stamped when it came back."""
         import json
 
         from kubernetes import watch
 
         fn, args = self._list_fn(*stream)
-        try:
-            resp = fn(*args, _preload_content=False)
-            listed = json.loads(resp.data)
-            now = time.monotonic()
-            for obj in listed.get("items") or []:
-                self._offer(stream, obj, now)
-            rv = listed["metadata"]["resourceVersion"]
-        except Exception as exc:
-            self.errors.append(f"list {stream}: {exc}")
+        while True:
+            try:
+                resp = fn(*args, _preload_content=False)
+                listed = json.loads(resp.data)
+                now = time.monotonic()
+                for obj in listed.get("items") or []:
+                    self._offer(stream, obj, now)
+                rv = listed["metadata"]["resourceVersion"]
+            except Exception as exc:  # the control plane went away
+                self.errors.append(f"list {stream}: {exc}")
+                ready.set()
+                return
             ready.set()
-            return
-        ready.set()
-        w = watch.Watch()  # type: ignore[no-untyped-call]
-        try:
-            events = w.stream(fn, *args, resource_version=rv, deserialize=False)  # type: ignore[no-untyped-call]
-            for event in events:
-                obj = event["object"]
-                if event.get("type") == "DELETED":
-                    obj[DELETED] = True
-                self._offer(stream, obj, time.monotonic())
-        except Exception as exc:  # the control plane went away
-            self.errors.append(f"watch {stream}: {exc}")
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            try:
+                events = w.stream(fn, *args, resource_version=rv, deserialize=False)  # type: ignore[no-untyped-call]
+                for event in events:
+                    obj = event.get("object")
+                    if event.get("type") == "ERROR" or not isinstance(obj, dict):
+                        break  # e.g. 410 Gone: list again
+                    if event.get("type") == "DELETED":
+                        obj[DELETED] = True
+                    self._offer(stream, obj, time.monotonic())
+            except Exception as exc:
+                self.errors.append(f"watch {stream}: {exc}")
+                time.sleep(0.2)
 
     def _offer(self, stream: tuple[Any, str | None], obj: dict[str, Any], now: float) -> None:
         meta = obj.get("metadata") or {}
