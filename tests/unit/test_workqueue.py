@@ -117,3 +117,34 @@ def test_a_forgotten_key_leaves_no_debounce_behind() -> None:
 
     q = run(scenario)
     assert not q._due and not q._debounced and not q._bursts
+
+
+def test_a_burst_through_a_pass_still_costs_one_pass_per_window() -> None:
+    """An event during a pass re-queues the key the debounced way: the burst's later events may
+    still move it later (bounded by the window). Found by benchmarks/pass_cpu.py: the re-queue went
+    through add(), which later events could not push back, so a burst longer than a pass cost a
+    pass every quiet interval (0.05 s) instead of one per window."""
+
+    async def scenario(clock: Clock, q: WorkQueue[str]) -> list[float]:
+        taken: list[float] = []
+        busy_until: float | None = None  # each pass takes 0.05 s
+        t = 0.0
+        while t <= 2.0:
+            clock.now = 1000.0 + t
+            if busy_until is not None and t >= busy_until - 1e-9:
+                q.done("job")
+                busy_until = None
+            due = clock.due(q)
+            if busy_until is None and due is not None and due <= t + 1e-9:
+                assert await q.get() == "job"
+                taken.append(round(t, 2))
+                busy_until = round(t + 0.05, 2)
+            if t <= 1.5:  # an event every 0.01 s for 1.5 s
+                q.debounce("job", 0.05, 0.5)
+            t = round(t + 0.01, 2)
+        return taken
+
+    taken = run(scenario)
+    # One pass per 0.5 s window while the burst lasts, then one after it: at most 1.5/0.5 + 2.
+    assert len(taken) <= 5, taken
+    assert taken[-1] >= 1.5  # the burst's last events were seen

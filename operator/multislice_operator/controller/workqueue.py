@@ -25,6 +25,7 @@ class WorkQueue(Generic[K]):
         self._seq = itertools.count()
         self._processing: set[K] = set()
         self._dirty: dict[K, float] = {}  # added while processing -> earliest due time
+        self._dirty_debounced: set[K] = set()  # ... and that due time is debounce()'s to move
         self._debounced: dict[K, float] = {}  # the due time debounce() set (it may move it later)
         self._bursts: dict[K, float] = {}  # when the first debounce since the key was taken came
         self._changed = asyncio.Event()
@@ -45,7 +46,9 @@ class WorkQueue(Generic[K]):
             return
         due = asyncio.get_running_loop().time() + max(delay, 0.0)
         if key in self._processing:
-            self._dirty[key] = min(due, self._dirty.get(key, due))
+            if due < self._dirty.get(key, float("inf")):
+                self._dirty[key] = due
+                self._dirty_debounced.discard(key)
             return
         if key in self._due and self._due[key] <= due:
             return
@@ -65,8 +68,16 @@ class WorkQueue(Generic[K]):
         first = self._bursts.setdefault(key, now)
         due = max(now, min(now + quiet, first + window))
         if key in self._processing:
-            self._dirty[key] = min(due, self._dirty.get(key, due))
+            # Remembered as debounced, so that when the pass ends the burst's later events may
+            # still move it (done() below); a sooner add() while processing is kept.
+            dirty = self._dirty.get(key)
+            if dirty is None or key in self._dirty_debounced or due < dirty:
+                self._dirty[key] = due
+                self._dirty_debounced.add(key)
             return
+        self._schedule_debounced(key, due)
+
+    def _schedule_debounced(self, key: K, due: float) -> None:
         current = self._due.get(key)
         if current is not None and current <= due and self._debounced.get(key) != current:
             return
@@ -82,6 +93,7 @@ class WorkQueue(Generic[K]):
         deletions) the heap is rebuilt, so that the deleted keys are not held until then."""
         self._due.pop(key, None)
         self._dirty.pop(key, None)
+        self._dirty_debounced.discard(key)
         self._debounced.pop(key, None)
         self._bursts.pop(key, None)
         if len(self._heap) > 2 * len(self._due):
@@ -116,9 +128,14 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         self._processing.discard(key)
         due = self._dirty.pop(key, None)
-        if due is not None:
-            delay = due - asyncio.get_running_loop().time()
-            self.add(key, delay)
+        if due is None:
+            return
+        if key in self._dirty_debounced:  # the burst goes on: its next events may move it later
+            self._dirty_debounced.discard(key)
+            if not self._closed:
+                self._schedule_debounced(key, max(due, asyncio.get_running_loop().time()))
+            return
+        self.add(key, due - asyncio.get_running_loop().time())
 
     def close(self) -> None:
         self._closed = True
