@@ -311,13 +311,19 @@ def roofline(generation: str, per_chip: int, flops: float, accessed: float) -> t
     return (compute, "compute") if compute >= memory else (memory, "memory")
 
 
-_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", re.IGNORECASE)
+# libtpu's refusals: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for
+# HLO temporaries (55.59G) exceeds available HBM (15.75G)." (0.0.42.1), and the older
+# "Ran out of memory in memory space hbm. Used 20.5G of 15.75G hbm."; G = GiB.
+_OOM = (
+    re.compile(r"required for [^(]*\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", re.IGNORECASE),
+)
 
 
 def _parse_oom(message: str) -> tuple[int, int] | None:
-    """(used, capacity) bytes from libtpu's 'Ran out of memory in memory space hbm' error."""
-    match = _OOM.search(message)
-    if not match:
+    """(needed, available) bytes from libtpu's out-of-HBM compile error, None for any other."""
+    match = next((m for m in (p.search(message) for p in _OOM) if m), None)
+    if "RESOURCE_EXHAUSTED" not in message or match is None:
         return None
     scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     used = float(match.group(1)) * scale[match.group(2).upper()]
@@ -470,3 +476,23 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> i
             "or shrink the batch (--microbatch_size) or the model"
         )
     return EXIT_OK
+
+
+def summarize(trainer: Any) -> dict[tuple[str, tuple[str, ...]], dict[str, float]]:
+    """(op, mesh axes) -> executions and bytes per device per step, as `hlo.summarize` keys them
+    for XLA:CPU programs: ICI collectives by the axes their groups span inside a slice, DCN
+    transfers by the axes that cross slices (those with a DCN factor)."""
+    text = trainer.compiled.as_text()
+    mesh = trainer.mesh
+    shape = slice_mesh_shape(mesh)
+    devices = int(mesh.devices.size)
+    per_slice = math.prod(shape)
+    out = hlo.summarize(ici_collectives(text, per_slice), shape, MESH_AXES)
+    dcn = tuple(a for a, full, local in zip(MESH_AXES, mesh.devices.shape, shape, strict=True)
+                if full > local)  # fmt: skip
+    for t in dcn_transfers(text) if devices > per_slice else []:
+        key = (t.kind.lower().replace("_", "-"), dcn)
+        entry = out.setdefault(key, {"executions": 0.0, "bytes": 0.0})
+        entry["executions"] += t.count
+        entry["bytes"] += t.total_bytes
+    return out

@@ -1,0 +1,183 @@
+"""The train step compiled by the TPU compiler (libtpu, the workload's ``tpu`` extra) for every
+generation of the catalog, on this CPU machine (`compile.py`): one slice, and two slices over DCN.
+
+On each TPU program, the bytes of every collective against the analytic minimum of `traffic.py`
+(the XLA:CPU checks of test_workload_traffic.py, run on the real TPU program), the collectives
+between slices included; the dtypes the TPU keeps (XLA:CPU widens bf16 collectives to f32); HBM
+and the exit code of a program that does not fit. One compile per (generation, slices), shared by
+the module: a few seconds each.
+
+What the TPU compiler does that XLA:CPU does not (libtpu 0.0.42.1): it all-reduces the
+embedding table's gradient over ``fsdp`` at full size (then keeps its shard) instead of
+reduce-scattering it; `EMBEDDING_ALL_REDUCED` moves those bytes in the analytic figures, and
+`test_the_embedding_gradient_is_all_reduced_in_full` pins it, so a compiler that fixes it (or a
+model change that breaks the rest) shows here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from multislice_workload import compile as tpu_compile
+from multislice_workload import partitioning, traffic, train
+from multislice_workload.env import Parallelism
+
+TOLERANCE = 0.01
+# Per generation, a multi-host shape of the catalog (docs/provisioning.md): 8 chips in two
+# 4-chip hosts (tpu7x: one 4-chip host, 8 devices).
+TOPOLOGIES = ("v4:2x2x2", "v5e:2x4", "v5p:2x2x2", "v6e:2x4", "tpu7x:2x2x1")
+# Large enough that the compiler reduce-scatters the weights (it all-reduces arrays of a few KB).
+CFG = train.TrainConfig(
+    steps=10,
+    batch_size=16,
+    seq_len=128,
+    embed=256,
+    heads=2,
+    head_dim=128,
+    mlp=1024,
+    num_layers=2,
+    dtype="bfloat16",
+    vocab=256,
+)
+CASES = [(t, s) for t in TOPOLOGIES for s in (1, 2)]
+
+_COMPILED: dict[Any, tuple[tpu_compile.Result, train.Trainer]] = {}
+
+
+def compiled(
+    topology: str, slices: int, cfg: train.TrainConfig = CFG, par: Parallelism | None = None
+) -> tuple[tpu_compile.Result, train.Trainer]:
+    """FSDP over each slice's devices, data parallelism across slices (the operator's default)."""
+    top = tpu_compile.parse_topology(topology)
+    par = par or Parallelism(ici_fsdp=top.chips, dcn_data=slices)
+    key = (topology, slices, cfg, par)
+    if key not in _COMPILED:
+        _COMPILED[key] = tpu_compile.compile_for(cfg, top, slices, par, allow_split=False)
+    return _COMPILED[key]
+
+
+def analytic(t: train.Trainer) -> tuple[dict[Any, float], dict[Any, float]]:
+    """`traffic.expected_parts` with the embedding gradient all-reduced (module docstring)."""
+    big, tiny = traffic.expected_parts(t.model, dict(t.mesh.shape), t.cfg.batch_size)
+    f = t.mesh.shape["fsdp"]
+    if f > 1:
+        embedding = 2 * traffic.sizes(t.model, dict(t.mesh.shape), t.cfg.batch_size, 1).vocab_gathered
+        ring = (f - 1) / f
+        big[("reduce-scatter", ("fsdp",))] -= embedding * ring
+        big[("all-reduce", ("fsdp",))] = big.get(("all-reduce", ("fsdp",)), 0.0) + embedding * 2 * ring
+    return big, tiny
+
+
+def byte_problems(t: train.Trainer) -> list[str]:
+    """Each (collective, mesh axes) of the TPU program whose bytes miss the analytic minimum by
+    more than 1% (plus the small reductions' slack, as test_workload_traffic.py)."""
+    got = {key: found["bytes"] for key, found in tpu_compile.summarize(t).items()}
+    big, tiny = analytic(t)
+    slack = sum(tiny.values())
+    out = []
+    for key, expected in big.items():
+        if abs(got.get(key, 0.0) - expected - tiny.get(key, 0.0)) > TOLERANCE * expected + slack:
+            out.append(f"{key}: {got.get(key, 0.0):.0f} bytes, expected {expected:.0f}")
+    for key in set(got) - set(big):
+        if got[key] > 2 * slack:
+            out.append(f"{key}: {got[key]:.0f} bytes, expected none")
+    return out
+
+
+@pytest.mark.parametrize(("topology", "slices"), CASES)
+def test_every_collective_moves_the_analytic_minimum(topology: str, slices: int) -> None:
+    result, t = compiled(topology, slices)
+    assert result.fits and result.hbm_bytes_per_device > 0
+    assert byte_problems(t) == []
+    summary = tpu_compile.summarize(t)
+    dcn = {key for key in summary if key[1] == ("data",)}
+    # Two slices: the only traffic between them is the data-parallel gradient all-reduce.
+    assert dcn == ({("all-reduce", ("data",))} if slices > 1 else set())
+
+
+def test_a_wrong_sharding_fails_the_byte_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights replicated instead of sharded over fsdp: no gathers, every gradient all-reduced
+    in full. The analytic figures still describe the design, so the check must flag it."""
+    monkeypatch.setitem(partitioning.LOGICAL_RULES, "embed", None)
+    broken = dataclasses.replace(CFG, seed=1)  # a cache key of its own
+    _, t = compiled("v5e:2x4", 2, broken)
+    problems = byte_problems(t)
+    assert any("all-gather" in p for p in problems), problems
+    assert any("all-reduce" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_fsdp_gathers_are_bf16_and_gradients_reduce_in_float32_between_slices(
+    topology: str,
+) -> None:
+    """Under --dtype bfloat16 (float32 parameters) the TPU program gathers weights and
+    reduce-scatters their gradients in bf16 inside a slice (what XLA:CPU could not show), and
+    all-reduces the gradient shards across slices in float32, the parameters' dtype."""
+    _, t = compiled(topology, 2)
+    text = t.compiled.as_text()
+    per_slice = t.mesh.devices.size // 2
+    weights = [
+        c
+        for c in tpu_compile.ici_collectives(text, per_slice)
+        if c.op in ("all-gather", "reduce-scatter") and c.size_bytes >= 4096
+    ]
+    assert weights and all(c.dtypes == {"bf16"} for c in weights), {
+        (c.op, tuple(c.dtypes)) for c in weights
+    }
+    dcn = tpu_compile.dcn_transfers(text)
+    assert dcn and all(x.kind == "ALL_REDUCE" for x in dcn)
+    assert {d for x in dcn for d, _ in x.arrays} == {"f32"}
+
+
+def test_the_embedding_gradient_is_all_reduced_in_full() -> None:
+    _, t = compiled("v5e:2x4", 1)
+    text = t.compiled.as_text()
+    full = (t.model.padded_vocab, t.model.embed)
+    reduced = [
+        c for c in tpu_compile.ici_collectives(text, t.mesh.devices.size) if c.op == "all-reduce"
+    ]
+    assert [c for c in reduced if ("bf16", full) in c.arrays]
+
+
+def test_the_roofline_and_hbm_come_from_the_compiled_program() -> None:
+    result, t = compiled("v6e:2x4", 2)
+    cost = t.compiled.cost_analysis()
+    assert result.flops_per_device == pytest.approx(cost["flops"])
+    peak = tpu_compile.hardware.TPU_PEAK_BF16_FLOPS["v6e"]
+    bandwidth = tpu_compile.hardware.TPU_HBM_BANDWIDTH["v6e"]
+    want = max(cost["flops"] / peak, cost["bytes accessed"] / bandwidth)
+    assert result.step_time_s == pytest.approx(want)
+    # The model FLOPs of one device's share are a lower bound of what the program computes
+    # (rematerialization adds a forward).
+    model = t.model.flops_per_token() * CFG.batch_size * CFG.seq_len / t.mesh.devices.size
+    assert model <= result.flops_per_device <= 2 * model
+    memory = t.compiled.memory_analysis()
+    assert result.hbm_bytes_per_device == tpu_compile.hbm_used(memory)
+    assert result.hbm_bytes_per_device >= train.max_device_bytes(t.abstract_state)
+
+
+def test_the_cli_exits_78_with_the_json_result_when_the_program_does_not_fit(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multislice_workload import cli, termination
+
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv(termination.TERMINATION_LOG_ENV, str(log))
+    monkeypatch.setattr(termination, "STATUS", termination.RunStatus())
+    monkeypatch.setattr(tpu_compile, "STATUS", termination.STATUS)
+    # 4 layers of 8192 x 32768 on one v5e chip: about 14 GiB of float32 weights alone.
+    big = ["--embed", "8192", "--mlp", "32768", "--heads", "64", "--head_dim", "128"]
+    argv = ["compile", "--topology", "v5e:1x1", "--slices", "1", "--json", "--vocab", "256", *big]
+    code = cli.main([*argv, "--num_layers", "4", "--batch_size", "1", "--seq_len", "128"])
+    assert code == 78
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith('{"fits"')]
+    result = json.loads(lines[-1])
+    assert result["fits"] is False
+    assert result["hbm_bytes_per_device"] > result["hbm_capacity_bytes"] == 16 * 10**9
+    message = json.loads(log.read_text())
+    assert message["exitCode"] == 78 and message["fits"] is False
+    assert message["hbm_bytes_per_device"] == result["hbm_bytes_per_device"]
