@@ -93,8 +93,15 @@ def parse_topology(text: str) -> Topology:
     return top
 
 
+def allow_concurrent_compilers() -> None:
+    """libtpu holds /tmp/libtpu_lockfile so that one process owns a TPU; compiling touches no
+    TPU, so let several processes (test workers, a compile beside another) load it at once."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 def tpu_devices(top: Topology, slices: int) -> list[Any]:
     """The compile-only devices of `slices` slices of `top`, from libtpu."""
+    allow_concurrent_compilers()
     try:
         from jax.experimental import topologies
     except ImportError as err:  # pragma: no cover (jax is a dependency)
