@@ -28,7 +28,16 @@ TOPOLOGIES = {
     "v6e": "v6e:4x4",
     "tpu7x": "tpu7x:2x2x4",
 }
-LLAMA = ["--mlp_activation", "swiglu", "--vocab", "128256", "--seq_len", "2048", "--batch_size", "16"]
+LLAMA = [
+    "--mlp_activation",
+    "swiglu",
+    "--vocab",
+    "128256",
+    "--seq_len",
+    "2048",
+    "--batch_size",
+    "16",
+]
 MODELS = {
     "demo": [],
     "1b": ["--embed", "2048", "--heads", "32", "--kv_heads", "8", "--head_dim", "64",

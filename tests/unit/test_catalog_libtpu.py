@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def checked_shapes(gen: catalog.Generation) -> list[str]:
     return small + ([largest] if largest not in small else [])
 
 
-def describe(generation: catalog.Generation, topology: str, chips_per_host: int) -> list:
+def describe(generation: catalog.Generation, topology: str, chips_per_host: int) -> list[Any]:
     from jax.experimental import topologies
 
     tpu_compile.allow_concurrent_compilers()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from multislice_workload import compile as tpu_compile
-from multislice_workload import partitioning, traffic, train
+from multislice_workload import hardware, partitioning, traffic, train
 from multislice_workload.env import Parallelism
 
 TOLERANCE = 0.01
@@ -150,8 +150,8 @@ def test_the_roofline_and_hbm_come_from_the_compiled_program() -> None:
     result, t = compiled("v6e:2x4", 2)
     cost = t.compiled.cost_analysis()
     assert result.flops_per_device == pytest.approx(cost["flops"])
-    peak = tpu_compile.hardware.TPU_PEAK_BF16_FLOPS["v6e"]
-    bandwidth = tpu_compile.hardware.TPU_HBM_BANDWIDTH["v6e"]
+    peak = hardware.TPU_PEAK_BF16_FLOPS["v6e"]
+    bandwidth = hardware.TPU_HBM_BANDWIDTH["v6e"]
     want = max(cost["flops"] / peak, cost["bytes accessed"] / bandwidth)
     assert result.step_time_s == pytest.approx(want)
     # libtpu's count is below the model FLOPs of one device's share (6 per parameter per token,

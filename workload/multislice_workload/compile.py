@@ -25,7 +25,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from multislice_workload import env as contract
@@ -128,7 +128,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_arguments(parser)
     add = parser.add_argument
     add("--topology", required=True, help="<generation>:<AxB[xC]>, e.g. v5e:4x4")
-    add("--slices", type=int, default=None, help="slices over DCN (default $MEGASCALE_NUM_SLICES or 1)")
+    add(
+        "--slices",
+        type=int,
+        default=None,
+        help="slices over DCN (default $MEGASCALE_NUM_SLICES or 1)",
+    )
     add("--vocab", type=int, default=0, help="vocabulary size (default: the tokenizer's)")
     add("--json", action="store_true", help="end with the result as one JSON line")
 
@@ -275,15 +280,15 @@ class Result:
     slices: int
     devices: int
     mesh: dict[str, int]
-    hbm_bytes_per_device: int
     hbm_capacity_bytes: int
-    flops_per_device: float
-    bytes_accessed_per_device: float
-    step_time_s: float
-    bound: str  # compute or memory
-    ici_bytes_per_device: float
-    dcn_bytes_per_device: float
-    compile_s: float
+    hbm_bytes_per_device: int = 0
+    flops_per_device: float = 0.0
+    bytes_accessed_per_device: float = 0.0
+    step_time_s: float = 0.0
+    bound: str = ""  # compute or memory
+    ici_bytes_per_device: float = 0.0
+    dcn_bytes_per_device: float = 0.0
+    compile_s: float = 0.0
     error: str = ""
 
     @property
@@ -322,7 +327,9 @@ def roofline(generation: str, per_chip: int, flops: float, accessed: float) -> t
 # HLO temporaries (55.59G) exceeds available HBM (15.75G)." (0.0.42.1), and the older
 # "Ran out of memory in memory space hbm. Used 20.5G of 15.75G hbm."; G = GiB.
 _OOM = (
-    re.compile(r"required for [^(]*\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(
+        r"required for [^(]*\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"
+    ),
     re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", re.IGNORECASE),
 )
 
@@ -364,13 +371,12 @@ def compile_for(
         mesh = jax.sharding.Mesh(raw, MESH_AXES)
     cfg = train.derive_grad_accum(cfg, mesh.shape)
     trainer = train.Trainer(cfg, mesh, train.check_shapes(cfg, mesh))
-    capacity = hardware.TPU_HBM_BYTES[top.generation] // per_chip
-    base = dict(
+    base = Result(
         topology=top.name,
         slices=slices,
         devices=len(devices),
         mesh=dict(mesh.shape),
-        hbm_capacity_bytes=capacity,
+        hbm_capacity_bytes=hardware.TPU_HBM_BYTES[top.generation] // per_chip,
     )
     try:
         compiled = trainer.compiled
@@ -378,25 +384,16 @@ def compile_for(
         oom = _parse_oom(str(err))
         if oom is None:
             raise
-        empty = dict.fromkeys(
-            ("flops_per_device", "bytes_accessed_per_device", "step_time_s", "ici_bytes_per_device",
-             "dcn_bytes_per_device", "compile_s"), 0.0)  # fmt: skip
-        result = Result(
-            **base,
-            **empty,
-            hbm_bytes_per_device=oom[0],
-            bound="",
-            error=str(err).strip().splitlines()[0][:300],
-        )
-        return result, trainer
+        first = str(err).strip().splitlines()[0][:300]
+        return dataclasses.replace(base, hbm_bytes_per_device=oom[0], error=first), trainer
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
     step, bound = roofline(top.generation, per_chip, flops, accessed)
     text = compiled.as_text()
     per_slice = len(devices) // slices
-    result = Result(
-        **base,
+    result = dataclasses.replace(
+        base,
         hbm_bytes_per_device=hbm_used(compiled.memory_analysis()),
         flops_per_device=flops,
         bytes_accessed_per_device=accessed,
