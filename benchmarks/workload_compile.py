@@ -5,7 +5,8 @@ Not a test. For each generation, one slice of 16 chips (v4/v5p 2x2x4, v5e/v6e 4x
 `multislice_workload compile --json` per (generation, model), in a subprocess each (the TPU
 compiler runs on this CPU; nothing runs on a TPU). Models: the demo's (the train defaults, byte
 vocabulary), a Llama-3.2-1B-shaped and a Llama-3-8B-shaped one (SwiGLU, grouped-query attention,
-a 128,256-token vocabulary), 1 sequence of 2,048 tokens per chip.
+a 128,256-token vocabulary), 32 sequences of 2,048 tokens per step (2 per chip, 1 per tpu7x
+device); the demo model with a batch of 32 (one sequence per device divides every mesh).
 
     .venv/bin/python -m benchmarks.workload_compile [--only v5e] [--models demo,1b]
 """
@@ -36,10 +37,10 @@ LLAMA = [
     "--seq_len",
     "2048",
     "--batch_size",
-    "16",
+    "32",
 ]
 MODELS = {
-    "demo": [],
+    "demo": ["--batch_size", "32"],
     "1b": ["--embed", "2048", "--heads", "32", "--kv_heads", "8", "--head_dim", "64",
            "--mlp", "8192", "--num_layers", "16", *LLAMA],
     "8b": ["--embed", "4096", "--heads", "32", "--kv_heads", "8", "--head_dim", "128",

@@ -124,22 +124,29 @@ def test_a_wrong_sharding_fails_the_byte_check(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_fsdp_gathers_are_bf16_and_gradients_reduce_in_float32_between_slices(
-    topology: str,
-) -> None:
-    """Under --dtype bfloat16 (float32 parameters) the TPU program gathers weights and
-    reduce-scatters their gradients in bf16 inside a slice (what XLA:CPU could not show), and
-    all-reduces the gradient shards across slices in float32, the parameters' dtype."""
+def test_fsdp_gathers_are_bf16_and_gradients_reduce_in_the_grad_reduce_dtype(topology: str) -> None:
+    """Under --dtype bfloat16 (float32 parameters) the TPU program gathers the weights in bf16
+    inside a slice (XLA:CPU widens them to f32 and could not show it); the weight gradients are
+    reduced over fsdp (reduce-scatter, or all-reduce where the compiler chooses it) in the grad
+    reduce dtype (bf16 today: the transpose of the bf16 gather; a --grad_reduce_dtype option
+    sets it where the model has one), and all-reduced across slices (DCN) in float32, the
+    parameters' dtype."""
     _, t = compiled(topology, 2)
     text = t.compiled.as_text()
-    per_slice = t.mesh.devices.size // 2
-    weights = [
-        c
-        for c in tpu_compile.ici_collectives(text, per_slice)
-        if c.op in ("all-gather", "reduce-scatter") and c.size_bytes >= 4096
+    found = tpu_compile.ici_collectives(text, t.mesh.devices.size // 2)
+    gathers = [c for c in found if c.op == "all-gather" and c.size_bytes >= 4096]
+    assert len(gathers) >= 12 and all(c.dtypes == {"bf16"} for c in gathers)
+    reduce = {"float32": "f32", "bfloat16": "bf16"}[
+        getattr(t.model, "grad_reduce_dtype", "bfloat16")
     ]
-    assert weights and all(c.dtypes == {"bf16"} for c in weights), {
-        (c.op, tuple(c.dtypes)) for c in weights
+    grads = [
+        c
+        for c in found
+        if (c.op == "reduce-scatter" and c.size_bytes >= 4096)
+        or (c.op == "all-reduce" and c.size_bytes >= 65536)
+    ]
+    assert len(grads) >= 2 and all(c.dtypes == {reduce} for c in grads), {
+        (c.op, tuple(c.dtypes)) for c in grads
     }
     dcn = tpu_compile.dcn_transfers(text)
     assert dcn and all(x.kind == "ALL_REDUCE" for x in dcn)
