@@ -191,3 +191,25 @@ def test_the_cli_exits_78_with_the_json_result_when_the_program_does_not_fit(
     message = json.loads(log.read_text())
     assert message["exitCode"] == 78 and message["fits"] is False
     assert message["hbm_bytes_per_device"] == result["hbm_bytes_per_device"]
+
+
+@pytest.mark.parametrize("topology", ["v5e:2x4", "tpu7x:2x2x1"])
+def test_the_dcn_advisors_traffic_is_the_tpu_programs(topology: str) -> None:
+    """The operator's DCN advisor (docs/dcn-advisor.md) against the DCN sends of the TPU program:
+    what one slice sends to the other per step, all its devices together."""
+    from multislice_operator.planning import advisor
+    from multislice_operator.tpu.parallelism import Parallelism as OperatorParallelism
+
+    _, t = compiled(topology, 2)
+    per_slice = t.mesh.devices.size // 2
+    sent = (
+        8 * per_slice * sum(x.total_bytes for x in tpu_compile.dcn_transfers(t.compiled.as_text()))
+    )
+    par = OperatorParallelism(1, 1, 1, dcn_data=2, dcn_fsdp=1, dcn_pipeline=1, dcn_tensor=1)
+    told = advisor.dcn_traffic(par, compute_bits=16)
+    assert [a.of for a in told] == [advisor.ALL]
+    said = told[0].bits_per_parameter * t.model.parameter_count()
+    # The norm scales are replicated over fsdp, so every device of a slice sends them: a few
+    # thousand floats more than the advisor's one copy per parameter.
+    norms = 32 * per_slice * (2 * t.model.layers + 1) * t.model.embed
+    assert said <= sent <= said + norms + 8 * per_slice * 64
