@@ -186,7 +186,8 @@ def test_the_cli_exits_78_with_the_json_result_when_the_program_does_not_fit(
     assert code == 78
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith('{"fits"')]
     result = json.loads(lines[-1])
-    assert result["fits"] is False
+    assert result["fits"] is False and "error" not in result
+    assert "RESOURCE_EXHAUSTED" in result["compiler"]
     assert result["hbm_bytes_per_device"] > result["hbm_capacity_bytes"] == 16 * 10**9
     message = json.loads(log.read_text())
     assert message["exitCode"] == 78 and message["fits"] is False

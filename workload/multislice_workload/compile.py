@@ -289,17 +289,19 @@ class Result:
     ici_bytes_per_device: float = 0.0
     dcn_bytes_per_device: float = 0.0
     compile_s: float = 0.0
-    error: str = ""
+    # libtpu's words when it refused the program for HBM (not an "error": spec.preflight reads
+    # an "error" key as a failed compile, and this is a program that does not fit).
+    compiler: str = ""
 
     @property
     def fits(self) -> bool:
-        return not self.error and self.hbm_bytes_per_device <= self.hbm_capacity_bytes
+        return not self.compiler and self.hbm_bytes_per_device <= self.hbm_capacity_bytes
 
     def record(self) -> dict[str, Any]:
         """The JSON contract (docs/workload.md, "compile")."""
         out = {"fits": self.fits, **dataclasses.asdict(self)}
-        if not self.error:
-            out.pop("error")
+        if not self.compiler:
+            out.pop("compiler")
         return out
 
 
@@ -385,7 +387,7 @@ def compile_for(
         if oom is None:
             raise
         first = str(err).strip().splitlines()[0][:300]
-        return dataclasses.replace(base, hbm_bytes_per_device=oom[0], error=first), trainer
+        return dataclasses.replace(base, hbm_bytes_per_device=oom[0], compiler=first), trainer
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
@@ -426,8 +428,8 @@ def report(result: Result, trainer: Any) -> list[str]:
         f"HBM per device: {result.hbm_bytes_per_device / gib:.3f} GiB of "
         f"{result.hbm_capacity_bytes / gib:.3f} GiB ({'fits' if result.fits else 'DOES NOT FIT'})",
     ]
-    if result.error:
-        return [*lines, f"compiler: {result.error}"]
+    if result.compiler:
+        return [*lines, f"compiler: {result.compiler}"]
     lines.append(
         f"cost_analysis: {result.flops_per_device:.4g} FLOPs, "
         f"{result.bytes_accessed_per_device:.4g} bytes accessed per device; roofline step "
