@@ -25,7 +25,7 @@ import pytest
 
 from multislice_workload import compile as tpu_compile
 from multislice_workload import hardware, partitioning, traffic, train
-from multislice_workload.env import Parallelism
+from multislice_workload.env import ConfigError, Parallelism
 
 TOLERANCE = 0.01
 # Per generation, a multi-host shape of the catalog (docs/provisioning.md): 8 chips in two
@@ -214,3 +214,20 @@ def test_the_dcn_advisors_traffic_is_the_tpu_programs(topology: str) -> None:
     # thousand floats more than the advisor's one copy per parameter.
     norms = 32 * per_slice * (2 * t.model.layers + 1) * t.model.embed
     assert said <= sent <= said + norms + 8 * per_slice * 64
+
+
+def test_the_layout_is_the_flags_over_the_jobs_environment_over_fsdp_and_data() -> None:
+    from multislice_workload import cli
+
+    args = cli.build_parser().parse_args(
+        ["compile", "--topology", "v5e:4x4", "--ici_tensor_parallelism", "2"]
+    )
+    env = {"MULTISLICE_ICI_FSDP": "8", "MULTISLICE_ICI_TENSOR": "4", "MULTISLICE_DCN_DATA": "2"}
+    assert tpu_compile.layout(args, env, 16, 2) == Parallelism(ici_fsdp=8, ici_tensor=2, dcn_data=2)
+    assert tpu_compile.layout(args, {}, 16, 2) == Parallelism(ici_fsdp=16, ici_tensor=2, dcn_data=2)
+    with pytest.raises(ConfigError, match="MULTISLICE_DCN_FSDP"):
+        tpu_compile.layout(args, {"MULTISLICE_DCN_FSDP": "two"}, 16, 2)
+    with pytest.raises(ConfigError, match="--topology"):
+        tpu_compile.parse_topology("v9:4x4")
+    assert tpu_compile.parse_topology("tpu7x:1x1x1").host_bounds == (1, 1, 1)
+    assert tpu_compile.parse_topology("v5p:2x2x4").hosts == 4
