@@ -9,12 +9,14 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# The image's lock first (hashes checked), so the tests run the versions the image ships.
+# The image's lock first (hashes checked), so the tests run the versions the image ships. The
+# workload's tpu extra is libtpu (a 213 MB wheel, kept in pip's cache like JAX's): the TPU
+# compiler the compile lane (tests/workload/test_tpu_compile.py) runs on this CPU.
 $(STAMP): pyproject.toml local/pyproject.toml workload/pyproject.toml image/requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --require-hashes --no-deps -r image/requirements.lock
-	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./local -e './workload[test,tpu]'
 	@touch $(STAMP)
 
 # Two layers (tests/README.md), at the same time (hack/run-tests.sh): the unit layer on UNIT_JOBS

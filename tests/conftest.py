@@ -76,6 +76,8 @@ _FIRST_GROUPS = ("kube_cluster-2", "kube_cluster-3", "kube_cluster", "kube_kueue
 _SERIAL_GROUPS = {
     "tests/workload/test_workload_local.py": "workload-processes",
     "tests/workload/test_workload_cli.py": "workload-processes",
+    # The TPU compile lane: its compiles are cached in the module, so they share one worker.
+    "tests/workload/test_tpu_compile.py": "tpu-compile",
 }
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m multislice_workload {shardings,train,prepare} [flags]``.
+"""Command line: ``python -m multislice_workload {shardings,train,prepare,compile} [flags]``.
 
 Maps every outcome to the exit codes of `exitcodes` and leaves the termination message
 (`termination.py`) on each: configuration problems (bad environment, inconsistent variables, bad
@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from multislice_workload import compile as tpu_compile
 from multislice_workload import exitcodes, logs, prepare, runtime, shardings, termination, train
 from multislice_workload.env import ConfigError, WorkloadEnv, from_environ
 
@@ -26,6 +27,7 @@ MODES: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Mode, str]] = 
 # Modes that run on one machine, outside any mesh: no environment contract, no JAX start-up.
 OFFLINE: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int], str]] = {
     "prepare": (prepare.add_arguments, prepare.run, "corpus -> tokenizer + ArrayRecord shards"),
+    "compile": (tpu_compile.add_arguments, tpu_compile.run, "compile for a TPU topology, on CPU"),
 }
 
 

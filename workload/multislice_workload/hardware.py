@@ -34,6 +34,17 @@ TPU_HBM_BYTES: dict[str, int] = {
     "tpu7x": 192 * 2**30,
 }
 
+# HBM bandwidth per chip, bytes/s, as JAX's Pallas TPU table has it (jax 0.10.2
+# jax/_src/pallas/mosaic/tpu_info.py, mem_bw_bytes_per_second x TensorCores per chip; Cloud TPU's
+# v5e page: 819 GBps). The memory side of `compile.roofline`.
+TPU_HBM_BANDWIDTH: dict[str, float] = {
+    "v4": 1.23e12,
+    "v5e": 8.2e11,
+    "v5p": 2.46e12,
+    "v6e": 1.64e12,
+    "tpu7x": 7.4e12,
+}
+
 # JAX devices per chip. v4 and v5p run their 2 TensorCores as one device ("megacore"); a TPU7x
 # chip's 2 TensorCores are 2 devices (``core_on_chip`` 0 and 1; JAX's mesh_utils lays TPU7x out
 # as [x, y, z, core]), so a 4-chip tpu7x-standard-4t VM shows 8 devices.

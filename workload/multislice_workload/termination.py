@@ -30,6 +30,7 @@ class RunStatus:
     step: int | None = None  # last completed training step
     checkpoint_step: int | None = None  # last checkpoint known durable
     checkpoint_request: dict[str, Any] | None = None  # {"id": ..., "step": ...}
+    result: dict[str, Any] | None = None  # a mode's own result keys (compile: fits, HBM, ...)
 
 
 STATUS = RunStatus()
@@ -56,6 +57,8 @@ def render(exit_code: int, message: str, status: RunStatus, reason: str | None =
     }
     if status.checkpoint_request:
         record["checkpointRequest"] = dict(status.checkpoint_request)
+    if status.result:
+        record.update(status.result)
 
     def dumped(text: str) -> str:
         return _dump({**record, "message": text})
