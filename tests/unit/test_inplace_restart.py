@@ -5,7 +5,7 @@ it (a condition, an event, status.lastRestart.strategy)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -13,8 +13,9 @@ import pytest
 from kopf._cogs.clients import errors as kopf_errors
 
 from multislice_operator.api.models import ConditionType, MultisliceJobStatus, RestartCause
+from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
-from multislice_operator.controller import versions
+from multislice_operator.controller import observe, versions
 from multislice_operator.controller.versions import InPlaceFindings
 from multislice_operator.reconcile import (
     CreateJobSet,
@@ -305,3 +306,105 @@ def test_last_restart_says_which_strategy_ran(counted: int, cause: RestartCause,
     assert last is not None and (last.cause, last.strategy) == (cause.value, strategy)
     assert d.status.restarts_by_cause is not None
     assert d.status.restarts_by_cause.model_dump()[cause.value] == 1
+
+
+# ------------------------------------------------------------------------- counting
+# JobSet counts an in-place restart in status.currentInPlaceRestartAttempt, not in
+# status.restarts (kubernetes-sigs/jobset v0.12.0 pkg/controllers/in_place_restart.go).
+
+
+def jobset_body(restarts: int, counted: int, current: int | None) -> dict[str, Any]:
+    status: dict[str, Any] = {"restarts": restarts, "restartsCountTowardsMax": counted}
+    if current is not None:
+        status["currentInPlaceRestartAttempt"] = current
+    meta = {
+        "name": "job",
+        "uid": "js-uid",
+        "labels": {keys.MANAGED_BY: keys.MANAGED_BY_VALUE},
+        "ownerReferences": [{"controller": True, "uid": jobs.META.uid}],
+    }
+    return {"metadata": meta, "spec": {}, "status": status}
+
+
+def observed_jobset(restarts: int, counted: int, current: int | None) -> JobSetObservation:
+    summary = observe.summarize_jobset(jobset_body(restarts, counted, current))
+    js = observe.jobset_observation(summary, ("ns", "job"), jobs.META.uid)
+    assert js is not None
+    return js
+
+
+def in_place_status(**fields: Any) -> MultisliceJobStatus:
+    old = MultisliceJobStatus.from_dict({"phase": "Running", "jobSet": "job", **fields})
+    old.conditions = create_pass(InPlaceSupport(True, "ok")).status.conditions
+    return old
+
+
+def test_an_in_place_restart_counts_one_restart_of_the_program() -> None:
+    js = observed_jobset(restarts=0, counted=0, current=1)
+    d = run(in_place_status(), Observed(now=NOW, slices=list(SLICES), jobset=js), **EXISTING)
+    assert d.status.restarts == 1
+    assert d.status.restarts_by_cause is not None
+    assert d.status.restarts_by_cause.model_dump() == {
+        "disruption": 0, "workload": 1, "hang": 0, "startup": 0, "resize": 0
+    }  # fmt: skip
+    last = d.status.last_restart
+    assert last is not None and (last.restart, last.cause, last.strategy) == (
+        1, "workload", "InPlaceRestart"
+    )  # fmt: skip
+    restarting = [e for e in d.events if e.reason == Reason.RESTARTING_ALL_SLICES]
+    assert (
+        len(restarting) == 1 and "1/10 of spec.failurePolicy.maxRestarts" in restarting[0].message
+    )
+
+
+@pytest.mark.parametrize(
+    ("restarts", "counted", "current", "attempt", "charged"),
+    [
+        (0, 0, None, 0, 0),  # a JobSet without in-place restart: JobSet's counters as they are
+        (0, 0, 0, 0, 0),  # the first start: every agent wrote 0
+        (0, 0, 2, 2, 2),  # two in-place restarts, both charged (JobSet's exceededMaxRestarts)
+        # A recreate under InPlaceRestart: the new pods' agents write current + 1, so JobSet's
+        # current attempt counts it too. Once, not twice; a disruption stays uncharged.
+        (1, 0, 1, 1, 0),
+        (1, 0, 3, 3, 2),  # a disruption, then two program failures restarted in place
+        (2, 1, 1, 2, 1),  # a recreate counted before the agents agree on their attempt
+    ],
+)
+def test_the_attempt_is_every_restart_once(
+    restarts: int, counted: int, current: int | None, attempt: int, charged: int
+) -> None:
+    js = observed_jobset(restarts, counted, current)
+    assert (js.restarts, js.restarts_counted) == (attempt, charged)
+
+
+def test_a_pods_attempt_counts_its_in_place_restarts() -> None:
+    js = observed_jobset(restarts=1, counted=0, current=3)
+    pod = {
+        "metadata": {
+            "name": "job-slice-0-0",
+            "labels": {keys.JOBSET_UID: "js-uid", keys.JOBSET_RESTART_ATTEMPT: "1"},
+            "annotations": {keys.IN_PLACE_RESTART_ATTEMPT: "3"},
+        },
+        "status": {"phase": "Running"},
+    }
+    without = {**pod, "metadata": {**pod["metadata"], "annotations": {}}}
+    records = observe.pod_records([observe.summarize_pod(pod), observe.summarize_pod(without)], js)
+    assert [p.attempt for p in records] == [3, 1]
+
+
+def test_an_in_place_restart_records_its_recovery_once_every_slice_runs_again() -> None:
+    js = observed_jobset(restarts=0, counted=0, current=1)
+    down = JobSetObservation(ready_jobs=0, restarts=js.restarts, restarts_counted=1, uid="js-uid")
+    first = run(in_place_status(), Observed(now=NOW, slices=list(SLICES), jobset=down), **EXISTING)
+    assert first.status.last_restart is not None
+    assert first.status.last_restart.recovery_seconds is None
+    later = NOW + timedelta(seconds=12)
+    up = JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1, uid="js-uid")
+    pods = jobs.running({0: 4, 1: 4}, attempt=1)
+    d = run(
+        first.status, Observed(now=later, slices=list(SLICES), jobset=up, pods=pods), **EXISTING
+    )
+    last = d.status.last_restart
+    assert last is not None and last.strategy == "InPlaceRestart"
+    assert last.recovery_seconds == 12
+    assert d.status.restarts == 1

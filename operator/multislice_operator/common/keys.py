@@ -41,6 +41,9 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+# On a pod, written by JobSet's in-place restart agent at each start of its pod: JobSet's
+# currentInPlaceRestartAttempt + 1 (v0.12.0 api/jobset/v1alpha2/jobset_types.go).
+IN_PLACE_RESTART_ATTEMPT = "jobset.sigs.k8s.io/in-place-restart-attempt"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 
 # ---- Kueue (v1beta2)

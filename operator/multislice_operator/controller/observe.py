@@ -77,6 +77,8 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "restarts": int(status.get("restarts") or 0),
         # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
         "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
+        # Set only under InPlaceRestart (JobSet >= v0.11, feature gate); absent: none.
+        "inPlaceAttempt": _int(status.get("currentInPlaceRestartAttempt")) or 0,
         "completed": true("Completed") or terminal == "Completed",
         "failed": true("Failed") or terminal == "Failed",
         "failureReason": failed_cond.get("reason", ""),
@@ -128,7 +130,12 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "pod": meta.get("name", ""),
         "jobsetUid": labels.get(keys.JOBSET_UID),
         "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
-        "attempt": _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
+        # A pod restarted in place keeps its restart-attempt label; its agent's annotation
+        # counts every restart, as the JobSet's attempt does (jobset_observation).
+        "attempt": max(
+            _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
+            _int(annotations.get(keys.IN_PLACE_RESTART_ATTEMPT)) or 0,
+        ),
         "phase": status.get("phase", "Pending"),
         "ready": ready,
         "exitCode": exit_code,
@@ -334,6 +341,23 @@ class PoolOwner:
     gone: bool  # that job no longer exists (the sweep would delete the pool; so may we)
 
 
+def attempt_of(summary: Mapping[str, Any]) -> tuple[int, int]:
+    """The JobSet's restarts of every kind, and those charged to maxRestarts: the one home of
+    the restart attempt every reader of JobSetObservation.restarts uses.
+
+    JobSet (v0.12.0) counts a recreate in status.restarts and an in-place restart only in
+    status.currentInPlaceRestartAttempt. That attempt counts recreates too: every agent writes
+    the JobSet's current attempt + 1 on its pod at each start, the new pods of a recreate
+    included (cmd/in-place-restart-agent/main.go), and JobSet charges an in-place restart as
+    the pods' attempt less the uncharged restarts (pkg/controllers/in_place_restart.go,
+    exceededMaxRestarts). So every restart is the larger of the two (status.restarts leads
+    while a recreate's agents are not yet on one attempt), and the in-place restarts beyond
+    status.restarts are charged, as JobSet charges them."""
+    restarts, counted = summary["restarts"], summary.get("restartsCounted", 0)
+    in_place = max(0, summary.get("inPlaceAttempt", 0) - restarts)
+    return restarts + in_place, counted + in_place
+
+
 def jobset_observation(
     summary: dict[str, Any] | None, job_key: tuple[str, str] = ("", ""), job_uid: str = ""
 ) -> JobSetObservation | None:
@@ -349,11 +373,12 @@ def jobset_observation(
         job_uid=job_uid,
     )
     base = summary.get("restartBase", 0)
+    restarts, counted = attempt_of(summary)
     return JobSetObservation(
         suspended=summary["suspended"],
         suspended_since=parse_time(summary.get("suspendedSince")),
-        restarts=base + summary["restarts"],
-        restarts_counted=summary.get("countedBase", 0) + summary.get("restartsCounted", 0),
+        restarts=base + restarts,
+        restarts_counted=summary.get("countedBase", 0) + counted,
         replicas=summary.get("replicas", 0),
         restart_base=base,
         completed=summary["completed"],

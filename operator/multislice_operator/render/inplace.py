@@ -23,7 +23,7 @@ AGENT_EXIT_CODE = 1  # DefaultInPlaceRestartExitCode: the agent exits so to rest
 # The pods' service account when the template names none (namespace objects: render_rbac).
 AGENT_SERVICE_ACCOUNT = "multislice-inplace-restart"
 # The pod annotation the agent writes, and the only change the admission policy lets it make.
-ATTEMPT_ANNOTATION = "jobset.sigs.k8s.io/in-place-restart-attempt"
+ATTEMPT_ANNOTATION = keys.IN_PLACE_RESTART_ATTEMPT
 BACKOFF_LIMIT_MAX = 2147483647  # MaxInt32: the webhook's demand (Jobs never fail on a pod)
 RESTART_ALL = "RestartAllContainers"  # k8s.io/api core/v1 ContainerRestartRuleAction, 1.35+
 BARRIER_SECONDS = 600  # the startup probe's patience: the whole job must reach the barrier
