@@ -200,11 +200,6 @@ def _swap(stack: LocalStack, ns: str, state: str) -> None:
     msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 41, open: in the full suite the re-formed Slice's pods can stay Pending "
-    "(no node matches their affinity) past the timeout; 2 of 3 full runs on 2026-12-04",
-)
 def test_a_failed_cube_is_swapped_for_the_spare(
     stack: LocalStack, namespace: Any, kube_cluster: Any
 ) -> None:
@@ -218,11 +213,6 @@ def test_a_failed_cube_is_swapped_for_the_spare(
     _gone(stack, ns, "iw")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 41, open: in the full suite the re-formed Slice's pods can stay Pending "
-    "(no node matches their affinity) past the timeout; 2 of 3 full runs on 2026-12-04",
-)
 def test_a_degraded_slice_is_reformed(stack: LocalStack, namespace: Any, kube_cluster: Any) -> None:
     ns = namespace(kube_cluster, "dyn")
     assert stack.sim is not None
