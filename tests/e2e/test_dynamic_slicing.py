@@ -170,9 +170,9 @@ def _swap(stack: LocalStack, ns: str, state: str) -> None:
     assert kept in _cubes_by_slice(stack.api, ns, "iw")  # only the broken slice was re-formed
     events = msj.event_lines(stack.api, ns, "iw")
     assert any(e.startswith("SliceLost") and victim in e for e in events), events
-    # The lost slice's pods were evicted (DisruptionTarget: on a kubelet they fail and JobSet
-    # restarts every slice; kwok deletes an evicted pod without the Failed phase, so here the
-    # Job replaces them) and run again, all 16, on the nodes of the slice's new Slice.
+    # The lost slice's pods were evicted: they failed with DisruptionTarget (kwok's pod-terminate,
+    # as a kubelet), so JobSet restarted every slice; slice 1 runs again, all 16 pods, on the
+    # nodes of its new Slice.
     new = next(n for n in _cubes_by_slice(stack.api, ns, "iw") if n != kept)
     core = client.CoreV1Api(stack.api)
 
@@ -198,6 +198,11 @@ def _swap(stack: LocalStack, ns: str, state: str) -> None:
         on_timeout=lambda: why() + "\n" + "\n".join(seen),
     )
     msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
+    # Every slice restarted once, as a disruption (charged to no budget), not only slice 1's pods.
+    st = msj.status(stack.api, ns, "iw")
+    assert st["restarts"] == st["restartsByCause"]["disruption"] == 1, st
+    js = msj.jobset(stack.api, ns, "iw")
+    assert js is not None and js["status"]["restarts"] == 1, js.get("status")
 
 
 def test_a_failed_cube_is_swapped_for_the_spare(
