@@ -5,6 +5,7 @@ it (a condition, an event, status.lastRestart.strategy)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -12,7 +13,12 @@ from typing import Any
 import pytest
 from kopf._cogs.clients import errors as kopf_errors
 
-from multislice_operator.api.models import ConditionType, MultisliceJobStatus, RestartCause
+from multislice_operator.api.models import (
+    EXIT_HANG,
+    ConditionType,
+    MultisliceJobStatus,
+    RestartCause,
+)
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
 from multislice_operator.controller import observe, versions
@@ -408,3 +414,59 @@ def test_an_in_place_restart_records_its_recovery_once_every_slice_runs_again() 
     assert last is not None and last.strategy == "InPlaceRestart"
     assert last.recovery_seconds == 12
     assert d.status.restarts == 1
+
+
+def restarted_pod(name: str, attempt: int, tpu_exit: int, agent_exit: int, message: str = ""
+                  ) -> dict[str, Any]:  # fmt: skip
+    """A pod after the kubelet restarted all its containers in place: running again on
+    `attempt`, with its TPU container's and its agent's previous runs in lastState."""
+
+    def last(container: str, code: int, said: str = "") -> dict[str, Any]:
+        terminated = {"exitCode": code, "reason": "Error", "message": said}
+        return {"name": container, "restartCount": 1, "lastState": {"terminated": terminated},
+                "state": {"running": {}}}  # fmt: skip
+
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.JOBSET_UID: "js-uid", keys.JOBSET_RESTART_ATTEMPT: "0"},
+            "annotations": {keys.IN_PLACE_RESTART_ATTEMPT: str(attempt)},
+        },
+        "spec": {"containers": [{"name": "tpu"}], "initContainers": [{"name": "agent"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [last("tpu", tpu_exit, message)],
+            "initContainerStatuses": [last(inplace.AGENT_CONTAINER, agent_exit)],
+        },
+    }
+
+
+@pytest.mark.parametrize(("code", "message", "cause"), [
+    (EXIT_HANG, "", RestartCause.HANG),
+    (1, json.dumps({"reason": "hang", "step": 40}), RestartCause.HANG),  # said hang
+    (17, "", RestartCause.WORKLOAD),
+])  # fmt: skip
+def test_an_in_place_restart_counts_by_the_exit_of_the_pod_that_failed(
+    code: int, message: str, cause: RestartCause
+) -> None:
+    """The pod whose program exited is restarted by the kubelet (its agent stopped with it,
+    143); every other pod by its agent's exit 1 at JobSet's word (its program killed, 143). Only
+    the first one's exit says why, though no pod is failed."""
+    js = observed_jobset(restarts=0, counted=0, current=1)
+    summaries = [
+        observe.summarize_pod(restarted_pod("job-slice-0-0", 1, 143, inplace.AGENT_EXIT_CODE)),
+        observe.summarize_pod(restarted_pod("job-slice-1-0", 1, code, 143, message)),
+        observe.summarize_pod(restarted_pod("job-slice-1-1", 1, 143, inplace.AGENT_EXIT_CODE)),
+    ]
+    pods = observe.pod_records(summaries, js)
+    assert not any(p.failed for p in pods)  # all run again, on attempt 1
+    d = run(in_place_status(), Observed(now=NOW, slices=list(SLICES), jobset=js, pods=pods),
+            **EXISTING)  # fmt: skip
+    assert d.status.restarts_by_cause is not None
+    counts = d.status.restarts_by_cause.model_dump()
+    assert counts == {**dict.fromkeys(counts, 0), cause.value: 1}
+    failure = d.status.last_failure
+    assert failure is not None and (failure.pod, failure.exit_code, failure.restart_attempt) == (
+        "job-slice-1-0", code, 0
+    )  # fmt: skip

@@ -30,7 +30,8 @@ from multislice_operator.reconcile import (
     SliceObservation,
     termination,
 )
-from multislice_operator.reconcile.types import PreflightObservation
+from multislice_operator.reconcile.types import LastExit, PreflightObservation
+from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
 DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
@@ -163,7 +164,36 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         else None,
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
+        "lastExit": restarted_exit(spec, status),
     }
+
+
+def restarted_exit(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The TPU container's previous run when the kubelet restarted the pod's containers in place
+    (RestartAllContainers): its exit, reason and termination message, from its lastState. None
+    when the pod's own agent asked for that restart (its lastState exit is the agent's restart
+    code: JobSet told it to follow another pod's restart), so only the pod whose program failed
+    or hung is a failure; the agent itself exits 128 + signal when stopped with its pod
+    (jobset v0.12.0 cmd/in-place-restart-agent/main.go)."""
+    name = ((spec.get("containers") or [{}])[0]).get("name")
+    last = _last_terminated(status.get("containerStatuses"), name)
+    if not last or not last.get("exitCode"):
+        return None
+    agent = _last_terminated(status.get("initContainerStatuses"), AGENT_CONTAINER) or {}
+    if agent.get("exitCode") == AGENT_EXIT_CODE:
+        return None
+    return {
+        "exitCode": int(last["exitCode"]),
+        "reason": last.get("reason") or "",
+        "termination": termination.parse(last.get("message")),
+    }
+
+
+def _last_terminated(statuses: Any, name: Any) -> dict[str, Any] | None:
+    for cs in statuses or []:
+        if cs.get("name") == name:
+            return ((cs.get("lastState") or {}).get("terminated")) or None
+    return None
 
 
 def unseen_message(scheduler: str | None) -> str:
@@ -395,6 +425,12 @@ def jobset_observation(
     )
 
 
+def _last_exit(seen: Mapping[str, Any] | None) -> LastExit | None:
+    if not seen:
+        return None
+    return LastExit(seen["exitCode"], seen.get("reason") or "", seen.get("termination"))
+
+
 def pod_records(
     summaries: Iterable[dict[str, Any]],
     jobset: JobSetObservation | None,
@@ -423,6 +459,7 @@ def pod_records(
             scheduler_message=p.get("schedulerMessage") or "",
             checkpoint_request=p.get("checkpointRequest"),
             checkpoint_saved=p.get("checkpointSaved"),
+            last_exit=_last_exit(p.get("lastExit")),
         )
         for p in summaries
         if not jobset.uid or not p.get("jobsetUid") or p["jobsetUid"] == jobset.uid

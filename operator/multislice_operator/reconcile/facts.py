@@ -176,7 +176,9 @@ def derive(
     js = seen if seen is not None and seen.owned else None
     attempt = js.restarts if js is not None else 0
     pods = _pod_views(obs.pods, attempt)
-    failures = tuple(p for p in obs.pods if p.failed)
+    # A pod restarted in place is not failed: its program's last exit is (restarts.py).
+    earlier = (p.previous_run() for p in obs.pods)
+    failures = tuple(p for p in obs.pods if p.failed) + tuple(p for p in earlier if p)
     model = capacity_models.model_of(plan)
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from multislice_operator.api.models import MultisliceJobStatus
@@ -77,6 +77,16 @@ class Termination:
 
 
 @dataclass(frozen=True)
+class LastExit:
+    """The TPU container's previous run in a pod restarted in place, when its program's exit (not
+    its agent's) made the kubelet restart the pod's containers."""
+
+    exit_code: int
+    reason: str = ""
+    termination: Termination | None = None
+
+
+@dataclass(frozen=True)
 class Pod:
     """One pod of the job's JobSet (every attempt, every phase): the one record decide() reads.
     Views of it (failures, running per slice, unschedulable, ...) are derived in facts.py."""
@@ -100,6 +110,24 @@ class Pod:
     scheduler_message: str = ""
     checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
     checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
+    last_exit: LastExit | None = None  # restarted in place after its program's exit
+
+    def previous_run(self) -> Pod | None:
+        """The failure an in-place restart left of this pod (the pod itself runs again on the
+        next attempt): a failed record of the attempt before, as a failed pod would be."""
+        e = self.last_exit
+        if e is None or self.failed or self.attempt == 0:
+            return None
+        return replace(
+            self,
+            attempt=self.attempt - 1,
+            phase="Failed",
+            ready=False,
+            exit_code=e.exit_code,
+            reason=e.reason,
+            termination=e.termination,
+            last_exit=None,
+        )
 
     @property
     def failed(self) -> bool:
