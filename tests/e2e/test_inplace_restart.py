@@ -147,6 +147,14 @@ def test_a_program_failure_restarts_in_place_and_a_preemption_recreates(env):
     # Each container of each pod restarted once: the agent and the TPU container.
     assert [restarts_of(p) for p in after] == [[1, 1]] * 8
     assert status_of(api, ns, "ip").get("restarts", 0) == 0  # no Job was recreated
+    # No pod failed, yet the restart is the program's, and the pod that exited 17 is named.
+    counted = msj.wait_status(
+        api, ns, "ip", "the in-place restart counted",
+        lambda st: (st.get("restartsByCause") or {}).get("workload") == 1, 60,
+        log=lambda n: cluster_view(api, ns, op, n),
+    )["status"]  # fmt: skip
+    failure = counted["lastFailure"]
+    assert (failure["pod"], failure["exitCode"]) == (pod.metadata.name, RETRYABLE), failure
 
     # A preemption: one pod fails with DisruptionTarget; its Job fails and JobSet recreates.
     victim = after[0].metadata.name
