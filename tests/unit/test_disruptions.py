@@ -3,6 +3,7 @@ of time, checkpoints on demand, the startup deadline. Plain observed data in, st
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -140,6 +141,44 @@ def test_charged_restarts_are_the_programs_own(failure, cause):
     assert d.status.last_failure is not None and d.status.last_failure.cause == cause
     (event,) = [e for e in d.events if e.reason == Reason.RESTARTING_ALL_SLICES]
     assert event.cause == cause and "1/10 of spec.failurePolicy.maxRestarts" in event.message
+
+
+def stopped(name: str, slice_index: int, t: float, attempt: int = 0) -> Pod:
+    """A pod the restart stopped: a kubelet reports it Failed (SIGTERM, 143) before it goes,
+    and the workload says where the run stood on its way out."""
+    p = failed(name, slice_index, 143, "Error", attempt, step=120, checkpoint_step=100)
+    return replace(p, failed_at=at(t), deleting=True)
+
+
+def test_last_failure_is_the_pod_that_failed_not_those_the_restart_stopped():
+    """The program of job-slice-1-0 exits 13 at t=0; JobSet restarts every slice, so the other
+    pods are stopped (Failed, 143) a few seconds later and linger until the Job controller lets
+    them go. Seen together, or after the failed pod is gone, lastFailure stays job-slice-1-0."""
+    victim = replace(failed("job-slice-1-0", 1, 13, step=120, checkpoint_step=100), failed_at=at(0))
+    others = [stopped("job-slice-0-0", 0, 3), stopped("job-slice-0-3", 0, 4)]
+    js = JobSetObservation(restarts=1, restarts_counted=1)
+    first = run({"phase": "Running"}, js, [*others, victim], t=5)
+    failure = first.status.last_failure
+    assert failure is not None and (failure.pod, failure.exit_code) == ("job-slice-1-0", 13)
+    (event,) = [e for e in first.events if e.reason == Reason.RESTARTING_ALL_SLICES]
+    assert "job-slice-1-0" in event.message and "exit code 13" in event.message
+    # The failed pod is gone; the stopped ones are still there: the record stays.
+    later = run(first.status, js, others, t=8)
+    assert later.status.last_failure == failure
+    # A failure of the next attempt replaces it.
+    again = run(later.status, JobSetObservation(restarts=2, restarts_counted=2),
+                [*others, crashed(1)], t=60)  # fmt: skip
+    assert again.status.last_failure is not None
+    assert (again.status.last_failure.pod, again.status.last_failure.restart_attempt) == (
+        "job-slice-0-2-b", 1
+    )  # fmt: skip
+
+
+def test_within_one_second_the_pod_not_stopped_is_the_failure():
+    victim = replace(failed("job-slice-1-0", 1, 13), failed_at=at(0))
+    d = run({"phase": "Running"}, JobSetObservation(restarts=1, restarts_counted=1),
+            [stopped("job-slice-0-0", 0, 0), victim])  # fmt: skip
+    assert d.status.last_failure is not None and d.status.last_failure.pod == "job-slice-1-0"
 
 
 def test_jobset_counters_decide_what_was_charged_even_without_the_pod():

@@ -102,12 +102,13 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
     exit_code, reason = None, status.get("reason") or ""
-    said = None
+    said, failed_at = None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
             exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
             said = termination.parse(term.get("message"))  # where the run stood
+            failed_at = term.get("finishedAt")
             break
     conds = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conds.get("Ready") or {}).get("status") == "True"
@@ -140,6 +141,7 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "phase": status.get("phase", "Pending"),
         "ready": ready,
         "exitCode": exit_code,
+        "failedAt": failed_at,
         "reason": reason,
         "termination": said,
         "deleting": bool(meta.get("deletionTimestamp")),
@@ -184,6 +186,7 @@ def restarted_exit(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[s
         return None
     return {
         "exitCode": int(last["exitCode"]),
+        "at": last.get("finishedAt"),
         "reason": last.get("reason") or "",
         "termination": termination.parse(last.get("message")),
     }
@@ -428,7 +431,8 @@ def jobset_observation(
 def _last_exit(seen: Mapping[str, Any] | None) -> LastExit | None:
     if not seen:
         return None
-    return LastExit(seen["exitCode"], seen.get("reason") or "", seen.get("termination"))
+    at = parse_time(seen.get("at"))
+    return LastExit(seen["exitCode"], seen.get("reason") or "", seen.get("termination"), at)
 
 
 def pod_records(
@@ -452,6 +456,7 @@ def pod_records(
             node=p.get("node"),
             pool=pools.get(p.get("node") or ""),
             exit_code=p["exitCode"],
+            failed_at=parse_time(p.get("failedAt")),
             reason=p["reason"],
             termination=p.get("termination"),
             disruption=p.get("disruption"),

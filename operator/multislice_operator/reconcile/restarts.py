@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from multislice_operator.api.models import (
     BUDGET_OF_CAUSE,
@@ -56,6 +57,26 @@ def failure_cause(p: Pod) -> RestartCause:
     if p.exit_code == EXIT_HANG or reason == HANG_REASON:
         return C.HANG
     return C.WORKLOAD
+
+
+STOPPED = frozenset({128 + 15, 128 + 9})  # SIGTERM, SIGKILL: how a pod's deletion ends it
+
+
+def first_failure(failures: Sequence[Pod]) -> Pod | None:
+    """The failure that ended the latest attempt: of that attempt's failed pods, the first to
+    fail. The restart it causes stops every other pod (a kubelet reports them Failed, 143 or 137,
+    before they go), so they come later; within a second, a pod that was not stopped, then one
+    that said where the run stood (its termination message), first."""
+    if not failures:
+        return None
+    last = max(p.attempt for p in failures)
+
+    def key(p: Pod) -> tuple[bool, datetime, bool, bool, str]:
+        said = p.termination is not None and p.termination.step is not None
+        at = p.failed_at or datetime.max.replace(tzinfo=UTC)
+        return (p.failed_at is None, at, p.exit_code in STOPPED, not said, p.name)
+
+    return min((p for p in failures if p.attempt == last), key=key)
 
 
 def _seed(old: MultisliceJobStatus, js: JobSetObservation) -> RestartsByCause:
@@ -99,7 +120,7 @@ def attribute(
         added.append(cause)
     if resize:
         added.append(C.RESIZE)
-    latest = max(ending, key=lambda p: (p.attempt, p.name), default=None)
+    latest = first_failure(ending)
     newest = failure_cause(latest) if latest is not None else None
     return Attribution(by, new, newest if newest in added else added[-1])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from multislice_operator.api.models import (
     ConditionType,
     ExitCodePolicy,
@@ -20,14 +18,6 @@ from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 SLICES_READY = ConditionType.SLICES_READY
 RUNS = (Phase.RUNNING, Phase.RESTARTING)  # the phases of a JobSet that ran and runs on
-
-
-def latest_failure(failures: Sequence[Pod]) -> Pod | None:
-    # Of the latest attempt, a pod that said where the run stood (its termination message) first.
-    def key(p: Pod) -> tuple[int, bool, str]:
-        return (p.attempt, p.termination is not None and p.termination.step is not None, p.name)
-
-    return max(failures, key=key) if failures else None
 
 
 def describe(f: PodFailureStatus) -> str:
@@ -71,7 +61,7 @@ def why_failed(f: Facts, spec: MultisliceJobSpec, js: JobSetObservation) -> str:
 
 
 def _last_failure_note(f: Facts) -> str:
-    p = latest_failure(f.failures)
+    p = restarts.first_failure(f.failures)
     return f"; last failure: {describe(record(p))}" if p else ""
 
 
@@ -81,9 +71,11 @@ def count_restarts(f: Facts, b: Builder) -> None:
     js, spec = f.js, f.spec
     if js is None or spec is None:
         return
-    seen = latest_failure(f.failures)
-    if seen is not None:
-        # The failed pod is deleted by the restart; keep what it said for the event and users.
+    seen = restarts.first_failure(f.failures)
+    kept = b.status.last_failure
+    # The failed pod is deleted by the restart; keep what it said for the event and users. Once
+    # an attempt's failure is recorded it stays: the pods the restart stops fail after it.
+    if seen is not None and (kept is None or (kept.restart_attempt or 0) < seen.attempt):
         b.status.last_failure = record(seen)
     b.status.restarts = max(f.old.restarts, js.restarts)
     b.status.restarts_by_cause = f.restarts.by_cause

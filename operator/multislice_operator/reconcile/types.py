@@ -84,6 +84,7 @@ class LastExit:
     exit_code: int
     reason: str = ""
     termination: Termination | None = None
+    at: datetime | None = None  # when it finished
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Pod:
     node: str | None = None
     pool: str | None = None  # the node's pool, when it is one of the job's own (Managed)
     exit_code: int | None = None  # of the first container that exited non-zero
+    failed_at: datetime | None = None  # when that container finished (its terminated state)
     reason: str = ""
     termination: Termination | None = None
     # The reason of the pod's DisruptionTarget condition (preemption, node shutdown, eviction,
@@ -124,6 +126,7 @@ class Pod:
             phase="Failed",
             ready=False,
             exit_code=e.exit_code,
+            failed_at=e.at,
             reason=e.reason,
             termination=e.termination,
             last_exit=None,
