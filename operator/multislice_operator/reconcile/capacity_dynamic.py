@@ -35,12 +35,15 @@ from multislice_operator.reconcile.capacity import (
     release_pools,
     strays,
 )
-from multislice_operator.reconcile.capacity_nodepools import NO_PROVISIONER, NODE_POOLS
+from multislice_operator.reconcile.capacity_nodepools import (
+    NO_PROVISIONER,
+    NODE_POOLS,
+    create_absent,
+)
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
-    CreatePools,
     CreateSlice,
     CubeObservation,
     DecideConfig,
@@ -154,13 +157,7 @@ def _create_cubes(f: Facts, b: Builder, plan: Plan) -> None:
     if not _managed_cubes(plan):
         return
     b.delete_pools(str(s.pool) for s in f.obs.slices if s.pool_state == PoolState.FAILED)
-    absent = tuple(
-        s.index
-        for s in f.obs.slices
-        if s.pool_state == PoolState.ABSENT and not s.operation_pending and not s.taken_by
-    )
-    if absent:
-        b.add(CreatePools(absent))
+    create_absent(f, b)
 
 
 def _broken(obs: Observed) -> list[SliceObjectObservation]:

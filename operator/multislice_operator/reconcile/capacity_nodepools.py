@@ -277,7 +277,7 @@ def _retry_message(b: Builder) -> str:
 
 def _advance(f: Facts, b: Builder, plan: Plan, new_attempt: bool) -> Capacity:
     _delete(b, [s for s in f.obs.slices if s.foreign])
-    _create_absent(f, b)
+    create_absent(f, b)
     if new_attempt:
         b.status.attempt_start_time = f.now
         b.status.provisioning_attempts = (f.old.provisioning_attempts or 0) + 1
@@ -309,7 +309,7 @@ def _delete(b: Builder, slices: list[SliceObservation]) -> None:
     b.delete_pools(str(s.pool) for s in slices if live(s))
 
 
-def _create_absent(f: Facts, b: Builder) -> None:
+def create_absent(f: Facts, b: Builder) -> None:
     """Every slice without a pool gets one (unless a create is already on its way)."""
     absent = tuple(
         s.index
@@ -352,7 +352,7 @@ def _repair(f: Facts, b: Builder, plan: Plan) -> Capacity:
     by_index = {s.index: s for s in f.obs.slices}
     lost = [by_index[i] for i in sorted(f.slices.lost)]
     _delete(b, [s for s in lost if not s.taken_by])
-    _create_absent(f, b)
+    create_absent(f, b)
     if not lost and not f.slices.blips:
         flex = _flex_wait(f, b, plan)
         if flex is not None:  # the JobSet exists and its pods wait for the pools' nodes
