@@ -40,7 +40,6 @@ SUBBLOCK_LABEL = "cloud.google.com/gce-topology-subblock"
 # Node labels the slice controller sets on the nodes of a formed slice (same page, "Run workloads
 # on dynamic slicing" and "Disable the Slice Controller").
 SLICE_LABEL = "cloud.google.com/gke-tpu-slice"
-SLICE_TOPOLOGY_ANNOTATION = "cloud.google.com/gke-tpu-slice-topology"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 
 # Partition states (the PARTITION_STATE_LABEL values).
@@ -61,16 +60,6 @@ ACTIVE = "ACTIVE"
 ACTIVE_DEGRADED = "ACTIVE_DEGRADED"
 FAILED = "FAILED"
 DEACTIVATING = "DEACTIVATING"
-SLICE_STATES = (
-    SLICE_NOT_CREATED,
-    SLICE_CREATION_FAILED,
-    ACTIVATING,
-    ACTIVE,
-    ACTIVE_DEGRADED,
-    FAILED,
-    DEACTIVATING,
-    INCOMPLETE,
-)
 # Ready is True in these (xpk slice/internal/core/core.go, GetSliceState).
 READY_STATES = (ACTIVE, ACTIVE_DEGRADED)
 

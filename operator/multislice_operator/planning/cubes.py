@@ -27,12 +27,8 @@ from multislice_operator.tpu import catalog
 SUB_BLOCK_DOC = (
     "https://docs.cloud.google.com/kubernetes-engine/docs/how-to/use-gke-dynamic-slicing"
 )
-SLICE_CRD_DOC = "https://docs.cloud.google.com/kubernetes-engine/docs/reference/crds/slice"
-SUPER_SLICING_MIN_GKE = "1.35.2-gke.1842000"
 SUB_SLICING_MIN_GKE = "1.36.0-gke.3712000"
 SUB_SLICE_TOPOLOGIES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
-SLICE_NAME_MAX = 49
-SLICE_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _SUB_BLOCK_RE = re.compile(
     r"^(?P<block>.+/reservationBlocks/[^/]+)/reservationSubBlocks/(?P<sub>[^/]+)$"
 )

@@ -80,12 +80,19 @@ def _gib(n: int | None) -> str:
     return f"{n / GIB:.2f} GiB" if n is not None else "?"
 
 
-def _words(message: str) -> str:
-    """What the command said, bounded: its JSON result's error or message when it wrote one
-    (the workload's termination message: docs/environment.md), else its own text."""
-    data = result(message)
+def _said(message: str, data: dict[str, Any]) -> str:
+    """The command's words: its JSON result's error or message when it wrote one (the workload's
+    termination message: docs/environment.md), its text when it wrote no JSON, else nothing (the
+    figures of a result have fields of their own)."""
     said = data.get("error") or data.get("message")
-    text = said if isinstance(said, str) and said else message.strip()
+    if isinstance(said, str) and said:
+        return said
+    return "" if data else message.strip()
+
+
+def _words(message: str) -> str:
+    """What the command said, bounded, for a verdict: its words, else its whole text."""
+    text = _said(message, result(message)) or message.strip()
     return text[-MESSAGE_MAX:] or "no message"
 
 
@@ -158,8 +165,7 @@ def _status(f: Facts, obs: PreflightObservation) -> PreflightStatus:
         if obs.succeeded
         else PreflightState.FAILED
     )
-    said = data.get("error") or data.get("message")
-    words = said if isinstance(said, str) else "" if data else obs.message.strip()
+    words = _said(obs.message, data)
     return PreflightStatus(
         state=state,
         job=obs.name,
