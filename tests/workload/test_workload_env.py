@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from multislice_workload import env as contract
+from multislice_workload import runtime
 from multislice_workload.env import ConfigError, Parallelism
 
 
@@ -154,3 +158,28 @@ def test_standalone_accepts_ici_overrides() -> None:
 def test_accelerator_names(accelerator: str, chips: int | None, generation: str | None) -> None:
     assert contract.accelerator_chips(accelerator) == chips
     assert contract.accelerator_generation(accelerator) == generation
+
+
+def _pci(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
+    """A /sys/bus/pci/devices tree: slot -> (vendor, device)."""
+    for slot, (vendor, device) in devices.items():
+        (root / slot).mkdir(parents=True)
+        (root / slot / "vendor").write_text(vendor + "\n")
+        (root / slot / "device").write_text(device + "\n")
+    return root
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs the tpu extra")
+def test_an_installed_tpu_runtime_is_not_a_tpu(tmp_path: Path) -> None:
+    """The `tpu` extra installs libtpu on CPU machines (to compile for TPUs): without a TPU
+    chip on the PCI bus the workload runs on the CPU, unless JAX_PLATFORMS says otherwise."""
+    cpu_only = _pci(tmp_path / "cpu", {"0000:00:04.0": ("0x1af4", "0x1004")})  # virtio only
+    assert runtime.tpu_chips(cpu_only) == 0
+    assert not runtime.on_tpu({}, pci=cpu_only)
+    assert runtime.on_tpu({"JAX_PLATFORMS": "tpu"}, pci=cpu_only)  # asked for: the backend says
+    v6e = _pci(tmp_path / "v6e", {f"0000:00:0{i}.0": ("0x1ae0", "0x006f") for i in range(4)})
+    assert runtime.tpu_chips(v6e) == 4
+    assert runtime.on_tpu({}, pci=v6e)
+    assert not runtime.on_tpu({"JAX_PLATFORMS": "cpu"}, pci=v6e)
+    other_google = _pci(tmp_path / "gvnic", {"0000:00:05.0": ("0x1ae0", "0x0042")})  # gVNIC
+    assert not runtime.on_tpu({}, pci=other_google)

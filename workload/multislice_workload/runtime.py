@@ -7,6 +7,7 @@ import math
 import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType
 
 from multislice_workload.env import ConfigError, WorkloadEnv
@@ -20,17 +21,40 @@ DEFAULT_INIT_TIMEOUT_S = 300
 COMPILED_BARRIER = "multislice_workload/compiled"
 
 
-def on_tpu(environ: Mapping[str, str] | None = None) -> bool:
+# A TPU chip on the PCI bus: Google's vendor id and a TPU device id, as JAX itself decides whether
+# a TPU backend can start (jax/_src/hardware_utils.py, num_available_tpu_chips_and_device_id:
+# v3 0x0027, v4 0x005e, v5p 0x0062, v5e 0x0063, v6e 0x006f, tpu7x 0x0076).
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076"})
+
+
+def tpu_chips(pci: Path = PCI_DEVICES) -> int:
+    """The TPU chips this machine has (0 on a CPU machine, whatever is installed)."""
+    chips = 0
+    for vendor in pci.glob("*/vendor"):
+        try:
+            if vendor.read_text().strip() != GOOGLE_PCI_VENDOR:
+                continue
+            device = (vendor.parent / "device").read_text().strip()
+        except OSError:
+            continue
+        chips += device in TPU_PCI_DEVICES
+    return chips
+
+
+def on_tpu(environ: Mapping[str, str] | None = None, pci: Path = PCI_DEVICES) -> bool:
     """Decided before any backend starts, since jax.distributed must be initialized first.
 
     An explicit JAX_PLATFORMS wins (the local launcher sets ``cpu`` even when it replays a TPU
-    job's environment); otherwise the TPU image is the one that ships libtpu.
+    job's environment); otherwise a TPU needs both its runtime (libtpu, which the workload's
+    `tpu` extra also installs on CPU machines to compile for TPUs) and a TPU chip.
     """
     environ = os.environ if environ is None else environ
     requested = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
     if requested:
         return requested == "tpu"
-    return importlib.util.find_spec("libtpu") is not None
+    return importlib.util.find_spec("libtpu") is not None and tpu_chips(pci) > 0
 
 
 def initialize(
