@@ -59,17 +59,19 @@ def test_other_generations_use_their_own_numbers():
 
 def test_fsdp_over_dcn_sends_two_gathers_and_a_reduce_scatter():
     # The workload gathers each weight twice (forward, recomputed forward) after casting it to
-    # bf16, and reduce-scatters its bf16 gradient: 3 x 16 x (n - 1) / n bits per parameter.
+    # bf16, and reduce-scatters its gradient in --grad_reduce_dtype (float32 by default):
+    # (2 x 16 + 32) x (n - 1) / n bits per parameter.
     assert advisor.fsdp_bits_per_parameter(1) == 0
-    assert advisor.fsdp_bits_per_parameter(2) == 24
-    assert advisor.fsdp_bits_per_parameter(4) == 48
+    assert advisor.fsdp_bits_per_parameter(2) == 32
+    assert advisor.fsdp_bits_per_parameter(4) == 64
+    assert advisor.fsdp_bits_per_parameter(2, reduce_bits=16) == 24  # --grad_reduce_dtype bf16
     assert advisor.fsdp_bits_per_parameter(2, compute_bits=32) == 48  # float32 matmuls
     shape = catalog.slice_shape("v4-16")
     fsdp = advisor.advise(shape, 2, par_for(2, data=1, fsdp=2), 2 * 400_000)
-    assert fsdp.bits_per_parameter == 24
-    assert fsdp.min_tokens_per_slice == 132_000  # 22,000 x 24 / 4: less than data's 176,000
+    assert fsdp.bits_per_parameter == 32
+    assert fsdp.min_tokens_per_slice == 176_000  # 22,000 x 32 / 4: as data's, with memory saved
     assert fsdp.verdict == "ok"
-    assert "all-gathered twice" in fsdp.traffic and "24 bits per parameter" in fsdp.traffic
+    assert "all-gathered twice" in fsdp.traffic and "32 bits per parameter" in fsdp.traffic
 
 
 def test_exact_traffic_is_the_ring_model_and_the_verdict_rounds_it_up():
@@ -79,10 +81,10 @@ def test_exact_traffic_is_the_ring_model_and_the_verdict_rounds_it_up():
     both = advisor.dcn_traffic(par_for(4, data=2, fsdp=2))
     assert [(t.axis, t.bits_per_parameter, t.of) for t in both] == [
         ("data", 16.0, advisor.ALL),
-        ("fsdp", 24.0, advisor.BLOCKS),  # gathered twice (remat), reduce-scattered once, bf16
-        ("fsdp", 16.0, advisor.VOCAB),  # gathered once
+        ("fsdp", 32.0, advisor.BLOCKS),  # 2 bf16 gathers (remat), 1 f32 reduce-scatter
+        ("fsdp", 24.0, advisor.VOCAB),  # gathered once
     ]
-    assert advisor.dcn_bits_per_parameter(par_for(4, data=2, fsdp=2)) == 16 + 24
+    assert advisor.dcn_bits_per_parameter(par_for(4, data=2, fsdp=2)) == 16 + 32
     pipe = advisor.dcn_traffic(par_for(2, data=1, pipeline=2))
     assert [(t.axis, t.bits_per_parameter, t.of) for t in pipe] == [
         ("pipeline", 32.0, advisor.VOCAB)
@@ -91,7 +93,7 @@ def test_exact_traffic_is_the_ring_model_and_the_verdict_rounds_it_up():
 
 def test_data_with_fsdp_over_dcn_reduces_each_slices_share():
     par = par_for(4, data=2, fsdp=2)
-    assert advisor.dcn_bits_per_parameter(par) == 32 / 2 + 24
+    assert advisor.dcn_bits_per_parameter(par) == 32 / 2 + 32
 
 
 def test_pipeline_only_sends_activations_not_gradients():

@@ -218,6 +218,22 @@ def test_the_dcn_advisors_traffic_is_the_tpu_programs(topology: str) -> None:
     assert said <= sent <= said + norms + 8 * per_slice * 64
 
 
+@pytest.mark.parametrize("reduce", ["float32", "bfloat16"])
+def test_fsdp_over_dcn_gathers_in_bf16_and_reduces_in_the_gradient_dtype(reduce: str) -> None:
+    """Settled on the TPU program (XLA:CPU widens bf16 collectives): under --dtype bfloat16 the
+    weights cross the DCN gathered in bf16, their gradients reduce-scattered in
+    --grad_reduce_dtype, as the DCN advisor counts them (docs/dcn-advisor.md)."""
+    cfg = dataclasses.replace(CFG, grad_reduce_dtype=reduce)
+    top = tpu_compile.parse_topology("tpu7x:2x2x1")
+    _, t = compiled("tpu7x:2x2x1", 2, cfg, Parallelism(ici_fsdp=top.chips, dcn_fsdp=2))
+    sent = tpu_compile.dcn_transfers(t.compiled.as_text())
+    dtypes = {(x.kind, d) for x in sent for d, _ in x.arrays}
+    want = "f32" if reduce == "float32" else "bf16"
+    assert ("ALL_GATHER", "bf16") in dtypes and ("REDUCE_SCATTER", want) in dtypes, dtypes
+    assert not {k for k, d in dtypes if k == "ALL_GATHER" and d != "bf16"}, dtypes
+    assert not {k for k, d in dtypes if k == "REDUCE_SCATTER" and d != want}, dtypes
+
+
 def test_the_layout_is_the_flags_over_the_jobs_environment_over_fsdp_and_data() -> None:
     from multislice_workload import cli
 

@@ -15,8 +15,11 @@ workload's compiled step (tests/workload/test_workload_traffic.py parses its HLO
   with two slices, up to 64 with more (the seed's figures, which the verdict uses).
 - ``dcn.fsdp``: every weight is all-gathered in the compute dtype (bf16) twice per step (the
   forward and its recomputation in the backward) and its gradient reduce-scattered once, in the
-  same dtype: 3 x 16 x (n - 1) / n bits, 24 with two slices, up to 48 with more. With
-  ``dcn.data`` as well, the all-reduce moves each slice's 1 / dcn.fsdp share of the gradients.
+  gradient-reduction dtype (the workload's ``--grad_reduce_dtype``, float32 by default, as
+  MaxText's ``grad_dtype``; the TPU program's DCN reduce-scatters are f32, its gathers bf16:
+  tests/workload/test_tpu_compile.py): (2 x 16 + 32) x (n - 1) / n bits, 32 with two slices, up
+  to 64 with more. With ``dcn.data`` as well, the all-reduce moves each slice's 1 / dcn.fsdp
+  share of the gradients.
 - ``dcn.pipeline``: no weight or gradient of the staged layers crosses the DCN. Outside them the
   stages split the batch (each embeds and scores its own rows), so the embedding and output
   layers are data-parallel over the stages: their float32 gradients are all-reduced over them,
@@ -45,9 +48,9 @@ VERDICT_OK = "ok"
 VERDICT_DCN_BOUND = "dcn-bound"
 VERDICT_UNKNOWN = "unknown"
 
-GRADIENT_BITS = 32  # float32 gradients, all-reduced as float32, in the shipped workload
-COMPUTE_BITS = 16  # bf16 matmuls on TPU: weights are gathered and reduce-scattered in bf16
-FSDP_TRANSFERS = 3  # all-gather (forward), all-gather (recomputed forward), reduce-scatter
+GRADIENT_BITS = 32  # float32 gradients, all-reduced and reduce-scattered as float32 (default)
+COMPUTE_BITS = 16  # bf16 matmuls on TPU: weights are gathered in bf16
+FSDP_GATHERS = 2  # all-gather (forward), all-gather (recomputed forward); then one reduce-scatter
 # Per GPipe iteration, transfers of one microbatch's activations between neighbouring stages, in
 # the workload's compiled step (tests/workload/test_workload_traffic.py counts them).
 PIPELINE_TRANSFERS = 4
@@ -91,12 +94,15 @@ def bits_per_parameter(gradient_groups: int) -> int:
     return 32 if gradient_groups == 2 else 64
 
 
-def fsdp_bits_per_parameter(groups: int, compute_bits: int = COMPUTE_BITS) -> int:
-    """FSDP over DCN: two gathers and a reduce-scatter in the compute dtype, (n - 1) / n each;
-    the seed's rounding: 1/2 with two slices, 1 beyond (48 bits on TPU)."""
+def fsdp_bits_per_parameter(
+    groups: int, compute_bits: int = COMPUTE_BITS, reduce_bits: int = GRADIENT_BITS
+) -> int:
+    """FSDP over DCN: two gathers in the compute dtype and a reduce-scatter in the gradient-
+    reduction dtype, (n - 1) / n each; the seed's rounding: 1/2 with two slices, 1 beyond (64
+    bits on TPU)."""
     if groups <= 1:
         return 0
-    full = FSDP_TRANSFERS * compute_bits
+    full = FSDP_GATHERS * compute_bits + reduce_bits
     return full // 2 if groups == 2 else full
 
 
@@ -127,7 +133,10 @@ def _ring(n: int, all_reduce: bool) -> float:
 
 
 def dcn_traffic(
-    par: Parallelism, compute_bits: int = COMPUTE_BITS, remat: bool = True
+    par: Parallelism,
+    compute_bits: int = COMPUTE_BITS,
+    remat: bool = True,
+    reduce_bits: int = GRADIENT_BITS,
 ) -> list[AxisTraffic]:
     """Each DCN axis's traffic per step as the workload's compiled step moves it."""
     out = []
@@ -142,22 +151,21 @@ def dcn_traffic(
             else AxisTraffic("data", what, bits, ALL)
         )
     if par.dcn_fsdp > 1:
-        ring = compute_bits * _ring(par.dcn_fsdp, False)
+        gather = compute_bits * _ring(par.dcn_fsdp, False)
+        scatter = reduce_bits * _ring(par.dcn_fsdp, False)
         # Blocks: gathered in the forward and in its recomputation, except under the pipeline,
         # which gathers a stage's weights once per step; the embedding and output layer once.
         twice = remat and stages == 1
         gathered = "twice (forward and its recomputation)" if twice else "once"
-        blocks = f"every block weight all-gathered {gathered}"
+        blocks = (
+            f"every block weight all-gathered {gathered} in {compute_bits}-bit floats and its "
+            f"gradient reduce-scattered once in {reduce_bits}-bit floats"
+        )
         out.append(
-            AxisTraffic(
-                "fsdp",
-                f"{blocks} and its gradient reduce-scattered once, in {compute_bits}-bit floats",
-                (3 if twice else 2) * ring / stages,
-                BLOCKS,
-            )
+            AxisTraffic("fsdp", blocks, ((2 if twice else 1) * gather + scatter) / stages, BLOCKS)
         )
         vocab = "the embedding and output layers gathered and reduce-scattered once"
-        out.append(AxisTraffic("fsdp", vocab, 2 * ring, VOCAB))
+        out.append(AxisTraffic("fsdp", vocab, gather + scatter, VOCAB))
     if stages > 1:
         out.append(
             AxisTraffic(
