@@ -70,7 +70,7 @@ class Scenario:
 # (~26 GB) fit a v5e chip (16 GB of HBM) only when sharded (FSDP), not replicated (data).
 PREFLIGHT_ARGS = [
     *("train", "--embed", "4096", "--heads", "32", "--head_dim", "128", "--mlp", "16384"),
-    *("--num_layers", "8", "--seq_len", "1024", "--batch_size", "16"),
+    *("--num_layers", "8", "--seq_len", "1024", "--batch_size", "32"),
 ]
 REPLICATED = {"data": 16, "fsdp": 1, "tensor": 1}  # ICI layout the preflight refuses
 

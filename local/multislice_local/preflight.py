@@ -15,11 +15,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+
+from multislice_workload.termination import TERMINATION_LOG_ENV
 
 # Kubernetes 1.27+: the Job controller's label on its pods (batch.kubernetes.io/job-name).
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -91,17 +94,21 @@ def run_compile(pod: dict[str, Any], timeout: float = 600) -> tuple[int, str]:
     beside = Path(sys.executable).parent / argv[0]  # the venv's console script (make demo's)
     if not shutil.which(argv[0]) and beside.exists():
         argv[0] = str(beside)
-    env = {**os.environ, **pod_env(pod)}
-    try:
-        done = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except FileNotFoundError as exc:
-        return 127, f"{argv[0]}: {exc.strerror}"
-    except subprocess.TimeoutExpired:
-        return 124, f"compile timed out after {timeout:.0f}s"
-    lines = done.stdout.strip().splitlines()
-    said = next((line for line in reversed(lines) if line.lstrip().startswith("{")), "")
+    with tempfile.TemporaryDirectory(prefix="msj-preflight-") as tmp:
+        # The container's /dev/termination-log: the workload writes its message there.
+        log_file = Path(tmp) / "termination-log"
+        env = {**os.environ, **pod_env(pod), TERMINATION_LOG_ENV: str(log_file)}
+        try:
+            done = subprocess.run(
+                argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except FileNotFoundError as exc:
+            return 127, f"{argv[0]}: {exc.strerror}"
+        except subprocess.TimeoutExpired:
+            return 124, f"compile timed out after {timeout:.0f}s"
+        said = log_file.read_text().strip() if log_file.exists() else ""
+    # The kubelet's terminationMessagePolicy FallbackToLogsOnError: the file, else on a failure
+    # the tail of the logs.
     if said or done.returncode == 0:
         return done.returncode, said
     tail = (done.stdout + done.stderr).strip().splitlines()[-LOG_TAIL_LINES:]

@@ -310,3 +310,27 @@ def test_the_job_and_its_pods_last_words_are_read_as_the_apiserver_stores_them()
     assert not preflight_observation(job, [], "someone-else").owned
     running = preflight_observation({**job, "status": {}}, [], "uid-1")
     assert not running.finished and running.exit_code is None
+
+
+def test_the_default_compile_command_is_one_the_workload_image_has() -> None:
+    """The Job's command replaces the image's entry point (python -m multislice_workload): its
+    executable must be one the workload package installs (workload/pyproject.toml's scripts,
+    which `pip install .` in workload/Dockerfile puts on the PATH), running the same entry."""
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    from multislice_operator.render import preflight as render_preflight
+
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "workload" / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
+    target = scripts[render_preflight.WORKLOAD_COMMAND]
+    module, _, function = target.partition(":")
+    assert module == "multislice_workload.__main__"  # the image's ENTRYPOINT's module
+    assert callable(getattr(importlib.import_module(module), function))
+    assert (
+        'ENTRYPOINT ["python", "-m", "multislice_workload"]'
+        in (root / "workload" / "Dockerfile").read_text()
+    )

@@ -1,4 +1,5 @@
-"""``python -m multislice_workload {shardings,train} [flags]``."""
+"""``python -m multislice_workload {shardings,train,compile,...} [flags]``, or the
+``multislice_workload`` command (the preflight Job's: spec.preflight)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import sys
 
 from multislice_workload.cli import main
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """The process: `python -m multislice_workload`, and the `multislice_workload` command."""
     code = main()
     if code != 0:
         # Skip interpreter shutdown: jax.distributed's atexit hook waits at a barrier for every
@@ -16,3 +19,7 @@ if __name__ == "__main__":
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()
