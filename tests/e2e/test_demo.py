@@ -145,6 +145,12 @@ SCENARIOS = {
         "re-formed at once from spare cubes",
     ],
     "delete": ["deleting the job while its node pools are being created", "the job is gone"],
+    # The TPU compiler (libtpu) on this CPU: the replicated model is refused before any pool,
+    # the FSDP one passes and runs.
+    "preflight": [
+        "refused before any node pool (0 created): preflight: the program does not fit: it needs",
+        "PreflightPassed",
+    ],
     "queue": [
         "insufficient unused quota for google.com/tpu",
         "the job held 0 node pools while queued",
