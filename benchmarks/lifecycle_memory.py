@@ -120,8 +120,25 @@ def load(stack: LocalStack, jobs: list[str], run: str, timeout: float) -> None:
         time.sleep(1)
 
 
+def sockets_of(pid: int) -> int:
+    """Open sockets of the process (its connections to the apiserver, the simulator, its own
+    servers): what a client's connection pool keeps after a burst."""
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += fd.readlink().name.startswith("socket:")
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
 def snapshot(pid: int) -> dict[str, float]:
-    return {"rss_mib": rss_mib(pid), "threads": float(threads_of(pid))}
+    return {
+        "rss_mib": rss_mib(pid),
+        "threads": float(threads_of(pid)),
+        "sockets": float(sockets_of(pid)),
+    }
 
 
 def run(
@@ -167,6 +184,7 @@ def run(
         "rss_delta_mib": after["rss_mib"] - idle["rss_mib"],
         "threads_delta": after["threads"] - idle["threads"],
         "operator_log": str(log),
+        "operator_env": dict(env or {}),
     }
     out["table"] = result_table(out)
     save("lifecycle_memory", out)
@@ -184,6 +202,9 @@ def result_table(r: dict[str, Any]) -> str:
              r["after"]["rss_mib"], r["rss_delta_mib"]],
             ["threads", r["cold"]["threads"], r["idle"]["threads"], r["peak"]["threads"],
              r["after"]["threads"], r["threads_delta"]],
+            ["sockets", r["cold"].get("sockets", 0), r["idle"].get("sockets", 0), "-",
+             r["after"].get("sockets", 0),
+             r["after"].get("sockets", 0) - r["idle"].get("sockets", 0)],
         ],
     )  # fmt: skip
 
@@ -195,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=30.0, help="idle window before the load, s")
     p.add_argument("--after", type=float, default=120.0, help="wait after the load, s")
     p.add_argument("--run", type=int, default=10, help="how long the pods run, s")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="the operator's environment"
+    )
     args = p.parse_args(argv)
-    run(args.jobs, args.warmup, args.idle, args.after, args.run)
+    env = dict(kv.split("=", 1) for kv in args.env)
+    run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env)
     return 0
 
 

@@ -254,3 +254,62 @@ def test_a_job_deleted_while_its_pass_writes_leaves_nothing_behind(
     monkeypatch.setattr(handlers, "RUNTIME", None)
     rt, keys = asyncio.run(lifecycle(5, 0, race=True))
     assert retained(rt, keys) == {}
+
+
+# The parts of the process that are not per-job state of ours: kopf's indexes (the test plays
+# the garbage collector on them), the stand-in apiserver, configuration, running tasks.
+NOT_STATE = {"indexes", "kube", "settings", "cfg", "tasks", "readiness"}
+
+
+def mentions(
+    root: object, names: set[str], path: str = "rt", seen: set[int] | None = None
+) -> set[str]:
+    """Where, anywhere under `root` (fields, dict keys and values, items), a string names one
+    of `names`: found by walking the objects, not by a list of known fields, so state a future
+    change adds per job is checked too."""
+    seen = set() if seen is None else seen
+    if id(root) in seen or isinstance(root, (int, float, bool, type(None), bytes)):
+        return set()
+    seen.add(id(root))
+    if isinstance(root, str):
+        return {path} if root in names else set()
+    found: set[str] = set()
+    if isinstance(root, dict):
+        for k, v in list(root.items()):
+            found |= mentions(k, names, f"{path} key", seen)
+            found |= mentions(v, names, f"{path}[{k!r}]", seen)
+    elif isinstance(root, (list, tuple, set, frozenset)):
+        for i, item in enumerate(list(root)):
+            found |= mentions(item, names, f"{path}[{i}]", seen)
+    elif hasattr(root, "__dict__") and type(root).__module__.startswith("multislice_operator"):
+        for attr, value in vars(root).items():
+            if attr not in NOT_STATE:
+                found |= mentions(value, names, f"{path}.{attr}", seen)
+    return found
+
+
+def test_mentions_finds_a_job_named_in_any_field() -> None:
+    """The walk itself: a name kept in a field no test lists (a key, a value, a nested tuple) is
+    found; the walk of a runtime holding no job finds nothing."""
+    rt = runtime(Apiserver())
+    assert mentions(rt, {"job-001"}) == set()
+    rt.errors[(NAMESPACE, "job-001")] = 1
+    rt.store.bodies[(NAMESPACE, "x")] = {"metadata": {"name": "job-002"}}
+    rt.new_cache = {"x": [("a", "job-003")]}  # type: ignore[attr-defined]
+    found = mentions(rt, {"job-001", "job-002", "job-003"})
+    assert {p.split("[")[0].split(" ")[0] for p in found} == {
+        "rt.errors",
+        "rt.store.bodies",
+        "rt.new_cache",
+    }, found
+
+
+@pytest.mark.usefixtures("clean_metrics")
+def test_no_field_of_the_process_names_a_deleted_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45 (memory after a 200-job load): whatever holds per-job state, by any name, lets a
+    deleted job go: nothing reachable from the runtime or the per-job metrics names one."""
+    monkeypatch.setattr(handlers, "RUNTIME", None)
+    rt, keys = asyncio.run(lifecycle(20, 3, race=True))
+    names = {k[1] for k in keys}
+    collectors = [metrics.JOBS, metrics.GOODPUT, metrics.MAINTENANCE, metrics.ACTIVE_SLICES]
+    assert mentions(rt, names) | mentions(collectors, names, "metrics") == set()

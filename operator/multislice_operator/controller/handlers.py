@@ -25,7 +25,13 @@ import kopf
 
 from multislice_operator.api import models
 from multislice_operator.common import keys
-from multislice_operator.controller import kueue, metrics, serving, versions
+from multislice_operator.controller import (
+    apisession,  # noqa: F401  (the login handler)
+    kueue,
+    metrics,
+    serving,
+    versions,
+)
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.gc import gc_loop, list_watched_jobs
 from multislice_operator.controller.heartbeat import SUFFIX as HEARTBEAT_SUFFIX

@@ -201,6 +201,7 @@ class _OpRecord:
     kind: str  # "create" | "delete"
     done: bool = False
     error: PoolError | None = None
+    started: float = 0.0  # loop time the call starting it was answered
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,7 +421,17 @@ class GkeProvisioner:
         pools = await self._list_pools_now()
         if self._listing is None or self._listing[0] <= asked:
             self._listing = (asked, pools)
+        self._forget_finished_deletes(asked, {p.name for p in pools})
         return pools
+
+    def _forget_finished_deletes(self, asked: float, listed: set[str]) -> None:
+        """A delete whose pool a listing asked after its answer no longer holds is over. A job's
+        own passes see that in _observation; this ends the deletes nobody observes (the garbage
+        collector's orphans, a job's pools deleted by an earlier operator), which were otherwise
+        kept for the life of the process."""
+        for name, record in list(self._ops.items()):
+            if record.kind == "delete" and record.started <= asked and name not in listed:
+                del self._ops[name]
 
     async def _list_pools_now(self) -> list[cs.NodePool]:
         response = await self._call(
@@ -691,7 +702,9 @@ class GkeProvisioner:
                 c.message[:300],
             )
             return c.pool_error(name, slice_index)
-        self._ops[name] = _OpRecord(self.operation_path(op.name), "delete")
+        self._ops[name] = _OpRecord(
+            self.operation_path(op.name), "delete", started=asyncio.get_running_loop().time()
+        )
         log.info("gke delete started pool=%s slice=%s op=%s", name, slice_index, op.name)
         return None
 
