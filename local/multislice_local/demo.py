@@ -141,7 +141,8 @@ SCENARIOS = {
             "ironwood",
             "2 tpu7x-128 slices on GKE dynamic slicing: 3 cubes (4x4x4 sub-blocks, one a spare), "
             "one GKE Slice per slice ACTIVE before the JobSet; a cube under slice 1 fails, its "
-            "Slice is re-formed on the spare cube and the slice runs again; nothing is left",
+            "Slice is re-formed on the spare cube and every slice restarts (a disruption); "
+            "nothing is left",
             "Succeeded",
             run="30s",
         ),
@@ -1087,6 +1088,8 @@ class Demo:
                 problems += self.maintenance_problems(st)
             if s.name == "elastic":
                 problems += self.elastic_problems(st)
+            if s.name == "ironwood":
+                problems += self.ironwood_restarts(st)
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
@@ -1108,6 +1111,13 @@ class Demo:
         outcome = s.expect_phase or "deleted"
         self.n.say(f"outcome reached: {outcome}, 0 node pools and 0 TPU nodes left")
         return True
+
+    def ironwood_restarts(self, st: dict[str, Any]) -> list[str]:
+        """The lost cube restarts every slice once, as a disruption (not the workload's fault)."""
+        by_cause = st.get("restartsByCause") or {}
+        if by_cause.get("disruption") != 1 or by_cause.get("workload"):
+            return [f"restarts by cause {by_cause}, expected 1 disruption"]
+        return []
 
     def ironwood_problems(self) -> list[str]:
         problems = []

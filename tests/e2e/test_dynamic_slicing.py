@@ -1,8 +1,8 @@
 """Dynamic slicing end to end (issue 41): tpu7x jobs with provisioning.mode DynamicSlicing on the
 local stack with the simulated GKE slice controller (local/multislice_local/slices.py, its
 contract docs/dynamic-slicing-contract.md): cube pools created per sub-block, one Slice per slice
-ACTIVE before the JobSet, all or nothing, a degraded Slice and a failed cube re-formed from the
-spare cube with every slice restarted, and nothing left once the job is gone."""
+ACTIVE before the JobSet, all or nothing (and in time), a degraded Slice and a failed cube
+re-formed from the spare cube with every slice restarted, and nothing left once the job is gone."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def stack(kube_cluster: Any, tmp_path_factory: Any) -> Iterator[LocalStack]:
 
 
 def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str = "600s",
-         accelerator: str = "tpu7x-128") -> dict[str, Any]:  # fmt: skip
+         accelerator: str = "tpu7x-128", timeout: int = 600) -> dict[str, Any]:  # fmt: skip
     devices = {"tpu7x-128": 128, "tpu7x-256": 256}[accelerator]
     return msj.job(
         name,
@@ -40,7 +40,7 @@ def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str
         spares=spares,
         parallelism={"ici": {"fsdp": devices}},
         capacity={"type": "Reserved", "reservation": f"{reservation}/reservationBlocks/block-1"},
-        provisioning={"mode": "DynamicSlicing", "timeoutSeconds": 600},
+        provisioning={"mode": "DynamicSlicing", "timeoutSeconds": timeout},
     )
 
 
@@ -143,6 +143,36 @@ def test_all_or_nothing(stack: LocalStack, namespace: Any, kube_cluster: Any) ->
     assert msj.jobset(stack.api, ns, "iw") is None
     status = msj.status(stack.api, ns, "iw")
     assert status["phase"] == "Provisioning"
+    _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")
+
+
+def test_slices_not_active_in_time_are_rolled_back(
+    stack: LocalStack, namespace: Any, kube_cluster: Any
+) -> None:
+    """The gang's timeout: two slices on a block of one sub-block never both form; after
+    spec.provisioning.timeoutSeconds the attempt is rolled back (its cube pool deleted) and
+    retried after the backoff, never with a Slice or a JobSet."""
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-late", {"block-1": 1}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-late", spares=0, timeout=10))
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731
+    msj.wait_events(
+        stack.api,
+        ns,
+        "iw",
+        "GangRolledBack: attempt 1: 0/2 Slices ACTIVE within spec.provisioning.timeoutSeconds "
+        "(10s); deleting the Slices and cube pools of the gang",
+        timeout=90,
+        log=log,
+    )
+    msj.wait_status(
+        stack.api, ns, "iw", "a second attempt",
+        lambda st: (st.get("provisioningAttempts") or 0) >= 2, 60, log=log,
+    )  # fmt: skip
+    assert _slices(stack.api, ns, "iw") == []
+    assert msj.jobset(stack.api, ns, "iw") is None
     _delete(stack, ns, "iw")
     _gone(stack, ns, "iw")
 

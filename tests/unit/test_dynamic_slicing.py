@@ -5,7 +5,7 @@ released at the end (issue 41)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -217,6 +217,78 @@ def test_existing_cubes_are_never_created_or_deleted() -> None:
     assert not _of(DeletePools, d.actions) and not _of(DeleteSlices, d.actions)
     assert any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
     assert plan.pools == []
+
+
+# ------------------------------------------------------------ the gang's timeout
+
+
+def _pending_old(started_s_ago: float, attempts: int = 1) -> MultisliceJobStatus:
+    return MultisliceJobStatus.from_dict(
+        {"phase": "Provisioning", "provisioningAttempts": attempts,
+         "attemptStartTime": (NOW - timedelta(seconds=started_s_ago)).isoformat()}
+    )  # fmt: skip
+
+
+def test_the_first_pass_starts_the_gangs_clock() -> None:
+    sp = _plan()
+    d = _run(sp, slices=_pools(sp[1], PoolState.ABSENT))
+    assert d.status.attempt_start_time == NOW and d.status.provisioning_attempts == 1
+
+
+def test_slices_not_all_active_within_the_timeout_are_rolled_back() -> None:
+    sp = _plan()
+    plan, timeout = sp[1], sp[0].provisioning.timeout_seconds
+    one = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "ACTIVATING")]
+    seen = {"slices": _pools(plan), "cubes": _cubes(plan), "slice_objects": one}
+    d = _run(sp, _pending_old(timeout - 1), **seen)  # in time: nothing goes
+    assert not _of(DeleteSlices, d.actions) and not _of(DeletePools, d.actions)
+    d = _run(sp, _pending_old(timeout + 1), **seen)
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices(tuple(o.name for o in one))]
+    deleted = _of(DeletePools, d.actions)
+    assert deleted and set(deleted[0].pools) == {p.name for p in plan.pools}
+    assert not _of(CreateSlice, d.actions) and not _of(CreateJobSet, d.actions)
+    cond = d.status.condition("Provisioned")
+    assert cond is not None and cond.reason == "GangTimeout"
+    assert f"1/2 Slices ACTIVE within spec.provisioning.timeoutSeconds ({timeout}s)" in cond.message
+    assert d.status.attempt_start_time is None and d.status.next_attempt_time is not None
+    assert d.status.next_attempt_time > NOW
+
+
+def test_the_backoff_holds_nothing_and_the_next_attempt_starts_again() -> None:
+    sp = _plan()
+    plan = sp[1]
+    old = _pending_old(0, attempts=1)
+    old.attempt_start_time = None
+    old.next_attempt_time = NOW + timedelta(seconds=30)
+    late = [_slice(plan, 0, ("p0",))]  # a Slice whose delete the apiserver has not seen yet
+    d = _run(sp, old, slices=_pools(plan), cubes=_cubes(plan), slice_objects=late)
+    assert _of(DeleteSlices, d.actions) and _of(DeletePools, d.actions)
+    assert not _of(CreatePools, d.actions) and not _of(CreateSlice, d.actions)
+    old.next_attempt_time = NOW - timedelta(seconds=1)
+    d = _run(sp, old, slices=_pools(plan, PoolState.ABSENT))
+    assert _of(CreatePools, d.actions) == [CreatePools((0, 1, 2))]
+    assert d.status.attempt_start_time == NOW and d.status.provisioning_attempts == 2
+
+
+def test_existing_cubes_stay_when_the_gang_is_rolled_back() -> None:
+    sp = _plan(cubes_source="Existing", spares=0)
+    plan = sp[1]
+    there = [CubeObservation(f"x{i}", f"pool-{i}", "HEALTHY", 16) for i in range(2)]
+    forming = [_slice(plan, 0, ("x0",), "ACTIVATING"), _slice(plan, 1, ("x1",), "ACTIVATING")]
+    late = sp[0].provisioning.timeout_seconds + 1
+    d = _run(sp, _pending_old(late), cubes=there, slice_objects=forming)
+    assert _of(DeleteSlices, d.actions) and not _of(DeletePools, d.actions)
+    assert "0/2 Slices ACTIVE" in d.status.condition("Provisioned").message
+
+
+def test_a_gang_all_active_is_never_rolled_back_and_stops_the_clock() -> None:
+    sp = _plan()
+    plan = sp[1]
+    both = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",))]
+    late = sp[0].provisioning.timeout_seconds + 1
+    d = _run(sp, _pending_old(late), slices=_pools(plan), cubes=_cubes(plan), slice_objects=both)
+    assert _of(CreateJobSet, d.actions) and not _of(DeleteSlices, d.actions)
+    assert d.status.attempt_start_time is None
 
 
 # ------------------------------------------------------------ the pods pinned to the Slices

@@ -180,7 +180,8 @@ class Provisioning(_Model):
         le=7 * 24 * 3600,
         description=(
             "How long one gang attempt may take before every node pool of the gang is deleted "
-            "and the attempt retried with backoff."
+            "(mode DynamicSlicing: every Slice, and the cube pools the job created) and the "
+            "attempt retried with backoff."
         ),
     )
     keep_node_pools: bool = Field(

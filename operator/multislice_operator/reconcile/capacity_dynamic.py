@@ -9,6 +9,9 @@ goes ACTIVE_DEGRADED, FAILED or SliceCreationFailed is a lost slice: it is delet
 cube is not used again: only HEALTHY cubes are) and formed again from free healthy cubes (the
 spare cubes, spec.spares), and the running slices are restarted (their pods evicted: JobSet
 restarts every slice, charged as a disruption). Everything is released when the job ends.
+Before the JobSet exists the Slices are a gang as node pools are: Slices not all ACTIVE within
+spec.provisioning.timeoutSeconds are rolled back (the Slices and the job's cube pools deleted, never
+held for a job that cannot run) and the next attempt waits out a backoff.
 
 Sources: GKE "Use dynamic slicing with a custom scheduler" (create Slices, watch their state,
 delete them), https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices;
@@ -19,7 +22,7 @@ evicts and requeues a whole workload on any failed slice; this model re-forms on
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from multislice_operator.api.models import CubeSource, MultisliceJobStatus, Phase
@@ -39,8 +42,9 @@ from multislice_operator.reconcile.capacity_nodepools import (
     NO_PROVISIONER,
     NODE_POOLS,
     create_absent,
+    retry_message,
 )
-from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.context import Builder, at_second, backoff_seconds
 from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
@@ -104,6 +108,10 @@ class DynamicSlices:
             b.cond(PROVISIONED, "False", Reason.PROVISIONER_NOT_CONFIGURED, NO_PROVISIONER)
             b.requeue_in(f.cfg.resync_seconds * 3)
             return Capacity(False, Phase.PENDING, NO_PROVISIONER)
+        if not started:
+            gang = _gang_clock(f, b, plan)
+            if gang is not None:
+                return gang
         _create_cubes(f, b, plan)
         broken = _broken(f.obs)
         if broken:
@@ -112,7 +120,10 @@ class DynamicSlices:
         lost = frozenset(f.slices.lost)
         if started and lost:
             _restart(f, b, plan, lost, formed)
-        return _report(f, b, plan, started, lost, formed)
+        capacity = _report(f, b, plan, started, lost, formed)
+        if not started:
+            _attempt(f, b, capacity.ready)
+        return capacity
 
     def before_admission(self, f: Facts, b: Builder) -> Capacity:
         return self.provide(f, b, started=False)
@@ -142,6 +153,55 @@ class DynamicSlices:
 
     def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
         return [s.error for s in f.obs.slices if s.error and s.error.permanent]
+
+
+# ---------------------------------------------------------------- the gang: all or none, in time
+
+
+def _gang_clock(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
+    """Before the JobSet: an attempt's backoff is waited out with nothing held, and an attempt
+    whose Slices are not all ACTIVE within spec.provisioning.timeoutSeconds is rolled back."""
+    next_at = f.old.next_attempt_time
+    if next_at is not None and f.now < next_at:
+        DYNAMIC_SLICES.release(f, b)
+        b.requeue_in((next_at - f.now).total_seconds())
+        return Capacity(False, Phase.PROVISIONING, retry_message(b))
+    started = f.old.attempt_start_time
+    timeout = f.spec.provisioning.timeout_seconds if f.spec else 0
+    if started is None or (f.now - started).total_seconds() <= timeout:
+        return None
+    active = sum(1 for o in _current(f.obs).values() if o.state == ACTIVE)
+    if active >= plan.slices:
+        return None
+    return _rollback(f, b, plan, f"{active}/{plan.slices} Slices ACTIVE within "
+                     f"spec.provisioning.timeoutSeconds ({timeout}s)")  # fmt: skip
+
+
+def _attempt(f: Facts, b: Builder, ready: bool) -> None:
+    """The attempt's clock: it starts at the first pass that is not ready, stops when ready."""
+    if ready:
+        b.status.attempt_start_time = None
+        b.status.next_attempt_time = None
+    elif f.old.attempt_start_time is None:
+        b.status.attempt_start_time = f.now
+        b.status.provisioning_attempts = (f.old.provisioning_attempts or 0) + 1
+        b.status.next_attempt_time = None
+
+
+def _rollback(f: Facts, b: Builder, plan: Plan, why: str) -> Capacity:
+    """Everything the attempt made goes (Existing cubes stay); the next waits out a backoff."""
+    attempts = f.old.provisioning_attempts or 1
+    wait = backoff_seconds(f.meta.uid, attempts, f.cfg)
+    b.status.next_attempt_time = at_second(f.now + timedelta(seconds=wait))
+    b.status.attempt_start_time = None
+    b.status.provisioning_attempts = attempts
+    DYNAMIC_SLICES.release(f, b)
+    made = "the Slices and cube pools" if _managed_cubes(plan) else "the Slices"
+    full = f"{why}; deleting {made} of the gang"
+    b.cond(PROVISIONED, "False", Reason.GANG_TIMEOUT, full)
+    b.event(Reason.GANG_ROLLED_BACK, f"attempt {attempts}: {full}; retry in {wait:.0f}s")
+    b.requeue_in(wait)
+    return Capacity(False, Phase.PROVISIONING, retry_message(b), rolled_back=full)
 
 
 # ---------------------------------------------------------------- cubes and Slices

@@ -212,7 +212,7 @@ def _gang(f: Facts, b: Builder, plan: Plan) -> Capacity:
     if next_at is not None and f.now < next_at:
         NODE_POOLS.release(f, b)
         b.requeue_in((next_at - f.now).total_seconds())
-        return Capacity(False, Phase.PROVISIONING, _retry_message(b))
+        return Capacity(False, Phase.PROVISIONING, retry_message(b))
     failure = _attempt_failed(f, plan)
     if failure is not None:
         return _rollback(f, b, plan, *failure)
@@ -265,7 +265,7 @@ def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     return Capacity(False, Phase.PROVISIONING, message, flex_wait=message)
 
 
-def _retry_message(b: Builder) -> str:
+def retry_message(b: Builder) -> str:
     # No countdown in the text: a status that changed every second would be rewritten every resync.
     cond = b.status.condition(PROVISIONED)
     reason = cond.message if cond else ""
@@ -340,7 +340,7 @@ def _rollback(f: Facts, b: Builder, plan: Plan, reason: Reason, message: str) ->
     b.cond(PROVISIONED, "False", reason, full)
     b.event(Reason.GANG_ROLLED_BACK, f"attempt {attempts}: {full}; retry in {wait:.0f}s")
     b.requeue_in(wait)
-    return Capacity(False, Phase.PROVISIONING, _retry_message(b), rolled_back=full)
+    return Capacity(False, Phase.PROVISIONING, retry_message(b), rolled_back=full)
 
 
 # ---------------------------------------------------------------- repair: one slice at a time
