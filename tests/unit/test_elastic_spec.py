@@ -340,7 +340,7 @@ def test_each_size_has_its_own_dcn_advice() -> None:
         (4, batch // 4),
         (2, batch // 2),
     ]
-    assert [s.advice.bits_per_parameter for s in p.sizes] == [32 / 2 + 24, 0 / 2 + 24]
+    assert [s.advice.bits_per_parameter for s in p.sizes] == [32 / 2 + 32, 0 / 2 + 32]
 
 
 # ---------------------------------------------------------------- spares
