@@ -22,7 +22,7 @@ evicts and requeues a whole workload on any failed slice; this model re-forms on
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from multislice_operator.api.models import CubeSource, MultisliceJobStatus, Phase
@@ -43,8 +43,9 @@ from multislice_operator.reconcile.capacity_nodepools import (
     NODE_POOLS,
     create_absent,
     retry_message,
+    roll_back,
 )
-from multislice_operator.reconcile.context import Builder, at_second, backoff_seconds
+from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
@@ -190,18 +191,9 @@ def _attempt(f: Facts, b: Builder, ready: bool) -> None:
 
 def _rollback(f: Facts, b: Builder, plan: Plan, why: str) -> Capacity:
     """Everything the attempt made goes (Existing cubes stay); the next waits out a backoff."""
-    attempts = f.old.provisioning_attempts or 1
-    wait = backoff_seconds(f.meta.uid, attempts, f.cfg)
-    b.status.next_attempt_time = at_second(f.now + timedelta(seconds=wait))
-    b.status.attempt_start_time = None
-    b.status.provisioning_attempts = attempts
-    DYNAMIC_SLICES.release(f, b)
     made = "the Slices and cube pools" if _managed_cubes(plan) else "the Slices"
     full = f"{why}; deleting {made} of the gang"
-    b.cond(PROVISIONED, "False", Reason.GANG_TIMEOUT, full)
-    b.event(Reason.GANG_ROLLED_BACK, f"attempt {attempts}: {full}; retry in {wait:.0f}s")
-    b.requeue_in(wait)
-    return Capacity(False, Phase.PROVISIONING, retry_message(b), rolled_back=full)
+    return roll_back(f, b, DYNAMIC_SLICES.release, Reason.GANG_TIMEOUT, full)
 
 
 # ---------------------------------------------------------------- cubes and Slices

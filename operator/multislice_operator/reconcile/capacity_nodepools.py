@@ -11,6 +11,7 @@ error retrying cannot fix) is read here; verdicts.py words them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -330,13 +331,20 @@ def _provisioned(f: Facts, b: Builder, plan: Plan) -> None:
 
 
 def _rollback(f: Facts, b: Builder, plan: Plan, reason: Reason, message: str) -> Capacity:
+    full = f"{message}; deleting all {_pools(plan)} of the gang"
+    return roll_back(f, b, NODE_POOLS.release, reason, full)
+
+
+def roll_back(f: Facts, b: Builder, release: Callable[[Facts, Builder], object], reason: Reason,
+              full: str) -> Capacity:  # fmt: skip
+    """A gang attempt rolled back: `release` lets go of what it made, the next attempt waits out
+    a backoff (every capacity model's, so their rollbacks read and pace alike)."""
     attempts = f.old.provisioning_attempts or 1
     wait = backoff_seconds(f.meta.uid, attempts, f.cfg)
     b.status.next_attempt_time = at_second(f.now + timedelta(seconds=wait))
     b.status.attempt_start_time = None
     b.status.provisioning_attempts = attempts
-    NODE_POOLS.release(f, b)
-    full = f"{message}; deleting all {_pools(plan)} of the gang"
+    release(f, b)
     b.cond(PROVISIONED, "False", reason, full)
     b.event(Reason.GANG_ROLLED_BACK, f"attempt {attempts}: {full}; retry in {wait:.0f}s")
     b.requeue_in(wait)
