@@ -169,10 +169,11 @@ def _pci(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
     return root
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs the tpu extra")
 def test_an_installed_tpu_runtime_is_not_a_tpu(tmp_path: Path) -> None:
-    """The `tpu` extra installs libtpu on CPU machines (to compile for TPUs): without a TPU
-    chip on the PCI bus the workload runs on the CPU, unless JAX_PLATFORMS says otherwise."""
+    """The `tpu` extra installs libtpu on CPU machines (to compile for TPUs; make install does,
+    for the compile lane): without a TPU chip on the PCI bus the workload runs on the CPU, unless
+    JAX_PLATFORMS says otherwise."""
+    assert importlib.util.find_spec("libtpu") is not None  # the case this test is about
     cpu_only = _pci(tmp_path / "cpu", {"0000:00:04.0": ("0x1af4", "0x1004")})  # virtio only
     assert runtime.tpu_chips(cpu_only) == 0
     assert not runtime.on_tpu({}, pci=cpu_only)
