@@ -4,6 +4,7 @@ a violation raises instead of being dropped and logged as in production."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,3 +16,29 @@ def strict_invariants() -> Iterator[None]:
     invariants.STRICT = True
     yield
     invariants.STRICT = False
+
+
+# The GKE simulator's fixtures of test_gke_sim.py and test_gke_sim_slices.py (imported when used).
+@pytest.fixture
+def registrar() -> Any:
+    from multislice_local.gke_sim import InMemoryRegistrar
+
+    return InMemoryRegistrar()
+
+
+@pytest.fixture
+def sim(registrar: Any) -> Iterator[Any]:
+    from multislice_local.gke_sim import GkeSimulator, SimConfig
+    from tests.unit.test_gke_sim import LATENCY
+
+    with GkeSimulator(SimConfig(op_latency_s=LATENCY), registrar=registrar) as s:
+        yield s
+
+
+@pytest.fixture
+def gke(sim: Any) -> Iterator[Any]:
+    from tests.unit.test_gke_sim import close, gke_client
+
+    client = gke_client(sim.url)
+    yield client
+    close(client)

@@ -8,7 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -60,24 +60,6 @@ def wait_for(cond: Callable[[], Any], timeout: float = 5.0) -> Any:
             return value
         time.sleep(0.02)
     raise AssertionError("condition not met in time")
-
-
-@pytest.fixture
-def registrar() -> InMemoryRegistrar:
-    return InMemoryRegistrar()
-
-
-@pytest.fixture
-def sim(registrar: InMemoryRegistrar) -> Iterator[GkeSimulator]:
-    with GkeSimulator(SimConfig(op_latency_s=LATENCY), registrar=registrar) as s:
-        yield s
-
-
-@pytest.fixture
-def gke(sim: GkeSimulator) -> Iterator[container_v1.ClusterManagerClient]:
-    client = gke_client(sim.url)
-    yield client
-    close(client)
 
 
 def tpu_pool(name: str = "pool-a", nodes: int = 4, topology: str | None = "4x4") -> cs.NodePool:

@@ -29,25 +29,6 @@ from tests.unit.test_gke_sim import (
     wait_for,
 )
 
-
-@pytest.fixture
-def registrar() -> InMemoryRegistrar:
-    return InMemoryRegistrar()
-
-
-@pytest.fixture
-def sim(registrar: InMemoryRegistrar) -> Iterator[GkeSimulator]:
-    with GkeSimulator(SimConfig(op_latency_s=LATENCY), registrar=registrar) as s:
-        yield s
-
-
-@pytest.fixture
-def gke(sim: GkeSimulator) -> Iterator[container_v1.ClusterManagerClient]:
-    client = gke_client(sim.url)
-    yield client
-    close(client)
-
-
 # ---------------------------------------------------------------- rules matched to their sources
 
 
