@@ -1100,8 +1100,9 @@ class Demo:
         rows = {a: in_place_row(result, a) for a in (0, 1)}
         for attempt, row in rows.items():
             self.n.say(
-                f"  attempt {attempt}: coordinator {row['coordinator']}, restored step "
-                f"{row['restored']}, train step compiled in {row['compile_seconds']} s, "
+                f"  attempt {attempt}: coordinator {row['coordinator']}, "
+                + ("fresh start" if row["restored"] is None else f"restored step {row['restored']}")
+                + f", train step compiled in {row['compile_seconds']} s, "
                 f"{row['cache_hits']} compilation-cache hits (process 0)"
             )
         saved = [e["step"] for e in result.events_named("checkpoint_saved", 0)]
