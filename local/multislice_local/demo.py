@@ -49,6 +49,20 @@ MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
 ELASTIC_SLICES, ELASTIC_MIN, ELASTIC_WAIT_S = 4, 3, 5
 
 
+def in_place_row(result: Any, attempt: int) -> dict[str, Any]:
+    """Process 0's coordinator address, restored step (None: a fresh start), train-step compile
+    seconds and compilation-cache hits on one attempt of a launch (`LaunchResult`)."""
+    config = [e for e in result.events_named("train_config", attempt) if e["launch_process"] == 0]
+    restored = [e for e in result.events_named("restored", attempt) if e["launch_process"] == 0]
+    first = config[0] if config else {}
+    return {
+        "coordinator": first.get("coordinator_address"),
+        "restored": restored[0]["step"] if restored else None,
+        "compile_seconds": first.get("compile_seconds"),
+        "cache_hits": first.get("compilation_cache_hits"),
+    }
+
+
 def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step, loss) of process 0's events, the last attempt's value for a step run twice."""
     by_step = {e["step"]: e["loss"] for e in events if e.get("launch_process", 0) == 0}
@@ -976,7 +990,7 @@ class Demo:
         import threading
 
         from multislice_workload import prepare
-        from multislice_workload.env import CHECKPOINT_DIR
+        from multislice_workload.env import CHECKPOINT_DIR, SETTLE_SAVE_AT_STEP
         from multislice_workload.local import launch
 
         env = self.pod_env()
@@ -999,9 +1013,16 @@ class Demo:
         chips = int(env["MULTISLICE_CHIPS_PER_HOST"])
         shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("MEGASCALE"))
         self.n.say(f"--run-workload: real JAX training with the injected environment ({shown})")
+        in_place = self.scenario.name == "inplace"
+        how = (
+            "every process restarts in place (the same pods: the same coordinator address and "
+            "port) and resumes"
+            if in_place
+            else "every process restarts"
+        )
         self.n.say(
             f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
-            " crashes at step 25 and every process restarts from the last checkpoint"
+            f" crashes at step 25 and {how} from the last checkpoint"
         )
         self.n.say(f"  checkpoints in {ckpt} (the job names {job_dir}: no cloud here)")
         holder: dict[str, Any] = {}
@@ -1030,6 +1051,12 @@ class Demo:
                     checkpoint_dir=ckpt,
                     job_name=JOB,
                     echo=self.n.out,
+                    restart="in_place" if in_place else "recreate",
+                    # In place, the step-20 save settles before step 21 on every process, so
+                    # the crash at 25 cannot race it and "the last checkpoint" is known (20).
+                    faults={p: {SETTLE_SAVE_AT_STEP: "20"} for p in range(slices * hosts)}
+                    if in_place
+                    else None,
                 )
             except Exception as exc:  # reported at the end, the story goes on
                 holder["error"] = exc
@@ -1059,7 +1086,45 @@ class Demo:
             f"restored from step {restored[-1] if restored else '-'}, loss "
             f"{'went down' if learned else 'did NOT go down'}; logs in {result.log_dir}"
         )
-        return bool(result.succeeded and result.restarts >= 1 and restored and learned)
+        ok = bool(result.succeeded and result.restarts >= 1 and restored and learned)
+        if self.scenario.name == "inplace":
+            ok = self.in_place_restart_shown(result) and ok
+        return ok
+
+    def in_place_restart_shown(self, result: Any) -> bool:
+        """The workload's half of the in-place restart: per attempt, the coordinator address JAX
+        joined, the step it restored, the train step's compile seconds and cache hits (process
+        0's: JAX writes the cache from process 0 only, and on CPU the other processes' keys
+        differ). Required: one address for both attempts, a restore from the last checkpoint
+        attempt 0 made durable, and cache hits on attempt 1."""
+        rows = {a: in_place_row(result, a) for a in (0, 1)}
+        for attempt, row in rows.items():
+            self.n.say(
+                f"  attempt {attempt}: coordinator {row['coordinator']}, "
+                + ("fresh start" if row["restored"] is None else f"restored step {row['restored']}")
+                + f", train step compiled in {row['compile_seconds']} s, "
+                f"{row['cache_hits']} compilation-cache hits (process 0)"
+            )
+        saved = [e["step"] for e in result.events_named("checkpoint_saved", 0)]
+        problems = []
+        if rows[0]["coordinator"] is None or rows[0]["coordinator"] != rows[1]["coordinator"]:
+            problems.append("the coordinator address changed (or was not reported)")
+        if not saved or rows[1]["restored"] != max(saved):
+            problems.append(f"attempt 1 restored step {rows[1]['restored']}, not {saved[-1:]}")
+        if not rows[1]["cache_hits"]:
+            problems.append("no compilation-cache hit on attempt 1")
+        if None in (rows[0]["compile_seconds"], rows[1]["compile_seconds"]):
+            problems.append("compile seconds not reported")
+        self.n.say(
+            "workload in place: "
+            + (
+                "; ".join(problems)
+                if problems
+                else "same coordinator, "
+                "resumed from the last checkpoint, programs loaded from the compilation cache"
+            )
+        )
+        return not problems
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -4,7 +4,10 @@ Stands in for GKE + JobSet when there is no TPU: every process gets exactly the 
 operator injects (with 127.0.0.1 for every host), JAX runs on CPU with D forced host devices per
 process, and the JobSet failure policy is reproduced: when any process fails, all of them are
 stopped and restarted together with MULTISLICE_RESTART_ATTEMPT incremented, up to --max-restarts,
-except after exit 78 (fatal configuration error), which is never retried. Each process also gets
+except after exit 78 (fatal configuration error), which is never retried. `--restart` says how:
+``recreate`` (JobSet's Recreate: new pods, here a new coordinator port per attempt) or
+``in-place`` (JobSet's InPlaceRestart: the same pods, so the same coordinator address and port;
+see `RESTART_MODES`). Each process also gets
 what a pod would: a pod-info directory with an ``annotations`` file (the downward API volume; write
 a checkpoint request there) and a termination-message file, both under the log directory.
 
@@ -28,7 +31,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 from multislice_workload import env as contract
 from multislice_workload import exitcodes, logs, podinfo, termination
@@ -36,6 +39,21 @@ from multislice_workload import exitcodes, logs, podinfo, termination
 LOCALHOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 900.0
 DEFAULT_GRACE_S = 3.0
+# How all processes start again after a failure, as JobSet's failurePolicy.restartStrategy:
+# - recreate: Recreate, new Jobs and pods: the coordinator's hostname stays, the pod behind it
+#   (its IP) is new; here a new coordinator port per attempt stands for that.
+# - in_place: InPlaceRestart (JobSet >= v0.11, KEP-467, kubernetes-sigs/jobset v0.12.0
+#   keps/467-InPlaceRestart, site/static/examples/in-place-restart/): the kubelet restarts every
+#   container of the pods where they are, so pod names, hostnames, IPs and the pod-info volume
+#   stay, and so does the coordinator's address and port. What moves is the pod annotation
+#   `jobset.sigs.k8s.io/in-place-restart-attempt`, written by JobSet's agent on each start
+#   (cmd/in-place-restart-agent/main.go: the JobSet's currentInPlaceRestartAttempt + 1, 0 at first;
+#   the `restart-attempt` label moves only when Jobs are recreated); the operator maps it to
+#   MULTISLICE_RESTART_ATTEMPT (operator render/inplace.py), which this launcher sets likewise.
+RestartMode = Literal["recreate", "in_place"]
+RESTART_MODES: tuple[str, ...] = get_args(RestartMode)
+# In place, the restarted coordinator binds the port its predecessor held: how long to wait for it.
+PORT_REUSE_WAIT_S = 30.0
 # Events worth a line in the timeline (from process 0 unless they concern one process).
 _TIMELINE_EVENTS = {"restored", "fresh_start", "preempted", "finished", "shardings_result"}
 _PER_PROCESS_EVENTS = {
@@ -67,6 +85,7 @@ class AttemptResult:
     outcome: str = "running"  # succeeded | failed | fatal | timeout
     first_failure: tuple[int, int] | None = None  # (process id, exit code)
     seconds: float = 0.0
+    coordinator: str = ""  # JAX_COORDINATOR_ADDRESS of this attempt (host:port)
 
     @property
     def exit_codes(self) -> dict[int, int | None]:
@@ -128,6 +147,38 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOCALHOST, 0))
         return int(s.getsockname()[1])
+
+
+def port_bindable(port: int) -> bool:
+    """Whether JAX's coordinator could listen on `port` now. It binds as gRPC binds: on every
+    address (jax/_src/distributed.py: ``[::]:<port>``) with SO_REUSEADDR (grpc
+    src/core/lib/iomgr/tcp_server_utils_posix_common.cc, grpc_tcp_server_prepare_socket), so the
+    connections of the previous coordinator left in TIME_WAIT do not block it; a listener does."""
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine: gRPC then binds IPv4
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                sock.listen()
+            except OSError:
+                return False
+            return True
+    return False
+
+
+def wait_port_bindable(port: int, timeout_s: float = PORT_REUSE_WAIT_S) -> float | None:
+    """Seconds waited until `port` could be listened on (0.0: at once); None if it never was."""
+    start = time.monotonic()
+    while True:
+        if port_bindable(port):
+            return time.monotonic() - start
+        if time.monotonic() - start >= timeout_s:
+            return None
+        time.sleep(0.2)
 
 
 def default_parallelism(layout: Layout) -> contract.Parallelism:
@@ -447,16 +498,21 @@ def launch(
     log_dir: str | None = None,
     echo: TextIO | None = None,
     python: str = sys.executable,
+    restart: RestartMode = "recreate",
 ) -> LaunchResult:
     """Run `python -m multislice_workload *args` on every process, restarting like a JobSet.
 
-    `extra_env` overrides contract variables for every process (e.g. an environment read back from
-    the apiserver); identity and addresses stay the launcher's own. `faults` adds test-hook
+    `restart`: "recreate" (a new coordinator port per attempt) or "in_place" (the same pods:
+    the same coordinator address and port on every attempt; `RestartMode`). `extra_env`
+    overrides contract variables for every process (e.g. an environment read back from the
+    apiserver); identity and addresses stay the launcher's own. `faults` adds test-hook
     variables per process id (first attempt only), e.g. ``{1: {HANG_AT_STEP: "5"}}``.
     `checkpoint_request` is written, before the start, into the pod-info annotations of
     `checkpoint_request_processes` (default: all). Raises ValueError when `extra_env` describes
     another layout than slices x hosts x devices.
     """
+    if restart not in RESTART_MODES:
+        raise ValueError(f"restart={restart!r}: choose one of {', '.join(RESTART_MODES)}")
     layout = Layout(slices, hosts_per_slice, devices_per_host)
     extra = dict(extra_env or {})
     check_layout(layout, extra)
@@ -474,14 +530,20 @@ def launch(
     run = _Run(layout, logs_path, echo)
     run.note(
         f"job {job_name}: {slices} slices x {hosts_per_slice} hosts x {devices_per_host} devices,"
-        f" max {max_restarts} restarts, logs in {logs_path}"
+        f" max {max_restarts} restarts"
+        + (" in place" if restart == "in_place" else "")
+        + f", logs in {logs_path}"
     )
     command = [python, "-m", "multislice_workload", *args]
     ckpt = os.path.abspath(checkpoint_dir) if checkpoint_dir else None
     deadline = time.monotonic() + timeout_s
     attempts: list[AttemptResult] = []
+    port = free_port()
     for attempt in range(max_restarts + 1):
-        port = free_port()
+        if restart == "recreate":
+            port = free_port()
+        elif attempt > 0:
+            port = _reuse_port(run, port)
         envs = [
             process_env(
                 layout,
@@ -500,14 +562,40 @@ def launch(
             for i in range(layout.processes)
         ]
         result = _run_attempt(run, attempt, envs, command, deadline, grace_s)
+        result.coordinator = f"{LOCALHOST}:{port}"
         attempts.append(result)
         if result.outcome in ("succeeded", "fatal", "timeout"):
             break
         if attempt < max_restarts:
-            run.note(f"restarting all processes (restart {attempt + 1} of {max_restarts})")
+            how = (
+                f" in place (same pods, coordinator {result.coordinator})"
+                if restart == "in_place"
+                else ""
+            )
+            run.note(f"restarting all processes{how} (restart {attempt + 1} of {max_restarts})")
     code = _final_code(attempts[-1])
     run.note(f"result: {attempts[-1].outcome}, exit {code}, {len(attempts) - 1} restarts")
     return LaunchResult(code, attempts, run.events, run.timeline, logs_path)
+
+
+def _reuse_port(run: _Run, port: int) -> int:
+    """The port for an in-place attempt: the previous one, once the restarted coordinator can
+    bind it. Every process of the previous attempt has exited (`_stop` waits), so only its
+    connections in TIME_WAIT remain, which SO_REUSEADDR ignores. A pod's network namespace is its
+    own; this machine's is shared, and another program may have taken the port meanwhile: then,
+    and said so, a new one."""
+    waited = wait_port_bindable(port)
+    if waited is None:
+        moved = free_port()
+        run.note(
+            f"port {port} still taken after {PORT_REUSE_WAIT_S:.0f} s by another program on this "
+            f"machine (a pod's own network namespace could not see it): coordinator moves to "
+            f"{LOCALHOST}:{moved}"
+        )
+        return moved
+    if waited > 0.5:
+        run.note(f"port {port} free for the coordinator again after {waited:.1f} s")
+    return port
 
 
 def _pod_env(
@@ -584,6 +672,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts-per-slice", type=int, required=True)
     p.add_argument("--devices-per-host", type=int, default=1)
     p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument(
+        "--restart",
+        choices=[m.replace("_", "-") for m in RESTART_MODES],
+        default="recreate",
+        help="recreate: a new coordinator port per attempt (JobSet Recreate); in-place: the same "
+        "pods, coordinator address and port (JobSet InPlaceRestart)",
+    )
     p.add_argument("--fail-process", type=int, default=None)
     p.add_argument("--fail-at-step", type=int, default=None)
     p.add_argument("--preempt-process", type=int, default=None)
@@ -642,6 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         grace_s=opts.grace,
         log_dir=opts.log_dir,
         echo=None if opts.quiet else sys.stdout,
+        restart="in_place" if opts.restart == "in-place" else "recreate",
     )
     print(result.format_timeline())
     return result.exit_code

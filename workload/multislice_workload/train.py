@@ -943,7 +943,17 @@ def log_config(
         peak_flops_per_device=peak,
         peak_source=source,
         compile_seconds=round(trainer.compile_seconds, 3),
+        coordinator_address=coordinator_address(),
     )
+
+
+def coordinator_address() -> str | None:
+    """The address `jax.distributed` joined in this process (None: one process, not started).
+    Read back from JAX, not the environment: on TPU it comes from JAX's cluster detection."""
+    from jax._src import distributed
+
+    address = distributed.global_state.coordinator_address
+    return str(address) if address else None
 
 
 def restore_or_init(
