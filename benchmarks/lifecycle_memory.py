@@ -16,6 +16,10 @@ Measured on the operator process (VmRSS of it and its descendants, its thread co
 * after: --after seconds after the last job, pool and node were gone.
 
 What the load left behind is after - idle, in MiB and threads.
+
+The operator runs with the image's allocator (jemalloc, every Python object in it: the
+Dockerfile's ENV, benchmarks/allocator.py) unless `--allocator glibc` (the interpreter's defaults,
+as a pip-installed operator runs); `--env K=V` adds to the operator's environment.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from kubernetes import client
 
+from benchmarks import allocator
 from benchmarks.common import (
     JOBSET,
     MSJ,
@@ -149,11 +154,13 @@ def run(
     run_s: int = 10,
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    image_allocator: bool = True,
 ) -> dict[str, Any]:
-    say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}")
+    env = {**(allocator.image_env() if image_allocator else {}), **(env or {})}
+    say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}, {allocator_name(env)}")
     log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-lifecycle-{n}.log"
     timeout = 600 + n * 6.0  # a shared 2-core machine took more than 900 s for 200 jobs
-    options = StackOptions(operator_log=log, operator_env=dict(env or {}))
+    options = StackOptions(operator_log=log, operator_env=env)
     with LocalStack(options) as stack:
         assert stack.op is not None and stack.op.proc is not None
         pid = stack.op.proc.pid
@@ -184,7 +191,8 @@ def run(
         "rss_delta_mib": after["rss_mib"] - idle["rss_mib"],
         "threads_delta": after["threads"] - idle["threads"],
         "operator_log": str(log),
-        "operator_env": dict(env or {}),
+        "operator_env": env,
+        "allocator": allocator_name(env),
     }
     out["table"] = result_table(out)
     save("lifecycle_memory", out)
@@ -194,7 +202,8 @@ def run(
 def result_table(r: dict[str, Any]) -> str:
     return table(
         f"Operator RSS and threads through {r['jobs']} Managed jobs of {r['slices']} x "
-        f"{r['accelerator']} (real JobSets, GKE simulator; idle: after {r['warmup_jobs']} "
+        f"{r['accelerator']} ({r.get('allocator', 'glibc')}; real JobSets, GKE simulator; "
+        f"idle: after {r['warmup_jobs']} "
         f"warm-up jobs; after: {r['after_seconds']:g}s after the last job was gone)",
         ["", "start", "idle", "peak", "after", "after - idle"],
         [
@@ -209,6 +218,11 @@ def result_table(r: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+def allocator_name(env: dict[str, str]) -> str:
+    preload = env.get("LD_PRELOAD", "")
+    return "jemalloc" if allocator.LIBRARY in preload else "glibc"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--jobs", type=int, default=200)
@@ -219,9 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--env", action="append", default=[], metavar="K=V", help="the operator's environment"
     )
+    p.add_argument(
+        "--allocator",
+        choices=("image", "glibc"),
+        default="image",
+        help="image: the operator image's (jemalloc; the Dockerfile's ENV); glibc: Python's own",
+    )
     args = p.parse_args(argv)
     env = dict(kv.split("=", 1) for kv in args.env)
-    run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env)
+    image = args.allocator == "image"
+    run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env, image_allocator=image)
     return 0
 
 

@@ -101,6 +101,19 @@ def test_imports_the_operator_and_its_gke_adapter(container: str) -> None:
     assert result.stdout.startswith(f"/{VENV}/lib/python3.11/site-packages/multislice_operator/")
 
 
+def test_every_python_object_is_in_jemalloc(container: str) -> None:
+    """The image's allocator is loaded (LD_PRELOAD) and Python's own arenas are off."""
+    code = (
+        "import sys\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print('libjemalloc.so.2' in maps, sys._xoptions, end=' ')\n"
+        "import os; print(os.environ.get('PYTHONMALLOC'))"
+    )
+    result = run(container, "python3", "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "True" and result.stdout.split()[-1] == "malloc"
+
+
 def test_holds_no_pip_no_compiler_no_local_tooling(container: str, rootfs: Path) -> None:
     for module in ("pip", "setuptools", "wheel", "multislice_local"):
         code = f"import importlib.util as u, sys; sys.exit(u.find_spec({module!r}) is not None)"
