@@ -219,6 +219,31 @@ def test_the_dcn_advisors_traffic_is_the_tpu_programs(topology: str) -> None:
 
 
 @pytest.mark.parametrize("reduce", ["float32", "bfloat16"])
+def test_the_dcn_advisors_fsdp_traffic_is_the_tpu_programs(reduce: str) -> None:
+    """FSDP across two slices: what one slice sends to the other per step, the TPU program's DCN
+    sends against the advisor's bits per parameter for the blocks and for the embedding and
+    output layers (docs/dcn-advisor.md)."""
+    from multislice_operator.planning import advisor
+    from multislice_operator.tpu.parallelism import Parallelism as OperatorParallelism
+
+    cfg = dataclasses.replace(CFG, grad_reduce_dtype=reduce)
+    top = tpu_compile.parse_topology("tpu7x:2x2x1")
+    _, t = compiled("tpu7x:2x2x1", 2, cfg, Parallelism(ici_fsdp=top.chips, dcn_fsdp=2))
+    per_slice = t.mesh.devices.size // 2
+    sent = (
+        8 * per_slice * sum(x.total_bytes for x in tpu_compile.dcn_transfers(t.compiled.as_text()))
+    )
+    par = OperatorParallelism(1, 1, 1, dcn_data=1, dcn_fsdp=2, dcn_pipeline=1, dcn_tensor=1)
+    reduce_bits = 32 if reduce == "float32" else 16
+    vocab = 2 * t.model.embed * t.model.padded_vocab
+    count = {advisor.BLOCKS: t.model.parameter_count() - vocab, advisor.VOCAB: vocab}
+    told = advisor.dcn_traffic(par, compute_bits=16, reduce_bits=reduce_bits)
+    said = sum(a.bits_per_parameter * count[a.of] for a in told)
+    # Within 5%: the norm scales (a few thousand floats) are reduced apart from the blocks.
+    assert said * 0.95 <= sent <= said * 1.05, (sent / t.model.parameter_count(), said)
+
+
+@pytest.mark.parametrize("reduce", ["float32", "bfloat16"])
 def test_fsdp_over_dcn_gathers_in_bf16_and_reduces_in_the_gradient_dtype(reduce: str) -> None:
     """Settled on the TPU program (XLA:CPU widens bf16 collectives): under --dtype bfloat16 the
     weights cross the DCN gathered in bf16, their gradients reduce-scattered in

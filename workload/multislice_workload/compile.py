@@ -191,9 +191,12 @@ class DcnTransfer:
 
     @property
     def bytes_per_device(self) -> float:
-        """What one device sends over DCN per execution (ring model, as `hlo.Collective`)."""
+        """What one device sends over DCN per execution (ring model). The send carries the
+        collective's operand, not its result as `hlo.Collective`'s arrays do: a gather's is the
+        device's own shard (sent n - 1 times), a reduce-scatter's its whole input (measured on
+        libtpu's program, tests/workload/test_tpu_compile.py)."""
         n = self.slices
-        factor = {"ALL_REDUCE": 2 * (n - 1) / n, "REDUCE_SCATTER": float(n - 1)}
+        factor = {"ALL_REDUCE": 2 * (n - 1) / n, "ALL_GATHER": float(n - 1)}
         return factor.get(self.kind, (n - 1) / n) * self.size_bytes
 
     @property
