@@ -8,7 +8,7 @@ Each benchmark prints its table and writes benchmarks/results/<name>.json; this 
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
 benchmarks/results/summary.json (the targets). --quick uses smaller sizes (a few minutes); the
 full run takes about 25 minutes on a 2-core machine (N = 5000: about 8 of them; recovery:
-about 2; --quick holds its stockout 30 s instead of 60). The workload benchmarks
+about 3; --quick holds its stockout 30 s instead of 60). The workload benchmarks
 (benchmarks/workload_shardings.py, workload_lm.py, workload_memory.py) run last unless
 --skip-workload.
 """
@@ -306,15 +306,20 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
         )
     if "recovery" in results:
         by = {r["variant"]: r for r in results["recovery"]["results"]}
-        for key, what in (("c", "a hot spare"), ("b", "an elastic job")):
+        stocked_out = ("the replacement is stocked out", "the stockout ends")
+        for key, what, (held, ends) in (
+            ("c", "a hot spare", stocked_out),
+            ("b", "an elastic job", stocked_out),
+            ("d", "a spare cube", ("the failed cube is down", "the cube is repaired")),
+        ):
             r = by.get(key)
             if r is None:
                 continue
             lift = r["resume_after_lift_s"]
             add(
-                f"recovery: {what} trains again while the replacement is stocked out",
+                f"recovery: {what} trains again while {held}",
                 r["resume_s"],
-                "resumes before the stockout ends (s from the loss)",
+                f"resumes before {ends} (s from the loss)",
                 lift is not None and lift < 0,
                 "never resumed" if not r["resumed"] else f"on {r['resumed_on_slices']} slices",
             )
