@@ -59,7 +59,7 @@ does not.
 
     .venv/bin/python -m benchmarks.recovery [--stockout-s 60] [--only a,b,c,d,e] [--wait-s 5]
 
-Writes benchmarks/results/recovery.json. About 2 minutes on 2 cores with the defaults. The
+Writes benchmarks/results/recovery.json. About 2.5 minutes on 2 cores with the defaults. The
 operator runs with --resync-seconds 1 and gang backoff from 1 s doubling up to 10 s (production
 defaults: 30 s up to 600 s), GKE operations take 1 s (a stocked-out create 3 s), a Slice takes
 1 s to activate.
@@ -110,9 +110,8 @@ class Shape:
 
 
 MANAGED = Shape("v5litepod-16", 4, 4, 16)
-CUBES = Shape(
-    "tpu7x-128", 2, gke_slices.VMS_PER_CUBE, gke_slices.CHIPS_PER_CUBE
-)  # a cube per slice
+# tpu7x-128: 64 chips, one 4x4x4 cube of 16 VMs per slice.
+CUBES = Shape("tpu7x-128", 2, gke_slices.VMS_PER_CUBE, gke_slices.CHIPS_PER_CUBE)
 
 
 @dataclass(frozen=True)
@@ -361,8 +360,8 @@ def _attempt(js: dict[str, Any] | None) -> tuple[int, int, str, str]:
 
 
 def _per_pool(running: list[Any], world: World, cube: bool) -> dict[str, int]:
-    """Running pods per node pool; with dynamic slicing a pod counts only on a node of an ACTIVE
-    Slice (elsewhere it is charged to pool "?", which no slice's count matches)."""
+    """Running pods per node pool; a pod on a node that is gone, or (dynamic slicing) on a node
+    of no ACTIVE Slice, is counted under "?": a look with one does not train."""
     per_pool: dict[str, int] = {}
     for p in running:
         node = p.spec.node_name

@@ -8,7 +8,7 @@ Each benchmark prints its table and writes benchmarks/results/<name>.json; this 
 benchmarks/results/scale.json (how each measure grows with its size, and where it bends) and
 benchmarks/results/summary.json (the targets). --quick uses smaller sizes (a few minutes); the
 full run takes about 25 minutes on a 2-core machine (N = 5000: about 8 of them; recovery:
-about 3; --quick holds its stockout 30 s instead of 60). The workload benchmarks
+about 2; --quick holds its stockout 30 s instead of 60). The workload benchmarks
 (benchmarks/workload_shardings.py, workload_lm.py, workload_memory.py) run last unless
 --skip-workload.
 """
