@@ -1,33 +1,49 @@
-"""Recovery after one slice of a 4-slice job is lost while its replacement pool is stocked out.
+"""Recovery after one slice of a running job is lost while its replacement is not to be had.
 
 One `cluster`-profile control plane (real apiserver, scheduler, controller-manager, JobSet
-controller, kwok nodes), the GKE simulator and the operator as a real process. The same Managed
-job (v5litepod-16, 4 slices of 4 hosts, Spot, pods that run for an hour) runs in up to three
-variants side by side, each in a namespace of its own, on the same control plane at the same
-time:
+controller, kwok nodes), the GKE simulator and the operator as a real process. Up to five
+variants run side by side, each in a namespace of its own, on the same control plane at the same
+time. a, b and c: the same Managed job (v5litepod-16, 4 slices of 4 hosts, Spot, pods that run
+for an hour):
 
 * a: today's behaviour (no spares, not elastic): it waits for the lost slice's replacement;
 * b: elastic, spec.elastic {minSlices: 3, waitSeconds: W}: it should restart on 3 slices (its
   JobSet recreated with 3 replicas) while the stockout holds, and grow back once it ends;
 * c: one hot spare, spec.spares: 1: it should restart on the spare at once.
 
-Once every variant trains (all pods of its JobSet's attempt Running, on as many node pools as the
-JobSet has replicas, a pool's hosts each), every node pool create ends in GCE_STOCKOUT (the
-simulator's stockoutNext, held) and one busy pool of each variant is preempted (its nodes go and
-do not come back: `recreateAfterS: None`); after --stockout-s the stockout is lifted.
+d and e: a job on GKE dynamic slicing (spec.provisioning.mode DynamicSlicing, issue 41): tpu7x-128,
+2 slices of one 4x4x4 cube each (16 hosts, 64 chips), Reserved on block-1 of an All Capacity
+reservation of its own in the simulator (its cubes plus one free sub-block), the simulator's
+slice controller forming the `Slice` objects (local/multislice_local/slices.py):
 
-Measured per variant, from the preemption (t0):
+* d: one spare cube, spec.spares: 1: the lost slice's Slice should be re-formed on the spare
+  cube at once and every slice restarted;
+* e: no spare: it waits for the failed cube's repair.
+
+Once every variant trains (all pods of its JobSet's attempt Running, on as many node pools as the
+JobSet has replicas, a pool's hosts each; d and e: on nodes of the job's ACTIVE Slices), every
+node pool create ends in GCE_STOCKOUT (the simulator's stockoutNext, held) and each variant loses
+a slice at t0: a, b, c: one busy pool is preempted (its nodes go and do not come back:
+`recreateAfterS: None`); d, e: one busy cube's partition state goes UNHEALTHY (as the e2e test
+and the demo's ironwood scenario fail it: its Slice goes FAILED, its nodes stay). After
+--stockout-s the stockout is lifted and the failed cubes are repaired (HEALTHY again): for d and
+e that is when the replacement capacity returns. The stockout itself does not touch d and e: the
+operator creates no pool for them after t0.
+
+Measured per variant, from the loss (t0):
 
 * resume s: until it trains again: every pod of the current attempt created after t0 and
-  Running, on a consistent set of slices (3 for b, 4 for a and c);
+  Running, on a consistent set of slices (3 for b, spec.slices for the others; d, e: on nodes
+  of ACTIVE Slices only);
 * after lift s: the same, counted from the end of the stockout (for a: how long it waits for
-  capacity after it returns; negative: it resumed while the stockout held);
+  capacity after it returns; for e: after the cube's repair; negative: it resumed before);
 * full s: until it trains on spec.slices again with every pool it holds up (b: grown back to 4;
-  c: its spare replaced and up again; a: as resume);
-* idle chip-s, observed: chips of the job's pools whose nodes are all Ready but that train
-  nothing (every up pool before it resumes, an unused one after), integrated from the nodes and
-  pods seen every --interval seconds over t0..resume and over t0..the end of the run; and the
-  chips idle while it trains healthily, before t0;
+  c: its spare replaced and up again; d: spec.spares healthy free cubes again, the repaired
+  cube or a new one; a, e: as resume); a pool on an unhealthy cube is not up;
+* idle chip-s, observed: chips of the job's pools whose nodes are all Ready (and whose cube is
+  healthy) but that train nothing (every up pool before it resumes, an unused one after),
+  integrated from the nodes and pods seen every --interval seconds over t0..resume and over t0..
+  the end of the run; and the chips idle while it trains healthily, before t0;
 * idle chip-s, status: the same windows in the operator's own accounting, status.goodput: the
   chip-seconds of every state but `running` plus the spare chip-seconds (spareChipSeconds); the
   JSON also has its running and degraded (spec.elastic: running on fewer slices) parts;
@@ -41,11 +57,12 @@ limit): the bench plays the workload and acknowledges it on process 0's pod
 (multislice.dev/checkpoint-saved) --checkpoint-save-s after it is asked; --no-checkpoint-ack
 does not.
 
-    .venv/bin/python -m benchmarks.recovery [--stockout-s 60] [--only a,b,c] [--wait-s 5]
+    .venv/bin/python -m benchmarks.recovery [--stockout-s 60] [--only a,b,c,d,e] [--wait-s 5]
 
-Writes benchmarks/results/recovery.json. About 2 minutes on 2 cores with the defaults. The
+Writes benchmarks/results/recovery.json. About 2.5 minutes on 2 cores with the defaults. The
 operator runs with --resync-seconds 1 and gang backoff from 1 s doubling up to 10 s (production
-defaults: 30 s up to 600 s), GKE operations take 1 s (a stocked-out create 3 s).
+defaults: 30 s up to 600 s), GKE operations take 1 s (a stocked-out create 3 s), a Slice takes
+1 s to activate.
 """
 
 from __future__ import annotations
@@ -64,6 +81,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from benchmarks.common import JOBSET, MSJ, pool_label, save, say, table
+from multislice_local import slices as gke_slices
 from multislice_local.harness import wait_for
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
@@ -71,7 +89,6 @@ from multislice_operator.api import models
 from multislice_operator.common import keys
 
 NAME = "train"
-ACCELERATOR, HOSTS, CHIPS_PER_SLICE, SLICES = "v5litepod-16", 4, 16, 4
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
@@ -79,6 +96,22 @@ JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 BACKOFF_MAX_S = 10
 STATES = [s.value for s in models.GoodputState]
+BLOCK = "block-1"
+FREE_SUB_BLOCKS = 1  # sub-blocks of a dynamic variant's reservation beyond its cubes
+WAITS = {False: "a", True: "e"}  # the variant that waits, per capacity (cubes or not)
+
+
+@dataclass(frozen=True)
+class Shape:
+    accelerator: str
+    slices: int
+    hosts: int  # per slice, and per node pool
+    chips: int  # per node pool
+
+
+MANAGED = Shape("v5litepod-16", 4, 4, 16)
+# tpu7x-128: 64 chips, one 4x4x4 cube of 16 VMs per slice.
+CUBES = Shape("tpu7x-128", 2, gke_slices.VMS_PER_CUBE, gke_slices.CHIPS_PER_CUBE)
 
 
 @dataclass(frozen=True)
@@ -86,6 +119,21 @@ class Variant:
     key: str
     label: str
     spec: dict[str, Any]
+    shape: Shape = MANAGED
+    # The lost slice is a failed cube under a dynamic-slicing job, not a preempted node pool.
+    cube: bool = False
+
+    @property
+    def spares(self) -> int:
+        return int(self.spec.get("spares", 0))
+
+    @property
+    def reservation(self) -> str:
+        return f"recovery-{self.key}"
+
+    @property
+    def sub_blocks(self) -> int:
+        return self.shape.slices + self.spares + FREE_SUB_BLOCKS
 
 
 def variants(wait_s: int) -> dict[str, Variant]:
@@ -97,19 +145,22 @@ def variants(wait_s: int) -> dict[str, Variant]:
             {"elastic": {"minSlices": 3, "waitSeconds": wait_s}},
         ),
         "c": Variant("c", "c: 1 hot spare", {"spares": 1}),
+        "d": Variant("d", "d: 1 spare cube", {"spares": 1}, CUBES, cube=True),
+        "e": Variant("e", "e: cubes, no spare", {}, CUBES, cube=True),
     }
 
 
 def job_body(v: Variant) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "accelerator": ACCELERATOR,
-        "slices": SLICES,
+        "accelerator": v.shape.accelerator,
+        "slices": v.shape.slices,
         "capacity": {"type": "Spot"},
         "failurePolicy": {"maxRestarts": 5},
         "template": {
             "metadata": {"annotations": {RUN_DURATION_ANNOTATION: "1h"}},
             "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
         },
+        **(_dynamic_spec(v) if v.cube else {}),
         **v.spec,
     }
     return {
@@ -117,6 +168,20 @@ def job_body(v: Variant) -> dict[str, Any]:
         "kind": models.KIND,
         "metadata": {"name": NAME},
         "spec": spec,
+    }
+
+
+def _dynamic_spec(v: Variant) -> dict[str, Any]:
+    """What the demo's ironwood scenario asks for, on the variant's own reservation."""
+    devices = 2 * v.shape.chips  # tpu7x-N counts TensorCores, two per chip
+    return {
+        "topology": gke_slices.CUBE_TOPOLOGY,
+        "parallelism": {"ici": {"fsdp": devices}, "dcn": {"data": v.shape.slices}},
+        "capacity": {
+            "type": "Reserved",
+            "reservation": f"{v.reservation}/reservationBlocks/{BLOCK}",
+        },
+        "provisioning": {"mode": "DynamicSlicing"},
     }
 
 
@@ -128,6 +193,9 @@ class World:
     ready: dict[str, int]  # Ready nodes per node pool
     pool_of: dict[str, str]  # node -> its node pool
     pools: dict[str, dict[str, Any]]  # the simulator's node pools
+    broken: frozenset[str] = frozenset()  # pools on a cube whose partition is not HEALTHY
+    slice_of: dict[str, str] = field(default_factory=dict)  # node -> its GKE Slice (label)
+    active: frozenset[str] = frozenset()  # the Slices that are ACTIVE
 
 
 @dataclass
@@ -139,7 +207,7 @@ class Look:
     phase: str | None
     status: dict[str, Any]
     replicas: int  # of the JobSet (0: none)
-    training: bool  # every pod of the attempt Running on `replicas` pools, `HOSTS` each
+    training: bool  # every pod of the attempt Running on `replicas` pools, all hosts each
     fresh: bool  # and every one of them created after the preemption
     busy_pools: frozenset[str]
     up_pools: frozenset[str]  # the job's pools whose nodes are all Ready
@@ -150,11 +218,12 @@ class Look:
     jobset: str = "none"  # the JobSet: none, deleting or "N replicas"
     deleting: int = 0  # the job's pods being deleted
     orphans: int = 0  # of them, those bound to a node that no longer exists
+    chips: int = MANAGED.chips  # per node pool
 
     @property
     def idle_chips(self) -> int:
         busy = self.busy_pools if self.training else frozenset()
-        return CHIPS_PER_SLICE * len(self.up_pools - busy)
+        return self.chips * len(self.up_pools - busy)
 
 
 class Observer:
@@ -175,39 +244,57 @@ class Observer:
         return obj
 
     def world(self) -> World:
-        """The nodes (Ready ones per node pool, each node's pool) and the simulator's pools."""
+        """The nodes (Ready ones per node pool, each node's pool, its cube's partition state and
+        its Slice), the simulator's pools and, with dynamic slicing, the ACTIVE Slices."""
         ready: dict[str, int] = {}
         pool_of: dict[str, str] = {}
+        broken: set[str] = set()
+        slice_of: dict[str, str] = {}
         for node in self.core.list_node().items:
-            pool = (node.metadata.labels or {}).get(POOL_LABEL)
+            labels = node.metadata.labels or {}
+            pool = labels.get(POOL_LABEL)
             if not pool:
                 continue
             pool_of[node.metadata.name] = pool
+            if (
+                labels.get(gke_slices.PARTITION_STATE_LABEL, gke_slices.HEALTHY)
+                != gke_slices.HEALTHY
+            ):
+                broken.add(pool)
+            if gke_slices.SLICE_LABEL in labels:
+                slice_of[node.metadata.name] = labels[gke_slices.SLICE_LABEL]
             conds = (node.status.conditions or []) if node.status else []
             if any(c.type == "Ready" and c.status == "True" for c in conds):
                 ready[pool] = ready.get(pool, 0) + 1
         assert self.stack.sim is not None
-        return World(ready, pool_of, self.stack.sim.pools())
+        return World(
+            ready, pool_of, self.stack.sim.pools(), frozenset(broken), slice_of, self._active()
+        )
 
-    def look(self, ns: str, uid: str, world: World, since: float) -> Look:
+    def _active(self) -> frozenset[str]:
+        if not self.stack.options.slice_controller:
+            return frozenset()
+        found = self.custom.list_cluster_custom_object(
+            gke_slices.GROUP, gke_slices.VERSION, gke_slices.PLURAL
+        )
+        return frozenset(
+            o["metadata"]["name"]
+            for o in found["items"]
+            if gke_slices.state_of(o) == gke_slices.ACTIVE
+            and not o["metadata"].get("deletionTimestamp")
+        )
+
+    def look(self, v: Variant, ns: str, uid: str, world: World, since: float) -> Look:
         """`since`: wall-clock time (epoch s) the pods of a resumed attempt must be created at
         or after (0: any)."""
-        ready, pools = world.ready, world.pools
         job = self.get(MSJ, ns) or {}
         st = job.get("status") or {}
         js = self.get(JOBSET, ns)
-        mine = {n for n, p in pools.items() if pool_label(p, "job-uid") == uid}
-        up = frozenset(n for n in mine if ready.get(n, 0) >= HOSTS)
-        replicas = expected = 0
-        attempt = "0"
-        jobset = "none" if js is None else "deleting"
-        if js is not None and not (js.get("metadata") or {}).get("deletionTimestamp"):
-            for rj in js["spec"]["replicatedJobs"]:
-                n = int(rj.get("replicas", 1))
-                replicas += n
-                expected += n * int(rj["template"]["spec"].get("parallelism", 1))
-            attempt = str((js.get("status") or {}).get("restarts", 0))
-            jobset = f"{replicas} replicas"
+        mine = {n for n, p in world.pools.items() if pool_label(p, "job-uid") == uid}
+        up = frozenset(
+            n for n in mine if world.ready.get(n, 0) >= v.shape.hosts and n not in world.broken
+        )
+        replicas, expected, attempt, jobset = _attempt(js)
         pods = self.core.list_namespaced_pod(ns, label_selector=f"{JOBSET_NAME_LABEL}={NAME}")
         live = [
             p
@@ -218,27 +305,19 @@ class Observer:
         running = [p for p in live if p.status.phase == "Running" and p.spec.node_name]
         deleting = [p for p in pods.items if p.metadata.deletion_timestamp is not None]
         orphans = sum(1 for p in deleting if p.spec.node_name not in world.pool_of)
-        per_pool: dict[str, int] = {}
-        for p in running:
-            pool = world.pool_of.get(p.spec.node_name, "?")
-            per_pool[pool] = per_pool.get(pool, 0) + 1
+        per_pool = _per_pool(running, world, v.cube)
         training = (
             replicas > 0
             and len(live) == expected
             and len(running) == expected
             and len(per_pool) == replicas
-            and all(n == HOSTS for n in per_pool.values())
+            and "?" not in per_pool
+            and all(n == v.shape.hosts for n in per_pool.values())
         )
         fresh = training and all(
             p.metadata.creation_timestamp.timestamp() >= since for p in running
         )
-        asked = {(p.metadata.annotations or {}).get(keys.CHECKPOINT_REQUEST) for p in live}
-        acked = {
-            json.loads(saved).get("id")
-            for p in live
-            if (saved := (p.metadata.annotations or {}).get(keys.CHECKPOINT_SAVED))
-        }
-        pending = sorted(a for a in asked - acked if a)
+        pending = _checkpoint_pending(live)
         return Look(
             time.monotonic(),
             time.time(),
@@ -249,11 +328,12 @@ class Observer:
             fresh,
             frozenset(per_pool) if training else frozenset(),
             up,
-            pending[-1] if pending else None,
+            pending,
             _process_zero(running) if pending else None,
             jobset,
             len(deleting),
             orphans,
+            v.shape.chips,
         )
 
     def acknowledge(self, ns: str, pod: str, request: str, step: int) -> None:
@@ -262,6 +342,46 @@ class Observer:
         self.core.patch_namespaced_pod(
             pod, ns, {"metadata": {"annotations": {keys.CHECKPOINT_SAVED: saved}}}
         )
+
+
+def _attempt(js: dict[str, Any] | None) -> tuple[int, int, str, str]:
+    """(replicas, pods expected, the restart attempt, how the JobSet reads) of the JobSet."""
+    replicas = expected = 0
+    attempt = "0"
+    jobset = "none" if js is None else "deleting"
+    if js is not None and not (js.get("metadata") or {}).get("deletionTimestamp"):
+        for rj in js["spec"]["replicatedJobs"]:
+            n = int(rj.get("replicas", 1))
+            replicas += n
+            expected += n * int(rj["template"]["spec"].get("parallelism", 1))
+        attempt = str((js.get("status") or {}).get("restarts", 0))
+        jobset = f"{replicas} replicas"
+    return replicas, expected, attempt, jobset
+
+
+def _per_pool(running: list[Any], world: World, cube: bool) -> dict[str, int]:
+    """Running pods per node pool; a pod on a node that is gone, or (dynamic slicing) on a node
+    of no ACTIVE Slice, is counted under "?": a look with one does not train."""
+    per_pool: dict[str, int] = {}
+    for p in running:
+        node = p.spec.node_name
+        pool = world.pool_of.get(node, "?")
+        if cube and world.slice_of.get(node) not in world.active:
+            pool = "?"
+        per_pool[pool] = per_pool.get(pool, 0) + 1
+    return per_pool
+
+
+def _checkpoint_pending(live: list[Any]) -> str | None:
+    """The latest checkpoint the operator asked the pods for that none has acknowledged."""
+    asked = {(p.metadata.annotations or {}).get(keys.CHECKPOINT_REQUEST) for p in live}
+    acked = {
+        json.loads(saved).get("id")
+        for p in live
+        if (saved := (p.metadata.annotations or {}).get(keys.CHECKPOINT_SAVED))
+    }
+    pending = sorted(a for a in asked - acked if a)
+    return pending[-1] if pending else None
 
 
 def _process_zero(pods: list[Any]) -> str | None:
@@ -360,9 +480,21 @@ class Run:
     def settled(self) -> bool:
         return self.full is not None
 
+    def is_full(self, look: Look, lifted: bool) -> bool:
+        """Training on spec.slices with spec.spares more pools up. a, d and e are not held to
+        the lift: a and e have nothing to replace, and d's spare cube could come back (a new
+        cube) before the failed one is repaired."""
+        v = self.v
+        return (
+            look.fresh
+            and look.replicas == v.shape.slices
+            and len(look.up_pools) >= v.shape.slices + v.spares
+            and (lifted or v.key == "a" or v.cube)
+        )
+
 
 def run(
-    only: Iterable[str] = ("a", "b", "c"),
+    only: Iterable[str] = ("a", "b", "c", "d", "e"),
     stockout_s: float = 60.0,
     wait_s: int = 5,
     post_s: float = 90.0,
@@ -374,109 +506,19 @@ def run(
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "operator-recovery.log"
-    options = StackOptions(
-        resync_seconds=1.0,
-        backoff_base_seconds=1.0,
-        gc_interval_seconds=5.0,
-        op_latency_s=1.0,
-        operator_log=log,
-        operator_env={"MSJ_BACKOFF_MAX_SECONDS": str(BACKOFF_MAX_S)},
-    )
     started = time.monotonic()
     say("starting the control plane, the GKE simulator and the operator")
-    with LocalStack(options) as stack:
+    with LocalStack(_options(chosen, log)) as stack:
         assert stack.sim is not None and stack.op is not None
-        sim = stack.sim
         obs = Observer(stack)
         wait_for(lambda: _served(obs), 60, "MultisliceJobs served")
-        runs = [Run(v, f"recovery-{v.key}") for v in chosen]
-        for r in runs:
-            obs.core.create_namespace({"metadata": {"name": r.ns}})
-            created = obs.custom.create_namespaced_custom_object(
-                *MSJ[:2], r.ns, MSJ[2], job_body(r.v)
-            )
-            r.uid = created["metadata"]["uid"]
+        runs = [_create(obs, v) for v in chosen]
         say(f"created {', '.join(r.v.label for r in runs)}; waiting until each trains")
-
-        def all_training() -> dict[str, Look] | None:
-            world = obs.world()
-            looks = {r.v.key: obs.look(r.ns, r.uid, world, 0.0) for r in runs}
-            want = {r.v.key: SLICES + int(r.v.spec.get("spares", 0)) for r in runs}
-            ok = all(
-                lk.phase == models.Phase.RUNNING.value
-                and lk.training
-                and lk.replicas == SLICES
-                and len(lk.up_pools) == want[k]
-                for k, lk in looks.items()
-            )
-            return looks if ok else None
-
-        looks = wait_for(all_training, 240, "every variant training", interval=1.0)
+        looks = wait_for(lambda: _all_training(obs, runs), 240, "every variant training", 1.0)
         say(f"all training after {time.monotonic() - started:.0f}s")
-        for r in runs:
-            lk = looks[r.v.key]
-            r.healthy_idle_chips = lk.idle_chips
-            r.victim = sorted(lk.busy_pools)[0]
-        # The stockout first, so that no replacement create can get through; then the losses.
-        sim.set_faults(stockout_next=1_000_000)
-        for r in runs:
-            now = datetime.now(UTC)
-            st = (obs.get(MSJ, r.ns) or {}).get("status") or {}
-            r.goodput_t0 = goodput_now(st, now)
-            r.t0, r.t0_wall = time.monotonic(), time.time()
-            sim.preempt(r.victim, recreate_after_s=None)
-            r.up_before = looks[r.v.key].up_pools
-        t_first = min(r.t0 for r in runs)
-        say(f"preempted {', '.join(f'{r.ns}/{r.victim}' for r in runs)}; stockout held")
-        t_lift: float | None = None
-        deadline = t_first + stockout_s + post_s
-        while time.monotonic() < deadline:
-            if t_lift is None and time.monotonic() - t_first >= stockout_s:
-                sim.clear_faults()
-                t_lift = time.monotonic()
-                say(f"stockout lifted after {t_lift - t_first:.1f}s")
-            world = obs.world()
-            for r in runs:
-                lk = obs.look(r.ns, r.uid, world, float(int(r.t0_wall)))
-                r.record(lk)
-                if checkpoint_save_s is not None and lk.checkpoint_asked and lk.checkpoint_pod:
-                    rid = lk.checkpoint_asked
-                    first = r.asked.setdefault(rid, lk.t)
-                    if rid not in r.acked and lk.t - first >= checkpoint_save_s:
-                        step = int(lk.t - r.t0)  # the simulated workload has no steps of its own
-                        obs.acknowledge(r.ns, lk.checkpoint_pod, rid, step)
-                        r.acked.append(rid)
-                        say(f"{r.v.label}: checkpoint {rid} acknowledged on {lk.checkpoint_pod}")
-                if r.resume is None and lk.fresh:
-                    r.resume = lk
-                    r.goodput_resume = goodput_now(lk.status, _at(lk))
-                    say(f"{r.v.label}: trains again on {lk.replicas} slices after "
-                        f"{lk.t - r.t0:.1f}s")  # fmt: skip
-                want = SLICES + int(r.v.spec.get("spares", 0))
-                if (
-                    r.full is None
-                    and lk.fresh
-                    and lk.replicas == SLICES
-                    and len(lk.up_pools) >= want
-                    and (r.v.key == "a" or t_lift is not None)
-                ):
-                    r.full = lk
-                    say(f"{r.v.label}: at full strength after {lk.t - r.t0:.1f}s")
-            if t_lift is not None and all(r.settled() for r in runs):
-                break
-            time.sleep(interval)
-        sim.clear_faults()
-        # The operator writes a restart's recoverySeconds in the pass after it saw every slice
-        # running: give it a few seconds to.
-        end = time.monotonic() + 10
-        while True:
-            for r in runs:
-                r.final = (obs.get(MSJ, r.ns) or {}).get("status") or {}
-                r.note(r.final)
-            latest = [r.final.get("lastRestart") or {} for r in runs if r.resume]
-            if time.monotonic() > end or all("recoverySeconds" in x for x in latest):
-                break
-            time.sleep(0.5)
+        _lose(stack.sim, obs, runs, looks)
+        t_lift = _watch(stack.sim, obs, runs, stockout_s, post_s, interval, checkpoint_save_s)
+        _finals(obs, runs)
         events = {r.v.key: _events(obs, r.ns) for r in runs}
         log_tail = stack.op.log_tail(80)
     say(f"operator log: {log}")
@@ -490,6 +532,134 @@ def run(
         events,
         log_tail,
     )
+
+
+def _options(chosen: list[Variant], log: Path) -> StackOptions:
+    """The stack; with a dynamic-slicing variant, the slice controller and one reservation per
+    such variant (its cubes and FREE_SUB_BLOCKS more)."""
+    cubes = [v for v in chosen if v.cube]
+    return StackOptions(
+        resync_seconds=1.0,
+        backoff_base_seconds=1.0,
+        gc_interval_seconds=5.0,
+        op_latency_s=1.0,
+        operator_log=log,
+        operator_env={"MSJ_BACKOFF_MAX_SECONDS": str(BACKOFF_MAX_S)},
+        slice_controller=bool(cubes),
+        reservations={v.reservation: {BLOCK: v.sub_blocks} for v in cubes},
+    )
+
+
+def _create(obs: Observer, v: Variant) -> Run:
+    r = Run(v, f"recovery-{v.key}")
+    obs.core.create_namespace({"metadata": {"name": r.ns}})
+    created = obs.custom.create_namespaced_custom_object(*MSJ[:2], r.ns, MSJ[2], job_body(v))
+    r.uid = created["metadata"]["uid"]
+    return r
+
+
+def _all_training(obs: Observer, runs: list[Run]) -> dict[str, Look] | None:
+    """Every variant's look when each trains on spec.slices with its spares up, else None."""
+    world = obs.world()
+    looks = {r.v.key: obs.look(r.v, r.ns, r.uid, world, 0.0) for r in runs}
+    ok = all(
+        lk.phase == models.Phase.RUNNING.value
+        and lk.training
+        and lk.replicas == r.v.shape.slices
+        and len(lk.up_pools) == r.v.shape.slices + r.v.spares
+        for r, lk in zip(runs, looks.values(), strict=True)
+    )
+    return looks if ok else None
+
+
+def _lose(sim: Any, obs: Observer, runs: list[Run], looks: dict[str, Look]) -> None:
+    """t0 of each variant: one busy pool preempted for good, or its cube failed (UNHEALTHY);
+    the stockout first, so that no replacement create can get through."""
+    for r in runs:
+        lk = looks[r.v.key]
+        r.healthy_idle_chips = lk.idle_chips
+        r.victim = sorted(lk.busy_pools)[0]
+    sim.set_faults(stockout_next=1_000_000)
+    for r in runs:
+        st = (obs.get(MSJ, r.ns) or {}).get("status") or {}
+        r.goodput_t0 = goodput_now(st, datetime.now(UTC))
+        r.t0, r.t0_wall = time.monotonic(), time.time()
+        if r.v.cube:
+            sim.set_cube_state(r.victim, gke_slices.UNHEALTHY)
+        else:
+            sim.preempt(r.victim, recreate_after_s=None)
+        r.up_before = looks[r.v.key].up_pools
+    lost = ", ".join(f"{r.ns}/{r.victim}{' (cube)' if r.v.cube else ''}" for r in runs)
+    say(f"lost {lost}; stockout held")
+
+
+def _lift(sim: Any, runs: list[Run]) -> None:
+    """The replacement capacity returns: the stockout ends and the failed cubes are repaired."""
+    sim.clear_faults()
+    for r in runs:
+        if r.v.cube:
+            sim.set_cube_state(r.victim, gke_slices.HEALTHY)
+
+
+def _watch(sim: Any, obs: Observer, runs: list[Run], stockout_s: float, post_s: float,
+           interval: float, checkpoint_save_s: float | None) -> float | None:  # fmt: skip
+    """Look at every variant each `interval` until all are at full strength after the lift (or
+    `post_s` after it); the lift's monotonic time (None: it never came)."""
+    t_first = min(r.t0 for r in runs)
+    t_lift: float | None = None
+    deadline = t_first + stockout_s + post_s
+    while time.monotonic() < deadline:
+        if t_lift is None and time.monotonic() - t_first >= stockout_s:
+            _lift(sim, runs)
+            t_lift = time.monotonic()
+            say(f"stockout lifted, cubes repaired after {t_lift - t_first:.1f}s")
+        world = obs.world()
+        for r in runs:
+            lk = obs.look(r.v, r.ns, r.uid, world, float(int(r.t0_wall)))
+            r.record(lk)
+            if checkpoint_save_s is not None:
+                _acknowledge(obs, r, lk, checkpoint_save_s)
+            if r.resume is None and lk.fresh:
+                r.resume = lk
+                r.goodput_resume = goodput_now(lk.status, _at(lk))
+                say(f"{r.v.label}: trains again on {lk.replicas} slices after "
+                    f"{lk.t - r.t0:.1f}s")  # fmt: skip
+            if r.full is None and r.is_full(lk, t_lift is not None):
+                r.full = lk
+                say(f"{r.v.label}: at full strength after {lk.t - r.t0:.1f}s")
+        if t_lift is not None and all(r.settled() for r in runs):
+            break
+        time.sleep(interval)
+    if t_lift is None:
+        _lift(sim, runs)
+    return t_lift
+
+
+def _acknowledge(obs: Observer, r: Run, lk: Look, save_s: float) -> None:
+    """Play the workload: a checkpoint asked for is saved `save_s` after it was first seen."""
+    if not (lk.checkpoint_asked and lk.checkpoint_pod):
+        return
+    rid = lk.checkpoint_asked
+    first = r.asked.setdefault(rid, lk.t)
+    if rid not in r.acked and lk.t - first >= save_s:
+        step = int(lk.t - r.t0)  # the simulated workload has no steps of its own
+        obs.acknowledge(r.ns, lk.checkpoint_pod, rid, step)
+        r.acked.append(rid)
+        say(f"{r.v.label}: checkpoint {rid} acknowledged on {lk.checkpoint_pod}")
+
+
+def _finals(obs: Observer, runs: list[Run]) -> None:
+    """Each job's last status. The operator writes a restart's recoverySeconds in the pass after
+    it saw every slice running: give it a few seconds to."""
+    end = time.monotonic() + 10
+    while True:
+        for r in runs:
+            r.final = (obs.get(MSJ, r.ns) or {}).get("status") or {}
+            r.note(r.final)
+        latest = [r.final.get("lastRestart") or {} for r in runs if r.resume]
+        if time.monotonic() > end or all("recoverySeconds" in x for x in latest):
+            return
+        time.sleep(0.5)
 
 
 def _at(look: Look) -> datetime:
@@ -553,6 +723,9 @@ def report(
                 "variant": r.v.key,
                 "label": r.v.label,
                 "spec": r.v.spec,
+                "accelerator": r.v.shape.accelerator,
+                "slices": r.v.shape.slices,
+                "cubes": r.v.cube,
                 "victim": r.victim,
                 "resumed": r.resume is not None,
                 "resume_s": resume_s,
@@ -593,9 +766,12 @@ def report(
                 "events": events.get(r.v.key, []),
             }
         )
-    base = next((x for x in results if x["variant"] == "a" and x["resumed"]), None)
     rows = []
     for x in results:
+        # Against the variant that waits on the same capacity: a for b and c, e for d.
+        base = next(
+            (b for b in results if b["variant"] == WAITS[x["cubes"]] and b["resumed"]), None
+        )
         vs = "-"
         if base and x["resumed"] and x is not base:
             vs = f"{x['resume_s'] / base['resume_s']:.2f}x"
@@ -623,13 +799,15 @@ def report(
             ]
         )
     text = table(
-        f"Recovery after a lost slice ({SLICES} x {ACCELERATOR}, replacement stocked out "
-        f"{stockout_s:.0f}s); idle chip-s: observed / status.goodput",
+        f"Recovery after a lost slice (a-c: {MANAGED.slices} x {MANAGED.accelerator}, a pool "
+        f"preempted; d-e: {CUBES.slices} x {CUBES.accelerator} on cubes, a cube failed; the "
+        f"replacement stocked out, the cube repaired, after {stockout_s:.0f}s); idle chip-s: "
+        "observed / status.goodput",
         [
             "variant",
             "resume s",
             "on",
-            "vs a",
+            "vs wait",
             "after lift s",
             "full s",
             "idle chip-s to resume",
@@ -663,7 +841,7 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--stockout-s", type=float, default=60.0, help="how long the stockout holds")
-    p.add_argument("--only", default="a,b,c", help="comma list of variants: a, b, c")
+    p.add_argument("--only", default="a,b,c,d,e", help="comma list of variants: a, b, c, d, e")
     p.add_argument("--wait-s", type=int, default=5, help="b's spec.elastic.waitSeconds")
     p.add_argument(
         "--post-s", type=float, default=90.0, help="how long to watch after the stockout ends"
@@ -684,9 +862,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     only = [k.strip() for k in args.only.split(",") if k.strip()]
-    unknown = set(only) - {"a", "b", "c"}
+    unknown = set(only) - set(variants(args.wait_s))
     if unknown or not only:
-        p.error(f"unknown variants {sorted(unknown)}; choose from a, b, c")
+        p.error(f"unknown variants {sorted(unknown)}; choose from a, b, c, d, e")
     save_s = None if args.no_checkpoint_ack else args.checkpoint_save_s
     out = run(only, args.stockout_s, args.wait_s, args.post_s, args.interval, args.log_dir, save_s)
     return 0 if all(x["resumed"] for x in out["results"]) else 1

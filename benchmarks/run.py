@@ -306,15 +306,20 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
         )
     if "recovery" in results:
         by = {r["variant"]: r for r in results["recovery"]["results"]}
-        for key, what in (("c", "a hot spare"), ("b", "an elastic job")):
+        stocked_out = ("the replacement is stocked out", "the stockout ends")
+        for key, what, (held, ends) in (
+            ("c", "a hot spare", stocked_out),
+            ("b", "an elastic job", stocked_out),
+            ("d", "a spare cube", ("the failed cube is down", "the cube is repaired")),
+        ):
             r = by.get(key)
             if r is None:
                 continue
             lift = r["resume_after_lift_s"]
             add(
-                f"recovery: {what} trains again while the replacement is stocked out",
+                f"recovery: {what} trains again while {held}",
                 r["resume_s"],
-                "resumes before the stockout ends (s from the loss)",
+                f"resumes before {ends} (s from the loss)",
                 lift is not None and lift < 0,
                 "never resumed" if not r["resumed"] else f"on {r['resumed_on_slices']} slices",
             )

@@ -80,3 +80,21 @@ def test_the_reconcile_ratio_is_judged_at_1000_jobs_not_at_the_largest_size() ->
     rows[0]["ratio"], rows[1]["ratio"] = 1.6, 1.3
     got = _by_name({"reconcile": {"results": rows}})
     assert got["reconcile 1000 jobs vs baseline"]["met"] is False
+
+
+def test_the_spare_cube_target_is_met_only_when_it_trains_before_the_cube_is_repaired() -> None:
+    def rows(d_after_repair_s: float | None) -> dict:
+        d = {
+            "variant": "d",
+            "resumed": d_after_repair_s is not None,
+            "resume_s": None if d_after_repair_s is None else 60.0 + d_after_repair_s,
+            "resume_after_lift_s": d_after_repair_s,
+            "resumed_on_slices": 2,
+        }
+        return {"recovery": {"results": [d]}}
+
+    name = "recovery: a spare cube trains again while the failed cube is down"
+    early = _by_name(rows(-50.0))[name]
+    assert early["met"] is True and early["value"] == 10.0
+    assert _by_name(rows(3.0))[name]["met"] is False  # waited for the repair, as e does
+    assert _by_name(rows(None))[name]["met"] is False
