@@ -128,12 +128,17 @@ def sub_blocks(reservation: str, blocks: dict[str, int]) -> list[SubBlock]:
 def pick_sub_block(cubes: list[SubBlock], target: str) -> SubBlock | None:
     """The free sub-block a node pool aimed at ``target`` gets: that sub-block, or any free one of
     the block (block targeting: "GKE places the node pool within an available sub-block in that
-    block", create-dynamic-slices), or of the reservation. None when none is free."""
+    block", create-dynamic-slices), or of the reservation. None when none is free. Aimed at a
+    block or a reservation, an UNHEALTHY sub-block ("cannot be used") is not an available one
+    (modelled: GKE does not say how it picks)."""
     for cube in cubes:
-        if cube.pool is None and (
-            target == cube.path
-            or target == f"{cube.reservation}/reservationBlocks/{cube.block}"
-            or target == cube.reservation
+        if cube.pool is not None:
+            continue
+        if target == cube.path:
+            return cube
+        if cube.state != UNHEALTHY and target in (
+            f"{cube.reservation}/reservationBlocks/{cube.block}",
+            cube.reservation,
         ):
             return cube
     return None

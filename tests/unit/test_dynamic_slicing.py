@@ -161,6 +161,58 @@ def test_a_failed_slice_is_reformed_from_the_spare_cube_and_every_slice_restarts
     assert any(e.reason == "SliceLost" for e in d.events)
 
 
+def test_once_the_spare_took_its_place_the_unhealthy_cubes_pool_is_made_again() -> None:
+    """After the swap slice 1 runs on p2 and the job has no free healthy cube for its spare: the
+    pool of the unhealthy cube p1 (no Slice holds it) is deleted, to be made again on a healthy
+    sub-block; the next pass after it is gone creates it."""
+    sp = _plan()
+    plan = sp[1]
+    swapped = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p2",), turn=1)]
+    base: dict[str, Any] = dict(slice_objects=swapped, jobset=JobSetObservation(),
+                                pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    d = _run(sp, _running_old(), slices=_pools(plan), cubes=_cubes(plan, unhealthy=("p1",)), **base)
+    p1 = plan.pools[1].name
+    assert _of(DeletePools, d.actions) == [DeletePools((p1,))]
+    assert not _of(EvictPods, d.actions) and not _of(DeleteSlices, d.actions)  # slices run on
+    gone = [s if s.pool != p1 else SliceObservation(s.index, p1, PoolState.ABSENT, 0)
+            for s in _pools(plan)]  # fmt: skip
+    cubes_left = [c for c in _cubes(plan) if c.pool != p1]
+    d = _run(sp, _running_old(), slices=gone, cubes=cubes_left, **base)
+    assert _of(CreatePools, d.actions) == [CreatePools((1,))]
+    assert not _of(DeletePools, d.actions)
+
+
+def test_an_unhealthy_cube_waits_for_its_slice_and_a_degraded_one_stays() -> None:
+    sp = _plan()
+    plan = sp[1]
+    common: dict[str, Any] = dict(slices=_pools(plan), jobset=JobSetObservation(),
+                                  pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    # The broken Slice still holds p1 (it is being deleted): the pool waits for it.
+    held = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p2",), turn=1),
+            _slice(plan, 1, ("p1",), "FAILED", deleting=True)]  # fmt: skip
+    d = _run(sp, _running_old(), cubes=_cubes(plan, unhealthy=("p1",)), slice_objects=held,
+             **common)  # fmt: skip
+    assert not _of(DeletePools, d.actions)
+    # The spare cube itself went UNHEALTHY: the job is short of a spare, it is made again.
+    running = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",))]
+    d = _run(sp, _running_old(), cubes=_cubes(plan, unhealthy=("p2",)), slice_objects=running,
+             **common)  # fmt: skip
+    assert _of(DeletePools, d.actions) == [DeletePools((plan.pools[2].name,))]
+    # DEGRADED ("still usable to form a slice"): kept, whatever the spares.
+    degraded = [CubeObservation(c.partition, c.pool, "DEGRADED" if c.partition == "p2" else
+                                c.state, 16, True) for c in _cubes(plan)]  # fmt: skip
+    d = _run(sp, _running_old(), cubes=degraded, slice_objects=running, **common)
+    assert not _of(DeletePools, d.actions)
+    # Existing cubes are never deleted, unhealthy or not.
+    sp_existing = _plan(cubes_source="Existing")
+    theirs = [CubeObservation(c.partition, c.pool, c.state, 16, False)
+              for c in _cubes(sp_existing[1], unhealthy=("p2",))]  # fmt: skip
+    d = _run(sp_existing, _running_old(), slices=_pools(sp_existing[1]), cubes=theirs,
+             slice_objects=running, jobset=JobSetObservation(),
+             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    assert not _of(DeletePools, d.actions)
+
+
 def test_a_degraded_slice_is_a_lost_slice() -> None:
     sp = _plan()
     plan = sp[1]

@@ -69,6 +69,7 @@ ACTIVE = "ACTIVE"
 # cube, which the issue counts as lost: the job is moved to healthy cubes).
 BROKEN = frozenset({"ACTIVE_DEGRADED", "FAILED", "SliceCreationFailed"})
 HEALTHY = "HEALTHY"  # cloud.google.com/gke-tpu-partition-4x4x4-state
+UNHEALTHY = "UNHEALTHY"
 
 
 class DynamicSlices:
@@ -205,11 +206,32 @@ def _managed_cubes(plan: Plan) -> bool:
 
 def _create_cubes(f: Facts, b: Builder, plan: Plan) -> None:
     """Managed cubes: every cube pool of the plan that is absent is created (incrementally: a
-    cube pool is one sub-block, created on its own), a failed one deleted to be made again."""
+    cube pool is one sub-block, created on its own), a failed one deleted to be made again, and
+    so is one on an unhealthy cube while the spares are short (`_replaced`)."""
     if not _managed_cubes(plan):
         return
     b.delete_pools(str(s.pool) for s in f.obs.slices if s.pool_state == PoolState.FAILED)
+    b.delete_pools(_replaced(f.obs, plan))
     create_absent(f, b)
+
+
+def _replaced(obs: Observed, plan: Plan) -> list[str]:
+    """The job's cube pools on an UNHEALTHY cube ("cannot be used", GKE's partition state) that
+    no Slice holds, while fewer healthy cubes are free than spec.spares: deleted, to be made again
+    on a healthy sub-block of the block (GKE places a pool on a free sub-block), so that after a
+    spare took a failed cube's place the job has its spares back without waiting for a repair.
+    A DEGRADED cube stays: it may still form a slice."""
+    if len(_free(obs, plan)) >= plan.spares:
+        return []
+    held = {p for o in obs.slice_objects for p in o.partitions} | obs.cubes_taken
+    going = {
+        str(s.pool) for s in obs.slices if s.pool_state in (PoolState.DELETING, PoolState.ABSENT)
+    }
+    return sorted(
+        c.pool
+        for c in obs.cubes
+        if c.ours and c.state == UNHEALTHY and c.partition not in held and c.pool not in going
+    )
 
 
 def _broken(obs: Observed) -> list[SliceObjectObservation]:
