@@ -1182,14 +1182,16 @@ class GoodputStatus(_Model):
         default=0,
         ge=0,
         description="TPU chips held since `since` and charged to `state`: chips of the node "
-        "pools that exist (Managed) but the spares' (`spareChips`), or of every slice while the "
-        "JobSet runs on existing pools (Existing).",
+        "pools that exist (Managed; DynamicSlicing with Managed cubes: the cube pools) but the "
+        "spares' (`spareChips`), of every slice while the JobSet runs on existing pools "
+        "(Existing), or of the cubes the job's Slices hold (DynamicSlicing, Existing cubes).",
     )
     spare_chips: int = Field(
         default=0,
         ge=0,
         description="Of `heldChips`, the chips of the pools held beyond spec.slices (hot "
-        "spares, spec.spares), counted in `spareChipSeconds` and in no state.",
+        "spares, spec.spares; spare cubes with DynamicSlicing), counted in `spareChipSeconds` "
+        "and in no state.",
     )
     seconds: StateSeconds = Field(
         default_factory=StateSeconds, description="Wall-clock seconds spent in each state."
@@ -1201,7 +1203,8 @@ class GoodputStatus(_Model):
     spare_chip_seconds: int = Field(
         default=0,
         ge=0,
-        description="Chip-seconds of hot spare pools (spec.spares): held and paid for, idle. "
+        description="Chip-seconds of hot spare pools or cubes (spec.spares): held and paid for, "
+        "idle. "
         "Part of held chip-seconds, so chipGoodput shows their cost.",
     )
     admitted_time: datetime | None = Field(

@@ -6,7 +6,9 @@ is replaced (`provide`), what stands before Kueue admits the job (`before_admiss
 job's is present and how it is released (`present`, `release`), and the evidence of the capacity
 verdicts (`taken`, `permanent_errors`: verdicts.py words them). One implementation per model:
 capacity_nodepools.py (Managed: a GKE node pool per slice, created by the operator, with spares,
-flex-start and elastic sizing) and capacity_existing.py (Existing: node pools that are there).
+flex-start and elastic sizing), capacity_existing.py (Existing: node pools that are there) and
+capacity_dynamic.py (DynamicSlicing: GKE Slices over 4x4x4 cubes). What the job holds, for the
+goodput, is the model's word too (`chips_held`).
 capacity_models.py is the registry that chooses the job's model once, from its plan; decide()
 asks `Facts.capacity` and never tests which model it has.
 
@@ -143,6 +145,14 @@ class CapacityModel(Protocol):
 
     def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
         """Errors retrying cannot fix (verdict ProvisioningFailed), the first one first."""
+        ...
+
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        """The chips of the capacity the job holds after this pass, for status.goodput (goodput.py
+        tells the hot spares' apart: those beyond plan.total_chips). What exists and what this
+        pass creates (held from now on, as the next pass will see it: no second write); `in_use`:
+        the job's JobSet is on its capacity (starting, running, restarting, repairing), when
+        capacity the job does not create is held."""
         ...
 
 

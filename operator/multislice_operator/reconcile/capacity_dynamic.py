@@ -156,6 +156,20 @@ class DynamicSlices:
     def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
         return [s.error for s in f.obs.slices if s.error and s.error.permanent]
 
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        """Whole 4x4x4 cubes. Managed cubes: every cube pool of the job's that exists or that
+        this pass creates, spare cubes included (held and billed whether or not a Slice uses
+        them). Existing cubes are not the job's: it holds those its Slices hold, from the pass
+        that creates a Slice until the Slice is gone (no other Slice may use them meanwhile); a
+        free healthy cube it could re-form on is anyone's and not charged."""
+        cube = cubes.cube_shape(plan.shape.generation)
+        assert cube is not None  # DynamicSlicing is validated to be on a generation of cubes
+        if _managed_cubes(plan):
+            return NODE_POOLS.pools_held(f, b) * cube.chips
+        held = {p for o in f.obs.slice_objects for p in o.partitions}
+        held |= {p for a in b.actions if isinstance(a, CreateSlice) for p in a.partitions}
+        return len(held) * cube.chips
+
 
 # ---------------------------------------------------------------- the gang: all or none, in time
 

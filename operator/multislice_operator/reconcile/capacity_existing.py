@@ -102,5 +102,9 @@ class ExistingPools:
     def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
         return []
 
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        """The pools are not the job's: it holds its slices' chips while its JobSet runs on them."""
+        return plan.total_chips if in_use else 0
+
 
 EXISTING_POOLS = ExistingPools()

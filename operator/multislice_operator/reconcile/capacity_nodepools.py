@@ -128,6 +128,20 @@ class NodePools:
             permanent.insert(0, f.obs.offered_error)  # only matters before the first pool exists
         return permanent
 
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        """Every pool of the job's that exists (creating, running, being deleted: GKE bills the
+        VMs from creation to deletion) or that this pass creates, spares' included."""
+        return self.pools_held(f, b) * plan.shape.chips
+
+    def pools_held(self, f: Facts, b: Builder) -> int:
+        """The job's own pools that exist or that this pass creates (not another job's)."""
+        creating = {i for a in b.actions if isinstance(a, CreatePools) for i in a.slices}
+        return sum(
+            1
+            for s in f.obs.slices
+            if (s.pool_state != PoolState.ABSENT or s.index in creating) and not s.foreign
+        )
+
 
 # ---------------------------------------------------------------- ready, lost, blips
 

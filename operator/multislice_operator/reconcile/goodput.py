@@ -35,13 +35,11 @@ from multislice_operator.api.models import (
     SlicePhase,
     StateSeconds,
 )
-from multislice_operator.common.pools import PoolState
 from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import restart_strategy
 from multislice_operator.reconcile.context import Builder, at_second
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.restart_strategy import rendered_in_place
-from multislice_operator.reconcile.types import CreatePools
 
 S = GoodputState
 
@@ -60,7 +58,8 @@ STATE_OF_PHASE: dict[str, GoodputState | None] = {
 }
 # A slice being replaced overrides what the phase says (it is Restarting meanwhile).
 REPAIRABLE = (S.STARTING, S.RUNNING, S.RESTARTING)
-# Existing pools are not ours: the job holds their chips while its JobSet runs on them.
+# Existing pools are not ours: the job holds their chips while its JobSet runs on them (what the
+# capacity model is told: `in_use`).
 EXISTING_HOLDS = (S.STARTING, S.RUNNING, S.RESTARTING, S.REPAIRING)
 RECOVERING = (S.RESTARTING, S.REPAIRING)
 
@@ -274,27 +273,21 @@ def steps_lost(f: PodFailureStatus) -> int | None:
 # ---------------------------------------------------------------- the hook in decide()
 
 
-def held_chips(
-    f: Facts, plan: Plan | None, state: GoodputState | None, creating: frozenset[int] = frozenset()
-) -> int:
-    """The chips of the job's pools: those that exist, and those this pass creates (held from
-    now on, as the next pass will see them: no second write)."""
-    if plan is None or state is None:
+def held_chips(f: Facts, b: Builder, state: GoodputState | None) -> int:
+    """The chips the job holds after this pass, as its capacity model counts them
+    (`CapacityModel.chips_held`): its own pools (or cube pools) that exist and those this pass
+    creates (held from now on, as the next pass will see them: no second write); capacity it
+    does not create while its JobSet runs on it (Existing pools), or while its Slices hold it
+    (Existing cubes)."""
+    if f.plan is None or state is None:
         return 0
-    if plan.managed:
-        held = sum(
-            1
-            for s in f.obs.slices
-            if (s.pool_state != PoolState.ABSENT or s.index in creating) and not s.foreign
-        )
-    else:
-        held = plan.slices if state in EXISTING_HOLDS else 0
-    return held * plan.shape.chips
+    return f.capacity.chips_held(f, b, f.plan, state in EXISTING_HOLDS)
 
 
 def spare_chips(plan: Plan | None, held: int) -> int:
-    """Of `held`, the chips beyond spec.slices' pools: the hot spares' (whichever pools they
-    are: a slice may run on any of the job's pools)."""
+    """Of `held`, the chips beyond spec.slices' pools (plan.total_chips): the hot spares'
+    (whichever pools they are: a slice may run on any of the job's pools), or spare cubes'
+    (DynamicSlicing: spec.spares counts cubes)."""
     if plan is None:
         return 0
     return max(0, held - plan.total_chips)
@@ -305,7 +298,7 @@ def account(f: Facts, b: Builder, repairing: bool) -> None:
     if b.status.phase is None:  # no phase decided: nothing says the state changed
         return
     state = accounting_state(b.status.phase, repairing)
-    held = held_chips(f, f.plan, state, _creating(b))
+    held = held_chips(f, b, state)
     g = advance(
         b.status.goodput,  # a copy of the old one: returned as is when nothing changed
         state,
@@ -327,10 +320,6 @@ def _degraded(f: Facts, b: Builder) -> bool:
     """An elastic job running on fewer slices than spec.slices."""
     active = b.status.active_slices
     return f.plan is not None and active is not None and active < f.plan.slices
-
-
-def _creating(b: Builder) -> frozenset[int]:
-    return frozenset(i for a in b.actions if isinstance(a, CreatePools) for i in a.slices)
 
 
 def _restarts(f: Facts, b: Builder, g: GoodputStatus) -> None:
