@@ -154,3 +154,22 @@ def test_existing_cubes_are_held_while_the_jobs_slices_hold_them() -> None:
         assert not [a for a in d.actions if isinstance(a, CreateSlice)]
         g = d.status.goodput
         assert g is not None and (g.held_chips, g.spare_chips) == (chips, 0)
+
+
+def test_the_held_node_pools_metric_counts_cube_pools() -> None:
+    """multislice_job_held_node_pools: a cube job's pools are cubes (3 here: 2 slices + 1 spare),
+    not slices' worth of chips (which gave 2 for 5 pools of 2 x tpu7x-256 + 1 spare)."""
+    from multislice_operator.controller import metrics
+    from multislice_operator.controller.reconciler import _record_goodput
+
+    sp = _job("tpu7x-256", spares=1)
+    plan = sp[1]
+    d = _run(sp, None, 0, slices=_pools(plan, PoolState.ABSENT))
+    key = ("ns", "cube-pools")
+    _record_goodput(key, META, d.status, T0, plan)
+    labels = {"namespace": "ns", "name": "cube-pools"}
+    try:
+        assert metrics.REGISTRY.get_sample_value("multislice_job_held_node_pools", labels) == 5
+        assert metrics.REGISTRY.get_sample_value("multislice_job_held_chips", labels) == 320
+    finally:
+        metrics.forget_job(key)

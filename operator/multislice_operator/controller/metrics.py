@@ -254,7 +254,10 @@ class JobGoodput(Collector):
             "Running seconds / seconds since the job was first admitted, per job.",
         ),
         ("multislice_job_held_chips", "TPU chips the job holds now (its node pools exist)."),
-        ("multislice_job_held_node_pools", "Node pools (slices) the job holds now."),
+        (
+            "multislice_job_held_node_pools",
+            "Node pools the job holds now (slices, or cubes with dynamic slicing).",
+        ),
     )
 
     def __init__(self) -> None:

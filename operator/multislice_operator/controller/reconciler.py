@@ -389,7 +389,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     _record_metrics(key, decision)
     _track(rt, key, parsed.plan, decision)
     rt.watched.add(key)
-    _record_goodput(key, meta, decision.status, obs.now)
+    _record_goodput(key, meta, decision.status, obs.now, parsed.plan)
     return decision
 
 
@@ -485,13 +485,14 @@ def _record_metrics(key: JobKey, d: Decision) -> None:
         metrics.TIME_TO_RUNNING.observe(elapsed)
 
 
-def _record_goodput(key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime) -> None:
+def _record_goodput(
+    key: JobKey, meta: JobMeta, st: MultisliceJobStatus, now: datetime, plan: Plan | None
+) -> None:
     """The goodput metrics, live as of this pass (the status holds them as of the last change)."""
     if st.goodput is None:
         return
     view = goodput.live(st.goodput, now)
-    per_slice = (st.total_chips or 0) // max(1, len(st.slices))
-    pools = view.held_chips // per_slice if per_slice else 0
+    pools = view.held_chips // plan.pool_chips if plan is not None and plan.pool_chips else 0
     created = meta.creation_time
     fresh = created is not None and created.timestamp() >= int(metrics.PROCESS_START)
     metrics.GOODPUT.update(

@@ -188,13 +188,19 @@ class Plan:
         return [*self.node_pools, *self.spare_pools]
 
     @property
+    def pool_chips(self) -> int:
+        """The chips of one of the job's node pools: a slice's, or with dynamic slicing a cube's
+        (spec.spares counts pools of this size)."""
+        cube = self.shape.generation.sub_block_topology
+        if self.dynamic and cube is not None:
+            return catalog.topology_chips(cube)
+        return self.shape.chips
+
+    @property
     def spare_chips(self) -> int:
         """The chips of the hot spares: held and billed, never used by the JobSet (spare cubes
         with dynamic slicing)."""
-        cube = self.shape.generation.sub_block_topology
-        if self.dynamic and cube is not None:
-            return catalog.topology_chips(cube) * self.spares
-        return self.shape.chips * self.spares
+        return self.pool_chips * self.spares
 
     @property
     def total_hosts(self) -> int:
