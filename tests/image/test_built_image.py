@@ -193,4 +193,6 @@ def test_size(image: str, rootfs: Path) -> None:
     images = json.loads(buildah("images", "--json", image).stdout)
     venv = sum(p.stat().st_size for p in (rootfs / VENV).rglob("*") if p.is_file())
     print(f"\nimage {image}: {images[0]['size']}, virtualenv {venv / 2**20:.1f} MiB")
-    assert venv < 150 * 2**20
+    # 169 MiB on 2026-12-04, 69 MiB of it google-cloud-compute (the workload policies of
+    # dynamic slicing need its resource_policies client; the package ships every compute API).
+    assert venv < 200 * 2**20
