@@ -155,8 +155,8 @@ SCENARIOS = {
             "ironwood",
             "2 tpu7x-128 slices on GKE dynamic slicing: 3 cubes (4x4x4 sub-blocks, one a spare), "
             "one GKE Slice per slice ACTIVE before the JobSet; a cube under slice 1 fails, its "
-            "Slice is re-formed on the spare cube and every slice restarts (a disruption); "
-            "nothing is left",
+            "Slice is re-formed on the spare cube and every slice restarts (a disruption); the "
+            "failed cube's pool is made again on a free sub-block (a spare again); nothing is left",
             "Succeeded",
             run="30s",
         ),
@@ -263,6 +263,10 @@ class Demo:
         self.seen_events: set[str] = set()
         self.last_line = ""
         self.injected = False
+        # ironwood scenario: the cube failed, the cubes held before, the spare made again
+        self.failed_cube = ""
+        self.cubes_before: set[str] = set()
+        self.spare_back = False
         self.workload: Any = None  # the background launcher thread's result holder
         self.queued_seen = False  # queue scenario: seen Queued, and never with a pool then
         self.pools_while_queued: set[str] = set()
@@ -345,8 +349,11 @@ class Demo:
             self.queues()
         if s.name == "ironwood":
             assert self.stack.sim is not None
-            self.stack.sim.add_reservation(IRONWOOD_RESERVATION, {"b1": 3}, project=PROJECT)
-            self.n.say(f"reservation {IRONWOOD_RESERVATION}: block b1 of 3 sub-blocks (cubes)")
+            self.stack.sim.add_reservation(IRONWOOD_RESERVATION, {"b1": 4}, project=PROJECT)
+            self.n.say(
+                f"reservation {IRONWOOD_RESERVATION}: block b1 of 4 sub-blocks (cubes): 3 for "
+                "the job (2 slices + 1 spare), 1 free to replace a cube that fails"
+            )
         body = demo_job(s, self.args.run_workload, self.ns)
         if s.name == "preflight" and not self.preflight_refusal(body):
             return 1
@@ -666,8 +673,12 @@ class Demo:
         return list(found["items"])
 
     def ironwood(self, st: dict[str, Any]) -> None:
-        """Play GKE: once both Slices are ACTIVE and the job runs, fail a cube of slice 1's."""
-        if self.injected or st.get("phase") != "Running":
+        """Play GKE: once both Slices are ACTIVE and the job runs, fail a cube of slice 1's; then
+        watch the operator make the failed cube's pool again on the free sub-block."""
+        if self.injected:
+            self.spare_replaced()
+            return
+        if st.get("phase") != "Running":
             return
         assert self.stack is not None and self.stack.sim is not None
         slices = sorted(self.job_slices(), key=lambda o: o["metadata"]["name"])
@@ -681,10 +692,29 @@ class Demo:
         if len(slices) != 2:
             return
         self.injected = True
+        self.cubes_before = {c["partitionId"] for c in self.stack.sim.cubes() if c["pool"]}
         cube = slices[1]["spec"]["partitionIds"][0]
         self.n.say(f"cube {cube} under Slice {slices[1]['metadata']['name']} fails (UNHEALTHY)")
         self.stack.sim.set_cube_state(cube, "UNHEALTHY")
+        self.failed_cube = cube
         self.n.mark("a cube failed")
+
+    def spare_replaced(self) -> None:
+        """Once: the job's three cube pools on healthy cubes again, none on the failed one."""
+        if self.spare_back or not self.failed_cube:
+            return
+        assert self.stack is not None and self.stack.sim is not None
+        cubes = [c for c in self.stack.sim.cubes() if f"/{IRONWOOD_RESERVATION}/" in c["path"]]
+        held = [c for c in cubes if c["pool"]]
+        if len(held) != 3 or not all(c["state"] == "HEALTHY" and c["nodesReady"] for c in held):
+            return
+        new = next(c for c in held if c["partitionId"] not in self.cubes_before)
+        self.spare_back = True
+        self.n.say(
+            f"the failed cube's pool was made again on sub-block {new['subBlock']} "
+            f"({new['partitionId']}): the job has its spare cube back"
+        )
+        self.n.mark("spare cube made again")
 
     def maintenance(self, st: dict[str, Any]) -> None:
         """Play GKE (the node labels, then the host event) and the workload (the checkpoint)."""
@@ -1190,6 +1220,8 @@ class Demo:
             problems.append("no cube was failed (the Slices never both ran)")
         if "SliceLost" not in {what for _, what in self.n.marks}:
             problems.append("no SliceLost")
+        if not self.spare_back:
+            problems.append("the failed cube's pool was never made again on a healthy sub-block")
         left = [o["metadata"]["name"] for o in self.job_slices()]
         if left:
             problems.append(f"Slices left: {', '.join(left)}")

@@ -240,9 +240,24 @@ def test_a_failed_cube_is_swapped_for_the_spare(
 ) -> None:
     ns = namespace(kube_cluster, "dyn")
     assert stack.sim is not None
-    stack.sim.add_reservation("iw-spare", {"block-1": 3}, project=PROJECT)
+    # 3 sub-blocks for the job (2 slices + 1 spare cube), a 4th free for the failed cube's pool.
+    stack.sim.add_reservation("iw-spare", {"block-1": 4}, project=PROJECT)
     create(stack.api, ns, _job("iw", "iw-spare", run="90s"))
     _swap(stack, ns, "UNHEALTHY")
+    sim = stack.sim
+
+    def spare_back() -> list[dict[str, Any]] | None:
+        cubes = [c for c in sim.cubes() if "/iw-spare/" in c["path"]]
+        held = [c for c in cubes if c["pool"]]
+        ok = len(held) == 3 and all(c["state"] == "HEALTHY" and c["nodesReady"] for c in held)
+        return cubes if ok else None
+
+    # The failed cube's pool is made again on the free sub-block: a spare cube again, without
+    # waiting for the repair; the failed sub-block holds no pool.
+    cubes = wait_for(
+        spare_back, 120, "the spare cube made again", on_timeout=lambda: str(sim.cubes())
+    )
+    assert [c["state"] for c in cubes if not c["pool"]] == ["UNHEALTHY"]
     msj.wait_phase(stack.api, ns, "iw", "Succeeded", 240, log=lambda n: stack.op.log_tail(n))
     _delete(stack, ns, "iw")
     _gone(stack, ns, "iw")
