@@ -26,9 +26,10 @@ node pool create ends in GCE_STOCKOUT (the simulator's stockoutNext, held) and e
 a slice at t0: a, b, c: one busy pool is preempted (its nodes go and do not come back:
 `recreateAfterS: None`); d, e: one busy cube's partition state goes UNHEALTHY (as the e2e test
 and the demo's ironwood scenario fail it: its Slice goes FAILED, its nodes stay). After
---stockout-s the stockout is lifted and the failed cubes are repaired (HEALTHY again): for d and
-e that is when the replacement capacity returns. The stockout itself does not touch d and e: the
-operator creates no pool for them after t0.
+--stockout-s the stockout is lifted and the failed cubes are repaired (HEALTHY again): for e
+that is when the replacement capacity returns. d makes its spare again meanwhile (the failed
+cube's pool deleted and created for a free sub-block of its reservation): that create is stocked
+out like the others until the lift.
 
 Measured per variant, from the loss (t0):
 
