@@ -170,8 +170,9 @@ SCENARIOS = {
     )
 }
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-# The ironwood scenario: an All Capacity reservation of one block of 3 sub-blocks in the simulator,
-# the job's 2 slices of one cube each and 1 spare cube (docs/provisioning.md#dynamic-slicing).
+# The ironwood scenario: an All Capacity reservation of one block of 4 sub-blocks in the simulator,
+# the job's 2 slices of one cube each and 1 spare cube, one free for the failed cube's pool
+# (docs/provisioning.md#dynamic-slicing).
 IRONWOOD_RESERVATION = "ironwood-demo"
 IRONWOOD_SPEC = {
     "accelerator": "tpu7x-128",

@@ -138,11 +138,12 @@ SCENARIOS = {
         "of running, on fewer slices (spec.elastic)",
     ],
     "ironwood": [
-        "reservation ironwood-demo: block b1 of 3 sub-blocks",
+        "reservation ironwood-demo: block b1 of 4 sub-blocks",
         "4x4x4 ACTIVE partitionIds",
         "fails (UNHEALTHY)",
         Reason.SLICE_LOST,
         "re-formed at once from spare cubes",
+        "the failed cube's pool was made again on sub-block",
     ],
     "delete": ["deleting the job while its node pools are being created", "the job is gone"],
     # The TPU compiler (libtpu) on this CPU: the replicated model is refused before any pool,
