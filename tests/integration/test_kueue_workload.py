@@ -117,8 +117,15 @@ def owner(kube_kueue, kube_client: Callable[..., client.ApiClient], namespace):
     objs = [
         queues.resource_flavor(FLAVOR, "tpu-v5-lite-podslice"),
         queues.priority_class(f"{ns}-high", 1000),
+        # BestEffortFIFO: a job that does not fit does not hold back a later one that does
+        # (StrictFIFO would keep b behind the requeued a, whose 48 chips no longer fit).
         queues.cluster_queue(
-            cq, 64, FLAVOR, check=None, preemption={"withinClusterQueue": "LowerPriority"}
+            cq,
+            64,
+            FLAVOR,
+            check=None,
+            strategy="BestEffortFIFO",
+            preemption={"withinClusterQueue": "LowerPriority"},
         ),
         queues.local_queue(ns, "lq", cq),
     ]

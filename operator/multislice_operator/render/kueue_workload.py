@@ -19,7 +19,8 @@ An elastic job (spec.elastic) is counted at its full size (spec.slices) and keep
 while it runs degraded: Kueue's webhook refuses to lower `status.reclaimablePods` while quota is
 reserved (pkg/webhooks/workload_webhook.go, validateReclaimablePodsUpdate: "cannot be less
 than"), so quota given back for a lost slice could not be taken again for the regrown one without
-queueing the whole job anew.
+queueing the whole job anew; and Kueue's workload slices (ElasticJobsViaWorkloadSlices) admit a
+resized job as a new Workload, which is for its built-in job integrations.
 """
 
 from __future__ import annotations
