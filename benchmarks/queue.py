@@ -83,7 +83,7 @@ class WorkloadClock:
             (
                 o["name"]
                 for o in wl["metadata"].get("ownerReferences") or []
-                if o["kind"] == "JobSet"
+                if o["kind"] == "MultisliceJob"
             ),
             None,
         )

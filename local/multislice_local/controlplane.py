@@ -8,7 +8,8 @@ what to undo before it stops):
 * ``cluster``: ``api`` plus kube-controller-manager, kube-scheduler, the kwok controller (fake
   nodes and pod phases, see :mod:`multislice_local.nodes`) and the JobSet controller with
   its webhooks served on 127.0.0.1.
-* ``kueue``: ``cluster`` plus the Kueue controller (v0.19, JobSet integration only): its CRDs
+* ``kueue``: ``cluster`` plus the Kueue controller (v0.19; the operator makes its jobs' Workloads,
+  Kueue's JobSet integration is on but has nothing to do): its CRDs
   with their conversion webhook on 127.0.0.1, its own and its JobSet webhooks (installed only
   while it runs), no visibility API server (no position-in-queue API locally).
 

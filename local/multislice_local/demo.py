@@ -35,6 +35,7 @@ from multislice_local.stack import PROJECT, ExistingCluster, LocalStack, StackOp
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.planning.plan import load_job, node_pool_name, plan_job
+from multislice_operator.render.kueue_workload import workload_name
 
 NAMESPACE = "demo"
 JOB = "llm-v5e"
@@ -516,12 +517,16 @@ class Demo:
             self.last_line = line
 
     def events(self) -> None:
+        """The job's and its JobSet's events (one name), and its Kueue Workload's."""
         assert self.stack is not None
-        items = (
-            client.CoreV1Api(self.stack.api)
-            .list_namespaced_event(self.ns, field_selector=f"involvedObject.name={JOB}")
-            .items
-        )
+        core = client.CoreV1Api(self.stack.api)
+        items = [
+            e
+            for name in (JOB, workload_name(JOB))
+            for e in core.list_namespaced_event(
+                self.ns, field_selector=f"involvedObject.name={name}"
+            ).items
+        ]
         for e in sorted(items, key=lambda e: str(e.last_timestamp or e.event_time or "")):
             key = str(e.metadata.uid)
             if key in self.seen_events:
@@ -530,7 +535,7 @@ class Demo:
             source = (
                 "operator"
                 if e.source and e.source.component == "multislice-operator"
-                else ("jobset")
+                else ("kueue" if e.involved_object.kind == "Workload" else "jobset")
             )
             self.n.say(f"  event {e.type:<7} {e.reason} ({source}): {e.message}")
             if e.reason in (

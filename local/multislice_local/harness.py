@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +49,29 @@ def wait_for(
         time.sleep(interval)
     extra = f"\n{on_timeout()}" if on_timeout else ""
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last}){extra}")
+
+
+def install_kueue_crds(api: client.ApiClient, crds_file: Path) -> None:
+    """Kueue's CRDs (its built kueue-crds.yaml) without its controller or webhooks, for a test
+    that plays Kueue's writes itself; kept if they exist (an api profile shares them)."""
+    ext: Any = client.ApiextensionsV1Api(api)
+    names = []
+    for crd in yaml.safe_load_all(crds_file.read_text()):
+        if not crd:
+            continue
+        names.append(crd["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def established(name: str) -> bool:
+        conds = ext.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    for name in names:
+        wait_for(partial(established, name), 30, f"CRD {name}")
 
 
 def install_crds(api: client.ApiClient, jobset_crd: Path | None = None) -> None:

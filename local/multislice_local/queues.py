@@ -183,13 +183,13 @@ def wait_active(api: client.ApiClient, cluster_queue: str, timeout: float = 60) 
 
 
 def workloads(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
-    """The namespace's Workloads by the name of the JobSet they are for."""
+    """The namespace's Workloads by the name of the MultisliceJob that owns them."""
     custom: Any = client.CustomObjectsApi(api)
     items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads")["items"]
     out: dict[str, dict[str, Any]] = {}
     for wl in items:
         for owner in wl["metadata"].get("ownerReferences") or []:
-            if owner.get("kind") == "JobSet":
+            if owner.get("kind") == "MultisliceJob":
                 out[owner["name"]] = wl
     return out
 

@@ -156,7 +156,7 @@ SCENARIOS = {
         "insufficient unused quota for google.com/tpu",
         "the job held 0 node pools while queued",
         "admission check multislice-gang=Ready",
-        "Admitted by clusterQueue team-a",
+        "Admitted by ClusterQueue team-a",  # Kueue's event on the job's Workload
     ],
 }
 

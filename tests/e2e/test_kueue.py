@@ -57,9 +57,11 @@ class Env:
         queues.wait_active(self.stack.api, name)
         return name
 
-    def create(self, name: str, run: str = "6s", labels: dict[str, str] | None = None) -> None:
+    def create(
+        self, name: str, run: str = "6s", labels: dict[str, str] | None = None, **spec: Any
+    ) -> None:
         labels = {keys.KUEUE_QUEUE_NAME: "lq", **(labels or {})}
-        body = msj.job(name, run=run, failure_policy={"maxRestarts": 5}, labels=labels)
+        body = msj.job(name, run=run, failure_policy={"maxRestarts": 5}, labels=labels, **spec)
         msj.create(self.stack.api, self.ns, body)
 
     def status(self, name: str) -> dict[str, Any]:
@@ -145,10 +147,13 @@ def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
     js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
                                                  "jobsets", "c")  # fmt: skip
     assert js["spec"]["suspend"] is True
-    assert js["metadata"]["labels"][keys.KUEUE_QUEUE_NAME] == "lq"
+    assert keys.KUEUE_QUEUE_NAME not in js["metadata"]["labels"]  # the Workload is the job's
+    owner = env.workload("c")["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("MultisliceJob", "c")
 
     # c stays Queued with zero pools while a and b hold all 64 chips: until a slice (a Job) of
-    # one of them succeeds, whose quota Kueue frees at once (ReclaimablePods, from JobSet status).
+    # one of them succeeds, whose quota Kueue frees at once (the operator reports the slice's
+    # pods as reclaimable on its Workload).
     def holding_all() -> bool:
         for n in "ab":
             js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
@@ -330,10 +335,9 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, st
 
 
 def test_suspending_an_admitted_queued_job_goes_through_its_workload(env, stack):
-    """spec.suspend on a job Kueue admitted: Kueue's JobSet integration unsuspends a suspended
-    JobSet whose Workload is admitted (jobframework/reconciler.go), so suspending the JobSet
-    would fight Kueue. The operator deactivates the Workload instead: Kueue evicts it and
-    suspends the JobSet itself; resuming activates it again and Kueue admits it anew."""
+    """spec.suspend on a job Kueue admitted: the operator deactivates its Workload (Kueue evicts
+    it) and suspends the JobSet; once the pods are gone the pools go and the quota is given back;
+    resuming activates it again and Kueue admits it anew."""
     env.queue(64)
     env.create("paused", run="30s")
     env.phase("paused", "Running")
@@ -358,7 +362,9 @@ def test_suspending_an_admitted_queued_job_goes_through_its_workload(env, stack)
         )
         return bool(js["spec"].get("suspend"))
 
-    wait_for(suspended_js, 30, "the JobSet suspended (by Kueue)", on_timeout=env.dump)
+    wait_for(suspended_js, 30, "the JobSet suspended", on_timeout=env.dump)
+    wait_for(lambda: not queues.holds_quota(env.workload("paused")), 60, "the quota given back",
+             on_timeout=env.dump)  # fmt: skip
     # No tug of war: over several seconds the JobSet stays suspended and the job Suspended.
     for _ in range(10):
         time.sleep(0.5)
@@ -373,4 +379,86 @@ def test_suspending_an_admitted_queued_job_goes_through_its_workload(env, stack)
         on_timeout=env.dump,
     )
     env.phase("paused", "Running", 120)
+    assert env.witness.without_quota() == []
+
+
+# ---------------------------------------------------------------- spares and elastic, queued
+
+
+def usage(wl: dict[str, Any]) -> dict[str, str]:
+    """google.com/tpu Kueue reserved, per pod set."""
+    assigned = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    return {a["name"]: a["resourceUsage"]["google.com/tpu"] for a in assigned}
+
+
+def lose_a_slice(env: Env, name: str) -> None:
+    """Slice 0's pool loses its nodes (spot preemption) and every replacement is stocked out."""
+    from multislice_operator.planning.plan import node_pool_name
+
+    env.sim.set_faults(stockout_next=1000)
+    env.sim.preempt(node_pool_name(env.ns, name, 0), recreate_after_s=None)
+
+
+def test_a_queued_job_with_a_spare_takes_its_chips_and_runs_on_it_without_requeueing(env):
+    """Issue 43: spec.spares with a queue label. The Workload counts the spare slice's chips (48
+    of the ClusterQueue's 48: a 16-chip job waits); a lost slice's place is taken by the spare
+    with the quota kept (never evicted), and the waiting job gets in once the job ends."""
+    env.queue(48)
+    env.create("sp", run="20s", spares=1, capacity={"type": "Spot"})
+    env.phase("sp", "Running")
+    first = env.workload("sp")
+    assert usage(first) == {"slice": "32", "spare": "16"}
+    assert len(env.pools("sp")) == 3  # 2 slices + the spare, provisioned as one gang
+    env.create("small", run="2s", slices=1)
+    small = env.phase("small", "Queued", 60)
+    assert "insufficient unused quota" in small["message"], small
+    lose_a_slice(env, "sp")
+
+    def on_the_spare() -> dict[str, Any] | None:
+        st = env.status("sp")
+        return st if st.get("restarts", 0) >= 1 and st.get("phase") == "Running" else None
+
+    st = wait_for(on_the_spare, 120, "Running on the spare", interval=0.5, on_timeout=env.dump)
+    provisioned = next(c for c in st["conditions"] if c["type"] == "Provisioned")
+    assert provisioned["reason"] == Reason.REPAIRING_SPARE, provisioned
+    wl = env.workload("sp")
+    assert wl["metadata"]["uid"] == first["metadata"]["uid"] and queues.holds_quota(wl)
+    assert queues.condition(wl, "Evicted").get("status") != "True"  # never back to the queue
+    assert env.status("small").get("phase") == "Queued" and env.pools("small") == []
+    env.sim.clear_faults()
+    env.phase("sp", "Succeeded", 180)
+    env.phase("small", "Succeeded", 120)
+    assert env.witness.without_quota() == []
+
+
+def test_a_queued_elastic_job_keeps_its_quota_while_it_runs_on_fewer_slices(env):
+    """Issue 43: spec.elastic with a queue label. Admitted at its full size (32 chips, the whole
+    ClusterQueue); when a slice is lost and stocked out it runs on 1 slice, its JobSet recreated
+    but not its Workload: the quota stays reserved (a 16-chip job keeps waiting) and the job is
+    never requeued. Deleting it frees the quota."""
+    env.queue(32)
+    elastic = {"minSlices": 1, "waitSeconds": 5}
+    env.create("el", run="300s", elastic=elastic, capacity={"type": "Spot"})
+    env.phase("el", "Running")
+    first = env.workload("el")
+    assert usage(first) == {"slice": "32"}
+    env.create("small", run="2s", slices=1)
+    env.phase("small", "Queued", 60)
+    lose_a_slice(env, "el")
+
+    def on_one() -> dict[str, Any] | None:
+        st = env.status("el")
+        return st if st.get("phase") == "Running" and st.get("activeSlices") == 1 else None
+
+    wait_for(on_one, 120, "Running on 1 slice", interval=0.5, on_timeout=env.dump)
+    wl = env.workload("el")
+    assert wl["metadata"]["uid"] == first["metadata"]["uid"]
+    assert queues.holds_quota(wl) and usage(wl) == {"slice": "32"}  # the full size, kept
+    assert queues.condition(wl, "Evicted").get("status") != "True"
+    assert env.status("small").get("phase") == "Queued" and env.pools("small") == []
+    env.sim.clear_faults()
+    env.custom.delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, env.ns, models.PLURAL, "el"
+    )
+    env.phase("small", "Succeeded", 120)
     assert env.witness.without_quota() == []

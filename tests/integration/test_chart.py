@@ -18,8 +18,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from multislice_local.controlplane import ControlPlane, bin_dir
-from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.controlplane import KUEUE_CRDS_FILE, ControlPlane, bin_dir
+from multislice_local.harness import OperatorProcess, install_crds, install_kueue_crds, wait_for
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 from multislice_operator import __version__
 from multislice_operator.api import models
@@ -1907,7 +1907,10 @@ KUEUE_RULES = {
     ("kueue.x-k8s.io", "admissionchecks", "list"),
     ("kueue.x-k8s.io", "admissionchecks", "watch"),
     ("kueue.x-k8s.io", "workloads/status", "patch"),
+    ("kueue.x-k8s.io", "workloads", "get"),
+    ("kueue.x-k8s.io", "workloads", "create"),
     ("kueue.x-k8s.io", "workloads", "patch"),
+    ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
     ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
 }
 
@@ -1928,27 +1931,7 @@ def test_kueue_values_add_exactly_the_kueue_rules_and_the_admission_check(tmp_pa
 @pytest.fixture(scope="module")
 def kueue_crds(api: client.ApiClient, kube_api: ControlPlane) -> None:
     """Kueue's CRDs without its controller: the test plays Kueue (v1beta2 only, no conversion)."""
-    ext: Any = client.ApiextensionsV1Api(api)
-    for crd in yaml.safe_load_all((bin_dir() / "kueue-crds.yaml").read_text()):
-        if not crd:
-            continue
-        try:
-            ext.create_custom_resource_definition(crd)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    for name in ("workloads", "localqueues", "admissionchecks"):
-        wait_for(
-            lambda n=name: any(
-                c.type == "Established" and c.status == "True"
-                for c in ext.read_custom_resource_definition(
-                    f"{n}.kueue.x-k8s.io"
-                ).status.conditions
-                or []
-            ),
-            30,
-            f"{name} CRD",
-        )
+    install_kueue_crds(api, bin_dir() / KUEUE_CRDS_FILE)
 
 
 def start_kueue_operator(kubeconfig: Path, ns: str, tmp_path: Path, lease: str) -> OperatorProcess:
@@ -2002,18 +1985,24 @@ class PlayKueue:
         conds = (ac.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
 
-    def workload_for(self, jobset: dict[str, Any]) -> str:
-        """The Workload Kueue makes for a JobSet, with quota reserved and our check Pending."""
-        name = f"jobset-{jobset['metadata']['name']}-abcde"
-        self.custom.create_namespaced_custom_object(*KUEUE, self.ns, "workloads", {
-            "apiVersion": "/".join(KUEUE), "kind": "Workload",
-            "metadata": {"name": name, "ownerReferences": [{
-                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                "name": jobset["metadata"]["name"], "uid": jobset["metadata"]["uid"],
-                "controller": True}]},
-            "spec": {"queueName": "lq", "podSets": [{"name": "slice", "count": 4, "template": {
-                "spec": {"containers": [{"name": "c", "image": "i"}]}}}]},
-        })  # fmt: skip
+    def workload(self, job: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                *KUEUE, self.ns, "workloads", f"multislicejob-{job}"
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return None
+        return found
+
+    def reserve(self, job: str, on_timeout: Any) -> str:
+        """The job's Workload, made by the operator (workloads create): quota reserved, our check
+        Pending, as Kueue writes them."""
+        wl = wait_for(lambda: self.workload(job), 20, "the Workload created", on_timeout=on_timeout)
+        owner = wl["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("MultisliceJob", job, True)
+        name = str(wl["metadata"]["name"])
         now = "2026-12-01T00:00:00Z"
         self.custom.patch_namespaced_custom_object_status(*KUEUE, self.ns, "workloads", name, {
             "status": {
@@ -2028,6 +2017,20 @@ class PlayKueue:
             }
         })  # fmt: skip
         return name
+
+    def admit(self, workload: str) -> None:
+        wl = self.custom.get_namespaced_custom_object(*KUEUE, self.ns, "workloads", workload)
+        conds = [*wl["status"]["conditions"], {
+            "type": "Admitted", "status": "True", "reason": "Admitted", "message": "admitted",
+            "lastTransitionTime": "2026-12-01T00:00:01Z"}]  # fmt: skip
+        self.custom.patch_namespaced_custom_object_status(
+            *KUEUE, self.ns, "workloads", workload, {"status": {"conditions": conds}}
+        )
+
+    def condition(self, workload: str, kind: str) -> dict[str, Any]:
+        wl = self.custom.get_namespaced_custom_object(*KUEUE, self.ns, "workloads", workload)
+        conds = (wl.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == kind), {})
 
     def check_state(self, workload: str) -> dict[str, Any]:
         wl = self.custom.get_namespaced_custom_object(*KUEUE, self.ns, "workloads", workload)
@@ -2064,7 +2067,7 @@ def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
         assert queued["status"]["queue"]["clusterQueue"] == "cq"  # localqueues list/watch
         js = wait_for(lambda: jobs.jobset("q"), 10, "JobSet created")
         assert js["spec"]["suspend"] is True
-        workload = kueue.workload_for(js)
+        workload = kueue.reserve("q", op.log_tail)
         # Existing mode: nothing to provision, the check goes Ready (workloads/status patch).
         ready = wait_for(
             lambda: kueue.check_state(workload)["state"] == "Ready" and kueue.check_state(workload),
@@ -2074,14 +2077,17 @@ def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
         )
         assert ready["retryCount"] == 2  # kept as Kueue wrote it
         jobs.phase("q", "Starting")
-        # Kueue admits: it resumes the JobSet; the job runs and succeeds.
-        jobs.custom.patch_namespaced_custom_object(
-            *JS, ns, "jobsets", "q", {"spec": {"suspend": False}}
-        )
+        # Kueue admits: the operator resumes the JobSet (jobsets patch); it runs and succeeds,
+        # and the operator finishes the Workload (workloads/status patch: the quota is freed).
+        kueue.admit(workload)
+        wait_for(lambda: not (jobs.jobset("q") or {}).get("spec", {}).get("suspend", True), 20,
+                 "JobSet resumed", on_timeout=op.log_tail)  # fmt: skip
         jobs.jobset_status("q", {"replicatedJobsStatus": rj_status(ready=2, active=2)})
         jobs.phase("q", "Running")
         jobs.jobset_status("q", COMPLETED)
         jobs.phase("q", "Succeeded")
+        wait_for(lambda: kueue.condition(workload, "Finished").get("status") == "True", 20,
+                 "Workload Finished", on_timeout=op.log_tail)  # fmt: skip
         jobs.delete("q")
         jobs.gone("q")
     finally:
@@ -2095,8 +2101,9 @@ def test_chart_rbac_with_kueue_is_enough_for_a_queued_lifecycle(
     [
         ("kueue.x-k8s.io", "workloads/status", "patch"),
         ("kueue.x-k8s.io", "admissionchecks/status", "patch"),
+        ("kueue.x-k8s.io", "workloads", "create"),
     ],
-    ids=["workloads-status-patch", "admissionchecks-status-patch"],
+    ids=["workloads-status-patch", "admissionchecks-status-patch", "workloads-create"],
 )
 def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
     api: client.ApiClient,
@@ -2118,14 +2125,19 @@ def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
         jobs = Jobs(api, ns, op)
         jobs.create(queued_job("m"))
         jobs.phase("m", "Queued")
-        js = wait_for(lambda: jobs.jobset("m"), 10, "JobSet created")
-        workload = kueue.workload_for(js)
-        wait_for(lambda: refused(op.log_tail(200)), 30, f"the operator to be refused {drop}",
-                 on_timeout=op.log_tail)  # fmt: skip
-        if drop[1] == "workloads/status":
-            assert kueue.check_state(workload)["state"] == "Pending"
+        if drop[2] == "create":
+            wait_for(lambda: refused(op.log_tail(200)), 30, f"the operator to be refused {drop}",
+                     on_timeout=op.log_tail)  # fmt: skip
+            assert kueue.workload("m") is None  # nothing queues it
         else:
-            assert not kueue.active()
+            wait_for(lambda: jobs.jobset("m"), 10, "JobSet created")
+            workload = kueue.reserve("m", op.log_tail)
+            wait_for(lambda: refused(op.log_tail(200)), 30,
+                     f"the operator to be refused {drop}", on_timeout=op.log_tail)  # fmt: skip
+            if drop[1] == "workloads/status":
+                assert kueue.check_state(workload)["state"] == "Pending"
+            else:
+                assert not kueue.active()
         jobs.delete("m")
         jobs.gone("m")
     finally:

@@ -17,9 +17,9 @@ import pytest
 from kubernetes import client
 
 from multislice_local.apimetrics import count_diff, request_counts, settle, writes
-from multislice_local.controlplane import bin_dir
+from multislice_local.controlplane import KUEUE_CRDS_FILE, bin_dir
 from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
-from multislice_local.harness import OperatorProcess, install_crds, wait_for
+from multislice_local.harness import OperatorProcess, install_crds, install_kueue_crds, wait_for
 from multislice_local.nodes import register_tpu_nodes
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
 from multislice_operator.api import models
@@ -50,7 +50,8 @@ BUDGET = {
     "restart": 5,  # Restarting and Running: a status and an event each; RestartingAllSlices
     "managed-start": 2.5,  # the finalizer, the Provisioning status; one dry run per template
     "managed-delete": 2,  # "releasing node pools" in the status; the finalizer comes off
-    "queued-start": 3,  # the JobSet (suspended, for Kueue), the Queued status, the fallback event
+    # the job's Workload, its JobSet (suspended), the Queued status, the fallback event
+    "queued-start": 4,
 }
 
 
@@ -58,6 +59,7 @@ BUDGET = {
 def api(kube_api) -> Iterator[client.ApiClient]:
     api_client = kube_api.api_client()
     install_crds(api_client, bin_dir() / "jobset.x-k8s.io_jobsets.yaml")
+    install_kueue_crds(api_client, bin_dir() / KUEUE_CRDS_FILE)  # no Kueue: its API only
     core = client.CoreV1Api(api_client)
     for p in range(2):
         for name in register_tpu_nodes(
@@ -91,7 +93,7 @@ def op(kube_api, api, sim, ns, tmp_path_factory) -> Iterator[OperatorProcess]:
         [
             "--resync-seconds", "2", "--gke-project", PROJECT, "--gke-location", LOCATION,
             "--gke-cluster", CLUSTER, "--gke-node-location", ZONE, "--gke-simulator", sim.url,
-            "--kueue-workload-wait-seconds", "3600",
+            "--kueue", "--kueue-workload-wait-seconds", "3600",
         ],
         namespaces=[ns],
         log_path=tmp_path_factory.mktemp("budget") / "operator.log",

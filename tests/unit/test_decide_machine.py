@@ -94,6 +94,7 @@ from multislice_operator.reconcile import (
     CheckState,
     CreateJobSet,
     CreatePools,
+    CreateWorkload,
     DecideConfig,
     Decision,
     DeleteJob,
@@ -101,10 +102,13 @@ from multislice_operator.reconcile import (
     DeletePools,
     Event,
     EvictPods,
+    FinishWorkload,
     JobMeta,
     JobSetObservation,
     Observed,
     QueueObservation,
+    ReclaimPods,
+    ReleaseWorkload,
     RemoveFinalizer,
     SetAdmissionCheckState,
     SetJobSetSuspend,
@@ -454,6 +458,7 @@ class Workload:
     eviction_time: datetime | None = None
     check_message: str = ""
     retry_count: int = 0
+    reclaimable: int = 0
 
 
 @dataclass
@@ -784,6 +789,7 @@ def _queue(w: World) -> QueueObservation | None:
             pending_reason="" if wl.reserved else "Pending",
             pending_message="" if wl.reserved else "waiting for quota in ClusterQueue tpu-cq",
             evicted=wl.evicted,
+            reclaimable=wl.reclaimable,
             eviction_reason=wl.eviction_reason,
             eviction_message=f"evicted ({wl.eviction_reason})" if wl.evicted else "",
             eviction_time=wl.eviction_time,
@@ -1141,10 +1147,6 @@ class DecideMachine(RuleBasedStateMachine):
                     base=a.restarts_before,
                     counted_base=a.counted_before if a.restarts_before else 0,
                 )
-                if queued:
-                    w.workload = Workload(
-                        CheckState.PENDING if self.job and self.job.queue == "check" else None
-                    )
         elif isinstance(a, ValidateJobSet):
             refused = "spec.replicatedJobs: Invalid value" if self.job and self.job.refused else ""
             w.verdict = (w.generation, Admission(refused=refused))
@@ -1172,8 +1174,25 @@ class DecideMachine(RuleBasedStateMachine):
             wl = w.workload
             if wl is not None and wl.active != a.active:
                 wl.active, wl.rv = a.active, wl.rv + 1
-                if not a.active:  # Kueue evicts an inactive Workload and suspends the JobSet
-                    self._evict("Deactivated")
+                if not a.active and wl.reserved:  # Kueue evicts an inactive Workload
+                    self._evict("InactiveWorkload")
+        elif isinstance(a, CreateWorkload):
+            if w.workload is None:  # (a second create: 409 AlreadyExists)
+                w.workload = Workload(
+                    CheckState.PENDING if self.job and self.job.queue == "check" else None
+                )
+        elif isinstance(a, ReleaseWorkload):
+            wl = w.workload
+            if wl is not None and str(wl.rv) == a.resource_version and wl.evicted:
+                wl.reserved, wl.admitted, wl.rv = False, False, wl.rv + 1
+        elif isinstance(a, ReclaimPods):
+            wl = w.workload
+            if wl is not None and str(wl.rv) == a.resource_version:
+                assert a.count >= wl.reclaimable, f"reclaimablePods lowered: {a}"  # Kueue refuses
+                wl.reclaimable, wl.rv = a.count, wl.rv + 1
+        elif isinstance(a, FinishWorkload):
+            if w.workload is not None and not w.workload.finished:
+                w.workload.finished, w.workload.rv = True, w.workload.rv + 1
         else:
             raise AssertionError(f"unknown action {a}")
         self._sync()
@@ -1246,7 +1265,6 @@ class DecideMachine(RuleBasedStateMachine):
             self._save(self.job.saves_after)
         if w.jobset is not None and w.jobset.gone_at is not None and w.jobset.gone_at <= w.now:
             w.jobset = None
-            w.workload = None  # owned by the JobSet
             w.pods = []
         self._sync()
 
@@ -1369,8 +1387,6 @@ class DecideMachine(RuleBasedStateMachine):
         else:  # RestartJobSet
             js.restarts += 1
             js.counted += 1
-        if js.failed and w.workload is not None:
-            w.workload.finished = True
         self._sync()
 
     # ------------------------------------------------------------ Kueue
@@ -1390,23 +1406,22 @@ class DecideMachine(RuleBasedStateMachine):
         wl.reserved, wl.evicted, wl.rv = True, False, wl.rv + 1
 
     def _admit(self) -> None:
-        wl, js = self.w.workload, self.w.jobset
+        """Admitted: the JobSet is not Kueue's (no queue label), so the operator resumes it."""
+        wl = self.w.workload
         assert wl is not None
         wl.admitted, wl.rv = True, wl.rv + 1
-        if js is not None:
-            js.suspended = False
         self._sync()
 
     def _evict(self, reason: str) -> None:
+        """Evicted=True, the checks reset to Pending; the quota stays reserved until the owner
+        says the job stopped (ReleaseWorkload), as for a Go job of Kueue's job reconciler."""
         w, wl = self.w, self.w.workload
         assert wl is not None
-        wl.reserved = wl.admitted = False
+        wl.admitted = False
         wl.evicted, wl.eviction_reason, wl.eviction_time = True, reason, w.now
         if wl.check is not None:
             wl.check, wl.check_message = CheckState.PENDING, ""
         wl.rv += 1
-        if w.jobset is not None:
-            w.jobset.suspended = True
         self._sync()
 
     def _check_state(self, a: SetAdmissionCheckState) -> None:
@@ -1426,6 +1441,7 @@ class DecideMachine(RuleBasedStateMachine):
     def _gone(self) -> None:
         """The job object is gone: its JobSet is garbage-collected (owner reference)."""
         self.gone = True
+        self.w.workload = None  # owned by the job too
         if self.w.jobset is not None:
             self.w.jobset.gone_at = self.w.now
 
@@ -1697,8 +1713,6 @@ class DecideMachine(RuleBasedStateMachine):
         running = [p for p in w.pods if p.phase == "Running" and p.ready]
         for p in running:
             p.phase, p.ready = "Succeeded", False
-        if w.workload is not None:
-            w.workload.finished = True
         self._seen()
 
     @precondition(lambda self: self.w.jobset is not None and self.w.jobset.gone_at is None)
@@ -1733,7 +1747,7 @@ class DecideMachine(RuleBasedStateMachine):
     @rule()
     def kueue_preempts(self) -> None:
         wl = self.w.workload
-        if wl is None or not wl.reserved or wl.finished:
+        if wl is None or not wl.reserved or wl.evicted or wl.finished:
             return
         self._evict("Preempted")
         self._seen()

@@ -13,10 +13,8 @@ import pytest
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common import keys
-from multislice_operator.common.errors import SpecError
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller.observe import jobset_observation, pod_records
-from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
@@ -31,7 +29,7 @@ from multislice_operator.reconcile.types import (
 )
 from multislice_operator.render.jobset import render_jobset
 from tests.unit import jobs
-from tests.unit.jobs import Observed, body, spec_and_plan
+from tests.unit.jobs import Observed, spec_and_plan
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 CFG = DecideConfig.from_settings(None, resync_seconds=10)
@@ -285,13 +283,6 @@ def test_a_resize_is_counted_once_charged_to_no_budget():
     )
     b = attribute(old2, JobSetObservation(restarts=5, restart_base=4, replicas=3), [])
     assert b.by_cause is not None and b.by_cause.resize == 1 and b.by_cause.disruption == 4
-
-
-def test_an_elastic_job_cannot_be_queued():
-    obj = body(**ELASTIC, metadata={"labels": {keys.KUEUE_QUEUE_NAME: "q"}})
-    with pytest.raises(SpecError) as err:
-        plan_job(load_job(obj))
-    assert "spec.elastic" in str(err.value) and "cannot be queued" in str(err.value)
 
 
 def test_a_shrunk_job_whose_three_slices_run_is_not_judged_slow_for_the_fourth():

@@ -11,7 +11,8 @@ import yaml
 
 from multislice_operator.api.models import KIND
 from multislice_operator.planning.plan import Plan, load_job, plan_job
-from multislice_operator.render.jobset import render_jobset
+from multislice_operator.render import kueue_workload
+from multislice_operator.render.jobset import render_jobset, render_pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -108,10 +109,18 @@ def test_the_kueue_example_is_a_queued_job_whose_chips_fit_one_team_quota() -> N
     selector = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
         "nodeSelector"
     ]
-    for key, value in flavor["spec"]["nodeLabels"].items():  # Kueue would add these at admission
+    # The pods must already select the flavor's nodes: the operator starts the JobSet itself
+    # and does not add a ResourceFlavor's nodeLabels as Kueue's job integrations do.
+    for key, value in flavor["spec"]["nodeLabels"].items():
         assert selector[key] == value
     assert jobset["spec"]["suspend"] is True
-    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"
+    wl = kueue_workload.render_workload(
+        plan, render_pod_template(plan, job.spec), uid="u", queue="q",
+        priority_class=job.metadata.labels["kueue.x-k8s.io/priority-class"], priority=100,
+    )  # fmt: skip
+    assert wl["spec"]["priorityClassRef"]["name"] == "research"
+    assert any(d["kind"] == "WorkloadPriorityClass" and d["metadata"]["name"] == "research"
+               for d in objs)  # fmt: skip
 
 
 WORKLOAD_IMAGE = "multislice/workload:"

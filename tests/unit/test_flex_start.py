@@ -8,15 +8,20 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 
 from multislice_operator.api.models import Phase
+from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
 from multislice_operator.reconcile import (
     AnnotatePods,
     CreateJobSet,
     CreatePools,
     DeletePools,
+    JobMeta,
     JobSetObservation,
     Pod,
+    QueueObservation,
+    SetJobSetSuspend,
     SliceObservation,
+    WorkloadObservation,
 )
 from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
@@ -108,3 +113,21 @@ def test_the_nodes_going_at_the_end_of_the_run_are_a_lost_slice():
     assert d.status.phase == Phase.RESTARTING
     assert Reason.SLICE_LOST in [e.reason for e in d.events]
     assert any(isinstance(a, DeletePools) for a in d.actions)
+
+
+def test_a_queued_flex_start_job_is_resumed_once_admitted_so_its_pods_scale_the_pools_up():
+    """Kueue admitted the job's Workload with its pools up but empty: the operator resumes the
+    suspended JobSet (nothing else will: the Workload is the job's), its pending pods are what
+    makes GKE scale the pools up."""
+    labels = {keys.KUEUE_QUEUE_NAME: "team-a"}
+    spec, plan = spec_and_plan(jobs.body(metadata={"labels": labels}, **FLEX))
+    admitted = WorkloadObservation("w", "3", quota_reserved=True, admitted=True, cluster_queue="cq")
+    obs = Observed(now=NOW, slices=flex(), jobset=JobSetObservation(suspended=True),
+                   queue=QueueObservation("team-a", workload=admitted))  # fmt: skip
+    meta = JobMeta("ns", "job", "uid-1", 1, labels=labels, has_finalizer=True)
+    old = {"phase": "Starting", "provisioningAttempts": 1,
+           "attemptStartTime": (NOW - timedelta(minutes=5)).isoformat()}  # fmt: skip
+    d = jobs.run(old, obs, plan=(spec, plan), meta=meta)
+    assert d.actions == [SetJobSetSuspend(False)]
+    assert d.status.phase == Phase.PROVISIONING
+    assert reason(d) == Reason.WAITING_FOR_FLEX_START_CAPACITY

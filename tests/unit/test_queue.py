@@ -17,15 +17,19 @@ from multislice_operator.reconcile import (
     CheckState,
     CreateJobSet,
     CreatePools,
+    CreateWorkload,
     DecideConfig,
     DeletePools,
+    FinishWorkload,
     JobMeta,
     JobSetObservation,
     Pod,
     PodSetUpdate,
     QueueObservation,
+    ReleaseWorkload,
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
+    SetJobSetSuspend,
     SliceObservation,
     WorkloadObservation,
 )
@@ -79,7 +83,7 @@ def up():
 
 def wl(check_state: str | None = CheckState.PENDING, retry: int = 0, **kw):
     fields = {
-        "name": "jobset-job-abcde",
+        "name": "multislicejob-job",
         "resource_version": "7",
         "quota_reserved": True,
         "cluster_queue": "cq",
@@ -119,34 +123,50 @@ def reasons(d):
 # ---------------------------------------------------------------- before any quota
 
 
-def test_a_queued_job_gets_its_jobset_at_once_and_no_pool():
+def test_a_queued_job_gets_its_workload_and_a_suspended_jobset_at_once_and_no_pool():
     fresh = JobMeta("ns", "job", "uid-1", 1, labels=LABELS)
-    d = run(obs=Observed(now=NOW, slices=absent()), meta=fresh)
-    assert d.actions == [AddFinalizer(), CreateJobSet()]
+    d = run(obs=Observed(now=NOW, slices=absent(), queue=QueueObservation(LQ)), meta=fresh)
+    assert d.actions == [AddFinalizer(), CreateWorkload(), CreateJobSet()]
     assert st(d)["phase"] == "Queued"
     assert st(d)["queue"]["localQueue"] == LQ
     assert cond(d)["reason"] == Reason.WAITING_FOR_WORKLOAD
+    # With a WorkloadPriorityClass, its value goes into the Workload (Kueue orders by it).
+    q = QueueObservation(LQ, priority=1000)
+    d = run(obs=Observed(now=NOW, slices=absent(), queue=q), meta=fresh)
+    assert CreateWorkload(1000) in d.actions
 
 
-def test_no_pool_while_kueue_has_not_made_a_workload_yet():
+def test_a_missing_workload_priority_class_is_named_and_nothing_is_queued():
+    q = QueueObservation(LQ, missing_priority_class="urgent")
+    d = run(obs=obs(queue=q))
+    assert st(d)["phase"] == "Pending" and "'urgent'" in st(d)["message"]
+    assert "kueue.x-k8s.io/priority-class" in st(d)["message"]
+    assert cond(d)["reason"] == Reason.NO_KUEUE_WORKLOAD
+    assert not any(isinstance(a, CreateWorkload) for a in d.actions)
+
+
+def test_no_pool_while_the_workload_is_not_seen_yet():
     d = run(obs=obs(workload=None, now=NOW + timedelta(seconds=5)))
-    assert d.actions == []
+    assert d.actions == [CreateWorkload()]  # again until seen: a create is idempotent
     assert st(d)["phase"] == "Queued"
     assert d.requeue_after == pytest.approx(10)
 
 
 def test_no_workload_after_the_bound_says_so_once_and_holds_no_pool():
-    """Issue 14 item 5: no Kueue installed (no Workload ever appears)."""
+    """Issue 14 item 5: the Workload never appears (Kueue's CRD missing, a refused create)."""
     later = NOW + timedelta(seconds=61)
-    d = run(old={"phase": "Queued"}, obs=obs(workload=None, slices=up(), now=later))
+    old = {"phase": "Queued", "startTime": iso(NOW)}
+    d = run(old=old, obs=obs(workload=None, slices=up(), now=later))
     assert st(d)["phase"] == "Pending"  # not claiming to be queued
-    assert "no Kueue Workload exists for JobSet job after 60s" in st(d)["message"]
-    assert "Kueue is not installed" in st(d)["message"]
+    assert "no Kueue Workload for the job in LocalQueue team-a" in st(d)["message"]
+    assert "not seen 60s after the operator created it: Kueue is not installed" in st(d)["message"]
     assert cond(d)["reason"] == Reason.NO_KUEUE_WORKLOAD
     assert reasons(d).count(Reason.NO_KUEUE_WORKLOAD) == 1
-    assert isinstance(d.actions[0], DeletePools) and len(d.actions[0].pools) == 2
+    assert kinds(d) == ["CreateWorkload", "DeletePools"]
+    assert len(d.actions[1].pools) == 2
     again = run(old=d.status, obs=obs(workload=None, now=later + timedelta(seconds=30)))
-    assert Reason.NO_KUEUE_WORKLOAD not in reasons(again) and again.actions == []
+    assert Reason.NO_KUEUE_WORKLOAD not in reasons(again)
+    assert again.actions == [CreateWorkload()]
 
 
 def test_no_workload_because_the_operator_does_not_watch_kueue():
@@ -202,7 +222,7 @@ def test_gang_ready_sets_the_check_ready_with_pod_set_updates_pinning_the_pools(
     d = run(old=old, obs=obs(wl(), slices=up()))
     (check,) = d.actions
     assert check == SetAdmissionCheckState(
-        "jobset-job-abcde",
+        "multislicejob-job",
         "7",
         CHECK,
         "Ready",
@@ -302,7 +322,12 @@ def test_a_rejected_check_fails_the_job():
     )
     d = run(old={"phase": "Provisioning"}, obs=obs(seen, slices=up()))
     assert st(d)["phase"] == "Failed" and "nope" in st(d)["message"]
-    assert isinstance(d.actions[0], DeletePools)
+    # The Workload is finished (Kueue frees the quota: the job's own, no job integration does
+    # it), and the pools go.
+    assert kinds(d) == ["FinishWorkload", "DeletePools"]
+    assert d.actions[0] == FinishWorkload(
+        "wl", False, "admission check gang rejected the Workload: nope"
+    )
 
 
 # ---------------------------------------------------------------- admitted, then evicted
@@ -331,7 +356,9 @@ def test_preemption_releases_the_pools_counts_once_and_names_the_preemptor():
         old=before.status,
         obs=obs(preempted, slices=up(), jobset=JobSetObservation(suspended=True, created=NOW)),
     )
-    assert kinds(d) == ["DeletePools"]
+    # Stopped (suspended, no pod): the reservation is given back and the pools go.
+    assert d.actions[0] == ReleaseWorkload("multislicejob-job", "7")
+    assert kinds(d) == ["ReleaseWorkload", "DeletePools"]
     assert st(d)["phase"] == "Queued"
     assert st(d)["queue"]["preemptions"] == 1
     assert st(d)["queue"]["lastEviction"]["preemptedBy"] == "ns/urgent"
@@ -371,13 +398,14 @@ def test_an_evicted_job_keeps_its_pools_until_its_jobset_is_suspended_and_its_po
         eviction_time=NOW,
         preempted_by="ns/urgent",
     )
-    # Kueue has not suspended the JobSet yet: its pods run on the pools.
+    # Evicted while it runs: the operator suspends the JobSet (no job integration of Kueue's
+    # does: the Workload is the job's); its pods still run on the pools.
     d = run(
         old=running.status,
         obs=obs(preempted, slices=up(), jobset=JobSetObservation(ready_jobs=2, created=NOW),
                 pods=pods()),
     )  # fmt: skip
-    assert "DeletePools" not in kinds(d), d.actions
+    assert d.actions == [SetJobSetSuspend(True)]
     assert st(d)["phase"] == "Queued" and "once its pods are gone" in st(d)["message"]
     assert d.requeue_after is not None and d.requeue_after <= CFG.resync_seconds
     # Suspended, its pods terminating (their grace period: the SIGTERM checkpoint): still kept.
@@ -385,17 +413,17 @@ def test_an_evicted_job_keeps_its_pools_until_its_jobset_is_suspended_and_its_po
     stopping = JobSetObservation(suspended=True, suspended_since=NOW, created=NOW)
     d = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
                                   now=later))  # fmt: skip
-    assert "DeletePools" not in kinds(d), d.actions
+    assert d.actions == [], d.actions  # neither the pools nor the quota yet
     assert st(d)["queue"]["preemptions"] == 1 and st(d)["restarts"] == 0
-    # Every pod gone: the pools go.
+    # Every pod gone: the quota is given back (Kueue requeues the job) and the pools go.
     gone = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, now=later))
-    assert gone.actions == [DeletePools(tuple(names))]
+    assert gone.actions == [ReleaseWorkload("multislicejob-job", "7"), DeletePools(tuple(names))]
     # A pod stuck past its grace period (30 s, the template sets none) and the margin holds
     # nothing: the pools go anyway.
     stuck = NOW + timedelta(seconds=61)
     d = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
                                   now=stuck))  # fmt: skip
-    assert d.actions == [DeletePools(tuple(names))]
+    assert d.actions == [ReleaseWorkload("multislicejob-job", "7"), DeletePools(tuple(names))]
     almost = run(old=d.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pods(True),
                                        now=NOW + timedelta(seconds=59)))  # fmt: skip
     assert "DeletePools" not in kinds(almost)
@@ -404,7 +432,7 @@ def test_an_evicted_job_keeps_its_pools_until_its_jobset_is_suspended_and_its_po
     pending = [Pod("job-slice-0-0", 0, 0, "Pending")]
     d = run(old=running.status, obs=obs(preempted, slices=up(), jobset=stopping, pods=pending,
                                         now=later))  # fmt: skip
-    assert d.actions == [DeletePools(tuple(names))]
+    assert d.actions == [ReleaseWorkload("multislicejob-job", "7"), DeletePools(tuple(names))]
 
 
 def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue():

@@ -15,15 +15,18 @@ from multislice_operator.reconcile import (
     AddFinalizer,
     CreateJobSet,
     CreatePools,
+    CreateWorkload,
     DecideConfig,
     DeleteJob,
     DeletePools,
     JobMeta,
     JobSetObservation,
     Pod,
+    QueueObservation,
     RemoveFinalizer,
     SetJobSetSuspend,
     SliceObservation,
+    WorkloadObservation,
     backoff_seconds,
     decide,
 )
@@ -466,14 +469,21 @@ def test_decide_is_deterministic():
     assert run(old=old, obs=obs).status == run(old=old, obs=obs).status
 
 
-def test_kueue_owns_the_suspend_flag():
+def test_a_queued_jobset_waits_suspended_until_its_workload_is_admitted():
     meta = JobMeta("ns", "job", "uid-1", 1, labels={"kueue.x-k8s.io/queue-name": "tpu-queue"})
     s, p = spec_and_plan(provisioning={"mode": "Existing"})
-    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True))
+    queue = QueueObservation("tpu-queue")
+    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True),
+                   queue=queue)  # fmt: skip
     d = run(old={"phase": "Starting"}, obs=obs, meta=meta, plan=(s, p))
-    assert d.actions == []  # a suspended JobSet that names a queue is resumed by Kueue, not us
+    assert d.actions == [CreateWorkload()]  # its Workload first; the JobSet stays suspended
     assert st(d)["phase"] == "Queued"
     assert "tpu-queue" in st(d)["message"]
+    admitted = WorkloadObservation("w", "1", quota_reserved=True, admitted=True)
+    obs = Observed(now=NOW, slices=existing(2), jobset=JobSetObservation(suspended=True),
+                   queue=QueueObservation("tpu-queue", workload=admitted))  # fmt: skip
+    d = run(old={"phase": "Starting"}, obs=obs, meta=meta, plan=(s, p))
+    assert d.actions == [SetJobSetSuspend(False)]  # admitted: the operator resumes it
 
 
 # ---------------------------------------------------------------- the shell's old decisions

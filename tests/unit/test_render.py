@@ -55,7 +55,11 @@ def test_jobset_shape():
     js = render()
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     assert js["metadata"]["name"] == "llm"
-    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    # Queued (label on the job), yet no queue label: the Workload is the job's own, and Kueue's
+    # JobSet integration must not make a second one for the JobSet.
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in js["metadata"]["labels"])
+    rj_labels = js["spec"]["replicatedJobs"][0]["template"]["metadata"]["labels"]
+    assert not any(k.startswith("kueue.x-k8s.io/") for k in rj_labels)
     assert js["metadata"]["annotations"] == {
         "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
     }

@@ -196,24 +196,3 @@ def test_without_spares_nothing_is_charged_to_them():
     _, plan = spec_and_plan(spares=0)
     g = d.status.goodput
     assert g is not None and g.spare_chips == 0 and g.held_chips == 2 * plan.shape.chips
-
-
-def test_spares_with_a_kueue_queue_are_refused_naming_the_field():
-    """Kueue's quota counts the JobSet's pods: queued spares would hold chips no quota counts."""
-    import pytest
-
-    from multislice_operator.common.errors import SpecError
-    from multislice_operator.planning.plan import load_job, plan_job
-    from tests.unit.jobs import body
-
-    queued = {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}
-    with pytest.raises(SpecError) as err:
-        plan_job(load_job(body(metadata=queued, spares=1)))
-    assert [e.path for e in err.value.errors] == ["spec.spares"]
-    assert "'team-a'" in str(err.value) and "set spares: 0" in str(err.value)
-    # Another mistake in the same job is reported with it, not instead of it.
-    with pytest.raises(SpecError) as err:
-        plan_job(load_job(body(metadata=queued, spares=1, topology="9x9")))
-    assert {e.path for e in err.value.errors} == {"spec.topology", "spec.spares"}
-    plan_job(load_job(body(metadata=queued)))  # no spares: fine
-    plan_job(load_job(body(spares=1)))  # no queue: fine

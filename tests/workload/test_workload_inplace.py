@@ -24,19 +24,29 @@ TINY = [
     "--mlp", "32", "--num_layers", "2", "--data_threads", "0", "--peak_flops", "1e9",
 ]  # fmt: skip
 
-# Says what a container would see, then fails on attempt 0 and succeeds afterwards.
+# Says what a container would see, then fails on attempt 0 and succeeds afterwards. Attempt 0
+# fails only once every process has said it (a barrier of marker files): the first failure makes
+# the launcher stop the others, and on a busy machine one not yet started would never say it.
 STAND_IN = f"""#!/bin/sh
-echo "{{\\"event\\": \\"seen\\", \\"coordinator\\": \\"${contract.JAX_COORDINATOR}\\", \
-\\"attempt\\": \\"${contract.RESTART_ATTEMPT}\\", \\"pod\\": \\"${contract.POD_NAME}\\", \
+echo "{{\\"event\\": \\"seen\\", \\"coordinator\\": \\"${contract.JAX_COORDINATOR}\\", \\
+\\"attempt\\": \\"${contract.RESTART_ATTEMPT}\\", \\"pod\\": \\"${contract.POD_NAME}\\", \\
 \\"podinfo\\": \\"${contract.PODINFO_DIR}\\"}}"
-[ "${contract.RESTART_ATTEMPT}" = 0 ] && exit {exitcodes.EXIT_INJECTED_FAILURE}
+mkdir -p BARRIER && touch "BARRIER/${contract.POD_NAME}"
+if [ "${contract.RESTART_ATTEMPT}" = 0 ]; then
+  i=0
+  while [ "$(ls BARRIER | wc -l)" -lt PROCESSES ] && [ $i -lt 1200 ]; do
+    sleep 0.05; i=$((i + 1))
+  done
+  exit {exitcodes.EXIT_INJECTED_FAILURE}
+fi
 exit 0
 """
 
 
-def stand_in(tmp_path: Path) -> str:
+def stand_in(tmp_path: Path, processes: int) -> str:
     path = tmp_path / "python"
-    path.write_text(STAND_IN)
+    barrier = tmp_path / "seen-at-attempt-0"
+    path.write_text(STAND_IN.replace("BARRIER", str(barrier)).replace("PROCESSES", str(processes)))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -55,7 +65,7 @@ def test_in_place_keeps_the_pods_and_the_coordinator_address(tmp_path: Path) -> 
         args=["train"],
         max_restarts=1,
         restart="in_place",
-        python=stand_in(tmp_path),
+        python=stand_in(tmp_path, 4),
         log_dir=str(tmp_path / "logs"),
         grace_s=1,
     )
@@ -78,7 +88,7 @@ def test_recreate_stays_the_default_with_a_port_per_attempt(tmp_path: Path) -> N
         1,
         args=["train"],
         max_restarts=1,
-        python=stand_in(tmp_path),
+        python=stand_in(tmp_path, 2),
         log_dir=str(tmp_path / "logs"),
         grace_s=1,
     )

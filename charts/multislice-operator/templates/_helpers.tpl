@@ -134,17 +134,22 @@ in one Role per watched namespace. */}}
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- if .Values.kueue.enabled }}
-# Kueue (--kueue): the Workload of each job's JobSet and the LocalQueue it names (its
-# ClusterQueue and pending count) are watched; the operator writes its check's state on a
-# Workload, and spec.active of a queued job's Workload when the job is suspended or resumed.
+# Kueue (--kueue): each queued job's Workload is the operator's to create (owned by the job)
+# and watched with the LocalQueue it names (its ClusterQueue and pending count); the operator
+# writes its check's state and the owner's conditions (quota released after an eviction,
+# Finished) on a Workload's status, spec.active when the job is suspended or resumed, and reads
+# the WorkloadPriorityClass a job names (its value is the Workload's priority).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads", "localqueues"]
   verbs: ["list", "watch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
 {{- end }}
 {{- end }}

@@ -12,15 +12,22 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator.api.models import MultisliceJob
 from multislice_operator.common import keys
-from multislice_operator.common.names import preflight_job
+from multislice_operator.common.names import REPLICATED_JOB, preflight_job
 from multislice_operator.common.pools import PoolError
 from multislice_operator.controller import admission, kueue, metrics
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import ApiError, Conflict, owner_reference, timestamp
+from multislice_operator.controller.kube import (
+    ApiError,
+    Conflict,
+    NotFound,
+    owner_reference,
+    timestamp,
+)
 from multislice_operator.controller.runtime import Runtime, template_key
 from multislice_operator.planning.plan import Plan
 from multislice_operator.reconcile import (
@@ -31,11 +38,15 @@ from multislice_operator.reconcile import (
     CreateJobSet,
     CreatePools,
     CreateSlice,
+    CreateWorkload,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
     DeleteSlices,
     EvictPods,
+    FinishWorkload,
+    ReclaimPods,
+    ReleaseWorkload,
     RemoveFinalizer,
     SetAdmissionCheckState,
     SetJobSetSuspend,
@@ -43,8 +54,8 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
-from multislice_operator.render import inplace
-from multislice_operator.render.jobset import render_jobset
+from multislice_operator.render import inplace, kueue_workload
+from multislice_operator.render.jobset import render_jobset, render_pod_template
 from multislice_operator.render.preflight import render_preflight_job
 from multislice_operator.render.slice import render_slice
 
@@ -322,6 +333,87 @@ async def set_workload_active(rt: Runtime, t: Target, a: SetWorkloadActive) -> N
     log.info("workload %s active=%s job=%s/%s", a.workload, a.active, t.namespace, t.name)
 
 
+async def create_workload(rt: Runtime, t: Target, a: CreateWorkload) -> None:
+    job, plan = t.planned()
+    labels = job.metadata.labels
+    body = kueue_workload.render_workload(
+        plan,
+        render_pod_template(plan, job.spec),
+        uid=t.uid,
+        queue=labels[keys.KUEUE_QUEUE_NAME],
+        priority_class=labels.get(keys.KUEUE_PRIORITY_CLASS),
+        priority=a.priority,
+    )
+    try:
+        created = await rt.kube.create_workload(body)
+    except NotFound:  # no Workload API: decide() says so once its bound passed
+        log.warning("no Kueue Workload API here job=%s/%s", t.namespace, t.name)
+        return
+    if created:
+        log.info(
+            "workload %s created job=%s/%s tpu=%d",
+            body["metadata"]["name"], t.namespace, t.name, kueue_workload.quota_chips(plan),
+        )  # fmt: skip
+
+
+async def _workload_status(
+    rt: Runtime, t: Target, name: str, resource_version: str | None,
+    status: Callable[[dict[str, Any]], dict[str, Any] | None],
+) -> bool:  # fmt: skip
+    """Write `status(workload)` on the Workload as read now (conditions carried back whole),
+    guarded by its resourceVersion; nothing if it moved from `resource_version` or is gone."""
+    found = await rt.kube.get_workload(t.namespace, name)
+    if found is None:
+        return False
+    rv = str(found["metadata"].get("resourceVersion", ""))
+    if resource_version is not None and rv != resource_version:
+        log.info("workload moved, not written job=%s/%s", t.namespace, t.name)
+        return False
+    body = status(found)
+    if body is None:
+        return False
+    try:
+        await rt.kube.patch_workload_status(t.namespace, name, rv, body)
+    except Conflict:
+        log.info("workload changed under us, not written job=%s/%s", t.namespace, t.name)
+        return False
+    return True
+
+
+def _parts(wl: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    st = wl.get("status") or {}
+    return (list(st.get("conditions") or []), list(st.get("admissionChecks") or []),
+            int(wl["metadata"].get("generation") or 0))  # fmt: skip
+
+
+async def release_workload(rt: Runtime, t: Target, a: ReleaseWorkload) -> None:
+    def status(wl: dict[str, Any]) -> dict[str, Any] | None:
+        conditions, checks, generation = _parts(wl)
+        return kueue_workload.released_status(conditions, checks, generation, datetime.now(UTC))
+
+    if await _workload_status(rt, t, a.workload, a.resource_version, status):
+        log.info("workload %s quota released job=%s/%s", a.workload, t.namespace, t.name)
+
+
+async def reclaim_pods(rt: Runtime, t: Target, a: ReclaimPods) -> None:
+    def status(_: dict[str, Any]) -> dict[str, Any]:
+        return {"reclaimablePods": [{"name": REPLICATED_JOB, "count": a.count}]}
+
+    if await _workload_status(rt, t, a.workload, a.resource_version, status):
+        log.info("workload %s reclaimable pods=%d job=%s/%s", a.workload, a.count, *t.key)
+
+
+async def finish_workload(rt: Runtime, t: Target, a: FinishWorkload) -> None:
+    def status(wl: dict[str, Any]) -> dict[str, Any] | None:
+        conditions, _, generation = _parts(wl)
+        return kueue_workload.finished_status(
+            conditions, a.succeeded, a.message, generation, datetime.now(UTC)
+        )
+
+    if await _workload_status(rt, t, a.workload, None, status):
+        log.info("workload %s finished job=%s/%s", a.workload, t.namespace, t.name)
+
+
 APPLIERS: dict[type[Any], Applier] = {
     AddFinalizer: add_finalizer,
     RemoveFinalizer: remove_finalizer,
@@ -338,6 +430,10 @@ APPLIERS: dict[type[Any], Applier] = {
     DeleteJob: delete_job,
     SetAdmissionCheckState: set_admission_check_state,
     SetWorkloadActive: set_workload_active,
+    CreateWorkload: create_workload,
+    ReleaseWorkload: release_workload,
+    ReclaimPods: reclaim_pods,
+    FinishWorkload: finish_workload,
     AnnotatePods: annotate_pods,
     EvictPods: evict_pods,
 }

@@ -421,8 +421,48 @@ class Kube:
             headers=APPLY_PATCH,
         )
 
+    async def create_workload(self, body: dict[str, Any]) -> bool:
+        """Create the job's Workload; False when one of that name exists (idempotent)."""
+        ns = body["metadata"]["namespace"]
+        try:
+            await self._call("post", f"{KUEUE}/namespaces/{_q(ns)}/workloads?{STRICT}", body)
+        except Conflict:
+            return False
+        return True
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self._call(
+                "get", f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}"
+            )
+        except NotFound:
+            return None
+        return found
+
+    async def patch_workload_status(
+        self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patch the Workload's status as of `resource_version` (409 if it moved since);
+        a list given (conditions) replaces Kueue's, so it carries back every entry as read."""
+        await self._call(
+            "patch",
+            f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}/status",
+            payload={"metadata": {"resourceVersion": resource_version}, "status": status},
+            headers=MERGE_PATCH,
+        )
+
+    async def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A Kueue WorkloadPriorityClass (cluster-scoped), None when there is none."""
+        try:
+            found: dict[str, Any] = await self._call(
+                "get", f"{KUEUE}/workloadpriorityclasses/{_q(name)}"
+            )
+        except NotFound:
+            return None
+        return found
+
     async def set_workload_active(self, namespace: str, name: str, active: bool) -> None:
-        """Kueue's Workload spec.active: false evicts it (Kueue then suspends the JobSet)."""
+        """Kueue's Workload spec.active: false evicts it (the operator then stops the job)."""
         try:
             await self._call(
                 "patch",

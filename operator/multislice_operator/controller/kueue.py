@@ -1,11 +1,11 @@
 """Kueue's objects as plain observations, and the loop that keeps our AdmissionChecks Active.
 
 Watched only with --kueue (kueue.x-k8s.io/v1beta2, the version Kueue v0.17 stores): Workloads
-(indexed by namespace and owning JobSet), LocalQueues (ClusterQueue and pending count) and
-AdmissionChecks (which of them are ours). The index functions keep only what decide() reads; the
-raw admissionChecks list of a Workload is kept because our write must carry every entry back as
-Kueue wrote it (merge patches replace lists): retryCount in particular, which Kueue increments from
-the value in the object it is given.
+(indexed by namespace and owning MultisliceJob: the operator creates them), LocalQueues
+(ClusterQueue and pending count) and AdmissionChecks (which of them are ours). The index
+functions keep only what decide() reads; the raw admissionChecks list of a Workload is kept
+because our write must carry every entry back as Kueue wrote it (merge patches replace lists):
+retryCount in particular, which Kueue increments from the value in the object it is given.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from multislice_operator.api import models
 from multislice_operator.common import keys
+from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import Conflict, timestamp
 from multislice_operator.controller.runtime import JobKey, Runtime
@@ -46,15 +48,15 @@ CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished", "Preempted")
 
 
 def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
-    """Index entries of one Workload: by (namespace, owning JobSet), and by its uid and its job's
-    uid (to name a preemptor)."""
+    """Index entries of one Workload: by (namespace, owning MultisliceJob), and by its uid and
+    its job's uid (to name a preemptor)."""
     meta = body.get("metadata") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
     owner = next(
         (
             o.get("name")
             for o in meta.get("ownerReferences") or []
-            if o.get("kind") == "JobSet" and o.get("controller")
+            if o.get("kind") == models.KIND and o.get("controller")
         ),
         None,
     )
@@ -73,6 +75,11 @@ def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
             if t in conds
         },
         "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
+        "reclaimable": sum(
+            int(r.get("count") or 0)
+            for r in status.get("reclaimablePods") or []
+            if r.get("name") == REPLICATED_JOB
+        ),
     }
     out: dict[Any, Any] = {}
     if owner:
@@ -120,9 +127,9 @@ def our_checks(rt: Runtime) -> dict[str, dict[str, Any]]:
     return found
 
 
-def workload_summary(rt: Runtime, namespace: str, jobset: str) -> dict[str, Any] | None:
-    """The Workload of a JobSet (the newest, should Kueue ever have made two)."""
-    found = [w for w in ob.items(rt.indexes.workloads, (namespace, jobset)) if isinstance(w, dict)]
+def workload_summary(rt: Runtime, namespace: str, job: str) -> dict[str, Any] | None:
+    """The Workload of a job (the newest, should there ever be two)."""
+    found = [w for w in ob.items(rt.indexes.workloads, (namespace, job)) if isinstance(w, dict)]
     if not found:
         return None
     newest: dict[str, Any] = max(found, key=lambda w: (str(w["created"] or ""), w["name"]))
@@ -174,6 +181,9 @@ def workload_observation(
         pending_reason="" if quota.get("status") == "True" else str(quota.get("reason") or ""),
         pending_message="" if quota.get("status") == "True" else str(quota.get("message") or ""),
         evicted=is_evicted,
+        reclaimable=int(summary.get("reclaimable") or 0),
+        seen_by_kueue=bool(quota),
+        created=ob.parse_time(summary["created"]),
         eviction_reason=str(evicted.get("reason") or "") if is_evicted else "",
         eviction_message=message if is_evicted else "",
         eviction_time=ob.parse_time(evicted.get("time")) if is_evicted else None,
@@ -185,7 +195,7 @@ def workload_observation(
 
 
 def queue_observation(rt: Runtime, key: JobKey, queue: str) -> QueueObservation:
-    """What Kueue says about the job `key` (its JobSet has the job's name)."""
+    """What Kueue says about the job `key`."""
     if not rt.settings.kueue:
         return QueueObservation(queue, watching=False)
     lq = ob.first(rt.indexes.local_queues, (key[0], queue))

@@ -7,6 +7,7 @@ only when it changed.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import logging
 import time
@@ -41,7 +42,7 @@ from multislice_operator.reconcile import (
     goodput,
 )
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
-from multislice_operator.reconcile.types import PreflightObservation
+from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
 from multislice_operator.render import podsecurity
 from multislice_operator.render.jobset import render_pod_template
 
@@ -252,6 +253,20 @@ async def _missing_priority_class(rt: Runtime, spec: MultisliceJobSpec) -> str |
     return None if exists else name
 
 
+async def _workload_priority(rt: Runtime, q: QueueObservation, name: str) -> QueueObservation:
+    """The WorkloadPriorityClass's value for the Workload the operator is about to create (as
+    jobframework resolves it: Kueue orders and preempts by the value); read once per name for
+    all jobs, briefly cached."""
+    seen, value = rt.workload_priority(name)
+    if not seen:
+        found = await rt.kube.get_workload_priority_class(name)
+        value = int(found.get("value") or 0) if found is not None else None
+        rt.remember_workload_priority(name, value)
+    if value is None:
+        return dataclasses.replace(q, missing_priority_class=name)
+    return dataclasses.replace(q, priority=value)
+
+
 async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObservation | None:
     """The job's compile Job (spec.preflight), and its pod once it finished (the termination
     message): read, not watched, while the job holds no capacity (decide() polls)."""
@@ -305,6 +320,9 @@ async def observe_job(
     if queue:
         observed.queue = kueue.queue_observation(rt, key, queue)
         observed.kueue_problem = rt.kueue_problem
+        priority = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_PRIORITY_CLASS)
+        if priority and observed.queue.watching and observed.queue.workload is None:
+            observed.queue = await _workload_priority(rt, observed.queue, priority)
     nothing_yet = not (observed.jobset and observed.jobset.owned) and (
         not plan.managed or all(s.pool_state == PoolState.ABSENT for s in observed.slices)
     )

@@ -123,6 +123,8 @@ class Runtime:
     # Whether a PriorityClass exists, by name, read before the first pool of a job that names
     # one; kept as briefly (one read per name, not one per job or pass).
     _priority_classes: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    # Kueue WorkloadPriorityClass values by name (None: no such class), read as briefly.
+    _workload_priorities: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
     created_jobsets: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
@@ -170,6 +172,16 @@ class Runtime:
 
     def remember_priority_class(self, name: str, exists: bool) -> None:
         self._priority_classes[name] = (time.monotonic(), exists)
+
+    def workload_priority(self, name: str) -> tuple[bool, int | None]:
+        """(read lately, the WorkloadPriorityClass's value or None when there is none)."""
+        seen = self._workload_priorities.get(name)
+        if seen is None or time.monotonic() - seen[0] > NAMESPACE_LABELS_TTL_SECONDS:
+            return False, None
+        return True, seen[1]
+
+    def remember_workload_priority(self, name: str, value: int | None) -> None:
+        self._workload_priorities[name] = (time.monotonic(), value)
 
     def poke(
         self, namespace: str | None, name: str | None, batch: float = 0.0, quiet: float = 0.0

@@ -446,35 +446,9 @@ def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism)
 
 
 def plan_job(job: MultisliceJob) -> Plan:
-    """The plan of a whole job: its spec, and what its metadata adds (a Kueue queue)."""
-    queue = job.metadata.labels.get(keys.KUEUE_QUEUE_NAME)
-    errors = []
-    if queue and job.spec.spares:
-        errors.append(
-            FieldError(
-                "spec.spares",
-                f"hot spares cannot be queued: Kueue's quota counts the JobSet's pods, so the "
-                f"LocalQueue {queue!r} (label {keys.KUEUE_QUEUE_NAME}) would not count the "
-                f"{job.spec.spares} spare node pools; set spares: 0 or remove the label",
-            )
-        )
-    if queue and job.spec.elastic:
-        errors.append(
-            FieldError(
-                "spec.elastic",
-                f"an elastic job cannot be queued: a resize recreates its JobSet, and Kueue "
-                f"would queue the new one's Workload (LocalQueue {queue!r}, label "
-                f"{keys.KUEUE_QUEUE_NAME}) while its pools are held; remove spec.elastic or "
-                "the label",
-            )
-        )
-    try:
-        plan = make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
-    except SpecError as exc:
-        raise SpecError([*exc.errors, *errors]) from None
-    if errors:
-        raise SpecError(errors)
-    return plan
+    """The plan of a whole job (a queued one too: its Workload counts its spares and an elastic
+    job at its full size, render/kueue_workload.py)."""
+    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
 
 
 def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:

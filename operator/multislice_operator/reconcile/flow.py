@@ -57,6 +57,7 @@ from multislice_operator.reconcile.capacity import (
     Capacity,
     pools_present,
     release_stopped,
+    stop_wait,
     strays,
 )
 from multislice_operator.reconcile.context import Builder
@@ -210,6 +211,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     cap = f.capacity.provide(f, b, verdicts.gang_up(f))
     if g is not None:
         kueue_gate.admitted(b, g)
+        kueue_gate.reclaim(f, b)
     return _run(f, b, cap, due)
 
 
@@ -292,6 +294,9 @@ def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     if cap.ready:
         b.add(SetJobSetSuspend(False))
         return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
+    if cap.flex_wait is not None:  # its pending pods are what makes GKE scale the pools up
+        b.add(SetJobSetSuspend(False))
+        return Phase.PROVISIONING, cap.flex_wait, cap
     if cap.phase is not None:
         return cap.phase, cap.message, cap
     cond = b.status.condition(PROVISIONED)
@@ -318,9 +323,10 @@ def _flex_start_end(f: Facts, b: Builder) -> str | None:
 
 
 def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
-    """Kueue keeps the job waiting: no node pool, its JobSet (created at once, suspended, so
-    that Kueue can make a Workload for it) waits."""
+    """Kueue keeps the job waiting: no node pool, its JobSet (created at once, suspended) waits;
+    one that ran is suspended, and its Workload's quota given back once it stopped."""
     assert f.plan is not None
+    kueue_gate.stop(f, b, stop_wait(f) is None)
     note = release_stopped(f, b)
     b.status.attempt_start_time = None  # an attempt in flight is abandoned with the quota
     b.status.capacity_ready_time = None
@@ -357,7 +363,7 @@ def _provision(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str, Ca
         return (*kueue_gate.hold(f, b, retry), cap)
     if cap.ready or cap.flex_wait is not None:
         # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
-        # Kueue resumes it, are what makes GKE scale the pools up.
+        # it is resumed after Kueue's admission, are what makes GKE scale the pools up.
         message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
         kueue_gate.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"

@@ -1,7 +1,7 @@
 """The promises every decision keeps, checked in one place for every branch. Pure.
 
 - no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreatePreflightJob,
-  SetJobSetSuspend(False),
+  CreateWorkload, SetJobSetSuspend(False),
   SetWorkloadActive(True)) on a terminal phase or a job being deleted, nor on a job the operator
   failed with a verdict that sticks (its old status: facts.failed_for_good), whatever this
   decision's phase: such a job never creates a pool or runs again;
@@ -33,6 +33,7 @@ from multislice_operator.reconcile.types import (
     CreatePools,
     CreatePreflightJob,
     CreateSlice,
+    CreateWorkload,
     Decision,
     DeletePools,
     DeleteSlices,
@@ -48,9 +49,19 @@ class InvariantViolation(AssertionError):
     pass
 
 
+CREATES = (
+    CreatePools,
+    CreateSlice,
+    CreateJobSet,
+    ValidateJobSet,
+    CreatePreflightJob,
+    CreateWorkload,
+)
+
+
 def _creates(a: Action) -> bool:
     return (
-        isinstance(a, (CreatePools, CreateSlice, CreateJobSet, ValidateJobSet, CreatePreflightJob))
+        isinstance(a, CREATES)
         or (isinstance(a, SetJobSetSuspend) and not a.suspend)
         or (isinstance(a, SetWorkloadActive) and a.active)
     )

@@ -5,8 +5,9 @@ predicates, as Kueue's own provisioning admission check is) to what this pass ma
 the queue, provision the gang, wait for admission, run) and the check state to report; the one
 lifecycle (flow.py) runs under it.
 
-A job that names a queue (label kueue.x-k8s.io/queue-name) gets its JobSet at once, suspended and
-labelled; Kueue makes a Workload for it and reserves quota in a ClusterQueue. If that ClusterQueue
+A job that names a queue (label kueue.x-k8s.io/queue-name) gets its own Workload at once (the
+operator creates it, render/kueue_workload.py) and its JobSet, suspended and without a queue label;
+Kueue reserves quota for the Workload in a ClusterQueue. If that ClusterQueue
 lists an AdmissionCheck whose controllerName is this operator's (multislice.dev/gang-provisioning),
 the check is ours, and it works like Kueue's own ProvisioningRequest check
 (pkg/controller/admissionchecks/provisioning, v0.17.0), with node pools for capacity:
@@ -14,10 +15,15 @@ the check is ours, and it works like Kueue's own ProvisioningRequest check
 * no quota reserved, or evicted: no node pool, whatever happened before (release them);
 * quota reserved and the check Pending: provision the gang (capacity.py, all or none);
 * every slice ready: the check Ready, with podSetUpdates pinning the pods to this job's pools;
-  Kueue admits and resumes the JobSet;
-* a stockout or timeout rolls the gang back: the check Retry, so Kueue evicts the Workload,
-  releases the quota and queues it again (the check back to Pending, retryCount + 1);
+  Kueue admits the Workload and the operator resumes the JobSet;
+* a stockout or timeout rolls the gang back: the check Retry, so Kueue evicts the Workload, the
+  operator unsets its reservation (`stop`) and Kueue queues it again (the check back to Pending,
+  retryCount + 1);
 * a permanent error: the check Rejected (Kueue deactivates the Workload) and the job fails.
+
+What Kueue's job reconciler does for a Go job the operator does for its Workload: it stops the
+job when Kueue evicts it and unsets the reservation once it stopped (`stop`), reports finished
+slices as reclaimable (`reclaim`) and finishes the Workload when the job ends (`finish`).
 
 Retry is written without requeueAfterSeconds on purpose: in Kueue v0.17.0 a check's
 requeueAfterSeconds sets the Workload's requeueState.requeueAt at once, and the workload controller
@@ -49,14 +55,19 @@ from multislice_operator.reconcile.types import (
     AdmissionCheckObservation,
     CheckObservation,
     CheckState,
-    JobSetObservation,
+    CreateWorkload,
+    FinishWorkload,
     PodSetUpdate,
     QueueObservation,
+    ReclaimPods,
+    ReleaseWorkload,
     SetAdmissionCheckActive,
     SetAdmissionCheckState,
+    SetJobSetSuspend,
     SetWorkloadActive,
     WorkloadObservation,
 )
+from multislice_operator.render.kueue_workload import workload_name
 
 ADMITTED = ConditionType.ADMITTED
 ACTIVE_MESSAGE = "multislice-operator provisions the node pools of each admitted gang"
@@ -68,7 +79,7 @@ PREEMPTED = "Preempted"
 class Pass(StrEnum):
     HOLD = "Hold"  # waits in the queue (or for a Workload): no node pool, nothing runs
     PROVISION = "Provision"  # quota reserved and our check Pending: the gang, all or none
-    ADMISSION = "Admission"  # quota (and our check) ready: Kueue admits and resumes the JobSet
+    ADMISSION = "Admission"  # quota (and our check) ready: Kueue admits the Workload next
     RUN = "Run"  # admitted and resumed: the ordinary running job
 
 
@@ -92,22 +103,19 @@ def gate(f: Facts, b: Builder) -> Gate:
     assert f.queue is not None and f.plan is not None
     q = f.obs.queue or QueueObservation(local_queue=f.queue, watching=False)
     _record(f, b, q)
-    js, plan = f.js, f.plan
     if f.obs.kueue_problem:
         return _unsupported(f, b, f.obs.kueue_problem)
-    if js is None:  # created now, suspended; said as the next pass will see it (one write)
-        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(plan, f.queue))
     wl = q.workload
     if wl is None:
-        if not js.suspended:  # resumed by someone else (no Kueue to ask): it runs
-            return Gate(Pass.RUN, message="the JobSet runs without a Kueue Workload")
-        return _no_workload(f, b, q, js.created)
+        return _no_workload(f, b, q)
     _note_eviction(f, b, wl)
     if not wl.active:
         return _deactivated(b, wl)
+    if not wl.seen_by_kueue:
+        return _not_seen(f, b, q, wl)
     if wl.evicted or not wl.quota_reserved:
         return _queued(f, q, wl)
-    return _quota_reserved(js, wl)
+    return _quota_reserved(wl)
 
 
 def _unsupported(f: Facts, b: Builder, problem: str) -> Gate:
@@ -133,17 +141,11 @@ def _deactivated(b: Builder, wl: WorkloadObservation) -> Gate:
     )
 
 
-def _quota_reserved(js: JobSetObservation, wl: WorkloadObservation) -> Gate:
-    """Quota reserved: our check (if the ClusterQueue lists one) decides, then admission."""
+def _quota_reserved(wl: WorkloadObservation) -> Gate:
+    """Quota reserved: our check (if the ClusterQueue lists one) decides, then Kueue admits and
+    the JobSet is resumed (by the operator: Kueue does not manage it)."""
     check = wl.check
-    admitted = f"admitted by Kueue in ClusterQueue {wl.cluster_queue}"
-    if check is None:  # the ClusterQueue lists no check of ours: quota only
-        if js.suspended:
-            return Gate(Pass.ADMISSION, Reason.WAITING_FOR_ADMISSION,
-                        "quota reserved; waiting for Kueue to admit and resume the JobSet",
-                        workload=wl)  # fmt: skip
-        return Gate(Pass.RUN, message=admitted, workload=wl)
-    if check.state == CheckState.RETRY:
+    if check is not None and check.state == CheckState.RETRY:
         return Gate(
             Pass.HOLD,
             Reason.CHECK_RETRY,
@@ -152,13 +154,15 @@ def _quota_reserved(js: JobSetObservation, wl: WorkloadObservation) -> Gate:
             workload=wl,
             check=check,
         )
-    if check.state == CheckState.PENDING:
+    if check is not None and check.state == CheckState.PENDING:
         return Gate(Pass.PROVISION, Reason.GANG_PROVISIONING, workload=wl, check=check)
-    if js.suspended:  # Ready
+    if not wl.admitted:  # quota only, or our check Ready: Kueue admits next
+        ready = f"admission check {check.name} Ready" if check else "quota reserved"
         return Gate(Pass.ADMISSION, Reason.WAITING_FOR_ADMISSION,
-                    f"admission check {check.name} Ready: waiting for Kueue to admit and resume "
-                    "the JobSet", workload=wl, check=check)  # fmt: skip
-    return Gate(Pass.RUN, message=admitted, workload=wl, check=check)
+                    f"{ready}: waiting for Kueue to admit the Workload", workload=wl,
+                    check=check)  # fmt: skip
+    return Gate(Pass.RUN, message=f"admitted by Kueue in ClusterQueue {wl.cluster_queue}",
+                workload=wl, check=check)  # fmt: skip
 
 
 def hold(f: Facts, b: Builder, g: Gate) -> tuple[Phase, str]:
@@ -215,28 +219,37 @@ def _queued(f: Facts, q: QueueObservation, wl: WorkloadObservation) -> Gate:
     return Gate(Pass.HOLD, reason, f"queued in {where}: {why}", workload=wl, check=wl.check)
 
 
-def _waiting_for_workload(plan: Plan, queue: str) -> str:
-    return f"JobSet {plan.name} in LocalQueue {queue}: waiting for Kueue to create its Workload"
-
-
-def _no_workload(f: Facts, b: Builder, q: QueueObservation, created: datetime | None) -> Gate:
+def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
+    """No Workload seen: the operator creates it (it is the job's own, render/kueue_workload.py),
+    unless it cannot: it does not watch Kueue, or the WorkloadPriorityClass is missing."""
     assert f.plan is not None
-    waited = (f.now - created).total_seconds() if created else 0.0
-    bound = f.cfg.kueue_workload_wait_seconds
-    if waited < bound:
-        b.requeue_in(bound - waited)
-        return Gate(
-            Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _waiting_for_workload(f.plan, q.local_queue)
+    cause = None
+    if not q.watching:
+        cause = "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"
+    elif q.missing_priority_class:
+        cause = (
+            f"WorkloadPriorityClass {q.missing_priority_class!r} (label "
+            f"{keys.KUEUE_PRIORITY_CLASS}) does not exist: create it, or fix or remove the label"
         )
-    cause = (
-        "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"
-        if not q.watching
-        else "Kueue is not installed, or it does not manage this JobSet (its Configuration must "
-        "list jobset.x-k8s.io/jobset in integrations.frameworks and not exclude this namespace)"
-    )
+    if cause is None:
+        b.add(CreateWorkload(q.priority))
+        if b.status.queue is not None:  # said as the next pass will see it (one write)
+            b.status.queue.workload = workload_name(f.plan.name)
+        started = f.old.start_time or f.now
+        waited = (f.now - started).total_seconds()
+        bound = f.cfg.kueue_workload_wait_seconds
+        if waited < bound:
+            b.requeue_in(bound - waited)
+            return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
+                        _awaiting(workload_name(f.plan.name), q.local_queue))  # fmt: skip
+        cause = (
+            f"its Workload is not seen {bound:.0f}s after the operator created it: Kueue is not "
+            "installed (no Workload API is served), or the create was refused (the operator's "
+            "log says why)"
+        )
     message = (
-        f"no Kueue Workload exists for JobSet {f.plan.name} after {bound:.0f}s: {cause}; the job "
-        f"holds no node pools and stays suspended until Kueue admits it"
+        f"no Kueue Workload for the job in LocalQueue {q.local_queue}: {cause}; the job holds no "
+        "node pools and stays suspended until Kueue admits it"
     )
     before = f.old.condition(ADMITTED)
     if before is None or before.reason != Reason.NO_KUEUE_WORKLOAD:
@@ -244,6 +257,63 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation, created: datetime | 
     b.requeue_in(f.cfg.resync_seconds * 3)
     # Pending, not Queued: nothing queues it.
     return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING)
+
+
+def _awaiting(workload: str, queue: str) -> str:
+    """Said from the create until Kueue looks at the Workload (one text: one status write)."""
+    return f"Workload {workload} in LocalQueue {queue}: waiting for Kueue to look at it"
+
+
+def _not_seen(f: Facts, b: Builder, q: QueueObservation, wl: WorkloadObservation) -> Gate:
+    """A Workload Kueue never looked at (no QuotaReserved condition): just created, or Kueue's
+    controller does not run (its CRDs do)."""
+    bound = f.cfg.kueue_workload_wait_seconds
+    waited = (f.now - wl.created).total_seconds() if wl.created else 0.0
+    if waited < bound:
+        b.requeue_in(bound - waited)
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _awaiting(wl.name, q.local_queue),
+                    workload=wl)  # fmt: skip
+    message = (
+        f"Kueue has not looked at Workload {wl.name} (LocalQueue {q.local_queue}) in "
+        f"{bound:.0f}s: Kueue is not installed or not running (its API is served, its controller "
+        "does not answer); the job holds no node pools and stays suspended until Kueue admits it"
+    )
+    before = f.old.condition(ADMITTED)
+    if before is None or before.reason != Reason.NO_KUEUE_WORKLOAD:
+        b.event(Reason.NO_KUEUE_WORKLOAD, message)
+    b.requeue_in(f.cfg.resync_seconds * 3)
+    return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING, workload=wl)
+
+
+def stop(f: Facts, b: Builder, stopped: bool) -> None:
+    """A queued job that may not run (evicted, waiting, suspended): its JobSet is suspended, and
+    once it is `stopped` (no pod of it left on the pools) an evicted Workload's quota reservation
+    is unset, which is what Kueue waits for to requeue it (jobframework, "handle eviction")."""
+    js, wl = f.js, workload(f)
+    if js is not None and not js.suspended and not js.deleting:
+        b.add(SetJobSetSuspend(True))
+        return
+    if wl is not None and wl.evicted and wl.quota_reserved and stopped:
+        b.add(ReleaseWorkload(wl.name, wl.resource_version))
+
+
+def reclaim(f: Facts, b: Builder) -> None:
+    """A running job's succeeded slices free their quota before the whole job ends, as Kueue's
+    JobSet integration reports them (ReclaimablePods: succeeded Jobs x pods per Job)."""
+    wl, js, plan = workload(f), f.js, f.plan
+    if wl is None or js is None or plan is None or not wl.admitted:
+        return
+    count = min(js.succeeded_jobs, plan.slices) * plan.shape.hosts
+    if count > wl.reclaimable:
+        b.add(ReclaimPods(wl.name, wl.resource_version, count))
+
+
+def finish(f: Facts, b: Builder, succeeded: bool, message: str) -> None:
+    """The job ended: its Workload Finished, which frees the quota (level-based)."""
+    wl = workload(f)
+    if wl is not None and not wl.finished:
+        b.add(FinishWorkload(wl.name, succeeded, message or ("succeeded" if succeeded else
+                                                              "failed")))  # fmt: skip
 
 
 # ---------------------------------------------------------------- memory and display

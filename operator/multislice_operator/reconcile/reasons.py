@@ -318,7 +318,9 @@ REGISTRY: dict[Reason, Info] = {
         WARNING, "Kueue evicted the job's Workload; its pools are released and it queues again."
     ),
     Reason.NO_KUEUE_WORKLOAD: Info(
-        WARNING, "The job names a queue but no Kueue Workload exists for its JobSet."
+        WARNING,
+        "The job names a queue but its Kueue Workload cannot be made (the operator does not "
+        "watch Kueue, or the WorkloadPriorityClass it names does not exist).",
     ),
     Reason.KUEUE_UNSUPPORTED: Info(
         WARNING, "The cluster's Kueue serves no API version this operator speaks."
@@ -380,10 +382,10 @@ _CONDITION_REASONS = {
         "No node announces maintenance any more.",
     ),
     Reason.ADMITTED: ("Admitted", "Kueue admitted the job."),
-    Reason.WAITING_FOR_WORKLOAD: ("Admitted", "Waiting for Kueue to create the JobSet's Workload."),
+    Reason.WAITING_FOR_WORKLOAD: ("Admitted", "The operator creates the job's Kueue Workload."),
     Reason.WAITING_FOR_ADMISSION: (
         "Admitted",
-        "Quota (and capacity) ready: Kueue admits and resumes the JobSet.",
+        "Quota (and capacity) ready: Kueue admits the Workload, then the JobSet is resumed.",
     ),
     Reason.GANG_PROVISIONING: (
         "Admitted",

@@ -249,7 +249,7 @@ class CheckObservation:
 
 @dataclass(frozen=True)
 class WorkloadObservation:
-    """Kueue's Workload for the job's JobSet, reduced to what the decision needs."""
+    """The job's Kueue Workload (the job owns it), reduced to what the decision needs."""
 
     name: str
     resource_version: str = ""
@@ -261,6 +261,10 @@ class WorkloadObservation:
     pending_reason: str = ""  # QuotaReserved=False: reason and message
     pending_message: str = ""
     evicted: bool = False  # Evicted=True
+    reclaimable: int = 0  # status.reclaimablePods of pod set "slice": pods whose quota is freed
+    # Kueue wrote a QuotaReserved condition (True or False): its controller looked at it.
+    seen_by_kueue: bool = True
+    created: datetime | None = None  # metadata.creationTimestamp
     eviction_reason: str = ""
     eviction_message: str = ""
     eviction_time: datetime | None = None
@@ -277,6 +281,10 @@ class QueueObservation:
     cluster_queue: str | None = None  # the LocalQueue's spec.clusterQueue, if it exists
     pending_workloads: int | None = None  # the LocalQueue's status.pendingWorkloads
     workload: WorkloadObservation | None = None
+    # Read while the job has no Workload yet (label kueue.x-k8s.io/priority-class): the
+    # WorkloadPriorityClass's value, or its name when there is no such class.
+    priority: int | None = None
+    missing_priority_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -455,11 +463,48 @@ class SetJobSetSuspend:
 
 @dataclass(frozen=True)
 class SetWorkloadActive:
-    """A queued job suspended or resumed: Kueue's Workload spec.active (Kueue unsuspends an
-    admitted JobSet itself, so a suspend must go through the Workload)."""
+    """A queued job suspended or resumed: its Workload's spec.active (false: Kueue evicts it and
+    frees the quota once the job is stopped, true: it queues again)."""
 
     workload: str
     active: bool
+
+
+@dataclass(frozen=True)
+class CreateWorkload:
+    """A queued job's Kueue Workload, owned by the job (render/kueue_workload.py): its slices'
+    and spares' pods, in the job's LocalQueue, at `priority` (its WorkloadPriorityClass's value;
+    None: no class named)."""
+
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseWorkload:
+    """The job stopped after Kueue evicted its Workload: unset the quota reservation (Kueue's job
+    reconciler does this for a Go job), as of the resourceVersion decided on."""
+
+    workload: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class ReclaimPods:
+    """Pods of the Workload's pod set "slice" whose quota Kueue may free before the job ends:
+    the hosts of its succeeded slices (status.reclaimablePods; never lowered: Kueue refuses)."""
+
+    workload: str
+    resource_version: str
+    count: int
+
+
+@dataclass(frozen=True)
+class FinishWorkload:
+    """The job ended: its Workload Finished (Kueue frees the quota)."""
+
+    workload: str
+    succeeded: bool
+    message: str
 
 
 @dataclass(frozen=True)
@@ -532,6 +577,10 @@ Action = (
     | DeleteJob
     | SetAdmissionCheckState
     | SetWorkloadActive
+    | CreateWorkload
+    | ReleaseWorkload
+    | ReclaimPods
+    | FinishWorkload
     | AnnotatePods
     | EvictPods
 )

@@ -24,6 +24,7 @@ from multislice_operator.reconcile.capacity import (
     pools_present,
     release,
     release_stopped,
+    stop_wait,
 )
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, failed_for_good
@@ -386,6 +387,7 @@ def _end(f: Facts, b: Builder, phase: Phase, message: str) -> bool:
     if phase == Phase.FAILED:
         _stop_jobset(f, b)
         kueue_gate.reject(f, b, message)
+    kueue_gate.finish(f, b, phase == Phase.SUCCEEDED, message)
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
     return True if keep else release(f, b)
 
@@ -424,11 +426,12 @@ def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
 def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
     js, wl = f.js, kueue_gate.workload(f)
     if wl is not None:
-        # Kueue unsuspends an admitted JobSet itself: a queued job is suspended through its
-        # Workload (spec.active false), and Kueue then evicts it and suspends the JobSet.
+        # A queued job also gives its quota back: its Workload inactive (Kueue evicts it), the
+        # reservation unset once the JobSet stopped; active again when the suspend is lifted.
         if wl.active:
             b.add(SetWorkloadActive(wl.name, False))
         kueue_gate.remember_suspended(b)
+        kueue_gate.stop(f, b, stop_wait(f) is None)
     elif js is not None and not js.suspended:
         b.add(SetJobSetSuspend(True))
     note = release_stopped(f, b)

@@ -305,13 +305,9 @@ def render_jobset(
     left of maxRestarts. `in_place_agent`: the in-place restart agent's image where the cluster
     restarts pods in place (decide() says so); None renders Recreate."""
     labels = job_labels(plan)
+    # A queued job's Workload is the job's own (render/kueue_workload.py): the JobSet carries no
+    # queue label, so Kueue's JobSet integration leaves it to the operator.
     queue = (job_meta_labels or {}).get(keys.KUEUE_QUEUE_NAME)
-    if queue:
-        labels[keys.KUEUE_QUEUE_NAME] = queue
-        # Kueue reads the Workload's priority from the job's label (a WorkloadPriorityClass).
-        priority = (job_meta_labels or {}).get(keys.KUEUE_PRIORITY_CLASS)
-        if priority:
-            labels[keys.KUEUE_PRIORITY_CLASS] = priority
     hosts = plan.shape.hosts
     pod_policy = pod_failure_policy(spec)
     job_spec: dict[str, Any] = {
@@ -346,7 +342,8 @@ def render_jobset(
             "annotations": annotations,
         },
         "spec": {
-            # Kueue admits suspended JobSets: a queued job starts suspended and Kueue resumes it.
+            # A queued job's JobSet starts suspended; the operator resumes it once Kueue admitted
+            # the job's Workload and its capacity is ready.
             "suspend": spec.suspend or bool(queue),
             "failurePolicy": failure_policy,
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB]},
