@@ -163,3 +163,28 @@ def test_a_queued_elastic_job_with_spares_is_planned_and_counted_at_its_full_siz
     assert _kueue_usage(wl) == {"slice": 4 * 16, "spare": 16}
     degraded = plan.running_on(2)  # the JobSet's size while two slices are lost
     assert degraded.slices == 2 and kw.quota_chips(plan) == 80
+
+
+def test_the_job_s_workload_is_indexed_under_the_job_with_what_decide_reads():
+    """controller/kueue.py: the rendered Workload, as Kueue returns it with a status, is found
+    under (namespace, job) and by uids; one owned by a JobSet (Kueue's JobSet integration) is not
+    this operator's."""
+    from multislice_operator.controller.kueue import summarize_workload
+
+    job_spec, plan = jobs.spec_and_plan(spares=1)
+    wl = kw.render_workload(plan, render_pod_template(plan, job_spec), uid="u-7", queue="lq")
+    wl["metadata"] |= {"uid": "w-1", "resourceVersion": "12"}
+    wl["status"] = {
+        "conditions": [_cond("QuotaReserved", "True", "QuotaReserved"), _cond("Foo", "True")],
+        "reclaimablePods": [{"name": "slice", "count": 4}, {"name": "spare", "count": 4}],
+        "admission": {"clusterQueue": "cq"},
+    }
+    out = summarize_workload(wl)
+    summary = out[("ns", "job")]
+    assert (summary["name"], summary["resourceVersion"], summary["clusterQueue"]) == (
+        "multislicejob-job", "12", "cq")  # fmt: skip
+    assert summary["reclaimable"] == 4  # the slices' pod set only
+    assert set(summary["conditions"]) == {"QuotaReserved"}
+    assert out[("uid", "w-1")] == out[("job-uid", "u-7")] == "ns/job"
+    wl["metadata"]["ownerReferences"][0]["kind"] = "JobSet"
+    assert summarize_workload(wl) == {}

@@ -47,48 +47,53 @@ CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished", "Preempted")
 # ---------------------------------------------------------------- index summaries
 
 
+def _owner(meta: Mapping[str, Any]) -> str | None:
+    """The MultisliceJob that owns the Workload (its controller), if any."""
+    for o in meta.get("ownerReferences") or []:
+        if o.get("kind") == models.KIND and o.get("controller"):
+            return str(o.get("name"))
+    return None
+
+
+def _conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions decide() reads, by type: status, reason, message and time."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in status.get("conditions") or []:
+        if c.get("type") in CONDITIONS:
+            kept = {k: c.get(k, "") for k in ("status", "reason", "message")}
+            out[c["type"]] = kept | {"time": c.get("lastTransitionTime")}
+    return out
+
+
+def _reclaimable(status: Mapping[str, Any]) -> int:
+    pods = status.get("reclaimablePods") or []
+    return sum(int(r.get("count") or 0) for r in pods if r.get("name") == REPLICATED_JOB)
+
+
 def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
     """Index entries of one Workload: by (namespace, owning MultisliceJob), and by its uid and
     its job's uid (to name a preemptor)."""
     meta = body.get("metadata") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
-    owner = next(
-        (
-            o.get("name")
-            for o in meta.get("ownerReferences") or []
-            if o.get("kind") == models.KIND and o.get("controller")
-        ),
-        None,
-    )
+    owner = _owner(meta)
+    if not owner:
+        return {}
     ns = meta.get("namespace", "")
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
     summary = {
         "name": meta.get("name", ""),
         "resourceVersion": str(meta.get("resourceVersion", "")),
         "created": meta.get("creationTimestamp"),
         "active": spec.get("active") is not False,
         "clusterQueue": (status.get("admission") or {}).get("clusterQueue"),
-        "conditions": {
-            t: {k: (conds[t] or {}).get(k, "") for k in ("status", "reason", "message")}
-            | {"time": (conds[t] or {}).get("lastTransitionTime")}
-            for t in CONDITIONS
-            if t in conds
-        },
+        "conditions": _conditions(status),
         "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
-        "reclaimable": sum(
-            int(r.get("count") or 0)
-            for r in status.get("reclaimablePods") or []
-            if r.get("name") == REPLICATED_JOB
-        ),
+        "reclaimable": _reclaimable(status),
     }
-    out: dict[Any, Any] = {}
-    if owner:
-        out[(ns, owner)] = summary
-        who = f"{ns}/{owner}"
-        out[("uid", meta.get("uid", ""))] = who
-        job_uid = (meta.get("labels") or {}).get(keys.KUEUE_JOB_UID)
-        if job_uid:
-            out[("job-uid", job_uid)] = who
+    who = f"{ns}/{owner}"
+    out: dict[Any, Any] = {(ns, owner): summary, ("uid", meta.get("uid", "")): who}
+    job_uid = (meta.get("labels") or {}).get(keys.KUEUE_JOB_UID)
+    if job_uid:
+        out[("job-uid", job_uid)] = who
     return out
 
 
