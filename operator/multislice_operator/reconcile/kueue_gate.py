@@ -247,16 +247,17 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
             "installed (no Workload API is served), or the create was refused (the operator's "
             "log says why)"
         )
-    message = (
-        f"no Kueue Workload for the job in LocalQueue {q.local_queue}: {cause}; the job holds no "
-        "node pools and stays suspended until Kueue admits it"
-    )
+    return _unqueued(f, b, f"no Kueue Workload for the job in LocalQueue {q.local_queue}: {cause}")
+
+
+def _unqueued(f: Facts, b: Builder, why: str, wl: WorkloadObservation | None = None) -> Gate:
+    """Nothing queues the job (NoKueueWorkload, announced once): Pending, not Queued."""
+    message = f"{why}; the job holds no node pools and stays suspended until Kueue admits it"
     before = f.old.condition(ADMITTED)
     if before is None or before.reason != Reason.NO_KUEUE_WORKLOAD:
         b.event(Reason.NO_KUEUE_WORKLOAD, message)
     b.requeue_in(f.cfg.resync_seconds * 3)
-    # Pending, not Queued: nothing queues it.
-    return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING)
+    return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING, workload=wl)
 
 
 def _awaiting(workload: str, queue: str) -> str:
@@ -273,16 +274,12 @@ def _not_seen(f: Facts, b: Builder, q: QueueObservation, wl: WorkloadObservation
         b.requeue_in(bound - waited)
         return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD, _awaiting(wl.name, q.local_queue),
                     workload=wl)  # fmt: skip
-    message = (
+    why = (
         f"Kueue has not looked at Workload {wl.name} (LocalQueue {q.local_queue}) in "
         f"{bound:.0f}s: Kueue is not installed or not running (its API is served, its controller "
-        "does not answer); the job holds no node pools and stays suspended until Kueue admits it"
+        "does not answer)"
     )
-    before = f.old.condition(ADMITTED)
-    if before is None or before.reason != Reason.NO_KUEUE_WORKLOAD:
-        b.event(Reason.NO_KUEUE_WORKLOAD, message)
-    b.requeue_in(f.cfg.resync_seconds * 3)
-    return Gate(Pass.HOLD, Reason.NO_KUEUE_WORKLOAD, message, Phase.PENDING, workload=wl)
+    return _unqueued(f, b, why, wl)
 
 
 def stop(f: Facts, b: Builder, stopped: bool) -> None:
