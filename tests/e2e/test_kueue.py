@@ -76,6 +76,18 @@ class Env:
 
         return wait_for(check, timeout, f"{name} {phase}", interval=0.3, on_timeout=self.dump)
 
+    def waiting_for_quota(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        """Queued with Kueue's reason for it: the first Queued says only that the Workload was
+        made and Kueue has yet to look at it."""
+
+        def check() -> dict[str, Any] | None:
+            st = self.status(name)
+            queued = st.get("phase") == "Queued"
+            return st if queued and "insufficient unused quota" in st.get("message", "") else None
+
+        return wait_for(check, timeout, f"{name} waiting for quota", interval=0.3,
+                        on_timeout=self.dump)  # fmt: skip
+
     def dump(self) -> str:
         wls = {
             n: {c["type"]: (c["status"], c.get("reason")) for c in
@@ -140,9 +152,8 @@ def test_three_jobs_two_run_the_third_waits_queued_with_zero_pools(env):
                      f"{name} holding quota", on_timeout=env.dump)  # fmt: skip
     env.phase("a", "Running")
     env.phase("b", "Running")
-    c = env.phase("c", "Queued", 30)
+    c = env.waiting_for_quota("c")
     assert c["queue"]["clusterQueue"] == f"cq-{env.ns}"
-    assert "insufficient unused quota" in c["message"], c
     assert env.pools("c") == []
     js = env.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", env.ns,
                                                  "jobsets", "c")  # fmt: skip
@@ -410,8 +421,7 @@ def test_a_queued_job_with_a_spare_takes_its_chips_and_runs_on_it_without_requeu
     assert usage(first) == {"slice": "32", "spare": "16"}
     assert len(env.pools("sp")) == 3  # 2 slices + the spare, provisioned as one gang
     env.create("small", run="2s", slices=1)
-    small = env.phase("small", "Queued", 60)
-    assert "insufficient unused quota" in small["message"], small
+    env.waiting_for_quota("small")
     lose_a_slice(env, "sp")
 
     def on_the_spare() -> dict[str, Any] | None:
@@ -443,7 +453,7 @@ def test_a_queued_elastic_job_keeps_its_quota_while_it_runs_on_fewer_slices(env)
     first = env.workload("el")
     assert usage(first) == {"slice": "32"}
     env.create("small", run="2s", slices=1)
-    env.phase("small", "Queued", 60)
+    env.waiting_for_quota("small")
     lose_a_slice(env, "el")
 
     def on_one() -> dict[str, Any] | None:
