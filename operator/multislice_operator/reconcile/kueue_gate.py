@@ -14,8 +14,9 @@ the check is ours, and it works like Kueue's own ProvisioningRequest check
 
 * no quota reserved, or evicted: no node pool, whatever happened before (release them);
 * quota reserved and the check Pending: provision the gang (capacity.py, all or none);
-* every slice ready: the check Ready, with podSetUpdates pinning the pods to this job's pools;
-  Kueue admits the Workload and the operator resumes the JobSet;
+* every slice ready: the check Ready (its podSetUpdates name this job's pools, for whoever reads
+  the Workload: Kueue applies them only through its own job integrations, and the JobSet's pods
+  select the pools already); Kueue admits the Workload and the operator resumes the JobSet;
 * a stockout or timeout rolls the gang back: the check Retry, so Kueue evicts the Workload, the
   operator unsets its reservation (`stop`) and Kueue queues it again (the check back to Pending,
   retryCount + 1);
@@ -199,7 +200,9 @@ def report(f: Facts, b: Builder, g: Gate, state: str, message: str, pin: bool = 
 
 
 def pin_to_pools(plan: Plan) -> tuple[PodSetUpdate, ...]:
-    """podSetUpdates for the one pod set ("slice"): this job's node pools only."""
+    """podSetUpdates for the pod set "slice": this job's node pools only. Informative since the
+    Workload is the job's (no Kueue job integration applies them); the rendered pod template
+    carries the same selector."""
     return (PodSetUpdate(REPLICATED_JOB, node_selector={keys.JOB_KEY: plan.job_key}),)
 
 
