@@ -270,8 +270,8 @@ class Demo:
         self.cubes_before: set[str] = set()
         self.spare_back = False
         self.workload: Any = None  # the background launcher thread's result holder
-        self.queued_seen = False  # queue scenario: seen Queued, and never with a pool then
-        self.pools_while_queued: set[str] = set()
+        self.queued_seen = False  # queue scenario: seen Queued
+        self.witness: Any = None  # queue scenario: the Workload's quota at each node-pool create
         self.maintenance_at: int | None = None  # maintenance scenario: the announced start
         # inplace scenario: the agents played, what comes next, the pods before the restart
         self.agents: AgentPlayer | None = None
@@ -407,6 +407,7 @@ class Demo:
         assert self.stack is not None
         from multislice_local import queues
 
+        self.witness = queues.QuotaWitness(self.stack.sim, self.stack.api).install()
         objects = queues.load(EXAMPLES / "kueue" / "queues.yaml")
         for ns in [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] + [self.ns]:
             self.ensure_namespace(self.stack.api, ns)
@@ -482,7 +483,6 @@ class Demo:
             phase = st.get("phase")
             if self.scenario.kueue and phase == "Queued":
                 self.queued_seen = True
-                self.pools_while_queued |= set(self.job_pools())
             if phase != last_phase:
                 self.n.mark(f"phase {phase}")
                 last_phase = phase
@@ -1202,10 +1202,16 @@ class Demo:
         if s.kueue:
             if not self.queued_seen:
                 problems.append("the job was never seen Queued")
-            if self.pools_while_queued:
-                problems.append(f"node pools while Queued: {sorted(self.pools_while_queued)}")
+            # Judged where it happens: the Workload read as each create reaches the simulator
+            # (a status read and a pool list side by side race the admission).
+            creates = self.witness.for_job(f"{self.ns}/{JOB}")
+            early = [c.pool for c in creates if not c.quota_reserved]
+            if not creates:
+                problems.append("no node-pool create of the job reached the simulator")
+            elif early:
+                problems.append(f"node pools created without quota: {sorted(early)}")
             else:
-                self.n.say("the job held 0 node pools while queued")
+                self.n.say("the job held 0 node pools while queued: each was created with quota")
         if problems:
             self.n.say("OUTCOME NOT REACHED: " + "; ".join(problems))
             return False
