@@ -145,6 +145,12 @@ class Settings:
         "that none exists",
         60.0,
     )
+    multikueue_lost_cooldown_seconds: float = _opt(
+        "on a MultiKueue worker: after this cluster could not provision a dispatched job's gang "
+        "(it handed the job back), how long its check stays Pending on that job's next copy, so "
+        "that another worker takes it",
+        600.0,
+    )
     leader_elect: bool = _opt(
         "take a coordination.k8s.io Lease before reconciling, so that two processes never "
         "reconcile at once (the Helm chart always sets it, whatever its replicaCount)",

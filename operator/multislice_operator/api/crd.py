@@ -29,6 +29,7 @@ IMMUTABLE = (
     "template",
     "checkpoint",
     "failurePolicy",
+    "managedBy",  # Kueue's rule for every managedBy: a job changes hands only by recreation
 )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -589,6 +589,16 @@ class MultisliceJobSpec(_Model):
         description=(
             "Suspend the job: its pods are deleted and, in Managed mode, its node pools released; "
             "resuming re-provisions and resumes from the last checkpoint."
+        ),
+    )
+    managed_by: Literal["kueue.x-k8s.io/multikueue"] | None = Field(
+        default=None,
+        description=(
+            "Which controller runs the job. Unset: this cluster's operator. "
+            "kueue.x-k8s.io/multikueue: the job is on a MultiKueue manager cluster; it names a "
+            "queue (label kueue.x-k8s.io/queue-name), the operator here only makes its Workload, "
+            "and Kueue's MultiKueue dispatches it to a worker cluster whose operator runs it; its "
+            "status is the worker's (docs/kueue.md#several-clusters-multikueue). Immutable."
         ),
     )
     ttl_seconds_after_finished: int | None = Field(

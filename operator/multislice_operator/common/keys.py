@@ -50,6 +50,11 @@ JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass name
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # on a Workload: the uid of the job it is for
+# MultiKueue (Kueue v0.15+, external frameworks): spec.managedBy of a job the manager dispatches;
+# on the worker's copy, the Workload MultiKueue made for it and the manager it came from.
+MULTIKUEUE_MANAGED_BY = "kueue.x-k8s.io/multikueue"
+KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
+MULTIKUEUE_ORIGIN = "kueue.x-k8s.io/multikueue-origin"
 # The AdmissionCheck controllerName this operator answers for (spec.controllerName).
 GANG_CHECK_CONTROLLER = f"{PREFIX}/gang-provisioning"
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from multislice_operator.api import models
 from multislice_operator.api.models import MultisliceJob
 from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB, preflight_job
@@ -26,7 +27,6 @@ from multislice_operator.controller.kube import (
     Conflict,
     NotFound,
     owner_reference,
-    timestamp,
 )
 from multislice_operator.controller.runtime import Runtime, template_key
 from multislice_operator.planning.plan import Plan
@@ -34,7 +34,9 @@ from multislice_operator.reconcile import (
     Action,
     AddFinalizer,
     Admission,
+    AdoptWorkload,
     AnnotatePods,
+    CheckState,
     CreateJobSet,
     CreatePools,
     CreateSlice,
@@ -290,42 +292,14 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
     status.admissionChecks, server-side applied (Kueue's entries and fields stay Kueue's). Written
     against the resourceVersion decided on: if the Workload moved since (Kueue evicted it, say),
     nothing is written and the watch event of that change brings the next pass."""
-    summary = kueue.workload_summary(rt, t.namespace, t.name)
+    labels = t.body["metadata"].get("labels") or {}
+    prebuilt = labels.get(keys.KUEUE_PREBUILT_WORKLOAD)
+    summary = kueue.workload_summary(rt, t.namespace, t.name, prebuilt)
     if summary is None or summary["name"] != a.workload:
         return
-    if summary["resourceVersion"] != a.resource_version:
-        log.info("workload moved, check not written job=%s/%s", t.namespace, t.name)
-        return
-    checks: list[dict[str, Any]] = summary["admissionChecks"]
-    before: dict[str, Any] = next((c for c in checks if c.get("name") == a.check), {})
-    moved = before.get("state") != a.state
-    entry: dict[str, Any] = {
-        "name": a.check,
-        "state": a.state,
-        "message": a.message,
-        "lastTransitionTime": timestamp()
-        if moved or not before.get("lastTransitionTime")
-        else (before["lastTransitionTime"]),
-    }
-    if a.pod_set_updates:
-        entry["podSetUpdates"] = [
-            {
-                "name": u.name,
-                **({"nodeSelector": dict(u.node_selector)} if u.node_selector else {}),
-                **({"labels": dict(u.labels)} if u.labels else {}),
-            }
-            for u in a.pod_set_updates
-        ]
-    # No requeueAfterSeconds: in Kueue v0.17.0 a Retry that carries it keeps the quota until
-    # requeueAt (reconcile/kueue_gate.py); a Retry of ours never does.
-    try:
-        await rt.kube.apply_workload_check(t.namespace, a.workload, a.resource_version, entry)
-    except Conflict:
-        log.info("workload changed under us, check not written job=%s/%s", t.namespace, t.name)
-        return
-    log.info(
-        "admission check %s %s job=%s/%s: %s", a.check, a.state, t.namespace, t.name, a.message
-    )
+    written = await kueue.write_check(rt, summary, a, f"job={t.namespace}/{t.name}")
+    if written and a.state == CheckState.RETRY and keys.MULTIKUEUE_ORIGIN in labels:
+        rt.multikueue_lost[(t.namespace, a.workload)] = datetime.now(UTC)
 
 
 async def set_workload_active(rt: Runtime, t: Target, a: SetWorkloadActive) -> None:
@@ -386,6 +360,23 @@ def _parts(wl: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any
             int(wl["metadata"].get("generation") or 0))  # fmt: skip
 
 
+async def adopt_workload(rt: Runtime, t: Target, a: AdoptWorkload) -> None:
+    owner = {
+        "apiVersion": f"{models.GROUP}/{models.VERSION}",
+        "kind": models.KIND,
+        "name": t.name,
+        "uid": t.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    try:
+        await rt.kube.adopt_workload(t.namespace, a.workload, a.resource_version, owner)
+    except (Conflict, NotFound):
+        log.info("workload moved or gone, not adopted job=%s/%s", t.namespace, t.name)
+        return
+    log.info("workload %s adopted job=%s/%s", a.workload, t.namespace, t.name)
+
+
 async def release_workload(rt: Runtime, t: Target, a: ReleaseWorkload) -> None:
     def status(wl: dict[str, Any]) -> dict[str, Any] | None:
         conditions, checks, generation = _parts(wl)
@@ -432,6 +423,7 @@ APPLIERS: dict[type[Any], Applier] = {
     SetWorkloadActive: set_workload_active,
     CreateWorkload: create_workload,
     ReleaseWorkload: release_workload,
+    AdoptWorkload: adopt_workload,
     ReclaimPods: reclaim_pods,
     FinishWorkload: finish_workload,
     AnnotatePods: annotate_pods,

@@ -444,10 +444,21 @@ async def admission_check_index(name: str, body: kopf.Body, **_: Any) -> dict[An
     return {name: kueue.summarize_admission_check(body)}
 
 
-async def workload_event(namespace: str, body: kopf.Body, **_: Any) -> None:
-    for owner in body.get("metadata", {}).get("ownerReferences") or []:
-        if owner.get("kind") == "JobSet":  # the JobSet has its job's name
-            runtime().poke(namespace, owner.get("name"))
+async def workload_event(namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
+    rt = runtime()
+    meta = body.get("metadata", {})
+    owners = meta.get("ownerReferences") or []
+    for owner in owners:
+        # Ours (the job's own), or Kueue's JobSet integration's (the JobSet has the job's name).
+        if owner.get("kind") in (models.KIND, "JobSet"):
+            rt.poke(namespace, owner.get("name"))
+    if not owners and keys.MULTIKUEUE_ORIGIN in (meta.get("labels") or {}):
+        # MultiKueue's copy: our check on it (activation loop), and the job waiting for it.
+        rt.kueue_checks_changed.set()
+        for (ns, job), job_body in list(rt.store.bodies.items()):
+            labels = (job_body.get("metadata") or {}).get("labels") or {}
+            if ns == namespace and labels.get(keys.KUEUE_PREBUILT_WORKLOAD) == name:
+                rt.poke(ns, job)
 
 
 async def admission_check_event(**_: Any) -> None:

@@ -451,6 +451,24 @@ class Kube:
             headers=MERGE_PATCH,
         )
 
+    async def adopt_workload(
+        self, namespace: str, name: str, resource_version: str, owner: dict[str, Any]
+    ) -> None:
+        """A prebuilt Workload becomes the job's (its controller reference and job-uid label),
+        as of `resource_version`: it has no owner before (MultiKueue's copies have none)."""
+        await self._call(
+            "patch",
+            f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}",
+            payload={
+                "metadata": {
+                    "resourceVersion": resource_version,
+                    "ownerReferences": [owner],
+                    "labels": {keys.KUEUE_JOB_UID: owner["uid"]},
+                }
+            },
+            headers=MERGE_PATCH,
+        )
+
     async def get_workload_priority_class(self, name: str) -> dict[str, Any] | None:
         """A Kueue WorkloadPriorityClass (cluster-scoped), None when there is none."""
         try:

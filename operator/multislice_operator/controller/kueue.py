@@ -1,4 +1,5 @@
-"""Kueue's objects as plain observations, and the loop that keeps our AdmissionChecks Active.
+"""Kueue's objects as plain observations, and the loop that keeps our AdmissionChecks Active
+(and answers our check on MultiKueue's copies of Workloads whose job is not here yet).
 
 Watched only with --kueue (kueue.x-k8s.io/v1beta2, the version Kueue v0.17 stores): Workloads
 (indexed by namespace and owning MultisliceJob: the operator creates them), LocalQueues
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from multislice_operator.api import models
@@ -28,9 +30,11 @@ from multislice_operator.reconcile import (
     CheckObservation,
     QueueObservation,
     SetAdmissionCheckActive,
+    SetAdmissionCheckState,
     WorkloadObservation,
 )
 from multislice_operator.reconcile.kueue_gate import activate
+from multislice_operator.reconcile.multikueue import RemoteWorkload, remote_checks
 
 log = logging.getLogger("multislice_operator")
 
@@ -47,11 +51,11 @@ CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Finished", "Preempted")
 # ---------------------------------------------------------------- index summaries
 
 
-def _owner(meta: Mapping[str, Any]) -> str | None:
-    """The MultisliceJob that owns the Workload (its controller), if any."""
+def _owner(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The MultisliceJob that owns the Workload (its controller), if any: (name, uid)."""
     for o in meta.get("ownerReferences") or []:
         if o.get("kind") == models.KIND and o.get("controller"):
-            return str(o.get("name"))
+            return str(o.get("name")), str(o.get("uid") or "")
     return None
 
 
@@ -72,15 +76,20 @@ def _reclaimable(status: Mapping[str, Any]) -> int:
 
 def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
     """Index entries of one Workload: by (namespace, owning MultisliceJob), and by its uid and
-    its job's uid (to name a preemptor)."""
+    its job's uid (to name a preemptor). One MultiKueue copied here (label
+    kueue.x-k8s.io/multikueue-origin) is also indexed by ("name", namespace, name): its job, when
+    it comes, adopts it by name (its prebuilt-workload label); until then it has no owner."""
     meta = body.get("metadata") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
     owner = _owner(meta)
-    if not owner:
+    remote = keys.MULTIKUEUE_ORIGIN in (meta.get("labels") or {})
+    if not owner and not remote:
         return {}
     ns = meta.get("namespace", "")
     summary = {
         "name": meta.get("name", ""),
+        "namespace": ns,
+        "ownerUid": owner[1] if owner else None,
         "resourceVersion": str(meta.get("resourceVersion", "")),
         "created": meta.get("creationTimestamp"),
         "active": spec.get("active") is not False,
@@ -89,8 +98,13 @@ def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
         "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
         "reclaimable": _reclaimable(status),
     }
-    who = f"{ns}/{owner}"
-    out: dict[Any, Any] = {(ns, owner): summary, ("uid", meta.get("uid", "")): who}
+    out: dict[Any, Any] = {}
+    if remote:
+        out[("name", ns, summary["name"])] = summary
+    if not owner:
+        return out
+    who = f"{ns}/{owner[0]}"
+    out |= {(ns, owner[0]): summary, ("uid", meta.get("uid", "")): who}
     job_uid = (meta.get("labels") or {}).get(keys.KUEUE_JOB_UID)
     if job_uid:
         out[("job-uid", job_uid)] = who
@@ -132,8 +146,14 @@ def our_checks(rt: Runtime) -> dict[str, dict[str, Any]]:
     return found
 
 
-def workload_summary(rt: Runtime, namespace: str, job: str) -> dict[str, Any] | None:
-    """The Workload of a job (the newest, should there ever be two)."""
+def workload_summary(
+    rt: Runtime, namespace: str, job: str, prebuilt: str | None = None
+) -> dict[str, Any] | None:
+    """The Workload of a job (the newest, should there ever be two); for a job given a
+    prebuilt Workload (MultiKueue's), that one, owned or not."""
+    if prebuilt:
+        named = ob.first(rt.indexes.workloads, ("name", namespace, prebuilt))
+        return named if isinstance(named, dict) else None
     found = [w for w in ob.items(rt.indexes.workloads, (namespace, job)) if isinstance(w, dict)]
     if not found:
         return None
@@ -153,7 +173,7 @@ def _preemptor(rt: Runtime, message: str) -> str | None:
 
 
 def workload_observation(
-    rt: Runtime, summary: dict[str, Any], ours: Mapping[str, Any]
+    rt: Runtime, summary: dict[str, Any], ours: Mapping[str, Any], job_uid: str = ""
 ) -> WorkloadObservation:
     conds = summary["conditions"]
 
@@ -196,21 +216,116 @@ def workload_observation(
         if is_evicted
         else None,
         check=check,
+        adopted=not job_uid or summary.get("ownerUid") == job_uid,
     )
 
 
-def queue_observation(rt: Runtime, key: JobKey, queue: str) -> QueueObservation:
-    """What Kueue says about the job `key`."""
+def queue_observation(
+    rt: Runtime, key: JobKey, queue: str, uid: str = "", prebuilt: str | None = None
+) -> QueueObservation:
+    """What Kueue says about the job `key` (uid: the job's; prebuilt: the Workload MultiKueue
+    made for it, label kueue.x-k8s.io/prebuilt-workload-name)."""
     if not rt.settings.kueue:
         return QueueObservation(queue, watching=False)
     lq = ob.first(rt.indexes.local_queues, (key[0], queue))
-    summary = workload_summary(rt, *key)
+    summary = workload_summary(rt, *key, prebuilt=prebuilt)
     return QueueObservation(
         local_queue=queue,
         cluster_queue=lq["clusterQueue"] if lq else None,
         pending_workloads=lq["pendingWorkloads"] if lq else None,
-        workload=workload_observation(rt, summary, our_checks(rt)) if summary else None,
+        workload=workload_observation(rt, summary, our_checks(rt), uid) if summary else None,
     )
+
+
+# ---------------------------------------------------------------- our check on a Workload
+
+
+def _check_entry(summary: Mapping[str, Any], a: SetAdmissionCheckState) -> dict[str, Any]:
+    checks: list[dict[str, Any]] = summary["admissionChecks"]
+    before: dict[str, Any] = next((c for c in checks if c.get("name") == a.check), {})
+    moved = before.get("state") != a.state
+    entry: dict[str, Any] = {
+        "name": a.check,
+        "state": a.state,
+        "message": a.message,
+        "lastTransitionTime": timestamp()
+        if moved or not before.get("lastTransitionTime")
+        else (before["lastTransitionTime"]),
+    }
+    if a.pod_set_updates:
+        entry["podSetUpdates"] = [
+            {
+                "name": u.name,
+                **({"nodeSelector": dict(u.node_selector)} if u.node_selector else {}),
+                **({"labels": dict(u.labels)} if u.labels else {}),
+            }
+            for u in a.pod_set_updates
+        ]
+    return entry
+
+
+async def write_check(
+    rt: Runtime, summary: Mapping[str, Any], a: SetAdmissionCheckState, who: str
+) -> bool:
+    """Our check's state on the Workload decided on: our own entry of status.admissionChecks,
+    server-side applied (Kueue's entries and fields stay Kueue's), against the resourceVersion
+    decided on: if the Workload moved since (Kueue evicted it, say), nothing is written and the
+    watch event of that change brings the next pass. No requeueAfterSeconds: in Kueue v0.17.0 a
+    Retry that carries it keeps the quota until requeueAt (reconcile/kueue_gate.py)."""
+    ns = str(summary["namespace"])
+    if summary["resourceVersion"] != a.resource_version:
+        log.info("workload moved, check not written %s", who)
+        return False
+    try:
+        await rt.kube.apply_workload_check(
+            ns, a.workload, a.resource_version, _check_entry(summary, a)
+        )
+    except Conflict:
+        log.info("workload changed under us, check not written %s", who)
+        return False
+    log.info("admission check %s %s %s: %s", a.check, a.state, who, a.message)
+    return True
+
+
+def remote_workloads(rt: Runtime) -> list[RemoteWorkload]:
+    """MultiKueue's copies here that no job owns yet, with our check on them."""
+    ours = our_checks(rt)
+    found = []
+    for key in list(rt.indexes.workloads):
+        if not (isinstance(key, tuple) and len(key) == 3 and key[0] == "name"):
+            continue
+        w = ob.first(rt.indexes.workloads, key)
+        if not isinstance(w, dict) or w.get("ownerUid"):
+            continue
+        entry = next((c for c in w["admissionChecks"] if c.get("name") in ours), None)
+        if entry is None:
+            continue
+        quota = (w["conditions"].get("QuotaReserved") or {}).get("status") == "True"
+        found.append(
+            RemoteWorkload(
+                w["namespace"],
+                w["name"],
+                w["resourceVersion"],
+                str(entry["name"]),
+                str(entry.get("state") or "Pending"),
+                str(entry.get("message") or ""),
+                quota,
+            )
+        )
+    return found
+
+
+async def remote_check_pass(rt: Runtime) -> None:
+    """Our check on MultiKueue's jobless copies (reconcile/multikueue.remote_checks)."""
+    now = datetime.now(UTC)
+    cooldown = rt.settings.multikueue_lost_cooldown_seconds
+    for ns, action in remote_checks(remote_workloads(rt), rt.multikueue_lost, now, cooldown):
+        summary = ob.first(rt.indexes.workloads, ("name", ns, action.workload))
+        if isinstance(summary, dict):
+            await write_check(rt, summary, action, f"workload={ns}/{action.workload} (MultiKueue)")
+    for key, since in list(rt.multikueue_lost.items()):  # forgotten after the cooldown
+        if (now - since).total_seconds() > cooldown:
+            rt.multikueue_lost.pop(key, None)
 
 
 # ---------------------------------------------------------------- our AdmissionChecks: Active
@@ -265,5 +380,9 @@ async def activation_loop(rt: Runtime) -> None:
                 await set_admission_check_active(rt, action)
             except Exception as exc:  # the next change or resync tries again
                 log.warning("admission check %s not activated: %s", action.check, exc)
+        try:
+            await remote_check_pass(rt)
+        except Exception as exc:  # the next change or resync tries again
+            log.warning("MultiKueue copies' checks not written: %s", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rt.kueue_checks_changed.wait(), ACTIVATION_RESYNC_SECONDS)

@@ -316,9 +316,11 @@ async def observe_job(
         slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
-    queue = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_QUEUE_NAME)
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    queue = labels.get(keys.KUEUE_QUEUE_NAME)
     if queue:
-        observed.queue = kueue.queue_observation(rt, key, queue)
+        prebuilt = labels.get(keys.KUEUE_PREBUILT_WORKLOAD)
+        observed.queue = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
         observed.kueue_problem = rt.kueue_problem
         priority = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_PRIORITY_CLASS)
         if priority and observed.queue.watching and observed.queue.workload is None:

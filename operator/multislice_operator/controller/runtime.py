@@ -143,6 +143,9 @@ class Runtime:
     events: dict[JobKey, dict[tuple[str, str, str], tuple[str, int]]] = field(default_factory=dict)
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # MultiKueue worker: the dispatched jobs (namespace, Workload) whose gang this cluster could
+    # not provision, and when it handed them back (in memory: a restart forgets, see docs/kueue.md).
+    multikueue_lost: dict[tuple[str, str], datetime] = field(default_factory=dict)
     # What /readyz answers; workers reconciling a job right now (a metric).
     readiness: Readiness = field(default_factory=Readiness)
     active_workers: int = 0

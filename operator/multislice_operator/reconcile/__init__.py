@@ -2,7 +2,8 @@
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
 once), ``verdicts`` (the ordered verdicts that end a pass), ``kueue_gate`` (Kueue: what a
-queued job may do), ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
+queued job may do), ``multikueue`` (MultiKueue: the manager's pass, a worker's lost gang),
+``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
 ``CapacityModel`` interface: how a job's slices get their nodes), ``capacity_models`` (its
 registry, one model per provisioning mode), ``capacity_nodepools`` (Managed: a node pool per
 slice, gang provisioning, repair, spares, flex-start), ``capacity_existing`` (Existing pools),
@@ -25,6 +26,7 @@ from multislice_operator.reconcile.types import (
     AddFinalizer,
     Admission,
     AdmissionCheckObservation,
+    AdoptWorkload,
     AnnotatePods,
     CheckObservation,
     CheckState,
@@ -70,6 +72,7 @@ __all__ = [
     "AddFinalizer",
     "Admission",
     "AdmissionCheckObservation",
+    "AdoptWorkload",
     "AnnotatePods",
     "CheckObservation",
     "CheckState",

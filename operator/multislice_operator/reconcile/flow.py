@@ -46,6 +46,7 @@ from multislice_operator.reconcile import (
     invariants,
     kueue_gate,
     maintenance,
+    multikueue,
     preflight,
     restart_strategy,
     startup,
@@ -96,6 +97,8 @@ def decide(
     cfg = cfg or DecideConfig.from_settings()
     old = old_status or MultisliceJobStatus()
     f = derive(meta, spec, plan, spec_error, old, obs, cfg)
+    if multikueue.managed_elsewhere(f) and f.queue and f.error is None:
+        return invariants.enforce(f, multikueue.manager(f))  # a worker cluster runs it
     verdict = verdicts.first(f)
     if verdict is None and _asks_apiserver(f):
         # Before the first pool: the apiserver's own verdict on the JobSet and its first Job (a
@@ -212,6 +215,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None:
         kueue_gate.admitted(b, g)
         kueue_gate.reclaim(f, b)
+        multikueue.lost(f, b, g.check.name if g.check else None, cap.rolled_back)
     return _run(f, b, cap, due)
 
 

@@ -49,11 +49,13 @@ from multislice_operator.api.models import ConditionType, EvictionStatus, Phase,
 from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.planning.plan import Plan
+from multislice_operator.reconcile import multikueue
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     AdmissionCheckObservation,
+    AdoptWorkload,
     CheckObservation,
     CheckState,
     CreateWorkload,
@@ -109,6 +111,8 @@ def gate(f: Facts, b: Builder) -> Gate:
     wl = q.workload
     if wl is None:
         return _no_workload(f, b, q)
+    if not wl.adopted:  # MultiKueue's prebuilt Workload: the job's from now on
+        b.add(AdoptWorkload(wl.name, wl.resource_version))
     _note_eviction(f, b, wl)
     if not wl.active:
         return _deactivated(b, wl)
@@ -227,6 +231,12 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
     unless it cannot: it does not watch Kueue, or the WorkloadPriorityClass is missing."""
     assert f.plan is not None
     cause = None
+    made_elsewhere = multikueue.prebuilt(f)
+    if made_elsewhere and q.watching:  # MultiKueue made it: none is created here
+        b.requeue_in(f.cfg.resync_seconds)
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
+                    f"waiting for Workload {made_elsewhere}, which MultiKueue made for this job "
+                    f"(label {keys.KUEUE_PREBUILT_WORKLOAD})")  # fmt: skip
     if not q.watching:
         cause = "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"
     elif q.missing_priority_class:

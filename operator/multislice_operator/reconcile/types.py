@@ -270,6 +270,8 @@ class WorkloadObservation:
     eviction_time: datetime | None = None
     preempted_by: str | None = None  # namespace/name of the preemptor's job, when Kueue names it
     check: CheckObservation | None = None  # None: the ClusterQueue lists no check of ours
+    # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
+    adopted: bool = True
 
 
 @dataclass(frozen=True)
@@ -480,6 +482,16 @@ class CreateWorkload:
 
 
 @dataclass(frozen=True)
+class AdoptWorkload:
+    """A prebuilt Workload (MultiKueue made it for this job) becomes the job's: its controller
+    owner reference and job-uid label, as Kueue's jobframework does
+    (EnsurePrebuiltWorkloadOwnership); its spec is left as MultiKueue wrote it."""
+
+    workload: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
 class ReleaseWorkload:
     """The job stopped after Kueue evicted its Workload: unset the quota reservation (Kueue's job
     reconciler does this for a Go job), as of the resourceVersion decided on."""
@@ -579,6 +591,7 @@ Action = (
     | SetWorkloadActive
     | CreateWorkload
     | ReleaseWorkload
+    | AdoptWorkload
     | ReclaimPods
     | FinishWorkload
     | AnnotatePods

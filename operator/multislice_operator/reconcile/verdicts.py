@@ -18,7 +18,7 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner
-from multislice_operator.reconcile import elastic, kueue_gate, preflight, restarts
+from multislice_operator.reconcile import elastic, kueue_gate, multikueue, preflight, restarts
 from multislice_operator.reconcile.capacity import (
     Released,
     pools_present,
@@ -70,7 +70,8 @@ Rule = Callable[[Facts], Verdict | None]
 
 def invalid_spec(f: Facts) -> Verdict | None:
     if f.error is None and f.spec is not None and f.plan is not None:
-        return None
+        unqueued = multikueue.unqueued(f)  # MultiKueue would never dispatch it
+        return Verdict(End.FAIL, Reason.INVALID_SPEC, unqueued) if unqueued else None
     message = str(f.error) if f.error else "the spec could not be read"
     return Verdict(End.FAIL, Reason.INVALID_SPEC, message)
 

@@ -1,0 +1,207 @@
+"""MultiKueue (reconcile/multikueue.py): the manager's pass (the Workload and nothing else), the
+worker's copy (the prebuilt Workload adopted, never one made), a gang a worker cannot provision
+handed back, and our check on a copy whose job is not here yet."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import partial
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from multislice_operator.api.models import Phase
+from multislice_operator.common import keys
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.reconcile import (
+    AdoptWorkload,
+    CheckState,
+    CreateJobSet,
+    CreatePools,
+    CreateWorkload,
+    JobMeta,
+    JobSetObservation,
+    ReleaseWorkload,
+    SetAdmissionCheckState,
+)
+from multislice_operator.reconcile.multikueue import (
+    READY_MESSAGE,
+    RemoteWorkload,
+    remote_checks,
+)
+from tests.unit import jobs
+from tests.unit.test_queue import CFG, LQ, NOW, iso, obs, pools, up, wl
+
+MANAGER_LABELS = {keys.KUEUE_QUEUE_NAME: LQ}
+MANAGER = JobMeta("ns", "job", "uid-m", 1, labels=MANAGER_LABELS)
+MANAGED = {"managedBy": keys.MULTIKUEUE_MANAGED_BY}
+WORKER_LABELS = {
+    keys.KUEUE_QUEUE_NAME: LQ,
+    keys.KUEUE_PREBUILT_WORKLOAD: "multislicejob-job",
+    keys.MULTIKUEUE_ORIGIN: "multikueue",
+}
+WORKER = JobMeta("ns", "job", "uid-w", 1, labels=WORKER_LABELS, has_finalizer=True)
+
+manager = partial(jobs.run, cfg=CFG, now=NOW, meta=MANAGER, metadata={"labels": MANAGER_LABELS},
+                  **MANAGED)  # fmt: skip
+worker = partial(jobs.run, cfg=CFG, now=NOW, meta=WORKER, metadata={"labels": WORKER_LABELS})
+
+
+# ---------------------------------------------------------------- the manager
+
+
+def test_the_manager_makes_the_workload_and_nothing_else():
+    d = manager(obs=obs(None))
+    assert [type(a) for a in d.actions] == [CreateWorkload]
+    assert d.keep_status  # the status is the worker's, copied by MultiKueue
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        wl(None, quota_reserved=False),  # queued on the manager
+        wl(None, admitted=True),  # dispatched: a worker runs it
+        wl(None, admitted=True, finished=True),
+    ],
+)
+def test_the_manager_never_provisions_runs_or_writes_status(workload):
+    old = {"phase": "Running", "activeSlices": 2}  # as copied from the worker
+    d = manager(old=old, obs=obs(workload, slices=pools(PoolState.ABSENT, PoolState.ABSENT)))
+    assert d.actions == [] and d.keep_status
+    assert d.status.phase == Phase.RUNNING  # untouched
+
+
+def test_an_eviction_by_multikueue_gives_the_quota_back_at_once():
+    evicted = wl(None, evicted=True, eviction_reason="AdmissionCheck")
+    d = manager(old={"phase": "Running"}, obs=obs(evicted))
+    assert d.actions == [ReleaseWorkload("multislicejob-job", "7")]
+
+
+def test_a_preemption_on_the_manager_waits_for_the_worker_to_stop():
+    evicted = wl(None, evicted=True, eviction_reason="Preempted")
+    running = manager(old={"phase": "Running"}, obs=obs(evicted))
+    assert running.actions == []  # the worker's pods still run
+    stopped = manager(old={"phase": "Queued"}, obs=obs(evicted))
+    assert stopped.actions == [ReleaseWorkload("multislicejob-job", "7")]
+
+
+def test_a_managed_job_without_a_queue_fails_naming_the_label():
+    meta = JobMeta("ns", "job", "uid-m", 1)
+    d = jobs.run(now=NOW, cfg=CFG, meta=meta, obs=obs(None, queue=None), **MANAGED)
+    assert d.status.phase == Phase.FAILED
+    failed = next(c for c in d.status.conditions if c.type == "Failed")
+    assert keys.KUEUE_QUEUE_NAME in failed.message and "spec.managedBy" in failed.message
+    assert not any(isinstance(a, (CreateWorkload, CreatePools, CreateJobSet)) for a in d.actions)
+
+
+# ---------------------------------------------------------------- the worker's copy
+
+
+def test_the_worker_waits_for_the_prebuilt_workload_and_never_makes_one():
+    d = worker(obs=obs(None))
+    assert not any(isinstance(a, (CreateWorkload, CreatePools)) for a in d.actions)
+    assert d.status.phase == Phase.QUEUED
+    assert "multislicejob-job" in (d.status.message or "")
+
+
+def test_the_worker_adopts_the_prebuilt_workload_then_provisions_once_admitted():
+    copy = wl(CheckState.READY, admitted=True, adopted=False)
+    d = worker(obs=obs(copy))
+    assert d.actions[0] == AdoptWorkload("multislicejob-job", "7")
+    assert any(isinstance(a, CreatePools) for a in d.actions)  # admitted: the gang
+    adopted = worker(obs=obs(wl(CheckState.READY, admitted=True)))
+    assert not any(isinstance(a, AdoptWorkload) for a in adopted.actions)
+
+
+def test_a_gang_the_worker_cannot_provision_is_handed_back_to_multikueue():
+    stockout = PoolError(1, "p1", "GCE_STOCKOUT", "no capacity in zone", False)
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    slices = pools(PoolState.READY, PoolState.FAILED, errors={1: stockout})
+    d = worker(old=old, obs=obs(wl(CheckState.READY, admitted=True), slices=slices))
+    (retry,) = [a for a in d.actions if isinstance(a, SetAdmissionCheckState)]
+    assert retry.state == CheckState.RETRY and "GCE_STOCKOUT" in retry.message
+    assert "MultiKueue" in retry.message
+    # Kueue evicts it on Retry: the job stops and gives the worker's quota back.
+    evicted = wl(CheckState.RETRY, admitted=True, evicted=True, eviction_reason="AdmissionCheck")
+    js = JobSetObservation(suspended=True, created=NOW)
+    later = worker(old=d.status, obs=obs(evicted, slices=pools(PoolState.ABSENT, PoolState.ABSENT),
+                                         jobset=js))  # fmt: skip
+    assert ReleaseWorkload("multislicejob-job", "7") in later.actions
+
+
+def test_a_single_cluster_job_keeps_its_quota_through_a_rollback_without_our_check():
+    """Not from MultiKueue: a rollback while admitted without a check of ours retries here."""
+    stockout = PoolError(1, "p1", "GCE_STOCKOUT", "no capacity in zone", False)
+    old = {"phase": "Provisioning", "provisioningAttempts": 1, "attemptStartTime": iso(NOW)}
+    slices = pools(PoolState.READY, PoolState.FAILED, errors={1: stockout})
+    meta = JobMeta("ns", "job", "uid-1", 1, labels={keys.KUEUE_QUEUE_NAME: LQ},
+                   has_finalizer=True)  # fmt: skip
+    d = jobs.run(old=old, obs=obs(wl(None, admitted=True), slices=slices), now=NOW, cfg=CFG,
+                 meta=meta, metadata={"labels": {keys.KUEUE_QUEUE_NAME: LQ}})  # fmt: skip
+    assert not any(isinstance(a, SetAdmissionCheckState) for a in d.actions)
+
+
+def test_a_running_worker_copy_is_an_ordinary_job():
+    js = JobSetObservation(replicas=2, created=NOW)
+    d = worker(old={"phase": "Starting"}, obs=obs(wl(CheckState.READY, admitted=True), slices=up(),
+                                                  jobset=js))  # fmt: skip
+    assert not any(isinstance(a, (SetAdmissionCheckState, AdoptWorkload, CreateWorkload))
+                   for a in d.actions)  # fmt: skip
+    assert d.status.phase in (Phase.STARTING, Phase.RUNNING) and not d.keep_status
+
+
+# ---------------------------------------------------------------- our check on jobless copies
+
+
+def remote(state: str = CheckState.PENDING, message: str = "", quota: bool = True, name="w"):
+    return RemoteWorkload("ns", name, "5", "multislice-gang", state, message, quota)
+
+
+def test_a_copy_is_ready_at_once_the_gang_comes_with_the_job():
+    ((ns, a),) = remote_checks([remote()], {}, NOW, 600)
+    assert ns == "ns" and a.state == CheckState.READY and a.message == READY_MESSAGE
+    assert remote_checks([remote(CheckState.READY, READY_MESSAGE)], {}, NOW, 600) == []
+    assert remote_checks([remote(quota=False)], {}, NOW, 600) == []  # Kueue reserves first
+
+
+def test_a_worker_that_lost_the_job_leaves_its_next_copy_to_another_for_the_cooldown():
+    lost = {("ns", "w"): NOW - timedelta(seconds=30)}
+    ((_, a),) = remote_checks([remote()], lost, NOW, 600)
+    assert a.state == CheckState.PENDING and "lost this job 30s ago" in a.message
+    said = remote(CheckState.PENDING, a.message)
+    assert remote_checks([said], lost, NOW + timedelta(seconds=5), 600) == []  # said once
+    ((_, after),) = remote_checks([said], lost, NOW + timedelta(seconds=600), 600)
+    assert after.state == CheckState.READY
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    states=st.lists(
+        st.tuples(
+            st.sampled_from([CheckState.PENDING, CheckState.READY, CheckState.RETRY,
+                             CheckState.REJECTED]),
+            st.booleans(),
+            st.integers(-1, 1200),
+        ),
+        min_size=1, max_size=6,
+    )
+)  # fmt: skip
+def test_every_copy_is_written_at_most_once_and_never_out_of_retry_or_rejected(states):
+    """Whatever the copies: one write each at most; never one without quota; a Retry or Rejected
+    (Kueue's or a job's) is never overwritten; Ready exactly when not lost within the cooldown."""
+    copies, lost = [], {}
+    for i, (state, quota, ago) in enumerate(states):
+        copies.append(remote(state, "", quota, name=f"w{i}"))
+        if ago >= 0:
+            lost[("ns", f"w{i}")] = NOW - timedelta(seconds=ago)
+    out = remote_checks(copies, lost, NOW, 600)
+    names = [a.workload for _, a in out]
+    assert len(names) == len(set(names))
+    by_name = {c.name: c for c in copies}
+    for _, a in out:
+        c = by_name[a.workload]
+        assert c.quota_reserved and c.state in (CheckState.PENDING, CheckState.READY)
+        since = lost.get(("ns", c.name))
+        held = since is not None and (NOW - since).total_seconds() < 600
+        assert a.state == (CheckState.PENDING if held else CheckState.READY)
