@@ -130,6 +130,18 @@ def test_a_gang_the_worker_cannot_provision_is_handed_back_to_multikueue():
     assert ReleaseWorkload("multislicejob-job", "7") in later.actions
 
 
+def test_a_copy_handed_back_never_tries_the_gang_here_again():
+    """Kueue gave the quota straight back (the check Pending, retryCount 1) before MultiKueue
+    moved the job: no pool is created here; the quota is given back once evicted."""
+    again = wl(CheckState.PENDING, retry=1)
+    d = worker(old={"phase": "Queued"}, obs=obs(again))
+    assert not any(isinstance(a, CreatePools) for a in d.actions)
+    assert d.status.phase == Phase.QUEUED and "MultiKueue" in (d.status.message or "")
+    # Not handed back (retryCount 0): the check Pending is the gang's, provisioned here.
+    first = worker(old={"phase": "Queued"}, obs=obs(wl(CheckState.PENDING)))
+    assert any(isinstance(a, CreatePools) for a in first.actions)
+
+
 def test_a_single_cluster_job_keeps_its_quota_through_a_rollback_without_our_check():
     """Not from MultiKueue: a rollback while admitted without a check of ours retries here."""
     stockout = PoolError(1, "p1", "GCE_STOCKOUT", "no capacity in zone", False)

@@ -43,6 +43,7 @@ from multislice_operator.reconcile.types import (
     ReleaseWorkload,
     RemoveFinalizer,
     SetAdmissionCheckState,
+    WorkloadObservation,
 )
 
 MANAGED_BY = keys.MULTIKUEUE_MANAGED_BY
@@ -131,6 +132,18 @@ def lost(f: Facts, b: Builder, check_name: str | None, rolled_back: str | None) 
     b.add(SetAdmissionCheckState(wl.name, wl.resource_version, check_name, CheckState.RETRY,
                                  message))  # fmt: skip
     return True
+
+
+def handed_back(f: Facts, wl: WorkloadObservation) -> str | None:
+    """A worker's copy this cluster handed back (our check said Retry: Kueue counted it): it
+    is MultiKueue's to move, so no gang is tried here again while its copy lingers."""
+    if not from_manager(f) or wl.check is None or wl.check.retry_count < 1:
+        return None
+    return (
+        f"handed back to MultiKueue after this cluster could not provision the gang (admission "
+        f"check {wl.check.name} retried {wl.check.retry_count}x): waiting for MultiKueue to "
+        "dispatch the job to another worker"
+    )
 
 
 @dataclass(frozen=True)
