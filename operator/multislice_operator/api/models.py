@@ -1433,7 +1433,13 @@ class QueueStatus(_Model):
     cluster_queue: str | None = Field(
         default=None, description="The ClusterQueue behind it (the LocalQueue's spec)."
     )
-    workload: str | None = Field(default=None, description="Kueue's Workload for the JobSet.")
+    workload: str | None = Field(default=None, description="The job's Kueue Workload.")
+    cluster: str | None = Field(
+        default=None,
+        description="On a job MultiKueue dispatched (label kueue.x-k8s.io/multikueue-origin): the "
+        "GKE cluster that runs it, projects/P/locations/L/clusters/C (the manager's copy shows "
+        "the worker's status, this included).",
+    )
     admission_check: str | None = Field(
         default=None,
         description="The Workload's AdmissionCheck run by this operator (controllerName "

@@ -152,6 +152,8 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "nextAttemptInSeconds": max(0, int((st.next_attempt_time - now).total_seconds()))
         if st.next_attempt_time
         else None,
+        # A job MultiKueue dispatched: the cluster that runs it (the manager shows it too).
+        "runsIn": st.queue.cluster if st.queue else None,
         "creationTimestamp": _str(meta.get("creationTimestamp")),
         "completionTime": _iso(st.completion_time),
         "goodput": g.as_dict(),
@@ -203,7 +205,9 @@ def render(v: dict[str, Any], console: Any) -> None:
     console.print(head)
     if v["message"]:
         console.print(Text(f"  {v['message']}"))
-    elif not v["phase"]:
+    if v.get("runsIn"):
+        console.print(Text(f"  runs in {v['runsIn']} (dispatched by MultiKueue)"))
+    if not v["message"] and not v["phase"]:
         console.print(Text(f"  {NO_STATUS_HINT.format(namespace=v['namespace'])}"))
 
     if v["slices"]:

@@ -229,11 +229,18 @@ def queue_observation(
         return QueueObservation(queue, watching=False)
     lq = ob.first(rt.indexes.local_queues, (key[0], queue))
     summary = workload_summary(rt, *key, prebuilt=prebuilt)
+    s = rt.settings
+    cluster = (
+        f"projects/{s.gke_project}/locations/{s.gke_location}/clusters/{s.gke_cluster}"
+        if s.gke_configured
+        else None
+    )
     return QueueObservation(
         local_queue=queue,
         cluster_queue=lq["clusterQueue"] if lq else None,
         pending_workloads=lq["pendingWorkloads"] if lq else None,
         workload=workload_observation(rt, summary, our_checks(rt), uid) if summary else None,
+        cluster=cluster,
     )
 
 

@@ -341,6 +341,7 @@ def _record(f: Facts, b: Builder, q: QueueObservation) -> None:
         local_queue=f.queue,
         cluster_queue=(wl.cluster_queue if wl else None) or q.cluster_queue,
         workload=wl.name if wl else None,
+        cluster=q.cluster if multikueue.from_manager(f) else None,
         admission_check=wl.check.name if wl and wl.check else None,
         check_state=wl.check.state if wl and wl.check else None,
         retry_count=wl.check.retry_count if wl and wl.check and wl.check.retry_count else None,

@@ -287,6 +287,8 @@ class QueueObservation:
     # WorkloadPriorityClass's value, or its name when there is no such class.
     priority: int | None = None
     missing_priority_class: str | None = None
+    # The GKE cluster this operator provisions in (projects/P/locations/L/clusters/C), if known.
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
