@@ -319,8 +319,8 @@ def check_yaml(obj: Any, tmp_path: Path, capsys: Any) -> None:
         _validated(job, tmp_path, capsys)
     elif set(obj) == {"status"}:
         models.MultisliceJobStatus.model_validate(obj["status"])  # every field a real one
-    elif set(obj) == {"multikueue"}:  # Kueue's Configuration: this kind as an external framework
-        names = [f["name"] for f in obj["multikueue"]["externalFrameworks"]]
+    elif set(obj) == {"multiKueue"}:  # Kueue's Configuration (its keys are case-sensitive)
+        names = [f["name"] for f in obj["multiKueue"]["externalFrameworks"]]
         assert names == [f"{models.KIND}.{models.VERSION}.{models.GROUP}"], names
     elif set(obj) == {"groups"}:  # Prometheus rules: every metric is the operator's
         exposed = {
