@@ -2191,9 +2191,9 @@ def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 def test_multikueue_manager_renders_a_cluster_per_worker_their_config_and_the_check(
     tmp_path: Path,
 ) -> None:
-    for values in (MK_MANAGER, {"kueue": {"enabled": True}, "multikueue": {"role": "worker"}}):
+    for each in (MK_MANAGER, {"kueue": {"enabled": True}, "multikueue": {"role": "worker"}}):
         lint = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART),
-                    "-f", values_file(tmp_path, values))  # fmt: skip
+                    "-f", values_file(tmp_path, each))  # fmt: skip
         assert "0 chart(s) failed" in lint.stdout
     docs = render(tmp_path, MK_MANAGER)
     clusters = by_kind(docs, "MultiKueueCluster")
@@ -2234,7 +2234,7 @@ def test_multikueue_manager_renders_a_cluster_per_worker_their_config_and_the_ch
         if "multikueue" in r["metadata"]["name"]
     ] == ["multislice-operator-multikueue-kueue"]  # no worker role
     # Without manager.create: Kueue's objects are the admin's, the RBAC is still rendered.
-    values = copy.deepcopy(MK_MANAGER)
+    values: dict[str, Any] = copy.deepcopy(MK_MANAGER)
     values["multikueue"]["manager"].update(create=False, kueueServiceAccount="")
     docs = render(tmp_path, values)
     assert not [d for d in docs if d["kind"] in MK_KINDS]
@@ -2255,7 +2255,7 @@ def test_multikueue_worker_grants_what_multikueue_does_and_passes_the_cooldown(
     from multislice_operator.settings import from_args
 
     subject = {"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}
-    values = {
+    values: dict[str, Any] = {
         "kueue": {"enabled": True, "admissionCheck": {"create": True}},
         "multikueue": {"role": "worker", "worker": {"cooldownSeconds": 90, "subjects": [subject]}},
     }
@@ -2495,9 +2495,9 @@ def test_notes_say_what_the_multikueue_admin_still_has_to_do(
         "           - name: MultisliceJob.v1alpha1.multislice.dev\n"
     ) in text
     assert "MultiKueueCluster(s) us-east5, europe-west4" in text
-    for secret, worker in (("us-east5-kubeconfig", "us-east5"), ("ew4", "europe-west4")):
+    for secret, cluster in (("us-east5-kubeconfig", "us-east5"), ("ew4", "europe-west4")):
         command = f"kubectl -n kq create secret generic {secret} --from-file=kubeconfig="
-        assert f"{command}{worker}.kubeconfig" in text
+        assert f"{command}{cluster}.kubeconfig" in text
     assert "spec.admissionChecksStrategy.admissionChecks lists multikueue" in text
     assert "MultiKueue worker" not in text
     worker = {
