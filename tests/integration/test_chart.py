@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -2485,8 +2486,9 @@ def test_multikueue_worker_role_is_what_multikueues_user_does_and_no_more(
 
 
 def test_notes_say_what_the_multikueue_admin_still_has_to_do(
-    api: client.ApiClient, kube_api: ControlPlane, tmp_path: Path
+    api: client.ApiClient, kube_api: ControlPlane, kueue_crds: None, tmp_path: Path
 ) -> None:
+    """`helm install --dry-run=client` maps every kind: Kueue's CRDs must be there."""
     text = notes(kube_api, tmp_path, MK_MANAGER)
     # Kueue decodes its Configuration strictly and case-sensitively: multiKueue, not multikueue.
     assert (
@@ -2500,6 +2502,19 @@ def test_notes_say_what_the_multikueue_admin_still_has_to_do(
         assert f"{command}{cluster}.kubeconfig" in text
     assert "spec.admissionChecksStrategy.admissionChecks lists multikueue" in text
     assert "MultiKueue worker" not in text
+    # Kueue v0.19.2 itself loads that fragment (it refuses `multikueue:` as an unknown field).
+    fragment = text.split("controller:\n\n", 1)[1].split("\n\n", 1)[0]
+    config = tmp_path / "kueue-config.yaml"
+    config.write_text(
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        + textwrap.dedent(fragment)
+    )
+    loaded = subprocess.run(
+        [str(bin_dir() / "kueue-controller"), "--config", str(config)],
+        capture_output=True, text=True, timeout=60, env={"KUBECONFIG": str(tmp_path / "none")},
+    )  # fmt: skip
+    assert "Configuration loaded" in loaded.stderr + loaded.stdout, loaded.stderr
+    assert "MultisliceJob.v1alpha1.multislice.dev" in loaded.stderr + loaded.stdout
     worker = {
         "kueue": {"enabled": True, "admissionCheck": {"name": "gang-x"}},
         "multikueue": {"role": "worker", "worker": {"cooldownSeconds": 120}},
