@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -450,7 +451,10 @@ def test_rendered_env_is_what_the_operator_reads(
 
 
 def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
-    for values in ({}, CUSTOM_VALUES, {"replicaCount": 2}, {"kueue": {"enabled": True}}):
+    mk_worker = {"kueue": {"enabled": True}, "multikueue": {"role": "worker"}}
+    for values in (
+        {}, CUSTOM_VALUES, {"replicaCount": 2}, {"kueue": {"enabled": True}}, MK_MANAGER, mk_worker,
+    ):  # fmt: skip
         docs = render(tmp_path, values)
         for group, resource, verb in grants_of(
             by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
@@ -2143,3 +2147,382 @@ def test_chart_rbac_with_kueue_minus_one_verb_breaks_it(
     finally:
         op.stop()
         kueue.teardown()
+
+
+# ---------------------------------------------------------------- MultiKueue (multikueue.role)
+
+MK_WORKERS = [
+    {"name": "us-east5", "kubeconfigSecret": "us-east5-kubeconfig"},
+    {"name": "europe-west4", "kubeconfigSecret": "ew4"},
+]
+MK_MANAGER: dict[str, Any] = {
+    "kueue": {"enabled": True, "admissionCheck": {"create": True}, "namespace": "kq"},
+    "multikueue": {
+        "role": "manager",
+        "manager": {"create": True, "configName": "msj-mk", "workers": MK_WORKERS},
+    },
+}
+# Kueue's create-multikueue-kubeconfig.sh (v0.19.2), its verbs for a built-in job kind (e.g.
+# jobsets, jobsets/status), for Workloads and for the queues, with MultisliceJob as the kind.
+MK_WORKER_RULES = {
+    *(
+        ("multislice.dev", "multislicejobs", v)
+        for v in ("create", "delete", "get", "list", "watch")
+    ),
+    ("multislice.dev", "multislicejobs/status", "get"),
+    *(
+        ("kueue.x-k8s.io", "workloads", v)
+        for v in ("create", "delete", "get", "list", "watch", "update", "patch")
+    ),
+    *(("kueue.x-k8s.io", "workloads/status", v) for v in ("get", "patch", "update")),
+    *(
+        ("kueue.x-k8s.io", q, v)
+        for q in ("clusterqueues", "localqueues")
+        for v in ("get", "list", "watch")
+    ),
+}
+MK_KINDS = ("MultiKueueCluster", "MultiKueueConfig")
+
+
+def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def test_multikueue_manager_renders_a_cluster_per_worker_their_config_and_the_check(
+    tmp_path: Path,
+) -> None:
+    for each in (MK_MANAGER, {"kueue": {"enabled": True}, "multikueue": {"role": "worker"}}):
+        lint = helm("lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART),
+                    "-f", values_file(tmp_path, each))  # fmt: skip
+        assert "0 chart(s) failed" in lint.stdout
+    docs = render(tmp_path, MK_MANAGER)
+    clusters = by_kind(docs, "MultiKueueCluster")
+    assert [c["metadata"]["name"] for c in clusters] == ["us-east5", "europe-west4"]
+    assert [c["spec"] for c in clusters] == [
+        {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": secret}}}
+        for secret in ("us-east5-kubeconfig", "ew4")
+    ]
+    config = one(docs, "MultiKueueConfig")
+    assert config["metadata"]["name"] == "msj-mk"
+    assert config["spec"] == {"clusters": ["us-east5", "europe-west4"]}  # in order: preference
+    checks = {c["metadata"]["name"]: c["spec"] for c in by_kind(docs, "AdmissionCheck")}
+    assert checks == {
+        "multislice-gang": {"controllerName": "multislice.dev/gang-provisioning"},
+        "multikueue": {
+            "controllerName": "kueue.x-k8s.io/multikueue",
+            "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig",
+                           "name": "msj-mk"},
+        },
+    }  # fmt: skip
+    # The operator's own grants do not change on the manager; Kueue's controller gets the job kind.
+    assert rules_of(docs) == BASE_RULES | KUEUE_RULES
+    kueue_role = named(docs, "ClusterRole", "multislice-operator-multikueue-kueue")
+    assert grants_of([kueue_role]) == {
+        ("multislice.dev", r, v)
+        for r in ("multislicejobs", "multislicejobs/status")
+        for v in ("get", "list", "watch", "patch", "update")
+    }
+    binding = named(docs, "ClusterRoleBinding", "multislice-operator-multikueue-kueue")
+    assert binding["roleRef"]["name"] == "multislice-operator-multikueue-kueue"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kq"}
+    ]
+    assert "MSJ_MULTIKUEUE_LOST_COOLDOWN_SECONDS" not in env_of(docs)  # a worker's setting
+    assert [
+        r["metadata"]["name"]
+        for r in by_kind(docs, "ClusterRole")
+        if "multikueue" in r["metadata"]["name"]
+    ] == ["multislice-operator-multikueue-kueue"]  # no worker role
+    # Without manager.create: Kueue's objects are the admin's, the RBAC is still rendered.
+    values: dict[str, Any] = copy.deepcopy(MK_MANAGER)
+    values["multikueue"]["manager"].update(create=False, kueueServiceAccount="")
+    docs = render(tmp_path, values)
+    assert not [d for d in docs if d["kind"] in MK_KINDS]
+    assert [c["metadata"]["name"] for c in by_kind(docs, "AdmissionCheck")] == ["multislice-gang"]
+    assert named(docs, "ClusterRole", "multislice-operator-multikueue-kueue")
+    assert not [
+        d for d in by_kind(docs, "ClusterRoleBinding") if "multikueue" in d["metadata"]["name"]
+    ]
+    # No role: nothing of MultiKueue.
+    docs = render(tmp_path, {"kueue": {"enabled": True}})
+    assert not [d for d in docs if "multikueue" in d["metadata"]["name"] or d["kind"] in MK_KINDS]
+
+
+def test_multikueue_worker_grants_what_multikueue_does_and_passes_the_cooldown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multislice_operator.cli.main import build_parser
+    from multislice_operator.settings import from_args
+
+    subject = {"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}
+    values: dict[str, Any] = {
+        "kueue": {"enabled": True, "admissionCheck": {"create": True}},
+        "multikueue": {"role": "worker", "worker": {"cooldownSeconds": 90, "subjects": [subject]}},
+    }
+    docs = render(tmp_path, values, release="ml")
+    role = named(docs, "ClusterRole", "ml-multislice-operator-multikueue-worker")
+    assert grants_of([role]) == MK_WORKER_RULES
+    assert not any(rule.get("resourceNames") for rule in role["rules"])
+    binding = named(docs, "ClusterRoleBinding", "ml-multislice-operator-multikueue-worker")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+        "name": "ml-multislice-operator-multikueue-worker",
+    }  # fmt: skip
+    assert binding["subjects"] == [subject]
+    # The operator's own grants are the Kueue ones: adopting a prebuilt Workload is a patch.
+    assert rules_of(docs) == BASE_RULES | KUEUE_RULES
+    assert not [d for d in docs if d["kind"] in MK_KINDS]
+    assert [c["metadata"]["name"] for c in by_kind(docs, "AdmissionCheck")] == ["multislice-gang"]
+    env = env_of(docs)
+    assert env["MSJ_MULTIKUEUE_LOST_COOLDOWN_SECONDS"] == "90"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = from_args(build_parser().parse_args(["run", *container(docs).get("args", [])]))
+    assert settings.multikueue_lost_cooldown_seconds == 90.0 and settings.kueue is True
+    # The default is the operator's; no subjects: no binding (the admin binds the role).
+    values["multikueue"]["worker"] = {"cooldownSeconds": 0.5}
+    docs = render(tmp_path, values)
+    assert env_of(docs)["MSJ_MULTIKUEUE_LOST_COOLDOWN_SECONDS"] == "0.5"
+    assert not [
+        d for d in by_kind(docs, "ClusterRoleBinding") if "multikueue" in d["metadata"]["name"]
+    ]
+    docs = render(tmp_path, {"kueue": {"enabled": True}, "multikueue": {"role": "worker"}})
+    assert env_of(docs)["MSJ_MULTIKUEUE_LOST_COOLDOWN_SECONDS"] == "600"
+    from multislice_operator.settings import Settings
+
+    assert Settings().multikueue_lost_cooldown_seconds == 600.0  # values.yaml follows the operator
+    assert "MSJ_MULTIKUEUE_LOST_COOLDOWN_SECONDS" not in env_of(render(tmp_path, MK_MANAGER))
+    # rbac.create false: no RBAC at all, the worker's role included.
+    values = {
+        "kueue": {"enabled": True},
+        "multikueue": {"role": "worker"},
+        "rbac": {"create": False},
+    }
+    assert not [d for d in render(tmp_path, values) if "multikueue" in d["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        (
+            {"multikueue": {"role": "worker"}},
+            'multikueue.role is "worker" but kueue.enabled is false',
+        ),
+        (
+            {"multikueue": {"role": "manager", "manager": {"create": True,
+                                                           "workers": MK_WORKERS}}},
+            "set kueue.enabled: true",
+        ),
+        (
+            {"kueue": {"enabled": True}, "multikueue": {"role": "workers"}},
+            'multikueue.role ("workers") is not a role: set "manager"',
+        ),
+        (
+            {"kueue": {"enabled": True}, "multikueue": {"role": "Manager"}},
+            'multikueue.role ("Manager") is not a role',
+        ),
+        (
+            {"kueue": {"enabled": True},
+             "multikueue": {"role": "manager", "manager": {"create": True}}},
+            "multikueue.manager.workers is empty",
+        ),
+        (
+            {"kueue": {"enabled": True},
+             "multikueue": {"role": "manager", "manager": {
+                 "create": True, "workers": [*MK_WORKERS, {"name": "us-east5",
+                                                           "kubeconfigSecret": "x"}]}}},
+            'multikueue.manager.workers names "us-east5" twice',
+        ),
+        (
+            {"kueue": {"enabled": True, "admissionCheck": {"create": True, "name": "mk"}},
+             "multikueue": {"role": "manager", "manager": {
+                 "create": True, "admissionCheckName": "mk", "workers": MK_WORKERS}}},
+            'admissionCheckName and kueue.admissionCheck.name are both "mk"',
+        ),
+    ],
+    ids=["worker-no-kueue", "manager-no-kueue", "unknown-role", "role-case", "no-workers",
+         "worker-twice", "check-name-clash"],
+)  # fmt: skip
+def test_chart_refuses_multikueue_values_that_cannot_work(
+    tmp_path: Path, values: dict[str, Any], needle: str
+) -> None:
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"multikueue": {"manager": {"workers": [{"name": "a"}]}}}, "kubeconfigSecret"),
+        ({"multikueue": {"manager": {"workers": [{"name": "A", "kubeconfigSecret": "s"}]}}},
+         "/multikueue/manager/workers/0/name"),
+        ({"multikueue": {"manager": {"workers": [
+            {"name": f"w{i}", "kubeconfigSecret": "s"} for i in range(21)]}}},
+         "/multikueue/manager/workers"),
+        ({"multikueue": {"worker": {"cooldownSeconds": -1}}}, "/multikueue/worker/cooldownSeconds"),
+        ({"multikueue": {"worker": {"cooldownSeconds": "10m"}}},
+         "/multikueue/worker/cooldownSeconds"),
+        ({"multikueue": {"worker": {"subjects": [{"kind": "Robot", "name": "r"}]}}},
+         "/multikueue/worker/subjects/0/kind"),
+        ({"multikueue": {"workers": []}}, "'workers' not allowed"),
+        ({"kueue": {"namespace": "Kueue_System"}}, "/kueue/namespace"),
+    ],
+)  # fmt: skip
+def test_schema_rejects_bad_multikueue_values(
+    tmp_path: Path, values: dict[str, Any], needle: str
+) -> None:
+    result = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "-f", values_file(tmp_path, values), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_multikueue_manager_objects_pass_kueues_own_schema(
+    api: client.ApiClient, kube_api: ControlPlane, kueue_crds: None, tmp_path: Path
+) -> None:
+    """Server-side dry run against Kueue v0.19.2's CRDs (their OpenAPI schema and CEL rules)."""
+    docs = render(tmp_path, MK_MANAGER)
+    kueue_docs = [d for d in docs if d["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert len(kueue_docs) == 5  # two clusters, the config, two checks
+    result = kubectl(
+        kube_api,
+        "apply", "--server-side", "--dry-run=server", "--field-manager=chart-test", "-f", "-",
+        stdin=yaml.safe_dump_all(kueue_docs),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for doc in kueue_docs:
+        assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
+    # The CRD's own rule: a MultiKueueConfig names each cluster once (the chart refuses earlier).
+    bad = copy.deepcopy(one(docs, "MultiKueueConfig"))
+    bad["spec"]["clusters"] = ["us-east5", "us-east5"]
+    result = kubectl(kube_api, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bad))
+    assert result.returncode != 0 and "must be unique" in result.stderr, result.stderr
+
+
+def test_multikueue_worker_role_is_what_multikueues_user_does_and_no_more(
+    api: client.ApiClient,
+    kube_api: ControlPlane,
+    namespace: Any,
+    kueue_crds: None,
+    tmp_path: Path,
+) -> None:
+    """The worker ClusterRole, bound to a user as the admin binds MultiKueue's identity: that
+    user creates, reads (status included), watches and deletes MultisliceJobs and Workloads, and
+    writes a Workload's status, as MultiKueue does; it cannot change a job, nor read pods."""
+    from kubernetes import config
+
+    ns = namespace(kube_api, "msj-mkw")
+    user = f"multikueue-{ns}"
+    release = f"r-{uuid.uuid4().hex[:6]}"
+    values = {
+        "kueue": {"enabled": True},
+        "multikueue": {"role": "worker", "worker": {"subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}},
+    }  # fmt: skip
+    objs = [
+        d for d in render(tmp_path, values, release=release, namespace=ns)
+        if "multikueue" in d["metadata"]["name"]
+    ]  # fmt: skip
+    assert sorted(d["kind"] for d in objs) == ["ClusterRole", "ClusterRoleBinding"]
+    result = kubectl(kube_api, "apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+    assert result.returncode == 0, result.stderr
+    as_user = config.new_client_from_config(config_file=str(kube_api.user_kubeconfig(user)))
+    custom: Any = client.CustomObjectsApi(as_user)
+    group, version = models.API_VERSION.split("/")
+    msj = (group, version, ns, models.PLURAL)
+
+    def status(call: Any) -> int:
+        try:
+            call()
+        except ApiException as exc:
+            return int(exc.status)
+        return 200
+
+    workload = {
+        "apiVersion": "/".join(KUEUE), "kind": "Workload",
+        "metadata": {"name": "multislicejob-mk",
+                     "labels": {"kueue.x-k8s.io/multikueue-origin": "m"}},
+        "spec": {"queueName": "lq", "podSets": [{"name": "slice", "count": 4, "template": {
+            "spec": {"containers": [{"name": "c", "image": "img:1"}]}}}]},
+    }  # fmt: skip
+    wl = (*KUEUE, ns, "workloads")
+    try:
+        # RBAC takes effect at once (the authorizer reads the informer: allow a moment).
+        wait_for(lambda: status(lambda: custom.list_namespaced_custom_object(*msj)) == 200, 20,
+                 "the binding in effect")  # fmt: skip
+        assert status(lambda: custom.create_namespaced_custom_object(*msj, job("mk"))) == 200
+        assert status(lambda: custom.get_namespaced_custom_object(*msj, "mk")) == 200
+        assert status(lambda: custom.get_namespaced_custom_object_status(*msj, "mk")) == 200
+        assert status(lambda: custom.create_namespaced_custom_object(*wl, workload)) == 200
+        assert status(lambda: custom.patch_namespaced_custom_object(
+            *wl, "multislicejob-mk", {"spec": {"active": False}})) == 200  # fmt: skip
+        assert status(lambda: custom.patch_namespaced_custom_object_status(
+            *wl, "multislicejob-mk", {"status": {"conditions": []}})) == 200  # fmt: skip
+        # Not MultiKueue's to do: change a job or its status, read the pods or the Secrets.
+        assert status(lambda: custom.patch_namespaced_custom_object(
+            *msj, "mk", {"spec": {"suspend": True}})) == 403  # fmt: skip
+        assert status(lambda: custom.patch_namespaced_custom_object_status(
+            *msj, "mk", {"status": {"phase": "Failed"}})) == 403  # fmt: skip
+        core = client.CoreV1Api(as_user)
+        assert status(lambda: core.list_namespaced_pod(ns)) == 403
+        assert status(lambda: core.list_namespaced_secret(ns)) == 403
+        assert (
+            status(lambda: custom.delete_namespaced_custom_object(*wl, "multislicejob-mk")) == 200
+        )
+        assert status(lambda: custom.delete_namespaced_custom_object(*msj, "mk")) == 200
+    finally:
+        as_user.close()
+        for d in objs:
+            kubectl(
+                kube_api, "delete", d["kind"].lower(), d["metadata"]["name"], "--ignore-not-found"
+            )
+
+
+def test_notes_say_what_the_multikueue_admin_still_has_to_do(
+    api: client.ApiClient, kube_api: ControlPlane, kueue_crds: None, tmp_path: Path
+) -> None:
+    """`helm install --dry-run=client` maps every kind: Kueue's CRDs must be there."""
+    text = notes(kube_api, tmp_path, MK_MANAGER)
+    # Kueue decodes its Configuration strictly and case-sensitively: multiKueue, not multikueue.
+    assert (
+        "       multiKueue:\n"
+        "         externalFrameworks:\n"
+        "           - name: MultisliceJob.v1alpha1.multislice.dev\n"
+    ) in text
+    assert "MultiKueueCluster(s) us-east5, europe-west4" in text
+    for secret, cluster in (("us-east5-kubeconfig", "us-east5"), ("ew4", "europe-west4")):
+        command = f"kubectl -n kq create secret generic {secret} --from-file=kubeconfig="
+        assert f"{command}{cluster}.kubeconfig" in text
+    assert "spec.admissionChecksStrategy.admissionChecks lists multikueue" in text
+    assert "MultiKueue worker" not in text
+    # Kueue v0.19.2 itself loads that fragment (it refuses `multikueue:` as an unknown field).
+    fragment = text.split("controller:\n\n", 1)[1].split("\n\n", 1)[0]
+    config = tmp_path / "kueue-config.yaml"
+    config.write_text(
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        + textwrap.dedent(fragment)
+    )
+    loaded = subprocess.run(
+        [str(bin_dir() / "kueue-controller"), "--config", str(config)],
+        capture_output=True, text=True, timeout=60, env={"KUBECONFIG": str(tmp_path / "none")},
+    )  # fmt: skip
+    assert "Configuration loaded" in loaded.stderr + loaded.stdout, loaded.stderr
+    assert "MultisliceJob.v1alpha1.multislice.dev" in loaded.stderr + loaded.stdout
+    worker = {
+        "kueue": {"enabled": True, "admissionCheck": {"name": "gang-x"}},
+        "multikueue": {"role": "worker", "worker": {"cooldownSeconds": 120}},
+    }
+    text = " ".join(notes(kube_api, tmp_path, worker).split())
+    assert "lists the operator's gang check (gang-x, kueue.admissionCheck)" in text
+    assert "handed back to MultiKueue" in text
+    assert "LocalQueues of the manager, with the same names" in text
+    assert "waits 120 s" in text
+    assert "Bind the ClusterRole notes-multislice-operator-multikueue-worker" in text
+    assert "MultiKueue manager" not in text

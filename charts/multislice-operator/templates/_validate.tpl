@@ -45,6 +45,30 @@ controller does), or maxUnavailable (rounded up). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* MultiKueue: a role, and what each role's objects need. */}}
+{{- with $v.multikueue }}
+{{- if not (has .role (list "" "manager" "worker")) }}
+{{- fail (printf "multikueue.role (%q) is not a role: set \"manager\" (the cluster MultiKueue dispatches from), \"worker\" (a cluster that runs the jobs) or \"\" (no MultiKueue)" (toString .role)) }}
+{{- end }}
+{{- if and .role (not $v.kueue.enabled) }}
+{{- fail (printf "multikueue.role is %q but kueue.enabled is false: MultiKueue is Kueue's; set kueue.enabled: true (the operator's --kueue) or multikueue.role: \"\"" .role) }}
+{{- end }}
+{{- if and (eq .role "manager") .manager.create }}
+{{- if not .manager.workers }}
+{{- fail "multikueue.manager.create is true but multikueue.manager.workers is empty: a MultiKueueConfig lists 1 to 20 clusters; add {name, kubeconfigSecret} for each worker or set multikueue.manager.create: false" }}
+{{- end }}
+{{- $seen := list }}
+{{- range .manager.workers }}
+{{- if has .name $seen }}
+{{- fail (printf "multikueue.manager.workers names %q twice: one MultiKueueCluster per worker, each name once" .name) }}
+{{- end }}
+{{- $seen = append $seen .name }}
+{{- end }}
+{{- if and $v.kueue.admissionCheck.create (eq .manager.admissionCheckName $v.kueue.admissionCheck.name) }}
+{{- fail (printf "multikueue.manager.admissionCheckName and kueue.admissionCheck.name are both %q: the two AdmissionChecks need a name each" .manager.admissionCheckName) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* A Prometheus duration (1m30s, 500ms; values.schema.json's pattern) in milliseconds. */}}
