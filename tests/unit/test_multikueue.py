@@ -105,6 +105,20 @@ def test_the_worker_waits_for_the_prebuilt_workload_and_never_makes_one():
     assert "multislicejob-job" in (d.status.message or "")
 
 
+@pytest.mark.parametrize("where", ["annotations", "labels"])
+def test_the_prebuilt_workload_is_named_by_an_annotation_or_by_the_older_label(where):
+    """Kueue v0.18+ (WorkloadIdentifierAnnotations, on by default) writes an annotation; older
+    ones a label: either way the copy waits for that Workload and makes none."""
+    labels = {keys.KUEUE_QUEUE_NAME: LQ, keys.MULTIKUEUE_ORIGIN: "multikueue"}
+    named = {keys.KUEUE_PREBUILT_WORKLOAD: "multislicejob-job"}
+    meta = JobMeta("ns", "job", "uid-w", 1, labels={**labels, **(named if where == "labels"
+                   else {})}, annotations=named if where == "annotations" else {},
+                   has_finalizer=True)  # fmt: skip
+    d = jobs.run(obs=obs(None), now=NOW, cfg=CFG, meta=meta, metadata={"labels": labels})
+    assert not any(isinstance(a, CreateWorkload) for a in d.actions)
+    assert "multislicejob-job" in (d.status.message or "")
+
+
 def test_the_worker_adopts_the_prebuilt_workload_then_provisions_once_admitted():
     copy = wl(CheckState.READY, admitted=True, adopted=False)
     d = worker(obs=obs(copy))

@@ -55,6 +55,7 @@ from multislice_operator.reconcile import (
     SetWorkloadActive,
     ValidateJobSet,
 )
+from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.render import inplace, kueue_workload
 from multislice_operator.render.jobset import render_jobset, render_pod_template
@@ -293,7 +294,7 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
     against the resourceVersion decided on: if the Workload moved since (Kueue evicted it, say),
     nothing is written and the watch event of that change brings the next pass."""
     labels = t.body["metadata"].get("labels") or {}
-    prebuilt = labels.get(keys.KUEUE_PREBUILT_WORKLOAD)
+    prebuilt = prebuilt_name(labels, t.body["metadata"].get("annotations") or {})
     summary = kueue.workload_summary(rt, t.namespace, t.name, prebuilt)
     if summary is None or summary["name"] != a.workload:
         return

@@ -42,6 +42,7 @@ from multislice_operator.controller.reconciler import reconcile
 from multislice_operator.controller.runtime import Indexes, Runtime
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
+from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.render.identity import node_identity
 from multislice_operator.settings import Settings
 
@@ -456,8 +457,9 @@ async def workload_event(namespace: str, name: str, body: kopf.Body, **_: Any) -
         # MultiKueue's copy: our check on it (activation loop), and the job waiting for it.
         rt.kueue_checks_changed.set()
         for (ns, job), job_body in list(rt.store.bodies.items()):
-            labels = (job_body.get("metadata") or {}).get("labels") or {}
-            if ns == namespace and labels.get(keys.KUEUE_PREBUILT_WORKLOAD) == name:
+            m = job_body.get("metadata") or {}
+            if ns == namespace and prebuilt_name(m.get("labels") or {},
+                                                 m.get("annotations") or {}) == name:  # fmt: skip
                 rt.poke(ns, job)
 
 

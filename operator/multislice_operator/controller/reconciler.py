@@ -41,6 +41,7 @@ from multislice_operator.reconcile import (
     decide,
     goodput,
 )
+from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
 from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
 from multislice_operator.render import podsecurity
@@ -319,7 +320,7 @@ async def observe_job(
     labels = (body.get("metadata") or {}).get("labels") or {}
     queue = labels.get(keys.KUEUE_QUEUE_NAME)
     if queue:
-        prebuilt = labels.get(keys.KUEUE_PREBUILT_WORKLOAD)
+        prebuilt = prebuilt_name(labels, (body.get("metadata") or {}).get("annotations") or {})
         observed.queue = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
         observed.kueue_problem = rt.kueue_problem
         priority = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_PRIORITY_CLASS)

@@ -239,7 +239,7 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
         b.requeue_in(f.cfg.resync_seconds)
         return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
                     f"waiting for Workload {made_elsewhere}, which MultiKueue made for this job "
-                    f"(label {keys.KUEUE_PREBUILT_WORKLOAD})")  # fmt: skip
+                    f"({keys.KUEUE_PREBUILT_WORKLOAD})")  # fmt: skip
     if not q.watching:
         cause = "the operator does not watch Kueue (run it with --kueue, chart value kueue.enabled)"
     elif q.missing_priority_class:

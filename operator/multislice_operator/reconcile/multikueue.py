@@ -68,9 +68,17 @@ def from_manager(f: Facts) -> bool:
     return keys.MULTIKUEUE_ORIGIN in f.meta.labels
 
 
+def prebuilt_name(labels: Mapping[str, str], annotations: Mapping[str, str]) -> str | None:
+    """The name of the Workload MultiKueue made for this job: an annotation since Kueue v0.18
+    (feature WorkloadIdentifierAnnotations, beta, on by default), a label before; read as
+    jobframework.PrebuiltWorkloadNameFor does, annotation first."""
+    key = keys.KUEUE_PREBUILT_WORKLOAD
+    return annotations.get(key) or labels.get(key) or None
+
+
 def prebuilt(f: Facts) -> str | None:
     """The Workload made for this job elsewhere (MultiKueue's), which the job adopts."""
-    return f.meta.labels.get(keys.KUEUE_PREBUILT_WORKLOAD) or None
+    return prebuilt_name(f.meta.labels, f.meta.annotations)
 
 
 # ---------------------------------------------------------------- the manager
