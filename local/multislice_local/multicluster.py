@@ -198,9 +198,18 @@ class MultiCluster:
         return self
 
     def stop(self) -> None:
-        for stack in reversed(list(self.clusters().values())):
+        """Stop the three stacks side by side (one after another took 28 s here, side by side
+        4 s)."""
+
+        def stop(stack: LocalStack) -> None:
             with contextlib.suppress(Exception):
                 stack.stop()
+
+        threads = [threading.Thread(target=stop, args=(s,)) for s in self.clusters().values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def __enter__(self) -> MultiCluster:
         return self.start()
