@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -231,7 +232,7 @@ class MultiCluster:
                 queues.admission_check(),
                 queues.cluster_queue(QUEUE, spec.quota, FLAVOR),
             ])  # fmt: skip
-        core = client.CoreV1Api(self.manager.api)
+        core: Any = client.CoreV1Api(self.manager.api)  # plain dicts in
         for w in self.specs:
             # Its own identity, in system:masters: RBAC for it is the chart's business.
             path = self._control_plane(w).user_kubeconfig("multikueue-manager", ("system:masters",))
@@ -304,12 +305,12 @@ class MultiCluster:
         """(what, getter) of every object that must be Active=True."""
         out: list[tuple[str, Callable[[], dict[str, Any] | None]]] = []
         for w in self.specs:
-            out.append((f"manager MultiKueueCluster {cluster_name(w)}",
-                        lambda w=w: self.multikueue_cluster(w)))  # fmt: skip
+            get = functools.partial(self.multikueue_cluster, w)
+            out.append((f"manager MultiKueueCluster {cluster_name(w)}", get))
         for c in self.clusters():
             check = MULTIKUEUE_CHECK if c == MANAGER else queues.CHECK
-            out.append((f"{c} AdmissionCheck {check}", lambda c=c: self.admission_check(c)))
-            out.append((f"{c} ClusterQueue {QUEUE}", lambda c=c: self.cluster_queue(c)))
+            out.append((f"{c} AdmissionCheck {check}", functools.partial(self.admission_check, c)))
+            out.append((f"{c} ClusterQueue {QUEUE}", functools.partial(self.cluster_queue, c)))
         return out
 
     def not_ready(self) -> list[str]:
