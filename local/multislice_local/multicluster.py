@@ -182,6 +182,9 @@ class MultiCluster:
         self, progress: Callable[[str], None] | None = None, timeout: float = 180
     ) -> MultiCluster:
         say = progress or (lambda _msg: None)
+        if any(stack.cp is not None for stack in self.clusters().values()):
+            # A second start would start a second operator per stack and lose the first.
+            raise RuntimeError("MultiCluster already started (`with mc.start()` starts twice)")
         try:
             for name, stack in self.clusters().items():
                 began = time.monotonic()
@@ -535,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     began = time.monotonic()
-    with mc.start(progress=lambda msg: print(msg, flush=True)):
+    mc.start(progress=lambda msg: print(msg, flush=True))
+    try:
         for ns in args.namespace:
             mc.namespace(ns)
         print(f"ready in {time.monotonic() - began:.1f}s {mc.startup_seconds}")
@@ -545,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  operator logs: {mc.log_dir}", flush=True)
         while not stop.wait(1.0):
             pass
+    finally:
+        mc.stop()
     return 0
 
 
