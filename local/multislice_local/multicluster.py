@@ -49,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local import queues
 from multislice_local.controlplane import KUEUE_NAMESPACE, ControlPlane
 from multislice_local.gke_sim import Faults
+from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.api import models
 from multislice_operator.common import keys
@@ -364,6 +365,21 @@ class MultiCluster:
             models.GROUP, models.VERSION, ns, models.PLURAL, body
         )
         return created
+
+    def phase(
+        self, cluster: str, name: str, ns: str, phase: str, timeout: float = 180
+    ) -> dict[str, Any]:
+        """Wait until the job's status on `cluster` says `phase` (a Failed one raises at once
+        unless that is the phase waited for); its status. On timeout: :meth:`dump` of `ns`."""
+
+        def check() -> dict[str, Any] | None:
+            st = self.status(cluster, name, ns)
+            if phase != "Failed" and st.get("phase") == "Failed":
+                raise AssertionError(f"{cluster}: {ns}/{name} failed: {st}\n{self.dump(ns)}")
+            return st if st.get("phase") == phase else None
+
+        what = f"{cluster}: {ns}/{name} {phase}"
+        return wait_for(check, timeout, what, interval=0.3, on_timeout=lambda: self.dump(ns))
 
     def job(self, cluster: str, name: str, ns: str) -> dict[str, Any] | None:
         custom: Any = client.CustomObjectsApi(self.stack(cluster).api)

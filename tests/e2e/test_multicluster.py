@@ -10,7 +10,8 @@ What a test uses of it (see :class:`multislice_local.multicluster.MultiCluster`)
 * ``mc.create(name, ns, **spec)``: a MultisliceJob on the manager with ``spec.managedBy:
   kueue.x-k8s.io/multikueue`` and the queue label (``managed_by=None``: without managedBy);
 * ``mc.status(cluster, name, ns)``, ``mc.job(...)``, ``mc.workload(cluster, name, ns)``, cluster
-  ``"manager"``, ``"a"`` or ``"b"``;
+  ``"manager"``, ``"a"`` or ``"b"``; ``mc.phase(cluster, name, ns, "Running")`` waits (dump on
+  timeout);
 * ``mc.set_quota(cluster, chips)``, ``mc.workers["a"].sim.set_faults(stockout_next=1)``;
 * ``mc.dump(ns)`` for a timeout: each cluster's Workloads and jobs, and the log tails.
 """
