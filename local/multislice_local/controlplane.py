@@ -376,6 +376,8 @@ class ControlPlane:
         self.jobset_webhook_port = 0
         self.ports: dict[str, int] = {}  # component port name -> port, picked per start
         self.kueue_webhooks: list[tuple[str, str]] = []
+        # Set before start(): merged into Kueue's featureGates (a test of another Kueue default).
+        self.kueue_feature_gates: dict[str, bool] = {}
 
     # -- public API -------------------------------------------------------------------------
 
@@ -1089,18 +1091,15 @@ def _kueue_prepare(cp: ControlPlane, bins: Path, deadline: float) -> None:
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{cp.port('kueue-probe')}"},
         "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
-        # Its visibility API server binds :8082 on every interface and wants certificates of
-        # its own; it is an aggregated API that needs an in-cluster Service: off.
-        "featureGates": {"VisibilityOnDemand": False},
     }
+    # Its visibility API server binds :8082 on every interface and wants certificates of its
+    # own; it is an aggregated API that needs an in-cluster Service: off.
+    gates = {"VisibilityOnDemand": False}
     if cp.profile == "manager":
         config["multiKueue"] = multikueue_config()
         # Beta and on by default since v0.15: set anyway, the setup depends on it.
-        config["featureGates"] = {
-            "VisibilityOnDemand": False,
-            "MultiKueue": True,
-            "MultiKueueAdaptersForCustomJobs": True,
-        }
+        gates |= {"MultiKueue": True, "MultiKueueAdaptersForCustomJobs": True}
+    config["featureGates"] = {**gates, **cp.kueue_feature_gates}
     cp._write("kueue/config.yaml", yaml.safe_dump(config))
 
 

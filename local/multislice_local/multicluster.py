@@ -143,13 +143,21 @@ class MultiCluster:
         log_dir: Path | None = None,
         operator_env: dict[str, str] | None = None,
         op_latency_s: float = 1.0,
+        manager_kueue_gates: dict[str, bool] | None = None,
     ) -> None:
+        """`manager_kueue_gates`: Kueue feature gates on the manager, over the profile's
+        (``{"WorkloadIdentifierAnnotations": False}``: MultiKueue marks a worker's copy with the
+        prebuilt-workload-name label, as Kueue before v0.18 did, instead of the annotation)."""
         self.specs = workers if workers is not None else default_workers()
         self.manager_quota = manager_quota
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="msj-multicluster-"))
         self.operator_env = dict(operator_env or {})
         self.op_latency_s = op_latency_s
-        self.manager = LocalStack(self._options(MANAGER, "manager", None))
+        # The manager's control plane is ours (its Kueue gates are set before it starts); the
+        # stack borrows it, and stop() stops it after the stack.
+        self.manager_cp = ControlPlane("manager")
+        self.manager_cp.kueue_feature_gates = dict(manager_kueue_gates or {})
+        self.manager = LocalStack(self._options(MANAGER, "manager", None), self.manager_cp)
         self.workers = {
             w: LocalStack(self._options(cluster_name(w), "kueue", spec))
             for w, spec in self.specs.items()
@@ -183,12 +191,15 @@ class MultiCluster:
         self, progress: Callable[[str], None] | None = None, timeout: float = 180
     ) -> MultiCluster:
         say = progress or (lambda _msg: None)
-        if any(stack.cp is not None for stack in self.clusters().values()):
+        if self.manager_cp.pids or any(s.cp is not None for s in self.workers.values()):
             # A second start would start a second operator per stack and lose the first.
             raise RuntimeError("MultiCluster already started (`with mc.start()` starts twice)")
         try:
             for name, stack in self.clusters().items():
                 began = time.monotonic()
+                if name == MANAGER:
+                    say(f"[{name}] starting the local Kubernetes (manager profile)")
+                    self.manager_cp.start()
                 stack.start(progress=lambda msg, n=name: say(f"[{n}] {msg}"))
                 self.startup_seconds[name] = time.monotonic() - began
             began = time.monotonic()
@@ -204,11 +215,13 @@ class MultiCluster:
 
     def stop(self) -> None:
         """Stop the three stacks side by side (one after another took 28 s here, side by side
-        4 s)."""
+        4 s); the manager's control plane after its stack (the stack only borrows it)."""
 
         def stop(stack: LocalStack) -> None:
             with contextlib.suppress(Exception):
                 stack.stop()
+            if stack is self.manager:
+                self.manager_cp.stop()
 
         threads = [threading.Thread(target=stop, args=(s,)) for s in self.clusters().values()]
         for thread in threads:
