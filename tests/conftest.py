@@ -46,8 +46,9 @@ from kubernetes import client
 from multislice_local.controlplane import ControlPlane, ensure_binaries
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
-# In order: a test using more than one is grouped with the first.
-_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api")
+# In order: a test using more than one is grouped with the first. ``mc``: the MultiKueue setup
+# of tests/e2e/test_multicluster.py (three control planes of its own, module-scoped).
+_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc")
 # The kube_cluster tests are the longest group by far (about 1500 of the layer's 2100
 # worker-seconds), so they run as three groups, each on a cluster control plane of its own (a
 # session fixture is per worker: the worker that runs a group boots one): the modules, or single

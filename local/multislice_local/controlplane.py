@@ -1,6 +1,6 @@
 """A real local Kubernetes control plane run as child processes, for tests and local runs.
 
-Three profiles, each a list of components (see PROFILES at the end of the components section:
+Four profiles, each a list of components (see PROFILES at the end of the components section:
 a component is one process with what it needs prepared, its command line, its readiness checks and
 what to undo before it stops):
 
@@ -12,6 +12,11 @@ what to undo before it stops):
   Kueue's JobSet integration is on but has nothing to do): its CRDs
   with their conversion webhook on 127.0.0.1, its own and its JobSet webhooks (installed only
   while it runs), no visibility API server (no position-in-queue API locally).
+* ``manager``: a MultiKueue manager cluster (:mod:`multislice_local.multicluster`): ``api`` plus
+  kube-controller-manager (garbage collection, namespaces) and Kueue with its ``multiKueue``
+  configuration (MultisliceJob as an external framework); no scheduler, kwok or JobSet
+  controller: no job runs there. The JobSet CRD is installed (CRD only), so Kueue's JobSet
+  integration starts as in the ``kueue`` profile.
 
 Binaries come from ``hack/build-bins.sh`` (built from pinned Go modules into a versioned cache).
 
@@ -19,6 +24,9 @@ CLI::
 
     python -m multislice_local.controlplane up --profile cluster [--detach]
     python -m multislice_local.controlplane down --profile cluster
+
+(A whole MultiKueue setup, a manager and two workers: ``python -m multislice_local.multicluster
+up``.)
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.controller.serving import subject_alt_names
 
@@ -367,6 +376,8 @@ class ControlPlane:
         self.jobset_webhook_port = 0
         self.ports: dict[str, int] = {}  # component port name -> port, picked per start
         self.kueue_webhooks: list[tuple[str, str]] = []
+        # Set before start(): merged into Kueue's featureGates (a test of another Kueue default).
+        self.kueue_feature_gates: dict[str, bool] = {}
 
     # -- public API -------------------------------------------------------------------------
 
@@ -1036,9 +1047,31 @@ def _kueue_crds(cp: ControlPlane, bins: Path, port: int) -> list[dict[str, Any]]
     return crds
 
 
+# The manager profile's MultiKueue settings (apis/config/v1beta2 MultiKueue): the operator's
+# kind as an external framework (the generic adapter copies a job whose spec.managedBy is
+# kueue.x-k8s.io/multikueue to the worker, without managedBy, and its status back), short
+# intervals so that a lost worker and orphaned remote objects are seen within a test.
+MULTIKUEUE_ORIGIN = "multislice-local-manager"
+MULTIKUEUE_WORKER_LOST_TIMEOUT = "60s"
+MULTIKUEUE_GC_INTERVAL = "15s"
+
+
+def multikueue_config() -> dict[str, Any]:
+    """The ``multiKueue`` section of the manager's Kueue Configuration."""
+    return {
+        "externalFrameworks": [{"name": f"{models.KIND}.{models.VERSION}.{models.GROUP}"}],
+        "origin": MULTIKUEUE_ORIGIN,
+        "workerLostTimeout": MULTIKUEUE_WORKER_LOST_TIMEOUT,
+        "gcInterval": MULTIKUEUE_GC_INTERVAL,
+    }
+
+
 def _kueue_prepare(cp: ControlPlane, bins: Path, deadline: float) -> None:
     port = cp.port("kueue-webhook")
     cp._api("POST", "/api/v1/namespaces", {"metadata": {"name": KUEUE_NAMESPACE}})
+    if cp.profile == "manager":  # no JobSet controller there: its CRD alone
+        crd = yaml.safe_load((bins / JOBSET_CRD_FILE).read_text())
+        cp.create_crds([crd], deadline, cp._apiserver())
     cp.create_crds(_kueue_crds(cp, bins, port), deadline, cp._apiserver())
     # Kueue's JobSet webhooks match every JobSet with failurePolicy Fail: they exist only while
     # Kueue runs (installed here, removed by the teardown before Kueue stops).
@@ -1058,10 +1091,15 @@ def _kueue_prepare(cp: ControlPlane, bins: Path, deadline: float) -> None:
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{cp.port('kueue-probe')}"},
         "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
-        # Its visibility API server binds :8082 on every interface and wants certificates of
-        # its own; it is an aggregated API that needs an in-cluster Service: off.
-        "featureGates": {"VisibilityOnDemand": False},
     }
+    # Its visibility API server binds :8082 on every interface and wants certificates of its
+    # own; it is an aggregated API that needs an in-cluster Service: off.
+    gates = {"VisibilityOnDemand": False}
+    if cp.profile == "manager":
+        config["multiKueue"] = multikueue_config()
+        # Beta and on by default since v0.15: set anyway, the setup depends on it.
+        gates |= {"MultiKueue": True, "MultiKueueAdaptersForCustomJobs": True}
+    config["featureGates"] = {**gates, **cp.kueue_feature_gates}
     cp._write("kueue/config.yaml", yaml.safe_dump(config))
 
 
@@ -1117,8 +1155,15 @@ CLUSTER: tuple[Component, ...] = (
     JOBSET_CONTROLLER,
 )
 KUEUE: tuple[Component, ...] = (*CLUSTER, KUEUE_CONTROLLER)
-PROFILES: dict[str, tuple[Component, ...]] = {"api": API, "cluster": CLUSTER, "kueue": KUEUE}
-COMPONENTS = {c.name: c for c in KUEUE}
+# A MultiKueue manager: its Kueue config differs (_kueue_prepare looks at the profile).
+MANAGER: tuple[Component, ...] = (*API, KUBE_CONTROLLER_MANAGER, KUEUE_CONTROLLER)
+PROFILES: dict[str, tuple[Component, ...]] = {
+    "api": API,
+    "cluster": CLUSTER,
+    "kueue": KUEUE,
+    "manager": MANAGER,
+}
+COMPONENTS = {c.name: c for c in KUEUE}  # every profile's components are the kueue profile's
 
 
 def _terminate(popen: subprocess.Popen[bytes], grace: float = 10.0) -> None:

@@ -31,6 +31,8 @@ PLURALS = {
     "Cohort": "cohorts",
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
+    "MultiKueueCluster": "multikueueclusters",  # multicluster.py: a MultiKueue manager's
+    "MultiKueueConfig": "multikueueconfigs",
 }
 CHECK = "multislice-gang"
 TPU = keys.TPU_RESOURCE

@@ -76,6 +76,11 @@ class StackOptions:
     slice_controller: bool = False
     reservations: dict[str, dict[str, int]] = field(default_factory=dict)
     slice_activation_s: float = 1.0
+    # The GKE cluster the operator says it runs in (its --gke-* flags; the simulator serves any):
+    # the stacks of a MultiKueue setup (multicluster.py) each name their own.
+    gke_location: str = LOCATION
+    gke_cluster: str = CLUSTER
+    gke_node_location: str = ZONE
 
 
 class LocalStack:
@@ -143,11 +148,11 @@ class LocalStack:
             "--gke-project",
             PROJECT,
             "--gke-location",
-            LOCATION,
+            o.gke_location,
             "--gke-cluster",
-            CLUSTER,
+            o.gke_cluster,
             "--gke-node-location",
-            ZONE,
+            o.gke_node_location,
             "--gke-simulator",
             self.sim.url,
             "--resync-seconds",
