@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from multislice_local import queues
+from multislice_local.harness import wait_for
 from multislice_local.multicluster import MANAGER, MULTIKUEUE_CHECK, QUEUE, MultiCluster
+from multislice_operator.api import models
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +86,127 @@ def test_the_setup_comes_up_with_both_workers_active(mc: MultiCluster, ns: str) 
             queues.GROUP, queues.VERSION, ns, "localqueues", QUEUE
         )
         assert lq["spec"]["clusterQueue"] == QUEUE, c
+
+
+# ---------------------------------------------------------------- jobs through MultiKueue
+
+
+def job_pools(mc: MultiCluster, cluster: str, name: str, ns: str) -> list[str]:
+    from multislice_operator.planning.plan import node_pool_name
+
+    prefix = node_pool_name(ns, name, 0)[:-2]
+    sim = mc.stack(cluster).sim
+    assert sim is not None
+    return [p for p in sim.pools() if p.startswith(prefix)]
+
+
+def runs_in(status: dict[str, Any]) -> str:
+    """The worker letter of status.queue.cluster (projects/P/locations/L/clusters/worker-X)."""
+    cluster = (status.get("queue") or {}).get("cluster") or ""
+    return cluster.rsplit("/worker-", 1)[-1] if "/worker-" in cluster else ""
+
+
+def gone_everywhere(mc: MultiCluster, name: str, ns: str) -> bool:
+    return all(mc.job(w, name, ns) is None and not job_pools(mc, w, name, ns) for w in mc.workers)
+
+
+def test_a_job_is_dispatched_runs_on_a_worker_and_the_manager_shows_it(mc: MultiCluster, ns: str):
+    """Issue 43: admitted on the manager (its quota counts the spare), provisioned and run by the
+    worker's operator in that worker's GKE location; the manager's copy shows the worker's status
+    and never gets a node pool or a JobSet; the worker's copy and pools go when it ends."""
+    mc.create("d", ns, run="4s", spares=1)
+    running = mc.phase(MANAGER, "d", ns, "Running", 240)
+    worker = runs_in(running)
+    assert worker in mc.workers, running.get("queue")
+    other = next(w for w in mc.workers if w != worker)
+    assert len(job_pools(mc, worker, "d", ns)) == 3  # 2 slices + the spare, in that worker
+    assert job_pools(mc, other, "d", ns) == [] and mc.job(other, "d", ns) is None
+
+    def mirrored() -> dict[str, Any] | None:  # the worker's status, slices and all
+        here, there = mc.status(MANAGER, "d", ns), mc.status(worker, "d", ns)
+        keys_ = ("phase", "readySlices", "slices", "activeSlices", "queue")
+        return here if all(here.get(k) == there.get(k) for k in keys_) else None
+
+    st = wait_for(mirrored, 60, "the manager's status the worker's", interval=0.3,
+                  on_timeout=lambda: mc.dump(ns))  # fmt: skip
+    assert st["readySlices"] == "3/3" and len(st["slices"]) == 3, st  # the spare's pool too
+    wl = mc.workload(MANAGER, "d", ns)
+    assert wl is not None and wl["status"].get("clusterName") == f"worker-{worker}"
+    assigned = {a["name"]: a["resourceUsage"]["google.com/tpu"]
+                for a in wl["status"]["admission"]["podSetAssignments"]}  # fmt: skip
+    assert assigned == {"slice": "32", "spare": "16"}
+    # The worker's copy: the prebuilt Workload adopted, never a second one made.
+    copy = mc.job(worker, "d", ns)
+    assert copy is not None and "managedBy" not in copy["spec"]
+    assert [w["metadata"]["name"] for w in mc.workloads(worker, ns)] == [wl["metadata"]["name"]]
+    done = mc.phase(MANAGER, "d", ns, "Succeeded", 240)
+    assert runs_in(done) == worker and done.get("restarts") == 0
+    assert (done.get("goodput") or {}).get("timeline"), done  # the worker's goodput, copied
+    finished = mc.workload(MANAGER, "d", ns)
+    assert queues.condition(finished, "Finished").get("status") == "True"
+    wait_for(lambda: gone_everywhere(mc, "d", ns), 120, "the worker's copy and pools gone",
+             on_timeout=lambda: mc.dump(ns))  # fmt: skip
+    manager_sim = mc.manager.sim
+    assert manager_sim is not None and not manager_sim.pools()  # never provisioned there
+    assert client.CustomObjectsApi(mc.manager.api).list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets")["items"] == []  # fmt: skip
+
+
+def test_deleting_the_job_on_the_manager_releases_everything_on_the_worker(mc: MultiCluster,
+                                                                           ns: str):  # fmt: skip
+    mc.create("del", ns, run="600s")
+    running = mc.phase(MANAGER, "del", ns, "Running", 240)
+    worker = runs_in(running)
+    assert len(job_pools(mc, worker, "del", ns)) == 2
+    client.CustomObjectsApi(mc.manager.api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "del"
+    )
+    wait_for(lambda: gone_everywhere(mc, "del", ns), 120, "the worker's copy and pools gone",
+             on_timeout=lambda: mc.dump(ns))  # fmt: skip
+    wait_for(lambda: mc.workloads(worker, ns) == [] and mc.workloads(MANAGER, ns) == [], 60,
+             "no Workload left", on_timeout=lambda: mc.dump(ns))  # fmt: skip
+
+
+def test_a_worker_that_cannot_provision_hands_the_job_back_and_the_other_runs_it(
+    mc: MultiCluster, ns: str
+):
+    """Issue 43: worker a is the only one with quota and is stocked out: its gang rolls back,
+    its check goes Retry, it stops and gives the quota back; MultiKueue dispatches again, a
+    leaves the new copy to another worker (cooldown), and b, given quota, runs the job. At no
+    moment do both workers hold node pools of the job."""
+    a, b = mc.workers["a"], mc.workers["b"]
+    assert a.sim is not None and b.sim is not None
+    witness = {w: queues.QuotaWitness(s.sim, s.api).install() for w, s in mc.workers.items()}
+    overlap: list[tuple[list[str], list[str]]] = []
+    try:
+        mc.set_quota("b", 0)
+        a.sim.set_faults(stockout_next=1000)
+        mc.create("rd", ns, run="4s")
+
+        def handed_back() -> bool:
+            tried = witness["a"].for_job(f"{ns}/rd")
+            return bool(tried) and mc.job("a", "rd", ns) is None
+
+        wait_for(handed_back, 180, "worker a tried the gang, then its copy was removed",
+                 interval=0.5, on_timeout=lambda: mc.dump(ns))  # fmt: skip
+        mc.set_quota("b", 64)
+
+        def on_b() -> dict[str, Any] | None:
+            pa, pb = job_pools(mc, "a", "rd", ns), job_pools(mc, "b", "rd", ns)
+            if pa and pb:
+                overlap.append((pa, pb))
+            st = mc.status(MANAGER, "rd", ns)
+            return st if st.get("phase") == "Succeeded" else None
+
+        done = wait_for(on_b, 240, "rd Succeeded on b", interval=0.5,
+                        on_timeout=lambda: mc.dump(ns))  # fmt: skip
+        assert runs_in(done) == "b", done.get("queue")
+        assert overlap == []
+        assert witness["b"].for_job(f"{ns}/rd") and all(
+            c.quota_reserved for w in witness.values() for c in w.for_job(f"{ns}/rd")
+        )
+        assert job_pools(mc, "a", "rd", ns) == []
+    finally:
+        for w in witness.values():
+            w.uninstall()
+        mc.set_quota("b", 64)
