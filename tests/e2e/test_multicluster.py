@@ -210,3 +210,42 @@ def test_a_worker_that_cannot_provision_hands_the_job_back_and_the_other_runs_it
         for w in witness.values():
             w.uninstall()
         mc.set_quota("b", 64)
+
+
+def test_an_elastic_job_keeps_its_quota_on_both_clusters_while_it_runs_on_fewer_slices(
+    mc: MultiCluster, ns: str
+):
+    """Issue 43: spec.elastic through MultiKueue. A slice lost on the worker and stocked out:
+    the worker's operator runs the job on 1 slice (no hand-back: it is running), the manager
+    shows it, and neither Workload gives back or loses its full quota."""
+    elastic = {"minSlices": 1, "waitSeconds": 5}
+    mc.create("el", ns, run="600s", elastic=elastic, capacity={"type": "Spot"})
+    running = mc.phase(MANAGER, "el", ns, "Running", 240)
+    worker = runs_in(running)
+    stack = mc.workers[worker]
+    assert stack.sim is not None
+    from multislice_operator.planning.plan import node_pool_name
+
+    stack.sim.set_faults(stockout_next=1000)
+    stack.sim.preempt(node_pool_name(ns, "el", 0), recreate_after_s=None)
+
+    def on_one() -> dict[str, Any] | None:
+        st = mc.status(MANAGER, "el", ns)  # as copied from the worker
+        return st if st.get("phase") == "Running" and st.get("activeSlices") == 1 else None
+
+    wait_for(on_one, 180, "el Running on 1 slice, seen on the manager", interval=0.5,
+             on_timeout=lambda: mc.dump(ns))  # fmt: skip
+    for cluster in (MANAGER, worker):
+        wl = mc.workload(cluster, "el", ns)
+        assert queues.holds_quota(wl), (cluster, wl)
+        assert queues.condition(wl, "Evicted").get("status") != "True", (cluster, wl)
+        used = {a["name"]: a["resourceUsage"]["google.com/tpu"]
+                for a in wl["status"]["admission"]["podSetAssignments"]}  # fmt: skip
+        assert used == {"slice": "32"}, (cluster, used)  # the full size, kept
+    assert runs_in(mc.status(MANAGER, "el", ns)) == worker  # never moved
+    stack.sim.clear_faults()
+    client.CustomObjectsApi(mc.manager.api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "el"
+    )
+    wait_for(lambda: gone_everywhere(mc, "el", ns), 120, "the worker's copy and pools gone",
+             on_timeout=lambda: mc.dump(ns))  # fmt: skip
