@@ -26,8 +26,7 @@ from typing import Any
 
 from benchmarks.common import save, say, stats, table
 from multislice_local import queues
-from multislice_local.multicluster import MANAGER, MultiCluster
-from multislice_local.nodes import RUN_DURATION_ANNOTATION
+from multislice_local.multicluster import MANAGER, QUEUE, MultiCluster, job_body
 from multislice_operator.api import models
 from multislice_operator.common import keys
 
@@ -54,19 +53,7 @@ def _times(mc: MultiCluster, where: str, name: str, ns: str, t0: float) -> tuple
 def _baseline(mc: MultiCluster, ns: str, name: str, run: str) -> tuple[float, float]:
     from kubernetes import client
 
-    body: dict[str, Any] = {
-        "apiVersion": models.API_VERSION,
-        "kind": models.KIND,
-        "metadata": {"name": name, "labels": {keys.KUEUE_QUEUE_NAME: "team-a"}},
-        "spec": {
-            "accelerator": "v5litepod-16",
-            "slices": 2,
-            "template": {
-                "metadata": {"annotations": {RUN_DURATION_ANNOTATION: run}},
-                "spec": {"containers": [{"name": "train", "image": "example.invalid/t:1"}]},
-            },
-        },
-    }
+    body = job_body(name, run=run, labels={keys.KUEUE_QUEUE_NAME: QUEUE})  # no managedBy
     t0 = time.monotonic()
     client.CustomObjectsApi(mc.workers["b"].api).create_namespaced_custom_object(
         models.GROUP, models.VERSION, ns, models.PLURAL, body
