@@ -841,13 +841,18 @@ def test_manifests_pass_server_side_dry_run(
     docs = render(tmp_path, values, namespace=release_ns)
     # ServiceMonitor needs the Prometheus Operator's CRD, which this apiserver lacks.
     applied = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    server_dry_run(kube_api, applied)
+
+
+def server_dry_run(kube_api: ControlPlane, docs: list[dict[str, Any]]) -> None:
+    """Every document accepted by a server-side apply dry run (schemas, CEL, admission)."""
     result = kubectl(
         kube_api,
         "apply", "--server-side", "--dry-run=server", "--field-manager=chart-test", "-f", "-",
-        stdin=yaml.safe_dump_all(applied),
+        stdin=yaml.safe_dump_all(docs),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    for doc in applied:
+    for doc in docs:
         assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
 
 
@@ -2390,14 +2395,7 @@ def test_multikueue_manager_objects_pass_kueues_own_schema(
     docs = render(tmp_path, MK_MANAGER)
     kueue_docs = [d for d in docs if d["apiVersion"].startswith("kueue.x-k8s.io/")]
     assert len(kueue_docs) == 5  # two clusters, the config, two checks
-    result = kubectl(
-        kube_api,
-        "apply", "--server-side", "--dry-run=server", "--field-manager=chart-test", "-f", "-",
-        stdin=yaml.safe_dump_all(kueue_docs),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    for doc in kueue_docs:
-        assert f"{doc['metadata']['name']} serverside-applied (server dry run)" in result.stdout
+    server_dry_run(kube_api, kueue_docs)
     # The CRD's own rule: a MultiKueueConfig names each cluster once (the chart refuses earlier).
     bad = copy.deepcopy(one(docs, "MultiKueueConfig"))
     bad["spec"]["clusters"] = ["us-east5", "us-east5"]
