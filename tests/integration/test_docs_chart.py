@@ -29,14 +29,24 @@ EVERYTHING: dict[str, Any] = {
     "replicaCount": 2,
     "health": {"standbyReady": True},  # a budget over two replicas needs ready standbys
     "kueue": {"enabled": True, "admissionCheck": {"create": True}},
+    "multikueue": {
+        "role": "manager",
+        "manager": {"create": True, "workers": [{"name": "w", "kubeconfigSecret": "w"}]},
+    },
 }
+# A cluster is a MultiKueue manager or a worker: the worker's objects come from a second render.
+WORKER: dict[str, Any] = {**EVERYTHING, "multikueue": {"role": "worker"}}
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    return doccheck.chart_names(
-        render(tmp_path_factory.mktemp("chart"), EVERYTHING, release=RELEASE)
-    )
+    return {
+        name
+        for values in (EVERYTHING, WORKER)
+        for name in doccheck.chart_names(
+            render(tmp_path_factory.mktemp("chart"), values, release=RELEASE)
+        )
+    }
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -144,14 +144,24 @@ def test_a_gang_the_worker_cannot_provision_is_handed_back_to_multikueue():
     assert ReleaseWorkload("multislicejob-job", "7") in later.actions
 
 
-def test_a_copy_handed_back_never_tries_the_gang_here_again():
-    """Kueue gave the quota straight back (the check Pending, retryCount 1) before MultiKueue
-    moved the job: no pool is created here; the quota is given back once evicted."""
+def test_a_copy_handed_back_waits_out_the_cooldown_before_its_gang_is_tried_here_again():
+    """Kueue gave this worker's quota straight back (the check Pending, retryCount 1) and
+    MultiKueue keeps the copy while no other worker admits it: no pool here for the cooldown
+    (counted from the eviction), then the gang is tried here again."""
     again = wl(CheckState.PENDING, retry=1)
-    d = worker(old={"phase": "Queued"}, obs=obs(again))
+
+    def old(ago: float) -> dict:
+        evicted = {"reason": "AdmissionCheck", "time": iso(NOW - timedelta(seconds=ago))}
+        return {"phase": "Queued", "queue": {"localQueue": LQ, "lastEviction": evicted}}
+
+    d = worker(old=old(30), obs=obs(again))
     assert not any(isinstance(a, CreatePools) for a in d.actions)
     assert d.status.phase == Phase.QUEUED and "MultiKueue" in (d.status.message or "")
-    # Not handed back (retryCount 0): the check Pending is the gang's, provisioned here.
+    assert "again in 570s" in (d.status.message or "")
+    assert d.requeue_after is not None and d.requeue_after <= 570
+    later = worker(old=old(CFG.multikueue_lost_cooldown_seconds + 1), obs=obs(again))
+    assert any(isinstance(a, CreatePools) for a in later.actions)
+    # Never handed back (retryCount 0): the check Pending is the gang's, provisioned here.
     first = worker(old={"phase": "Queued"}, obs=obs(wl(CheckState.PENDING)))
     assert any(isinstance(a, CreatePools) for a in first.actions)
 

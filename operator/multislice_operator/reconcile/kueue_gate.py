@@ -120,7 +120,7 @@ def gate(f: Facts, b: Builder) -> Gate:
         return _not_seen(f, b, q, wl)
     if wl.evicted or not wl.quota_reserved:
         return _queued(f, q, wl)
-    handed_back = multikueue.handed_back(f, wl)
+    handed_back = multikueue.handed_back(f, b, wl)
     if handed_back is not None:
         return Gate(Pass.HOLD, Reason.CHECK_RETRY, handed_back, workload=wl, check=wl.check)
     return _quota_reserved(wl)

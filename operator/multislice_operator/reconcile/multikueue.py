@@ -142,15 +142,26 @@ def lost(f: Facts, b: Builder, check_name: str | None, rolled_back: str | None) 
     return True
 
 
-def handed_back(f: Facts, wl: WorkloadObservation) -> str | None:
-    """A worker's copy this cluster handed back (our check said Retry: Kueue counted it): it
-    is MultiKueue's to move, so no gang is tried here again while its copy lingers."""
+def handed_back(f: Facts, b: Builder, wl: WorkloadObservation) -> str | None:
+    """A worker's copy this cluster handed back (our check said Retry, which Kueue counted and
+    evicted it for): MultiKueue's to move, so no gang is tried here again for the cooldown
+    (--multikueue-lost-cooldown-seconds, from that eviction). Kueue may hand this cluster's quota
+    straight back and MultiKueue keep this copy while no other worker admits the job: after the
+    cooldown the gang is tried here again, as the copy on another worker would be."""
     if not from_manager(f) or wl.check is None or wl.check.retry_count < 1:
         return None
+    last = b.status.queue.last_eviction if b.status.queue is not None else None
+    cooldown = f.cfg.multikueue_lost_cooldown_seconds
+    if last is None or last.reason != EVICTED_BY_CHECK or last.time is None:
+        return None
+    left = cooldown - (f.now - last.time).total_seconds()
+    if left <= 0:
+        return None
+    b.requeue_in(left)
     return (
         f"handed back to MultiKueue after this cluster could not provision the gang (admission "
         f"check {wl.check.name} retried {wl.check.retry_count}x): waiting for MultiKueue to "
-        "dispatch the job to another worker"
+        f"dispatch the job to another worker; tried here again in {left:.0f}s"
     )
 
 

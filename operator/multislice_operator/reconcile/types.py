@@ -365,6 +365,8 @@ class DecideConfig:
     not_ready_grace_seconds: float  # a slice NotReady this long (nodes there) is lost
     # A queued job's JobSet without a Kueue Workload after this long: say that none exists.
     kueue_workload_wait_seconds: float
+    # A MultiKueue worker that handed a job back tries it again only after this long.
+    multikueue_lost_cooldown_seconds: float = 600.0
 
     @classmethod
     def from_settings(cls, s: Settings | None = None, **override: float) -> DecideConfig:
@@ -375,6 +377,7 @@ class DecideConfig:
             "resync_seconds": s.resync_seconds,
             "not_ready_grace_seconds": s.node_not_ready_grace_seconds,
             "kueue_workload_wait_seconds": s.kueue_workload_wait_seconds,
+            "multikueue_lost_cooldown_seconds": s.multikueue_lost_cooldown_seconds,
         }
         values.update(override)
         return cls(**values)
