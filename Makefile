@@ -59,7 +59,7 @@ cluster-up: install bins
 cluster-down: install
 	$(BIN)/python -m multislice_local.controlplane down --profile $(PROFILE)
 
-# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue|maintenance|elastic|preflight|inplace|ironwood,
+# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue|maintenance|elastic|preflight|inplace|ironwood|multicluster,
 # KEEP=1 to stay up.
 # CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).
 SCENARIO ?= restart

@@ -126,6 +126,12 @@ SCENARIOS = {
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
         Scenario(
+            "multicluster",
+            "a MultiKueue manager and two worker clusters: worker a is stocked out, the job "
+            "runs on worker b (demo_multicluster.py)",
+            "Succeeded",
+        ),
+        Scenario(
             "maintenance",
             "GKE announces host maintenance on slice 1's nodes; a checkpoint is asked ahead of "
             "it; the maintenance stops the slice and all slices restart: a disruption, not "
@@ -1433,17 +1439,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    demo = Demo(args, out)
-
     def interrupted(_sig: int, _frame: Any) -> None:
         raise KeyboardInterrupt
 
     previous: Callable[..., Any] | int | None = signal.signal(signal.SIGTERM, interrupted)
     try:
-        return demo.run()
-    except KeyboardInterrupt:
-        demo.n.say("interrupted")
-        return 130
+        if args.scenario == "multicluster":  # three clusters of its own: demo_multicluster.py
+            from multislice_local import demo_multicluster
+
+            try:
+                return demo_multicluster.run(args, out)
+            except KeyboardInterrupt:
+                print("interrupted", file=out, flush=True)
+                return 130
+        demo = Demo(args, out)
+        try:
+            return demo.run()
+        except KeyboardInterrupt:
+            demo.n.say("interrupted")
+            return 130
+        finally:
+            demo.stop()
     finally:
-        demo.stop()
         signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)

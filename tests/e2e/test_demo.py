@@ -152,6 +152,12 @@ SCENARIOS = {
         "refused before any node pool (0 created): preflight: the program does not fit: it needs",
         "PreflightPassed",
     ],
+    "multicluster": [
+        "worker a (us-central2-b): every node-pool create is stocked out",
+        'manager event Normal  MultiKueue (Workload): The workload was admitted on "worker-b"',
+        "manager: Workload multislicejob-llm-anywhere status.clusterName = worker-b",
+        "outcome reached: Succeeded on worker-b, shown on the manager",
+    ],
     "queue": [
         "insufficient unused quota for google.com/tpu",
         "the job held 0 node pools while queued",
@@ -185,7 +191,9 @@ def test_demo_standalone_boots_runs_and_stops_everything():
 
 
 # restart: the standalone run's; queue: on the kueue profile.
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in ("restart", "queue")])
+@pytest.mark.parametrize(
+    "scenario", [s for s in SCENARIOS if s not in ("restart", "queue", "multicluster")]
+)
 def test_demo_scenario(scenario, kube_cluster):
     code, out = run_borrowed(kube_cluster, scenario)
     check_story(scenario, code, out)
@@ -194,6 +202,30 @@ def test_demo_scenario(scenario, kube_cluster):
 def test_demo_queue_scenario(kube_kueue):
     code, out = run_borrowed(kube_kueue, "queue")
     check_story("queue", code, out)
+
+
+def test_demo_multicluster_scenario():
+    """Issue 43: a MultiKueue manager and two workers of its own (it cannot borrow one): worker a
+    stocked out, the job runs on b (straight away, or after a hands it back), the manager shows
+    it, nothing is left on either worker, and every process of the three clusters is gone."""
+    code, out = demo("--scenario", "multicluster")
+    workdirs = re.findall(r"control-plane state in (\S+) \((manager|a|b)\)", out)
+    assert sorted(w for _, w in workdirs) == ["a", "b", "manager"], out[-3000:]
+    check_story("multicluster", code, out)
+    assert (
+        "status.queue.cluster = projects/local-project/locations/us-east5-b/clusters/worker-b"
+        in out
+    )
+    assert "runs in projects/local-project/locations/us-east5-b/clusters/worker-b" in out
+    handed_back = "worker a handed the job back" in out
+    assert handed_back == ("worker a admitted the job first" in out), out[-3000:]
+    if handed_back:  # Kueue's own word on the manager's Workload
+        assert "EvictedDueToAdmissionCheck (Workload)" in out, out[-3000:]
+    for workdir, _ in workdirs:
+        assert not processes_mentioning(workdir), f"processes left running for {workdir}"
+        assert not Path(workdir).exists(), "temporary control-plane state left behind"
+    code, out = demo("--scenario", "multicluster", "--kubeconfig", "/nonexistent")
+    assert code == 2 and "cannot borrow" in out
 
 
 # The workload tests' compile flag (tests/workload/conftest.py): compiling, not running, is what
