@@ -429,7 +429,9 @@ def test_a_queued_job_with_a_spare_takes_its_chips_and_runs_on_it_without_requeu
         st = env.status("sp")
         return st if st.get("restarts", 0) >= 1 and st.get("phase") == "Running" else None
 
-    st = wait_for(on_the_spare, 120, "Running on the spare", interval=0.5, on_timeout=env.dump)
+    # Lost nodes, their pods gone, JobSet's restart onto the spare: a chain of controllers, slow
+    # on a loaded 2-core machine (a CI run took over 120 s).
+    st = wait_for(on_the_spare, 300, "Running on the spare", interval=0.5, on_timeout=env.dump)
     provisioned = next(c for c in st["conditions"] if c["type"] == "Provisioned")
     assert provisioned["reason"] == Reason.REPAIRING_SPARE, provisioned
     wl = env.workload("sp")

@@ -142,8 +142,13 @@ def test_a_job_is_dispatched_runs_on_a_worker_and_the_manager_shows_it(mc: Multi
     done = mc.phase(MANAGER, "d", ns, "Succeeded", 240)
     assert runs_in(done) == worker and done.get("restarts") == 0
     assert (done.get("goodput") or {}).get("timeline"), done  # the worker's goodput, copied
-    finished = mc.workload(MANAGER, "d", ns)
-    assert queues.condition(finished, "Finished").get("status") == "True"
+
+    # MultiKueue copies the status as the worker writes it, and finishes the manager's Workload
+    # once the worker's is: a moment later.
+    def finished() -> bool:
+        return queues.condition(mc.workload(MANAGER, "d", ns), "Finished").get("status") == "True"
+
+    wait_for(finished, 60, "the manager's Workload Finished", on_timeout=lambda: mc.dump(ns))
     wait_for(lambda: gone_everywhere(mc, "d", ns), 120, "the worker's copy and pools gone",
              on_timeout=lambda: mc.dump(ns))  # fmt: skip
     manager_sim = mc.manager.sim

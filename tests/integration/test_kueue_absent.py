@@ -99,7 +99,12 @@ def test_a_queued_job_without_any_kueue_workload_says_so_and_holds_no_pool(
         assert cause in st["message"], st
         admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
         assert (admitted["status"], admitted["reason"]) == ("False", Reason.NO_KUEUE_WORKLOAD)
-        js = custom.get_namespaced_custom_object(*JS, ns, "jobsets", "lonely")
+
+        def jobset() -> dict | None:  # made in the pass that wrote the status, just after it
+            found = custom.list_namespaced_custom_object(*JS, ns, "jobsets")["items"]
+            return next((j for j in found if j["metadata"]["name"] == "lonely"), None)
+
+        js = wait_for(jobset, 30, "the suspended JobSet", on_timeout=op.log_tail)
         assert js["spec"]["suspend"] is True  # nothing runs without Kueue's admission
         # The Workload would be the job's own: no queue label for Kueue's JobSet integration.
         assert keys.KUEUE_QUEUE_NAME not in js["metadata"]["labels"]
