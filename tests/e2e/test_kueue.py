@@ -410,12 +410,6 @@ def lose_a_slice(env: Env, name: str) -> None:
     env.sim.preempt(node_pool_name(env.ns, name, 0), recreate_after_s=None)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent in the full suite (2 of 4 runs on 2026-12-05): after the slice loss the "
-    "job never restarted onto the spare within 300 s while the operator kept re-creating the lost "
-    "pool; passes alone and in the other runs. Open: under diagnosis (see the stop note)",
-)
 def test_a_queued_job_with_a_spare_takes_its_chips_and_runs_on_it_without_requeueing(env):
     """Issue 43: spec.spares with a queue label. The Workload counts the spare slice's chips (48
     of the ClusterQueue's 48: a 16-chip job waits); a lost slice's place is taken by the spare

@@ -78,7 +78,8 @@ def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
     """Index entries of one Workload: by (namespace, owning MultisliceJob), and by its uid and
     its job's uid (to name a preemptor). One MultiKueue copied here (label
     kueue.x-k8s.io/multikueue-origin) is also indexed by ("name", namespace, name): its job, when
-    it comes, adopts it by name (its prebuilt-workload label); until then it has no owner."""
+    it comes, adopts it by name (kueue.x-k8s.io/prebuilt-workload-name, an annotation or a
+    label); until then it has no owner."""
     meta = body.get("metadata") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
     owner = _owner(meta)
