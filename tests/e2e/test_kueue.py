@@ -95,7 +95,14 @@ class Env:
             for n, w in queues.workloads(self.stack.api, self.ns).items()
         }  # fmt: skip
         assert self.stack.op is not None
-        return f"workloads: {wls}\npools: {list(self.sim.pools())}\n{self.stack.op.log_tail(40)}"
+        jobs = {
+            i["metadata"]["name"]: {k: (i.get("status") or {}).get(k) for k in
+                                    ("phase", "message", "restarts", "readySlices", "lastRestart")}
+            for i in self.custom.list_namespaced_custom_object(
+                models.GROUP, models.VERSION, self.ns, models.PLURAL)["items"]
+        }  # fmt: skip
+        return (f"workloads: {wls}\njobs: {jobs}\npools: {list(self.sim.pools())}\n"
+                f"{self.stack.op.log_tail(40)}")  # fmt: skip
 
     def pools(self, name: str) -> list[str]:
         return list(msj.pools_of(self.sim, self.ns, name))
