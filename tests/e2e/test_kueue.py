@@ -410,11 +410,16 @@ def usage(wl: dict[str, Any]) -> dict[str, str]:
 
 
 def lose_a_slice(env: Env, name: str) -> None:
-    """Slice 0's pool loses its nodes (spot preemption) and every replacement is stocked out."""
-    from multislice_operator.planning.plan import node_pool_name
-
+    """A pool that runs pods of the job loses its nodes (spot preemption) and every replacement
+    is stocked out. (With a spare, any of the job's pools may be the idle one: the scheduler
+    picks, so pool 0 is not always a running slice's.)"""
+    core = client.CoreV1Api(env.stack.api)
+    pods = core.list_namespaced_pod(env.ns).items
+    nodes = {p.spec.node_name for p in pods if p.spec.node_name and p.metadata.name.startswith(f"{name}-")}
+    pools = sorted({str(core.read_node(n).metadata.labels[keys.GKE_NODEPOOL]) for n in nodes})
+    assert pools, f"no pod of {name} on a node"
     env.sim.set_faults(stockout_next=1000)
-    env.sim.preempt(node_pool_name(env.ns, name, 0), recreate_after_s=None)
+    env.sim.preempt(pools[0], recreate_after_s=None)
 
 
 def test_a_queued_job_with_a_spare_takes_its_chips_and_runs_on_it_without_requeueing(env):
