@@ -415,7 +415,8 @@ def lose_a_slice(env: Env, name: str) -> None:
     picks, so pool 0 is not always a running slice's.)"""
     core = client.CoreV1Api(env.stack.api)
     pods = core.list_namespaced_pod(env.ns).items
-    nodes = {p.spec.node_name for p in pods if p.spec.node_name and p.metadata.name.startswith(f"{name}-")}
+    ours = [p for p in pods if p.metadata.name.startswith(f"{name}-")]
+    nodes = {p.spec.node_name for p in ours if p.spec.node_name}
     pools = sorted({str(core.read_node(n).metadata.labels[keys.GKE_NODEPOOL]) for n in nodes})
     assert pools, f"no pod of {name} on a node"
     env.sim.set_faults(stockout_next=1000)
