@@ -34,6 +34,7 @@ import contextlib
 import functools
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -163,6 +165,7 @@ class MultiCluster:
             for w, spec in self.specs.items()
         }
         self.startup_seconds: dict[str, float] = {}
+        self._kubeconfigs: dict[str, str] = {}  # the manager's, for each worker
 
     def _options(self, name: str, profile: str, spec: WorkerSpec | None) -> StackOptions:
         options = StackOptions(
@@ -249,17 +252,11 @@ class MultiCluster:
                 queues.admission_check(),
                 queues.cluster_queue(QUEUE, spec.quota, FLAVOR),
             ])  # fmt: skip
-        core: Any = client.CoreV1Api(self.manager.api)  # plain dicts in
         for w in self.specs:
             # Its own identity, in system:masters: RBAC for it is the chart's business.
             path = self._control_plane(w).user_kubeconfig("multikueue-manager", ("system:masters",))
-            secret = kubeconfig_secret(w, path.read_text())
-            try:
-                core.create_namespaced_secret(KUEUE_NAMESPACE, secret)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                core.replace_namespaced_secret(secret["metadata"]["name"], KUEUE_NAMESPACE, secret)
+            self._kubeconfigs[w] = path.read_text()
+            self._put_secret(kubeconfig_secret(w, self._kubeconfigs[w]))
         queues.apply(self.manager.api, [
             *(multikueue_cluster(w) for w in self.specs),
             multikueue_config(self.specs),
@@ -267,6 +264,29 @@ class MultiCluster:
             queues.resource_flavor(FLAVOR, GKE_ACCELERATOR),
             queues.cluster_queue(QUEUE, self.manager_quota, FLAVOR, check=MULTIKUEUE_CHECK),
         ])  # fmt: skip
+
+    def _put_secret(self, secret: dict[str, Any]) -> None:
+        core: Any = client.CoreV1Api(self.manager.api)  # plain dicts in
+        try:
+            core.create_namespaced_secret(KUEUE_NAMESPACE, secret)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.replace_namespaced_secret(secret["metadata"]["name"], KUEUE_NAMESPACE, secret)
+
+    def cut_off(self, worker: str) -> None:
+        """A partition: the manager's kubeconfig for `worker` names a port nobody listens on, so
+        MultiKueue loses it while the worker runs on, unseen (undo with :meth:`reconnect`)."""
+        with socket.socket() as sock:  # a port just free: nothing listens there
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config = yaml.safe_load(self._kubeconfigs[worker])
+        for entry in config["clusters"]:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        self._put_secret(kubeconfig_secret(worker, yaml.safe_dump(config)))
+
+    def reconnect(self, worker: str) -> None:
+        self._put_secret(kubeconfig_secret(worker, self._kubeconfigs[worker]))
 
     def set_quota(self, cluster: str, chips: int, cluster_queue: str = QUEUE) -> None:
         """Change a ClusterQueue's google.com/tpu quota on one cluster (``manager``, ``a``...)."""

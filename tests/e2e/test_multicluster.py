@@ -13,6 +13,7 @@ What a test uses of it (see :class:`multislice_local.multicluster.MultiCluster`)
   ``"manager"``, ``"a"`` or ``"b"``; ``mc.phase(cluster, name, ns, "Running")`` waits (dump on
   timeout);
 * ``mc.set_quota(cluster, chips)``, ``mc.workers["a"].sim.set_faults(stockout_next=1)``;
+* ``mc.cut_off("a")`` / ``mc.reconnect("a")``: the manager loses worker a and finds it again;
 * ``mc.dump(ns)`` for a timeout: each cluster's Workloads and jobs, and the log tails.
 """
 
@@ -259,4 +260,50 @@ def test_an_elastic_job_keeps_its_quota_on_both_clusters_while_it_runs_on_fewer_
         models.GROUP, models.VERSION, ns, models.PLURAL, "el"
     )
     wait_for(lambda: gone_everywhere(mc, "el", ns), 120, "the worker's copy and pools gone",
+             on_timeout=lambda: mc.dump(ns))  # fmt: skip
+
+
+def test_a_worker_cut_off_from_the_manager_is_replaced_and_one_copy_is_left_when_it_is_back(
+    mc: MultiCluster, ns: str
+):
+    """Issue 43, the worker unreachable: a runs the job and the manager loses a (a partition:
+    its kubeconfig names a dead port, as Kueue's own tests break a connection; a runs on,
+    unseen). Past workerLostTimeout (60 s locally) MultiKueue requeues the manager's Workload and
+    b runs the job, while a, cut off, still runs its copy: the overlap docs/kueue.md warns of.
+    Once a is reachable again MultiKueue keeps one copy, the one admitted first (a's: Kueue v0.19
+    deletes the newer run on b), and the manager shows a; its Workload keeps naming b (Kueue
+    cannot change `status.clusterName`), as docs/kueue.md says."""
+    mc.set_quota("b", 0)
+    mc.create("cut", ns, run="600s")
+    assert runs_in(mc.phase(MANAGER, "cut", ns, "Running", 240)) == "a"
+    mc.set_quota("b", 64)
+    mc.cut_off("a")
+    try:
+        wait_for(lambda: mc.status("b", "cut", ns).get("phase") == "Running", 300,
+                 "cut Running on b", interval=1, on_timeout=lambda: mc.dump(ns))  # fmt: skip
+        # Nobody could tell a: it runs on.
+        assert mc.status("a", "cut", ns).get("phase") == "Running"
+        assert len(job_pools(mc, "a", "cut", ns)) == 2
+    finally:
+        mc.reconnect("a")
+
+    def one_left() -> str | None:
+        on = [w for w in mc.workers if mc.job(w, "cut", ns) or job_pools(mc, w, "cut", ns)]
+        if len(on) != 1:
+            return None
+        st = mc.status(MANAGER, "cut", ns)
+        return on[0] if st.get("phase") == "Running" and runs_in(st) == on[0] else None
+
+    winner = wait_for(one_left, 240, "one worker left running cut", interval=1,
+                      on_timeout=lambda: mc.dump(ns))  # fmt: skip
+    assert winner == "a"  # the copy admitted first; b's newer run is the one deleted
+    assert queues.holds_quota(mc.workload("a", "cut", ns))
+    assert mc.workloads("b", ns) == [] and job_pools(mc, "b", "cut", ns) == []
+    wl = mc.workload(MANAGER, "cut", ns)
+    assert wl is not None and wl["status"].get("clusterName") == "worker-b", wl["status"]
+    # Nothing is left behind by that state: deleting the job on the manager releases a.
+    client.CustomObjectsApi(mc.manager.api).delete_namespaced_custom_object(
+        models.GROUP, models.VERSION, ns, models.PLURAL, "cut"
+    )
+    wait_for(lambda: gone_everywhere(mc, "cut", ns), 120, "a's copy and pools gone",
              on_timeout=lambda: mc.dump(ns))  # fmt: skip
