@@ -11,7 +11,11 @@ its own Kueue v0.19.2, GKE simulator and operator; pool latency --pool-latency).
    worker, the worker's admission and gang, and the status copied back);
 3. handed back: worker a stocked out for every create, b free: which worker each job went to
    first (the AllAtOnce race) and create -> Running on b as the manager's copy says; a job a
-   admitted first was handed back (its gang rolled back, its check Retry) and re-dispatched.
+   admitted first was handed back (its gang rolled back, its check Retry) and re-dispatched;
+4. cut off: one job running on a (b without quota until then), the manager loses a (its
+   kubeconfig at a dead port): cut -> Running on b (MultiKueue's workerLostTimeout, 60 s
+   locally, then a dispatch; a runs on, unseen), and after the reconnection (at once) which copy
+   is left and how soon.
 
     python -m benchmarks.multicluster [--jobs 5] [--run 2s] [--pool-latency 1]
 """
@@ -67,6 +71,31 @@ def _dispatched(mc: MultiCluster, ns: str, name: str, run: str) -> tuple[float, 
     return _times(mc, MANAGER, name, ns, t0)
 
 
+def _cut_off(mc: MultiCluster, ns: str, run: str) -> dict[str, Any]:
+    """Phase 4: a runs the job, the manager loses a, b takes it; then a is back."""
+
+    def on(w: str) -> bool:
+        return mc.job(w, "cut", ns) is not None
+
+    def phase(cluster: str) -> str | None:
+        found: str | None = mc.status(cluster, "cut", ns).get("phase")
+        return found
+
+    mc.set_quota("b", 0)
+    mc.create("cut", ns, run=run)
+    _wait(lambda: phase("a") == "Running", 300)
+    mc.set_quota("b", 64)
+    t0 = time.monotonic()
+    mc.cut_off("a")
+    try:
+        on_b = _wait(lambda: phase("b") == "Running", 600) - t0
+    finally:
+        mc.reconnect("a")
+    t1 = time.monotonic()
+    one = _wait(lambda: on("a") != on("b"), 300) - t1
+    return {"to_running_on_b_s": on_b, "one_left_after_s": one, "left": "a" if on("a") else "b"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=5)
@@ -108,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         table("worker a stocked out: where each job went", columns, back)
         result["handed_back"] = [dict(zip(("job", "first", "ran_on", "running_s"), r, strict=True))
                                  for r in back]  # fmt: skip
+        cut = _cut_off(mc, ns, "600s")
+        table("worker a cut off from the manager, then back", list(cut), [list(cut.values())])
+        result["cut_off"] = cut
     save("multicluster", result)
     return 0
 

@@ -272,9 +272,9 @@ def test_a_worker_cut_off_from_the_manager_is_replaced_and_one_copy_is_left_when
     b runs the job, while a, cut off, still runs its copy: the overlap docs/kueue.md warns of.
     Once a is reachable again MultiKueue keeps one copy, the one admitted first (a's: Kueue v0.19
     deletes the newer run on b), and the manager shows a; its Workload keeps naming b (Kueue
-    cannot change `status.clusterName`), as docs/kueue.md says."""
+    cannot change `status.clusterName`), as docs/kueue.md says. The job still ends cleanly."""
     mc.set_quota("b", 0)
-    mc.create("cut", ns, run="600s")
+    mc.create("cut", ns, run="240s")  # longer than the cut (60 s + a dispatch) and the way back
     assert runs_in(mc.phase(MANAGER, "cut", ns, "Running", 240)) == "a"
     mc.set_quota("b", 64)
     mc.cut_off("a")
@@ -301,9 +301,13 @@ def test_a_worker_cut_off_from_the_manager_is_replaced_and_one_copy_is_left_when
     assert mc.workloads("b", ns) == [] and job_pools(mc, "b", "cut", ns) == []
     wl = mc.workload(MANAGER, "cut", ns)
     assert wl is not None and wl["status"].get("clusterName") == "worker-b", wl["status"]
-    # Nothing is left behind by that state: deleting the job on the manager releases a.
-    client.CustomObjectsApi(mc.manager.api).delete_namespaced_custom_object(
-        models.GROUP, models.VERSION, ns, models.PLURAL, "cut"
-    )
+    # That state still ends: a's run finishes, so do both Workloads, and nothing is left.
+    done = mc.phase(MANAGER, "cut", ns, "Succeeded", 400)
+    assert runs_in(done) == "a", done.get("queue")
+
+    def finished() -> bool:
+        return queues.condition(mc.workload(MANAGER, "cut", ns), "Finished").get("status") == "True"
+
+    wait_for(finished, 60, "the manager's Workload Finished", on_timeout=lambda: mc.dump(ns))
     wait_for(lambda: gone_everywhere(mc, "cut", ns), 120, "a's copy and pools gone",
              on_timeout=lambda: mc.dump(ns))  # fmt: skip
