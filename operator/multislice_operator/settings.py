@@ -157,8 +157,9 @@ class Settings:
         False,
     )
     leader_election_namespace: str | None = _opt(
-        "namespace of the Leases (leader election, and the heartbeat NAME-heartbeat that "
-        "goodput reads after a restart); default: the operator pod's namespace"
+        "namespace of the Leases (leader election, and the heartbeat NAME-heartbeat that a "
+        "restarted operator reads: goodput's blind time, MultiKueue hand-backs); default: the "
+        "operator pod's namespace"
     )
     leader_election_name: str = _opt(
         "name of the leader-election Lease (the heartbeat Lease is NAME-heartbeat)",

@@ -19,6 +19,7 @@ What a test uses of it (see :class:`multislice_local.multicluster.MultiCluster`)
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from multislice_local import queues
 from multislice_local.harness import wait_for
 from multislice_local.multicluster import MANAGER, MULTIKUEUE_CHECK, QUEUE, MultiCluster
 from multislice_operator.api import models
+from multislice_operator.common import keys
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,17 @@ def test_deleting_the_job_on_the_manager_releases_everything_on_the_worker(mc: M
              "no Workload left", on_timeout=lambda: mc.dump(ns))  # fmt: skip
 
 
+def handed_back(mc: MultiCluster, witness: queues.QuotaWitness, name: str, ns: str) -> bool:
+    """Worker a tried the gang and gave the job back: its copy removed by MultiKueue, or (if
+    Kueue handed a's quota straight back, so MultiKueue keeps it while no other worker admits the
+    job) holding no pool for the cooldown."""
+    if not witness.for_job(f"{ns}/{name}"):
+        return False
+    copy = mc.job("a", name, ns)
+    message = ((copy or {}).get("status") or {}).get("message") or ""
+    return copy is None or "handed back to MultiKueue" in message
+
+
 def test_a_worker_that_cannot_provision_hands_the_job_back_and_the_other_runs_it(
     mc: MultiCluster, ns: str
 ):
@@ -188,19 +201,9 @@ def test_a_worker_that_cannot_provision_hands_the_job_back_and_the_other_runs_it
         mc.set_quota("b", 0)
         a.sim.set_faults(stockout_next=1000)
         mc.create("rd", ns, run="4s")
-
-        def handed_back() -> bool:
-            """a tried the gang and gave the job back: its copy removed by MultiKueue, or (if
-            Kueue handed a's quota straight back, so MultiKueue keeps it while no other worker
-            admits the job) holding no pool for the cooldown."""
-            if not witness["a"].for_job(f"{ns}/rd"):
-                return False
-            copy = mc.job("a", "rd", ns)
-            message = ((copy or {}).get("status") or {}).get("message") or ""
-            return copy is None or "handed back to MultiKueue" in message
-
-        wait_for(handed_back, 180, "worker a tried the gang and handed the job back",
-                 interval=0.5, on_timeout=lambda: mc.dump(ns))  # fmt: skip
+        wait_for(lambda: handed_back(mc, witness["a"], "rd", ns), 180,
+                 "worker a tried the gang and handed the job back", interval=0.5,
+                 on_timeout=lambda: mc.dump(ns))  # fmt: skip
         mc.set_quota("b", 64)
 
         def on_b() -> dict[str, Any] | None:
@@ -221,6 +224,44 @@ def test_a_worker_that_cannot_provision_hands_the_job_back_and_the_other_runs_it
     finally:
         for w in witness.values():
             w.uninstall()
+        mc.set_quota("b", 64)
+
+
+def test_a_worker_operator_restarted_in_its_cooldown_still_leaves_the_job_to_another(
+    mc: MultiCluster, ns: str
+):
+    """The cooldown outlives the worker's operator: a hands the job back and its operator is
+    killed and started again. While b has no quota, a tries no gang of the job again (the new
+    operator read the hand-back from its heartbeat Lease, so its check on the next copy stays
+    Pending); once b has quota, b runs the job. An operator that forgot would say Ready at once
+    and try (and lose) the gang on a again."""
+    a = mc.workers["a"]
+    assert a.sim is not None and a.op is not None
+    witness = queues.QuotaWitness(a.sim, a.api).install()
+    try:
+        mc.set_quota("b", 0)
+        a.sim.set_faults(stockout_next=1000)
+        mc.create("rs", ns, run="4s")
+        wait_for(lambda: handed_back(mc, witness, "rs", ns), 180,
+                 "worker a tried the gang and handed the job back", interval=0.5,
+                 on_timeout=lambda: mc.dump(ns))  # fmt: skip
+        tried = len(witness.for_job(f"{ns}/rs"))
+        a.op.kill()
+        lease = client.CoordinationV1Api(a.api).read_namespaced_lease(
+            "multislice-operator-heartbeat", "default"
+        )
+        assert f'"{ns}/' in (lease.metadata.annotations or {}).get(keys.MULTIKUEUE_LOST, "")
+        a.op.start()
+        held_until = time.monotonic() + 30
+        while time.monotonic() < held_until:  # the new operator's passes, and MultiKueue's
+            assert len(witness.for_job(f"{ns}/rs")) == tried, mc.dump(ns)
+            time.sleep(0.5)
+        mc.set_quota("b", 64)
+        done = mc.phase(MANAGER, "rs", ns, "Succeeded", timeout=240)
+        assert runs_in(done) == "b", done.get("queue")
+        assert len(witness.for_job(f"{ns}/rs")) == tried and job_pools(mc, "a", "rs", ns) == []
+    finally:
+        witness.uninstall()
         mc.set_quota("b", 64)
 
 

@@ -241,3 +241,88 @@ def test_every_copy_is_written_at_most_once_and_never_out_of_retry_or_rejected(s
         since = lost.get(("ns", c.name))
         held = since is not None and (NOW - since).total_seconds() < 600
         assert a.state == (CheckState.PENDING if held else CheckState.READY)
+
+
+# ---------------------------------------------------------------- the cooldown across a restart
+
+
+def test_a_restarted_worker_operator_keeps_the_cooldown_of_the_jobs_it_handed_back():
+    """The hand-backs ride on the heartbeat Lease: the next operator reads them before its first
+    beat, so its check stays Pending on the next copy; an emptied memory clears the annotation."""
+    import asyncio
+
+    from multislice_operator.controller.heartbeat import Heartbeat, HeartbeatConfig
+    from tests.unit.test_goodput import FakeLeases
+
+    cfg = HeartbeatConfig("ops", "msj-heartbeat", "first")
+    kube = FakeLeases()
+    handed_back = {("ns", "w"): NOW - timedelta(seconds=30)}
+    first = Heartbeat(kube, cfg, handed_back)  # type: ignore[arg-type]
+    asyncio.run(first.start())
+    assert keys.MULTIKUEUE_LOST in kube.lease["metadata"]["annotations"]
+
+    remembered: dict = {}
+    cfg = HeartbeatConfig("ops", "msj-heartbeat", "second")
+    second = Heartbeat(kube, cfg, remembered)  # type: ignore[arg-type]
+    asyncio.run(second.start())
+    assert remembered == handed_back
+    ((_, a),) = remote_checks([remote()], remembered, NOW, 600)
+    assert a.state == CheckState.PENDING and "lost this job 30s ago" in a.message
+    assert kube.lease["metadata"]["annotations"][keys.MULTIKUEUE_LOST]  # its first beat kept it
+
+    remembered.clear()  # the cooldown is over (controller/kueue.py forgets the entry)
+    asyncio.run(second.beat())
+    assert keys.MULTIKUEUE_LOST not in (kube.lease["metadata"].get("annotations") or {})
+
+
+_label = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lost=st.dictionaries(
+        st.tuples(_label, _label),
+        st.datetimes(min_value=NOW.replace(tzinfo=None) - timedelta(days=2),
+                     max_value=NOW.replace(tzinfo=None) + timedelta(days=2)).map(
+            lambda t: t.replace(tzinfo=NOW.tzinfo)),
+        max_size=8,
+    )
+)  # fmt: skip
+def test_the_lease_gives_back_exactly_the_hand_backs_it_was_given(lost):
+    from multislice_operator.controller.heartbeat import lost_annotation, lost_from
+
+    lease = {"metadata": {"annotations": lost_annotation(lost)}}
+    assert lost_from(lease) == lost
+    assert (keys.MULTIKUEUE_LOST in lease["metadata"]["annotations"]) == bool(lost)
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=st.one_of(st.text(max_size=40), st.recursive(
+    st.none() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=8).map(__import__("json").dumps)))  # fmt: skip
+def test_an_unreadable_annotation_is_forgotten_not_raised(raw):
+    """Someone edited the Lease: whatever is there, the operator starts (and drops what it
+    cannot read)."""
+    from multislice_operator.controller.heartbeat import lost_from
+
+    for key, when in lost_from({"metadata": {"annotations": {keys.MULTIKUEUE_LOST: raw}}}).items():
+        assert all(key) and when.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ['{"ns/w": "2026-12-01T12:00:00"}', '{"ns/w": 5}', '{"/w": "2026-12-01T12:00:00Z"}',
+     '{"ns": "2026-12-01T12:00:00Z"}', '["ns/w"]', "{", None],
+)  # fmt: skip
+def test_entries_a_restarted_operator_could_not_compare_are_dropped(raw):
+    """A time without a zone would make the cooldown's arithmetic raise on every pass."""
+    from multislice_operator.controller.heartbeat import lost_from
+
+    assert lost_from({"metadata": {"annotations": {keys.MULTIKUEUE_LOST: raw}}}) == {}
+    assert lost_from({"metadata": {"annotations": None}}) == lost_from(None) == {}
+    ok = lost_from(
+        {"metadata": {"annotations": {keys.MULTIKUEUE_LOST: '{"ns/w": "2026-12-01T12:00:00Z"}'}}}
+    )
+    assert ok == {("ns", "w"): NOW}

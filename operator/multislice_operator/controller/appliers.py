@@ -301,6 +301,8 @@ async def set_admission_check_state(rt: Runtime, t: Target, a: SetAdmissionCheck
     written = await kueue.write_check(rt, summary, a, f"job={t.namespace}/{t.name}")
     if written and a.state == CheckState.RETRY and keys.MULTIKUEUE_ORIGIN in labels:
         rt.multikueue_lost[(t.namespace, a.workload)] = datetime.now(UTC)
+        if rt.heartbeat is not None:  # remembered now, not at the next beat: a crash keeps it
+            await rt.heartbeat.beat()
 
 
 async def set_workload_active(rt: Runtime, t: Target, a: SetWorkloadActive) -> None:

@@ -259,7 +259,9 @@ async def _run(rt: Runtime) -> None:
     if rt.provisioner is not None and rt.settings.gc_interval_seconds > 0:
         rt.tasks.append(asyncio.create_task(gc_loop(rt)))
     # Before any pass: when the previous operator was last alive (goodput's blind time).
-    heartbeat = Heartbeat(rt.kube, _heartbeat_config(rt.settings))
+    # And the MultiKueue hand-backs a previous operator remembered (their cooldown goes on).
+    heartbeat = Heartbeat(rt.kube, _heartbeat_config(rt.settings), rt.multikueue_lost)
+    rt.heartbeat = heartbeat
     rt.previous_alive = await heartbeat.start()
     rt.tasks.append(asyncio.create_task(heartbeat.run()))
     if rt.settings.kueue:

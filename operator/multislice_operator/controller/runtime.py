@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from multislice_operator.controller import metrics
+from multislice_operator.controller.heartbeat import Heartbeat
 from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
@@ -144,8 +145,10 @@ class Runtime:
     # Set by AdmissionCheck watch events: the activation loop looks again (controller/kueue.py).
     kueue_checks_changed: asyncio.Event = field(default_factory=asyncio.Event)
     # MultiKueue worker: the dispatched jobs (namespace, Workload) whose gang this cluster could
-    # not provision, and when it handed them back (in memory: a restart forgets, see docs/kueue.md).
+    # not provision, and when it handed them back; the heartbeat Lease keeps them across a
+    # restart (controller/heartbeat.py), and a hand-back writes it at once.
     multikueue_lost: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    heartbeat: Heartbeat | None = None
     # What /readyz answers; workers reconciling a job right now (a metric).
     readiness: Readiness = field(default_factory=Readiness)
     active_workers: int = 0
