@@ -271,6 +271,10 @@ class _RegistrarLabeler:
             label(pool, labels)
 
 
+# How soon a node removal that failed (an apiserver error) is tried again.
+UNREGISTER_RETRY_S = 0.5
+
+
 class KubeNodeRegistrar:
     """Registers kwok fake GKE TPU nodes in a real (local) Kubernetes API server."""
 
@@ -1821,7 +1825,12 @@ class GkeSimulator:
             try:
                 self.registrar.unregister(pool.name)
             except Exception:
-                log.exception("gke-sim node removal failed pool=%s", pool.name)
+                # GKE's instance group retries deleting its VMs: the pool stays STOPPING and its
+                # operation RUNNING until they are gone. Going on would drop a pool whose nodes
+                # are still there (fake nodes left on the cluster after the demo's delete).
+                log.exception("gke-sim node removal failed, retrying pool=%s", pool.name)
+                self._scheduler.after(UNREGISTER_RETRY_S, lambda: self._finish_delete(op_path))
+                return
         with self._lock:
             gone = self._pools.pop(op.target, None)
             self._end_op(op)

@@ -205,7 +205,11 @@ def delete_nodes(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list[s
     nodes = api.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool_name}").items
     names = [str(node.metadata.name) for node in nodes if node.metadata]
     for name in names:
-        api.delete_node(name)
+        try:
+            api.delete_node(name)
+        except client.ApiException as err:
+            if err.status != 404:  # gone already is what was asked
+                raise
     return names
 
 

@@ -899,3 +899,40 @@ def test_a_pool_created_again_gets_nodes_of_new_names(monkeypatch: pytest.Monkey
     again = names[len(first) :]
     assert len(first) == len(again) == 4 and len(set(first + again)) == 8, (first, again)
     assert all(n.startswith("msj-a-1-") for n in first + again)
+
+
+def test_a_failed_node_removal_keeps_the_pool_stopping_until_its_nodes_are_gone(
+    sim: GkeSimulator, gke: container_v1.ClusterManagerClient
+) -> None:
+    """A delete whose node removal fails (the apiserver answered an error) is retried, as GKE's
+    instance group retries deleting its VMs: the pool leaves the list only once its nodes are
+    gone. Before, the pool went and its nodes stayed: the fake TPU nodes a CI run found left
+    after the demo's delete scenario (tests/e2e/test_demo.py) are what that leaves."""
+
+    class Flaky(InMemoryRegistrar):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures = 2
+
+        def unregister(self, pool: str) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("etcdserver: request timed out")
+            super().unregister(pool)
+
+    registrar = Flaky()
+    sim.registrar = registrar
+    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+    assert sim.wait_idle()
+    assert registrar.node_count("pool-a") == 4
+    op = gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    listed: list[tuple[str, int]] = []  # (pool status, nodes) while the pool is listed
+    while sim.pool("pool-a") is not None:
+        pool = sim.pool("pool-a")
+        if pool is not None:
+            listed.append((pool["status"], registrar.node_count("pool-a")))
+        time.sleep(0.01)
+    assert registrar.node_count("pool-a") == 0, "the pool went, its nodes stayed"
+    assert registrar.failures == 0 and {s for s, _ in listed} == {"STOPPING"}, listed
+    done = gke.get_operation(name=f"{LOCATION}/operations/{op.name}")
+    assert done.status == cs.Operation.Status.DONE and not done.error.message
