@@ -936,3 +936,52 @@ def test_a_failed_node_removal_keeps_the_pool_stopping_until_its_nodes_are_gone(
     assert registrar.failures == 0 and {s for s, _ in listed} == {"STOPPING"}, listed
     done = gke.get_operation(name=f"{LOCATION}/operations/{op.name}")
     assert done.status == cs.Operation.Status.DONE and not done.error.message
+
+
+def test_a_pod_that_cannot_be_shut_down_does_not_keep_its_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node shutdown fails the pods it can and the node goes anyway, as GKE deletes a VM after
+    the grace period whatever its pods did: one refused status patch (422) once made the whole
+    node removal fail."""
+    from types import SimpleNamespace as NS
+
+    from kubernetes import client as kclient
+
+    from multislice_local import gke_sim, nodes
+
+    deleted: list[str] = []
+    patched: list[str] = []
+
+    def pod(name: str) -> Any:
+        container = NS(name="main", image="i")
+        return NS(
+            metadata=NS(name=name, namespace="ns"),
+            status=NS(phase="Running"),
+            spec=NS(containers=[container]),
+        )
+
+    class Api:
+        def list_node(self, label_selector: str) -> Any:
+            return NS(items=[NS(metadata=NS(name="n-0")), NS(metadata=NS(name="n-1"))])
+
+        def list_pod_for_all_namespaces(self, field_selector: str) -> Any:
+            node = field_selector.split("=")[1]
+            return NS(items=[pod(f"{node}-a"), pod(f"{node}-b")])
+
+        def patch_namespaced_pod_status(self, name: str, ns: str, body: Any) -> None:
+            if name == "n-0-a":
+                raise kclient.ApiException(status=422, reason="Unprocessable Entity")
+            patched.append(name)
+
+        def delete_node(self, name: str) -> None:
+            if name == "n-1":
+                raise kclient.ApiException(status=404, reason="Not Found")  # gone meanwhile
+            deleted.append(name)
+
+    monkeypatch.setattr(nodes, "_api", lambda _: Api())
+    registrar = gke_sim.KubeNodeRegistrar(object())
+    registrar.unregister("pool")
+    assert patched == ["n-0-b", "n-1-a", "n-1-b"]
+    assert registrar.shut_down == ["ns/n-0-b", "ns/n-1-a", "ns/n-1-b"]
+    assert deleted == ["n-0"]
