@@ -197,8 +197,8 @@ def shut_down_pods(api_client_or_kubeconfig: ClientLike, pool_name: str) -> list
                 # The VM goes however its pods end (GKE deletes it after the grace period):
                 # a pod left Running here is the pod garbage collector's once its node is gone.
                 if err.status != 404:
-                    log.warning("pod %s/%s not shut down: %s", pod.metadata.namespace,
-                                pod.metadata.name, err.reason)  # fmt: skip
+                    name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+                    log.warning("pod %s not shut down: %s", name, err.reason)
     return failed
 
 

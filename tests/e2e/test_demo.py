@@ -90,11 +90,11 @@ def run_borrowed(cp: ControlPlane, scenario: str, *extra: str, **kw: Any) -> tup
         left = client.CustomObjectsApi(api).list_namespaced_custom_object(
             models.GROUP, models.VERSION, ns, models.PLURAL
         )["items"]
-        assert not left, ([j["metadata"]["name"] for j in left], tail)
+        assert not left, f"{[j['metadata']['name'] for j in left]}\n{tail}"
         namespace = client.CoreV1Api(api).read_namespace(ns)  # deleted in the background
         assert namespace.status.phase == "Terminating" or namespace.metadata.deletion_timestamp
         nodes = client.CoreV1Api(api).list_node(label_selector=f"{keys.JOB_NAMESPACE}={ns}").items
-        assert not nodes, ([n.metadata.name for n in nodes], tail)
+        assert not nodes, f"{[n.metadata.name for n in nodes]}\n{tail}"
     except client.ApiException as exc:
         assert exc.status == 404, exc  # the namespace already gone
     finally:
