@@ -13,6 +13,8 @@
 //	                                      code and the body
 //	msj-probe starts FILE [then ...]      append a line to FILE, print how many it holds, then run
 //	                                      the rest as another subcommand (counts container starts)
+//	msj-probe once FILE CODE [then ...]   the first time (no FILE yet): create FILE and exit CODE;
+//	                                      later: run the rest as another subcommand
 package main
 
 import (
@@ -37,7 +39,7 @@ const serviceAccount = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(2, "usage: msj-probe sleep|exit|env|serve|dial|resolve|kube|starts ...")
+		fail(2, "usage: msj-probe sleep|exit|env|serve|dial|resolve|kube|starts|once ...")
 	}
 	os.Exit(run(os.Args[1], os.Args[2:]))
 }
@@ -96,6 +98,8 @@ func run(cmd string, args []string) int {
 		return kube(arg(args, 0, "GET-PATH"))
 	case "starts":
 		return starts(arg(args, 0, "FILE"), args[1:])
+	case "once":
+		return once(arg(args, 0, "FILE"), arg(args, 1, "CODE"), args[2:])
 	}
 	fail(2, "unknown subcommand %q", cmd)
 	return 2
@@ -221,6 +225,26 @@ func starts(file string, then []string) int {
 		fail(1, "%v", err)
 	}
 	fmt.Printf("start %d\n", strings.Count(string(data), "\n"))
+	if len(then) == 0 {
+		return 0
+	}
+	return run(then[0], then[1:])
+}
+
+func once(file, code string, then []string) int {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err == nil {
+		f.Close()
+		n, err := strconv.Atoi(code)
+		if err != nil {
+			fail(2, "CODE: %v", err)
+		}
+		fmt.Printf("first run: exit %d\n", n)
+		return n
+	}
+	if !os.IsExist(err) {
+		fail(1, "%v", err)
+	}
 	if len(then) == 0 {
 		return 0
 	}
