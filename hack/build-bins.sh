@@ -74,8 +74,9 @@ NODE_OUT="$ROOT/nodes_$NODE_KEY"
 # The project's own Go programs (local/go: the TPU device plugin, the test image's program) are
 # keyed by their sources: names and contents of every file there.
 LOCAL_GO="$(cd "$HACK/../local/go" && pwd)"
-LOCAL_HASH="$(cd "$LOCAL_GO" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) |
-  LC_ALL=C sort | while read -r f; do echo "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)"
+LOCAL_HASH="$(cd "$LOCAL_GO" &&
+  find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) | LC_ALL=C sort |
+  while read -r f; do echo "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)"
 LOCAL_OUT="$NODE_OUT/local-$LOCAL_HASH"
 
 FORCE=0
@@ -189,8 +190,8 @@ build() {
   shift 4
   [[ $dir == /* ]] || dir="$TOOLS/$dir"
   step_start "$name" "$pkg" || return 0
-  (cd "$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$STEP_TMP" "$pkg") >"$STEP_LOG" 2>&1 ||
-    { rm -f "$STEP_TMP"; fail "$name" "$STEP_LOG"; }
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$STEP_TMP" "$pkg") \
+    >"$STEP_LOG" 2>&1 || { rm -f "$STEP_TMP"; fail "$name" "$STEP_LOG"; }
   step_done
 }
 
@@ -232,114 +233,6 @@ if [[ $MODULE_DIRS == 1 ]]; then # one line per tools module: <tools dir> <modul
   exit 0
 fi
 
-build_control_plane() {
-  build etcd kube go.etcd.io/etcd/server/v3 "-s -w"
-  build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS"
-  build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS"
-  build kube-scheduler kube k8s.io/kubernetes/cmd/kube-scheduler "$KUBE_LDFLAGS"
-  build kubectl kube k8s.io/kubernetes/cmd/kubectl "$KUBE_LDFLAGS"
-  build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-  build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-  build jobset-controller jobset sigs.k8s.io/jobset \
-    "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
-  # Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
-  # management is off, as it is for a local process). The go command may not overlay files in the
-  # module cache, so the overlay adds upstream's cmd/kueue (one file, importing only public
-  # packages) to our tools module as ./cmd/kueue with that one path made overridable by
-  # KUEUE_METRICS_CERT_DIR. Nothing is written into the clone. See
-  # hack/tools/kueue/overlay/metrics_cert_dir.go.in.
-  kueue_overlay() { # <dir for the overlay files> <tools dir>; prints the -overlay flag
-    local src main pin='metricsCertPath := "/etc/kueue/metrics/certs"' pkg="$TOOLS/$2/cmd/kueue"
-    src="$(moddir "$2" sigs.k8s.io/kueue)"
-    main="$src/cmd/kueue/main.go"
-    if [[ "$(ls "$src/cmd/kueue")" != main.go || "$(grep -cF "$pin" "$main")" != 1 ]]; then
-      echo "build-bins: $src/cmd/kueue is no longer one main.go with one '$pin';" \
-        "update the kueue overlay in hack/build-bins.sh" >&2
-      exit 1
-    fi
-    sed "s|$pin|metricsCertPath := localMetricsCertDir()|" "$main" >"$1/main.go"
-    cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go" # one overlay for both
-    printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$pkg/main.go" "$1/main.go" \
-      "$pkg/zz_metrics_cert_dir.go" "$1/metrics_cert_dir.go" >"$1/overlay.json"
-    echo "-overlay=$1/overlay.json"
-  }
-  # -mod=readonly: with -mod=mod the go command would rewrite tools/kueue/go.mod to list the
-  # overlaid package's imports as direct requirements.
-  OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir may be running
-  trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
-  build_kueue() { # <binary name> <tools dir> <version>
-    local flags=()
-    if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
-      local overlay
-      overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
-      OVERLAYS+=("$overlay")
-      flags=("$(kueue_overlay "$overlay" "$2")" -mod=readonly)
-    fi
-    build "$1" "$2" ./cmd/kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$3" \
-      ${flags[@]+"${flags[@]}"}
-  }
-  build_kueue kueue-controller kueue "$KUEUE_VERSION"
-  HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-    HELM_LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
-  done
-  build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
-  build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
-    "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
-  build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
-
-  # CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
-  # binaries. Each file is written to a tmp name and moved into place, like the binaries.
-  # copy_manifest <tools dir> <module path> <name in the cache dir> <file under config/components>...
-  # (several files are concatenated into one multi-document YAML)
-  copy_manifest() {
-    local dir="$1" mod="$2" name="$3"
-    shift 3
-    [[ $FORCE == 0 && -f "$OUT/$name" ]] && return
-    local src f tmp="$OUT/$name.tmp.$$"
-    src="$(moddir "$dir" "$mod")"
-    : >"$tmp"
-    for f in "$@"; do
-      # One "---" between documents (the CRD files already start with one).
-      [[ -s "$tmp" && "$(head -n 1 "$src/config/components/$f")" != "---" ]] && echo "---" >>"$tmp"
-      cat "$src/config/components/$f" >>"$tmp"
-    done
-    chmod 0644 "$tmp"
-    mv -f "$tmp" "$OUT/$name"
-    echo "build-bins: copied $name ($# file(s) from $mod)"
-  }
-  copy_manifest jobset sigs.k8s.io/jobset jobset.x-k8s.io_jobsets.yaml crd/bases/jobset.x-k8s.io_jobsets.yaml
-  copy_manifest jobset sigs.k8s.io/jobset jobset-webhook-manifests.yaml webhook/manifests.yaml
-  KUEUE_CRDS=()
-  if [[ $FORCE == 1 || ! -f "$OUT/kueue-crds.yaml" ]]; then
-    KUEUE_SRC="$(moddir kueue sigs.k8s.io/kueue)"
-    for f in "$KUEUE_SRC"/config/components/crd/bases/*.yaml; do
-      KUEUE_CRDS+=("crd/bases/${f##*/}")
-    done
-  fi
-  copy_manifest kueue sigs.k8s.io/kueue kueue-crds.yaml ${KUEUE_CRDS[@]+"${KUEUE_CRDS[@]}"}
-  copy_manifest kueue sigs.k8s.io/kueue kueue-webhook-manifests.yaml webhook/manifests.yaml
-  mkdir -p "$OUT/compat"
-  copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset.x-k8s.io_jobsets.yaml \
-    crd/bases/jobset.x-k8s.io_jobsets.yaml
-  copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset-webhook-manifests.yaml \
-    webhook/manifests.yaml
-  KUEUE_COMPAT_CRDS=()
-  if [[ $FORCE == 1 || ! -f "$OUT/compat/kueue-crds.yaml" ]]; then
-    KUEUE_COMPAT_SRC="$(moddir kueue-compat sigs.k8s.io/kueue)"
-    for f in "$KUEUE_COMPAT_SRC"/config/components/crd/bases/*.yaml; do
-      KUEUE_COMPAT_CRDS+=("crd/bases/${f##*/}")
-    done
-  fi
-  copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-crds.yaml \
-    ${KUEUE_COMPAT_CRDS[@]+"${KUEUE_COMPAT_CRDS[@]}"}
-  copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-webhook-manifests.yaml \
-    webhook/manifests.yaml
-
-  printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
-    "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" \
-    "jobset-compat=$JOBSET_COMPAT_VERSION" "kueue-compat=$KUEUE_COMPAT_VERSION" > "$OUT/VERSIONS"
-}
 
 # libseccomp for runc's seccomp support, from Debian's libseccomp-dev (libseccomp.a, headers,
 # pkg-config file) unpacked into the cache: no system install. Prints its root.
@@ -366,29 +259,27 @@ libseccomp() {
 build_nodes() {
   mkdir -p "$NODE_OUT" "$NODE_LOGS"
   build kubelet kube k8s.io/kubernetes/cmd/kubelet "$KUBE_LDFLAGS"
-  local ctrd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
-  build containerd containerd github.com/containerd/containerd/v2/cmd/containerd "$ctrd_ldflags"
+  local ctrd=github.com/containerd/containerd/v2
+  local ctrd_ldflags="-s -w -X $ctrd/version.Version=$CONTAINERD_VERSION"
+  build containerd containerd "$ctrd/cmd/containerd" "$ctrd_ldflags"
   # As upstream's Makefile builds the shim: without its gRPC server.
-  build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
-    "$ctrd_ldflags" -tags no_grpc
-  build ctr containerd github.com/containerd/containerd/v2/cmd/ctr "$ctrd_ldflags"
+  build containerd-shim-runc-v2 containerd "$ctrd/cmd/containerd-shim-runc-v2" "$ctrd_ldflags" \
+    -tags no_grpc
+  build ctr containerd "$ctrd/cmd/ctr" "$ctrd_ldflags"
   # runc needs cgo (its nsenter) and, since the kubelet asks every sandbox for a seccomp profile,
   # the seccomp tag; linked statically as upstream's `make static`, without the libpathrs tag
   # (a Rust library; runc falls back to its Go implementation).
-  if [[ $FORCE == 1 || ! -x "$NODE_OUT/runc" ]]; then
-    local seccomp
-    seccomp="$(libseccomp)"
-    CGO_ENABLED=1 PKG_CONFIG_SYSROOT_DIR="$seccomp" \
-      PKG_CONFIG_LIBDIR="$seccomp/usr/lib/x86_64-linux-gnu/pkgconfig" \
-      build runc runc github.com/opencontainers/runc \
-      "-s -w -linkmode external -extldflags -static" -tags "seccomp urfave_cli_no_docs netgo osusergo"
-  else
-    build runc runc github.com/opencontainers/runc ""
-  fi
-  local cni_ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_VERSION"
-  build cni/bridge cni github.com/containernetworking/plugins/plugins/main/bridge "$cni_ldflags"
-  build cni/loopback cni github.com/containernetworking/plugins/plugins/main/loopback "$cni_ldflags"
-  build cni/host-local cni github.com/containernetworking/plugins/plugins/ipam/host-local "$cni_ldflags"
+  local seccomp=""
+  [[ $FORCE == 0 && -x "$NODE_OUT/runc" ]] || seccomp="$(libseccomp)"
+  CGO_ENABLED=1 PKG_CONFIG_SYSROOT_DIR="$seccomp" \
+    PKG_CONFIG_LIBDIR="$seccomp/usr/lib/x86_64-linux-gnu/pkgconfig" \
+    build runc runc github.com/opencontainers/runc "-s -w -linkmode external -extldflags -static" \
+    -tags "seccomp urfave_cli_no_docs netgo osusergo"
+  local cni=github.com/containernetworking/plugins plugin
+  for plugin in main/bridge main/loopback ipam/host-local; do
+    build "cni/${plugin#*/}" cni "$cni/plugins/$plugin" \
+      "-s -w -X $cni/pkg/utils/buildversion.BuildVersion=$CNI_VERSION"
+  done
   build coredns coredns . "-s -w"
   # The pause container's program: Kubernetes' own pause.c (build/pause in the kubernetes
   # module), compiled as its Makefile does.
@@ -407,8 +298,118 @@ build_nodes() {
     "cni=$CNI_VERSION" "coredns=$COREDNS_VERSION" >"$NODE_OUT/VERSIONS"
 }
 
-[[ $BUILD_CONTROL_PLANE == 0 ]] || build_control_plane
+# Only the real nodes' (--nodes): the control plane's steps below are skipped.
+if [[ $BUILD_CONTROL_PLANE == 0 ]]; then
+  build_nodes
+  echo "build-bins: $built built; real-node binaries in $NODE_OUT"
+  exit 0
+fi
+
+build etcd kube go.etcd.io/etcd/server/v3 "-s -w"
+build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS"
+build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS"
+build kube-scheduler kube k8s.io/kubernetes/cmd/kube-scheduler "$KUBE_LDFLAGS"
+build kubectl kube k8s.io/kubernetes/cmd/kubectl "$KUBE_LDFLAGS"
+build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+build jobset-controller jobset sigs.k8s.io/jobset \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
+# Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
+# management is off, as it is for a local process). The go command may not overlay files in the
+# module cache, so the overlay adds upstream's cmd/kueue (one file, importing only public
+# packages) to our tools module as ./cmd/kueue with that one path made overridable by
+# KUEUE_METRICS_CERT_DIR. Nothing is written into the clone. See
+# hack/tools/kueue/overlay/metrics_cert_dir.go.in.
+kueue_overlay() { # <dir for the overlay files> <tools dir>; prints the -overlay flag
+  local src main pin='metricsCertPath := "/etc/kueue/metrics/certs"' pkg="$TOOLS/$2/cmd/kueue"
+  src="$(moddir "$2" sigs.k8s.io/kueue)"
+  main="$src/cmd/kueue/main.go"
+  if [[ "$(ls "$src/cmd/kueue")" != main.go || "$(grep -cF "$pin" "$main")" != 1 ]]; then
+    echo "build-bins: $src/cmd/kueue is no longer one main.go with one '$pin';" \
+      "update the kueue overlay in hack/build-bins.sh" >&2
+    exit 1
+  fi
+  sed "s|$pin|metricsCertPath := localMetricsCertDir()|" "$main" >"$1/main.go"
+  cp "$TOOLS/kueue/overlay/metrics_cert_dir.go.in" "$1/metrics_cert_dir.go" # one overlay for both
+  printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$pkg/main.go" "$1/main.go" \
+    "$pkg/zz_metrics_cert_dir.go" "$1/metrics_cert_dir.go" >"$1/overlay.json"
+  echo "-overlay=$1/overlay.json"
+}
+# -mod=readonly: with -mod=mod the go command would rewrite tools/kueue/go.mod to list the
+# overlaid package's imports as direct requirements.
+OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir may be running
+trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
+build_kueue() { # <binary name> <tools dir> <version>
+  local flags=()
+  if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
+    local overlay
+    overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
+    OVERLAYS+=("$overlay")
+    flags=("$(kueue_overlay "$overlay" "$2")" -mod=readonly)
+  fi
+  build "$1" "$2" ./cmd/kueue "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$3" \
+    ${flags[@]+"${flags[@]}"}
+}
+build_kueue kueue-controller kueue "$KUEUE_VERSION"
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  HELM_LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KUBE_MINOR"
+done
+build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
+build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
+build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
+
+# CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
+# binaries. Each file is written to a tmp name and moved into place, like the binaries.
+# copy_manifest <tools dir> <module path> <name in the cache dir> <file under config/components>...
+# (several files are concatenated into one multi-document YAML)
+copy_manifest() {
+  local dir="$1" mod="$2" name="$3"
+  shift 3
+  [[ $FORCE == 0 && -f "$OUT/$name" ]] && return
+  local src f tmp="$OUT/$name.tmp.$$"
+  src="$(moddir "$dir" "$mod")"
+  : >"$tmp"
+  for f in "$@"; do
+    # One "---" between documents (the CRD files already start with one).
+    [[ -s "$tmp" && "$(head -n 1 "$src/config/components/$f")" != "---" ]] && echo "---" >>"$tmp"
+    cat "$src/config/components/$f" >>"$tmp"
+  done
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$OUT/$name"
+  echo "build-bins: copied $name ($# file(s) from $mod)"
+}
+copy_manifest jobset sigs.k8s.io/jobset jobset.x-k8s.io_jobsets.yaml crd/bases/jobset.x-k8s.io_jobsets.yaml
+copy_manifest jobset sigs.k8s.io/jobset jobset-webhook-manifests.yaml webhook/manifests.yaml
+KUEUE_CRDS=()
+if [[ $FORCE == 1 || ! -f "$OUT/kueue-crds.yaml" ]]; then
+  KUEUE_SRC="$(moddir kueue sigs.k8s.io/kueue)"
+  for f in "$KUEUE_SRC"/config/components/crd/bases/*.yaml; do
+    KUEUE_CRDS+=("crd/bases/${f##*/}")
+  done
+fi
+copy_manifest kueue sigs.k8s.io/kueue kueue-crds.yaml ${KUEUE_CRDS[@]+"${KUEUE_CRDS[@]}"}
+copy_manifest kueue sigs.k8s.io/kueue kueue-webhook-manifests.yaml webhook/manifests.yaml
+mkdir -p "$OUT/compat"
+copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset.x-k8s.io_jobsets.yaml \
+  crd/bases/jobset.x-k8s.io_jobsets.yaml
+copy_manifest jobset-compat sigs.k8s.io/jobset compat/jobset-webhook-manifests.yaml \
+  webhook/manifests.yaml
+KUEUE_COMPAT_CRDS=()
+if [[ $FORCE == 1 || ! -f "$OUT/compat/kueue-crds.yaml" ]]; then
+  KUEUE_COMPAT_SRC="$(moddir kueue-compat sigs.k8s.io/kueue)"
+  for f in "$KUEUE_COMPAT_SRC"/config/components/crd/bases/*.yaml; do
+    KUEUE_COMPAT_CRDS+=("crd/bases/${f##*/}")
+  done
+fi
+copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-crds.yaml \
+  ${KUEUE_COMPAT_CRDS[@]+"${KUEUE_COMPAT_CRDS[@]}"}
+copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-webhook-manifests.yaml \
+  webhook/manifests.yaml
+
+printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
+  "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" \
+  "jobset-compat=$JOBSET_COMPAT_VERSION" "kueue-compat=$KUEUE_COMPAT_VERSION" > "$OUT/VERSIONS"
 [[ $BUILD_NODES == 0 ]] || build_nodes
-[[ $BUILD_CONTROL_PLANE == 0 ]] || echo "build-bins: binaries in $OUT"
-[[ $BUILD_NODES == 0 ]] || echo "build-bins: real-node binaries in $NODE_OUT"
-echo "build-bins: $built built"
+echo "build-bins: $built built; binaries in $OUT"

@@ -60,7 +60,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import yaml
@@ -253,43 +252,20 @@ def ensure_node_binaries(verbose: bool = True) -> NodeBinaries:
 # ------------------------------------------------------------------------------- network
 
 
-@dataclass(frozen=True)
 class Slot:
-    """The names and addresses of one running cluster (slot ``index``)."""
+    """The names and addresses of one running cluster, slot ``index``: everything of it is
+    named ``msj<index>...`` and addressed in ``10.(200+index).0.0/16``."""
 
-    index: int
-
-    @property
-    def net(self) -> str:
-        return f"10.{200 + self.index}"
-
-    @property
-    def cidr(self) -> str:
-        return f"{self.net}.0.0/16"
-
-    @property
-    def bridge(self) -> str:
-        return f"{PREFIX}{self.index}br"
-
-    @property
-    def gateway(self) -> str:
-        return f"{self.net}.0.1"
-
-    @property
-    def service_cidr(self) -> str:
-        return f"{self.net}.1.0/24"
-
-    @property
-    def dns_ip(self) -> str:
-        return f"{self.net}.1.10"
-
-    @property
-    def cgroup(self) -> str:
-        return f"{PREFIX}{self.index}"
-
-    @property
-    def workdir(self) -> Path:
-        return Path(tempfile.gettempdir()) / f"{PREFIX}{self.index}-realnodes"
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.net = f"10.{200 + index}"
+        self.cidr = f"{self.net}.0.0/16"  # routed nowhere but to the bridge
+        self.bridge = f"{PREFIX}{index}br"
+        self.gateway = f"{self.net}.0.1"  # the host's end, on the node network
+        self.service_cidr = f"{self.net}.1.0/24"  # .1: the API server (kubernetes ClusterIP)
+        self.dns_ip = f"{self.net}.1.10"
+        self.cgroup = f"{PREFIX}{index}"
+        self.workdir = Path(tempfile.gettempdir()) / f"{PREFIX}{index}-realnodes"
 
     def node_ip(self, i: int) -> str:
         return f"{self.net}.0.{10 + i}"
@@ -631,22 +607,13 @@ class RealCluster:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def import_image(self, archive: Path, nodes: Sequence[str] | None = None) -> str:
         """Import an OCI archive into the containerd of every node (or of ``nodes``), namespace
         ``k8s.io``, unpacked for the kubelet; return the image's reference."""
-        ref = str(
-            oci.read_oci_archive(archive)["index"]["manifests"][0]["annotations"][
-                oci.ANNOTATION_CONTAINERD_NAME
-            ]
-        )
+        ref = oci.image_name(archive)
         targets = [self.nodes[n] for n in (nodes or list(self.nodes))]
         with ThreadPoolExecutor(max_workers=len(targets)) as pool:
             list(pool.map(lambda node: self._import(node, archive), targets))
