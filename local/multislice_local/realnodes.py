@@ -1097,10 +1097,15 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--profile", choices=("cluster", "kueue"), default="cluster")
     sub.add_parser("sweep", help="remove what crashed runs left")
     sub.add_parser("check", help="say whether this host can run real nodes")
+    sub.add_parser("bins", help="build the real nodes' binaries where this host can run them")
     args = parser.parse_args(argv)
-    if args.command == "check":
+    if args.command in ("check", "bins"):
         reason = unavailable_reason()
         print(reason or "this host can run real nodes")
+        if args.command == "bins":
+            if reason is None:
+                print(ensure_node_binaries().root)
+            return 0  # nothing to build here: the real-node tests skip
         return 1 if reason else 0
     if args.command == "sweep":
         for line in sweep():
