@@ -4,10 +4,10 @@
 # modules into versioned caches outside the clone. Builds only what is missing, so a warm run is a
 # no-op.
 #
-#   hack/build-bins.sh             build what is missing, print one progress line per component
-#   hack/build-bins.sh --control-plane
-#                                  only the control plane's (what kwok-only tests need)
-#   hack/build-bins.sh --nodes     only the real nodes' (hack/README.md, "Real nodes")
+#   hack/build-bins.sh             build the control plane's binaries that are missing, print one
+#                                  progress line per component
+#   hack/build-bins.sh --nodes     the real nodes' instead (hack/README.md, "Real nodes")
+#   hack/build-bins.sh --all       both
 #   hack/build-bins.sh --print-dir print the control plane's cache dir for the pinned versions
 #   hack/build-bins.sh --print-node-dirs
 #                                  print the real nodes' cache dir, then the dir of the project's
@@ -82,26 +82,22 @@ LOCAL_OUT="$NODE_OUT/local-$LOCAL_HASH"
 FORCE=0
 MODULE_DIRS=0
 BUILD_CONTROL_PLANE=1
-BUILD_NODES=1
+BUILD_NODES=0
 for arg in "$@"; do
   case "$arg" in
     --print-dir) echo "$OUT"; exit 0 ;;
     --print-node-dirs) printf '%s\n' "$NODE_OUT" "$LOCAL_OUT"; exit 0 ;;
     --force) FORCE=1 ;;
     --module-dirs) MODULE_DIRS=1 ;;
-    --control-plane) BUILD_NODES=0 ;;
-    --nodes) BUILD_CONTROL_PLANE=0 ;;
+    --nodes) BUILD_CONTROL_PLANE=0 BUILD_NODES=1 ;;
+    --all) BUILD_CONTROL_PLANE=1 BUILD_NODES=1 ;;
     *)
-      echo "usage: $0 [--control-plane|--nodes] [--force] | --print-dir | --print-node-dirs" \
+      echo "usage: $0 [--nodes|--all] [--force] | --print-dir | --print-node-dirs" \
         "| --module-dirs" >&2
       exit 2
       ;;
   esac
 done
-if [[ $BUILD_CONTROL_PLANE == 0 && $BUILD_NODES == 0 ]]; then
-  echo "build-bins: --control-plane and --nodes together select nothing; give neither" >&2
-  exit 2
-fi
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 mkdir -p "$OUT"

@@ -181,9 +181,8 @@ def _build(directory: Path, verbose: bool) -> Path:
         return directory
     if verbose:
         print(f"controlplane: building {', '.join(missing)} (cold cache: minutes)", flush=True)
-    # Progress goes straight to our stdout/stderr; a cold build takes many minutes. The real
-    # nodes' binaries are realnodes.ensure_node_binaries()'s (only their tests need them).
-    result = subprocess.run(["bash", str(BUILD_SCRIPT), "--control-plane"], check=False)
+    # Progress goes straight to our stdout/stderr; a cold build takes many minutes.
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], check=False)
     if result.returncode != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit code {result.returncode}")
     missing = _missing(directory)

@@ -234,6 +234,12 @@ def test_host_network_pods_of_two_nodes_bind_one_port_and_reach_each_other(
         assert pod["status"]["phase"] == "Succeeded", logs
         assert logs.strip() == server_node  # the server's hostname: its node's
         assert pod["status"]["podIP"] == real_cluster.node_ip(client_node)
+    # kubectl exec: the API server streams from the kubelet at its InternalIP.
+    address = f"{real_cluster.node_ip('tpu-a-1')}:8081"
+    out = _kubectl(
+        real_cluster, "exec", "-n", ns, "serve-tpu-a-0", "--", "/msj-probe", "dial", address
+    )
+    assert out.strip() == "tpu-a-1"
 
 
 def test_a_pod_hostname_under_a_headless_service_resolves_in_other_pods(
@@ -484,10 +490,14 @@ core.create_namespaced_pod("default", {
                         "imagePullPolicy": "Never", "args": ["sleep"]}],
     },
 })
+deadline = time.monotonic() + 180
 while True:
     pod = core.read_namespaced_pod("p", "default")
     if pod.status.container_statuses and pod.status.container_statuses[0].state.running:
         break
+    if time.monotonic() > deadline:
+        cluster.stop()
+        sys.exit(f"pod p not running: {pod.status}")
     time.sleep(0.5)
 print(cluster.slot.index, flush=True)
 if sys.argv[1:] == ["stop"]:
