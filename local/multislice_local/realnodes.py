@@ -539,6 +539,9 @@ class RealCluster:
         self._dns: _Proc | None = None
         self.workdir = Path()
         self.probe_image = ""  # the tests' image's reference, once started
+        # A directory every node sees at the same path (a hostPath volume there is shared by
+        # all pods, as a bucket is: where a job's checkpoints go); removed by stop().
+        self.shared_dir = Path()
         self.pause_image = PAUSE_IMAGE
 
     # -- public API -------------------------------------------------------------------------
@@ -639,6 +642,8 @@ class RealCluster:
         _sweep_slot(slot)  # ours now: nothing of an earlier run may be in the way
         self.workdir = slot.workdir
         (self.workdir / "logs").mkdir(parents=True)
+        self.shared_dir = self.workdir / "shared"
+        self.shared_dir.mkdir()
         _create_bridge(slot)
         _make_cgroup(slot.cgroup)
         self.cp = ControlPlane(

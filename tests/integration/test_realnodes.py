@@ -215,6 +215,29 @@ def test_a_failing_container_reports_its_exit_code_and_termination_message(
     assert pod["spec"]["nodeName"] == "tpu-b-1"
 
 
+def test_a_host_path_in_the_shared_dir_is_one_directory_for_every_node(
+    real_cluster: realnodes.RealCluster, core: client.CoreV1Api, ns: str
+) -> None:
+    # Where a job's checkpoints go (a stand-in for gs://): written on one node, read on another.
+    shared = real_cluster.shared_dir / ns
+    shared.mkdir()
+    volume = {"name": "ckpt", "hostPath": {"path": str(shared), "type": "Directory"}}
+    mount = {"volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
+    for name, node in (("writer", "tpu-a-0"), ("reader", "tpu-b-1")):
+        body = _pod(
+            real_cluster,
+            name,
+            ["starts", "/ckpt/steps"],
+            node,
+            container=mount,
+            volumes=[volume],
+        )
+        pod, logs = _run_to_end(real_cluster, core, ns, body)
+        assert pod["status"]["phase"] == "Succeeded", logs
+    assert logs.strip() == "start 2"  # the reader found the writer's line
+    assert len((shared / "steps").read_text().splitlines()) == 2
+
+
 def test_host_network_pods_of_two_nodes_bind_one_port_and_reach_each_other(
     real_cluster: realnodes.RealCluster, core: client.CoreV1Api, ns: str
 ) -> None:
