@@ -617,7 +617,9 @@ class RealCluster:
         """Import an OCI archive into the containerd of every node (or of ``nodes``), namespace
         ``k8s.io``, unpacked for the kubelet; return the image's reference."""
         ref = oci.image_name(archive)
-        targets = [self.nodes[n] for n in (nodes or list(self.nodes))]
+        targets = [self.nodes[n] for n in (list(self.nodes) if nodes is None else nodes)]
+        if not targets:
+            raise ValueError("import_image: nodes is empty; give node names or None for all")
         with ThreadPoolExecutor(max_workers=len(targets)) as pool:
             list(pool.map(lambda node: self._import(node, archive), targets))
         return ref

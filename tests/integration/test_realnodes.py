@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from multislice_local import realnodes
+from multislice_local import oci, realnodes
 from multislice_local.controlplane import ensure_binaries
 from multislice_operator.common import keys
 
@@ -213,6 +213,37 @@ def test_a_failing_container_reports_its_exit_code_and_termination_message(
     assert terminated["exitCode"] == 42
     assert terminated["message"] == message
     assert pod["spec"]["nodeName"] == "tpu-b-1"
+
+
+def test_an_imported_image_runs_with_its_config_where_it_was_imported(
+    real_cluster: realnodes.RealCluster, core: client.CoreV1Api, ns: str, tmp_path: Path
+) -> None:
+    program = (real_cluster.bins.local / "msj-probe").read_bytes()
+    layer = oci.files_layer({"bin/probe": (program, 0o755)})
+    config = {"Entrypoint": ["/bin/probe"], "Cmd": ["env"], "Env": [f"IMAGE_OF={ns}"]}
+    image = oci.write_oci_archive(tmp_path / "img.tar", [layer], config, f"msj.local/{ns}:1")
+    assert real_cluster.import_image(image.path, nodes=["cpu-0"]) == f"msj.local/{ns}:1"
+    for name, node in (("here", "cpu-0"), ("not-here", "tpu-a-1")):
+        body = _pod(real_cluster, name, [], node)  # no args: the image's Cmd
+        body["spec"]["containers"][0]["image"] = image.ref
+        del body["spec"]["containers"][0]["args"]
+        core.create_namespaced_pod(ns, body)
+    pod = _wait_pod(core, ns, "here", _phase("Succeeded"), "success")
+    logs = _kubectl(real_cluster, "logs", "-n", ns, "here")
+    assert f"IMAGE_OF={ns}" in logs.splitlines()  # the image's Env, run by its Entrypoint
+    # With no registry digest, the CRI's image ID is the config's digest.
+    assert pod["status"]["containerStatuses"][0]["imageID"].endswith(image.config_digest)
+    waiting = _wait_pod(
+        core,
+        ns,
+        "not-here",
+        lambda p: any(
+            s.get("state", {}).get("waiting", {}).get("reason") == "ErrImageNeverPull"
+            for s in p["status"].get("containerStatuses", [])
+        ),
+        "ErrImageNeverPull",
+    )
+    assert waiting["spec"]["nodeName"] == "tpu-a-1"
 
 
 def test_a_host_path_in_the_shared_dir_is_one_directory_for_every_node(
@@ -501,7 +532,7 @@ def _found(state: dict[str, list[str]]) -> dict[str, list[str]]:
 _ONE_NODE_WITH_A_POD = """
 import sys, time
 from kubernetes import client, config
-from multislice_local import realnodes
+from multislice_local import oci, realnodes
 
 cluster = realnodes.RealCluster(realnodes.tpu_pool("tpu-x", hosts=1)).start()
 core = client.CoreV1Api(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
