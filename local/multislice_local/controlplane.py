@@ -336,6 +336,64 @@ class _Proc:
         return _tail(self.log, lines)
 
 
+def spawn_logged(
+    name: str,
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> _Proc:
+    """Start ``argv`` in a process group of its own (stop kills the whole group), its output
+    appended to ``log``."""
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, **env} if env else None,
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+        )
+    return _Proc(name, popen, log)
+
+
+def wait_until(
+    proc: _Proc | None,
+    check: Callable[[], str | None],
+    deadline: float,
+    what: str,
+    error: type[Exception] = ControlPlaneError,
+    transient: tuple[type[Exception], ...] = (OSError, ssl.SSLError, urllib.error.URLError),
+) -> None:
+    """Poll ``check`` (None = ready, else the reason; a ``transient`` exception is a reason too)
+    until ready, ``proc`` dies or time runs out; raise ``error`` with the log tail then."""
+    reason = "not checked"
+    while True:
+        if proc is not None and proc.popen.poll() is not None:
+            raise error(
+                f"{proc.name} exited with code {proc.popen.returncode} while waiting for "
+                f"{what}\n--- {proc.name} log tail ---\n{proc.tail()}"
+            )
+        try:
+            result = check()
+        except transient as err:
+            result = str(err)
+        if result is None:
+            return
+        reason = result
+        if time.monotonic() > deadline:
+            if proc is None:
+                raise error(f"timed out waiting for {what} ({reason})")
+            raise error(
+                f"{proc.name}: timed out waiting for {what} ({reason})\n"
+                f"--- {proc.name} log tail ---\n{proc.tail()}"
+            )
+        time.sleep(0.1)
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -518,20 +576,15 @@ class ControlPlane:
         return path
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> _Proc:
-        log = self.workdir / "logs" / f"{name}.log"
         main = threading.current_thread() is threading.main_thread()
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env={**os.environ, **env} if env else None,
-                start_new_session=True,  # own process group: stop() kills the whole group
-                preexec_fn=_die_with_parent if main and sys.platform == "linux" else None,
-            )
-        proc = _Proc(name, popen, log)
+        proc = spawn_logged(
+            name,
+            argv,
+            self.workdir / "logs" / f"{name}.log",
+            env,
+            cwd=self.workdir,
+            preexec_fn=_die_with_parent if main and sys.platform == "linux" else None,
+        )
         with self._lock:
             self._procs.append(proc)
         return proc
@@ -541,26 +594,7 @@ class ControlPlane:
     ) -> None:
         """Poll ``check`` (None = ready, else the reason) until ready, the process dies or time
         runs out."""
-        reason = "not checked"
-        while True:
-            if proc.popen.poll() is not None:
-                raise ControlPlaneError(
-                    f"{proc.name} exited with code {proc.popen.returncode} while waiting for "
-                    f"{what}\n--- {proc.name} log tail ---\n{proc.tail()}"
-                )
-            try:
-                result = check()
-            except (OSError, ssl.SSLError, urllib.error.URLError) as err:
-                result = str(err)
-            if result is None:
-                return
-            reason = result
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{proc.name}: timed out waiting for {what} ({reason})\n"
-                    f"--- {proc.name} log tail ---\n{proc.tail()}"
-                )
-            time.sleep(0.1)
+        wait_until(proc, check, deadline, what)
 
     def _start(self, bins: Path, deadline: float) -> None:
         """Start the profile's components in order (see PROFILES and COMPONENTS below).

@@ -72,8 +72,11 @@ from multislice_local.controlplane import (
     _die_with_parent,
     _free_port,
     _kubeconfig,
+    _Proc,
     _tail,
     _terminate,
+    spawn_logged,
+    wait_until,
 )
 from multislice_operator.common import keys
 
@@ -488,13 +491,6 @@ def sweep() -> list[str]:
 
 
 @dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-
-@dataclass
 class Node:
     """A started node: ``ip`` (its InternalIP), ``pod_cidr``, ``dir`` (its /var and /run)."""
 
@@ -571,9 +567,10 @@ class RealCluster:
 
     @property
     def control_plane(self) -> ControlPlane:
-        if self.cp is None:
-            raise RealNodesError("cluster not started")
-        return self.cp
+        """The started control plane (RealNodesError before start())."""
+        if self.cp is not None:
+            return self.cp
+        raise RealNodesError("cluster not started")
 
     def node_ip(self, name: str) -> str:
         return self.nodes[name].ip
@@ -711,39 +708,16 @@ class RealCluster:
         log_name: str | None = None,
     ) -> _Proc:
         path = self.workdir / "logs" / f"{log_name or name}.log"
-        with path.open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-                preexec_fn=_join_cgroup(cgroup),
-            )
-        return _Proc(name, popen, path)
+        return spawn_logged(
+            log_name or name, argv, path, dict(env or {}), preexec_fn=_join_cgroup(cgroup)
+        )
 
+    @staticmethod
     def _wait(
-        self, what: str, check: Callable[[], str | None], deadline: float, proc: _Proc | None
+        what: str, check: Callable[[], str | None], deadline: float, proc: _Proc | None
     ) -> None:
-        reason = "not checked"
-        while True:
-            if proc is not None and proc.popen.poll() is not None:
-                raise RealNodesError(
-                    f"{proc.name} exited with code {proc.popen.returncode} while waiting for "
-                    f"{what}\n--- {proc.log.name} tail ---\n{_tail(proc.log)}"
-                )
-            try:
-                result = check()
-            except (OSError, subprocess.SubprocessError, ValueError, KeyError) as err:
-                result = str(err)
-            if result is None:
-                return
-            reason = result
-            if time.monotonic() > deadline:
-                tail = f"\n--- {proc.log.name} tail ---\n{_tail(proc.log)}" if proc else ""
-                raise RealNodesError(f"timed out waiting for {what} ({reason}){tail}")
-            time.sleep(0.2)
+        transient = (OSError, subprocess.SubprocessError, ValueError, KeyError)
+        wait_until(proc, check, deadline, what, RealNodesError, transient)
 
     # -- DNS
 

@@ -554,18 +554,18 @@ while True:
         sys.exit(f"pod p not running: {pod.status}")
     time.sleep(0.5)
 print(cluster.slot.index, flush=True)
-if sys.argv[1:] == ["stop"]:
+if sys.stdin.readline().strip() == "stop":  # the test has looked at the running cluster
     cluster.stop()
     print("stopped", flush=True)
-else:
-    time.sleep(3600)
 """
 
 
-def _run_one_node(*args: str) -> tuple[subprocess.Popen[str], realnodes.Slot]:
-    """Start the program above; return it and its slot once its pod runs."""
+def _run_one_node() -> tuple[subprocess.Popen[str], realnodes.Slot]:
+    """Start the program above; return it and its slot once its pod runs (it stops its cluster
+    when told "stop" on its stdin, and waits until then)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _ONE_NODE_WITH_A_POD, *args],
+        [sys.executable, "-c", _ONE_NODE_WITH_A_POD],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -584,13 +584,15 @@ def _run_one_node(*args: str) -> tuple[subprocess.Popen[str], realnodes.Slot]:
 def test_a_stopped_cluster_leaves_nothing_on_the_host(
     real_cluster: realnodes.RealCluster,
 ) -> None:
-    proc, slot = _run_one_node("stop")
+    proc, slot = _run_one_node()
     try:
         assert slot.index != real_cluster.slot.index  # two clusters side by side
         running = _found(_host_state(slot))
         # What the check after the stop looks for is there while the cluster runs.
         assert {"links", "routes", "cgroups", "processes", "namespaces"} <= set(running), running
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("stop\n")
+        proc.stdin.close()
         rest = proc.stdout.read()
         assert proc.wait(timeout=120) == 0, rest
         assert "stopped" in rest
