@@ -130,7 +130,7 @@ declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack
   [jobset-controller-compat]=182 [kueue-controller-compat]=410 # estimates: same modules, older
   # measured 2026-12-06, 2 cores, empty Go build cache (hack/README.md, "Real nodes")
   [kubelet]=60 [containerd]=140 [containerd-shim-runc-v2]=5 [ctr]=15 [runc]=40 [cni/bridge]=20
-  [cni/loopback]=3 [cni/host-local]=3 [coredns]=120 [pause]=1 [local/tpu-device-plugin]=20
+  [cni/loopback]=3 [cni/host-local]=3 [coredns]=180 [pause]=1 [local/tpu-device-plugin]=20
   [local/msj-probe]=5
 )
 COMPONENTS=()
