@@ -93,12 +93,14 @@ class Apt:
                   self.lists / "partial", self.archives / "partial"):  # fmt: skip
             d.mkdir(parents=True, exist_ok=True)
         status = self.root / "status"
-        status.touch()  # empty: apt resolves as for an empty system, the whole closure
+        if not status.exists():  # touched, it would make apt rebuild its cache every time
+            status.touch()  # empty: apt resolves as for an empty system, the whole closure
         signed = f"[signed-by={KEYRING}]"
-        (etc / "sources.list").write_text(
+        _write_if_changed(
+            etc / "sources.list",
             f"deb {signed} {MIRROR} {SUITE} main\n"
             f"deb {signed} {MIRROR} {SUITE}-updates main\n"
-            f"deb {signed} {SECURITY_MIRROR} {SUITE}-security main\n"
+            f"deb {signed} {SECURITY_MIRROR} {SUITE}-security main\n",
         )
         settings = {
             "Dir": "/",
@@ -117,7 +119,9 @@ class Apt:
             "APT::Sandbox::User": "root" if os.geteuid() == 0 else "",
             "Acquire::Languages": "none",
         }
-        self._config.write_text("".join(f'{k} "{v}";\n' for k, v in settings.items() if v != ""))
+        _write_if_changed(
+            self._config, "".join(f'{k} "{v}";\n' for k, v in settings.items() if v != "")
+        )
 
     def _apt(self, *args: str) -> str:
         env = {**os.environ, "APT_CONFIG": str(self._config), "LC_ALL": "C"}
@@ -169,6 +173,12 @@ class Apt:
             for (name, version, _), path in zip(wanted, files, strict=True)
         ]
         return sorted(packages, key=lambda p: p.name)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """apt rebuilds its package cache (seconds) when its configuration files are newer."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def _sha256(path: Path) -> str:

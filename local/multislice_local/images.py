@@ -73,6 +73,7 @@ SYSTEM_SITE = "/usr/local/lib/python3.11/dist-packages"  # Debian's site for loc
 AGENT_PATH = "/in-place-restart-agent"  # JobSet's cmd/in-place-restart-agent/Dockerfile
 AGENT_COMPONENT = "in-place-restart-agent"  # hack/build-bins.sh
 JEMALLOC = "/usr/local/lib/libjemalloc.so.2"
+JEMALLOC_PACKAGE = "libjemalloc2"
 SBOM = "/usr/share/doc/multislice-operator/sbom.cdx.json"
 CORPUS = "/opt/multislice/corpus"
 KEEP_ARCHIVES = 2  # per image: the newest ones stay, older archives and their layers go
@@ -346,7 +347,10 @@ def _download_wheels(lock: Path, dest: Path, glibc_minor: int) -> list[Path]:
          "-d", str(dest)],
         f"pip download -r {lock.name} (PyPI)",
     )  # fmt: skip
-    return _locked_wheels(lock, dest)
+    wheels = _locked_wheels(lock, dest)
+    for other in set(dest.glob("*.whl")) - set(wheels):  # an older lock's
+        other.unlink()
+    return wheels
 
 
 # The environment the images' markers are evaluated in: Debian's CPython 3.11 on Linux x86_64.
@@ -467,6 +471,7 @@ class Inputs:
     root: Path
     cache: Path
     base_packages: list[debian.Package] = field(default_factory=list)
+    jemalloc: debian.Package | None = None  # the operator's libjemalloc2 (not in the base)
     python_version: str = ""  # Debian's python3.11 upstream version, e.g. 3.11.2
     glibc_minor: int = 0
 
@@ -474,16 +479,16 @@ class Inputs:
         return [(p.name, p.version, p.sha256) for p in self.base_packages]
 
 
-def _debian_packages(inputs: Inputs, names: Sequence[str], out: TextIO) -> list[debian.Package]:
+def _gather_packages(inputs: Inputs, out: TextIO) -> None:
+    """The base's packages and libjemalloc2, resolved together (one apt run: a warm build's
+    main cost). Whatever else libjemalloc2 needs is in the base (libc6, libstdc++6)."""
     apt = debian.Apt(inputs.cache / "apt")
     message = apt.update()
     if message.startswith("WARNING"):
         print(f"image: {message}", file=out, flush=True)
-    return apt.download(names)
-
-
-def _gather_base(inputs: Inputs, out: TextIO) -> None:
-    inputs.base_packages = _debian_packages(inputs, BASE_PACKAGES, out)
+    packages = apt.download([*BASE_PACKAGES, JEMALLOC_PACKAGE])
+    inputs.base_packages = [p for p in packages if p.name != JEMALLOC_PACKAGE]
+    inputs.jemalloc = next(p for p in packages if p.name == JEMALLOC_PACKAGE)
     versions = {p.name: p.version for p in inputs.base_packages}
     inputs.python_version = versions["python3.11"].split("-")[0]
     inputs.glibc_minor = int(versions["libc6"].split("-")[0].split(".")[1])
@@ -655,9 +660,8 @@ def _operator_deps_key(inputs: Inputs) -> str:
 
 def _fill_operator_deps(inputs: Inputs, stage: Path) -> None:
     site = _venv_skeleton(stage, inputs.python_version)
-    wheels = _download_wheels(
-        inputs.root / "image" / "requirements.lock", inputs.cache / "wheels", inputs.glibc_minor
-    )
+    lock = inputs.root / "image" / "requirements.lock"
+    wheels = _download_wheels(lock, inputs.cache / "wheels" / "operator", inputs.glibc_minor)
     _install_wheels(wheels, stage, _scheme(VENV, VENV_SITE), f"{VENV}/bin/python")
     _compile(site, VENV_SITE)
 
@@ -740,10 +744,8 @@ def _workload_deps_key(inputs: Inputs) -> str:
 
 
 def _fill_workload_deps(inputs: Inputs, stage: Path) -> None:
-    wheels = _download_wheels(
-        inputs.root / "image" / "workload-requirements.lock", inputs.cache / "wheels",
-        inputs.glibc_minor,
-    )  # fmt: skip
+    lock = inputs.root / "image" / "workload-requirements.lock"
+    wheels = _download_wheels(lock, inputs.cache / "wheels" / "workload", inputs.glibc_minor)
     _install_wheels(wheels, stage, _scheme("/usr/local", SYSTEM_SITE), f"/usr/bin/{PYTHON}")
     _compile(stage / SYSTEM_SITE.lstrip("/"), SYSTEM_SITE)
 
@@ -804,10 +806,9 @@ class _Plan:
     layers: list[tuple[str, Layer, Callable[[Path], None]]]  # (step name, layer, fill)
 
 
-def _operator_plan(inputs: Inputs, out: TextIO, revision: str, created: str) -> _Plan:
-    jemalloc = next(
-        p for p in _debian_packages(inputs, ["libjemalloc2"], out) if p.name == "libjemalloc2"
-    )
+def _operator_plan(inputs: Inputs, revision: str, created: str) -> _Plan:
+    jemalloc = inputs.jemalloc
+    assert jemalloc is not None
     agent = _agent_binary(inputs.root)
     base = _layer(inputs.cache, _base_key(inputs))
     deps = _layer(inputs.cache, _operator_deps_key(inputs))
@@ -865,9 +866,9 @@ def build_image(
     with _locked(inputs.cache, out), _umask(0o022):
         start = time.monotonic()
         with progress.step("debian packages"):
-            _gather_base(inputs, out)
+            _gather_packages(inputs, out)
             plan = (
-                _operator_plan(inputs, out, revision, created) if name == "operator"
+                _operator_plan(inputs, revision, created) if name == "operator"
                 else _workload_plan(inputs)
             )  # fmt: skip
         key, archive, ref = _archive(plan, inputs.cache)
