@@ -169,7 +169,7 @@ class Apt:
         if missing:
             raise DebianError(f"apt-get install --download-only left {missing} missing")
         packages = [
-            Package(name, version, path, _sha256(path))
+            Package(name, version, path, file_sha256(path))
             for (name, version, _), path in zip(wanted, files, strict=True)
         ]
         return sorted(packages, key=lambda p: p.name)
@@ -181,12 +181,9 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
+def file_sha256(path: Path) -> str:
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def unpack(packages: Sequence[Package], root: Path) -> None:

@@ -77,16 +77,16 @@ JEMALLOC_PACKAGE = "libjemalloc2"
 SBOM = "/usr/share/doc/multislice-operator/sbom.cdx.json"
 CORPUS = "/opt/multislice/corpus"
 KEEP_ARCHIVES = 2  # per image: the newest ones stay, older archives and their layers go
-# Expected seconds of each step on a cold cache (2 cores, nothing else running; hack/README.md),
-# for the progress lines.
+# Expected seconds of each step on a cold image cache (pip's cache warm, as after `make install`),
+# measured on 2 cores with little else running (hack/README.md, "Images"), for the progress lines.
 COLD_SECONDS = {
     "debian packages": 10,
-    "base layer": 30,
-    "operator dependencies layer": 60,
-    "operator layer": 30,
-    "workload dependencies layer": 180,
+    "base layer": 15,
+    "operator dependencies layer": 35,
+    "operator layer": 45,
+    "workload dependencies layer": 90,
     "workload layer": 20,
-    "archive": 10,
+    "archive": 5,
 }
 STEPS = {
     "operator": ["debian packages", "base layer", "operator dependencies layer", "operator layer",
@@ -231,14 +231,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _file_sha(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 def tree_hash(root: Path, paths: Sequence[str]) -> str:
     """The content of these files and directories (relative to `root`): names, bytes and the
     executable bit, with caches and build leftovers left out (.dockerignore's patterns)."""
@@ -255,7 +247,7 @@ def tree_hash(root: Path, paths: Sequence[str]) -> str:
             ):
                 continue
             sha.update(f"{'/'.join(parts)}\0{os.access(path, os.X_OK)}\0".encode())
-            sha.update(_file_sha(path).encode())
+            sha.update(debian.file_sha256(path).encode())
     return sha.hexdigest()
 
 
@@ -393,7 +385,7 @@ def _locked_wheels(lock: Path, dest: Path) -> list[Path]:
     found: dict[str, Path] = {}
     for wheel in sorted(dest.glob("*.whl")):
         name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        if name in entries and _file_sha(wheel) in entries[name][1]:
+        if name in entries and debian.file_sha256(wheel) in entries[name][1]:
             found[name] = wheel
     missing = sorted(entries.keys() - found.keys())
     if missing:
@@ -517,7 +509,7 @@ def _tools_venv(inputs: Inputs) -> Path:
     """The Dockerfile's /opt/build: pip, setuptools, wheel and cyclonedx-bom from their hash
     lock, in a virtualenv of the cache (kept; made again when the lock changes)."""
     lock = inputs.root / "image" / "build-requirements.lock"
-    venv = inputs.cache / "tools" / _key("tools", _file_sha(lock), sys.version)[:16]
+    venv = inputs.cache / "tools" / _key("tools", debian.file_sha256(lock), sys.version)[:16]
     python = venv / "bin" / "python"
     if (venv / ".done").exists():
         return venv
@@ -654,7 +646,7 @@ def _venv_skeleton(stage: Path, python_version: str) -> Path:
 
 def _operator_deps_key(inputs: Inputs) -> str:
     lock = inputs.root / "image" / "requirements.lock"
-    return _key("operator-deps", _builder_hash(), _file_sha(lock), inputs.python_version,
+    return _key("operator-deps", _builder_hash(), debian.file_sha256(lock), inputs.python_version,
                 inputs.glibc_minor)  # fmt: skip
 
 
@@ -671,7 +663,7 @@ def _operator_key(inputs: Inputs, deps: Layer, jemalloc: debian.Package, agent: 
         "operator", _builder_hash(), deps.key,
         tree_hash(inputs.root, [*OPERATOR_SOURCES, "Dockerfile",
                                 "image/build-requirements.lock"]),
-        jemalloc.sha256, _file_sha(agent),
+        jemalloc.sha256, debian.file_sha256(agent),
     )  # fmt: skip
 
 
@@ -739,7 +731,7 @@ def _copy_jemalloc(package: debian.Package, stage: Path, work: Path) -> None:
 
 def _workload_deps_key(inputs: Inputs) -> str:
     lock = inputs.root / "image" / "workload-requirements.lock"
-    return _key("workload-deps", _builder_hash(), _file_sha(lock), inputs.python_version,
+    return _key("workload-deps", _builder_hash(), debian.file_sha256(lock), inputs.python_version,
                 inputs.glibc_minor)  # fmt: skip
 
 

@@ -224,6 +224,13 @@ def workload_fs(
     return _unpacked(workload_image, rootfs, tmp_path_factory.mktemp("fs"))
 
 
+def _python(fs: Path, config: dict[str, Any], python: str, code: str) -> list[str]:
+    """What `python -c code` prints in the image, run as its config says."""
+    ran = images.run_in_rootfs(fs, [python, "-c", code], config)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.splitlines()
+
+
 @needs_root
 def test_operator_runs_as_its_user_with_a_read_only_root(
     operator_fs: tuple[Path, dict[str, Any]],
@@ -244,9 +251,7 @@ def test_operator_runs_as_its_user_with_a_read_only_root(
         "open('/tmp/scratch', 'w').write('ok')\n"
         "try:\n    open('/opt/x', 'w')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
     )
-    ran = images.run_in_rootfs(fs, ["python3", "-c", code], config)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines() == [
+    assert _python(fs, config, "python3", code) == [
         "65532 65532 /tmp /opt/multislice-operator/lib/python3.11/site-packages/"
         "multislice_operator/__init__.py",
         "True malloc",  # every Python object in jemalloc
@@ -306,9 +311,7 @@ def test_workload_runs_jax_as_its_user_with_a_read_only_root(
         "print(os.getuid(), os.getcwd(), jax.__version__, float(jnp.arange(10).sum()))\n"
         "print(len(ssl.create_default_context().get_ca_certs()) > 100)\n"
     )
-    ran = images.run_in_rootfs(fs, ["python", "-c", code], config)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines() == ["10001 /app 0.10.2 45.0", "True"]
+    assert _python(fs, config, "python", code) == ["10001 /app 0.10.2 45.0", "True"]
     helped = images.run_in_rootfs(fs, [*config["Entrypoint"], "--help"], config)
     assert helped.returncode == 0, helped.stderr
     assert "train" in helped.stdout and "prepare" in helped.stdout
