@@ -2,16 +2,18 @@
 image from the root ``Dockerfile`` and the workload image (CPU) from ``workload/Dockerfile``, as
 OCI archives that ``ctr -n k8s.io images import`` loads into a node's containerd.
 
-    multislice-local image build operator|workload [--force]
-    build_operator_image() -> BuiltImage    # .archive (Path), .ref, .digest
+    multislice-local image build operator|workload [--force] [--json]
+    build_operator_image() -> BuiltImage    # .archive (Path), .ref, .digest, .layers
     build_workload_image() -> BuiltImage
+    unpack(archive, dest) -> dest           # the image's root filesystem, to look inside
+    run_in_rootfs(rootfs, argv, config)     # one of its programs as its config says (root)
 
 What goes in, layer by layer (each a reproducible tar: sorted entries, owners 0:0, mtimes 0):
 
-1. **base**: Debian bookworm's python3.11, ca-certificates, base-files and base-passwd with their
-   dependency closure, from .deb packages (:mod:`multislice_local.debian`), the standard library
-   compiled to .pyc, ``python``/``python3`` in /usr/local/bin as python:3.11-slim has them. Both
-   images share it (one blob).
+1. **base**: Debian bookworm's python3.11, ca-certificates, base-files, base-passwd and
+   libstdc++6 with their dependency closure, from .deb packages (:mod:`multislice_local.debian`),
+   the standard library compiled to .pyc, ``python``/``python3`` in /usr/local/bin as
+   python:3.11-slim has them. Both images share it (one blob).
 2. **dependencies**: the image's hash lock (``image/requirements.lock``; for the workload
    ``image/workload-requirements.lock``, ``make lock``), binary wheels for CPython 3.11 on
    manylinux x86_64 downloaded by pip with ``--require-hashes``, installed by ``installer``
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -251,8 +254,10 @@ def tree_hash(root: Path, paths: Sequence[str]) -> str:
     return sha.hexdigest()
 
 
+@functools.cache
 def _builder_hash() -> str:
-    """This builder's own code: a change to how images are made rebuilds them."""
+    """This builder's own code: a change to how images are made rebuilds them (read once: the
+    code this process runs)."""
     here = Path(__file__).parent
     return tree_hash(here, ["images.py", "debian.py", "dockerfile.py", "oci.py"])
 
