@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from multislice_local import dockerfile, images
+from multislice_operator.render import inplace
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "Dockerfile"
@@ -232,6 +233,7 @@ def test_the_agent_sits_where_jobsets_agent_image_has_it() -> None:
     /workspace/bin/in-place-restart-agent .` into WORKDIR /, ENTRYPOINT ["/in-place-restart-agent"]:
     a pod's `command: ["/in-place-restart-agent"]` works with either image."""
     assert images.AGENT_PATH == "/in-place-restart-agent"
+    assert images.AGENT_PATH == inplace.AGENT_COMMAND  # what the pods' agent sidecar runs
     assert f"--from=agent {images.AGENT_PATH} {images.AGENT_PATH}" in OPERATOR.read_text()
     go_mod = (ROOT / "hack" / "tools" / "jobset" / "go.mod").read_text()
     assert re.search(r"^require sigs\.k8s\.io/jobset v0\.12\.0$", go_mod, re.MULTILINE)
