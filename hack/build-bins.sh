@@ -5,6 +5,8 @@
 #   hack/build-bins.sh             build what is missing, print one progress line per component
 #   hack/build-bins.sh --print-dir print the cache dir for the pinned versions and exit
 #   hack/build-bins.sh --force     rebuild everything
+#   hack/build-bins.sh --only NAME build that one component if missing (the image builder asks
+#                                  for in-place-restart-agent so)
 #   hack/build-bins.sh --module-dirs
 #                                  download the upstream modules whose files the build copies
 #                                  (JobSet, Kueue) and print their directories (tests use it)
@@ -51,12 +53,14 @@ OUT="$ROOT/$KEY"
 
 FORCE=0
 MODULE_DIRS=0
+ONLY=""
 case "${1:-}" in
   --print-dir) echo "$OUT"; exit 0 ;;
   --force) FORCE=1 ;;
   --module-dirs) MODULE_DIRS=1 ;;
+  --only) ONLY="${2:?usage: $0 --only COMPONENT}" ;;
   "") ;;
-  *) echo "usage: $0 [--print-dir|--force|--module-dirs]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--print-dir|--force|--module-dirs|--only COMPONENT]" >&2; exit 2 ;;
 esac
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
@@ -79,12 +83,19 @@ mkdir -p "$LOGS"
 # empty module and build caches; hack/README.md): the progress lines say how far along the whole
 # build is, so a first build that takes half an hour does not look stuck.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
-  jobset-controller kueue-controller helm jobset-controller-compat kueue-controller-compat)
+  jobset-controller in-place-restart-agent kueue-controller helm jobset-controller-compat
+  kueue-controller-compat)
 declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
   [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
-  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [kueue-controller]=410 [helm]=151
+  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [in-place-restart-agent]=20
+  [kueue-controller]=410 [helm]=151
   [jobset-controller-compat]=182 [kueue-controller-compat]=410 # estimates: same modules, older
 )
+if [[ -n $ONLY ]]; then
+  [[ " ${COMPONENTS[*]} " == *" $ONLY "* ]] ||
+    { echo "build-bins: no component $ONLY; one of: ${COMPONENTS[*]}" >&2; exit 2; }
+  COMPONENTS=("$ONLY")
+fi
 TOTAL=${#COMPONENTS[@]}
 step=0
 built=0
@@ -124,6 +135,7 @@ moddir() {
 build() {
   local name="$1" dir="$2" pkg="$3" ldflags="$4"
   shift 4
+  [[ -z $ONLY || $name == "$ONLY" ]] || return 0
   step=$((step + 1))
   local tag="[$step/$TOTAL] $name"
   if [[ $FORCE == 0 && -x "$OUT/$name" ]]; then
@@ -160,6 +172,12 @@ build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.
 build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 build jobset-controller jobset sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
+# JobSet's in-place restart agent (cmd/in-place-restart-agent, the sidecar that holds the barrier
+# and restarts its pod's containers): the operator image carries it at /in-place-restart-agent,
+# where JobSet's own agent image puts it (local/multislice_local/images.py). Same module and
+# flags as the controller, so it links from the controller's build cache in seconds.
+build in-place-restart-agent jobset sigs.k8s.io/jobset/cmd/in-place-restart-agent \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
 # Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
 # management is off, as it is for a local process). The go command may not overlay files in the
 # module cache, so the overlay adds upstream's cmd/kueue (one file, importing only public
@@ -187,6 +205,7 @@ OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir 
 trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
 build_kueue() { # <binary name> <tools dir> <version>
   local flags=()
+  [[ -z $ONLY || $1 == "$ONLY" ]] || return 0
   if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
     local overlay
     overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
@@ -205,6 +224,11 @@ build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
 build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
 build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
+
+if [[ -n $ONLY ]]; then
+  echo "build-bins: $built built; $ONLY in $OUT"
+  exit 0
+fi
 
 # CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
 # binaries. Each file is written to a tmp name and moved into place, like the binaries.
