@@ -8,6 +8,8 @@
 #                                  progress line per component
 #   hack/build-bins.sh --nodes     the real nodes' instead (hack/README.md, "Real nodes")
 #   hack/build-bins.sh --all       both
+#   hack/build-bins.sh --only NAME build that one control-plane component if missing (the image
+#                                  builder asks for in-place-restart-agent so)
 #   hack/build-bins.sh --print-dir print the control plane's cache dir for the pinned versions
 #   hack/build-bins.sh --print-node-dirs
 #                                  print the real nodes' cache dir, then the dir of the project's
@@ -83,20 +85,23 @@ FORCE=0
 MODULE_DIRS=0
 BUILD_CONTROL_PLANE=1
 BUILD_NODES=0
-for arg in "$@"; do
-  case "$arg" in
+ONLY=""
+while (($#)); do
+  case "$1" in
     --print-dir) echo "$OUT"; exit 0 ;;
     --print-node-dirs) printf '%s\n' "$NODE_OUT" "$LOCAL_OUT"; exit 0 ;;
     --force) FORCE=1 ;;
     --module-dirs) MODULE_DIRS=1 ;;
     --nodes) BUILD_CONTROL_PLANE=0 BUILD_NODES=1 ;;
     --all) BUILD_CONTROL_PLANE=1 BUILD_NODES=1 ;;
+    --only) ONLY="${2:?usage: $0 --only COMPONENT}"; shift ;;
     *)
-      echo "usage: $0 [--nodes|--all] [--force] | --print-dir | --print-node-dirs" \
-        "| --module-dirs" >&2
+      echo "usage: $0 [--nodes|--all|--only COMPONENT] [--force] | --print-dir" \
+        "| --print-node-dirs | --module-dirs" >&2
       exit 2
       ;;
   esac
+  shift
 done
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
@@ -120,13 +125,15 @@ NODE_LOGS="$NODE_OUT/logs"
 # empty module and build caches; hack/README.md): the progress lines say how far along the whole
 # build is, so a first build that takes half an hour does not look stuck.
 CONTROL_PLANE_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok
-  kwokctl jobset-controller kueue-controller helm jobset-controller-compat kueue-controller-compat)
+  kwokctl jobset-controller in-place-restart-agent kueue-controller helm jobset-controller-compat
+  kueue-controller-compat)
 # The real nodes' (a name with a slash is a file under its cache dir; local/ is $LOCAL_OUT).
 NODE_COMPONENTS=(kubelet containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/loopback
   cni/host-local coredns pause local/tpu-device-plugin local/msj-probe)
 declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
   [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
-  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [kueue-controller]=410 [helm]=151
+  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [in-place-restart-agent]=20
+  [kueue-controller]=410 [helm]=151
   [jobset-controller-compat]=182 [kueue-controller-compat]=410 # estimates: same modules, older
   # measured 2026-12-06, 2 cores, empty Go build cache (hack/README.md, "Real nodes")
   [kubelet]=60 [containerd]=140 [containerd-shim-runc-v2]=5 [ctr]=15 [runc]=40 [cni/bridge]=20
@@ -136,6 +143,13 @@ declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack
 COMPONENTS=()
 [[ $BUILD_CONTROL_PLANE == 1 ]] && COMPONENTS+=("${CONTROL_PLANE_COMPONENTS[@]}")
 [[ $BUILD_NODES == 1 ]] && COMPONENTS+=("${NODE_COMPONENTS[@]}")
+if [[ -n $ONLY ]]; then
+  [[ " ${CONTROL_PLANE_COMPONENTS[*]} " == *" $ONLY "* ]] || {
+    echo "build-bins: no component $ONLY; one of: ${CONTROL_PLANE_COMPONENTS[*]}" >&2
+    exit 2
+  }
+  COMPONENTS=("$ONLY") BUILD_CONTROL_PLANE=1 BUILD_NODES=0
+fi
 # dest <component>: the file a component is built into
 dest() {
   case "$1" in
@@ -184,6 +198,7 @@ moddir() {
 build() {
   local name="$1" dir="$2" pkg="$3" ldflags="$4"
   shift 4
+  [[ -z $ONLY || $name == "$ONLY" ]] || return 0
   [[ $dir == /* ]] || dir="$TOOLS/$dir"
   step_start "$name" "$pkg" || return 0
   (cd "$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$STEP_TMP" "$pkg") \
@@ -228,7 +243,6 @@ if [[ $MODULE_DIRS == 1 ]]; then # one line per tools module: <tools dir> <modul
   done
   exit 0
 fi
-
 
 # libseccomp for runc's seccomp support, from Debian's libseccomp-dev (libseccomp.a, headers,
 # pkg-config file) unpacked into the cache: no system install. Prints its root.
@@ -310,6 +324,12 @@ build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.
 build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 build jobset-controller jobset sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
+# JobSet's in-place restart agent (cmd/in-place-restart-agent, the sidecar that holds the barrier
+# and restarts its pod's containers): the operator image carries it at /in-place-restart-agent,
+# where JobSet's own agent image puts it (local/multislice_local/images.py). Same module and
+# flags as the controller, so it links from the controller's build cache in seconds.
+build in-place-restart-agent jobset sigs.k8s.io/jobset/cmd/in-place-restart-agent \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
 # Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
 # management is off, as it is for a local process). The go command may not overlay files in the
 # module cache, so the overlay adds upstream's cmd/kueue (one file, importing only public
@@ -337,6 +357,7 @@ OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir 
 trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
 build_kueue() { # <binary name> <tools dir> <version>
   local flags=()
+  [[ -z $ONLY || $1 == "$ONLY" ]] || return 0
   if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
     local overlay
     overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
@@ -355,6 +376,11 @@ build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
 build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
 build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
+
+if [[ -n $ONLY ]]; then
+  echo "build-bins: $built built; $ONLY in $OUT"
+  exit 0
+fi
 
 # CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
 # binaries. Each file is written to a tmp name and moved into place, like the binaries.

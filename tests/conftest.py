@@ -11,6 +11,9 @@
 * ``namespace(cp, prefix="t") -> str``: a fresh namespace, deleted after the test.
 * ``tpu_nodes(pool_name, count, accelerator_label, topology, chips_per_host, **kw) -> names``:
   fake TPU nodes in ``kube_cluster``, deleted after the test.
+* ``operator_image`` / ``workload_image``: the product's images as OCI archives
+  (:class:`multislice_local.images.BuiltImage`: ``.archive``, ``.ref``, ``.digest``), built
+  offline into the image cache (``MULTISLICE_IMAGE_CACHE``; cold: minutes, warm: seconds).
 
 Tests under tests/integration and tests/e2e get the ``integration`` / ``e2e`` markers.
 
@@ -48,6 +51,7 @@ from kubernetes import client
 
 from multislice_local import realnodes
 from multislice_local.controlplane import ControlPlane, ensure_binaries
+from multislice_local.images import BuiltImage, build_image
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 # In order: a test using more than one is grouped with the first. ``mc``: the MultiKueue setup
@@ -300,3 +304,13 @@ def tpu_nodes(
     yield make
     for pool in pools:
         delete_nodes(api_client, pool)
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> BuiltImage:
+    return build_image("operator")
+
+
+@pytest.fixture(scope="session")
+def workload_image() -> BuiltImage:
+    return build_image("workload")
