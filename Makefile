@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd kube-schema clean lock images image image-test krew
+.PHONY: install test fuzz lint fmt bins node-bins cluster-up cluster-down demo bench crd kube-schema clean lock images image image-test krew
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ PROFILE ?= cluster
 
 bins:
 	hack/build-bins.sh
+
+# The real nodes' binaries (kubelet, containerd, runc, CNI, CoreDNS: docs/real-nodes.md); make
+# test builds them where the host can run real nodes.
+node-bins:
+	hack/build-bins.sh --nodes
 
 cluster-up: install bins
 	$(BIN)/python -m multislice_local.controlplane up --profile $(PROFILE) --detach

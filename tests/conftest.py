@@ -4,6 +4,9 @@
 * ``kube_cluster``: session-scoped ``cluster`` profile (plus controller-manager, scheduler, kwok,
   JobSet controller and webhooks).
 * ``kube_kueue``: session-scoped ``kueue`` profile (``cluster`` plus the Kueue controller).
+* ``real_cluster``: session-scoped :class:`RealCluster`: a ``cluster`` control plane with real
+  nodes (kubelet, containerd, runc; two v5litepod-8 pools of two hosts and a plain node); skipped
+  with one line where the host cannot run containers (``realnodes.unavailable_reason()``).
 * ``kube_client(cp) -> kubernetes.client.ApiClient``: admin client for a control plane.
 * ``namespace(cp, prefix="t") -> str``: a fresh namespace, deleted after the test.
 * ``tpu_nodes(pool_name, count, accelerator_label, topology, chips_per_host, **kw) -> names``:
@@ -46,13 +49,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from multislice_local import realnodes
 from multislice_local.controlplane import ControlPlane, ensure_binaries
 from multislice_local.images import BuiltImage, build_image
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 # In order: a test using more than one is grouped with the first. ``mc``: the MultiKueue setup
 # of tests/e2e/test_multicluster.py (three control planes of its own, module-scoped).
-_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc")
+_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc", "real_cluster")
 # The kube_cluster tests are the longest group by far (about 1500 of the layer's 2100
 # worker-seconds), so they run as three groups, each on a cluster control plane of its own (a
 # session fixture is per worker: the worker that runs a group boots one): the modules, or single
@@ -123,6 +127,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         set(_CONTROL_PLANE_FIXTURES) & set(getattr(item, "fixturenames", ())) for item in items
     ):
         ensure_binaries()
+    # The real nodes' binaries likewise, where this host can run them (elsewhere their tests skip).
+    if (
+        not config.option.collectonly
+        and any("real_cluster" in getattr(item, "fixturenames", ()) for item in items)
+        and realnodes.unavailable_reason() is None
+    ):
+        realnodes.ensure_node_binaries()
 
 
 # ---------------------------------------------------------------- xdist groups (see the docstring)
@@ -220,6 +231,16 @@ def kube_cluster(request: pytest.FixtureRequest) -> ControlPlane:
 @pytest.fixture(scope="session")
 def kube_kueue(request: pytest.FixtureRequest) -> ControlPlane:
     return _control_plane(request, "kueue")
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest) -> realnodes.RealCluster:
+    reason = realnodes.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = realnodes.RealCluster()
+    request.addfinalizer(cluster.stop)
+    return cluster.start()
 
 
 @pytest.fixture

@@ -271,6 +271,20 @@ def read_oci_archive(path: Path) -> dict[str, Any]:
     return {"index": index, "manifest": manifest, "config": config, "layers": layers}
 
 
+def image_name(path: Path) -> str:
+    """The name containerd gives the one image of an archive (its index's
+    ``io.containerd.image.name``), read from ``index.json`` alone."""
+    with tarfile.open(path) as tar:
+        manifests = json.loads(_member(tar, "index.json").read())["manifests"]
+    names = [(m.get("annotations") or {}).get(ANNOTATION_CONTAINERD_NAME) for m in manifests]
+    if len(names) != 1 or not names[0]:
+        raise ValueError(
+            f"{path}: one image named by {ANNOTATION_CONTAINERD_NAME} expected, found {names} "
+            "(write it with multislice_local.oci.write_oci_archive)"
+        )
+    return str(names[0])
+
+
 def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
     fileobj = tar.extractfile(name)
     if fileobj is None:

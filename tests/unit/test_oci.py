@@ -108,6 +108,7 @@ def test_archive_is_an_oci_layout_whose_digests_and_diff_ids_hold(tmp_path: Path
     assert read["config"]["config"] == runtime
     assert (read["config"]["os"], read["config"]["architecture"]) == ("linux", "amd64")
     assert read["manifest"]["config"]["digest"] == image.config_digest
+    assert oci.image_name(image.path) == "docker.io/library/probe:1"
 
     names = list(_members(image.path.read_bytes()))
     assert {"oci-layout", "index.json"} <= set(names)
@@ -142,3 +143,14 @@ def test_a_corrupted_blob_is_found(tmp_path: Path) -> None:
 def test_an_image_needs_a_layer(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one layer"):
         oci.write_oci_archive(tmp_path / "img.tar", [], {}, "msj.local/e:1")
+
+
+def test_image_name_refuses_an_archive_without_containerds_name(tmp_path: Path) -> None:
+    index = json.dumps({"schemaVersion": 2, "manifests": [{"digest": "sha256:00", "size": 1}]})
+    path = tmp_path / "other.tar"
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("index.json")
+        info.size = len(index)
+        tar.addfile(info, io.BytesIO(index.encode()))
+    with pytest.raises(ValueError, match=r"io\.containerd\.image\.name expected"):
+        oci.image_name(path)
