@@ -525,6 +525,7 @@ class Node:
 _HOLDER = """set -e
 mount --bind "$NODE_DIR/var" /var
 mount --bind "$NODE_DIR/run" /run
+mount --bind "$NODE_DIR/hosts" /etc/hosts
 hostname "$NODE_NAME"
 ip link set lo up
 touch /run/holder-ready
@@ -797,6 +798,12 @@ class RealCluster:
         for sub in ("var/lib", "var/log", "run", "etc/cni/net.d", "pki"):
             (node.dir / sub).mkdir(parents=True, exist_ok=True)
         (node.dir / "var" / "run").symlink_to("/run")  # as on the host: /var/run -> /run
+        # A GCE VM's /etc/hosts names the VM at its address (its guest agent writes the line), and
+        # a hostNetwork pod gets its node's: JAX's CPU collectives (gloo) resolve the hostname.
+        (node.dir / "hosts").write_text(
+            f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{node.ip}\t{node.name}\n"
+        )
         _make_cgroup(node.cgroup)
         argv = [
             "unshare",
