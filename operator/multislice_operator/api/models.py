@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from multislice_operator.api import podtemplate
+from multislice_operator.registry import REGISTRY
 from multislice_operator.tpu import parallelism
 from multislice_operator.tpu.catalog import ACCELERATOR_PATTERN, GENERATIONS
 
@@ -1255,12 +1256,15 @@ class GoodputStatus(_Model):
     )
 
 
-class RestartStrategyName(StrEnum):
-    """The restart strategies (reconcile/restart_strategy.py), by their `name`."""
-
-    IN_PLACE = "InPlaceRestart"
-    RECREATE = "Recreate"
-    RESIZE = "Resize"
+def _strategies_schema(schema: dict[str, Any]) -> None:
+    """status.lastRestart.strategy: the registered restart strategies (registry.py), each with
+    what it does; a plugin's strategy is in the CRD's enum once it is loaded."""
+    found = REGISTRY.strategies().values()
+    schema["enum"] = [s.name for s in found]
+    each = word_list((f"{s.name} ({s.description})" for s in found), "or")
+    schema["description"] = (
+        f"How the slices restarted: {each}; unset in a status written before it was recorded."
+    )
 
 
 class RestartStatus(_Model):
@@ -1285,11 +1289,10 @@ class RestartStatus(_Model):
         ge=0,
         description="From `time` to every slice running again; unset until then.",
     )
-    strategy: RestartStrategyName | None = Field(
+    strategy: str | None = Field(
         default=None,
-        description="How the slices restarted: InPlaceRestart (the pods kept, their containers "
-        "started again), Recreate (every pod deleted and created again) or Resize (a new "
-        "JobSet on another slice count); unset in a status written before it was recorded.",
+        description="How the slices restarted: a registered restart strategy's name.",
+        json_schema_extra=_strategies_schema,
     )
 
 

@@ -56,8 +56,9 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile.multikueue import prebuilt_name
+from multislice_operator.reconcile.restart_strategy import rendering
 from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
-from multislice_operator.render import inplace, kueue_workload
+from multislice_operator.render import kueue_workload
 from multislice_operator.render.jobset import render_jobset, render_pod_template
 from multislice_operator.render.preflight import render_preflight_job
 from multislice_operator.render.slice import render_slice
@@ -160,8 +161,9 @@ def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[st
     slices = a.slices if isinstance(a, CreateJobSet) else None
     before = (a.restarts_before, a.counted_before) if isinstance(a, CreateJobSet) else (0, 0)
     on = plan.running_on(slices) if slices else plan
-    agent = rt.settings.in_place_agent_image if a.in_place else None
-    jobset = render_jobset(on, job.spec, job.metadata.labels, *before, in_place_agent=agent)
+    jobset = render_jobset(
+        on, job.spec, job.metadata.labels, *before, a.restart_strategy, rt.settings
+    )
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
     return jobset
 
@@ -208,9 +210,10 @@ async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) ->
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     body = _jobset(rt, t, a)
-    if a.in_place:  # the agents' account and its binding first: their pods use them at once
+    strategy = rendering(a.restart_strategy)
+    if strategy is not None:  # what its pods need first (in-place restart: the agents' RBAC)
         pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        for path, obj in inplace.render_rbac(t.namespace, inplace.service_account(pod)):
+        for path, obj in strategy.companions(t.namespace, pod):
             await rt.kube.apply_object(obj, path)
     try:
         created = await rt.kube.create_jobset(body)
@@ -236,7 +239,7 @@ async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
 
 
 async def delete_jobset(rt: Runtime, t: Target, a: DeleteJobSet) -> None:
-    await rt.kube.delete_jobset(t.namespace, t.name, a.uid, foreground=a.resize)
+    await rt.kube.delete_jobset(t.namespace, t.name, a.uid, foreground=a.foreground)
     rt.deleted_jobsets.add(t.key)
     what = f" (an earlier job's, uid {a.uid})" if a.uid else ""
     log.info("jobset deleted%s job=%s/%s", what, t.namespace, t.name)

@@ -71,6 +71,11 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
         "restartBase": _int(annotations.get(keys.RESTARTS_BEFORE)) or 0,
         "countedBase": _int(annotations.get(keys.RESTARTS_COUNTED_BEFORE)) or 0,
         "suspended": bool((body.get("spec") or {}).get("suspend")),
+        # Unset: JobSet's default, Recreate (jobset_types.go).
+        "restartStrategy": ((body.get("spec") or {}).get("failurePolicy") or {}).get(
+            "restartStrategy"
+        )
+        or "Recreate",
         # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
         "suspendedSince": (conds.get("Suspended") or {}).get("lastTransitionTime")
         if true("Suspended")
@@ -414,6 +419,7 @@ def jobset_observation(
         restarts_counted=summary.get("countedBase", 0) + counted,
         replicas=summary.get("replicas", 0),
         restart_base=base,
+        restart_strategy=summary.get("restartStrategy") or "Recreate",
         completed=summary["completed"],
         failed=summary["failed"],
         failure_reason=summary["failureReason"],

@@ -197,7 +197,7 @@ def _resizing(old: MultisliceJobStatus, s: Size) -> tuple[Phase, str] | None:
 
 def _shrink(plan: Plan, b: Builder, s: Size) -> tuple[Phase, str]:
     layout = plan.parallelism_at(s.target)
-    b.add(DeleteJobSet(resize=True))
+    b.add(DeleteJobSet(foreground=True))
     b.event(
         Reason.SHRINKING_SLICES,
         f"{s.why}: restarting on {s.target} of {s.full} slices (dcn.data "
@@ -226,7 +226,7 @@ def _grow(
         if asked is not None:
             b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
         return None  # the checkpoint is requested (checkpoint.py); running meanwhile
-    b.add(DeleteJobSet(resize=True))
+    b.add(DeleteJobSet(foreground=True))
     b.event(
         Reason.GROWING_SLICES,
         f"node pools for {s.target} of {s.full} slices are Ready again: restarting on "

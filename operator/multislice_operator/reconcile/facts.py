@@ -24,7 +24,7 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import capacity_models, elastic, restarts
+from multislice_operator.reconcile import capacity_models, elastic, restart_strategy, restarts
 from multislice_operator.reconcile.capacity import CapacityModel, Slices
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
@@ -70,6 +70,8 @@ class Facts:
     size: elastic.Size
     # How the job's slices get their nodes (capacity.py), chosen once from its plan.
     capacity: CapacityModel
+    # How its slices restart, by cause (restart_strategy.py), chosen once per pass.
+    restart: restart_strategy.Chosen
 
     @property
     def active(self) -> int:
@@ -180,6 +182,7 @@ def derive(
     earlier = (p.previous_run() for p in obs.pods)
     failures = tuple(p for p in obs.pods if p.failed) + tuple(p for p in earlier if p)
     model = capacity_models.model_of(plan)
+    chosen = restart_strategy.choose(spec, js, obs)
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
@@ -203,10 +206,11 @@ def derive(
         pods_by_slice=pods.by_slice,
         live_pods=tuple(p for p in obs.pods if p.live),
         slices=slices,
-        restarts=restarts.attribute(old, js, failures),
+        restarts=restarts.attribute(old, js, failures, chosen),
         finished_before=_finished_before(old),
         world_agrees=_world_agrees(old, js),
         capacity_ready_since=clock,
         size=size,
         capacity=model,
+        restart=chosen,
     )

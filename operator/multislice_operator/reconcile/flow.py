@@ -29,6 +29,7 @@ strategy answer (capacity.py, restart_strategy.py).
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from multislice_operator.api.models import (
@@ -107,7 +108,7 @@ def decide(
             f,
             Decision(
                 old,
-                [ValidateJobSet(in_place=restart_strategy.in_place_usable(f))],
+                [ValidateJobSet(restart_strategy.jobset_value(f.restart))],
                 requeue_after=cfg.resync_seconds,
                 keep_status=True,
             ),
@@ -125,7 +126,7 @@ def decide(
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
-    restart_strategy.restart_mode(f, b)
+    _stamp_jobset(f, b)
     # Being deleted: the slices and the goodput stay as last written (one status write for the
     # deletion, not one per pool state, or per pool gone, seen while the pools are released).
     if not f.deleting:
@@ -141,6 +142,19 @@ def decide(
         metrics=deltas(old, b.status, b.events, f.now),
     )
     return invariants.enforce(f, decision)
+
+
+def _stamp_jobset(f: Facts, b: Builder) -> None:
+    """A JobSet created this pass restarts as the job's chosen strategies say (its one
+    failurePolicy.restartStrategy), and each strategy says what it needs to of it."""
+    value = restart_strategy.jobset_value(f.restart)
+    created = False
+    for i, a in enumerate(b.actions):
+        if isinstance(a, CreateJobSet):
+            b.actions[i] = dataclasses.replace(a, restart_strategy=value)
+            created = True
+    if created:
+        restart_strategy.announce(f, b)
 
 
 def _asks_apiserver(f: Facts) -> bool:

@@ -26,26 +26,72 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from multislice_operator.api.models import Phase
+from multislice_operator.api.models import ConditionType, MultisliceJobSpec, RestartCause
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.restart_strategy import Chosen, JobSetStrategy
+from multislice_operator.reconcile.types import Observed
+from multislice_operator.registry import Registry
+from multislice_operator.render import inplace
 
 if TYPE_CHECKING:
-    from multislice_operator.reconcile.capacity import Capacity
     from multislice_operator.reconcile.context import Builder
     from multislice_operator.reconcile.facts import Facts
+    from multislice_operator.settings import Settings
 
 IN_PLACE_RESTART = "InPlaceRestart"  # JobSetRestartStrategy (jobset_types.go, enum)
+USED = "program failures, hangs and asked restarts (exit 42) restart the pods in place"
 
 
-class JobSetInPlace:
-    """Every pod's containers restarted where the pod is, by the kubelet and JobSet."""
+class JobSetInPlace(JobSetStrategy):
+    """Every pod's containers restarted where the pod is, by the kubelet and JobSet: the
+    program's own failures, a hang and a restart it asks for (exit 42, cause workload). Causes
+    whose pods are gone or must move (disruption, startup) recreate under the same JobSet."""
 
     name = IN_PLACE_RESTART
+    description = "the pods kept, their containers started again"
+    jobset_value = IN_PLACE_RESTART
+    causes = frozenset({RestartCause.WORKLOAD, RestartCause.HANG})
+    precedence = 20  # wherever the cluster has it
+    includes = frozenset({"Recreate"})  # JobSet recreates a failed Job under it
+    when = (
+        "where the cluster has it (JobSet >= v0.11 with its InPlaceRestart gate, Kubernetes "
+        ">= 1.35, --in-place-agent-image)"
+    )
 
-    def jobset_fields(self) -> dict[str, Any]:
-        return {"restartStrategy": IN_PLACE_RESTART}
+    def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
+        """The cluster restarts pods in place (controller/versions.py found it at start-up)."""
+        return obs.in_place is not None and obs.in_place.usable
 
-    def carry_out(self, f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
-        return None  # the kubelet, the agents and JobSet restart the pods themselves
+    def render_job(self, job_spec: dict[str, Any], spec: MultisliceJobSpec,
+                   settings: Settings | None) -> None:  # fmt: skip
+        image = settings.in_place_agent_image if settings is not None else ""
+        if not image:
+            raise ValueError("InPlaceRestart needs the in-place restart agent's image")
+        inplace.apply_to_job(job_spec)
+        inplace.apply_to_pod(job_spec["template"]["spec"], spec, image)
+
+    def companions(self, namespace: str, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """The agents' service account and its binding: their pods use them at once."""
+        return inplace.render_rbac(namespace, inplace.service_account(pod))
+
+    def announce(self, f: Facts, b: Builder, chosen: Chosen) -> None:
+        """Whether the program's failures restart in place (condition RestartInPlace), and why
+        not (an event, once, when it falls back to recreating the pods)."""
+        support = f.obs.in_place
+        if support is None:
+            return  # not found out (yet): JobSets recreate, and the job says nothing of it
+        if any(s.name == self.name for s in chosen.values()):
+            b.cond(ConditionType.RESTART_IN_PLACE, "True", Reason.IN_PLACE_RESTART, USED)
+            return
+        why = support.why if not support.usable else "another restart strategy was chosen"
+        text = f"every restart recreates the pods: {why}"
+        b.cond(ConditionType.RESTART_IN_PLACE, "False", Reason.IN_PLACE_UNAVAILABLE, text)
+        if not any(e.reason == Reason.IN_PLACE_UNAVAILABLE for e in b.events):
+            b.event(Reason.IN_PLACE_UNAVAILABLE, text)
 
 
 INPLACE = JobSetInPlace()
+
+
+def register(r: Registry) -> None:
+    r.add_strategy(INPLACE)

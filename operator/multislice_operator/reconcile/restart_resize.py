@@ -4,15 +4,20 @@ count. Pure.
 A JobSet cannot change its replicas, and the environment contract is in its pod template, so the
 operator deletes the JobSet (in the foreground) and, once it is gone, creates it again on the new
 count, continuing the job's restart counters: every slice restarts from its checkpoint (cause
-`resize`, charged to no budget). When to shrink and grow is elastic.py's (`size`, `resize`).
+`resize`, charged to no budget). Its first attempt is the restart it counts (`restarts_made`);
+ShrinkingSlices and GrowingSlices announce it. When to shrink and grow is elastic.py's (`size`,
+`resize`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from multislice_operator.api.models import Phase
+from multislice_operator.api.models import MultisliceJobSpec, Phase, RestartCause
 from multislice_operator.reconcile import checkpoint, elastic
+from multislice_operator.reconcile.restart_strategy import JobSetStrategy
+from multislice_operator.reconcile.types import JobSetObservation, Observed
+from multislice_operator.registry import Registry
 
 if TYPE_CHECKING:
     from multislice_operator.reconcile.capacity import Capacity
@@ -20,13 +25,24 @@ if TYPE_CHECKING:
     from multislice_operator.reconcile.facts import Facts
 
 
-class Resize:
+class Resize(JobSetStrategy):
     """The JobSet deleted and created again on the slice count elastic.py sizes."""
 
     name = "Resize"
+    description = "a new JobSet on another slice count"
+    jobset_value = None  # not JobSet's: the operator replaces the JobSet
+    causes = frozenset({RestartCause.RESIZE})
+    precedence = 10
+    announces = True  # ShrinkingSlices, GrowingSlices
+    continues_outage = True  # a shrink after a loss the job has not recovered from
 
-    def jobset_fields(self) -> dict[str, Any]:
-        return {}  # not JobSet's: the operator replaces the JobSet
+    def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
+        return spec is not None and spec.elastic is not None
+
+    def restarts_made(self, before: int, js: JobSetObservation) -> dict[RestartCause, int]:
+        """A JobSet the operator recreated on another slice count: its first attempt is itself a
+        restart of every slice, the job's restart `restart_base`."""
+        return {RestartCause.RESIZE: 1} if before < js.restart_base else {}
 
     def carry_out(self, f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
         """A resize in flight or due now ends the pass."""
@@ -48,3 +64,7 @@ class Resize:
 
 
 RESIZE = Resize()
+
+
+def register(r: Registry) -> None:
+    r.add_strategy(RESIZE)

@@ -184,6 +184,9 @@ class JobSetObservation:
     # keys.RESTARTS_BEFORE on a JobSet recreated for a resize: `restarts` (and its pods'
     # attempts) and `restarts_counted` include the job's restarts before it.
     restart_base: int = 0
+    # Its spec.failurePolicy.restartStrategy (JobSet's default when unset: Recreate): which
+    # registered strategies it carries out (restart_strategy.py).
+    restart_strategy: str = "Recreate"
 
     @property
     def owned(self) -> bool:
@@ -430,14 +433,15 @@ class CreateJobSet:
     slices: int | None = None
     restarts_before: int = 0
     counted_before: int = 0
-    in_place: bool = False  # rendered for in-place restart (the cluster supports it)
+    # Its failurePolicy.restartStrategy: the job's chosen strategies' (restart_strategy.py).
+    restart_strategy: str = "Recreate"
 
 
 @dataclass(frozen=True)
 class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
 
-    in_place: bool = False  # the JobSet judged is the one CreateJobSet will render
+    restart_strategy: str = "Recreate"  # the JobSet judged is the one CreateJobSet renders
 
 
 @dataclass(frozen=True)
@@ -456,11 +460,11 @@ class DeleteJobSet:
     keep them waiting for released capacity, or, for a spent maxDisruptionRestarts, restart them
     forever: it does not bound RestartJobSetAndIgnoreMaxRestarts). With `uid`: an orphan JobSet
     of an earlier job of this name, deleted only if it is still that object (a precondition).
-    `resize`: an elastic job changes its slice count; deleted in the foreground, so the JobSet
-    stays (deleting) until its Jobs and pods are gone and the new one cannot meet them."""
+    `foreground`: deleted in the foreground, so the JobSet stays (deleting) until its Jobs and
+    pods are gone and a new one cannot meet them (an elastic job's resize)."""
 
     uid: str = ""
-    resize: bool = False
+    foreground: bool = False
 
 
 @dataclass(frozen=True)
