@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -37,19 +38,26 @@ ENTRY_POINT_GROUP = "multislice_operator.plugins"
 ENV = "MSJ_PLUGINS"
 # The in-tree plugins, loaded first and in this order (the enums list them so).
 BUILTIN = (
-    "multislice_operator.reconcile.restart_inplace:register",
-    "multislice_operator.reconcile.restart_recreate:register",
-    "multislice_operator.reconcile.restart_resize:register",
+    "multislice_operator.plugins.nodepools:register",
+    "multislice_operator.plugins.existing:register",
+    "multislice_operator.plugins.dynamic:register",
+    "multislice_operator.plugins.inplace:register",
+    "multislice_operator.plugins.recreate:register",
+    "multislice_operator.plugins.resize:register",
 )
 
 
 class Feature:
     """Spec features a capacity model may accept (an allow-list: what it does not name, it
-    refuses, naming the field)."""
+    refuses, naming the field; api/models.py FEATURES generates the rules)."""
 
     SPARES = "spares"  # spec.spares > 0: hot spare pools (or cubes) the model keeps
     ELASTIC = "elastic"  # spec.elastic: the job runs on fewer slices while pools come back
     FLEX_START = "flexStart"  # spec.capacity.type FlexStart: capacity the model waits for
+
+
+FEATURES = frozenset(v for k, v in vars(Feature).items() if k.isupper())
+MODE_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")  # quoted into CEL and docs as it is
 
 
 @dataclass(frozen=True)
@@ -72,13 +80,17 @@ class CapacityPlugin:
     """Everything one capacity model brings (one `spec.provisioning.mode` value).
 
     - `model`: decide()'s half (reconcile/capacity.py's `CapacityModel`).
-    - `accepts`: the `Feature`s it accepts; the spec rules refusing the others are generated.
+    - `accepts`: the `Feature`s it accepts, each with a few words of what it does with it (the
+      spec rules refusing the others are generated, naming the modes that accept them).
     - `rules`: its own spec rules (api/models.py `Rule`: CEL for the CRD, Python for validate).
-    - `pools`: what its plan creates: f(spec, shape, namespace, name) -> (the slices' pools, the
-      spares' pools, cubes per slice); None: no pool of its own.
+    - `check`: its checks that need the catalog: f(spec, shape) -> field errors (planning).
+    - `pools`: what its plan creates: f(spec, shape, namespace, name) -> the Plan's fields it
+      sets (node_pools, spare_pools, ...); None: no pool of its own.
     - `observe`: how its slices are observed: f(ObserveInputs) -> (slice observations, its own
       observation, which decide() reads as `Observed.capacity`) (controller/observe.py).
     - `place`: its part of the pod template: f(template, plan), in place (render/jobset.py).
+    - `exclusive_topology`: the node label JobSet places each slice's Job exclusively on
+      (None: the node pool's, cloud.google.com/gke-nodepool).
     - `appliers`: its own actions, each to a reference `module:function` (controller side,
       loaded when first applied: the CLI never imports the controller).
     - `watches`: what the controller watches for it besides nodes and pods.
@@ -92,11 +104,13 @@ class CapacityPlugin:
     mode: str
     model: CapacityModel
     description: str
-    accepts: frozenset[str] = frozenset()
+    accepts: Mapping[str, str] = field(default_factory=dict)
     rules: Sequence[Rule] = ()
-    pools: Callable[..., Any] | None = None
+    check: Callable[..., list[Any]] | None = None
+    pools: Callable[..., Mapping[str, Any]] | None = None
     observe: Callable[..., Any] | None = None
     place: Callable[..., None] | None = None
+    exclusive_topology: str | None = None
     appliers: Mapping[type, str] = field(default_factory=dict)
     watches: Sequence[Watch] = ()
     status: Callable[..., dict[str, Any] | None] | None = None
@@ -122,6 +136,11 @@ class Registry:
     # ------------------------------------------------------------ registering
 
     def add_model(self, plugin: CapacityPlugin) -> None:
+        if not MODE_RE.fullmatch(plugin.mode):
+            raise PluginError(f"provisioning mode {plugin.mode!r} is not a CamelCase word")
+        unknown = sorted(set(plugin.accepts) - FEATURES)
+        if unknown:
+            raise PluginError(f"mode {plugin.mode}: unknown features {unknown}, not {FEATURES}")
         if plugin.mode in self._models and self._models[plugin.mode] is not plugin:
             raise PluginError(f"provisioning mode {plugin.mode!r} is registered twice")
         self._models[plugin.mode] = plugin

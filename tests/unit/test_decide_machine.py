@@ -535,7 +535,7 @@ def spec_and_plan(job: Job, suspend: bool) -> tuple[MultisliceJobSpec, Plan]:
     """Planned once per knob set (decide() only reads them)."""
     parsed = load_job(job.body(suspend))
     plan = plan_job(parsed)
-    assert plan.managed and plan.shape.hosts == HOSTS and plan.slices == SLICES
+    assert plan.mode == "Managed" and plan.shape.hosts == HOSTS and plan.slices == SLICES
     return parsed.spec, plan
 
 

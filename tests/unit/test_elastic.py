@@ -15,8 +15,8 @@ from multislice_operator.api.models import MultisliceJobStatus, RestartCause
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller.observe import jobset_observation, pod_records
+from multislice_operator.plugins.resize import RESIZE
 from multislice_operator.reconcile.reasons import Reason
-from multislice_operator.reconcile.restart_resize import RESIZE
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
     AnnotatePods,

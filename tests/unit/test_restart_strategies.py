@@ -12,13 +12,13 @@ import pytest
 
 from multislice_operator.api import crd
 from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCause
+from multislice_operator.plugins.inplace import INPLACE
+from multislice_operator.plugins.recreate import RECREATE
+from multislice_operator.plugins.resize import RESIZE
 from multislice_operator.reconcile import DecideConfig, InPlaceSupport, JobMeta, restart_strategy
 from multislice_operator.reconcile.capacity import NO_CAPACITY, Capacity
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, derive
-from multislice_operator.reconcile.restart_inplace import INPLACE
-from multislice_operator.reconcile.restart_recreate import RECREATE
-from multislice_operator.reconcile.restart_resize import RESIZE
 from multislice_operator.reconcile.restart_strategy import (
     JobSetStrategy,
     RestartStrategy,

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic.alias_generators import to_snake
 
 from multislice_operator.api import crd, models
+from multislice_operator.registry import REGISTRY
 
 HEADER = """\
 # API reference: `{api_version}` `{kind}`
@@ -192,7 +193,42 @@ def generate() -> str:
     out.append("## Status\n")
     _section("status", root["properties"]["status"], out)
     out += _phases()
+    out += _capacity_models()
+    out += _restart_strategies()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _capacity_models() -> list[str]:
+    """Each registered capacity model's section (registry.py: in-tree plugins and loaded ones)."""
+    lines = [
+        "## Capacity models\n",
+        "`spec.provisioning.mode` names one; each is a plugin (`multislice_operator/registry.py`) "
+        "and says which features it accepts (`spec.spares`, `spec.elastic`, `spec.capacity.type` "
+        "`FlexStart`: a spec that uses another is refused, naming the field).\n",
+    ]
+    names = {"spares": "spares", "elastic": "elastic", "flexStart": "flex-start"}
+    for m in REGISTRY.models().values():
+        accepts = ", ".join(names[f] for f in m.accepts) or "none"
+        what = m.description[:1].upper() + m.description[1:]
+        lines += [f"### `{m.mode}`\n", _cell(f"{what} Accepts: {accepts}."), ""]
+        if m.docs:
+            lines += [m.docs.strip(), ""]
+    return lines
+
+
+def _restart_strategies() -> list[str]:
+    lines = [
+        "## Restart strategies\n",
+        "Each cause's strategy is chosen per job (`status.lastRestart.strategy` says which ran); "
+        "each is a plugin (`multislice_operator/registry.py`).\n",
+        "| Strategy | What | Causes | Carried out by |",
+        "|---|---|---|---|",
+    ]
+    for s in REGISTRY.strategies().values():
+        by = f"JobSet (`restartStrategy: {s.jobset_value}`)" if s.jobset_value else "the operator"
+        causes = ", ".join(f"`{c.value}`" for c in models.RestartCause if c in s.causes)
+        lines.append(f"| `{s.name}` | {s.description} | {causes} | {by} |")
+    return [*lines, ""]
 
 
 # ---------------------------------------------------------------- restart causes in the docs

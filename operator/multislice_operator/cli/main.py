@@ -164,10 +164,17 @@ def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
     return pod_identity(
         obj["spec"].get("template") or {},
         plan.namespace,
-        managed=plan.managed,
+        managed=_own_nodes(plan),
         workload_identity=settings.gke_workload_identity,
         service_account=settings.gke_node_service_account,
     )
+
+
+def _own_nodes(plan: Any) -> bool:
+    """The TPU nodes are the operator's: it creates the slices' pools (their identity is its)."""
+    from multislice_operator.registry import REGISTRY
+
+    return REGISTRY.model(plan.mode).own_slice_pools
 
 
 def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[FieldError]:
@@ -224,7 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 **p.as_dict(),
                 "podIdentity": i.as_dict(),
                 "restarts": restart_summary(),
-                **({"nodeIdentity": nodes} if p.managed else {}),
+                **({"nodeIdentity": nodes} if _own_nodes(p) else {}),
                 **({"preflight": pre} if pre else {}),
                 "warnings": [{"path": w.path, "message": w.message} for w in warnings],
             }
@@ -234,7 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         for plan, identity, warnings, pre in plans:
             extra = [("pod identity", identity.principal), ("restarts", restart_summary())]
-            extra += [("tpu nodes", nodes)] if plan.managed else []
+            extra += [("tpu nodes", nodes)] if _own_nodes(plan) else []
             extra += [("preflight", _preflight_text(pre))] if pre else []
             text = format_plan(plan, extra)
             print(text + "".join(f"warning: {w}\n" for w in warnings))

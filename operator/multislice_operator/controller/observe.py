@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,21 +16,19 @@ from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner, owner_of
 from multislice_operator.common.pools import PoolError, PoolState
-from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import Plan
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Admission,
-    CubeObservation,
     JobSetObservation,
     NodeMaintenance,
     Observed,
     Pod,
-    SliceObjectObservation,
     SliceObservation,
     termination,
 )
 from multislice_operator.reconcile.types import LastExit, PreflightObservation
+from multislice_operator.registry import REGISTRY
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
@@ -251,61 +249,6 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize_slice(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A GKE `Slice` (accelerator.gke.io/v1beta1): its cubes and its state, the reason of its
-    Ready condition (GKE "Slice" reference; docs/provisioning.md, dynamic slicing)."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    ready: dict[str, Any] = next(
-        (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        {},
-    )
-    return {
-        "name": meta.get("name", ""),
-        "partitions": tuple(spec.get("partitionIds") or ()),
-        "state": str(ready.get("reason") or ""),
-        "deleting": bool(meta.get("deletionTimestamp")),
-    }
-
-
-def dynamic_observation(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], slices: Mapping[Any, Any]
-) -> tuple[list[CubeObservation], frozenset[str], list[SliceObjectObservation]]:
-    """Dynamic slicing: the cubes the job may use (its own cube pools, or with Existing cubes the
-    cluster's unclaimed tpu7x pools that carry a partition id), the partitions other Slices hold,
-    and the job's own Slices (named as cubes.slice_names says)."""
-    own = {p.name for p in plan.pools}
-    found = []
-    for pool, members in sorted(nodes.items(), key=lambda kv: str(kv[0])):
-        members = [n for n in members if n["labels"].get(keys.GKE_TPU_PARTITION_ID)]
-        if not members or (own and str(pool) not in own) or (not own and members[0]["jobKey"]):
-            continue
-        if members[0]["accelerator"] != plan.shape.generation.gke_accelerator:
-            continue
-        labels = members[0]["labels"]
-        found.append(
-            CubeObservation(
-                labels[keys.GKE_TPU_PARTITION_ID],
-                str(pool),
-                labels.get(keys.GKE_TPU_PARTITION_STATE, ""),
-                sum(1 for n in members if n["ready"]),
-                str(pool) in own,
-            )
-        )
-    names = {n: i for i in range(plan.slices) for n in cubes.slice_names(plan.job_key, i)}
-    mine, taken = [], set()
-    for name in sorted(slices):
-        s = first(slices, name)
-        if name in names:
-            index = names[name]
-            mine.append(
-                SliceObjectObservation(name, index, s["partitions"], s["state"], s["deleting"])
-            )
-        else:
-            taken.update(s["partitions"])
-    return found, frozenset(taken), mine
-
-
 def listing_behind_nodes(plan: Plan, gang: GangObservation, nodes: Mapping[Any, Any]) -> bool:
     """Whether a pool the listing says is being created already has every node of its slice
     Ready: the listing (shared, up to a resync old) predates the pool's RUNNING."""
@@ -484,14 +427,15 @@ def maintenance_observations(
     attempt: int | None = None,
 ) -> list[NodeMaintenance]:
     """The job's nodes with maintenance announced: the nodes of its own pools (Managed) or the
-    nodes its pods run on (Existing), each with the slice its pod of the current attempt serves
+    nodes its pods run on (Existing; a model whose pools are not the slices' own), each with the
+    slice its pod of the current attempt serves
     (JobSet may place a slice on another of the job's pools after a restart)."""
     hosting = {
         p.node: p.slice_index
         for p in pods
         if p.live and p.node and not p.deleting and (attempt is None or p.attempt == attempt)
     }
-    if plan.managed:
+    if REGISTRY.model(plan.mode).own_slice_pools:
         pools: Iterable[tuple[Any, int | None]] = [
             (pool.name, pool.slice_index) for pool in plan.pools
         ]
@@ -568,32 +512,6 @@ def managed_slices(
     return out
 
 
-def existing_slices(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], selector: Mapping[str, str]
-) -> tuple[list[SliceObservation], int]:
-    """Node pools already in the cluster with this job's accelerator, topology and selector."""
-    accel, topo = plan.shape.generation.gke_accelerator, plan.shape.topology
-    matching = []
-    for pool, items in sorted(nodes.items(), key=lambda kv: str(kv[0])):
-        items = list(items)
-        if not items or any(n["jobKey"] for n in items):  # another job's Managed pool
-            continue
-        if all(
-            n["accelerator"] == accel
-            and n["topology"] == topo
-            and all(n["labels"].get(k) == v for k, v in selector.items())
-            for n in items
-        ):
-            matching.append((str(pool), sum(1 for n in items if n["ready"])))
-    # Ready pools first, so `slices` of them are enough.
-    matching.sort(key=lambda p: (p[1] < plan.shape.hosts, p[0]))
-    slices = [
-        SliceObservation(i, pool, PoolState.READY, ready)
-        for i, (pool, ready) in enumerate(matching)
-    ][: plan.slices]
-    return slices, len(matching)
-
-
 # The Job controller labels its pods with the Job's uid (Kubernetes 1.27+).
 JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
@@ -627,59 +545,66 @@ def preflight_observation(
     )
 
 
+@dataclass(frozen=True)
+class ObserveInputs:
+    """What a capacity model's `observe` reads (registry.CapacityPlugin): the plan, the nodes by
+    pool (kopf's index), the plan's pools as the cloud lists them (None: none were listed, no
+    GKE cluster configured or no pool of its own), the owners of pools of its names, the
+    template's nodeSelector, and the indexes of the kinds it watches (by watch name)."""
+
+    plan: Plan
+    uid: str
+    nodes: Mapping[Any, Iterable[dict[str, Any]]]
+    gang: GangObservation | None = None
+    owners: Mapping[str, PoolOwner] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    indexes: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
+
+
+def pool_slices(i: ObserveInputs) -> list[SliceObservation]:
+    """The plan's own pools (plan.pools), each as listed with its nodes; none when nothing was
+    listed."""
+    if i.gang is None:
+        return []
+    nodes = i.nodes
+    return managed_slices(
+        i.plan, i.gang, ready_nodes_by_pool(nodes), i.uid, present_nodes_by_pool(nodes), i.owners
+    )
+
+
 def assemble(
-    plan: Plan,
-    uid: str,
+    inputs: ObserveInputs,
     now: datetime,
     jobset: dict[str, Any] | None,
     pods: Iterable[dict[str, Any]],
-    nodes: Mapping[Any, Iterable[dict[str, Any]]],
-    gang: GangObservation | None,
     provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
-    node_selector: Mapping[str, str] | None = None,
     admission: Admission | None = None,
     strays: Mapping[str, PoolState] | None = None,
-    owners: Mapping[str, PoolOwner] | None = None,
     blind_since: datetime | None = None,
-    slices: Mapping[Any, Any] | None = None,
 ) -> Observed:
-    js = jobset_observation(jobset, (plan.namespace, plan.name), uid)
-    own = (
-        {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
-        if plan.pools
-        else {}
-    )
+    """One job's observation: its JobSet and pods, and its capacity as its model observes it
+    (registry.CapacityPlugin.observe)."""
+    plan, nodes = inputs.plan, inputs.nodes
+    js = jobset_observation(jobset, (plan.namespace, plan.name), inputs.uid)
+    own = {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
     records = pod_records(pods, js, own)
     attempt = js.restarts if js is not None and js.owned else None
-    obs = Observed(
+    model = REGISTRY.model(plan.mode)
+    slices, capacity = model.observe(inputs) if model.observe else ([], None)
+    return Observed(
         now=now,
         blind_since=blind_since,
         jobset=js,
         pods=records,
+        slices=slices,
+        capacity=capacity,
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
         admission=admission,
         strays=dict(strays or {}),
         maintenance=maintenance_observations(plan, nodes, records, attempt),
     )
-    if plan.dynamic:
-        obs.cubes, obs.cubes_taken, obs.slice_objects = dynamic_observation(
-            plan, nodes, slices or {}
-        )
-    if plan.pools:  # Managed, and dynamic slicing's cube pools
-        if gang is not None:
-            obs.slices = managed_slices(
-                plan,
-                gang,
-                ready_nodes_by_pool(nodes),
-                uid,
-                present_nodes_by_pool(nodes),
-                owners,
-            )
-    elif not plan.dynamic:
-        obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
-    return obs
 
 
 __all__ = ["assemble"]

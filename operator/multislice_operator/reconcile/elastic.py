@@ -71,7 +71,7 @@ def size(
     """`ready`: the pools ready now; `up`: those ready or in a NotReady blip; `lost_now`: the
     pools lost as this pass sees them."""
     full, elastic = plan.slices, plan.elastic
-    if elastic is None or not plan.managed or up >= full:
+    if elastic is None or up >= full:  # spec.elastic: accepted by its capacity model alone
         return Size(full, full)
     fits = [s.slices for s in plan.sizes if s.slices <= up]
     if not fits:  # below minSlices: wait for the pools, as a job that is not elastic does

@@ -3,7 +3,7 @@
 decide() first turns (job, spec, plan, old status, observation) into `Facts`: the job's own
 JobSet (by owner uid, common/ownership.py), the pod views of the current attempt (one `Pod` record
 per pod, one definition of running, failed and unschedulable), which slices are ready, lost or in a
-NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity_models.py), the
+NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity.model_of), the
 restarts split by cause, and the one clock of capacity readiness. Verdicts, the Kueue gate and
 the lifecycle steps read these and never re-derive them.
 """
@@ -24,8 +24,8 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import capacity_models, elastic, restart_strategy, restarts
-from multislice_operator.reconcile.capacity import CapacityModel, Slices
+from multislice_operator.reconcile import elastic, restart_strategy, restarts
+from multislice_operator.reconcile.capacity import CapacityModel, Slices, model_of
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
 from multislice_operator.reconcile.context import at_second
@@ -181,7 +181,7 @@ def derive(
     # A pod restarted in place is not failed: its program's last exit is (restarts.py).
     earlier = (p.previous_run() for p in obs.pods)
     failures = tuple(p for p in obs.pods if p.failed) + tuple(p for p in earlier if p)
-    model = capacity_models.model_of(plan)
+    model = model_of(plan)
     chosen = restart_strategy.choose(spec, js, obs)
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting

@@ -9,7 +9,7 @@ between any two steps just means the next call sees a little more done and carri
 One pass, in order:
 
 1. `derive` the facts (facts.py): the job's own JobSet, one record per pod and its views, the
-   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity_models.py) and
+   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity.model_of) and
    the slices' readiness as it sees them, restarts by cause, the capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
@@ -132,6 +132,7 @@ def decide(
     if not f.deleting:
         if f.plan is not None and f.error is None:
             slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
+            b.status.capacity = f.capacity.status(f)  # the model's own part
         goodput.account(f, b, cap.stalled)
     b.transition_event()
     decision = Decision(

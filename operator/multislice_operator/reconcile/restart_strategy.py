@@ -5,8 +5,8 @@ enum the CRD takes from the registry), the causes it restarts, what it renders i
 (`jobset_value`, failurePolicy.restartStrategy: JobSet carries those restarts out; None: the
 operator does, on a pass: `carry_out`), its pod's half (`render_job`), the objects its pods need
 (`companions`), how the restarts it makes itself are counted (`restarts_made`) and announced.
-Implementations (`JobSetStrategy` subclasses): restart_recreate.py (JobSet's Recreate),
-restart_inplace.py (JobSet's InPlaceRestart) and restart_resize.py (resize: spec.elastic);
+Implementations (`JobSetStrategy` subclasses): plugins/recreate.py (JobSet's Recreate),
+plugins/inplace.py (JobSet's InPlaceRestart) and plugins/resize.py (resize: spec.elastic);
 tests/plugins/ holds one written outside the package (JobSet's BlockingRecreate).
 
 `choose` is the one place a job's strategies are chosen, once per pass (`Facts.restart`): for
@@ -92,7 +92,7 @@ class RestartStrategy(Protocol):
 class JobSetStrategy:
     """A strategy JobSet carries out itself (failurePolicy.restartStrategy `jobset_value`): the
     operator renders it and counts its restarts from the JobSet; nothing is done by a pass.
-    Subclasses name it, its causes and precedence (restart_recreate.py, restart_inplace.py)."""
+    Subclasses name it, its causes and precedence (plugins/recreate.py, plugins/inplace.py)."""
 
     name = JOBSET_DEFAULT
     description = "every pod deleted and created again"

@@ -15,7 +15,6 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
-from multislice_operator.planning import cubes
 from multislice_operator.planning.hostports import (
     JAX_COORDINATOR_PORT,
     MEGASCALE_PORT,
@@ -156,12 +155,10 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     selector = dict(pod.get("nodeSelector") or {})
     selector[keys.GKE_TPU_ACCELERATOR] = plan.shape.generation.gke_accelerator
     selector[keys.GKE_TPU_TOPOLOGY] = plan.shape.topology
-    if plan.managed:
-        # Only this job's own node pools; Existing mode relies on exclusive placement instead.
-        selector[keys.JOB_KEY] = plan.job_key
     pod["nodeSelector"] = selector
-    if plan.dynamic:
-        _pin_to_slices(template, plan)
+    place = REGISTRY.model(plan.mode).place
+    if place is not None:  # the capacity model's part: which nodes are the job's
+        place(template, plan)
     tolerations = list(pod.get("tolerations") or [])
     if not any(t.get("key") == keys.TPU_RESOURCE for t in tolerations):
         tolerations.append({"key": keys.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -186,38 +183,10 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     return template
 
 
-def _pin_to_slices(template: dict[str, Any], plan: Plan) -> None:
-    """Dynamic slicing: the pods run on the job's GKE Slices only (their nodes carry the Slice's
-    name, cloud.google.com/gke-tpu-slice), annotated with the slice topology as GKE's custom-
-    scheduler guide shows; the JobSet's exclusive topology puts each slice on one Slice."""
-    meta = template["metadata"]
-    meta["annotations"] = {
-        **(meta.get("annotations") or {}),
-        keys.GKE_TPU_SLICE_TOPOLOGY: plan.shape.topology,
-    }
-    ours = {
-        "key": keys.GKE_TPU_SLICE,
-        "operator": "In",
-        "values": cubes.all_slice_names(plan.job_key, plan.slices),
-    }
-    # Healthy cubes only, as xpk's slice controller asks (slice/internal/core/constants.go,
-    # TPUSliceHealthNodeSelectorHealthy): a restarted pod never lands on the broken cube of a
-    # Slice that is still going away.
-    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
-    pod = template["spec"]
-    affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
-    required["nodeSelectorTerms"] = [
-        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), ours, healthy]}
-        for t in terms
-    ]
-
-
 def exclusive_topology(plan: Plan) -> str:
-    """The node label JobSet places each slice's Job exclusively on: its node pool, or with
-    dynamic slicing its Slice (GKE's JobSet example for dynamic slices)."""
-    return keys.GKE_TPU_SLICE if plan.dynamic else keys.GKE_NODEPOOL
+    """The node label JobSet places each slice's Job exclusively on: its node pool, unless the
+    capacity model says otherwise (dynamic slicing: its Slice, GKE's JobSet example)."""
+    return REGISTRY.model(plan.mode).exclusive_topology or keys.GKE_NODEPOOL
 
 
 def _mount_podinfo(pod: dict[str, Any], tpu: dict[str, Any]) -> None:
