@@ -385,8 +385,8 @@ class DeletePools:
 
 @dataclass(frozen=True)
 class ModelAction:
-    """An action a capacity model defines for what it alone makes (plugins/dynamic.py: GKE
-    Slices): its applier is registered with it (registry.CapacityPlugin.appliers). `creates`:
+    """An action a capacity model defines for what it alone makes (`ModelAction` subclasses:
+    plugins/dynamic.py's GKE Slices): its applier is registered with it (registry.CapacityPlugin.appliers). `creates`:
     it makes something, so it is refused on a job that is ending (invariants.py)."""
 
     creates: ClassVar[bool] = False
