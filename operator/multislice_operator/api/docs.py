@@ -102,6 +102,27 @@ def _rules(node: dict[str, Any]) -> list[str]:
     return [r["message"] for r in node.get("x-kubernetes-validations") or []]
 
 
+def _row(path: str, name: str, prop: dict[str, Any], required: set[str]
+         ) -> tuple[str, tuple[str, dict[str, Any]] | None]:  # fmt: skip
+    """One field's table row, and its own section's (path, schema) if it is a typed object."""
+    child, target = f"{path}.{name}", prop
+    if prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
+        child, target = f"{child}[]", prop["items"]
+    # A partly typed free-form object (the pod template) is one row: Kubernetes documents it.
+    typed = "properties" in target and not target.get("x-kubernetes-preserve-unknown-fields")
+    default = _literal(prop["default"]) if "default" in prop else ""
+    default = default or ("required" if name in required else "")
+    text = [prop.get("description") or target.get("description") or ""]
+    if child == "status.phase":
+        text = ["Where the job is now: see [Phases](#phases)."]
+    text += [f"Limits: {', '.join(limits)}." for limits in [_limits(prop)] if limits]
+    if not typed:  # an object's rules are listed in its own section
+        text += [f"Rule: {rule}." for rule in _rules(prop)]
+    description = _cell(" ".join(t for t in text if t)) or "-"
+    row = f"| `{name}` | {_type(prop, child)} | {default} | {description} |"
+    return row, ((child, target) if typed else None)
+
+
 def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
     """A table for one object; then one section per nested object, depth first."""
     out.append(f"### `{path}`\n")
@@ -112,27 +133,10 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
     out.append("|---|---|---|---|")
     nested: list[tuple[str, dict[str, Any]]] = []
     for name, prop in node["properties"].items():
-        child = f"{path}.{name}"
-        target = prop
-        if prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
-            child, target = f"{child}[]", prop["items"]
-        # A partly typed free-form object (the pod template) is one row: Kubernetes documents it.
-        typed = "properties" in target and not target.get("x-kubernetes-preserve-unknown-fields")
-        if typed:
-            nested.append((child, target))
-        default = "required" if name in required else ""
-        if "default" in prop:
-            default = _literal(prop["default"])
-        text = [prop.get("description") or target.get("description") or ""]
-        if child == "status.phase":
-            text = ["Where the job is now: see [Phases](#phases)."]
-        text += [f"Limits: {', '.join(limits)}." for limits in [_limits(prop)] if limits]
-        if not typed:  # an object's rules are listed in its own section
-            text += [f"Rule: {rule}." for rule in _rules(prop)]
-        out.append(
-            f"| `{name}` | {_type(prop, child)} | {default} | "
-            f"{_cell(' '.join(t for t in text if t)) or '-'} |"
-        )
+        row, sub = _row(path, name, prop, required)
+        out.append(row)
+        if sub is not None:
+            nested.append(sub)
     out.append("")
     rules = _rules(node)
     if rules:

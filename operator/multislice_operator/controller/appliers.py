@@ -54,8 +54,8 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile.multikueue import prebuilt_name
+from multislice_operator.reconcile.preflight import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.reconcile.restart_strategy import rendering
-from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.registry import REGISTRY, resolve
 from multislice_operator.render import kueue_workload
 from multislice_operator.render.jobset import render_jobset, render_pod_template

@@ -37,59 +37,37 @@ DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it na
 # ---------------------------------------------------------------- index summaries
 
 
-def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
-    status = body.get("status") or {}
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
+def _true(conds: Mapping[Any, Any], kind: str) -> bool:
+    return (conds.get(kind) or {}).get("status") == "True"
 
-    def true(t: str) -> bool:
-        return (conds.get(t) or {}).get("status") == "True"
 
-    ready = active = succeeded = 0
-    for rj in status.get("replicatedJobsStatus") or []:
-        if rj.get("name") == REPLICATED_JOB:
-            ready, active = int(rj.get("ready") or 0), int(rj.get("active") or 0)
-            succeeded = int(rj.get("succeeded") or 0)
-    failed_cond = conds.get("Failed") or {}
-    terminal = status.get("terminalState")
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    refs = meta.get("ownerReferences") or []
-    controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
-    annotations = meta.get("annotations") or {}
+def _by_type(items: Any) -> dict[Any, Any]:
+    """Conditions (or any list of objects with a `type`) by their type."""
+    return {c.get("type"): c for c in items or []}
+
+
+def _jobset_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     replicas = next(
-        (
-            int(rj.get("replicas") or 0)
-            for rj in (body.get("spec") or {}).get("replicatedJobs") or []
-            if rj.get("name") == REPLICATED_JOB
-        ),
+        (int(rj.get("replicas") or 0) for rj in spec.get("replicatedJobs") or []
+         if rj.get("name") == REPLICATED_JOB),
         0,
-    )
+    )  # fmt: skip
+    policy = spec.get("failurePolicy") or {}
     return {
         "replicas": replicas,
+        "suspended": bool(spec.get("suspend")),
+        # Unset: JobSet's default, Recreate (jobset_types.go).
+        "restartStrategy": policy.get("restartStrategy") or "Recreate",
+    }
+
+
+def _jobset_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    refs = meta.get("ownerReferences") or []
+    controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
+    return {
         "restartBase": _int(annotations.get(keys.RESTARTS_BEFORE)) or 0,
         "countedBase": _int(annotations.get(keys.RESTARTS_COUNTED_BEFORE)) or 0,
-        "suspended": bool((body.get("spec") or {}).get("suspend")),
-        # Unset: JobSet's default, Recreate (jobset_types.go).
-        "restartStrategy": ((body.get("spec") or {}).get("failurePolicy") or {}).get(
-            "restartStrategy"
-        )
-        or "Recreate",
-        # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
-        "suspendedSince": (conds.get("Suspended") or {}).get("lastTransitionTime")
-        if true("Suspended")
-        else None,
-        "restarts": int(status.get("restarts") or 0),
-        # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
-        "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
-        # Set only under InPlaceRestart (JobSet >= v0.11, feature gate); absent: none.
-        "inPlaceAttempt": _int(status.get("currentInPlaceRestartAttempt")) or 0,
-        "completed": true("Completed") or terminal == "Completed",
-        "failed": true("Failed") or terminal == "Failed",
-        "failureReason": failed_cond.get("reason", ""),
-        "failureMessage": failed_cond.get("message", ""),
-        "ready": ready,
-        "active": active,
-        "succeeded": succeeded,
         "madeByUs": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "ownerUid": controller.get("uid"),
         "uid": meta.get("uid", ""),
@@ -99,74 +77,123 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The few fields of a pod the decision reads (kept for every pod of every job: small)."""
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
+def _jobset_jobs(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The slices' Jobs: ready, active and succeeded (JobSet's replicatedJobsStatus)."""
+    found: Mapping[str, Any] = next(
+        (rj for rj in status.get("replicatedJobsStatus") or [] if rj.get("name") == REPLICATED_JOB),
+        {},
+    )
+    return {k: int(found.get(k) or 0) for k in ("ready", "active", "succeeded")}
+
+
+def _jobset_state(status: Mapping[str, Any]) -> dict[str, Any]:
+    conds = _by_type(status.get("conditions"))
+    failed = conds.get("Failed") or {}
+    terminal = status.get("terminalState")
+    suspended = conds.get("Suspended") or {}
+    return {
+        # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
+        "suspendedSince": suspended.get("lastTransitionTime")
+        if _true(conds, "Suspended")
+        else None,
+        "restarts": int(status.get("restarts") or 0),
+        # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
+        "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
+        # Set only under InPlaceRestart (JobSet >= v0.11, feature gate); absent: none.
+        "inPlaceAttempt": _int(status.get("currentInPlaceRestartAttempt")) or 0,
+        "completed": _true(conds, "Completed") or terminal == "Completed",
+        "failed": _true(conds, "Failed") or terminal == "Failed",
+        "failureReason": failed.get("reason", ""),
+        "failureMessage": failed.get("message", ""),
+    }
+
+
+def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a JobSet the decision reads (jobset_observation)."""
     status = body.get("status") or {}
-    exit_code, reason = None, status.get("reason") or ""
-    said, failed_at = None, None
+    return {
+        **_jobset_spec(body.get("spec") or {}),
+        **_jobset_meta(body.get("metadata") or {}),
+        **_jobset_state(status),
+        **_jobset_jobs(status),
+    }
+
+
+def _exit(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The first container that exited non-zero: its code, reason, finish and its termination
+    message (where the run stood); the pod's reason otherwise."""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
-            exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
-            said = termination.parse(term.get("message"))  # where the run stood
-            failed_at = term.get("finishedAt")
-            break
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
-    ready = (conds.get("Ready") or {}).get("status") == "True"
-    scheduled = conds.get("PodScheduled") or {}
-    unschedulable = (
-        scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
-    )
-    spec = body.get("spec") or {}
-    # No scheduler looks at it: Pending with no PodScheduled condition at all (a scheduler
-    # sets one on its first attempt, False or True); a schedulerName nobody runs. It counts
-    # against the unschedulable deadline from its creation, as the scheduler's "no" would.
-    unseen = (
+            return {
+                "exitCode": int(term["exitCode"]),
+                "reason": term.get("reason") or status.get("reason") or "",
+                "termination": termination.parse(term.get("message")),
+                "failedAt": term.get("finishedAt"),
+            }
+    return {"exitCode": None, "reason": status.get("reason") or "", "termination": None,
+            "failedAt": None}  # fmt: skip
+
+
+def _unseen(conds: Mapping[Any, Any], meta: Mapping[str, Any], spec: Mapping[str, Any],
+            status: Mapping[str, Any]) -> bool:  # fmt: skip
+    """No scheduler looks at it: Pending with no PodScheduled condition at all (a scheduler sets
+    one on its first attempt, False or True); a schedulerName nobody runs. It counts against the
+    unschedulable deadline from its creation, as the scheduler's "no" would."""
+    return (
         "PodScheduled" not in conds
         and status.get("phase", "Pending") == "Pending"
         and not spec.get("nodeName")
         and not meta.get("deletionTimestamp")
     )
+
+
+def _scheduling(conds: Mapping[Any, Any], meta: Mapping[str, Any], spec: Mapping[str, Any],
+                status: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The scheduler's verdict, only while it cannot place the pod (or none looks at it)."""
+    scheduled = conds.get("PodScheduled") or {}
+    created = meta.get("creationTimestamp") or ""
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        since = scheduled.get("lastTransitionTime") or created
+        return {"unschedulable": since, "schedulerMessage": scheduled.get("message") or ""}
+    if _unseen(conds, meta, spec, status):
+        return {
+            "unschedulable": created,
+            "schedulerMessage": unseen_message(spec.get("schedulerName")),
+        }
+    return {"unschedulable": None, "schedulerMessage": ""}
+
+
+def _pod_attempt(meta: Mapping[str, Any]) -> int:
+    """A pod restarted in place keeps its restart-attempt label; its agent's annotation counts
+    every restart, as the JobSet's attempt does (jobset_observation)."""
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return max(
+        _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
+        _int(annotations.get(keys.IN_PLACE_RESTART_ATTEMPT)) or 0,
+    )
+
+
+def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a pod the decision reads (kept for every pod of every job: small)."""
+    meta = body.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    conds = _by_type(status.get("conditions"))
     disruption = conds.get(DISRUPTION_CONDITION) or {}
-    annotations = meta.get("annotations") or {}
+    disrupted = disruption.get("status") == "True"
     return {
         "pod": meta.get("name", ""),
         "jobsetUid": labels.get(keys.JOBSET_UID),
         "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
-        # A pod restarted in place keeps its restart-attempt label; its agent's annotation
-        # counts every restart, as the JobSet's attempt does (jobset_observation).
-        "attempt": max(
-            _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
-            _int(annotations.get(keys.IN_PLACE_RESTART_ATTEMPT)) or 0,
-        ),
+        "attempt": _pod_attempt(meta),
         "phase": status.get("phase", "Pending"),
-        "ready": ready,
-        "exitCode": exit_code,
-        "failedAt": failed_at,
-        "reason": reason,
-        "termination": said,
+        "ready": _true(conds, "Ready"),
+        **_exit(status),
         "deleting": bool(meta.get("deletionTimestamp")),
-        # The scheduler's verdict, only while it cannot place the pod (or none looks at it).
-        "unschedulable": (
-            (scheduled.get("lastTransitionTime") or meta.get("creationTimestamp") or "")
-            if unschedulable
-            else (meta.get("creationTimestamp") or "")
-            if unseen
-            else None
-        ),
-        "schedulerMessage": (
-            (scheduled.get("message") or "")
-            if unschedulable
-            else unseen_message(spec.get("schedulerName"))
-            if unseen
-            else ""
-        ),
+        **_scheduling(conds, meta, spec, status),
         "node": spec.get("nodeName") or None,
-        "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
-        if disruption.get("status") == "True"
-        else None,
+        "disruption": (disruption.get("reason") or DISRUPTION_CONDITION) if disrupted else None,
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
         "lastExit": restarted_exit(spec, status),
@@ -517,30 +544,35 @@ JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
 
 
-def preflight_observation(
-    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], uid: str
-) -> PreflightObservation:
-    """The compile Job of spec.preflight and its pod's last words (termination message)."""
-    meta = job.get("metadata") or {}
-    conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
-    complete = (conds.get("Complete") or {}).get("status") == "True"
-    failed = conds.get("Failed") or {}
-    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+def _last_words(pods: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
+    """The exit code and termination message of the (last) container that terminated."""
     exit_code, message = None, ""
     for pod in pods:
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated")
             if term:
                 exit_code, message = term.get("exitCode"), term.get("message") or ""
+    return (int(exit_code) if isinstance(exit_code, int) else None), message
+
+
+def preflight_observation(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], uid: str
+) -> PreflightObservation:
+    """The compile Job of spec.preflight and its pod's last words (termination message)."""
+    meta = job.get("metadata") or {}
+    conds = _by_type((job.get("status") or {}).get("conditions"))
+    complete, failed = _true(conds, "Complete"), _true(conds, "Failed")
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    exit_code, message = _last_words(pods)
     return PreflightObservation(
         name=str(meta.get("name", "")),
         owned=any(o.get("uid") == uid for o in owners),
         generation=_int((meta.get("labels") or {}).get(PREFLIGHT_GENERATION)) or 0,
-        finished=complete or failed.get("status") == "True",
+        finished=complete or failed,
         succeeded=complete,
-        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        exit_code=exit_code,
         message=message,
-        reason=str(failed.get("reason") or "") if failed.get("status") == "True" else "",
+        reason=str((conds.get("Failed") or {}).get("reason") or "") if failed else "",
         deleting=bool(meta.get("deletionTimestamp")),
     )
 
@@ -597,13 +629,13 @@ def assemble(
         blind_since=blind_since,
         jobset=js,
         pods=records,
+        maintenance=maintenance_observations(plan, nodes, records, attempt),
         slices=slices,
-        capacity=capacity,
+        capacity=capacity,  # the model's own
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
-        admission=admission,
         strays=dict(strays or {}),
-        maintenance=maintenance_observations(plan, nodes, records, attempt),
+        admission=admission,
     )
 
 

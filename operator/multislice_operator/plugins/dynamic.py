@@ -56,15 +56,8 @@ from multislice_operator.plugins.nodepools import (
     retry_message,
     roll_back,
 )
-from multislice_operator.reconcile.capacity import (
-    PROVISIONED,
-    Capacity,
-    Released,
-    Slices,
-    live,
-    release_pools,
-    strays,
-)
+from multislice_operator.reconcile import capacity
+from multislice_operator.reconcile.capacity import PROVISIONED, Capacity, Slices
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
@@ -75,8 +68,8 @@ from multislice_operator.reconcile.types import (
     Decision,
     EvictPods,
     JobSetObservation,
-    ModelAction,
     Observed,
+    OwnAction,
     SliceObservation,
 )
 from multislice_operator.registry import CapacityPlugin, Feature, Registry, Watch
@@ -143,7 +136,7 @@ def _dyn(obs: Observed) -> DynamicObservation:
 
 
 @dataclass(frozen=True)
-class CreateSlice(ModelAction):
+class CreateSlice(OwnAction):
     """A GKE `Slice` of `topology` over these cubes' partition ids."""
 
     creates: ClassVar[bool] = True
@@ -154,7 +147,7 @@ class CreateSlice(ModelAction):
 
 
 @dataclass(frozen=True)
-class DeleteSlices(ModelAction):
+class DeleteSlices(OwnAction):
     names: tuple[str, ...]
 
 
@@ -217,22 +210,22 @@ class DynamicSlices:
     def before_admission(self, f: Facts, b: Builder) -> Capacity:
         return self.provide(f, b, started=False)
 
-    def held(self, f: Facts, b: Builder, note: Released) -> None:
+    def held(self, f: Facts, b: Builder, note: capacity.Released) -> None:
         NODE_POOLS.held(f, b, note)
 
     def present(self, f: Facts) -> list[str]:
         """The job's Slices and cube pools that exist and are not already going away."""
-        pools = [str(s.pool) for s in f.obs.slices if live(s) and not s.taken_by]
+        pools = [str(s.pool) for s in f.obs.slices if capacity.live(s) and not s.taken_by]
         names = [o.name for o in _dyn(f.obs).slice_objects if not o.deleting]
-        return names + pools + strays(f)
+        return names + pools + capacity.strays(f)
 
     def release(self, f: Facts, b: Builder) -> bool:
         """The Slices first, then the cubes the job created (Existing cubes stay)."""
         names = tuple(o.name for o in _dyn(f.obs).slice_objects if not o.deleting)
         if names:
             b.add(DeleteSlices(names))
-        pools = [str(s.pool) for s in f.obs.slices if live(s) and not s.taken_by]
-        done = release_pools(f, b, list(f.obs.slices), pools + strays(f))
+        pools = [str(s.pool) for s in f.obs.slices if capacity.live(s) and not s.taken_by]
+        done = capacity.release_pools(f, b, list(f.obs.slices), pools + capacity.strays(f))
         if _dyn(f.obs).slice_objects:
             b.requeue_in(f.cfg.resync_seconds / 2)
         return done and not _dyn(f.obs).slice_objects
@@ -617,34 +610,34 @@ RULES = (
     # GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
     # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
     Rule(
-        path=("provisioning",),
-        field="spec.provisioning.dynamicSlicing",
-        cel=f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{MODE}')",
-        message=f"spec.provisioning.dynamicSlicing is only read with mode: {MODE}; set "
-        "the mode or remove dynamicSlicing",
-        holds=lambda s: s.provisioning.dynamic_slicing is None or s.provisioning.mode == MODE,
+        ("provisioning",),
+        "spec.provisioning.dynamicSlicing",
+        f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{MODE}')",
+        f"spec.provisioning.dynamicSlicing is only read with mode: {MODE}; set the mode or "
+        "remove dynamicSlicing",
+        lambda s: s.provisioning.dynamic_slicing is None or s.provisioning.mode == MODE,
     ),
     Rule(
-        path=(),
-        field="spec.accelerator",
-        cel=f"{CEL_MODE} != '{MODE}' || self.accelerator.startsWith('tpu7x-')",
-        message=f"spec.accelerator: provisioning.mode {MODE} forms GKE Slices from "
-        "Ironwood 4x4x4 cubes only; use a tpu7x accelerator or mode Managed",
-        holds=lambda s: s.provisioning.mode != MODE or s.accelerator.startswith("tpu7x-"),
+        (),
+        "spec.accelerator",
+        f"{CEL_MODE} != '{MODE}' || self.accelerator.startsWith('tpu7x-')",
+        f"spec.accelerator: provisioning.mode {MODE} forms GKE Slices from Ironwood 4x4x4 cubes "
+        "only; use a tpu7x accelerator or mode Managed",
+        lambda s: s.provisioning.mode != MODE or s.accelerator.startswith("tpu7x-"),
     ),
     # Incremental provisioning of cubes takes an All Capacity mode reservation (GKE "Use dynamic
     # slicing with a custom scheduler", requirements).
     Rule(
-        path=(),
-        field="spec.capacity.type",
-        cel=f"{CEL_MODE} != '{MODE}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
+        (),
+        "spec.capacity.type",
+        f"{CEL_MODE} != '{MODE}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
         f"(has(self.capacity) && has(self.capacity.type) && "
         f"self.capacity.type == '{CapacityType.RESERVED.value}')",
-        message=f"spec.capacity.type must be Reserved with provisioning.mode {MODE}: "
-        "the operator creates the cubes from an All Capacity mode reservation "
-        "(spec.capacity.reservation, its block or sub-block); or set "
-        "provisioning.dynamicSlicing.cubes: Existing for cubes that are there",
-        holds=lambda s: (
+        f"spec.capacity.type must be Reserved with provisioning.mode {MODE}: the operator "
+        "creates the cubes from an All Capacity mode reservation (spec.capacity.reservation, "
+        "its block or sub-block); or set provisioning.dynamicSlicing.cubes: Existing for cubes "
+        "that are there",
+        lambda s: (
             s.provisioning.mode != MODE
             or _cubes_source(s) == CubeSource.EXISTING
             or s.capacity.type == CapacityType.RESERVED
@@ -670,26 +663,30 @@ spare cube ([provisioning.md](provisioning.md#dynamic-slicing)). `status.capacit
 """
 
 
+DESCRIPTION = (
+    "each slice is a GKE Slice formed from 4x4x4 cubes (provisioning.dynamicSlicing), all or "
+    "none (tpu7x, GKE 1.35.2-gke.1842000+)."
+)
+PLUGIN = CapacityPlugin(
+    MODE,
+    DYNAMIC_SLICES,
+    DESCRIPTION,
+    accepts={Feature.SPARES: "spare cubes", Feature.FLEX_START: ""},
+    rules=RULES,
+    check=check,
+    pools=plan_pools,
+    observe=observe,
+    place=place,
+    exclusive_topology=keys.GKE_TPU_SLICE,
+    appliers={
+        CreateSlice: "multislice_operator.plugins.dynamic_shell:create_slice",
+        DeleteSlices: "multislice_operator.plugins.dynamic_shell:delete_slices",
+    },
+    watches=(SLICE_WATCH,),
+    waits_for_nodes=True,
+    docs=DOCS,
+)
+
+
 def register(r: Registry) -> None:
-    r.add_model(
-        CapacityPlugin(
-            mode=MODE,
-            model=DYNAMIC_SLICES,
-            description="each slice is a GKE Slice formed from 4x4x4 cubes "
-            "(provisioning.dynamicSlicing), all or none (tpu7x, GKE 1.35.2-gke.1842000+).",
-            accepts={Feature.SPARES: "spare cubes", Feature.FLEX_START: ""},
-            rules=RULES,
-            check=check,
-            pools=plan_pools,
-            observe=observe,
-            place=place,
-            exclusive_topology=keys.GKE_TPU_SLICE,
-            appliers={
-                CreateSlice: "multislice_operator.plugins.dynamic_shell:create_slice",
-                DeleteSlices: "multislice_operator.plugins.dynamic_shell:delete_slices",
-            },
-            watches=(SLICE_WATCH,),
-            waits_for_nodes=True,
-            docs=DOCS,
-        )
-    )
+    r.add_model(PLUGIN)

@@ -158,16 +158,20 @@ earlier spec's). `status.capacity`: none.
 """
 
 
+DESCRIPTION = (
+    "the slices run on node pools that already exist with the matching accelerator and "
+    "topology labels."
+)
+PLUGIN = CapacityPlugin(
+    MODE,
+    EXISTING_POOLS,
+    DESCRIPTION,
+    accepts={Feature.FLEX_START: ""},
+    observe=observe,
+    waits_for_nodes=True,
+    docs=DOCS,
+)
+
+
 def register(r: Registry) -> None:
-    r.add_model(
-        CapacityPlugin(
-            mode=MODE,
-            model=EXISTING_POOLS,
-            description="the slices run on node pools that already exist with the matching "
-            "accelerator and topology labels.",
-            accepts={Feature.FLEX_START: ""},
-            observe=observe,
-            waits_for_nodes=True,
-            docs=DOCS,
-        )
-    )
+    r.add_model(PLUGIN)

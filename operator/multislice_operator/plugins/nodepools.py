@@ -518,22 +518,26 @@ is replaced alone; every pool is released when the job ends
 """
 
 
+DESCRIPTION = (
+    "the operator creates one GKE node pool per slice, all or none, and deletes them when the "
+    "job ends."
+)
+PLUGIN = CapacityPlugin(
+    MODE,
+    NODE_POOLS,
+    DESCRIPTION,
+    accepts={
+        Feature.SPARES: "spare node pools",
+        Feature.ELASTIC: "",
+        Feature.FLEX_START: "flex-start node pools",
+    },
+    pools=plan_pools,
+    observe=observe,
+    place=place,
+    own_slice_pools=True,
+    docs=DOCS,
+)
+
+
 def register(r: Registry) -> None:
-    r.add_model(
-        CapacityPlugin(
-            mode=MODE,
-            model=NODE_POOLS,
-            description="the operator creates one GKE node pool per slice, all or none, and "
-            "deletes them when the job ends.",
-            accepts={
-                Feature.SPARES: "spare node pools",
-                Feature.ELASTIC: "",
-                Feature.FLEX_START: "flex-start node pools",
-            },
-            pools=plan_pools,
-            observe=observe,
-            place=place,
-            own_slice_pools=True,
-            docs=DOCS,
-        )
-    )
+    r.add_model(PLUGIN)

@@ -58,9 +58,8 @@ class Resize(JobSetStrategy):
             waiting = cap.message or "waiting for the pools"
             target = f"resizing to {f.size.target} of {plan.slices} slices"
             return Phase.RESTARTING, f"{target}: {waiting}"
-        running = any(f.running.values())
-        acked = checkpoint.acked(f)
-        return elastic.resize(plan, f.old, b, f.js, f.size, running, f.now, acked)
+        now = elastic.Now(any(f.running.values()), f.now, checkpoint.acked(f))
+        return elastic.resize(plan, f.old, b, f.js, f.size, now)
 
 
 RESIZE = Resize()

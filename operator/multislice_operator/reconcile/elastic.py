@@ -159,19 +159,20 @@ def grow_request(plan: Plan, js: JobSetObservation | None, s: Size, attempt: int
     return f"{GROW_PREFIX}{s.target}-{attempt}"
 
 
-def resize(
-    plan: Plan,
-    old: MultisliceJobStatus,
-    b: Builder,
-    js: JobSetObservation,
-    s: Size,
-    running: bool,
-    now: datetime,
-    acked: Mapping[str, int],
-) -> tuple[Phase, str] | None:
+@dataclass(frozen=True)
+class Now:
+    """What a resize decides on besides the JobSet: whether any of its pods runs, the time, and
+    the steps the workload saved, by request id, as the pods say (checkpoint.acked)."""
+
+    running: bool
+    at: datetime
+    acked: Mapping[str, int]
+
+
+def resize(plan: Plan, old: MultisliceJobStatus, b: Builder, js: JobSetObservation, s: Size,
+           now: Now) -> tuple[Phase, str] | None:  # fmt: skip
     """While the JobSet exists: delete it for a resize that is due (the next pass creates it
-    on the new count once it is gone); None when its slice count stays. `acked`: the steps the
-    workload saved, by request id, as the pods say now (checkpoint.acked)."""
+    on the new count once it is gone); None when its slice count stays."""
     if plan.elastic is None:
         return None
     if js.deleting:
@@ -182,7 +183,7 @@ def resize(
     if s.target < current:
         return _shrink(plan, b, s)
     if s.target > current:
-        return _grow(old, b, js, s, running, now, acked)
+        return _grow(old, b, js, s, now)
     return None
 
 
@@ -207,24 +208,17 @@ def _shrink(plan: Plan, b: Builder, s: Size) -> tuple[Phase, str]:
     return Phase.RESTARTING, f"shrinking to {s.target} of {s.full} slices: {s.why}"
 
 
-def _grow(
-    old: MultisliceJobStatus,
-    b: Builder,
-    js: JobSetObservation,
-    s: Size,
-    running: bool,
-    now: datetime,
-    acked: Mapping[str, int],
-) -> tuple[Phase, str] | None:
+def _grow(old: MultisliceJobStatus, b: Builder, js: JobSetObservation, s: Size, now: Now
+          ) -> tuple[Phase, str] | None:  # fmt: skip
     """Grow once the grow's checkpoint is saved, or late, or nothing runs to save."""
     rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
-    cp = _grow_checkpoint(old, b, rid, now, acked)
+    cp = _grow_checkpoint(old, b, rid, now.at, now.acked)
     saved = cp is not None and cp.saved_step is not None
     asked = cp.request_time if cp is not None else None
-    late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS
-    if running and not saved and not late:
+    late = asked is not None and (now.at - asked).total_seconds() >= GROW_SAVE_SECONDS
+    if now.running and not saved and not late:
         if asked is not None:
-            b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
+            b.requeue_in(GROW_SAVE_SECONDS - (now.at - asked).total_seconds())
         return None  # the checkpoint is requested (checkpoint.py); running meanwhile
     b.add(DeleteJobSet(foreground=True))
     b.event(

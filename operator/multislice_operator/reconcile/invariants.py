@@ -1,10 +1,11 @@
 """The promises every decision keeps, checked in one place for every branch. Pure.
 
-- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreatePreflightJob,
-  CreateWorkload, SetJobSetSuspend(False), SetWorkloadActive(True), a capacity model's action
-  that `creates`) on a terminal phase or a job being deleted, nor on a job the operator
-  failed with a verdict that sticks (its old status: facts.failed_for_good), whatever this
-  decision's phase: such a job never creates a pool or runs again;
+- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreateWorkload,
+  SetJobSetSuspend(False), SetWorkloadActive(True), an `OwnAction` that `creates`: the
+  preflight's Job, a capacity model's object) on a terminal phase or a job being deleted, nor
+  on a job the operator failed with a verdict that sticks (its old status:
+  facts.failed_for_good), whatever this decision's phase: such a job never creates a pool or
+  runs again;
 - no CreatePools unless the job has the finalizer or the same decision adds it first (its pools
   are then always released, even if the operator is down when the job is deleted);
 - at most one DeletePools per pool, and no pool both created and deleted;
@@ -31,11 +32,10 @@ from multislice_operator.reconcile.types import (
     AddFinalizer,
     CreateJobSet,
     CreatePools,
-    CreatePreflightJob,
     CreateWorkload,
     Decision,
     DeletePools,
-    ModelAction,
+    OwnAction,
     SetJobSetSuspend,
     SetWorkloadActive,
     ValidateJobSet,
@@ -52,7 +52,6 @@ CREATES = (
     CreatePools,
     CreateJobSet,
     ValidateJobSet,
-    CreatePreflightJob,
     CreateWorkload,
 )
 
@@ -60,7 +59,7 @@ CREATES = (
 def _creates(a: Action) -> bool:
     return (
         isinstance(a, CREATES)
-        or (isinstance(a, ModelAction) and a.creates)
+        or (isinstance(a, OwnAction) and a.creates)
         or (isinstance(a, SetJobSetSuspend) and not a.suspend)
         or (isinstance(a, SetWorkloadActive) and a.active)
     )

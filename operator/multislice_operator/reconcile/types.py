@@ -384,9 +384,10 @@ class DeletePools:
 
 
 @dataclass(frozen=True)
-class ModelAction:
-    """An action a capacity model defines for what it alone makes (`ModelAction` subclasses:
-    plugins/dynamic.py's GKE Slices): its applier is registered with it (registry.CapacityPlugin.appliers). `creates`:
+class OwnAction:
+    """An action a capacity model or an optional step defines for what it alone makes
+    (`OwnAction` subclasses: plugins/dynamic.py's GKE Slices, reconcile/preflight.py's compile
+    Job): a model registers its applier with it (registry.CapacityPlugin.appliers). `creates`:
     it makes something, so it is refused on a job that is ending (invariants.py)."""
 
     creates: ClassVar[bool] = False
@@ -410,16 +411,6 @@ class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
 
     restart_strategy: str = "Recreate"  # the JobSet judged is the one CreateJobSet renders
-
-
-@dataclass(frozen=True)
-class CreatePreflightJob:
-    """Run the compile command (spec.preflight) as a CPU Job owned by the job, before any pool."""
-
-
-@dataclass(frozen=True)
-class DeletePreflightJob:
-    """The compile Job finished (or is not this spec's): deleted with its pod."""
 
 
 @dataclass(frozen=True)
@@ -555,11 +546,9 @@ Action = (
     | RemoveFinalizer
     | CreatePools
     | DeletePools
-    | ModelAction
+    | OwnAction
     | CreateJobSet
     | ValidateJobSet
-    | CreatePreflightJob
-    | DeletePreflightJob
     | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob

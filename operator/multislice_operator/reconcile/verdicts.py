@@ -173,12 +173,11 @@ def jobset_refused(f: Facts) -> Verdict | None:
     verdict = f.obs.admission
     if f.js is not None or verdict is None or not verdict.refused:
         return None
-    return Verdict(
-        End.FAIL,
-        Reason.JOBSET_REFUSED,
+    message = (
         f"the apiserver refuses the JobSet this job renders: {verdict.refused}; fix "
-        "spec.template and recreate the job",
+        "spec.template and recreate the job"
     )
+    return Verdict(End.FAIL, Reason.JOBSET_REFUSED, message)
 
 
 def preflight_failed(f: Facts) -> Verdict | None:
