@@ -57,9 +57,8 @@ from multislice_operator.plugins.nodepools import (
     roll_back,
 )
 from multislice_operator.reconcile import capacity
-from multislice_operator.reconcile.capacity import PROVISIONED, Capacity, Slices
+from multislice_operator.reconcile.capacity import PROVISIONED, Capacity, Size, Slices
 from multislice_operator.reconcile.context import Builder
-from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     Action,

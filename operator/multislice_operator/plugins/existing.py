@@ -25,11 +25,11 @@ from multislice_operator.reconcile.capacity import (
     PROVISIONED,
     Capacity,
     HoldsNothing,
+    Size,
     Slices,
     slice_ready,
 )
 from multislice_operator.reconcile.context import Builder
-from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     DecideConfig,

@@ -29,6 +29,7 @@ from multislice_operator.reconcile.capacity import (
     PROVISIONED,
     Capacity,
     Released,
+    Size,
     Slices,
     live,
     release_pools,
@@ -93,7 +94,9 @@ class NodePools:
         )
 
     def size(self, plan: Plan, old: MultisliceJobStatus, slices: Slices, obs: Observed,
-             js: JobSetObservation | None, now: datetime) -> elastic.Size:  # fmt: skip
+             js: JobSetObservation | None, now: datetime) -> Size:  # fmt: skip
+        if plan.elastic is None:
+            return Size(plan.slices, plan.slices)  # spec.elastic is the only other size
         lost = frozenset(slices.lost)
         return elastic.size(plan, old, slices.ready, slices.up, obs.slices, js, now, lost)
 

@@ -28,7 +28,6 @@ from multislice_operator.api.models import ConditionType, MultisliceJobStatus, P
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.planning.plan import DEFAULT_POD_GRACE_SECONDS, Plan
 from multislice_operator.reconcile.context import Builder
-from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.types import (
     DecideConfig,
     JobSetObservation,
@@ -73,6 +72,22 @@ NO_CAPACITY = Capacity(False)
 
 
 @dataclass(frozen=True)
+class Size:
+    """The slices the job's JobSet should run on now, and why fewer than spec.slices (spec.elastic:
+    elastic.py sizes it; every other job runs on spec.slices)."""
+
+    target: int
+    full: int
+    why: str = ""
+    # A loss within waitSeconds: seconds until the job may shrink (a pass is wanted then).
+    wait_left: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.target < self.full
+
+
+@dataclass(frozen=True)
 class Slices:
     """The slices' capacity, as the lifecycle and the verdicts see it (the model's view)."""
 
@@ -87,7 +102,7 @@ class Slices:
     waiting: frozenset[int] = frozenset()
     up: int = 0  # pools ready or in a blip
     complete: bool = False  # every pool of the plan observed (present or absent)
-    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, elastic.Size.target).
+    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, Size.target).
     need: int = 0
 
     @property

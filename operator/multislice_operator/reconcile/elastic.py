@@ -29,6 +29,7 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common.pools import CAPACITY_CODES
 from multislice_operator.planning.plan import Plan
+from multislice_operator.reconcile.capacity import Size
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
@@ -41,21 +42,6 @@ from multislice_operator.reconcile.types import (
 DEGRADED = ConditionType.DEGRADED
 GROW_PREFIX = "grow-"  # the id of the checkpoint requested before a grow: grow-<slices>-<attempt>
 GROW_SAVE_SECONDS = 300  # how long a grow waits for that checkpoint before it goes anyway
-
-
-@dataclass(frozen=True)
-class Size:
-    """The slices the job's JobSet should run on now, and why fewer than spec.slices."""
-
-    target: int
-    full: int
-    why: str = ""
-    # A loss within waitSeconds: seconds until the job may shrink (a pass is wanted then).
-    wait_left: float | None = None
-
-    @property
-    def degraded(self) -> bool:
-        return self.target < self.full
 
 
 def size(
@@ -255,14 +241,8 @@ def _grow_note(rid: str, cp: CheckpointStatus | None, late: bool) -> str:
     return ""
 
 
-def state(plan: Plan, b: Builder, js: JobSetObservation | None, s: Size) -> None:
-    """status.activeSlices and the Degraded condition (elastic jobs only)."""
-    # A suspended JobSet (a queued job's, before Kueue admits it) runs nothing: not counted,
-    # and no status write for it.
-    if js is not None and js.replicas and not js.deleting and not js.suspended:
-        b.status.active_slices = js.replicas
-    if plan.elastic is None:
-        return
+def degraded(b: Builder, s: Size) -> None:
+    """The Degraded condition: running on fewer slices than spec.slices, and why."""
     active = b.status.active_slices
     if active is not None and active < s.full:
         b.cond(

@@ -24,12 +24,13 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import elastic, restart_strategy, restarts
-from multislice_operator.reconcile.capacity import CapacityModel, Slices, model_of
+from multislice_operator.reconcile import restart_strategy, restarts
+from multislice_operator.reconcile.capacity import CapacityModel, Size, Slices, model_of
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
 from multislice_operator.reconcile.context import at_second
 from multislice_operator.reconcile.reasons import sticky
+from multislice_operator.reconcile.steps import Steps, select
 from multislice_operator.reconcile.types import (
     DecideConfig,
     JobMeta,
@@ -67,11 +68,13 @@ class Facts:
     # capacity has been ready without a break while the JobSet runs; None: not now.
     capacity_ready_since: datetime | None
     # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
-    size: elastic.Size
+    size: Size
     # How the job's slices get their nodes (capacity.py), chosen once from its plan.
     capacity: CapacityModel
     # How its slices restart, by cause (restart_strategy.py), chosen once per pass.
     restart: restart_strategy.Chosen
+    # The optional steps its spec selects (steps.py): a plain job runs none of them.
+    steps: Steps
 
     @property
     def active(self) -> int:
@@ -155,10 +158,10 @@ def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
 
 def _capacity_view(model: CapacityModel, plan: Plan | None, old: MultisliceJobStatus,
                    obs: Observed, js: JobSetObservation | None, cfg: DecideConfig,
-                   now: datetime) -> tuple[Slices, elastic.Size]:  # fmt: skip
+                   now: datetime) -> tuple[Slices, Size]:  # fmt: skip
     """The slices as the job's capacity model sees them, and the size the JobSet runs at."""
     if plan is None:
-        return Slices(0), elastic.Size(0, 0)
+        return Slices(0), Size(0, 0)
     slices = model.slices(old, obs, plan, cfg, now)
     size = model.size(plan, old, slices, obs, js, now)
     return dataclasses.replace(slices, need=size.target), size  # spec.elastic: maybe fewer
@@ -213,4 +216,5 @@ def derive(
         size=size,
         capacity=model,
         restart=chosen,
+        steps=select(meta, spec),
     )

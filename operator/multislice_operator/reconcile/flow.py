@@ -98,7 +98,7 @@ def decide(
     cfg = cfg or DecideConfig.from_settings()
     old = old_status or MultisliceJobStatus()
     f = derive(meta, spec, plan, spec_error, old, obs, cfg)
-    if multikueue.managed_elsewhere(f) and f.queue and f.error is None:
+    if f.steps.multikueue and multikueue.managed_elsewhere(f) and f.queue and f.error is None:
         return invariants.enforce(f, multikueue.manager(f))  # a worker cluster runs it
     verdict = verdicts.first(f)
     if verdict is None and _asks_apiserver(f):
@@ -121,7 +121,9 @@ def decide(
     else:
         phase, message, cap = _lifecycle(f, b, due)
         if f.plan is not None:
-            elastic.state(f.plan, b, f.js, f.size)
+            _active_slices(b, f.js)
+        if f.plan is not None and f.steps.elastic:
+            elastic.degraded(b, f.size)
         deadline = verdicts.next_deadline(f)
         if deadline is not None:
             b.requeue_in(deadline)
@@ -143,6 +145,13 @@ def decide(
         metrics=deltas(old, b.status, b.events, f.now),
     )
     return invariants.enforce(f, decision)
+
+
+def _active_slices(b: Builder, js: JobSetObservation | None) -> None:
+    """status.activeSlices: the slices the JobSet runs on. A suspended JobSet (a queued job's,
+    before Kueue admits it) runs nothing: not counted, and no status write for it."""
+    if js is not None and js.replicas and not js.deleting and not js.suspended:
+        b.status.active_slices = js.replicas
 
 
 def _stamp_jobset(f: Facts, b: Builder) -> None:
@@ -189,7 +198,8 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         advice.verdict, Reason.NO_BATCH_HINT
     )
     b.cond(ConditionType.DCN_BOUND, bound, reason, advice.message)
-    preflight.record(f, b)
+    if f.steps.preflight:
+        preflight.record(f, b)
     if not f.deleting and f.finished_before and not f.world_agrees:
         _status_ignored(f, b)
     if f.deleting:
@@ -219,10 +229,10 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
     _begin(f, b)
-    compiling = preflight.gate(f, b)  # spec.preflight: compiled before any capacity
+    compiling = preflight.gate(f, b) if f.steps.preflight else None  # before any capacity
     if compiling is not None:
         return (*compiling, NO_CAPACITY)
-    g = kueue_gate.gate(f, b) if f.queue else None
+    g = kueue_gate.gate(f, b) if f.steps.kueue else None
     queued = _queued(f, b, g)
     if queued is not None:
         return queued
@@ -230,6 +240,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None:
         kueue_gate.admitted(b, g)
         kueue_gate.reclaim(f, b)
+    if g is not None and f.steps.multikueue:
         multikueue.lost(f, b, g.check.name if g.check else None, cap.rolled_back)
     return _run(f, b, cap, due)
 
@@ -283,7 +294,7 @@ def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, s
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, cap.stalled)
-    grow = elastic.grow_request(plan, js, f.size, f.attempt)
+    grow = elastic.grow_request(plan, js, f.size, f.attempt) if f.steps.elastic else None
     checkpoint.serve_requests(f, b, due, _flex_start_end(f, b), grow)
     return phase, message, cap
 
@@ -294,7 +305,7 @@ def _create(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     plan = f.plan
     if cap.flex_wait is None and not cap.ready:
         return cap.phase or Phase.PENDING, cap.message, cap
-    b.add(elastic.create(plan, f.old, f.size.target))
+    b.add(elastic.create(plan, f.old, f.size.target) if f.steps.elastic else CreateJobSet())
     b.status.job_set = plan.name
     b.status.active_slices = f.size.target
     if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
