@@ -238,6 +238,9 @@ class DynamicSlices:
     def status(self, f: Facts) -> dict[str, Any] | None:
         return None  # status.slices and the conditions say it all
 
+    def ends(self, f: Facts) -> datetime | None:
+        return None  # reserved cubes stay
+
     def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
         return _violations(f, d)
 

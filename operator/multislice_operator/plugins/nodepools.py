@@ -150,6 +150,14 @@ class NodePools:
     def status(self, f: Facts) -> dict[str, Any] | None:
         return None  # status.slices and the conditions say it all
 
+    def ends(self, f: Facts) -> datetime | None:
+        """Flex-start pools: GKE removes the VMs their maximum run duration after they came
+        (a disruption, every slice restarts), counted from when every slice's capacity was
+        ready (the nodes came then)."""
+        runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
+        since = f.capacity_ready_since
+        return since + timedelta(seconds=min(runs)) if runs and since is not None else None
+
     def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
         return []  # its pool actions are the core's, checked there (invariants.py)
 
@@ -297,7 +305,7 @@ def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     )
     b.cond(PROVISIONED, "False", Reason.WAITING_FOR_FLEX_START_CAPACITY, message)
     b.requeue_in(f.cfg.resync_seconds)
-    return Capacity(False, Phase.PROVISIONING, message, flex_wait=message)
+    return Capacity(False, Phase.PROVISIONING, message, with_pods=message)
 
 
 def retry_message(b: Builder) -> str:

@@ -55,9 +55,9 @@ class Capacity:
     blips: frozenset[int] = frozenset()  # slices NotReady within the grace period
     # Lost pools (`repairing`) whose slices spare pools cover: the job runs meanwhile.
     covered: bool = False
-    # Every slice ready or a flex-start pool waiting for capacity: the JobSet can exist (its
-    # pending pods are what makes GKE scale a flex-start pool up); why it waits.
-    flex_wait: str | None = None
+    # The capacity comes once the JobSet's pods ask for it (flex-start: their pending pods make
+    # GKE scale the pools up): the JobSet exists while it waits; why it waits.
+    with_pods: str | None = None
     # The capacity is there outside the operator (before admission): nothing to provision,
     # the admission check is Ready at once; why.
     preexisting: str | None = None
@@ -183,6 +183,11 @@ class CapacityModel(Protocol):
     def status(self, f: Facts) -> dict[str, Any] | None:
         """Its own part of the status (status.capacity), as of this pass; None: nothing. Keep it
         to what changes with the capacity: a change is a status write."""
+        ...
+
+    def ends(self, f: Facts) -> datetime | None:
+        """When the capacity the JobSet runs on is taken away, if that is known (flex-start's
+        maximum run duration): a checkpoint is asked for ahead of it."""
         ...
 
 
@@ -328,6 +333,9 @@ class HoldsNothing:
         return []  # no action of its own
 
     def status(self, f: Facts) -> dict[str, Any] | None:
+        return None
+
+    def ends(self, f: Facts) -> datetime | None:
         return None
 
 

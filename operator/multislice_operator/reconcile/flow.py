@@ -30,7 +30,6 @@ strategy answer (capacity.py, restart_strategy.py).
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
 
 from multislice_operator.api.models import (
     ConditionType,
@@ -82,7 +81,7 @@ from multislice_operator.reconcile.types import (
 )
 
 TERMINAL_RESYNC_FACTOR = 6  # a finished job is looked at less often (TTL, a lying status)
-FLEX_START_REQUEST_PREFIX = "flexend-"  # one request per end of a run
+CAPACITY_END_PREFIX = "flexend-"  # one request per end of the capacity (flex-start's run)
 
 
 def decide(
@@ -288,28 +287,28 @@ def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, s
     b.status.job_set = plan.name
     if js.suspended:
         return _resume(f, b, cap)
-    if cap.flex_wait is not None:
-        b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
-        return Phase.PROVISIONING, cap.flex_wait, cap
+    if cap.with_pods is not None:
+        b.status.capacity_ready_time = None  # no deadline runs while the capacity comes
+        return Phase.PROVISIONING, cap.with_pods, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, cap.stalled)
     grow = elastic.grow_request(plan, js, f.size, f.attempt) if f.steps.elastic else None
-    checkpoint.serve_requests(f, b, due, _flex_start_end(f, b), grow)
+    checkpoint.serve_requests(f, b, due, _capacity_end(f, b), grow)
     return phase, message, cap
 
 
 def _create(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
-    """No JobSet yet: created once the capacity is ready (or flex-start capacity waits)."""
+    """No JobSet yet: created once the capacity is ready (or comes with its pods)."""
     assert f.plan is not None
     plan = f.plan
-    if cap.flex_wait is None and not cap.ready:
+    if cap.with_pods is None and not cap.ready:
         return cap.phase or Phase.PENDING, cap.message, cap
     b.add(elastic.create(plan, f.old, f.size.target) if f.steps.elastic else CreateJobSet())
     b.status.job_set = plan.name
     b.status.active_slices = f.size.target
-    if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-        return Phase.PROVISIONING, cap.flex_wait, cap
+    if cap.with_pods is not None:  # its pending pods bring the capacity (flex-start)
+        return Phase.PROVISIONING, cap.with_pods, cap
     b.status.capacity_ready_time = f.now
     # Written as the next pass will see it (the JobSet, nothing running yet), so creating
     # the JobSet costs one status write, not two.
@@ -324,9 +323,9 @@ def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     if cap.ready:
         b.add(SetJobSetSuspend(False))
         return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
-    if cap.flex_wait is not None:  # its pending pods are what makes GKE scale the pools up
+    if cap.with_pods is not None:  # its pending pods bring the capacity (flex-start)
         b.add(SetJobSetSuspend(False))
-        return Phase.PROVISIONING, cap.flex_wait, cap
+        return Phase.PROVISIONING, cap.with_pods, cap
     if cap.phase is not None:
         return cap.phase, cap.message, cap
     cond = b.status.condition(PROVISIONED)
@@ -334,22 +333,20 @@ def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     return Phase.PROVISIONING, f"resuming: {waiting}", cap
 
 
-def _flex_start_end(f: Facts, b: Builder) -> str | None:
-    """A checkpoint request spec.maintenance.checkpointAheadSeconds before flex-start capacity
-    reaches its maximum run duration (GKE removes the VMs then: a disruption, every slice
-    restarts). Counted from when every slice's capacity was ready (the nodes came then)."""
+def _capacity_end(f: Facts, b: Builder) -> str | None:
+    """A checkpoint request spec.maintenance.checkpointAheadSeconds before the capacity is taken
+    away, when its model knows when (flex-start's maximum run duration: GKE removes the VMs
+    then, a disruption, every slice restarts)."""
     assert f.spec is not None
     ahead = f.spec.maintenance.checkpoint_ahead_seconds
-    runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
-    since = f.capacity_ready_since
-    if ahead is None or not runs or since is None:
+    end = f.capacity.ends(f) if ahead is not None else None
+    if ahead is None or end is None:
         return None
-    end = since + timedelta(seconds=min(runs))
     due = (end - f.now).total_seconds() - ahead
     if due > 0:
         b.requeue_in(due)
         return None
-    return f"{FLEX_START_REQUEST_PREFIX}{int(end.timestamp())}"
+    return f"{CAPACITY_END_PREFIX}{int(end.timestamp())}"
 
 
 def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
@@ -391,10 +388,10 @@ def _provision(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str, Ca
             "and queues the job again",
         )
         return (*kueue_gate.hold(f, b, retry), cap)
-    if cap.ready or cap.flex_wait is not None:
-        # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
-        # it is resumed after Kueue's admission, are what makes GKE scale the pools up.
-        message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
+    if cap.ready or cap.with_pods is not None:
+        # Capacity that comes with the pods (flex-start: pools up but empty) is admitted; the
+        # JobSet's pods, pending once it is resumed after Kueue's admission, bring it.
+        message = cap.with_pods or f"all {len(f.plan.pools)} node pools of the gang ready"
         kueue_gate.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
         return (*kueue_gate.waiting_for_admission(f, b, text), cap)
