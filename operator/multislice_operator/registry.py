@@ -186,25 +186,31 @@ class Registry:
         if not self._loaded and not self._loading:
             self._loading = True
             try:
-                for ref in (*BUILTIN, *_entry_points(), *from_env()):
-                    self._call(ref)
+                for ref in BUILTIN:
+                    self._call(ref, "in-tree")
+                for ref in _entry_points():
+                    self._call(ref, f"entry point group {ENTRY_POINT_GROUP}")
+                for ref in from_env():
+                    self._call(ref, ENV)
                 self._loaded = True
             finally:
                 self._loading = False
         for ref in refs or ():
-            self._call(ref)
+            self._call(ref, "asked for")
 
-    def _call(self, ref: str) -> None:
+    def _call(self, ref: str, origin: str) -> None:
         if ref in self.sources:
             return
-        register = resolve(ref)
-        self.sources.append(ref)
         try:
+            register = resolve(ref)
+            self.sources.append(ref)
             register(self)
-        except PluginError:
-            raise
         except Exception as exc:
-            raise PluginError(f"plugin {ref} failed to register: {exc}") from exc
+            raise PluginError(
+                f"{exc} ({origin})"
+                if isinstance(exc, PluginError)
+                else f"plugin {ref} failed to register: {exc} ({origin})"
+            ) from exc
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         """What is registered now (tests: `restore` puts it back)."""

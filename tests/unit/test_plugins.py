@@ -5,12 +5,16 @@ through the spec rules, the CRD and docs, render, the controller's observation a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from multislice_operator.api import crd, docs
 from multislice_operator.api.models import MultisliceJobStatus, Phase
@@ -20,7 +24,7 @@ from multislice_operator.controller import observe as ob
 from multislice_operator.planning.plan import job_key
 from multislice_operator.reconcile import CreateJobSet, InPlaceSupport, JobSetObservation
 from multislice_operator.reconcile import restart_strategy as rs
-from multislice_operator.registry import ENV, Registry, from_env
+from multislice_operator.registry import ENV, PluginError, Registry, from_env
 from multislice_operator.render.jobset import render_jobset, render_pod_template
 from tests.plugins.labelled import RESERVED_FOR
 from tests.unit import jobs
@@ -174,3 +178,26 @@ def test_it_outranks_the_in_tree_strategies_wherever_jobset_carries_them(loaded:
     # A JobSet rendered before it was loaded restarts as it was rendered.
     recreating = rs.choose(spec, JobSetObservation(restart_strategy="Recreate"), in_place)
     assert {s.name for s in recreating.values()} == {"Recreate"}
+
+
+# ------------------------------------------------------------------ a plugin that cannot load
+
+
+def test_a_plugin_that_cannot_load_says_which_and_from_where(registry: Registry) -> None:
+    with pytest.raises(PluginError, match=r"plugin nope\.mod:register cannot be loaded.*asked"):
+        registry.load(["nope.mod:register"])
+    with pytest.raises(PluginError, match="is not module:function"):
+        registry.load(["tests.plugins.labelled"])
+
+
+def test_the_cli_refuses_a_plugin_it_cannot_load_in_one_line(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(jobs.body()))
+    env = {**os.environ, ENV: "nope.mod:register"}
+    done = subprocess.run(
+        [sys.executable, "-m", "multislice_operator.cli.main", "validate", "-f", str(job)],
+        capture_output=True, text=True, env=env, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    said = f"error: plugin nope.mod:register cannot be loaded: No module named 'nope' ({ENV})"
+    assert done.stderr == said + "\n"

@@ -22,6 +22,7 @@ import yaml
 from multislice_operator import __version__
 from multislice_operator.cli.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
 from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.registry import PluginError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -649,6 +650,9 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
+    except PluginError as exc:  # a plugin named by MSJ_PLUGINS or an entry point
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SpecError as exc:  # pragma: no cover - commands catch their own
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID

@@ -312,6 +312,8 @@ def load_job(obj: dict[str, Any]) -> MultisliceJob:
 def _field_error(err: Any) -> FieldError:
     path = ".".join(str(p) for p in err["loc"])
     msg = err["msg"]
+    if err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+        msg = msg.removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field; remove it or check its spelling (see kubectl explain multislicejob)"
     elif err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "accelerator":
