@@ -1,8 +1,9 @@
 """The reconcile brain: decide() and the plain data it reads and returns (all pure).
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
-once), ``verdicts`` (the ordered verdicts that end a pass), ``kueue_gate`` (Kueue: what a
-queued job may do), ``multikueue`` (MultiKueue: the manager's pass, a worker's lost gang),
+once), ``verdicts`` (the ordered verdicts that end a pass), ``steps`` (the optional steps a
+job's spec selects), ``kueue_gate`` (Kueue: what a queued job may do), ``multikueue``
+(MultiKueue: the manager's pass, a worker's lost gang), ``preflight`` (the compile first),
 ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
 ``CapacityModel`` interface: how a job's slices get their nodes, chosen from the registry by
 the plan's mode), ``elastic`` (spec.elastic: the slice count); restarts: ``restart_strategy``

@@ -10,7 +10,10 @@ One pass, in order:
 
 1. `derive` the facts (facts.py): the job's own JobSet, one record per pod and its views, the
    job's capacity model (`Facts.capacity`, chosen once from the plan: capacity.model_of) and
-   the slices' readiness as it sees them, restarts by cause, the capacity clock.
+   the slices' readiness as it sees them, each cause's restart strategy (`Facts.restart`),
+   the optional steps its spec selects (`Facts.steps`: Kueue, MultiKueue, preflight, elastic;
+   a step's module is entered only for a job that selected it), restarts by cause, the
+   capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
 3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
@@ -24,7 +27,7 @@ One pass, in order:
    checked on the whole decision (invariants.py).
 
 Which capacity model or restart strategy a job has is never tested here: the model and the
-strategy answer (capacity.py, restart_strategy.py).
+strategy answer (capacity.py, restart_strategy.py; they are plugins: registry.py).
 """
 
 from __future__ import annotations
