@@ -26,12 +26,13 @@ from multislice_operator.common import keys
 from multislice_operator.common.errors import FieldError, SpecError
 from multislice_operator.common.names import preflight_job
 from multislice_operator.common.ownership import Owner, owner_of
-from multislice_operator.common.pools import PoolState
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller import appliers, kueue, metrics
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime, template_key
 from multislice_operator.planning.plan import Plan, load_job, plan_job
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Decision,
     JobMeta,
@@ -44,6 +45,7 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
 from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
+from multislice_operator.registry import REGISTRY
 from multislice_operator.render import podsecurity
 from multislice_operator.render.jobset import render_pod_template
 
@@ -194,9 +196,9 @@ async def _ownership(
 ) -> tuple[dict[str, PoolState], dict[str, ob.PoolOwner]]:
     """Pools labelled with this job's uid that the plan does not name (strays, released), and
     the owners of pools that have the plan's names but another owner (never deleted if live)."""
-    managed = plan is not None and plan.managed
-    if rt.provisioner is None or not (managed or meta.has_finalizer):
-        return {}, {}  # a job never Managed never had a pool
+    own = plan is not None and bool(plan.pools)
+    if rt.provisioner is None or not (own or meta.has_finalizer):
+        return {}, {}  # a job that never had pools of its own never had a pool
     try:
         owned = await rt.provisioner.list_owned(max_age=rt.cfg.resync_seconds)
     except Exception as exc:  # the same shared listing observe_gang() reads: unknown, not absent
@@ -283,57 +285,77 @@ async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObserv
     return ob.preflight_observation(job, pods, meta.uid)
 
 
+async def _pools(rt: Runtime, plan: Plan) -> tuple[GangObservation | None, PoolError | None]:
+    """The plan's own pools as the cloud lists them, and whether its accelerator is offered
+    there (None, None: no pool of its own, or no GKE cluster configured)."""
+    if not plan.pools or rt.provisioner is None:
+        return None, None
+    gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
+    if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
+        gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
+    if not gang.complete:
+        raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
+    return gang, await rt.provisioner.check_offered(plan)  # cached by the provisioner
+
+
+async def _queue(rt: Runtime, key: JobKey, body: dict[str, Any], meta: JobMeta) -> Any:
+    """What Kueue says of a job that names a queue (None: it names none)."""
+    queue = meta.labels.get(keys.KUEUE_QUEUE_NAME)
+    if not queue:
+        return None
+    prebuilt = prebuilt_name(meta.labels, (body.get("metadata") or {}).get("annotations") or {})
+    seen = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
+    priority = meta.labels.get(keys.KUEUE_PRIORITY_CLASS)
+    if priority and seen.watching and seen.workload is None:
+        seen = await _workload_priority(rt, seen, priority)
+    return seen
+
+
+async def _before_first_pool(rt: Runtime, key: JobKey, plan: Plan, spec: MultisliceJobSpec,
+                             meta: JobMeta, observed: Observed) -> None:  # fmt: skip
+    """Before the first pool: what refuses every pod fails the job at once (read only then)."""
+    if observed.jobset is not None and observed.jobset.owned:
+        return
+    if plan.pools and any(s.pool_state != PoolState.ABSENT for s in observed.slices):
+        return
+    observed.pod_security = await _pod_security(rt, key, plan, spec)
+    observed.missing_priority_class = await _missing_priority_class(rt, spec)
+    if spec.preflight is not None:
+        observed.preflight = await _preflight(rt, key, meta)
+
+
 async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
-    gang, offered = None, None
-    configured = rt.provisioner is not None
     meta = job_meta(body)
-    if plan.pools and rt.provisioner is not None:  # Managed, or dynamic slicing's cube pools
-        gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
-        if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
-            gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
-        if not gang.complete:
-            raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
-        offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
+    gang, offered = await _pools(rt, plan)
     strays, owners = await _ownership(rt, key, meta, plan)
-    jobset = _jobset(rt, key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    observed = ob.assemble(
+    inputs = ob.ObserveInputs(
         plan,
-        (body.get("metadata") or {}).get("uid", ""),
-        datetime.now(UTC),
-        jobset,
-        ob.items(rt.indexes.pods, key),
+        meta.uid,
         rt.indexes.nodes,
         gang,
-        provisioner_configured=configured,
+        owners,
+        template.get("nodeSelector") or {},
+        rt.indexes.watched,
+    )
+    observed = ob.assemble(
+        inputs,
+        datetime.now(UTC),
+        _jobset(rt, key),
+        ob.items(rt.indexes.pods, key),
+        provisioner_configured=rt.provisioner is not None,
         offered_error=offered,
-        node_selector=template.get("nodeSelector") or {},
         admission=rt.admission_of(key, meta.uid, meta.generation, template_key(body)),
         strays=strays,
-        owners=owners,
         blind_since=rt.blind_since(key),
-        slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    queue = labels.get(keys.KUEUE_QUEUE_NAME)
-    if queue:
-        prebuilt = prebuilt_name(labels, (body.get("metadata") or {}).get("annotations") or {})
-        observed.queue = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
+    observed.queue = await _queue(rt, key, body, meta)
+    if observed.queue is not None:
         observed.kueue_problem = rt.kueue_problem
-        priority = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_PRIORITY_CLASS)
-        if priority and observed.queue.watching and observed.queue.workload is None:
-            observed.queue = await _workload_priority(rt, observed.queue, priority)
-    nothing_yet = not (observed.jobset and observed.jobset.owned) and (
-        not plan.managed or all(s.pool_state == PoolState.ABSENT for s in observed.slices)
-    )
-    if nothing_yet:  # before the first pool: what refuses every pod fails the job at once
-        observed.pod_security = await _pod_security(rt, key, plan, spec)
-        observed.missing_priority_class = await _missing_priority_class(rt, spec)
-        if spec.preflight is not None:
-            observed.preflight = await _preflight(rt, key, meta)
+    await _before_first_pool(rt, key, plan, spec, meta, observed)
     return observed
 
 
@@ -475,8 +497,10 @@ async def _post_events(rt: Runtime, key: JobKey, body: dict[str, Any], d: Decisi
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
-    """Existing-mode jobs waiting for node pools are woken by node events of their shape."""
-    waiting = plan is not None and not plan.managed and d.status.phase == Phase.PENDING
+    """Jobs waiting for node pools they do not create (Existing) are woken by node events of
+    their shape."""
+    waits = plan is not None and REGISTRY.model(plan.mode).waits_for_nodes
+    waiting = waits and d.status.phase == Phase.PENDING
     shape = (plan.shape.generation.gke_accelerator, plan.shape.topology) if plan else None
     rt.wait_for_nodes(key, shape if waiting else None)
 
