@@ -506,7 +506,7 @@ def api_groups() -> set[str]:
 def optional_api_groups() -> set[str]:
     """Groups of `api_groups()` a cluster may well not serve: the operator says so itself
     (controller/versions.py) and kopf's warning is quieted (controller/discovery.py)."""
-    return {SLICES[0]}
+    return {w.group for w in _PLUGIN_WATCHES.values() if w.optional}
 
 
 def _watch_kueue() -> None:
