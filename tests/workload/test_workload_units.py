@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -323,3 +327,32 @@ def test_termination_message_is_replaced_whole_or_not_at_all(
     assert termination.write(75, "second", environ=env) is None
     assert path.read_text() == before and json.loads(before)["exitCode"] == 78
     assert [p.name for p in tmp_path.iterdir()] == ["termination-log"]  # nothing left aside
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare (a bind mount in a mount namespace of its own)",
+)
+def test_termination_message_reaches_a_file_the_kubelet_bind_mounted(tmp_path: Path) -> None:
+    # The kubelet bind-mounts the pod's termination-log file onto /dev/termination-log; a rename
+    # onto a mount point fails (EBUSY), so in a real pod no message was ever written (a
+    # successful container's was empty; found on real nodes). Here the same mount, in a mount
+    # namespace of the test's own, then the message read back from the kubelet's side.
+    kubelet_side, target = tmp_path / "kubelet-file", tmp_path / "dev" / "termination-log"
+    target.parent.mkdir()
+    kubelet_side.touch()
+    target.touch()
+    program = (
+        "import sys; from multislice_workload import termination; "
+        f"sys.exit(0 if termination.write(0, 'done', environ={{'{termination.TERMINATION_LOG_ENV}':"
+        f" '{target}'}}) else 1)"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+         f'mount --bind "{kubelet_side}" "{target}"; exec "{sys.executable}" -c "{program}"'],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    message = json.loads(kubelet_side.read_text())
+    assert (message["exitCode"], message["message"], message["reason"]) == (0, "done", "finished")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["termination-log"]
