@@ -331,28 +331,37 @@ def test_termination_message_is_replaced_whole_or_not_at_all(
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare (a bind mount in a mount namespace of its own)",
+    reason="needs root and unshare (mounts in a mount namespace of the test's own)",
 )
-def test_termination_message_reaches_a_file_the_kubelet_bind_mounted(tmp_path: Path) -> None:
-    # The kubelet bind-mounts the pod's termination-log file onto /dev/termination-log; a rename
-    # onto a mount point fails (EBUSY), so in a real pod no message was ever written (a
-    # successful container's was empty; found on real nodes). Here the same mount, in a mount
-    # namespace of the test's own, then the message read back from the kubelet's side.
+@pytest.mark.parametrize("dev", ["writable", "read-only"])
+def test_termination_message_reaches_a_file_the_kubelet_bind_mounted(
+    tmp_path: Path, dev: str
+) -> None:
+    # The kubelet bind-mounts the pod's termination-log file onto /dev/termination-log, in a
+    # /dev the program (uid 10001) may not write; nothing can be renamed onto a mount point
+    # (EBUSY) and nothing written beside it: no message was ever written in a real pod (a
+    # finished container's was empty; found on real nodes). Here the same mounts in a mount
+    # namespace of the test's own (a read-only /dev stands for root's, as the test runs as
+    # root), and the message read back from the kubelet's side.
     kubelet_side, target = tmp_path / "kubelet-file", tmp_path / "dev" / "termination-log"
     target.parent.mkdir()
     kubelet_side.touch()
-    target.touch()
     program = (
-        "import sys; from multislice_workload import termination; "
-        f"sys.exit(0 if termination.write(0, 'done', environ={{'{termination.TERMINATION_LOG_ENV}':"
-        f" '{target}'}}) else 1)"
+        "import os, sys; from multislice_workload import termination; "
+        f"wrote = termination.write(0, 'done', environ={{'{termination.TERMINATION_LOG_ENV}': "
+        f"'{target}'}}); sys.exit(0 if wrote and os.listdir('{target.parent}') == "
+        "['termination-log'] else 1)"
+    )
+    remount = f'mount -o remount,ro "{target.parent}"; ' if dev == "read-only" else ""
+    script = (
+        f'mount -t tmpfs tmpfs "{target.parent}"; touch "{target}"; '
+        f'mount --bind "{kubelet_side}" "{target}"; {remount}'
+        f'exec "{sys.executable}" -c "{program}"'
     )
     done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-         f'mount --bind "{kubelet_side}" "{target}"; exec "{sys.executable}" -c "{program}"'],
+        ["unshare", "--mount", "--propagation", "private", "sh", "-ec", script],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     message = json.loads(kubelet_side.read_text())
     assert (message["exitCode"], message["message"], message["reason"]) == (0, "done", "finished")
-    assert sorted(p.name for p in target.parent.iterdir()) == ["termination-log"]
