@@ -144,6 +144,15 @@ SCENARIOS = {
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
         Scenario(
+            "real",
+            "the chart with no values on real kubelet/containerd/runc nodes; the workload image "
+            "trains in real pods, restarts in place through JobSet's real agent, then is "
+            "recreated after a node drain, resuming from its checkpoint each time "
+            "(demo_real.py; root)",
+            "Succeeded",
+            2,
+        ),
+        Scenario(
             "multicluster",
             "a MultiKueue manager and two worker clusters: worker a is stocked out, the job "
             "runs on worker b (demo_multicluster.py)",
@@ -1463,6 +1472,10 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             except KeyboardInterrupt:
                 print("interrupted", file=out, flush=True)
                 return 130
+        if args.scenario == "real":  # real nodes and the chart: demo_real.py
+            from multislice_local import demo_real
+
+            return demo_real.run(args, out)
         demo = Demo(args, out)
         try:
             return demo.run()
