@@ -261,6 +261,20 @@ def _unschedulable() -> Case:
     )
 
 
+def _scheduler_not_running() -> Case:
+    created = NOW - timedelta(minutes=5)
+    unseen = [
+        Pod(f"job-slice-{i}-0", i, unschedulable_since=created, looked_at=False) for i in range(2)
+    ]
+    js = replace(JS_RUNNING, ready_jobs=0)
+    return Case(
+        old=RUNNING,
+        before=_observed(slices=UP, jobset=js, pods=unseen),
+        # The scheduler started since: every pod bound and running.
+        gone=_after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4})),
+    )
+
+
 def _pods_not_created() -> Case:
     js = replace(JS_RUNNING, ready_jobs=1, active_jobs=1)
     return Case(
@@ -284,6 +298,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.PROVISIONING_FAILED: _provisioning_failed,
     Reason.MAX_DISRUPTION_RESTARTS: _max_disruption_restarts,
     Reason.UNSCHEDULABLE: _unschedulable,
+    Reason.SCHEDULER_NOT_RUNNING: _scheduler_not_running,
     Reason.PODS_NOT_CREATED: _pods_not_created,
 }
 

@@ -30,11 +30,10 @@ from multislice_operator.reconcile import (
     SliceObservation,
     termination,
 )
+from multislice_operator.reconcile.scheduling import DEFAULT_SCHEDULER
 from multislice_operator.reconcile.types import LastExit, PreflightObservation
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
-
-DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
 
 # ---------------------------------------------------------------- index summaries
 
@@ -161,6 +160,10 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             else ""
         ),
         "node": spec.get("nodeName") or None,
+        # A scheduler looked at it (a verdict, True or False, or a node; it left Pending).
+        "lookedAt": "PodScheduled" in conds
+        or bool(spec.get("nodeName"))
+        or status.get("phase", "Pending") != "Pending",
         "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
         if disruption.get("status") == "True"
         else None,
@@ -462,6 +465,7 @@ def pod_records(
             disruption=p.get("disruption"),
             unschedulable_since=parse_time(p.get("unschedulable")),
             scheduler_message=p.get("schedulerMessage") or "",
+            looked_at=p.get("lookedAt", True),
             checkpoint_request=p.get("checkpointRequest"),
             checkpoint_saved=p.get("checkpointSaved"),
             last_exit=_last_exit(p.get("lastExit")),

@@ -40,9 +40,10 @@ from multislice_operator.reconcile import (
     checkpoint,
     decide,
     goodput,
+    scheduling,
 )
 from multislice_operator.reconcile.multikueue import prebuilt_name
-from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
+from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS, Reason
 from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
 from multislice_operator.render import podsecurity
 from multislice_operator.render.jobset import render_pod_template
@@ -332,6 +333,7 @@ async def observe_job(
     if nothing_yet:  # before the first pool: what refuses every pod fails the job at once
         observed.pod_security = await _pod_security(rt, key, plan, spec)
         observed.missing_priority_class = await _missing_priority_class(rt, spec)
+        observed.scheduler_absent = rt.scheduler_absent(scheduling.scheduler_name(spec))
         if spec.preflight is not None:
             observed.preflight = await _preflight(rt, key, meta)
     return observed
@@ -390,6 +392,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     else:
         obs = await observe_job(rt, key, body, parsed.plan, parsed.job.spec)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
+        _learn_scheduler(rt, key, parsed.job.spec, old, obs, decision)
     target = appliers.Target(body, parsed.job, parsed.plan)
     if meta.deleting and not meta.has_finalizer:
         await appliers.apply(rt, target, decision.actions)
@@ -412,6 +415,21 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now, parsed.plan)
     return decision
+
+
+def _learn_scheduler(rt: Runtime, key: JobKey, spec: MultisliceJobSpec,
+                     old: MultisliceJobStatus, obs: Observed, d: Decision) -> None:  # fmt: skip
+    """What this pass shows of the scheduler the job's pods name, for the jobs that name it
+    next: it looked at one of them (it runs), or none within the grace (it does not)."""
+    name = scheduling.scheduler_name(spec)
+    if any(p.looked_at for p in obs.pods):
+        rt.remember_scheduler(name, None)
+        return
+    was, now = old.condition("Failed"), d.status.condition("Failed")
+    fresh = was is None or was.reason != Reason.SCHEDULER_NOT_RUNNING
+    failed = now is not None and now.reason == Reason.SCHEDULER_NOT_RUNNING
+    if fresh and failed and obs.scheduler_absent is None:  # its own pods', not this memory's
+        rt.remember_scheduler(name, key)
 
 
 def _stale(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

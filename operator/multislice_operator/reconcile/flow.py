@@ -168,6 +168,7 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         ConditionType.VALIDATED, "True", Reason.VALID, f"{plan.slices} x {plan.shape.accelerator}"
     )
     b.status.total_chips = plan.total_chips
+    b.status.scheduling = f.scheduling  # the clocks of pods waiting for a node (scheduling.py)
     advice = plan.advice
     bound = "True" if advice.verdict == "dcn-bound" else "False"
     reason = {"ok": Reason.BATCH_LARGE_ENOUGH, "dcn-bound": Reason.BATCH_TOO_SMALL}.get(

@@ -60,6 +60,7 @@ class Reason(StrEnum):
     ADMISSION_CHECK_REJECTED = "AdmissionCheckRejected"
     POD_SECURITY_REFUSED = "PodSecurityRefused"
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+    SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"
     JOBSET_REFUSED = "JobSetRefused"
     PREFLIGHT_FAILED = "PreflightFailed"
     POOL_NAME_TAKEN = "PoolNameTaken"
@@ -193,6 +194,14 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "The PriorityClass spec.template.spec.priorityClassName names does not exist, so the "
         "apiserver refuses every pod; found before any node pool.",
+        terminal=True,
+        event=False,
+    ),
+    Reason.SCHEDULER_NOT_RUNNING: Info(
+        WARNING,
+        "No scheduler looked at any pod of the job (no PodScheduled condition) within "
+        "--scheduler-grace-seconds of the first one's creation: spec.template.spec.schedulerName "
+        "names a scheduler that is not running; before any node pool when it is known not to run.",
         terminal=True,
         event=False,
     ),

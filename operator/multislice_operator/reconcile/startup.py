@@ -52,6 +52,8 @@ def check(f: Facts, b: Builder, phase: Phase, repairing: bool) -> None:
     if left > 0:
         b.requeue_in(left)
         return
+    if f.scheduling is not None and f.scheduling.unseen_since is not None:
+        return  # no scheduler looked at any pod: no new pool or restart helps (the grace's)
     _act(f, b, plan, timing, timeout)
 
 
