@@ -170,6 +170,22 @@ def _admission_check_rejected() -> Case:
     )
 
 
+def _multikueue_unavailable() -> Case:
+    # A MultiKueue manager's Workload with quota in a ClusterQueue without MultiKueue's check.
+    hostage = WorkloadObservation(
+        "jobset-job-abcde", "7", quota_reserved=True, admitted=True, cluster_queue="cq"
+    )
+    mk = CheckObservation("multikueue", CheckState.PENDING)
+    fixed = replace(hostage, multikueue_check=mk)  # the ClusterQueue got one since
+    return Case(
+        old={},
+        before=_observed(queue=QueueObservation("team-a", cluster_queue="cq", workload=hostage)),
+        gone=_after(queue=QueueObservation("team-a", cluster_queue="cq", workload=fixed)),
+        spec={"managedBy": keys.MULTIKUEUE_MANAGED_BY},
+        meta=replace(META, labels=QUEUED, has_finalizer=False),
+    )
+
+
 def _pod_security_refused() -> Case:
     refused = "namespace ns enforces Pod Security level baseline (hostNetwork)"
     before = _observed(slices=[pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)])
@@ -290,6 +306,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.JOBSET_CONFLICT: _jobset_conflict,
     Reason.JOBSET_FAILED: _jobset_failed,
     Reason.ADMISSION_CHECK_REJECTED: _admission_check_rejected,
+    Reason.MULTIKUEUE_UNAVAILABLE: _multikueue_unavailable,
     Reason.POD_SECURITY_REFUSED: _pod_security_refused,
     Reason.PRIORITY_CLASS_NOT_FOUND: _priority_class_not_found,
     Reason.JOBSET_REFUSED: _jobset_refused,

@@ -58,6 +58,7 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
     JOBSET_FAILED = "JobSetFailed"
     ADMISSION_CHECK_REJECTED = "AdmissionCheckRejected"
+    MULTIKUEUE_UNAVAILABLE = "MultiKueueUnavailable"
     POD_SECURITY_REFUSED = "PodSecurityRefused"
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
     SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"
@@ -180,6 +181,14 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "The operator's Kueue admission check rejected the Workload (a permanent provisioning "
         "error).",
+        terminal=True,
+        event=False,
+    ),
+    Reason.MULTIKUEUE_UNAVAILABLE: Info(
+        WARNING,
+        "A job with spec.managedBy kueue.x-k8s.io/multikueue whose Workload holds quota in a "
+        "ClusterQueue without a MultiKueue admission check, or that MultiKueue rejected: nothing "
+        "would dispatch it; its quota is released.",
         terminal=True,
         event=False,
     ),
@@ -430,6 +439,7 @@ for _reason, _condition in (
     (Reason.MAINTENANCE_IN_PROGRESS, "MaintenanceScheduled"),
     (Reason.NO_KUEUE_WORKLOAD, "Admitted"),
     (Reason.KUEUE_UNSUPPORTED, "Admitted"),
+    (Reason.MULTIKUEUE_UNAVAILABLE, "Admitted"),
     (Reason.IN_PLACE_UNAVAILABLE, "RestartInPlace"),
     (Reason.PREEMPTED, "Admitted"),
     (Reason.EVICTED, "Admitted"),

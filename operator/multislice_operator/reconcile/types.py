@@ -273,6 +273,9 @@ class WorkloadObservation:
     eviction_time: datetime | None = None
     preempted_by: str | None = None  # namespace/name of the preemptor's job, when Kueue names it
     check: CheckObservation | None = None  # None: the ClusterQueue lists no check of ours
+    # MultiKueue's check on it (an AdmissionCheck with controllerName kueue.x-k8s.io/multikueue);
+    # None: none listed (with quota reserved, Kueue listed every check of its ClusterQueue).
+    multikueue_check: CheckObservation | None = None
     # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
     adopted: bool = True
 

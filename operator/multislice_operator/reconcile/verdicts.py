@@ -151,6 +151,14 @@ def check_rejected(f: Facts) -> Verdict | None:
     return Verdict(End.FAIL, Reason.ADMISSION_CHECK_REJECTED, message, admitted=Reason.REJECTED)
 
 
+def multikueue_unavailable(f: Facts) -> Verdict | None:
+    why = multikueue.undispatchable(f)
+    if why is None:
+        return None
+    reason = Reason.MULTIKUEUE_UNAVAILABLE
+    return Verdict(End.FAIL, reason, why, admitted=reason)
+
+
 def before_first_pool(f: Facts) -> bool:
     """Nothing of the job holds capacity yet: no JobSet of its own, no pool of its own."""
     return f.js is None and not pools_present(f)
@@ -325,6 +333,7 @@ VERDICTS: tuple[Rule, ...] = (
     completed,
     jobset_failed,
     check_rejected,
+    multikueue_unavailable,
     pod_security,
     priority_class_missing,
     scheduler_known_absent,
