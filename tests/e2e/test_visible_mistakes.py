@@ -16,6 +16,7 @@ import pytest
 from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from multislice_operator.planning.plan import node_pool_name
 from tests import msj
 from tests.msj import create, custom, event_lines
@@ -164,6 +165,24 @@ def test_pods_the_scheduler_refuses_fail_whatever_the_startup_deadline_does(env)
         on_timeout=lambda: stack.op.log_tail(30),
     )
     delete(stack, ns, "greedy")
+
+
+def test_a_job_for_multikueue_without_kueue_says_so_and_holds_nothing(env):
+    """Issue 56: spec.managedBy kueue.x-k8s.io/multikueue and a queue, on a cluster whose
+    operator does not watch Kueue (none runs here): 0 pools, but no status at all."""
+    stack, ns = env
+    labels = {keys.KUEUE_QUEUE_NAME: "lq"}
+    body = msj.job("mk", run="1h", labels=labels, managedBy=keys.MULTIKUEUE_MANAGED_BY)
+    create(stack.api, ns, body)
+    pending = lambda s: s.get("phase") == "Pending"  # noqa: E731
+    st = msj.wait_status(stack.api, ns, "mk", "Pending", pending, 60, log=stack.op.log_tail)
+    st = st["status"]
+    assert "does not watch Kueue (run it with --kueue" in st["message"], st["message"]
+    admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("False", "NoKueueWorkload"), admitted
+    msj.wait_events(stack.api, ns, "mk", "NoKueueWorkload", log=stack.op.log_tail)
+    assert creates(stack) == 0 and msj.jobset(stack.api, ns, "mk") is None
+    delete(stack, ns, "mk")
 
 
 def test_a_running_job_deleted_posts_no_restart(env):

@@ -215,6 +215,8 @@ BASE_RULES = {
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
+    # The Role in kube-node-lease: the kubelets' heartbeats, listed.
+    ("coordination.k8s.io", "leases", "list"),
 }
 
 
@@ -249,8 +251,8 @@ def test_default_render(tmp_path: Path) -> None:
         *["ClusterRole"] * 4,  # the operator's, the metrics reader, the editor and viewer
         "ClusterRoleBinding",
         "Deployment",
-        "Role",
-        "RoleBinding",
+        *["Role"] * 2,  # the leader-election Leases, and the node Leases (heartbeats)
+        *["RoleBinding"] * 2,
         "Service",
         "ServiceAccount",
         *["ValidatingAdmissionPolicy"] * 5,  # pod patches, evictions, Job dry runs, JobSets, events
@@ -360,7 +362,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     roles = {
         r["metadata"]["namespace"]: r
         for r in by_kind(docs, "Role")
-        if not r["metadata"]["name"].endswith("-leader-election")
+        if not r["metadata"]["name"].endswith(("-leader-election", "-node-leases"))
     }
     assert set(roles) == {"team-a", "team-b"}
     for ns, role in roles.items():
@@ -379,7 +381,10 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     }
     # A glob cannot name a Role's namespace: then the ClusterRole grants it all, as before.
     globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
-    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
+    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == [
+        "kube-node-lease",
+        "msj-system",
+    ]
     (cluster_role,) = by_kind(operator_roles(globbed), "ClusterRole")
     assert grants(cluster_role) >= NAMESPACED
 
@@ -412,7 +417,10 @@ def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
     assert env_of(render(tmp_path, {"replicaCount": 0}))["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
-    assert one(docs, "RoleBinding")["roleRef"]["name"] == "multislice-operator-leader-election"
+    assert {b["roleRef"]["name"] for b in by_kind(docs, "RoleBinding")} == {
+        "multislice-operator-leader-election",
+        "multislice-operator-node-leases",
+    }
     # electing a leader watches no namespaces: only reading a job's own one (its Pod Security level)
     assert {r for r in rules_of(docs) if r[1] == "namespaces"} == {("", "namespaces", "get")}
 

@@ -35,6 +35,10 @@ from multislice_operator.reconcile.types import LastExit, PreflightObservation
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
+# kube-controller-manager's default --node-monitor-grace-period: a node whose kubelet was not
+# heard of for this long is not Ready (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
+NODE_MONITOR_GRACE_SECONDS = 50.0
+
 # ---------------------------------------------------------------- index summaries
 
 
@@ -226,10 +230,10 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    cond: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
+    ready = cond.get("status") == "True"
     spec = body.get("spec") or {}
     terminating = any(
         t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
@@ -238,6 +242,8 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
         "present": not meta.get("deletionTimestamp"),
+        # The kubelet's last status heartbeat (with node Leases: only every few minutes).
+        "heartbeat": cond.get("lastHeartbeatTime"),
         "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
@@ -355,6 +361,39 @@ def _epoch(value: int | None) -> datetime | None:
 
 
 # ---------------------------------------------------------------- assembling one observation
+
+
+def heartbeat_age(
+    node: Mapping[str, Any], leases: Mapping[str, datetime], now: datetime
+) -> float | None:
+    """Seconds since the node's kubelet was last heard of: its Lease's renewTime (every 10 s)
+    or its Ready condition's lastHeartbeatTime, whichever is later, as the node lifecycle
+    controller probes it (tryUpdateNodeHealth); None when neither is known."""
+    beats = [t for t in (parse_time(node.get("heartbeat")), leases.get(node["name"])) if t]
+    return (now - max(beats)).total_seconds() if beats else None
+
+
+def with_heartbeats(
+    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    leases: Mapping[str, datetime] | None,
+    now: datetime,
+    grace: float = NODE_MONITOR_GRACE_SECONDS,
+) -> tuple[dict[Any, list[dict[str, Any]]], dict[str, list[str]]]:
+    """The node index as decide() may trust it: a node whose Ready condition still says True
+    but whose kubelet was not heard of for `grace` (its heartbeats stalled; the node lifecycle
+    controller marks it Unknown only at its own pace) is not Ready. And those nodes by pool,
+    with their heartbeat's age. `leases` None: not known, every Ready node is trusted."""
+    view: dict[Any, list[dict[str, Any]]] = {}
+    stale: dict[str, list[str]] = {}
+    for pool, members in nodes.items():
+        kept = view.setdefault(pool, [])
+        for n in members:
+            age = heartbeat_age(n, leases, now) if n["ready"] and leases is not None else None
+            if age is not None and age > grace:
+                stale.setdefault(str(pool), []).append(f"{n['name']} ({age:.0f}s)")
+                n = {**n, "ready": False}
+            kept.append(n)
+    return view, stale
 
 
 def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:

@@ -32,6 +32,7 @@ from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
 from multislice_operator.controller.runtime import JobKey, Runtime, template_key
 from multislice_operator.planning.plan import Plan, load_job, plan_job
+from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Decision,
     JobMeta,
@@ -62,6 +63,7 @@ for _source in checkpoint.SOURCES:
     metrics.CHECKPOINT_REQUESTS_TOTAL.preset(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
+LEASES_RETRY = 300.0  # node Leases refused (RBAC): asked again after this long
 # The node pool listing is shared by every job and kept up to a resync. A pass that sees a pool's
 # nodes all Ready while that listing still says the pool is being created asks for one at most
 # this old (shared too: at most two listings a second while it lasts), instead of waiting out the
@@ -284,18 +286,49 @@ async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObserv
     return ob.preflight_observation(job, pods, meta.uid)
 
 
+async def _node_leases(rt: Runtime) -> dict[str, datetime] | None:
+    """The node Leases' renewTimes (the kubelets' heartbeats), listed once for every job at
+    most once a resync; None when they cannot be read (no RBAC: then heartbeats are not
+    judged, and the listing is tried again only after LEASES_RETRY_SECONDS)."""
+    cached = rt.node_leases
+    fresh = rt.cfg.resync_seconds if cached is None or cached[1] is not None else LEASES_RETRY
+    if cached is not None and time.monotonic() - cached[0] < fresh:
+        return cached[1]
+    async with rt.node_leases_lock:  # one listing in flight; the others take its answer
+        if rt.node_leases is not cached and rt.node_leases is not None:
+            return rt.node_leases[1]
+        leases: dict[str, datetime] | None
+        try:
+            renewed = await rt.kube.list_node_leases()
+            leases = {n: t for n, s in renewed.items() if (t := ob.parse_time(s)) is not None}
+        except ApiError as exc:
+            log.warning("node Leases not readable (node heartbeats not checked): %s", exc)
+            leases = None
+        rt.node_leases = (time.monotonic(), leases)
+    return leases
+
+
+def _complete(gang: GangObservation) -> GangObservation:
+    if not gang.complete:
+        raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
+    return gang
+
+
 async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
     gang, offered = None, None
     configured = rt.provisioner is not None
     meta = job_meta(body)
+    now = datetime.now(UTC)
     if plan.pools and rt.provisioner is not None:  # Managed, or dynamic slicing's cube pools
-        gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
-        if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
-            gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
-        if not gang.complete:
-            raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
+        gang = _complete(await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds))
+    # A Ready node whose kubelet went quiet is not Ready (its heartbeats stalled).
+    nodes, stale = ob.with_heartbeats(rt.indexes.nodes, await _node_leases(rt), now)
+    if gang is not None and rt.provisioner is not None:
+        if ob.listing_behind_nodes(plan, gang, nodes):
+            fresh = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
+            gang = _complete(fresh)
         offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
     strays, owners = await _ownership(rt, key, meta, plan)
     jobset = _jobset(rt, key)
@@ -303,10 +336,10 @@ async def observe_job(
     observed = ob.assemble(
         plan,
         (body.get("metadata") or {}).get("uid", ""),
-        datetime.now(UTC),
+        now,
         jobset,
         ob.items(rt.indexes.pods, key),
-        rt.indexes.nodes,
+        nodes,
         gang,
         provisioner_configured=configured,
         offered_error=offered,
@@ -318,6 +351,7 @@ async def observe_job(
         slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
+    observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))
     labels = (body.get("metadata") or {}).get("labels") or {}
     queue = labels.get(keys.KUEUE_QUEUE_NAME)
     if queue:

@@ -21,6 +21,7 @@ from multislice_operator.reconcile.capacity import (
     Slices,
     release_pools,
     slice_ready,
+    stale_note,
     strays,
 )
 from multislice_operator.reconcile.context import Builder
@@ -77,7 +78,7 @@ class ExistingPools:
         message = (
             f"waiting for {plan.slices} existing node pools with {plan.shape.hosts} Ready nodes "
             f"labelled {plan.shape.generation.gke_accelerator} / {plan.shape.topology}: "
-            f"{ready} ready of {f.obs.existing_pools_found} found"
+            f"{ready} ready of {f.obs.existing_pools_found} found{stale_note(f.obs)}"
         )
         b.cond(PROVISIONED, "False", Reason.WAITING_FOR_NODE_POOLS, message)
         b.requeue_in(f.cfg.resync_seconds)

@@ -350,6 +350,10 @@ class Observed:
     # first pool: why (no scheduler looked at another job's pods naming it within the grace,
     # and none has looked at any pod naming it since); None: it runs, or it is not known.
     scheduler_absent: str | None = None
+    # Nodes of the job's slices whose Ready condition says True but whose kubelet was not heard
+    # of for the node monitor grace (Lease and status not renewed): not counted Ready. "name
+    # (age)" texts, for the status message.
+    stale_nodes: tuple[str, ...] = ()
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
     # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
