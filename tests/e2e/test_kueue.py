@@ -519,5 +519,6 @@ def test_a_job_for_multikueue_on_a_queue_without_its_check_gives_the_quota_back(
     admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
     assert (admitted["status"], admitted["reason"]) == ("False", Reason.MULTIKUEUE_UNAVAILABLE)
     wait_for(lambda: _reserved(env, cq) == (0, 0), 60, "the quota released", on_timeout=env.dump)
-    assert queues.condition(env.workload("mk"), "Finished").get("status") == "True"
+    finished = lambda: queues.condition(env.workload("mk"), "Finished").get("status") == "True"  # noqa: E731
+    wait_for(finished, 60, "the Workload finished", on_timeout=env.dump)
     assert env.pools("mk") == [] and msj.jobset(env.stack.api, env.ns, "mk") is None

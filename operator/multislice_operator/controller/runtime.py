@@ -201,8 +201,9 @@ class Runtime:
             del self._absent_schedulers[name]
             return None
         return (
-            f"no scheduler looked at any pod of job {seen[1]} {ago:.0f}s ago, nor at any pod "
-            f"naming it since (known for {SCHEDULER_ABSENT_SECONDS / 60:.0f} minutes)"
+            f"job {seen[1]} failed {ago:.0f}s ago as no scheduler looked at any of its pods, and "
+            f"none has looked at a pod naming it since (known for "
+            f"{SCHEDULER_ABSENT_SECONDS / 60:.0f} minutes)"
         )
 
     def remember_scheduler(self, name: str, job: JobKey | None) -> None:
