@@ -230,4 +230,7 @@ def test_multikueues_check_on_a_workload_is_told_apart_by_its_controller_name():
     assert mk.message == "No multikueue adapter found"
     wl["status"]["admissionChecks"] = listed[:1]
     alone = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
-    assert alone.multikueue_check is None and alone.quota_reserved
+    assert alone.multikueue_check is None and alone.quota_reserved and alone.checks_listed
+    wl["status"]["admissionChecks"] = []  # quota reserved before Kueue listed any
+    bare = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
+    assert not bare.checks_listed and bare.check is None

@@ -147,6 +147,16 @@ def test_quota_without_a_multikueue_check_is_released_and_the_job_fails_naming_i
     assert again.status.phase == Phase.FAILED and again.actions == []
 
 
+def test_quota_reserved_before_kueue_listed_the_checks_is_not_judged():
+    """Kueue may reserve quota before it lists the ClusterQueue's checks on the Workload (its
+    workload controller syncs them, and admits only once they are all there): no check listed
+    yet says nothing."""
+    d = manager(obs=obs(wl(None)))
+    assert d.keep_status and d.actions == []
+    listed = manager(obs=obs(wl(None, checks_listed=True)))  # another check, not MultiKueue's
+    assert listed.status.phase == Phase.FAILED
+
+
 def test_a_job_multikueue_rejected_fails_quoting_it():
     rejected = replace(MK, state=CheckState.REJECTED, message='No multikueue adapter found for '
                        'owner kind "multislice.dev/v1alpha1, Kind=MultisliceJob"')  # fmt: skip

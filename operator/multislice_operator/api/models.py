@@ -1593,8 +1593,9 @@ class MultisliceJobStatus(_Model):
     )
     scheduling: SchedulingStatus | None = Field(
         default=None,
-        description="Since when the job's pods wait for a node; unset once every pod of an "
-        "attempt was scheduled.",
+        description="Since when the job's pods wait for a node, kept once the startup deadline "
+        "acted on them (its pool replacement or restart would reset it); unset once every pod of "
+        "an attempt was scheduled.",
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

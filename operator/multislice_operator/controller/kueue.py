@@ -228,6 +228,7 @@ def workload_observation(
         else None,
         check=check,
         multikueue_check=multikueue,
+        checks_listed=bool(summary["admissionChecks"]),
         adopted=not job_uid or summary.get("ownerUid") == job_uid,
     )
 

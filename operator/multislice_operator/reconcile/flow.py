@@ -185,7 +185,8 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         ConditionType.VALIDATED, "True", Reason.VALID, f"{plan.slices} x {plan.shape.accelerator}"
     )
     b.status.total_chips = plan.total_chips
-    b.status.scheduling = f.scheduling  # the clocks of pods waiting for a node (scheduling.py)
+    # The clocks of pods waiting for a node, once kept (scheduling.py): until they stop.
+    b.status.scheduling = f.scheduling if f.old.scheduling is not None else None
     advice = plan.advice
     bound = "True" if advice.verdict == "dcn-bound" else "False"
     reason = {"ok": Reason.BATCH_LARGE_ENOUGH, "dcn-bound": Reason.BATCH_TOO_SMALL}.get(

@@ -77,9 +77,15 @@ def runs_elsewhere(f: Facts) -> bool:
 
 def undispatchable(f: Facts) -> str | None:
     """Why MultiKueue can never dispatch this manager's job: its Workload holds quota in a
-    ClusterQueue that lists no MultiKueue admission check (Kueue lists all of them on a Workload
-    it reserves quota for: it would admit the job here, where nothing runs it, and keep the
-    quota), or MultiKueue rejected it (Kueue deactivates it then). None: it may be dispatched."""
+    ClusterQueue that lists no MultiKueue admission check (Kueue would admit the job here, where
+    nothing runs it, and keep the quota), or MultiKueue rejected it (Kueue deactivates it then).
+    None: it may be dispatched, or that is not known yet.
+
+    Kueue lists a ClusterQueue's checks on its Workloads (status.admissionChecks) in one write,
+    and a MultiKueue check always (one per flavor leaves the ClusterQueue inactive:
+    pkg/cache/scheduler/clusterqueue.go), but possibly only after it reserved quota; it admits
+    only once every check is listed and Ready. So a Workload with quota and some check listed, or
+    admitted, without MultiKueue's, is in a ClusterQueue without one."""
     if not (managed_elsewhere(f) and f.queue) or f.obs.queue is None:
         return None
     wl = f.obs.queue.workload
@@ -91,7 +97,8 @@ def undispatchable(f: Facts) -> str | None:
             f"MultiKueue's admission check {mk.name} rejected the Workload: {mk.message}; "
             "nothing dispatches the job to a worker cluster"
         )
-    if mk is not None or not wl.quota_reserved:
+    listed = wl.checks_listed or wl.check is not None or wl.admitted
+    if mk is not None or not wl.quota_reserved or not listed:
         return None
     cq = wl.cluster_queue or f.obs.queue.cluster_queue or "?"
     return (

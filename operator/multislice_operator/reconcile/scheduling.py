@@ -1,5 +1,10 @@
 """Pods waiting for a node: two clocks that the operator's own actions do not reset. Pure.
 
+Both are derived from the pods on every pass (a pod's creation, its PodScheduled condition) and
+written to status.scheduling only once the startup deadline acts on them (startup.py), which would
+otherwise reset them; from then on they are kept until they stop, so an ordinary start, whose
+pods wait a moment for the scheduler, costs no status write.
+
 A scheduler that serves a pod's schedulerName looks at it at once: kube-scheduler binds it or
 writes PodScheduled=False (reason Unschedulable) with a FailedScheduling event, from the
 profile that has that name (pkg/scheduler/schedule_one.go, handleSchedulingFailure). Two ways a

@@ -58,6 +58,9 @@ def check(f: Facts, b: Builder, phase: Phase, repairing: bool) -> None:
 
 
 def _act(f: Facts, b: Builder, plan: Plan, timing: StartupStatus, timeout: int) -> None:
+    # What follows replaces the pods or pauses the capacity clock: the clocks of pods waiting
+    # for a node are kept from here on, so that this does not reset them (scheduling.py).
+    b.status.scheduling = f.scheduling
     pods = [p for p in f.live_pods if p.attempt == timing.attempt and not p.deleting]
     running, slow = _slow_slices(f, plan, pods)
     if not slow:  # every pod runs (or ran); the JobSet has not said so yet

@@ -274,8 +274,10 @@ class WorkloadObservation:
     preempted_by: str | None = None  # namespace/name of the preemptor's job, when Kueue names it
     check: CheckObservation | None = None  # None: the ClusterQueue lists no check of ours
     # MultiKueue's check on it (an AdmissionCheck with controllerName kueue.x-k8s.io/multikueue);
-    # None: none listed (with quota reserved, Kueue listed every check of its ClusterQueue).
+    # None: none listed.
     multikueue_check: CheckObservation | None = None
+    # Kueue listed its ClusterQueue's checks on it (status.admissionChecks not empty).
+    checks_listed: bool = False
     # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
     adopted: bool = True
 
