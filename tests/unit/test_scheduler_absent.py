@@ -245,6 +245,19 @@ def test_a_scheduler_that_looked_at_one_pod_is_there():
     assert job.run(300, job.unseen).status.phase == "Failed"
 
 
+def test_a_gated_pod_is_not_one_a_scheduler_looked_at():
+    """The apiserver writes PodScheduled=False (SchedulingGated) on a pod with schedulingGates:
+    that is no scheduler's look, and the gated pod waits for its gate, not for a scheduler."""
+    job = started()
+    body = _unseen(0, 0, 0, at(0))
+    body["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}
+    ]
+    (gated,) = ob.pod_records([ob.summarize_pod(body)], JobSetObservation())
+    assert not gated.looked_at and gated.unschedulable_since is None
+    assert job.run(61, [gated, *job.unseen[1:]]).status.phase == "Failed"  # the others: none
+
+
 def test_a_scheduler_known_not_to_run_fails_the_job_before_the_first_pool():
     spec, plan = jobs.spec_and_plan(
         provisioning={"mode": "Managed"},

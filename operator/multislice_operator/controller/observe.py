@@ -35,6 +35,8 @@ from multislice_operator.reconcile.types import LastExit, PreflightObservation
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
+# PodScheduled=False as the apiserver writes it on a pod with schedulingGates.
+GATED = "SchedulingGated"
 # kube-controller-manager's default --node-monitor-grace-period: a node whose kubelet was not
 # heard of for this long is not Ready (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
 NODE_MONITOR_GRACE_SECONDS = 50.0
@@ -164,8 +166,9 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             else ""
         ),
         "node": spec.get("nodeName") or None,
-        # A scheduler looked at it (a verdict, True or False, or a node; it left Pending).
-        "lookedAt": "PodScheduled" in conds
+        # A scheduler looked at it (its verdict, True or False, or a node; it left Pending).
+        # SchedulingGated is the apiserver's, for a pod no scheduler may look at yet.
+        "lookedAt": bool(scheduled and scheduled.get("reason") != GATED)
         or bool(spec.get("nodeName"))
         or status.get("phase", "Pending") != "Pending",
         "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
