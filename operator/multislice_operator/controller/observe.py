@@ -245,8 +245,9 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
         "present": not meta.get("deletionTimestamp"),
-        # The kubelet's last status heartbeat (with node Leases: only every few minutes).
-        "heartbeat": cond.get("lastHeartbeatTime"),
+        # The kubelet's last status heartbeat, Unix seconds (with node Leases it renews its
+        # status only every few minutes: its Lease is the heartbeat then).
+        "heartbeat": _timestamp(cond.get("lastHeartbeatTime")),
         "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
@@ -347,6 +348,12 @@ def parse_time(value: Any) -> datetime | None:
         return None
 
 
+def _timestamp(value: Any) -> float | None:
+    """An RFC 3339 time as Unix seconds (parsed once, in the index); None for anything else."""
+    t = parse_time(value)
+    return t.timestamp() if t is not None else None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -366,37 +373,44 @@ def _epoch(value: int | None) -> datetime | None:
 # ---------------------------------------------------------------- assembling one observation
 
 
-def heartbeat_age(
-    node: Mapping[str, Any], leases: Mapping[str, datetime], now: datetime
-) -> float | None:
+def heartbeat_age(node: Mapping[str, Any], leases: Mapping[str, float], now: float) -> float:
     """Seconds since the node's kubelet was last heard of: its Lease's renewTime (every 10 s)
     or its Ready condition's lastHeartbeatTime, whichever is later, as the node lifecycle
-    controller probes it (tryUpdateNodeHealth); None when neither is known."""
-    beats = [t for t in (parse_time(node.get("heartbeat")), leases.get(node["name"])) if t]
-    return (now - max(beats)).total_seconds() if beats else None
+    controller probes it (tryUpdateNodeHealth); 0 when neither is known."""
+    beat = max(node.get("heartbeat") or 0.0, leases.get(node["name"], 0.0))
+    return now - beat if beat else 0.0
 
 
 def with_heartbeats(
     nodes: Mapping[Any, Iterable[dict[str, Any]]],
-    leases: Mapping[str, datetime] | None,
+    leases: Mapping[str, float] | None,
     now: datetime,
     grace: float = NODE_MONITOR_GRACE_SECONDS,
-) -> tuple[dict[Any, list[dict[str, Any]]], dict[str, list[str]]]:
+) -> tuple[Mapping[Any, Iterable[dict[str, Any]]], dict[str, list[str]]]:
     """The node index as decide() may trust it: a node whose Ready condition still says True
     but whose kubelet was not heard of for `grace` (its heartbeats stalled; the node lifecycle
     controller marks it Unknown only at its own pace) is not Ready. And those nodes by pool,
-    with their heartbeat's age. `leases` None: not known, every Ready node is trusted."""
-    view: dict[Any, list[dict[str, Any]]] = {}
-    stale: dict[str, list[str]] = {}
+    with their heartbeat's age. `leases` (renewTimes, Unix seconds) None: not known, every Ready
+    node is trusted. The index itself is returned when no node is quiet (no copy)."""
+    if leases is None:
+        return nodes, {}
+    t = now.timestamp()
+    quiet: dict[Any, list[dict[str, Any]]] = {}
     for pool, members in nodes.items():
-        kept = view.setdefault(pool, [])
         for n in members:
-            age = heartbeat_age(n, leases, now) if n["ready"] and leases is not None else None
-            if age is not None and age > grace:
-                stale.setdefault(str(pool), []).append(f"{n['name']} ({age:.0f}s)")
-                n = {**n, "ready": False}
-            kept.append(n)
-    return view, stale
+            if n["ready"] and heartbeat_age(n, leases, t) > grace:
+                quiet.setdefault(pool, []).append(n)
+    if not quiet:
+        return nodes, {}
+    view: dict[Any, Iterable[dict[str, Any]]] = dict(nodes.items())
+    for pool, stale in quiet.items():
+        names = {n["name"] for n in stale}
+        view[pool] = [{**n, "ready": False} if n["name"] in names else n for n in nodes[pool]]
+    ages = {
+        str(pool): [f"{n['name']} ({heartbeat_age(n, leases, t):.0f}s)" for n in stale]
+        for pool, stale in quiet.items()
+    }
+    return view, ages
 
 
 def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:

@@ -286,10 +286,10 @@ async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObserv
     return ob.preflight_observation(job, pods, meta.uid)
 
 
-async def _node_leases(rt: Runtime) -> dict[str, datetime] | None:
-    """The node Leases' renewTimes (the kubelets' heartbeats), listed once for every job at
-    most once a resync; None when they cannot be read (no RBAC: then heartbeats are not
-    judged, and the listing is tried again only after LEASES_RETRY_SECONDS)."""
+async def _node_leases(rt: Runtime) -> dict[str, float] | None:
+    """The node Leases' renewTimes (the kubelets' heartbeats, Unix seconds), listed once for
+    every job at most once a resync; None when they cannot be read (no RBAC: then heartbeats are
+    not judged, and the listing is tried again only after LEASES_RETRY seconds)."""
     cached = rt.node_leases
     fresh = rt.cfg.resync_seconds if cached is None or cached[1] is not None else LEASES_RETRY
     if cached is not None and time.monotonic() - cached[0] < fresh:
@@ -297,10 +297,10 @@ async def _node_leases(rt: Runtime) -> dict[str, datetime] | None:
     async with rt.node_leases_lock:  # one listing in flight; the others take its answer
         if rt.node_leases is not cached and rt.node_leases is not None:
             return rt.node_leases[1]
-        leases: dict[str, datetime] | None
+        leases: dict[str, float] | None
         try:
             renewed = await rt.kube.list_node_leases()
-            leases = {n: t for n, s in renewed.items() if (t := ob.parse_time(s)) is not None}
+            leases = {n: t.timestamp() for n, s in renewed.items() if (t := ob.parse_time(s))}
         except ApiError as exc:
             log.warning("node Leases not readable (node heartbeats not checked): %s", exc)
             leases = None

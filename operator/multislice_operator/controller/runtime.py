@@ -134,7 +134,7 @@ class Runtime:
     _absent_schedulers: dict[str, tuple[float, str]] = field(default_factory=dict)
     # Node Leases' renewTime by node (the heartbeat check, controller/observe.py), listed at
     # most once a resync for every job: (monotonic time, leases; None: not readable).
-    node_leases: tuple[float, dict[str, datetime] | None] | None = None
+    node_leases: tuple[float, dict[str, float] | None] | None = None
     node_leases_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Kueue WorkloadPriorityClass values by name (None: no such class), read as briefly.
     _workload_priorities: dict[str, tuple[float, int | None]] = field(default_factory=dict)
