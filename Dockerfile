@@ -15,6 +15,9 @@
 # (the official image has both already); hack/image-base.sh makes a pair from Debian's packages.
 ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 ARG BUILDER_IMAGE=docker.io/library/python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
+# The Go toolchain for JobSet's in-place restart agent (the agent stage): the Go that
+# hack/tools/jobset/go.mod names.
+ARG GO_IMAGE=docker.io/library/golang:1.26-bookworm
 
 # ---- builder: build tools, the wheel, the runtime virtualenv, the SBOM (nothing here but the
 # virtualenv and the SBOM reaches the runtime stage)
@@ -65,6 +68,18 @@ RUN mkdir -p /sbom \
        --mc-type application --pyproject pyproject.toml --output-file /sbom/multislice-operator.cdx.json \
        /opt/multislice-operator/bin/python
 
+# ---- agent: JobSet's in-place restart agent (sigs.k8s.io/jobset/cmd/in-place-restart-agent, at
+# the version hack/tools/jobset/go.mod requires), built as hack/build-bins.sh builds it: static,
+# trimmed, version-stamped. The runtime stage puts it where JobSet's own agent image does
+# (/in-place-restart-agent), so the operator can run its own image as the pods' agent sidecar.
+FROM ${GO_IMAGE} AS agent
+WORKDIR /src
+COPY hack/tools/jobset/go.mod hack/tools/jobset/go.sum ./
+RUN version="$(awk '$1 == "require" && $2 == "sigs.k8s.io/jobset" { print $3 }' go.mod)" \
+    && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+       -ldflags "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=${version}" \
+       -o /in-place-restart-agent sigs.k8s.io/jobset/cmd/in-place-restart-agent
+
 # ---- runtime
 FROM ${PYTHON_IMAGE}
 ARG PYTHON_IMAGE
@@ -101,6 +116,9 @@ COPY --from=builder /sbom/multislice-operator.cdx.json /usr/share/doc/multislice
 
 COPY --from=builder /opt/jemalloc/libjemalloc.so.2 /usr/local/lib/libjemalloc.so.2
 COPY --from=builder /opt/jemalloc/copyright /usr/share/doc/libjemalloc2/copyright
+
+# The in-place restart agent, for the pods' agent sidecar (command: ["/in-place-restart-agent"]).
+COPY --from=agent /in-place-restart-agent /in-place-restart-agent
 
 # Memory that comes back after a burst: every Python object in jemalloc (PYTHONMALLOC=malloc),
 # which returns a freed page to the kernel within a second (dirty_decay_ms, from a background

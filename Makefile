@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test fuzz lint fmt bins cluster-up cluster-down demo bench crd kube-schema clean lock image image-test krew
+.PHONY: install test fuzz lint fmt bins node-bins cluster-up cluster-down demo bench crd kube-schema clean lock images image image-test krew
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ PROFILE ?= cluster
 bins:
 	hack/build-bins.sh
 
+# The real nodes' binaries (kubelet, containerd, runc, CNI, CoreDNS: docs/real-nodes.md); make
+# test builds them where the host can run real nodes.
+node-bins:
+	hack/build-bins.sh --nodes
+
 cluster-up: install bins
 	$(BIN)/python -m multislice_local.controlplane up --profile $(PROFILE) --detach
 
@@ -93,15 +98,26 @@ docs: install
 	$(BIN)/python -c "from multislice_operator.cli.main import write_exit_codes; write_exit_codes('docs/cli.md')"
 	$(BIN)/python -c "import sys; from multislice_operator.api.docs import write_cause_lists; write_cause_lists(*sys.argv[1:])" README.md docs/*.md
 
-# The image's hash locks, from pyproject.toml's operator extra and image/build-requirements.in
-# (tests/integration/test_image.py fails when they disagree). UPGRADE=1 moves unpinned ones.
-UV_COMPILE = cd image && ../$(BIN)/uv pip compile --quiet --generate-hashes --universal \
+# The images' hash locks, from pyproject.toml's operator extra, image/build-requirements.in and
+# workload/pyproject.toml with its gcs extra (tests/integration/test_image.py and
+# tests/unit/test_images.py fail when they disagree). The workload's is for the image's platform
+# only (CPython 3.11, manylinux with Debian bookworm's glibc). UPGRADE=1 moves unpinned ones.
+UV_COMPILE = cd image && ../$(BIN)/uv pip compile --quiet --generate-hashes \
 	--python-version 3.11 --custom-compile-command "make lock" $(if $(UPGRADE),--upgrade,)
 lock: install
-	$(UV_COMPILE) ../pyproject.toml --extra operator -o requirements.lock
-	$(UV_COMPILE) build-requirements.in -o build-requirements.lock
+	$(UV_COMPILE) --universal ../pyproject.toml --extra operator -o requirements.lock
+	$(UV_COMPILE) --universal build-requirements.in -o build-requirements.lock
+	$(UV_COMPILE) --python-platform x86_64-manylinux_2_36 ../workload/pyproject.toml --extra gcs \
+		-o workload-requirements.lock
 
-# The operator image with buildah (docs/install.md). BASE=debian (default here: the base
+# The operator and workload images, built offline into OCI archives (no Docker, no registry, no
+# base image; Debian and PyPI packages, cached by content hash; hack/README.md, "Images"). Prints
+# each image's reference, digest and archive; `ctr -n k8s.io images import <archive>` loads one.
+images: install
+	$(BIN)/multislice-local image build operator workload
+
+# The operator image with buildah from the Dockerfile (docs/install.md; `make images` needs no
+# buildah, no root and no registry, and makes both images as archives). BASE=debian (default here: the base
 # registry is unreachable) builds on Debian's python3 made by debootstrap; BASE=dockerfile on the
 # Dockerfile's digest-pinned python:3.11-slim. Needs root.
 BASE ?= debian

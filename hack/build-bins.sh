@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Build the local control-plane binaries from pinned Go modules into a versioned cache outside the
-# clone. Builds only what is missing, so a warm run is a no-op.
+# Build the local control-plane binaries, and the real nodes' (kubelet, containerd, runc, CNI
+# plugins, CoreDNS, pause, the project's TPU device plugin and test program), from pinned Go
+# modules into versioned caches outside the clone. Builds only what is missing, so a warm run is a
+# no-op.
 #
-#   hack/build-bins.sh             build what is missing, print one progress line per component
-#   hack/build-bins.sh --print-dir print the cache dir for the pinned versions and exit
-#   hack/build-bins.sh --force     rebuild everything
+#   hack/build-bins.sh             build the control plane's binaries that are missing, print one
+#                                  progress line per component
+#   hack/build-bins.sh --nodes     the real nodes' instead (hack/README.md, "Real nodes")
+#   hack/build-bins.sh --all       both
+#   hack/build-bins.sh --only NAME build that one control-plane component if missing (the image
+#                                  builder asks for in-place-restart-agent so)
+#   hack/build-bins.sh --print-dir print the control plane's cache dir for the pinned versions
+#   hack/build-bins.sh --print-node-dirs
+#                                  print the real nodes' cache dir, then the dir of the project's
+#                                  own node programs (keyed by a hash of local/go)
+#   hack/build-bins.sh --force     rebuild everything selected
 #   hack/build-bins.sh --module-dirs
 #                                  download the upstream modules whose files the build copies
 #                                  (JobSet, Kueue) and print their directories (tests use it)
@@ -44,20 +54,55 @@ for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION KUEU
   [[ -n "${!v}" ]] || { echo "build-bins: cannot read $v from hack/tools/*/go.mod" >&2; exit 1; }
 done
 
+# The real nodes' components, in a cache dir of their own (the control plane's KEY is unchanged).
+CONTAINERD_VERSION="$(modver containerd github.com/containerd/containerd/v2)"
+RUNC_VERSION="$(modver runc github.com/opencontainers/runc)"
+CNI_VERSION="$(modver cni github.com/containernetworking/plugins)"
+COREDNS_VERSION="$(modver coredns github.com/coredns/coredns)"
+for v in CONTAINERD_VERSION RUNC_VERSION CNI_VERSION COREDNS_VERSION; do
+  [[ -n "${!v}" ]] || { echo "build-bins: cannot read $v from hack/tools/*/go.mod" >&2; exit 1; }
+done
+
 KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_jobset-${JOBSET_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kueue-${KUEUE_VERSION}"
 KEY+="_compat-jobset-${JOBSET_COMPAT_VERSION}-kueue-${KUEUE_COMPAT_VERSION}"
 ROOT="${MULTISLICE_BIN_CACHE:-$HOME/.cache/multislice-operator/bin}"
 OUT="$ROOT/$KEY"
 
+# runc is linked with libseccomp from Debian's libseccomp-dev (its version is recorded in
+# VERSIONS, not keyed: Debian's security updates replace it in place).
+NODE_KEY="kubelet-${KUBE_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}-seccomp"
+NODE_KEY+="_cni-${CNI_VERSION}_coredns-${COREDNS_VERSION}"
+NODE_OUT="$ROOT/nodes_$NODE_KEY"
+# The project's own Go programs (local/go: the TPU device plugin, the test image's program) are
+# keyed by their sources: names and contents of every file there.
+LOCAL_GO="$(cd "$HACK/../local/go" && pwd)"
+LOCAL_HASH="$(cd "$LOCAL_GO" &&
+  find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) | LC_ALL=C sort |
+  while read -r f; do echo "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)"
+LOCAL_OUT="$NODE_OUT/local-$LOCAL_HASH"
+
 FORCE=0
 MODULE_DIRS=0
-case "${1:-}" in
-  --print-dir) echo "$OUT"; exit 0 ;;
-  --force) FORCE=1 ;;
-  --module-dirs) MODULE_DIRS=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--print-dir|--force|--module-dirs]" >&2; exit 2 ;;
-esac
+BUILD_CONTROL_PLANE=1
+BUILD_NODES=0
+ONLY=""
+while (($#)); do
+  case "$1" in
+    --print-dir) echo "$OUT"; exit 0 ;;
+    --print-node-dirs) printf '%s\n' "$NODE_OUT" "$LOCAL_OUT"; exit 0 ;;
+    --force) FORCE=1 ;;
+    --module-dirs) MODULE_DIRS=1 ;;
+    --nodes) BUILD_CONTROL_PLANE=0 BUILD_NODES=1 ;;
+    --all) BUILD_CONTROL_PLANE=1 BUILD_NODES=1 ;;
+    --only) ONLY="${2:?usage: $0 --only COMPONENT}"; shift ;;
+    *)
+      echo "usage: $0 [--nodes|--all|--only COMPONENT] [--force] | --print-dir" \
+        "| --print-node-dirs | --module-dirs" >&2
+      exit 2
+      ;;
+  esac
+  shift
+done
 
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 mkdir -p "$OUT"
@@ -75,22 +120,50 @@ done
 # component under $LOGS; its tail is printed only when that step fails.
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
+NODE_LOGS="$NODE_OUT/logs"
 # The components below, in build order, with the seconds each took on a cold machine (2 cores,
 # empty module and build caches; hack/README.md): the progress lines say how far along the whole
 # build is, so a first build that takes half an hour does not look stuck.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl
-  jobset-controller kueue-controller helm jobset-controller-compat kueue-controller-compat)
+CONTROL_PLANE_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok
+  kwokctl jobset-controller in-place-restart-agent kueue-controller helm jobset-controller-compat
+  kueue-controller-compat)
+# The real nodes' (a name with a slash is a file under its cache dir; local/ is $LOCAL_OUT).
+NODE_COMPONENTS=(kubelet containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/loopback
+  cni/host-local coredns pause local/tpu-device-plugin local/msj-probe)
 declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
   [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
-  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [kueue-controller]=410 [helm]=151
+  [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [in-place-restart-agent]=20
+  [kueue-controller]=410 [helm]=151
   [jobset-controller-compat]=182 [kueue-controller-compat]=410 # estimates: same modules, older
+  # measured 2026-12-06, 2 cores, empty Go build cache (hack/README.md, "Real nodes")
+  [kubelet]=60 [containerd]=140 [containerd-shim-runc-v2]=5 [ctr]=15 [runc]=40 [cni/bridge]=20
+  [cni/loopback]=3 [cni/host-local]=3 [coredns]=180 [pause]=1 [local/tpu-device-plugin]=20
+  [local/msj-probe]=5
 )
+COMPONENTS=()
+[[ $BUILD_CONTROL_PLANE == 1 ]] && COMPONENTS+=("${CONTROL_PLANE_COMPONENTS[@]}")
+[[ $BUILD_NODES == 1 ]] && COMPONENTS+=("${NODE_COMPONENTS[@]}")
+if [[ -n $ONLY ]]; then
+  [[ " ${CONTROL_PLANE_COMPONENTS[*]} " == *" $ONLY "* ]] || {
+    echo "build-bins: no component $ONLY; one of: ${CONTROL_PLANE_COMPONENTS[*]}" >&2
+    exit 2
+  }
+  COMPONENTS=("$ONLY") BUILD_CONTROL_PLANE=1 BUILD_NODES=0
+fi
+# dest <component>: the file a component is built into
+dest() {
+  case "$1" in
+    local/*) echo "$LOCAL_OUT/${1#local/}" ;;
+    kubelet | containerd* | ctr | runc | cni/* | coredns | pause) echo "$NODE_OUT/$1" ;;
+    *) echo "$OUT/$1" ;;
+  esac
+}
 TOTAL=${#COMPONENTS[@]}
 step=0
 built=0
 todo_seconds=0 # expected cold seconds of the components still to build
 for c in "${COMPONENTS[@]}"; do
-  [[ $FORCE == 0 && -x "$OUT/$c" ]] || todo_seconds=$((todo_seconds + COLD_SECONDS[$c]))
+  [[ $FORCE == 0 && -x "$(dest "$c")" ]] || todo_seconds=$((todo_seconds + COLD_SECONDS[$c]))
 done
 done_seconds=0
 minutes() { echo $((($1 + 30) / 60)); }
@@ -121,23 +194,43 @@ moddir() {
 }
 
 # build <name> <tools dir> <package> <ldflags> [extra go build flags...]
+# (<tools dir> is under hack/tools, or an absolute path)
 build() {
   local name="$1" dir="$2" pkg="$3" ldflags="$4"
   shift 4
+  [[ -z $ONLY || $name == "$ONLY" ]] || return 0
+  [[ $dir == /* ]] || dir="$TOOLS/$dir"
+  step_start "$name" "$pkg" || return 0
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$STEP_TMP" "$pkg") \
+    >"$STEP_LOG" 2>&1 || { rm -f "$STEP_TMP"; fail "$name" "$STEP_LOG"; }
+  step_done
+}
+
+# step_start <name> <what>: print the step's line; false (nothing to do) when its output is there.
+# Sets STEP_TMP (write the output there), STEP_LOG and STEP_NAME for step_done.
+step_start() {
   step=$((step + 1))
-  local tag="[$step/$TOTAL] $name"
-  if [[ $FORCE == 0 && -x "$OUT/$name" ]]; then
-    echo "build-bins: $tag up to date"
-    return
+  STEP_NAME="$1"
+  STEP_TAG="[$step/$TOTAL] $1"
+  STEP_DEST="$(dest "$1")"
+  if [[ $FORCE == 0 && -x "$STEP_DEST" ]]; then
+    echo "build-bins: $STEP_TAG up to date"
+    return 1
   fi
-  echo "build-bins: $tag building ($pkg), about $(minutes "$done_seconds") of" \
+  echo "build-bins: $STEP_TAG building ($2), about $(minutes "$done_seconds") of" \
     "$(minutes "$todo_seconds") min done ..."
-  done_seconds=$((done_seconds + COLD_SECONDS[$name]))
-  local start=$SECONDS tmp="$OUT/.$name.tmp.$$" log="$LOGS/$name.log"
-  (cd "$TOOLS/$dir" && go build -trimpath -ldflags "$ldflags" "$@" -o "$tmp" "$pkg") >"$log" 2>&1 ||
-    { rm -f "$tmp"; fail "$name" "$log"; }
-  mv -f "$tmp" "$OUT/$name" # atomic: a half-built binary never looks warm
-  echo "build-bins: $tag built in $((SECONDS - start))s"
+  done_seconds=$((done_seconds + COLD_SECONDS[$1]))
+  mkdir -p "$(dirname "$STEP_DEST")"
+  STEP_START=$SECONDS
+  STEP_TMP="$(dirname "$STEP_DEST")/.${STEP_DEST##*/}.tmp.$$"
+  STEP_LOG="$NODE_LOGS/${1//\//-}.log"
+  [[ $STEP_DEST != "$OUT"/* ]] || STEP_LOG="$LOGS/$1.log"
+  mkdir -p "$(dirname "$STEP_LOG")"
+}
+
+step_done() {
+  mv -f "$STEP_TMP" "$STEP_DEST" # atomic: a half-built binary never looks warm
+  echo "build-bins: $STEP_TAG built in $((SECONDS - STEP_START))s"
   built=$((built + 1))
 }
 
@@ -151,6 +244,77 @@ if [[ $MODULE_DIRS == 1 ]]; then # one line per tools module: <tools dir> <modul
   exit 0
 fi
 
+# libseccomp for runc's seccomp support, from Debian's libseccomp-dev (libseccomp.a, headers,
+# pkg-config file) unpacked into the cache: no system install. Prints its root.
+libseccomp() {
+  local root="$NODE_OUT/libseccomp" tmp deb
+  if [[ $FORCE == 1 || ! -f "$root/usr/lib/x86_64-linux-gnu/libseccomp.a" ]]; then
+    tmp="$(mktemp -d "$NODE_OUT/.libseccomp.XXXXXX")"
+    chmod 755 "$tmp" # apt's download user must be able to write there
+    # A machine whose package lists were never fetched finds no package: fetch them, once.
+    if ! (cd "$tmp" && apt-get download libseccomp-dev) >>"$NODE_LOGS/libseccomp.log" 2>&1; then
+      apt-get update -qq >>"$NODE_LOGS/libseccomp.log" 2>&1 || true
+      (cd "$tmp" && apt-get download libseccomp-dev) >>"$NODE_LOGS/libseccomp.log" 2>&1 ||
+        { rm -rf "$tmp"; fail "apt-get download libseccomp-dev" "$NODE_LOGS/libseccomp.log"; }
+    fi
+    deb="$(ls "$tmp"/libseccomp-dev_*.deb)"
+    rm -rf "$root"
+    dpkg -x "$deb" "$root"
+    dpkg-deb -f "$deb" Version >"$root/VERSION"
+    rm -rf "$tmp"
+  fi
+  echo "$root"
+}
+
+build_nodes() {
+  mkdir -p "$NODE_OUT" "$NODE_LOGS"
+  build kubelet kube k8s.io/kubernetes/cmd/kubelet "$KUBE_LDFLAGS"
+  local ctrd=github.com/containerd/containerd/v2
+  local ctrd_ldflags="-s -w -X $ctrd/version.Version=$CONTAINERD_VERSION"
+  build containerd containerd "$ctrd/cmd/containerd" "$ctrd_ldflags"
+  # As upstream's Makefile builds the shim: without its gRPC server.
+  build containerd-shim-runc-v2 containerd "$ctrd/cmd/containerd-shim-runc-v2" "$ctrd_ldflags" \
+    -tags no_grpc
+  build ctr containerd "$ctrd/cmd/ctr" "$ctrd_ldflags"
+  # runc needs cgo (its nsenter) and, since the kubelet asks every sandbox for a seccomp profile,
+  # the seccomp tag; linked statically as upstream's `make static`, without the libpathrs tag
+  # (a Rust library; runc falls back to its Go implementation).
+  local seccomp=""
+  [[ $FORCE == 0 && -x "$NODE_OUT/runc" ]] || seccomp="$(libseccomp)"
+  CGO_ENABLED=1 PKG_CONFIG_SYSROOT_DIR="$seccomp" \
+    PKG_CONFIG_LIBDIR="$seccomp/usr/lib/x86_64-linux-gnu/pkgconfig" \
+    build runc runc github.com/opencontainers/runc "-s -w -linkmode external -extldflags -static" \
+    -tags "seccomp urfave_cli_no_docs netgo osusergo"
+  local cni=github.com/containernetworking/plugins plugin
+  for plugin in main/bridge main/loopback ipam/host-local; do
+    build "cni/${plugin#*/}" cni "$cni/plugins/$plugin" \
+      "-s -w -X $cni/pkg/utils/buildversion.BuildVersion=$CNI_VERSION"
+  done
+  build coredns coredns . "-s -w"
+  # The pause container's program: Kubernetes' own pause.c (build/pause in the kubernetes
+  # module), compiled as its Makefile does.
+  if step_start pause "build/pause/linux/pause.c of k8s.io/kubernetes"; then
+    local kube_src
+    kube_src="$(moddir kube k8s.io/kubernetes)"
+    gcc -Os -Wall -Werror -static -DVERSION="$KUBE_VERSION" -o "$STEP_TMP" \
+      "$kube_src/build/pause/linux/pause.c" >"$STEP_LOG" 2>&1 ||
+      { rm -f "$STEP_TMP"; fail pause "$STEP_LOG"; }
+    step_done
+  fi
+  build local/tpu-device-plugin "$LOCAL_GO" ./tpu-device-plugin "-s -w"
+  build local/msj-probe "$LOCAL_GO" ./msj-probe "-s -w"
+  printf '%s\n' "kubelet=$KUBE_VERSION" "containerd=$CONTAINERD_VERSION" "runc=$RUNC_VERSION" \
+    "libseccomp=$(cat "$NODE_OUT/libseccomp/VERSION" 2>/dev/null || echo unknown)" \
+    "cni=$CNI_VERSION" "coredns=$COREDNS_VERSION" >"$NODE_OUT/VERSIONS"
+}
+
+# Only the real nodes' (--nodes): the control plane's steps below are skipped.
+if [[ $BUILD_CONTROL_PLANE == 0 ]]; then
+  build_nodes
+  echo "build-bins: $built built; real-node binaries in $NODE_OUT"
+  exit 0
+fi
+
 build etcd kube go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS"
 build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS"
@@ -159,6 +323,12 @@ build kubectl kube k8s.io/kubernetes/cmd/kubectl "$KUBE_LDFLAGS"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 build kwokctl kwok sigs.k8s.io/kwok/cmd/kwokctl "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 build jobset-controller jobset sigs.k8s.io/jobset \
+  "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
+# JobSet's in-place restart agent (cmd/in-place-restart-agent, the sidecar that holds the barrier
+# and restarts its pod's containers): the operator image carries it at /in-place-restart-agent,
+# where JobSet's own agent image puts it (local/multislice_local/images.py). Same module and
+# flags as the controller, so it links from the controller's build cache in seconds.
+build in-place-restart-agent jobset sigs.k8s.io/jobset/cmd/in-place-restart-agent \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION"
 # Kueue's main.go hard-codes /etc/kueue/metrics/certs (read at startup when its internal cert
 # management is off, as it is for a local process). The go command may not overlay files in the
@@ -187,6 +357,7 @@ OVERLAYS=() # this run's overlay dirs only: another build of the same cache dir 
 trap 'rm -rf ${OVERLAYS[@]+"${OVERLAYS[@]}"}' EXIT
 build_kueue() { # <binary name> <tools dir> <version>
   local flags=()
+  [[ -z $ONLY || $1 == "$ONLY" ]] || return 0
   if [[ $FORCE == 1 || ! -x "$OUT/$1" ]]; then
     local overlay
     overlay="$(mktemp -d "$OUT/.kueue-overlay.XXXXXX")"
@@ -205,6 +376,11 @@ build helm helm helm.sh/helm/v3/cmd/helm "$HELM_LDFLAGS"
 build jobset-controller-compat jobset-compat sigs.k8s.io/jobset \
   "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_COMPAT_VERSION"
 build_kueue kueue-controller-compat kueue-compat "$KUEUE_COMPAT_VERSION"
+
+if [[ -n $ONLY ]]; then
+  echo "build-bins: $built built; $ONLY in $OUT"
+  exit 0
+fi
 
 # CRDs and webhook manifests ship with the JobSet and Kueue modules; copy them next to the
 # binaries. Each file is written to a tmp name and moved into place, like the binaries.
@@ -257,4 +433,5 @@ copy_manifest kueue-compat sigs.k8s.io/kueue compat/kueue-webhook-manifests.yaml
 printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION" \
   "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" \
   "jobset-compat=$JOBSET_COMPAT_VERSION" "kueue-compat=$KUEUE_COMPAT_VERSION" > "$OUT/VERSIONS"
+[[ $BUILD_NODES == 0 ]] || build_nodes
 echo "build-bins: $built built; binaries in $OUT"

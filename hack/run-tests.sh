@@ -34,6 +34,9 @@ fi
 
 rc=0
 $PY -c 'from multislice_local.controlplane import ensure_binaries as e; e()' || rc=$?
+# The real nodes' binaries (tests/integration/test_realnodes.py), where this host can run them;
+# elsewhere those tests are skipped, and this says why once.
+[ $rc -ne 0 ] || $PY -m multislice_local.realnodes bins || rc=$?
 if [ $rc -eq 0 ]; then
   $PY -m pytest -q -n "$CP_JOBS" --dist loadgroup tests/integration tests/e2e || rc=$?
   echo "control-plane layer: exit $rc, $((SECONDS - started)) s since make test started"

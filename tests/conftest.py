@@ -4,10 +4,16 @@
 * ``kube_cluster``: session-scoped ``cluster`` profile (plus controller-manager, scheduler, kwok,
   JobSet controller and webhooks).
 * ``kube_kueue``: session-scoped ``kueue`` profile (``cluster`` plus the Kueue controller).
+* ``real_cluster``: session-scoped :class:`RealCluster`: a ``cluster`` control plane with real
+  nodes (kubelet, containerd, runc; two v5litepod-8 pools of two hosts and a plain node); skipped
+  with one line where the host cannot run containers (``realnodes.unavailable_reason()``).
 * ``kube_client(cp) -> kubernetes.client.ApiClient``: admin client for a control plane.
 * ``namespace(cp, prefix="t") -> str``: a fresh namespace, deleted after the test.
 * ``tpu_nodes(pool_name, count, accelerator_label, topology, chips_per_host, **kw) -> names``:
   fake TPU nodes in ``kube_cluster``, deleted after the test.
+* ``operator_image`` / ``workload_image``: the product's images as OCI archives
+  (:class:`multislice_local.images.BuiltImage`: ``.archive``, ``.ref``, ``.digest``), built
+  offline into the image cache (``MULTISLICE_IMAGE_CACHE``; cold: minutes, warm: seconds).
 
 Tests under tests/integration and tests/e2e get the ``integration`` / ``e2e`` markers.
 
@@ -43,12 +49,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from multislice_local import realnodes
 from multislice_local.controlplane import ControlPlane, ensure_binaries
+from multislice_local.images import BuiltImage, build_image
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 # In order: a test using more than one is grouped with the first. ``mc``: the MultiKueue setup
 # of tests/e2e/test_multicluster.py (three control planes of its own, module-scoped).
-_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc")
+_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc", "real_cluster")
 # The kube_cluster tests are the longest group by far (about 1500 of the layer's 2100
 # worker-seconds), so they run as three groups, each on a cluster control plane of its own (a
 # session fixture is per worker: the worker that runs a group boots one): the modules, or single
@@ -119,6 +127,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         set(_CONTROL_PLANE_FIXTURES) & set(getattr(item, "fixturenames", ())) for item in items
     ):
         ensure_binaries()
+    # The real nodes' binaries likewise, where this host can run them (elsewhere their tests skip).
+    if (
+        not config.option.collectonly
+        and any("real_cluster" in getattr(item, "fixturenames", ()) for item in items)
+        and realnodes.unavailable_reason() is None
+    ):
+        realnodes.ensure_node_binaries()
 
 
 # ---------------------------------------------------------------- xdist groups (see the docstring)
@@ -218,6 +233,16 @@ def kube_kueue(request: pytest.FixtureRequest) -> ControlPlane:
     return _control_plane(request, "kueue")
 
 
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest) -> realnodes.RealCluster:
+    reason = realnodes.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = realnodes.RealCluster()
+    request.addfinalizer(cluster.stop)
+    return cluster.start()
+
+
 @pytest.fixture
 def kube_client() -> Iterator[Callable[[ControlPlane], client.ApiClient]]:
     clients: list[client.ApiClient] = []
@@ -279,3 +304,13 @@ def tpu_nodes(
     yield make
     for pool in pools:
         delete_nodes(api_client, pool)
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> BuiltImage:
+    return build_image("operator")
+
+
+@pytest.fixture(scope="session")
+def workload_image() -> BuiltImage:
+    return build_image("workload")

@@ -19,6 +19,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=run_demo)
+    p = sub.add_parser(
+        "image",
+        help="the operator and workload images, built offline into OCI archives (no registry)",
+    )
+    from multislice_local import images
+
+    images.add_arguments(p)
     return parser
 
 

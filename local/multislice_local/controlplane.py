@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import datetime as dt
 import functools
+import ipaddress
 import json
 import os
 import re
@@ -106,6 +107,22 @@ KWOK_NODE_ANNOTATION_VALUE = "fake"
 KWOK_NODE_LEASE_SECONDS = 40  # kubelet's default node lease duration
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 POD_CIDR = "10.64.0.1/16"
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """Where a control plane for real nodes (:mod:`multislice_local.realnodes`) serves: the API
+    server listens on the first address of ``service_cidr``, port 443, which is also the
+    ``kubernetes`` Service's ClusterIP. With no kube-proxy on the nodes, that is how in-cluster
+    clients (``KUBERNETES_SERVICE_HOST``) reach it: the address is on the host end of the nodes'
+    bridge (realnodes.py puts it there before the control plane starts)."""
+
+    service_cidr: str
+
+    @property
+    def apiserver_ip(self) -> str:
+        return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
 
 # Strong references: a started control plane dropped without stop() is still stopped at exit.
 _LIVE: set[ControlPlane] = set()
@@ -319,6 +336,64 @@ class _Proc:
         return _tail(self.log, lines)
 
 
+def spawn_logged(
+    name: str,
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> _Proc:
+    """Start ``argv`` in a process group of its own (stop kills the whole group), its output
+    appended to ``log``."""
+    with log.open("ab") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, **env} if env else None,
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+        )
+    return _Proc(name, popen, log)
+
+
+def wait_until(
+    proc: _Proc | None,
+    check: Callable[[], str | None],
+    deadline: float,
+    what: str,
+    error: type[Exception] = ControlPlaneError,
+    transient: tuple[type[Exception], ...] = (OSError, ssl.SSLError, urllib.error.URLError),
+) -> None:
+    """Poll ``check`` (None = ready, else the reason; a ``transient`` exception is a reason too)
+    until ready, ``proc`` dies or time runs out; raise ``error`` with the log tail then."""
+    reason = "not checked"
+    while True:
+        if proc is not None and proc.popen.poll() is not None:
+            raise error(
+                f"{proc.name} exited with code {proc.popen.returncode} while waiting for "
+                f"{what}\n--- {proc.name} log tail ---\n{proc.tail()}"
+            )
+        try:
+            result = check()
+        except transient as err:
+            result = str(err)
+        if result is None:
+            return
+        reason = result
+        if time.monotonic() > deadline:
+            if proc is None:
+                raise error(f"timed out waiting for {what} ({reason})")
+            raise error(
+                f"{proc.name}: timed out waiting for {what} ({reason})\n"
+                f"--- {proc.name} log tail ---\n{proc.tail()}"
+            )
+        time.sleep(0.1)
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -357,11 +432,18 @@ class ControlPlane:
     """
 
     def __init__(
-        self, profile: str = "api", workdir: Path | None = None, binaries: Path | None = None
+        self,
+        profile: str = "api",
+        workdir: Path | None = None,
+        binaries: Path | None = None,
+        network: NodeNetwork | None = None,
     ) -> None:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {tuple(PROFILES)}, not {profile!r}")
         self.profile = profile
+        # Real nodes' control plane (realnodes.py): the API server at the kubernetes Service's
+        # ClusterIP, node authorization, kubelet client certificates. None: 127.0.0.1, as before.
+        self.network = network
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self._bin_arg = binaries
@@ -494,20 +576,15 @@ class ControlPlane:
         return path
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> _Proc:
-        log = self.workdir / "logs" / f"{name}.log"
         main = threading.current_thread() is threading.main_thread()
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                env={**os.environ, **env} if env else None,
-                start_new_session=True,  # own process group: stop() kills the whole group
-                preexec_fn=_die_with_parent if main and sys.platform == "linux" else None,
-            )
-        proc = _Proc(name, popen, log)
+        proc = spawn_logged(
+            name,
+            argv,
+            self.workdir / "logs" / f"{name}.log",
+            env,
+            cwd=self.workdir,
+            preexec_fn=_die_with_parent if main and sys.platform == "linux" else None,
+        )
         with self._lock:
             self._procs.append(proc)
         return proc
@@ -517,26 +594,7 @@ class ControlPlane:
     ) -> None:
         """Poll ``check`` (None = ready, else the reason) until ready, the process dies or time
         runs out."""
-        reason = "not checked"
-        while True:
-            if proc.popen.poll() is not None:
-                raise ControlPlaneError(
-                    f"{proc.name} exited with code {proc.popen.returncode} while waiting for "
-                    f"{what}\n--- {proc.name} log tail ---\n{proc.tail()}"
-                )
-            try:
-                result = check()
-            except (OSError, ssl.SSLError, urllib.error.URLError) as err:
-                result = str(err)
-            if result is None:
-                return
-            reason = result
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{proc.name}: timed out waiting for {what} ({reason})\n"
-                    f"--- {proc.name} log tail ---\n{proc.tail()}"
-                )
-            time.sleep(0.1)
+        wait_until(proc, check, deadline, what)
 
     def _start(self, bins: Path, deadline: float) -> None:
         """Start the profile's components in order (see PROFILES and COMPONENTS below).
@@ -576,6 +634,7 @@ class ControlPlane:
             "kube-apiserver",
             server=True,
             hosts=(
+                *((self.network.apiserver_ip,) if self.network else ()),
                 "127.0.0.1",
                 "localhost",
                 "10.0.0.1",
@@ -606,6 +665,15 @@ class ControlPlane:
         )
         self.ports = {name: _free_port() for name in ("etcd", "etcd-peer", "kube-apiserver")}
         self.server = f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+        if self.network is not None:
+            # The ClusterIP's port: what KUBERNETES_SERVICE_PORT says in every pod.
+            self.ports["kube-apiserver"] = 443
+            self.server = f"https://{self.network.apiserver_ip}:443"
+            # The API server's identity towards kubelets (logs, exec): a superuser, as kubeadm's
+            # apiserver-kubelet-client was.
+            cert, key = ca.issue("kube-apiserver-kubelet-client", ("system:masters",))
+            self._write("pki/apiserver-kubelet-client.crt", cert, 0o644)
+            self._write("pki/apiserver-kubelet-client.key", key)
         self.kubeconfig = self._write(
             "kubeconfig", _kubeconfig(self.server, ca.pem, admin_cert, admin_key, "admin")
         )
@@ -790,6 +858,40 @@ def _etcd_argv(cp: ControlPlane) -> list[str]:
 
 
 def _apiserver_argv(cp: ControlPlane) -> list[str]:
+    argv = _apiserver_common_argv(cp)
+    if cp.network is None:
+        return [
+            *argv,
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--authorization-mode=RBAC",
+            # No token controller in the api profile, and tests need no pod tokens.
+            "--disable-admission-plugins=ServiceAccount",
+        ]
+    pki = cp.workdir / "pki"
+    return [
+        *argv,
+        f"--bind-address={cp.network.apiserver_ip}",
+        f"--advertise-address={cp.network.apiserver_ip}",
+        f"--service-cluster-ip-range={cp.network.service_cidr}",
+        # Real kubelets with their own identities (system:node:<name>): node authorization and
+        # NodeRestriction, as every production cluster runs them. Pods get service account
+        # tokens (the ServiceAccount admission plugin is on by default).
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # Node names resolve nowhere: dial kubelets (logs, exec) at their InternalIP.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        # No kube-proxy: webhooks and aggregated APIs behind a Service are called at the
+        # Service's endpoints (pod IPs, routed to the nodes), not at its ClusterIP.
+        "--enable-aggregator-routing=true",
+    ]
+
+
+def _apiserver_common_argv(cp: ControlPlane) -> list[str]:
     pki = cp.workdir / "pki"
     return [
         f"--etcd-servers=http://127.0.0.1:{cp.port('etcd')}",
@@ -798,13 +900,7 @@ def _apiserver_argv(cp: ControlPlane) -> list[str]:
         f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
         f"--secure-port={cp.port('kube-apiserver')}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
-        "--authorization-mode=RBAC",
-        # No token controller in the api profile, and tests need no pod tokens.
-        "--disable-admission-plugins=ServiceAccount",
         f"--service-account-issuer={cp.server}",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",

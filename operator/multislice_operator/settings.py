@@ -141,10 +141,11 @@ class Settings:
         False,
     )
     in_place_agent_image: str = _opt(
-        "the image of JobSet's in-place restart agent (cmd/in-place-restart-agent; JobSet "
-        "v0.12.0 publishes none): with it, on a cluster that restarts pods in place (JobSet "
-        ">= v0.11 with its InPlaceRestart gate, Kubernetes >= 1.35), the program's failures "
-        "restart the pods in place; without it every restart recreates them",
+        "an image with JobSet's in-place restart agent at /in-place-restart-agent (the "
+        "operator's own image carries it; the chart passes that by default): with it, on a "
+        "cluster that restarts pods in place (JobSet >= v0.11 with its InPlaceRestart gate, "
+        "Kubernetes >= 1.35), the program's failures restart the pods in place; without it "
+        "every restart recreates them",
         "",
     )
     kueue_workload_wait_seconds: float = _opt(

@@ -59,3 +59,37 @@ def test_a_lookup_that_cannot_succeed_stops_the_build_naming_the_module(tmp_path
     assert done.returncode != 0
     assert "sigs.k8s.io/jobset" in done.stderr and "FAILED" in done.stderr
     assert done.stdout == ""  # nothing printed as if it had worked
+
+
+def _only(tmp_path: Path, component: str) -> subprocess.CompletedProcess[str]:
+    """`--only COMPONENT` into a binary cache of its own (the module and Go build caches are the
+    machine's: after the JobSet controller's build, the agent links in seconds)."""
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--only", component],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MULTISLICE_BIN_CACHE": str(tmp_path / "bin")},
+    )
+
+
+def test_only_builds_the_in_place_restart_agent_and_nothing_else(tmp_path: Path) -> None:
+    done = _only(tmp_path, "in-place-restart-agent")
+    assert done.returncode == 0, done.stderr
+    assert "[1/1] in-place-restart-agent built in" in done.stdout
+    (out,) = (tmp_path / "bin").iterdir()
+    assert {p.name for p in out.iterdir()} == {"in-place-restart-agent", "logs"}
+    # JobSet's agent (sigs.k8s.io/jobset/cmd/in-place-restart-agent), static: it runs, and
+    # outside a pod stops at once on the service account file it reads.
+    ran = subprocess.run(
+        [str(out / "in-place-restart-agent")], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 1 and "unable to read namespace file" in ran.stderr
+    again = _only(tmp_path, "in-place-restart-agent")
+    assert "[1/1] in-place-restart-agent up to date" in again.stdout
+
+
+def test_only_names_the_components_it_knows(tmp_path: Path) -> None:
+    done = _only(tmp_path, "no-such-thing")
+    assert done.returncode == 2
+    assert "no component no-such-thing" in done.stderr and "in-place-restart-agent" in done.stderr

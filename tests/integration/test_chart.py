@@ -178,6 +178,13 @@ def kubectl(
 
 # ---------------------------------------------------------------- lint, render, schema
 
+# In-place restart (on by default): the agents' ServiceAccount and RoleBinding in each job
+# namespace, bound to the chart's ClusterRole for them.
+IN_PLACE_RULES = {
+    ("", "serviceaccounts", "patch"),
+    ("rbac.authorization.k8s.io", "rolebindings", "patch"),
+    ("rbac.authorization.k8s.io", "clusterroles", "bind"),
+}
 BASE_RULES = {
     ("multislice.dev", "multislicejobs", "list"),
     ("multislice.dev", "multislicejobs", "watch"),
@@ -217,6 +224,7 @@ BASE_RULES = {
     ("coordination.k8s.io", "leases", "update"),
     # The Role in kube-node-lease: the kubelets' heartbeats, listed.
     ("coordination.k8s.io", "leases", "list"),
+    *IN_PLACE_RULES,
 }
 
 
@@ -248,15 +256,17 @@ def test_chart_crd_is_the_generated_one() -> None:
 def test_default_render(tmp_path: Path) -> None:
     docs = render(tmp_path)
     assert sorted(d["kind"] for d in docs) == [
-        *["ClusterRole"] * 4,  # the operator's, the metrics reader, the editor and viewer
+        # the operator's, the metrics reader, the editor and viewer, the in-place restart agents'
+        *["ClusterRole"] * 5,
         "ClusterRoleBinding",
         "Deployment",
         *["Role"] * 2,  # the leader-election Leases, and the node Leases (heartbeats)
         *["RoleBinding"] * 2,
         "Service",
         "ServiceAccount",
-        *["ValidatingAdmissionPolicy"] * 5,  # pod patches, evictions, Job dry runs, JobSets, events
-        *["ValidatingAdmissionPolicyBinding"] * 7,
+        # pod patches, evictions, Job dry runs, JobSets, events, the agents' pod patches
+        *["ValidatingAdmissionPolicy"] * 6,
+        *["ValidatingAdmissionPolicyBinding"] * 8,
     ]
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 1
@@ -286,6 +296,8 @@ def test_default_render(tmp_path: Path) -> None:
     assert env["MSJ_HEALTH_PORT"] == "8080" and env["MSJ_HEALTH_BIND_ADDRESS"] == "0.0.0.0"
     assert "MSJ_LIVENESS" not in env and "MSJ_READY_STANDBY" not in env
     assert "MSJ_NAMESPACES" not in env and "MSJ_GKE_PROJECT" not in env
+    # In-place restart with no value set: the agent is the operator's own image, which carries it.
+    assert env["MSJ_IN_PLACE_AGENT_IMAGE"] == c["image"]
     assert one(docs, "Service")["spec"]["ports"][0]["port"] == 8000
     assert "annotations" not in one(docs, "ServiceAccount")["metadata"]
     assert one(docs, "Service")["spec"]["type"] == "ClusterIP"
@@ -294,6 +306,22 @@ def test_default_render(tmp_path: Path) -> None:
         {"kind": "ServiceAccount", "name": "multislice-operator", "namespace": "msj-system"}
     ]
     assert rules_of(docs) == BASE_RULES
+
+
+def test_in_place_restart_can_be_turned_off_or_given_another_agent_image(tmp_path: Path) -> None:
+    off = render(tmp_path, {"inPlaceRestart": {"enabled": False}})
+    assert "MSJ_IN_PLACE_AGENT_IMAGE" not in env_of(off)
+    assert rules_of(off) == BASE_RULES - IN_PLACE_RULES
+    names = {d["metadata"]["name"] for d in off}
+    assert not any("inplace" in n for n in names), names
+    pinned = {"image": {"digest": "sha256:" + "ab" * 32}}
+    docs = render(tmp_path, pinned)  # the agent by the digest the operator runs by, not its tag
+    assert env_of(docs)["MSJ_IN_PLACE_AGENT_IMAGE"] == container(docs)["image"]
+    assert "@sha256:" in container(docs)["image"]
+    other = {"inPlaceRestart": {"agentImage": "registry.example/jobset/agent:v0.12.0"}}
+    assert env_of(render(tmp_path, other))["MSJ_IN_PLACE_AGENT_IMAGE"] == (
+        "registry.example/jobset/agent:v0.12.0"
+    )
 
 
 def test_custom_render(tmp_path: Path) -> None:
@@ -469,7 +497,19 @@ def test_rbac_has_no_wildcards_and_no_secrets(tmp_path: Path) -> None:
         ):
             assert "*" not in (group, resource, verb)
             assert resource not in ("secrets", "configmaps", "serviceaccounts/token")
-            assert verb not in ("escalate", "bind", "impersonate", "deletecollection")
+            assert verb not in ("escalate", "impersonate", "deletecollection")
+        # bind: only the in-place restart agents' ClusterRole (their RoleBinding per namespace).
+        binds = [
+            rule
+            for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+            for rule in role["rules"]
+            if "bind" in rule["verbs"]
+        ]
+        assert all(
+            r["verbs"] == ["bind"] and r["resources"] == ["clusterroles"]
+            and r.get("resourceNames") == ["multislice-inplace-restart"]
+            for r in binds
+        ), binds  # fmt: skip
 
 
 OPERATOR_USER = "system:serviceaccount:msj-system:multislice-operator"
@@ -484,13 +524,17 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
         "multislice-operator-pod-eviction.multislice.dev",
         "multislice-operator-jobset.multislice.dev",
         "multislice-operator-event.multislice.dev",
+        "multislice-operator-inplace-agent.multislice.dev",  # the agents': only their annotation
     }
+    agent = policies.pop("multislice-operator-inplace-agent.multislice.dev")
+    (cond,) = agent["spec"]["matchConditions"]
+    assert "multislice-inplace-restart" in cond["expression"]
     for policy in policies.values():  # the operator's own requests only
         (cond,) = policy["spec"]["matchConditions"]
         assert cond["expression"] == f"request.userInfo.username == '{OPERATOR_USER}'"
         assert policy["spec"]["failurePolicy"] == "Fail"
     bindings = by_kind(docs, "ValidatingAdmissionPolicyBinding")
-    assert {b["spec"]["policyName"] for b in bindings} == set(policies)
+    assert {b["spec"]["policyName"] for b in bindings} == {*policies, agent["metadata"]["name"]}
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     # Kubernetes 1.29 has no ValidatingAdmissionPolicy v1 (GA in 1.30): none rendered.
     old = render(tmp_path, kube_version="1.29.0")
@@ -498,7 +542,7 @@ def test_admission_policies_render_where_the_cluster_serves_them(tmp_path: Path)
     off = render(tmp_path, {"rbac": {"admissionPolicy": {"enabled": False}}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
     no_evictions = render(tmp_path, {"rbac": {"admissionPolicy": {"evictions": False}}})
-    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 4
+    assert len(by_kind(no_evictions, "ValidatingAdmissionPolicy")) == 5
 
 
 def test_the_jobset_policy_refuses_the_system_namespaces_unless_listed(tmp_path: Path) -> None:
@@ -776,6 +820,11 @@ def test_schema_rejects_bad_values(tmp_path: Path, values: dict[str, Any], needl
         ({"metrics": {"port": 0, "serviceMonitor": {"enabled": True}}}, "metrics.port is 0"),
         ({"metrics": {"port": 0, "podMonitoring": {"enabled": True}}}, "metrics.port is 0"),
         ({"metrics": {"port": 0, "prometheusRule": {"enabled": True}}}, "metrics.port is 0"),
+        # An agent image for an in-place restart that is off would be silently unused.
+        (
+            {"inPlaceRestart": {"enabled": False, "agentImage": "a/b:1"}},
+            "inPlaceRestart.agentImage (a/b:1) is set but inPlaceRestart.enabled is false",
+        ),
     ],
 )  # fmt: skip
 def test_chart_refuses_values_that_contradict_each_other(

@@ -98,8 +98,13 @@ def stages() -> list[str]:
 
 
 def builder_copy_sources() -> list[str]:
+    """What the builder stage COPYs from the build context (the wheel's sources, the locks)."""
+    return copy_sources(stages()[1])
+
+
+def copy_sources(stage: str) -> list[str]:
     sources = []
-    for line in stages()[1].splitlines():
+    for line in stage.splitlines():
         if line.startswith("COPY ") and "--from" not in line:
             sources += line.split()[1:-1]
     return sources
@@ -198,7 +203,9 @@ def test_every_install_is_hash_checked_binary_only_and_in_the_builder() -> None:
 def test_runtime_stage_is_non_root_labelled_and_carries_the_sbom() -> None:
     text, runtime = DOCKERFILE.read_text(), stages()[-1]
     copies = re.findall(r"^COPY (.*)$", runtime, re.MULTILINE)
-    assert all(c.startswith("--from=builder ") for c in copies), copies
+    assert all(c.startswith(("--from=builder ", "--from=agent ")) for c in copies), copies
+    # JobSet's in-place restart agent, where JobSet's own agent image has it.
+    assert "--from=agent /in-place-restart-agent /in-place-restart-agent" in copies
     assert any("/opt/multislice-operator /opt/multislice-operator" in c for c in copies)
     assert any(c.endswith("/usr/share/doc/multislice-operator/sbom.cdx.json") for c in copies)
     assert "cyclonedx-py environment" in stages()[1]
@@ -229,7 +236,7 @@ def test_build_context_files_exist_and_pass_dockerignore() -> None:
                 keep = negate
         return keep
 
-    for source in builder_copy_sources():
+    for source in [s for stage in stages()[1:] for s in copy_sources(stage)]:
         assert (ROOT / source).exists(), f"the image build COPYs {source}, which is missing"
         assert included(source), f".dockerignore excludes {source}, which the build COPYs"
     assert not included("tests/unit/test_cli.py")

@@ -436,6 +436,8 @@ EXTERNAL_FLAGS = {
     "--enable-gvnic": "gcloud container node-pools create (as xpk runs it)",
     "--reservation": "gcloud container node-pools create",
     "--set": "helm install / helm upgrade",
+    "--authorization-mode": "kube-apiserver (the real nodes' control plane)",
+    "--enable-aggregator-routing": "kube-apiserver (the real nodes' control plane)",
 }
 
 

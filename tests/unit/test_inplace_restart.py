@@ -73,6 +73,10 @@ def test_the_agent_sidecar_its_barrier_probe_and_account() -> None:
     (agent,) = pod["initContainers"]
     assert agent["name"] == "in-place-restart-agent" and agent["image"] == AGENT
     assert agent["restartPolicy"] == "Always"  # a sidecar
+    # The agent where JobSet's own agent image has it (its cmd/in-place-restart-agent/Dockerfile:
+    # ENTRYPOINT ["/in-place-restart-agent"]), which the operator's image carries too: its own
+    # entry point is the operator, so the command is named.
+    assert agent["command"] == ["/in-place-restart-agent"]
     assert agent["restartPolicyRules"] == [
         {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
     ]

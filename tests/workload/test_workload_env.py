@@ -90,6 +90,19 @@ def test_podinfo_and_hooks_are_read_and_optional() -> None:
     assert plain.podinfo_dir is None and plain.hang_at_step is None
 
 
+def test_fault_hooks_act_only_in_the_named_process() -> None:
+    """A pod template is one for every pod of a slice: MULTISLICE_FAULT_PROCESS names the one
+    process (slice x hosts + worker) whose hooks act, so one container of a real job fails."""
+    hooks = {contract.FAIL_AT_STEP: "25", contract.HANG_AT_STEP: "9"}
+    chosen = contract.from_environ(operator_env(**hooks, **{contract.FAULT_PROCESS: "5"}))
+    assert chosen.process_id == 5 and (chosen.fail_at_step, chosen.hang_at_step) == (25, 9)
+    other = contract.from_environ(operator_env(**hooks, **{contract.FAULT_PROCESS: "4"}))
+    assert (other.fail_at_step, other.hang_at_step) == (None, None)
+    assert contract.from_environ(operator_env(**hooks)).fail_at_step == 25  # unset: every one
+    with pytest.raises(ConfigError, match=contract.FAULT_PROCESS):
+        contract.from_environ(operator_env(**hooks, **{contract.FAULT_PROCESS: "x"}))
+
+
 def test_restart_attempt_defaults_to_zero() -> None:
     environ = operator_env()
     del environ[contract.RESTART_ATTEMPT], environ[contract.CHECKPOINT_DIR]

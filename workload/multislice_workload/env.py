@@ -57,6 +57,9 @@ RESTART_AT_STEP = "MULTISLICE_RESTART_AT_STEP"
 KILL_IN_SAVE_AT_STEP = "MULTISLICE_KILL_IN_SAVE_AT_STEP"
 SETTLE_SAVE_AT_STEP = "MULTISLICE_SETTLE_SAVE_AT_STEP"
 DELAY_START_SECONDS = "MULTISLICE_DELAY_START_SECONDS"
+# The one process whose hooks act (slice x hosts per slice + worker; unset: every process): a
+# pod template is the same for every pod, so a real job fails one container with it.
+FAULT_PROCESS = "MULTISLICE_FAULT_PROCESS"
 FAULT_VARIABLES: tuple[str, ...] = (
     FAIL_AT_STEP,
     PREEMPT_AT_STEP,
@@ -65,6 +68,7 @@ FAULT_VARIABLES: tuple[str, ...] = (
     KILL_IN_SAVE_AT_STEP,
     SETTLE_SAVE_AT_STEP,
     DELAY_START_SECONDS,
+    FAULT_PROCESS,
 )
 
 PARALLELISM_VARIABLES: tuple[str, ...] = (
@@ -316,11 +320,13 @@ def _read_parallelism(reader: _Reader, default_fsdp: int | None = None) -> Paral
 
 def _read_contract(reader: _Reader) -> WorkloadEnv:
     hostnames = tuple(h.strip() for h in reader.text(WORKER_HOSTNAMES).split(",") if h.strip())
+    slice_id, hosts = reader.integer(SLICE_ID), reader.integer(HOSTS_PER_SLICE, minimum=1)
+    worker = reader.integer(WORKER_ID)
     return WorkloadEnv(
         num_slices=reader.integer(NUM_SLICES, minimum=1),
-        slice_id=reader.integer(SLICE_ID),
-        hosts_per_slice=reader.integer(HOSTS_PER_SLICE, minimum=1),
-        worker_id=reader.integer(WORKER_ID),
+        slice_id=slice_id,
+        hosts_per_slice=hosts,
+        worker_id=worker,
         chips_per_host=reader.integer(CHIPS_PER_HOST, minimum=1),
         worker_hostnames=hostnames,
         megascale_coordinator=reader.text(MEGASCALE_COORDINATOR),
@@ -332,7 +338,7 @@ def _read_contract(reader: _Reader) -> WorkloadEnv:
         parallelism=_read_parallelism(reader),
         checkpoint_dir=reader.environ.get(CHECKPOINT_DIR, "").strip() or None,
         restart_attempt=reader.integer(RESTART_ATTEMPT, default=0),
-        **_optional_fields(reader),
+        **_optional_fields(reader, slice_id * hosts + worker),
     )
 
 
@@ -347,16 +353,24 @@ class _OptionalFields(TypedDict):
     podinfo_dir: str | None
 
 
-def _optional_fields(reader: _Reader) -> _OptionalFields:
-    """Test hooks and the pod-info directory: the same in standalone and operator runs."""
+def _optional_fields(reader: _Reader, process_id: int | None = None) -> _OptionalFields:
+    """Test hooks and the pod-info directory: the same in standalone and operator runs. The
+    hooks are dropped in every process but MULTISLICE_FAULT_PROCESS when it is set."""
+    chosen = reader.optional_integer(FAULT_PROCESS)
+    acts = chosen is None or process_id is None or chosen == process_id
+
+    def hook(name: str) -> int | None:
+        value = reader.optional_integer(name)
+        return value if acts else None
+
     return {
-        "fail_at_step": reader.optional_integer(FAIL_AT_STEP),
-        "preempt_at_step": reader.optional_integer(PREEMPT_AT_STEP),
-        "hang_at_step": reader.optional_integer(HANG_AT_STEP),
-        "restart_at_step": reader.optional_integer(RESTART_AT_STEP),
-        "kill_in_save_at_step": reader.optional_integer(KILL_IN_SAVE_AT_STEP),
-        "settle_save_at_step": reader.optional_integer(SETTLE_SAVE_AT_STEP),
-        "delay_start_seconds": reader.optional_integer(DELAY_START_SECONDS),
+        "fail_at_step": hook(FAIL_AT_STEP),
+        "preempt_at_step": hook(PREEMPT_AT_STEP),
+        "hang_at_step": hook(HANG_AT_STEP),
+        "restart_at_step": hook(RESTART_AT_STEP),
+        "kill_in_save_at_step": hook(KILL_IN_SAVE_AT_STEP),
+        "settle_save_at_step": hook(SETTLE_SAVE_AT_STEP),
+        "delay_start_seconds": hook(DELAY_START_SECONDS),
         "podinfo_dir": reader.environ.get(PODINFO_DIR, "").strip() or None,
     }
 

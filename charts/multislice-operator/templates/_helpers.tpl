@@ -64,10 +64,18 @@ bytes; the tag is then ignored). */}}
 {{- end }}
 {{- end }}
 
+{{/* The in-place restart agent's image (inPlaceRestart.agentImage, else the operator's own, which
+carries the agent); empty when inPlaceRestart.enabled is false. */}}
+{{- define "multislice-operator.agentImage" -}}
+{{- if .Values.inPlaceRestart.enabled }}
+{{- default (include "multislice-operator.image" .) .Values.inPlaceRestart.agentImage }}
+{{- end }}
+{{- end }}
+
 {{/* What the operator does to namespaced objects (templates/rbac.yaml): in the ClusterRole, or
 in one Role per watched namespace. */}}
 {{- define "multislice-operator.namespacedRules" -}}
-{{- if .Values.inPlaceRestart.agentImage }}
+{{- if .Values.inPlaceRestart.enabled }}
 # In-place restart: the agents' ServiceAccount and its RoleBinding to the ClusterRole
 # multislice-inplace-restart (templates/inplace-restart.yaml), applied in each job namespace
 # before the job's JobSet; `bind` on that ClusterRole only.

@@ -45,6 +45,10 @@ controller does), or maxUnavailable (rounded up). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* An agent image for an in-place restart that is turned off would be silently unused. */}}
+{{- if and (not $v.inPlaceRestart.enabled) $v.inPlaceRestart.agentImage }}
+{{- fail (printf "inPlaceRestart.agentImage (%s) is set but inPlaceRestart.enabled is false: remove the image, or set enabled: true" $v.inPlaceRestart.agentImage) }}
+{{- end }}
 {{- /* MultiKueue: a role, and what each role's objects need. */}}
 {{- with $v.multikueue }}
 {{- if not (has .role (list "" "manager" "worker")) }}

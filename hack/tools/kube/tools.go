@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane binaries built by hack/build-bins.sh.
+// Package tools pins the Kubernetes control-plane binaries and the kubelet built by hack/build-bins.sh.
 package tools
 
 import (
@@ -9,4 +9,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

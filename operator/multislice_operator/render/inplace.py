@@ -17,6 +17,10 @@ from multislice_operator.api.models import ExitCodePolicy, MultisliceJobSpec
 from multislice_operator.common import keys
 
 AGENT_CONTAINER = "in-place-restart-agent"
+# Where JobSet's agent image has the agent (cmd/in-place-restart-agent/Dockerfile: ENTRYPOINT
+# ["/in-place-restart-agent"]), and where the operator's image carries it: the chart's default
+# agent image is the operator's own, whose entry point is the operator, so the command is named.
+AGENT_COMMAND = "/in-place-restart-agent"
 AGENT_PORT = 8081  # the agent's default STARTUP_PROBE_PORT; on the host network it is a host port
 BARRIER_PATH = "/barrier-is-down"  # DefaultStartupProbePath: 200 once the barrier is lifted
 AGENT_EXIT_CODE = 1  # DefaultInPlaceRestartExitCode: the agent exits so to restart its pod
@@ -47,6 +51,7 @@ def agent_container(image: str) -> dict[str, Any]:
     return {
         "name": AGENT_CONTAINER,
         "image": image,
+        "command": [AGENT_COMMAND],
         "restartPolicy": "Always",
         "restartPolicyRules": [
             {"action": RESTART_ALL, "exitCodes": {"operator": "NotIn", "values": [0]}}
