@@ -131,8 +131,8 @@ class Settings:
     scheduler_grace_seconds: float = _opt(
         "how long a job's pods may wait with no scheduler having looked at any of them (no "
         "PodScheduled condition: spec.template.spec.schedulerName names a scheduler that is not "
-        "running) before the job fails and releases its node pools; a job naming a scheduler "
-        "known not to run then fails before its first pool for 10 minutes",
+        "running) before the job fails and releases its node pools; for 10 minutes then a job "
+        "naming that scheduler (not default-scheduler) fails before its first pool",
         60.0,
     )
     kueue: bool = _opt(

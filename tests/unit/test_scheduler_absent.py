@@ -309,3 +309,8 @@ def test_the_operator_remembers_a_scheduler_no_pod_was_looked_at_by_until_one_is
     later = job.observed(90, [replace(job.unseen[0], looked_at=True)])
     reconciler._learn_scheduler(rt, ("ns", "other"), spec, old, later, d)
     assert rt.scheduler_absent("volcano") is None
+    # The cluster's own scheduler down for the grace fails that job, but is not remembered:
+    # its outage passes, and no job would be left to show that it did.
+    default, _ = jobs.spec_and_plan(provisioning={"mode": "Managed"})
+    reconciler._learn_scheduler(rt, ("ns", "job"), default, old, obs, d)
+    assert rt.scheduler_absent("default-scheduler") is None

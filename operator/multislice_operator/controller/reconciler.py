@@ -462,7 +462,9 @@ def _learn_scheduler(rt: Runtime, key: JobKey, spec: MultisliceJobSpec,
     was, now = old.condition("Failed"), d.status.condition("Failed")
     fresh = was is None or was.reason != Reason.SCHEDULER_NOT_RUNNING
     failed = now is not None and now.reason == Reason.SCHEDULER_NOT_RUNNING
-    if fresh and failed and obs.scheduler_absent is None:  # its own pods', not this memory's
+    # Its own pods' evidence, not this memory's. The cluster's own scheduler is not remembered
+    # absent: its outage passes, and no job would be left to show that it did.
+    if fresh and failed and obs.scheduler_absent is None and name != scheduling.DEFAULT_SCHEDULER:
         rt.remember_scheduler(name, key)
 
 
