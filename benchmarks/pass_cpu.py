@@ -210,10 +210,10 @@ class World:
         """assemble + decide + the status as written; the next pass starts from it."""
         plan, spec = self.parsed.plan, self.parsed.job.spec
         assert plan is not None
+        inputs = ob.ObserveInputs(plan, UID, self.nodes)
         obs = ob.assemble(
-            plan, UID, datetime.now(UTC), self.js, self.pods, self.nodes, None,
-            provisioner_configured=False,
-        )  # fmt: skip
+            inputs, datetime.now(UTC), self.js, self.pods, provisioner_configured=False
+        )
         d = decide(self.meta, spec, plan, None, self.status, obs, self.cfg)
         written = d.status.to_dict()
         self.status = MultisliceJobStatus.from_dict(written)

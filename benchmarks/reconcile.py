@@ -58,6 +58,7 @@ from multislice_local.controlplane import ControlPlane, bin_dir
 from multislice_local.harness import OperatorProcess, install_crds
 from multislice_operator.common.pools import PoolState
 from multislice_operator.planning.plan import load_job, plan_job
+from multislice_operator.plugins.existing import Found
 from multislice_operator.reconcile import (
     Admission,
     DecideConfig,
@@ -158,7 +159,7 @@ def baseline_work(n: int) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
             SliceObservation(i, f"pool-{i}", PoolState.READY, plan.shape.hosts)
             for i in range(POOLS)
         ]
-        obs = Observed(now=now, slices=slices, existing_pools_found=POOLS, admission=Admission())
+        obs = Observed(now=now, slices=slices, capacity=Found(POOLS), admission=Admission())
         decision = decide(JobMeta(NAMESPACE, name, "", 1), job.spec, plan, None, None, obs,
                           DecideConfig.from_settings())  # fmt: skip
         status = decision.status.to_dict()

@@ -525,6 +525,7 @@ class Node:
 _HOLDER = """set -e
 mount --bind "$NODE_DIR/var" /var
 mount --bind "$NODE_DIR/run" /run
+mount --bind "$NODE_DIR/hosts" /etc/hosts
 hostname "$NODE_NAME"
 ip link set lo up
 touch /run/holder-ready
@@ -630,15 +631,19 @@ class RealCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def import_image(self, archive: Path, nodes: Sequence[str] | None = None) -> str:
+    def import_image(
+        self, archive: Path, nodes: Sequence[str] | None = None, tags: Sequence[str] = ()
+    ) -> str:
         """Import an OCI archive into the containerd of every node (or of ``nodes``), namespace
-        ``k8s.io``, unpacked for the kubelet; return the image's reference."""
+        ``k8s.io``, unpacked for the kubelet, also named ``tags`` (as a registry would serve it
+        under those names: e.g. the chart's default image); return the image's reference."""
         ref = oci.image_name(archive)
         targets = [self.nodes[n] for n in (list(self.nodes) if nodes is None else nodes)]
         if not targets:
             raise ValueError("import_image: nodes is empty; give node names or None for all")
+        names = [oci.normalize_ref(t) for t in tags]
         with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-            list(pool.map(lambda node: self._import(node, archive), targets))
+            list(pool.map(lambda node: self._import(node, archive, ref, names), targets))
         return ref
 
     def log_tail(self, node: str, component: str, lines: int = 40) -> str:
@@ -781,9 +786,11 @@ class RealCluster:
         self.probe_image = written[1].ref
         return [image.path for image in written]
 
-    def _import(self, node: Node, archive: Path) -> None:
+    def _import(self, node: Node, archive: Path, ref: str, tags: Sequence[str]) -> None:
         ctr = [str(self.bins.root / "ctr"), f"--address={node.containerd_socket}", "-n", "k8s.io"]
         _run([*ctr, "images", "import", "--platform=linux/amd64", str(archive)])
+        if tags:
+            _run([*ctr, "images", "tag", "--force", ref, *tags])
 
     # -- a node's processes
 
@@ -791,6 +798,12 @@ class RealCluster:
         for sub in ("var/lib", "var/log", "run", "etc/cni/net.d", "pki"):
             (node.dir / sub).mkdir(parents=True, exist_ok=True)
         (node.dir / "var" / "run").symlink_to("/run")  # as on the host: /var/run -> /run
+        # A GCE VM's /etc/hosts names the VM at its address (its guest agent writes the line), and
+        # a hostNetwork pod gets its node's: JAX's CPU collectives (gloo) resolve the hostname.
+        (node.dir / "hosts").write_text(
+            f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{node.ip}\t{node.name}\n"
+        )
         _make_cgroup(node.cgroup)
         argv = [
             "unshare",

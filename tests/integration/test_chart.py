@@ -181,7 +181,9 @@ def kubectl(
 # In-place restart (on by default): the agents' ServiceAccount and RoleBinding in each job
 # namespace, bound to the chart's ClusterRole for them.
 IN_PLACE_RULES = {
+    ("", "serviceaccounts", "create"),  # a server-side apply that creates needs create
     ("", "serviceaccounts", "patch"),
+    ("rbac.authorization.k8s.io", "rolebindings", "create"),
     ("rbac.authorization.k8s.io", "rolebindings", "patch"),
     ("rbac.authorization.k8s.io", "clusterroles", "bind"),
 }
@@ -1343,6 +1345,34 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
     finally:
         op.stop()
     assert not refused(op.log_path.read_text()), op.log_path.read_text()
+
+
+def test_chart_rbac_lets_the_operator_apply_the_in_place_agents_objects(
+    api: client.ApiClient, kube_api: ControlPlane, namespace: Any, rbac: Rbac
+) -> None:
+    """In-place restart is on by default: before an in-place JobSet the operator server-side
+    applies the agents' ServiceAccount and RoleBinding in the job's namespace (render_rbac). An
+    apply that creates needs `create` besides `patch`; with `patch` alone every in-place job
+    stayed Starting with no JobSet (403 on each pass), first seen on the real-node lane."""
+    from multislice_operator.render import inplace
+
+    ns = namespace(kube_api, "msj-ipr")
+    op = AsOperator(rbac.install(ns), ns)
+    apply = {
+        "ServiceAccount": client.CoreV1Api(op.api).patch_namespaced_service_account,
+        "RoleBinding": client.RbacAuthorizationV1Api(op.api).patch_namespaced_role_binding,
+    }
+    for _, body in inplace.render_rbac(ns, inplace.AGENT_SERVICE_ACCOUNT):
+        for _ in range(2):  # a create, then an apply of what is there: both are the operator's
+            apply[body["kind"]](
+                body["metadata"]["name"], ns, body, field_manager="multislice-operator",
+                force=True, _content_type="application/apply-patch+yaml",
+            )  # fmt: skip
+    binding = client.RbacAuthorizationV1Api(api).read_namespaced_role_binding(
+        f"{inplace.CLUSTER_ROLE}-{inplace.AGENT_SERVICE_ACCOUNT}", ns
+    )
+    assert binding.role_ref.name == inplace.CLUSTER_ROLE
+    assert binding.subjects[0].name == inplace.AGENT_SERVICE_ACCOUNT
 
 
 # ---------------------------------------------------------------- admission policies

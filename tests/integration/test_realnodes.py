@@ -340,6 +340,25 @@ def test_a_pod_hostname_under_a_headless_service_resolves_in_other_pods(
         assert logs.split() == [real_cluster.node_ip("tpu-b-0")]
 
 
+def test_a_host_network_pod_resolves_its_nodes_hostname_to_the_nodes_address(
+    real_cluster: realnodes.RealCluster, core: client.CoreV1Api, ns: str
+) -> None:
+    """A GCE VM's /etc/hosts names the VM (its guest agent writes it), and a hostNetwork pod's
+    hosts file is its node's: JAX's CPU collectives (gloo) resolve the hostname to bind there.
+    Unresolved, every process of a real job died in gloo (device.cc:99, getaddrinfo -3)."""
+    body = _pod(
+        real_cluster,
+        "own-name",
+        ["resolve", "tpu-b-1", "60"],
+        "tpu-b-1",
+        hostNetwork=True,
+        dnsPolicy="ClusterFirstWithHostNet",
+    )
+    pod, logs = _run_to_end(real_cluster, core, ns, body)
+    assert pod["status"]["phase"] == "Succeeded", logs
+    assert logs.split() == [real_cluster.node_ip("tpu-b-1")]
+
+
 def test_in_cluster_clients_reach_the_apiserver_through_the_kubernetes_service(
     real_cluster: realnodes.RealCluster, core: client.CoreV1Api, ns: str
 ) -> None:

@@ -42,3 +42,14 @@ def gke(sim: Any) -> Iterator[Any]:
     client = gke_client(sim.url)
     yield client
     close(client)
+
+
+@pytest.fixture
+def registry() -> Iterator[Any]:
+    """The plugin registry (registry.py), put back as it was after the test: a test may register
+    a plugin (tests/plugins/) without the next one seeing it."""
+    from multislice_operator.registry import REGISTRY
+
+    state = REGISTRY.snapshot()
+    yield REGISTRY
+    REGISTRY.restore(state)

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from multislice_operator.api import models
 from multislice_operator.cli.main import build_parser
+from multislice_operator.registry import REGISTRY
 from multislice_operator.settings import Settings, env_of, flag_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,11 +276,11 @@ def known_names() -> frozenset[str]:
             models.ConditionType,
             models.SlicePhase,
             models.CapacityType,
-            models.ProvisioningMode,
             models.ExitCodePolicy,
         )
         for v in e
     }
+    enums |= set(REGISTRY.modes()) | set(REGISTRY.names())  # the plugins' modes and strategies
     return frozenset(
         code_strings() | enums | set(EXTERNAL_NAMES) | decide_reasons() | packaging_words()
     )

@@ -89,7 +89,7 @@ def test_the_operators_login_is_kopfs_own_on_the_short_keepalive_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The only login kopf calls (its fallbacks go when one is registered): the kubernetes
-    client's configuration, as kopf's default, with the session above."""
+    client's configuration first, as kopf's default, with the session above."""
     registry = kopf.get_default_registry()
     assert [h.fn for h in registry._activities.get_handlers(Activity.AUTHENTICATION)] == [
         apisession.login
@@ -117,3 +117,32 @@ def test_the_operators_login_is_kopfs_own_on_the_short_keepalive_session(
         API_KEEPALIVE_SECONDS,
         "Bearer t0k3n",
     )
+
+
+def test_the_login_works_where_the_kubernetes_library_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's image ships no `kubernetes` library (image/requirements.lock): there the
+    login is kopf's own service-account login (in a pod) or its kubeconfig reader. It returned
+    no credentials at all before, and the chart's pod crash-looped on kopf's LoginError (found by
+    the real-node lane, the first run of the image in a pod)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes.config` fails
+    monkeypatch.setitem(sys.modules, "kubernetes.config", None)
+    (tmp_path / "config").write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
+
+    async def login() -> tuple[str, str | None]:
+        handler: Any = apisession.login
+        got = await handler(logger=logging.getLogger("test"), settings=kopf.OperatorSettings())
+        assert isinstance(got, kopf.AiohttpSession), got
+        try:
+            assert isinstance(got.aiohttp_session.connector, aiohttp.TCPConnector)
+            keepalive = got.aiohttp_session.connector._keepalive_timeout
+            assert keepalive == API_KEEPALIVE_SECONDS
+            return got.server, got.aiohttp_session.headers.get("Authorization")
+        finally:
+            await got.aiohttp_session.close()
+
+    assert asyncio.run(login()) == ("https://10.0.0.1:6443", "Bearer t0k3n")

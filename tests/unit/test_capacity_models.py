@@ -1,6 +1,7 @@
-"""Capacity as one interface (reconcile/capacity.py): every provisioning mode has a model in the
-registry (capacity_models.py), each model implements the whole interface, and the job's model is
-chosen once, in derive, so that decide() asks it and never tests which one it has."""
+"""Capacity models as plugins (reconcile/capacity.py, registry.py): every registered mode has a
+whole model, the job's model is chosen once, in derive, so that decide() asks it and never
+tests which one it has, and a model's spec rules are an allow-list generated from what it
+accepts."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from multislice_operator.api.models import MultisliceJobStatus, ProvisioningMode
+from multislice_operator.api import crd, models
+from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common.errors import SpecError
 from multislice_operator.common.pools import PoolState
+from multislice_operator.plugins.dynamic import DYNAMIC_SLICES
+from multislice_operator.plugins.existing import EXISTING_POOLS
+from multislice_operator.plugins.nodepools import NODE_POOLS
 from multislice_operator.reconcile import DecideConfig, JobMeta, SliceObservation
-from multislice_operator.reconcile.capacity import CapacityModel
-from multislice_operator.reconcile.capacity_dynamic import DYNAMIC_SLICES
-from multislice_operator.reconcile.capacity_existing import EXISTING_POOLS
-from multislice_operator.reconcile.capacity_models import MODELS, WITHOUT_PLAN, model_of
-from multislice_operator.reconcile.capacity_nodepools import NODE_POOLS
+from multislice_operator.reconcile.capacity import WITHOUT_PLAN, CapacityModel, model_of
 from multislice_operator.reconcile.facts import derive
+from multislice_operator.registry import REGISTRY, CapacityPlugin, PluginError, Registry
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -26,17 +29,19 @@ META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
 MEMBERS = sorted(
     {*CapacityModel.__annotations__, *(n for n in vars(CapacityModel) if not n.startswith("_"))}
 )
+MODELS = {p.mode: p.model for p in REGISTRY.models().values()}
 
 
-def test_every_provisioning_mode_has_a_capacity_model() -> None:
-    assert set(MODELS) == set(ProvisioningMode)
-    assert MODELS[ProvisioningMode.MANAGED] is NODE_POOLS
-    assert MODELS[ProvisioningMode.EXISTING] is EXISTING_POOLS
-    assert MODELS[ProvisioningMode.DYNAMIC_SLICING] is DYNAMIC_SLICES
+def test_the_registry_holds_the_three_in_tree_models() -> None:
+    assert MODELS == {
+        "Managed": NODE_POOLS,
+        "Existing": EXISTING_POOLS,
+        "DynamicSlicing": DYNAMIC_SLICES,
+    }
     assert len({m.name for m in MODELS.values()}) == len(MODELS)  # one name, one model
 
 
-@pytest.mark.parametrize("model", list(MODELS.values()), ids=lambda m: m.name)
+@pytest.mark.parametrize("model", [*MODELS.values(), WITHOUT_PLAN], ids=lambda m: m.name)
 def test_each_model_implements_the_whole_interface(model: CapacityModel) -> None:
     assert {"slices", "provide", "release", "present", "dry_run_first"} <= set(MEMBERS)
     for member in MEMBERS:
@@ -47,23 +52,23 @@ def test_each_model_implements_the_whole_interface(model: CapacityModel) -> None
 
 # What a mode needs besides itself: dynamic slicing is tpu7x on a reservation.
 NEEDS = {
-    ProvisioningMode.DYNAMIC_SLICING: {
+    "DynamicSlicing": {
         "accelerator": "tpu7x-128",
         "capacity": {"type": "Reserved", "reservation": "ironwood"},
     }
 }
 
 
-@pytest.mark.parametrize("mode", list(ProvisioningMode))
-def test_derive_chooses_the_plans_model_once(mode: ProvisioningMode) -> None:
-    spec, plan = spec_and_plan(provisioning={"mode": mode.value}, **NEEDS.get(mode, {}))
+@pytest.mark.parametrize("mode", list(MODELS))
+def test_derive_chooses_the_plans_model_once(mode: str) -> None:
+    spec, plan = spec_and_plan(provisioning={"mode": mode}, **NEEDS.get(mode, {}))
     f = derive(META, spec, plan, None, MultisliceJobStatus(), Observed(now=NOW), CFG)
     assert f.capacity is MODELS[mode] is model_of(plan)
 
 
 def test_a_job_without_a_plan_releases_only_its_strays() -> None:
     f = derive(META, None, None, None, MultisliceJobStatus(), Observed(now=NOW), CFG)
-    assert f.capacity is WITHOUT_PLAN is EXISTING_POOLS
+    assert f.capacity is WITHOUT_PLAN and f.capacity.name == "HoldsNothing"
     assert f.capacity.present(f) == [] and not f.capacity.finalizer_first
 
 
@@ -95,3 +100,58 @@ def test_what_each_model_asks_before_its_first_capacity() -> None:
     assert NODE_POOLS.finalizer_first and NODE_POOLS.dry_run_first
     # The cluster's own pools: the JobSet is created at once, nothing of the job's to release.
     assert not EXISTING_POOLS.finalizer_first and not EXISTING_POOLS.dry_run_first
+
+
+# ------------------------------------------------------------------ the API, from the registry
+
+
+def test_the_crd_enum_of_modes_is_the_registrys() -> None:
+    mode = crd.spec_schema()["properties"]["provisioning"]["properties"]["mode"]
+    assert mode["enum"] == ["Managed", "Existing", "DynamicSlicing"]
+    assert mode["default"] == "Managed"
+    assert "Existing: the slices run on node pools that already exist" in mode["description"]
+
+
+def test_a_mode_no_plugin_registers_is_refused_naming_the_modes() -> None:
+    with pytest.raises(SpecError) as err:
+        spec_and_plan(provisioning={"mode": "Labelled"})
+    (e,) = err.value.errors
+    assert e.path == "spec.provisioning.mode"
+    assert "'Labelled' is not a provisioning mode: use Managed, Existing or DynamicSlicing" in str(
+        e
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "fields", "path"),
+    [
+        ("Existing", {"spares": 1}, "spec.spares"),
+        ("Existing", {"elastic": {"minSlices": 1}}, "spec.elastic"),
+        ("DynamicSlicing", {"elastic": {"minSlices": 1}, **NEEDS["DynamicSlicing"]},
+         "spec.elastic"),
+    ],
+)  # fmt: skip
+def test_a_feature_a_model_does_not_accept_is_refused_naming_the_field(
+    mode: str, fields: dict[str, object], path: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_and_plan(provisioning={"mode": mode}, **fields)
+    found = [e for e in err.value.errors if e.path == path]
+    assert found and f"provisioning.mode {mode} does not accept it" in str(found[0])
+
+
+def test_the_allow_lists_are_cel_rules_naming_the_modes_that_accept() -> None:
+    rules = {r.field: r for r in models.spec_rules() if r.cel.endswith("]")}
+    assert rules["spec.spares"].cel.endswith("in ['Managed', 'DynamicSlicing']")
+    assert rules["spec.elastic"].cel.endswith("in ['Managed']")
+    cel = [v["rule"] for v in crd.spec_schema()["x-kubernetes-validations"]]
+    assert rules["spec.spares"].cel in cel and rules["spec.elastic"].cel in cel
+
+
+def test_a_model_is_registered_once_with_a_word_for_a_mode(registry: Registry) -> None:
+    with pytest.raises(PluginError, match="registered twice"):
+        registry.add_model(CapacityPlugin("Managed", EXISTING_POOLS, "again"))
+    with pytest.raises(PluginError, match="not a CamelCase word"):
+        registry.add_model(CapacityPlugin("no'quote", EXISTING_POOLS, "bad"))
+    with pytest.raises(PluginError, match="unknown features"):
+        registry.add_model(CapacityPlugin("Other", EXISTING_POOLS, "x", accepts={"gpus": ""}))

@@ -186,7 +186,7 @@ def resize_violations(
     - create-twice: one CreateJobSet at most, and none while a JobSet exists (even deleting);
     - restarts-before: a recreated JobSet continues the job's counters (status.restarts + 1,
       the resize itself, and the restarts charged to maxRestarts); the first starts at 0;
-    - resize-same-size: DeleteJobSet(resize=True) only on an elastic job's live JobSet and only
+    - resize-same-size: DeleteJobSet(foreground=True) only on an elastic job's live JobSet and only
       when the slice count changes: a shrink (ShrinkingSlices) with fewer pools Ready than the
       JobSet's replicas, a grow (GrowingSlices) with more pools up;
     - grow-unsaved: a grow goes once the workload saved the grow checkpoint, or did not within
@@ -223,7 +223,7 @@ def resize_violations(
     reasons = {e.reason for e in decision.events}
     shrink, grow = Reason.SHRINKING_SLICES in reasons, Reason.GROWING_SLICES in reasons
     for a in actions:
-        if not (isinstance(a, DeleteJobSet) and a.resize):
+        if not (isinstance(a, DeleteJobSet) and a.foreground):
             continue
         if el is None or js is None or js.deleting:
             out.append(f"resize-same-size: {a} with elastic {el} and JobSet {js}")
@@ -535,7 +535,7 @@ def spec_and_plan(job: Job, suspend: bool) -> tuple[MultisliceJobSpec, Plan]:
     """Planned once per knob set (decide() only reads them)."""
     parsed = load_job(job.body(suspend))
     plan = plan_job(parsed)
-    assert plan.managed and plan.shape.hosts == HOSTS and plan.slices == SLICES
+    assert plan.mode == "Managed" and plan.shape.hosts == HOSTS and plan.slices == SLICES
     return parsed.spec, plan
 
 
@@ -608,7 +608,7 @@ _ON_TWO = JobSetObservation(restarts=1, replicas=2)
         (
             _resize_case(
                 _RESIZED,
-                [DeleteJobSet(resize=True)],
+                [DeleteJobSet(foreground=True)],
                 ("ShrinkingSlices",),
                 (PoolState.READY, PoolState.ABSENT),
                 _ON_TWO,
@@ -617,14 +617,14 @@ _ON_TWO = JobSetObservation(restarts=1, replicas=2)
         ),
         (
             _resize_case(
-                _RESIZED, [DeleteJobSet(resize=True)], ("ShrinkingSlices",), _READY2, _ON_TWO
+                _RESIZED, [DeleteJobSet(foreground=True)], ("ShrinkingSlices",), _READY2, _ON_TWO
             ),
             ["resize-same-size"],
         ),
         (
             _resize_case(
                 _SHRUNK,
-                [DeleteJobSet(resize=True)],
+                [DeleteJobSet(foreground=True)],
                 ("GrowingSlices",),
                 (PoolState.READY, PoolState.ABSENT),
                 _ON_ONE,
@@ -633,14 +633,14 @@ _ON_TWO = JobSetObservation(restarts=1, replicas=2)
         ),
         (
             _resize_case(
-                _SHRUNK, [DeleteJobSet(resize=True)], ("GrowingSlices",), _READY2, _ON_ONE
+                _SHRUNK, [DeleteJobSet(foreground=True)], ("GrowingSlices",), _READY2, _ON_ONE
             ),
             [],  # nothing runs: no checkpoint to wait for
         ),
         (
             _resize_case(
                 {**_SHRUNK, "checkpoint": _GROW_ASKED},
-                [DeleteJobSet(resize=True)],
+                [DeleteJobSet(foreground=True)],
                 ("GrowingSlices",),
                 _READY2,
                 _ON_ONE,
@@ -651,7 +651,7 @@ _ON_TWO = JobSetObservation(restarts=1, replicas=2)
         (
             _resize_case(
                 {**_SHRUNK, "checkpoint": {**_GROW_ASKED, "savedStep": 7}},
-                [DeleteJobSet(resize=True)],
+                [DeleteJobSet(foreground=True)],
                 ("GrowingSlices",),
                 _READY2,
                 _ON_ONE,
@@ -660,7 +660,7 @@ _ON_TWO = JobSetObservation(restarts=1, replicas=2)
             [],
         ),
         (
-            _resize_case({}, [DeleteJobSet(resize=True)], ("ShrinkingSlices",), elastic=False),
+            _resize_case({}, [DeleteJobSet(foreground=True)], ("ShrinkingSlices",), elastic=False),
             ["resize-same-size"],
         ),
         (_resize_case(_SHRUNK, [], status={"restarts": 1}), ["restarts-down", "by-cause-sum"]),
@@ -1154,7 +1154,7 @@ class DecideMachine(RuleBasedStateMachine):
             if w.jobset is not None and w.jobset.gone_at is None:
                 # Foreground (a resize): it stays, deleting, until its pods are gone.
                 w.jobset.gone_at = w.now + timedelta(seconds=5)
-                w.jobset.foreground = a.resize
+                w.jobset.foreground = a.foreground
         elif isinstance(a, SetJobSetSuspend):
             if w.jobset is not None:
                 w.jobset.suspended = a.suspend

@@ -1,4 +1,4 @@
-"""Capacity model `DynamicSlices` (capacity_dynamic.py) through decide(): cubes, one GKE `Slice`
+"""Capacity model `DynamicSlices` (plugins/dynamic.py) through decide(): cubes, one GKE `Slice`
 per job slice formed from healthy free cubes all or none, the JobSet only once every Slice is
 ACTIVE, a broken Slice re-formed from a spare cube with every slice restarted, and everything
 released at the end (issue 41)."""
@@ -15,22 +15,33 @@ from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
 from multislice_operator.planning import cubes
+from multislice_operator.plugins.dynamic import (
+    DYNAMIC_SLICES,
+    CreateSlice,
+    CubeObservation,
+    DeleteSlices,
+    DynamicObservation,
+    SliceObjectObservation,
+)
 from multislice_operator.reconcile import JobMeta, SliceObservation
-from multislice_operator.reconcile.capacity_dynamic import DYNAMIC_SLICES
-from multislice_operator.reconcile.capacity_models import model_of
+from multislice_operator.reconcile.capacity import model_of
 from multislice_operator.reconcile.types import (
     CreateJobSet,
     CreatePools,
-    CreateSlice,
-    CubeObservation,
     DeletePools,
-    DeleteSlices,
     EvictPods,
     JobSetObservation,
-    SliceObjectObservation,
 )
 from tests.unit import jobs
-from tests.unit.jobs import Observed
+from tests.unit.jobs import Observed as _Observed
+
+
+def Observed(**kw: Any) -> Any:
+    """An observation whose cubes and Slices (`cubes`, `slice_objects`, `cubes_taken`) are the
+    dynamic model's own (`Observed.capacity`)."""
+    parts = {k: kw.pop(k) for k in ("cubes", "slice_objects", "cubes_taken") if k in kw}
+    return _Observed(capacity=DynamicObservation(**parts), **kw)
+
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 BLOCK = "ironwood/reservationBlocks/block-1"
@@ -387,7 +398,7 @@ def _node(pool: str, partition: str, state: str = "HEALTHY", ready: bool = True,
 
 
 def test_the_controller_observes_cubes_slices_and_cubes_others_hold() -> None:
-    from multislice_operator.controller.observe import dynamic_observation, summarize_slice
+    from multislice_operator.plugins.dynamic import dynamic_observation, summarize_slice
 
     _, plan = _plan()
     own = [p.name for p in plan.pools]
@@ -404,7 +415,8 @@ def test_the_controller_observes_cubes_slices_and_cubes_others_hold() -> None:
     }
     other = {"metadata": {"name": "team-b-slice"}, "spec": {"partitionIds": ["c7", "c8"]}}
     index = {mine: [summarize_slice(body)], "team-b-slice": [summarize_slice(other)]}
-    found, taken, slices = dynamic_observation(plan, nodes, index)
+    seen = dynamic_observation(plan, nodes, index)
+    found, taken, slices = seen.cubes, seen.cubes_taken, seen.slice_objects
     assert [(c.partition, c.state, c.ready_hosts, c.ours) for c in found] == [
         ("c0", "HEALTHY", 16, True),
         ("c1", "UNHEALTHY", 16, True),

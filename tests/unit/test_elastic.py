@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.api.models import MultisliceJobStatus, RestartCause
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller.observe import jobset_observation, pod_records
+from multislice_operator.plugins.resize import RESIZE
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.restarts import attribute
 from multislice_operator.reconcile.types import (
@@ -125,7 +126,7 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     creating = pools(PoolState.READY, PoolState.READY, PoolState.READY, PoolState.CREATING)
     later = T0 + timedelta(seconds=WAIT + 1)
     d = run(d.status, Observed(now=later, slices=creating, jobset=js(4, 1, ready=3)))
-    assert d.actions == [DeleteJobSet(resize=True)]
+    assert d.actions == [DeleteJobSet(foreground=True)]
     assert Reason.SHRINKING_SLICES in events(d)
     shrink = next(e.message for e in d.events if e.reason == Reason.SHRINKING_SLICES)
     assert "restarting on 3 of 4 slices (dcn.data 3)" in shrink
@@ -174,7 +175,7 @@ def test_a_lost_slice_shrinks_the_job_after_wait_seconds_and_it_grows_back_after
     assert d.status.checkpoint is not None and d.status.checkpoint.saved_step == 500
     d = run(d.status, Observed(now=grow_at, slices=ready, jobset=js(3, 2, base=2),
                                 pods=pods(3, 2, saved=("grow-4-2", 500))))  # fmt: skip
-    assert d.actions == [DeleteJobSet(resize=True)]
+    assert d.actions == [DeleteJobSet(foreground=True)]
     grow = next(e.message for e in d.events if e.reason == Reason.GROWING_SLICES)
     assert "checkpoint grow-4-2 saved at step 500" in grow
     d = run(d.status, Observed(now=grow_at, slices=ready))
@@ -192,7 +193,7 @@ def test_a_stockout_for_the_replacement_shrinks_at_once():
     stocked = pools(PoolState.READY, PoolState.READY, PoolState.READY, PoolState.ABSENT,
                     error={3: "GCE_STOCKOUT"})  # fmt: skip
     d = run(running_on_four(), Observed(now=T0, slices=stocked, jobset=js(4, 1, ready=3)))
-    assert DeleteJobSet(resize=True) in d.actions
+    assert DeleteJobSet(foreground=True) in d.actions
     shrink = next(e.message for e in d.events if e.reason == Reason.SHRINKING_SLICES)
     assert "GCE_STOCKOUT" in shrink
 
@@ -235,7 +236,7 @@ def test_a_grow_goes_without_the_checkpoint_when_the_workload_never_answers():
     assert not any(isinstance(a, DeleteJobSet) for a in d.actions)
     d = run(d.status, Observed(now=T0 + timedelta(seconds=300), slices=ready,
                                jobset=js(3, 2, base=2), pods=pods(3, 2)))  # fmt: skip
-    assert d.actions == [DeleteJobSet(resize=True)]
+    assert d.actions == [DeleteJobSet(foreground=True)]
     assert "not saved within 300s" in next(
         e.message for e in d.events if e.reason == Reason.GROWING_SLICES
     )
@@ -271,17 +272,20 @@ def test_the_resized_jobset_says_the_new_count_and_continues_the_restarts():
     assert [p.attempt for p in pod_records([pod], seen)] == [5]
 
 
+RESIZES = {RestartCause.RESIZE: RESIZE}
+
+
 def test_a_resize_is_counted_once_charged_to_no_budget():
     old = MultisliceJobStatus.from_dict({"restarts": 3, "restartsByCause": {"disruption": 3}})
     recreated = JobSetObservation(restarts=4, restart_base=4, replicas=3)
-    a = attribute(old, recreated, [])
+    a = attribute(old, recreated, [], RESIZES)
     assert a.new == 1 and a.cause is not None and a.cause.value == "resize"
     assert a.by_cause is not None and a.by_cause.resize == 1 and a.by_cause.not_program() == 3
     # The same JobSet restarting on its own later (a disruption) is not a resize again.
     old2 = MultisliceJobStatus.from_dict(
         {"restarts": 4, "restartsByCause": {"disruption": 3, "resize": 1}}
     )
-    b = attribute(old2, JobSetObservation(restarts=5, restart_base=4, replicas=3), [])
+    b = attribute(old2, JobSetObservation(restarts=5, restart_base=4, replicas=3), [], RESIZES)
     assert b.by_cause is not None and b.by_cause.resize == 1 and b.by_cause.disruption == 4
 
 
@@ -352,7 +356,7 @@ def test_the_pass_that_sees_the_grow_checkpoint_saved_grows_at_once():
         for p in pods(3, 2, saved=("grow-4-2", 500))
     ]
     d = run(asked.status, Observed(now=later, slices=ready, jobset=js(3, 2, base=2), pods=saved))
-    assert d.actions == [DeleteJobSet(resize=True)]
+    assert d.actions == [DeleteJobSet(foreground=True)]
     assert d.status.checkpoint is not None and d.status.checkpoint.saved_step == 500
     assert Reason.CHECKPOINT_SAVED in events(d)
     grow = next(e.message for e in d.events if e.reason == Reason.GROWING_SLICES)

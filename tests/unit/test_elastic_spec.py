@@ -53,11 +53,12 @@ def refusals(**kw: Any) -> dict[str, str]:
 
 class Cel:
     """An interpreter of the CEL the new rules use: has(), self.a.b, ints, 'strings', string(),
-    ! && || ?: == != < <= > >= + * / %. Enough to run the rules as written in the CRD, so that
-    a misspelt field or a wrong operator fails here and not only on a real apiserver."""
+    [lists], ! && || ?: == != < <= > >= in + * / %. Enough to run the rules as written in the
+    CRD, so that a misspelt field or a wrong operator fails here and not only on a real
+    apiserver."""
 
     TOKEN = re.compile(
-        r"\s*(?:(\d+)|'([^']*)'|([A-Za-z_]\w*)|(&&|\|\||==|!=|<=|>=|[!<>+*/%?:().-]))"
+        r"\s*(?:(\d+)|'([^']*)'|([A-Za-z_]\w*)|(&&|\|\||==|!=|<=|>=|[!<>+*/%?:().,\[\]-]))"
     )
 
     def __init__(self, text: str) -> None:
@@ -122,6 +123,10 @@ class Cel:
             return self.unary()
         ops = self.LEVELS[level]
         left = self.binary(level + 1)
+        if level == 2 and self.i < len(self.tokens) and self.tokens[self.i] == ("id", "in"):
+            self.i += 1
+            within = self.binary(level + 1)
+            return (lambda a, b: lambda o: a(o) in b(o))(left, within)
         while self.i < len(self.tokens) and self.tokens[self.i][0] == "op":
             op = self.tokens[self.i][1]
             if op not in ops:
@@ -175,6 +180,14 @@ class Cel:
             inner = self.ternary()
             self.take(")")
             return inner
+        if (kind, value) == ("op", "["):
+            self.take("[")
+            items = [] if self.peek("]") else [self.ternary()]
+            while self.peek(","):
+                self.take(",")
+                items.append(self.ternary())
+            self.take("]")
+            return lambda o: [item(o) for item in items]
         if (kind, value) == ("id", "has"):
             self.i += 1
             self.take("(")
@@ -194,7 +207,7 @@ class Cel:
 def new_rules() -> list[models.Rule]:
     rules = [
         r
-        for r in models.SPEC_RULES
+        for r in models.spec_rules()
         if r.field in NEW_FIELDS and ("elastic" in r.cel or "spares" in r.cel)
     ]
     assert len(rules) == 5

@@ -62,7 +62,7 @@ def test_seed_scenarios_are_covered() -> None:
     assert reserved.capacity == "Reserved"
     assert {p.reservation for p in reserved.node_pools} == {"tpu-v5p-reservation"}
     existing = by_file["v6e-16x2-existing.yaml"]
-    assert not existing.managed and existing.node_pools == []
+    assert existing.mode == "Existing" and existing.node_pools == []
     # Ironwood (issue 24): 64 chips, 16 hosts, 4x4x4 per slice, placed by a workload policy,
     # from a reservation block.
     iw = by_file["tpu7x-128x2.yaml"]

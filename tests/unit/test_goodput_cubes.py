@@ -10,17 +10,12 @@ from typing import Any
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common.pools import PoolState
 from multislice_operator.planning import cubes
+from multislice_operator.plugins.dynamic import CreateSlice, CubeObservation, SliceObjectObservation
 from multislice_operator.reconcile import JobMeta, SliceObservation
 from multislice_operator.reconcile.goodput import SPARE, live
-from multislice_operator.reconcile.types import (
-    CreatePools,
-    CreateSlice,
-    CubeObservation,
-    JobSetObservation,
-    SliceObjectObservation,
-)
+from multislice_operator.reconcile.types import CreatePools, JobSetObservation
 from tests.unit import jobs
-from tests.unit.jobs import Observed
+from tests.unit.test_dynamic_slicing import Observed
 
 T0 = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 META = JobMeta("ns", "job", "uid-1", 1, creation_time=T0, has_finalizer=True)

@@ -5,6 +5,7 @@ it (a condition, an event, status.lastRestart.strategy)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -34,11 +35,13 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile.types import Observed as RawObserved
 from multislice_operator.render import inplace
 from multislice_operator.render.jobset import render_jobset
+from multislice_operator.settings import Settings
 from tests.unit import jobs
 from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC)
 AGENT = "registry.example/in-place-restart-agent:v0.12.0"
+WITH_AGENT = Settings(in_place_agent_image=AGENT)
 EXISTING = {"provisioning": {"mode": "Existing"}}
 SLICES = [SliceObservation(i, f"pool-{i}", PoolState.READY, 4) for i in range(2)]
 run = partial(jobs.run, now=NOW)
@@ -46,7 +49,7 @@ run = partial(jobs.run, now=NOW)
 
 def rendered(**spec: Any) -> dict[str, Any]:
     s, plan = spec_and_plan(**spec)
-    return render_jobset(plan, s, in_place_agent=AGENT)
+    return render_jobset(plan, s, restart_strategy="InPlaceRestart", settings=WITH_AGENT)
 
 
 def pod_of(js: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +275,7 @@ def create_pass(support: InPlaceSupport | None) -> Any:
 
 def test_a_cluster_with_in_place_creates_the_jobset_for_it_and_says_so() -> None:
     d = create_pass(InPlaceSupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3"))
-    assert d.actions == [CreateJobSet(in_place=True)]
+    assert d.actions == [CreateJobSet(restart_strategy="InPlaceRestart")]
     cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
     assert cond is not None and (cond.status, cond.reason) == ("True", Reason.IN_PLACE_RESTART)
     assert Reason.IN_PLACE_UNAVAILABLE not in [e.reason for e in d.events]
@@ -281,7 +284,7 @@ def test_a_cluster_with_in_place_creates_the_jobset_for_it_and_says_so() -> None
 def test_a_cluster_without_it_recreates_with_a_condition_and_an_event_saying_why() -> None:
     why = "the installed JobSet is older than v0.11.0: ..."
     d = create_pass(InPlaceSupport(False, why))
-    assert d.actions == [CreateJobSet(in_place=False)]
+    assert d.actions == [CreateJobSet(restart_strategy="Recreate")]
     cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
     assert cond is not None
     assert (cond.status, cond.reason) == ("False", Reason.IN_PLACE_UNAVAILABLE)
@@ -300,7 +303,7 @@ def test_not_found_out_yet_recreates_and_says_nothing() -> None:
 def test_the_dry_run_judges_the_jobset_that_will_be_created() -> None:
     obs = RawObserved(now=NOW, slices=[], in_place=InPlaceSupport(True, "ok"))
     d = run(obs=obs)  # Managed, no pool yet, not judged: the dry run comes first
-    assert d.actions == [ValidateJobSet(in_place=True)]
+    assert d.actions == [ValidateJobSet(restart_strategy="InPlaceRestart")]
 
 
 @pytest.mark.parametrize(
@@ -310,7 +313,9 @@ def test_the_dry_run_judges_the_jobset_that_will_be_created() -> None:
 def test_last_restart_says_which_strategy_ran(counted: int, cause: RestartCause, strategy: str):
     old = MultisliceJobStatus.from_dict({"phase": "Running", "jobSet": "job"})
     old.conditions = create_pass(InPlaceSupport(True, "ok")).status.conditions
-    js = JobSetObservation(ready_jobs=0, restarts=1, restarts_counted=counted)
+    js = JobSetObservation(
+        ready_jobs=0, restarts=1, restarts_counted=counted, restart_strategy="InPlaceRestart"
+    )
     d = run(old, Observed(now=NOW, slices=list(SLICES), jobset=js), **EXISTING)
     last = d.status.last_restart
     assert last is not None and (last.cause, last.strategy) == (cause.value, strategy)
@@ -333,7 +338,8 @@ def jobset_body(restarts: int, counted: int, current: int | None) -> dict[str, A
         "labels": {keys.MANAGED_BY: keys.MANAGED_BY_VALUE},
         "ownerReferences": [{"controller": True, "uid": jobs.META.uid}],
     }
-    return {"metadata": meta, "spec": {}, "status": status}
+    spec = {"failurePolicy": {"restartStrategy": "InPlaceRestart"}}
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 def observed_jobset(restarts: int, counted: int, current: int | None) -> JobSetObservation:
@@ -404,12 +410,12 @@ def test_a_pods_attempt_counts_its_in_place_restarts() -> None:
 
 def test_an_in_place_restart_records_its_recovery_once_every_slice_runs_again() -> None:
     js = observed_jobset(restarts=0, counted=0, current=1)
-    down = JobSetObservation(ready_jobs=0, restarts=js.restarts, restarts_counted=1, uid="js-uid")
+    down = dataclasses.replace(js, ready_jobs=0, restarts_counted=1)
     first = run(in_place_status(), Observed(now=NOW, slices=list(SLICES), jobset=down), **EXISTING)
     assert first.status.last_restart is not None
     assert first.status.last_restart.recovery_seconds is None
     later = NOW + timedelta(seconds=12)
-    up = JobSetObservation(ready_jobs=2, restarts=1, restarts_counted=1, uid="js-uid")
+    up = dataclasses.replace(js, ready_jobs=2, restarts=1, restarts_counted=1)
     pods = jobs.running({0: 4, 1: 4}, attempt=1)
     d = run(
         first.status, Observed(now=later, slices=list(SLICES), jobset=up, pods=pods), **EXISTING

@@ -218,3 +218,11 @@ def test_an_import_only_a_type_checker_reads_makes_no_circle() -> None:
     assert internal_imports(typed_alias, "multislice_operator.a", known) == set()
     run = "from multislice_operator.b import F\n"
     assert internal_imports(run, "multislice_operator.a", known) == {"multislice_operator.b"}
+
+
+def test_the_registry_sits_below_every_layer() -> None:
+    """registry.py is read by the API (the CRD's enums) and every layer above: at run time it
+    imports no module of the package (its plugins load by name, its types are the checker's)."""
+    source = (PKG / "registry.py").read_text()
+    ours = {i for i in imports_in(source, runtime_only=True) if i.startswith("multislice_operator")}
+    assert ours == set()

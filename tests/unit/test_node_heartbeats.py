@@ -83,14 +83,14 @@ def test_an_existing_job_waits_for_nodes_whose_heartbeats_stalled_saying_so():
     spec, plan = jobs.spec_and_plan(provisioning={"mode": "Existing"})
     nodes = index("pool-a", "pool-b")
     view, stale = ob.with_heartbeats(nodes, fresh_leases(nodes, but={"pool-b-2"}), NOW)
-    obs = ob.assemble(plan, "uid-1", NOW, None, [], view, None)
+    obs = ob.assemble(ob.ObserveInputs(plan, "uid-1", view), NOW, None, [])
     obs.stale_nodes = tuple(n for s in obs.slices for n in stale.get(str(s.pool), ()))
     meta = JobMeta("ns", "job", "uid-1", 1)
     d = jobs.run(None, obs, cfg=CFG, meta=meta, plan=(spec, plan))
     assert not [a for a in d.actions if isinstance(a, CreateJobSet)]
     assert d.status.phase == "Pending"
     assert "not counted Ready: pool-b-2 (120s)" in (d.status.message or ""), d.status.message
-    healthy = ob.assemble(plan, "uid-1", NOW, None, [], nodes, None)
+    healthy = ob.assemble(ob.ObserveInputs(plan, "uid-1", nodes), NOW, None, [])
     up = jobs.run(None, healthy, cfg=CFG, meta=meta, plan=(spec, plan))
     assert [a for a in up.actions if isinstance(a, CreateJobSet)]
 
@@ -106,7 +106,7 @@ def test_a_managed_gang_with_a_quiet_node_is_not_ready():
             for i, n in enumerate(names)
         }
     )
-    obs = ob.assemble(plan, "uid-1", NOW, None, [], view, gang)
+    obs = ob.assemble(ob.ObserveInputs(plan, "uid-1", view, gang), NOW, None, [])
     obs.stale_nodes = tuple(n for s in obs.slices for n in stale.get(str(s.pool), ()))
     old = {"phase": "Provisioning", "attemptStartTime": iso(NOW - timedelta(seconds=30))}
     d = jobs.run(old, obs, cfg=CFG, plan=(spec, plan))

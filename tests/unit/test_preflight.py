@@ -25,10 +25,9 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile import preflight as pf
+from multislice_operator.reconcile.preflight import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
-    CreatePreflightJob,
-    DeletePreflightJob,
     PreflightObservation,
 )
 from multislice_operator.render.preflight import render_preflight_job

@@ -11,6 +11,7 @@ from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common.errors import FieldError, SpecError
 from multislice_operator.common.ownership import Owner
 from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.plugins.existing import Found
 from multislice_operator.reconcile import (
     AddFinalizer,
     CreateJobSet,
@@ -107,7 +108,7 @@ def test_dcn_advice_condition():
 
 def test_existing_waits_for_pools():
     d = run(
-        obs=Observed(now=NOW, slices=existing(1), existing_pools_found=1),
+        obs=Observed(now=NOW, slices=existing(1), capacity=Found(1)),
         provisioning={"mode": "Existing"},
     )
     assert st(d)["phase"] == "Pending"

@@ -77,14 +77,15 @@ in one Role per watched namespace. */}}
 {{- define "multislice-operator.namespacedRules" -}}
 {{- if .Values.inPlaceRestart.enabled }}
 # In-place restart: the agents' ServiceAccount and its RoleBinding to the ClusterRole
-# multislice-inplace-restart (templates/inplace-restart.yaml), applied in each job namespace
-# before the job's JobSet; `bind` on that ClusterRole only.
+# multislice-inplace-restart (templates/inplace-restart.yaml), server-side applied in each job
+# namespace before the job's JobSet (an apply that creates the object needs create too); `bind`
+# on that ClusterRole only.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["patch"]
+  verbs: ["create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
-  verbs: ["patch"]
+  verbs: ["create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["clusterroles"]
   verbs: ["bind"]

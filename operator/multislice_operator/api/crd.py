@@ -43,7 +43,7 @@ def _unchanged(name: str) -> dict[str, str]:
 
 
 def _mode(side: str) -> str:
-    default = models.ProvisioningMode.MANAGED.value
+    default = models.DEFAULT_MODE
     return (
         f"(has({side}.provisioning) && has({side}.provisioning.mode) ? "
         f"{side}.provisioning.mode : '{default}')"
@@ -173,7 +173,7 @@ def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     schema = _schema_of(models.MultisliceJobSpec)
-    for rule in models.SPEC_RULES:  # stated once in the model, with their Python twin
+    for rule in models.spec_rules():  # stated once, with their Python twin
         if not rule.cel:  # enforced by a rule inside its own schema (the pod template's)
             continue
         node = schema

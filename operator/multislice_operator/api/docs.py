@@ -20,6 +20,7 @@ from typing import Any
 from pydantic.alias_generators import to_snake
 
 from multislice_operator.api import crd, models
+from multislice_operator.registry import REGISTRY
 
 HEADER = """\
 # API reference: `{api_version}` `{kind}`
@@ -101,6 +102,27 @@ def _rules(node: dict[str, Any]) -> list[str]:
     return [r["message"] for r in node.get("x-kubernetes-validations") or []]
 
 
+def _row(path: str, name: str, prop: dict[str, Any], required: set[str]
+         ) -> tuple[str, tuple[str, dict[str, Any]] | None]:  # fmt: skip
+    """One field's table row, and its own section's (path, schema) if it is a typed object."""
+    child, target = f"{path}.{name}", prop
+    if prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
+        child, target = f"{child}[]", prop["items"]
+    # A partly typed free-form object (the pod template) is one row: Kubernetes documents it.
+    typed = "properties" in target and not target.get("x-kubernetes-preserve-unknown-fields")
+    default = _literal(prop["default"]) if "default" in prop else ""
+    default = default or ("required" if name in required else "")
+    text = [prop.get("description") or target.get("description") or ""]
+    if child == "status.phase":
+        text = ["Where the job is now: see [Phases](#phases)."]
+    text += [f"Limits: {', '.join(limits)}." for limits in [_limits(prop)] if limits]
+    if not typed:  # an object's rules are listed in its own section
+        text += [f"Rule: {rule}." for rule in _rules(prop)]
+    description = _cell(" ".join(t for t in text if t)) or "-"
+    row = f"| `{name}` | {_type(prop, child)} | {default} | {description} |"
+    return row, ((child, target) if typed else None)
+
+
 def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
     """A table for one object; then one section per nested object, depth first."""
     out.append(f"### `{path}`\n")
@@ -111,27 +133,10 @@ def _section(path: str, node: dict[str, Any], out: list[str]) -> None:
     out.append("|---|---|---|---|")
     nested: list[tuple[str, dict[str, Any]]] = []
     for name, prop in node["properties"].items():
-        child = f"{path}.{name}"
-        target = prop
-        if prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
-            child, target = f"{child}[]", prop["items"]
-        # A partly typed free-form object (the pod template) is one row: Kubernetes documents it.
-        typed = "properties" in target and not target.get("x-kubernetes-preserve-unknown-fields")
-        if typed:
-            nested.append((child, target))
-        default = "required" if name in required else ""
-        if "default" in prop:
-            default = _literal(prop["default"])
-        text = [prop.get("description") or target.get("description") or ""]
-        if child == "status.phase":
-            text = ["Where the job is now: see [Phases](#phases)."]
-        text += [f"Limits: {', '.join(limits)}." for limits in [_limits(prop)] if limits]
-        if not typed:  # an object's rules are listed in its own section
-            text += [f"Rule: {rule}." for rule in _rules(prop)]
-        out.append(
-            f"| `{name}` | {_type(prop, child)} | {default} | "
-            f"{_cell(' '.join(t for t in text if t)) or '-'} |"
-        )
+        row, sub = _row(path, name, prop, required)
+        out.append(row)
+        if sub is not None:
+            nested.append(sub)
     out.append("")
     rules = _rules(node)
     if rules:
@@ -192,7 +197,42 @@ def generate() -> str:
     out.append("## Status\n")
     _section("status", root["properties"]["status"], out)
     out += _phases()
+    out += _capacity_models()
+    out += _restart_strategies()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _capacity_models() -> list[str]:
+    """Each registered capacity model's section (registry.py: in-tree plugins and loaded ones)."""
+    lines = [
+        "## Capacity models\n",
+        "`spec.provisioning.mode` names one; each is a plugin (`multislice_operator/registry.py`) "
+        "and says which features it accepts (`spec.spares`, `spec.elastic`, `spec.capacity.type` "
+        "`FlexStart`: a spec that uses another is refused, naming the field).\n",
+    ]
+    names = {"spares": "spares", "elastic": "elastic", "flexStart": "flex-start"}
+    for m in REGISTRY.models().values():
+        accepts = ", ".join(names[f] for f in m.accepts) or "none"
+        what = m.description[:1].upper() + m.description[1:]
+        lines += [f"### `{m.mode}`\n", _cell(f"{what} Accepts: {accepts}."), ""]
+        if m.docs:
+            lines += [m.docs.strip(), ""]
+    return lines
+
+
+def _restart_strategies() -> list[str]:
+    lines = [
+        "## Restart strategies\n",
+        "Each cause's strategy is chosen per job (`status.lastRestart.strategy` says which ran); "
+        "each is a plugin (`multislice_operator/registry.py`).\n",
+        "| Strategy | What | Causes | Carried out by |",
+        "|---|---|---|---|",
+    ]
+    for s in REGISTRY.strategies().values():
+        by = f"JobSet (`restartStrategy: {s.jobset_value}`)" if s.jobset_value else "the operator"
+        causes = ", ".join(f"`{c.value}`" for c in models.RestartCause if c in s.causes)
+        lines.append(f"| `{s.name}` | {s.description} | {causes} | {by} |")
+    return [*lines, ""]
 
 
 # ---------------------------------------------------------------- restart causes in the docs

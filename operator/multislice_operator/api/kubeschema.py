@@ -131,20 +131,20 @@ def source_version() -> str:
     return str(load()["source"].split("@", 1)[1].split(" ", 1)[0])
 
 
+# JSON's type of a Python value, in this order (a bool is an int to Python, not to JSON).
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)),
+                type(value).__name__)  # fmt: skip
 
 
 def describe(kind: Any) -> str:

@@ -13,10 +13,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from multislice_operator.api import podtemplate
+from multislice_operator.registry import REGISTRY
 from multislice_operator.tpu import parallelism
 from multislice_operator.tpu.catalog import ACCELERATOR_PATTERN, GENERATIONS
 
@@ -84,10 +85,16 @@ class CapacityType(StrEnum):
     FLEX_START = "FlexStart"  # Dynamic Workload Scheduler: waits for capacity, runs <= 7 days
 
 
-class ProvisioningMode(StrEnum):
-    MANAGED = "Managed"
-    EXISTING = "Existing"
-    DYNAMIC_SLICING = "DynamicSlicing"  # Ironwood: GKE Slice objects over 4x4x4 cubes
+# spec.provisioning.mode: a registered capacity model's (registry.py); this one when unset.
+DEFAULT_MODE = "Managed"
+
+
+def _modes_schema(schema: dict[str, Any]) -> None:
+    """spec.provisioning.mode: the registered capacity models (a plugin's mode is in the CRD's
+    enum once it is loaded), each with what it does."""
+    found = REGISTRY.models().values()
+    schema["enum"] = [m.mode for m in found]
+    schema["description"] = " ".join(f"{m.mode}: {m.description}" for m in found)
 
 
 class CubeSource(StrEnum):
@@ -160,15 +167,10 @@ class DynamicSlicing(_Model):
 class Provisioning(_Model):
     """How the slices' node pools come to exist."""
 
-    mode: ProvisioningMode = Field(
-        default=ProvisioningMode.MANAGED,
-        description=(
-            "Managed: the operator creates one GKE node pool per slice, all or none, and deletes "
-            "them when the job ends. Existing: the slices run on node pools that already exist "
-            "with the matching accelerator and topology labels. DynamicSlicing (tpu7x, GKE "
-            "1.35.2-gke.1842000+): each slice is a GKE Slice formed from 4x4x4 cubes "
-            "(provisioning.dynamicSlicing), all or none."
-        ),
+    mode: str = Field(
+        default=DEFAULT_MODE,
+        description="How the slices get their nodes: a registered capacity model's mode.",
+        json_schema_extra=_modes_schema,
     )
     dynamic_slicing: DynamicSlicing | None = Field(
         default=None,
@@ -188,6 +190,17 @@ class Provisioning(_Model):
         default=False,
         description="Keep the node pools after the job succeeds (they are still deleted with it).",
     )
+
+    @field_validator("mode")
+    @classmethod
+    def _registered(cls, mode: str) -> str:
+        if mode not in REGISTRY.modes():
+            known = word_list(REGISTRY.modes(), "or")
+            raise ValueError(
+                f"{mode!r} is not a provisioning mode: use {known} (the capacity models "
+                "this operator has; a plugin's mode needs the plugin loaded)"
+            )
+        return mode
 
 
 class IciParallelism(_Model):
@@ -672,22 +685,10 @@ def _cel_dcn(axis: str) -> str:
 # What the slice counts must be multiples of: the DCN axes an elastic shrink keeps.
 _CEL_FIXED = "(" + " * ".join(_cel_dcn(a) for a in parallelism.FIXED_DCN_AXES) + ")"
 _CEL_MIN = "self.elastic.minSlices"
-_DYN = ProvisioningMode.DYNAMIC_SLICING.value
-_CEL_CUBES = (
-    "(has(self.provisioning) && has(self.provisioning.dynamicSlicing) && "
-    "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
-    f"'{CubeSource.MANAGED.value}')"
-)
-
-
-def _cubes(s: MultisliceJobSpec) -> str:
-    ds = s.provisioning.dynamic_slicing
-    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
-
-
-_CEL_MODE = (
+# CEL, on spec: the job's provisioning.mode as it takes effect (unset: the default).
+CEL_MODE = (
     "(has(self.provisioning) && has(self.provisioning.mode) ? self.provisioning.mode : "
-    f"'{ProvisioningMode.MANAGED.value}')"
+    f"'{DEFAULT_MODE}')"
 )
 
 
@@ -915,69 +916,6 @@ SPEC_RULES: list[Rule] = [
         ),
         explain=_min_slices_explain,
     ),
-    # Shrinking and growing follow the pools the operator replaces: Managed only.
-    Rule(
-        path=(),
-        field="spec.elastic",
-        cel=f"!has(self.elastic) || {_CEL_MODE} == '{ProvisioningMode.MANAGED.value}'",
-        message="spec.elastic needs provisioning.mode: Managed: the operator shrinks the job "
-        "when a pool it replaces does not come back in time; with Existing node pools remove "
-        "spec.elastic",
-        holds=lambda s: s.elastic is None or s.provisioning.mode == ProvisioningMode.MANAGED,
-    ),
-    # Hot spares: the operator creates them, so only where it creates the slices' pools.
-    Rule(
-        path=(),
-        field="spec.spares",
-        cel=f"!has(self.spares) || self.spares == 0 || {_CEL_MODE} != "
-        f"'{ProvisioningMode.EXISTING.value}'",
-        message="spec.spares needs provisioning.mode: Managed (spare node pools) or "
-        "DynamicSlicing (spare cubes): the operator keeps the spares itself; with Existing node "
-        "pools set spares: 0 (provision spare pools yourself)",
-        holds=lambda s: s.spares == 0 or s.provisioning.mode != ProvisioningMode.EXISTING,
-    ),
-    # Dynamic slicing (issue 41): GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
-    # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
-    Rule(
-        path=("provisioning",),
-        field="spec.provisioning.dynamicSlicing",
-        cel=f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{_DYN}')",
-        message="spec.provisioning.dynamicSlicing is only read with mode: DynamicSlicing; set "
-        "the mode or remove dynamicSlicing",
-        holds=lambda s: (
-            s.provisioning.dynamic_slicing is None
-            or s.provisioning.mode == ProvisioningMode.DYNAMIC_SLICING
-        ),
-    ),
-    Rule(
-        path=(),
-        field="spec.accelerator",
-        cel=f"{_CEL_MODE} != '{_DYN}' || self.accelerator.startsWith('tpu7x-')",
-        message="spec.accelerator: provisioning.mode DynamicSlicing forms GKE Slices from "
-        "Ironwood 4x4x4 cubes only; use a tpu7x accelerator or mode Managed",
-        holds=lambda s: (
-            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
-            or s.accelerator.startswith("tpu7x-")
-        ),
-    ),
-    # Incremental provisioning of cubes takes an All Capacity mode reservation (GKE "Use dynamic
-    # slicing with a custom scheduler", requirements).
-    Rule(
-        path=(),
-        field="spec.capacity.type",
-        cel=f"{_CEL_MODE} != '{_DYN}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
-        f"(has(self.capacity) && has(self.capacity.type) && "
-        f"self.capacity.type == '{CapacityType.RESERVED.value}')",
-        message="spec.capacity.type must be Reserved with provisioning.mode DynamicSlicing: "
-        "the operator creates the cubes from an All Capacity mode reservation "
-        "(spec.capacity.reservation, its block or sub-block); or set "
-        "provisioning.dynamicSlicing.cubes: Existing for cubes that are there",
-        holds=lambda s: (
-            s.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING
-            or _cubes(s) == CubeSource.EXISTING
-            or s.capacity.type == CapacityType.RESERVED
-        ),
-    ),
     Rule(
         path=(),
         field="spec.spares",
@@ -991,6 +929,78 @@ SPEC_RULES: list[Rule] = [
         ),
     ),
 ]
+
+
+@dataclass(frozen=True)
+class _Feature:
+    """A spec feature a capacity model may accept (registry.Feature): the field it shows in,
+    when the spec uses it (CEL on spec and Python), and what to do without it."""
+
+    field: str
+    cel: str
+    used: Callable[[MultisliceJobSpec], bool]
+    what: str
+    remedy: str
+
+
+FEATURES: dict[str, _Feature] = {
+    "spares": _Feature(
+        "spec.spares",
+        "has(self.spares) && self.spares > 0",
+        lambda s: s.spares > 0,
+        "the operator keeps the spares itself",
+        "set spares: 0 (provision spare pools yourself)",
+    ),
+    "elastic": _Feature(
+        "spec.elastic",
+        "has(self.elastic)",
+        lambda s: s.elastic is not None,
+        "the operator shrinks the job when a pool it replaces does not come back in time",
+        "remove spec.elastic",
+    ),
+    "flexStart": _Feature(
+        "spec.capacity.type",
+        f"has(self.capacity) && has(self.capacity.type) && "
+        f"self.capacity.type == '{CapacityType.FLEX_START.value}'",
+        lambda s: s.capacity.type == CapacityType.FLEX_START,
+        "the capacity waits for flex-start VMs",
+        "use another capacity.type",
+    ),
+}
+
+
+def _feature_rule(name: str, accepting: dict[str, str]) -> Rule:
+    """The allow-list of one feature: the modes whose capacity models accept it."""
+    feature = FEATURES[name]
+    modes = ", ".join(f"'{m}'" for m in accepting)
+    which = word_list((f"{m} ({phrase})" if phrase else m for m, phrase in accepting.items()),
+                      "or") if accepting else "none"  # fmt: skip
+    message = (
+        f"{feature.field} needs provisioning.mode: {which}: {feature.what}; with another mode "
+        f"{feature.remedy}"
+    )
+    return Rule(
+        path=(),
+        field=feature.field,
+        cel=f"!({feature.cel}) || {CEL_MODE} in [{modes}]",
+        message=message,
+        holds=lambda s: not feature.used(s) or s.provisioning.mode in accepting,
+        explain=lambda s: (
+            f"provisioning.mode {s.provisioning.mode} does not accept it (its capacity model "
+            f"refuses it): {message.removeprefix(feature.field + ' ')}"
+        ),
+    )
+
+
+def spec_rules() -> list[Rule]:
+    """Every cross-field rule: the API's own, then, from the registered capacity models, which
+    modes accept each feature and each model's own rules (registry.py)."""
+    plugins = REGISTRY.models().values()
+    features = [
+        _feature_rule(name, {p.mode: p.accepts[name] for p in plugins if name in p.accepts})
+        for name in FEATURES
+    ]
+    return [*SPEC_RULES, *features, *(r for p in plugins for r in p.rules)]
 
 
 class Phase(StrEnum):
@@ -1255,12 +1265,15 @@ class GoodputStatus(_Model):
     )
 
 
-class RestartStrategyName(StrEnum):
-    """The restart strategies (reconcile/restart_strategy.py), by their `name`."""
-
-    IN_PLACE = "InPlaceRestart"
-    RECREATE = "Recreate"
-    RESIZE = "Resize"
+def _strategies_schema(schema: dict[str, Any]) -> None:
+    """status.lastRestart.strategy: the registered restart strategies (registry.py), each with
+    what it does; a plugin's strategy is in the CRD's enum once it is loaded."""
+    found = REGISTRY.strategies().values()
+    schema["enum"] = [s.name for s in found]
+    each = word_list((f"{s.name} ({s.description})" for s in found), "or")
+    schema["description"] = (
+        f"How the slices restarted: {each}; unset in a status written before it was recorded."
+    )
 
 
 class RestartStatus(_Model):
@@ -1285,11 +1298,10 @@ class RestartStatus(_Model):
         ge=0,
         description="From `time` to every slice running again; unset until then.",
     )
-    strategy: RestartStrategyName | None = Field(
+    strategy: str | None = Field(
         default=None,
-        description="How the slices restarted: InPlaceRestart (the pods kept, their containers "
-        "started again), Recreate (every pod deleted and created again) or Resize (a new "
-        "JobSet on another slice count); unset in a status written before it was recorded.",
+        description="How the slices restarted: a registered restart strategy's name.",
+        json_schema_extra=_strategies_schema,
     )
 
 
@@ -1596,6 +1608,12 @@ class MultisliceJobStatus(_Model):
         description="Since when the job's pods wait for a node, kept once the startup deadline "
         "acted on them (its pool replacement or restart would reset it); unset once every pod of "
         "an attempt was scheduled.",
+    )
+    capacity: dict[str, Any] | None = Field(
+        default=None,
+        description="What the job's capacity model (spec.provisioning.mode) says of its capacity, "
+        "in its own words (each model's section of docs/api.md says what); unset when it says "
+        "nothing.",
     )
 
     def condition(self, ctype: ConditionType | str) -> Condition | None:

@@ -153,12 +153,34 @@ def _type_name(value: Any) -> str:
     return "number" if isinstance(value, float) else "null" if value is None else "unknown"
 
 
+def _int_or_string(node: dict[str, Any], value: Any, path: str, out: list[FieldError]) -> None:
+    if _type_name(value) not in ("integer", "string"):
+        out.append(FieldError(path, f"must be an integer or a string, got {_type_name(value)}"))
+    elif isinstance(value, str) and "pattern" in node and not re.match(node["pattern"], value):
+        out.append(FieldError(path, f"{value!r} is not a quantity (e.g. 4, 500m, 16Gi)"))
+
+
+def _walk_array(node: dict[str, Any], value: list[Any], path: str, out: list[FieldError]) -> None:
+    if len(value) > node.get("maxItems", len(value)):
+        out.append(FieldError(path, f"must have at most {node['maxItems']} items"))
+    for i, item in enumerate(value):
+        _walk(node["items"], item, f"{path}[{i}]", out)
+
+
+def _walk_object(node: dict[str, Any], value: dict[str, Any], path: str,
+                 out: list[FieldError]) -> None:  # fmt: skip
+    for key, child in (node.get("properties") or {}).items():
+        if key in value and value[key] is not None:
+            _walk(child, value[key], f"{path}.{key}", out)
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, item in value.items():
+            _walk(extra, item, f"{path}.{key}", out)
+
+
 def _walk(node: dict[str, Any], value: Any, path: str, out: list[FieldError]) -> None:
     if node.get("x-kubernetes-int-or-string"):
-        if _type_name(value) not in ("integer", "string"):
-            out.append(FieldError(path, f"must be an integer or a string, got {_type_name(value)}"))
-        elif isinstance(value, str) and "pattern" in node and not re.match(node["pattern"], value):
-            out.append(FieldError(path, f"{value!r} is not a quantity (e.g. 4, 500m, 16Gi)"))
+        _int_or_string(node, value, path, out)
         return
     want = node.get("type")
     if want is not None and _type_name(value) != want:
@@ -167,18 +189,9 @@ def _walk(node: dict[str, Any], value: Any, path: str, out: list[FieldError]) ->
     if want == "string" and len(value) > node.get("maxLength", len(value)):
         out.append(FieldError(path, f"may not be longer than {node['maxLength']} characters"))
     if want == "array":
-        if len(value) > node.get("maxItems", len(value)):
-            out.append(FieldError(path, f"must have at most {node['maxItems']} items"))
-        for i, item in enumerate(value):
-            _walk(node["items"], item, f"{path}[{i}]", out)
+        _walk_array(node, value, path, out)
     if want == "object":
-        for key, child in (node.get("properties") or {}).items():
-            if key in value and value[key] is not None:
-                _walk(child, value[key], f"{path}.{key}", out)
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key, item in value.items():
-                _walk(extra, item, f"{path}.{key}", out)
+        _walk_object(node, value, path, out)
 
 
 def check(template: Any, path: str = "spec.template") -> list[FieldError]:

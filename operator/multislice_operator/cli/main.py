@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,6 +22,7 @@ import yaml
 from multislice_operator import __version__
 from multislice_operator.cli.yamlload import MAX_DEPTH, MAX_INPUT_BYTES
 from multislice_operator.common.errors import FieldError, SpecError
+from multislice_operator.registry import PluginError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -149,10 +151,25 @@ def _load_job(obj: Any) -> Any:
     return job
 
 
-def _plan(obj: dict[str, Any]) -> Any:
-    from multislice_operator.planning.plan import plan_job
+class _Planned:
+    """The jobs of a file that plan, as (object, job, plan) in the file's order, each other
+    one's errors said on stderr as it comes; `status`: EXIT_INVALID once any did not plan."""
 
-    return plan_job(_load_job(obj))
+    def __init__(self, path: str) -> None:
+        self.path, self.status = path, EXIT_OK
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], Any, Any]]:
+        from multislice_operator.planning.plan import plan_job
+
+        for obj in _jobs(self.path):
+            try:
+                job = _load_job(obj)
+                plan = plan_job(job)
+            except SpecError as exc:
+                _print_errors(obj, exc, sys.stderr)
+                self.status = EXIT_INVALID
+                continue
+            yield obj, job, plan
 
 
 def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
@@ -164,10 +181,17 @@ def _identity(obj: dict[str, Any], plan: Any, args: argparse.Namespace) -> Any:
     return pod_identity(
         obj["spec"].get("template") or {},
         plan.namespace,
-        managed=plan.managed,
+        managed=_own_nodes(plan),
         workload_identity=settings.gke_workload_identity,
         service_account=settings.gke_node_service_account,
     )
+
+
+def _own_nodes(plan: Any) -> bool:
+    """The TPU nodes are the operator's: it creates the slices' pools (their identity is its)."""
+    from multislice_operator.registry import REGISTRY
+
+    return REGISTRY.model(plan.mode).own_slice_pools
 
 
 def _warnings(obj: dict[str, Any], plan: Any, identity: Any) -> list[FieldError]:
@@ -183,18 +207,12 @@ def _print_errors(obj: dict[str, Any], exc: SpecError, out: TextIO) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    status = EXIT_OK
-    for obj in _jobs(args.file):
-        try:
-            plan = _plan(obj)
-        except SpecError as exc:
-            _print_errors(obj, exc, sys.stderr)
-            status = EXIT_INVALID
-            continue
+    planned = _Planned(args.file)
+    for obj, _, plan in planned:
         print(f"{_label(obj)}: valid ({_summary(plan)})")
         for warning in _warnings(obj, plan, _identity(obj, plan, args)):
             print(f"{_label(obj)}: warning: {warning}", file=sys.stderr)
-    return status
+    return planned.status
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -208,14 +226,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         settings.gke_node_service_account,
         settings.gke_node_scopes,
     )
-    plans, status = [], EXIT_OK
-    for obj in _jobs(args.file):
-        try:
-            plan = _plan(obj)
-        except SpecError as exc:
-            _print_errors(obj, exc, sys.stderr)
-            status = EXIT_INVALID
-            continue
+    plans, planned = [], _Planned(args.file)
+    for obj, _, plan in planned:
         identity = _identity(obj, plan, args)
         plans.append((plan, identity, _warnings(obj, plan, identity), _preflight(obj, plan)))
     if args.output == "json":
@@ -224,7 +236,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 **p.as_dict(),
                 "podIdentity": i.as_dict(),
                 "restarts": restart_summary(),
-                **({"nodeIdentity": nodes} if p.managed else {}),
+                **({"nodeIdentity": nodes} if _own_nodes(p) else {}),
                 **({"preflight": pre} if pre else {}),
                 "warnings": [{"path": w.path, "message": w.message} for w in warnings],
             }
@@ -234,11 +246,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         for plan, identity, warnings, pre in plans:
             extra = [("pod identity", identity.principal), ("restarts", restart_summary())]
-            extra += [("tpu nodes", nodes)] if plan.managed else []
+            extra += [("tpu nodes", nodes)] if _own_nodes(plan) else []
             extra += [("preflight", _preflight_text(pre))] if pre else []
             text = format_plan(plan, extra)
             print(text + "".join(f"warning: {w}\n" for w in warnings))
-    return status
+    return planned.status
 
 
 def _preflight(obj: dict[str, Any], plan: Any) -> dict[str, Any] | None:
@@ -424,29 +436,21 @@ PLACEHOLDER_ZONE, PLACEHOLDER_UID, PLACEHOLDER_REGION = "ZONE", "JOB_UID", "REGI
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from multislice_operator.planning.plan import plan_job
     from multislice_operator.render.jobset import render_jobset
 
     if args.gke_requests:
         return render_gke_requests(args)
-    rendered, status = [], EXIT_OK
-    for obj in _jobs(args.file):
-        try:
-            job = _load_job(obj)
-            rendered.append(render_jobset(plan_job(job), job.spec, job.metadata.labels))
-        except SpecError as exc:
-            _print_errors(obj, exc, sys.stderr)
-            status = EXIT_INVALID
+    planned = _Planned(args.file)
+    rendered = [render_jobset(plan, job.spec, job.metadata.labels) for _, job, plan in planned]
     if rendered:
         print(yaml.safe_dump_all(rendered, sort_keys=False), end="")
-    return status
+    return planned.status
 
 
 def render_gke_requests(args: argparse.Namespace) -> int:
     """Print the requests the operator will send, as JSON (`terraform plan`): the workload
     policies the slices need (InsertResourcePolicyRequest, sent when the policy does not exist
     yet), then one CreateNodePoolRequest per slice."""
-    from multislice_operator.planning.plan import plan_job
     from multislice_operator.provisioning.gke import resolve_node_locations
     from multislice_operator.provisioning.gke_requests import (
         cluster_path,
@@ -477,15 +481,8 @@ def render_gke_requests(args: argparse.Namespace) -> int:
     policies: dict[str, dict[str, Any]] = {}
     requests: list[dict[str, Any]] = []
     slices: list[dict[str, Any]] = []  # dynamic slicing: the Slices, after the cubes' pools
-    status = EXIT_OK
-    for obj in _jobs(args.file):
-        try:
-            job = _load_job(obj)
-            plan = plan_job(job)
-        except SpecError as exc:
-            _print_errors(obj, exc, sys.stderr)
-            status = EXIT_INVALID
-            continue
+    planned = _Planned(args.file)
+    for obj, job, plan in planned:
         if plan.dynamic:
             slices += slice_requests(plan)
         if not plan.pools:
@@ -498,7 +495,7 @@ def render_gke_requests(args: argparse.Namespace) -> int:
             plan, parent, uid, zones, settings.node_options(), enum_names=args.enum_names
         )
     print(json.dumps([*policies.values(), *requests, *slices], indent=2))
-    return status
+    return planned.status
 
 
 def _no_pools(plan: Any) -> str:
@@ -653,6 +650,9 @@ def main(argv: list[str] | None = None, prog: str = "multislice-operator") -> in
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
+    except PluginError as exc:  # a plugin named by MSJ_PLUGINS or an entry point
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SpecError as exc:  # pragma: no cover - commands catch their own
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID

@@ -233,13 +233,10 @@ def _index(pod: dict[str, Any], key: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    kubectl = Kubectl(args)
-    job = kubectl.job(args.name)
-    ns, name = _ns_name(job)
-    containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers")
-    container = args.container or (containers[0]["name"] if containers else None)
-    pods = job_pods(kubectl, name, ns)
+def _chosen(job: dict[str, Any], pods: list[dict[str, Any]], args: argparse.Namespace
+            ) -> list[dict[str, Any]]:  # fmt: skip
+    """The pods of worker `args.worker` (of slice `args.slice`, or of every slice), slice order;
+    none: a KubectlError saying which and why."""
     chosen = [
         p
         for p in pods
@@ -247,17 +244,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
         and (args.slice is None or _index(p, keys.JOBSET_JOB_INDEX) == args.slice)
     ]
     if not chosen:
-        which = (
-            f"slice {args.slice}, worker {args.worker}"
-            if args.slice is not None
-            else (f"worker {args.worker}")
-        )
+        ns, name = _ns_name(job)
+        which = f"worker {args.worker}"
+        which = f"slice {args.slice}, {which}" if args.slice is not None else which
         phase = (job.get("status") or {}).get("phase") or "Pending"
         raise KubectlError(
             f"{ns}/{name}: no pod for {which} (job phase {phase}, {len(pods)} pods in the "
             "current attempt)"
         )
-    chosen.sort(key=lambda p: (_index(p, keys.JOBSET_JOB_INDEX) or 0, p["metadata"]["name"]))
+    return sorted(chosen, key=lambda p: (_index(p, keys.JOBSET_JOB_INDEX) or 0,
+                                         p["metadata"]["name"]))  # fmt: skip
+
+
+def _log_flags(args: argparse.Namespace, container: str | None) -> list[str]:
+    flags = ["--tail", str(args.tail)]  # a selector alone would mean --tail 10
+    if container:
+        flags += ["-c", container]
+    if args.follow:
+        flags.append("-f")
+    if args.since:
+        flags += ["--since", args.since]
+    return flags
+
+
+def _logs_argv(kubectl: Kubectl, name: str, ns: str, chosen: list[dict[str, Any]],
+               args: argparse.Namespace, flags: list[str]) -> list[str]:  # fmt: skip
+    if len(chosen) == 1:
+        return kubectl.argv("logs", chosen[0]["metadata"]["name"], *flags, namespace=ns)
     selector = ",".join(
         [
             f"{keys.JOB_NAME}={name}",
@@ -266,20 +279,21 @@ def cmd_logs(args: argparse.Namespace) -> int:
         ]
         + ([f"{keys.JOBSET_JOB_INDEX}={args.slice}"] if args.slice is not None else [])
     )
-    flags = ["--tail", str(args.tail)]  # a selector alone would mean --tail 10
-    if container:
-        flags += ["-c", container]
-    if args.follow:
-        flags.append("-f")
-    if args.since:
-        flags += ["--since", args.since]
-    if len(chosen) == 1:
-        argv = kubectl.argv("logs", chosen[0]["metadata"]["name"], *flags, namespace=ns)
-    else:  # every slice's worker: one stream each, each line prefixed with its pod
-        argv = kubectl.argv(
-            "logs", "-l", selector, "--prefix", f"--max-log-requests={len(chosen)}", *flags,
-            namespace=ns,
-        )  # fmt: skip
+    # Every slice's worker: one stream each, each line prefixed with its pod.
+    return kubectl.argv(
+        "logs", "-l", selector, "--prefix", f"--max-log-requests={len(chosen)}", *flags,
+        namespace=ns,
+    )  # fmt: skip
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    kubectl = Kubectl(args)
+    job = kubectl.job(args.name)
+    ns, name = _ns_name(job)
+    containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers")
+    container = args.container or (containers[0]["name"] if containers else None)
+    chosen = _chosen(job, job_pods(kubectl, name, ns), args)
+    argv = _logs_argv(kubectl, name, ns, chosen, args, _log_flags(args, container))
     if args.print_pods:
         print("\n".join(p["metadata"]["name"] for p in chosen))
         return EXIT_OK

@@ -94,30 +94,45 @@ def _preflight_lines(pre: dict[str, Any] | None) -> list[str]:
     return [f"preflight: {pre.get('state', '?')} (Job {pre.get('job', '?')}){hbm}"]
 
 
+def _dump(part: Any) -> dict[str, Any] | None:
+    """A part of the status as it is stored (camelCase, no nulls); None for none."""
+    return part.model_dump(by_alias=True, exclude_none=True, mode="json") if part else None
+
+
+def _timeline(st: MultisliceJobStatus, until: datetime) -> list[dict[str, Any]]:
+    """The goodput timeline, each state with its seconds (the last one's up to `until`)."""
+    entries = st.goodput.timeline if st.goodput else []
+    out = []
+    for i, seg in enumerate(entries):
+        end = entries[i + 1].since if i + 1 < len(entries) else until
+        seconds = max(0, int((end - seg.since).total_seconds()))
+        out.append({"state": seg.state, "since": _iso(seg.since), "seconds": seconds})
+    return out
+
+
+def _by_cause(raw: dict[str, Any], st: MultisliceJobStatus) -> dict[str, Any]:
+    """The causes that happened, as the status says (a status without the split: the last
+    restart's cause for all of them)."""
+    by_cause = raw.get("restartsByCause")
+    if isinstance(by_cause, dict):
+        return {
+            k: n for k, n in by_cause.items() if isinstance(k, str) and _int(n) is not None and n
+        }
+    return {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
+
+
+def _next_attempt(st: MultisliceJobStatus, now: datetime) -> int | None:
+    when = st.next_attempt_time
+    return max(0, int((when - now).total_seconds())) if when else None
+
+
 def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
     """Everything the view shows, as plain data: the status as read, the goodput live at `now`."""
     # A file (status -f) may hold anything where a mapping belongs: read what is well typed.
     meta, spec, raw = (_mapping(obj.get(k)) for k in ("metadata", "spec", "status"))
     st = MultisliceJobStatus.from_dict(raw)
     g = live(st.goodput, now)
-    timeline = []
-    entries = st.goodput.timeline if st.goodput else []
-    for i, seg in enumerate(entries):
-        end = entries[i + 1].since if i + 1 < len(entries) else g.now
-        timeline.append(
-            {
-                "state": seg.state,
-                "since": _iso(seg.since),
-                "seconds": max(0, int((end - seg.since).total_seconds())),
-            }
-        )
-    by_cause = raw.get("restartsByCause")  # the causes that happened, as the status says
-    if isinstance(by_cause, dict):
-        by_cause = {
-            k: n for k, n in by_cause.items() if isinstance(k, str) and _int(n) is not None and n
-        }
-    else:
-        by_cause = {st.last_restart.cause: st.restarts} if st.last_restart and st.restarts else {}
+    checkpoint = st.checkpoint if st.checkpoint and st.checkpoint.request_id else None
     return {
         # A file from `kubectl get -o yaml` always has one; a hand-written one means default.
         "namespace": _str(meta.get("namespace")) or "default",
@@ -129,35 +144,23 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "message": st.message,
         "readySlices": st.ready_slices,
         "activeSlices": st.active_slices,
-        "slices": [s.model_dump(by_alias=True, exclude_none=True, mode="json") for s in st.slices],
+        "slices": [_dump(s) for s in st.slices],
         "restarts": st.restarts,
-        "restartsByCause": by_cause,
-        "lastRestart": st.last_restart.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if st.last_restart
-        else None,
-        "lastFailure": st.last_failure.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if st.last_failure
-        else None,
-        "maintenance": st.maintenance.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if st.maintenance
-        else None,
-        "checkpoint": st.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if st.checkpoint and st.checkpoint.request_id
-        else None,
-        "preflight": st.preflight.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if st.preflight
-        else None,
+        "restartsByCause": _by_cause(raw, st),
+        "lastRestart": _dump(st.last_restart),
+        "lastFailure": _dump(st.last_failure),
+        "maintenance": _dump(st.maintenance),
+        "checkpoint": _dump(checkpoint),
+        "preflight": _dump(st.preflight),
         "provisioningAttempts": st.provisioning_attempts,
         "nextAttemptTime": _iso(st.next_attempt_time),
-        "nextAttemptInSeconds": max(0, int((st.next_attempt_time - now).total_seconds()))
-        if st.next_attempt_time
-        else None,
+        "nextAttemptInSeconds": _next_attempt(st, now),
         # A job MultiKueue dispatched: the cluster that runs it (the manager shows it too).
         "runsIn": st.queue.cluster if st.queue else None,
         "creationTimestamp": _str(meta.get("creationTimestamp")),
         "completionTime": _iso(st.completion_time),
         "goodput": g.as_dict(),
-        "timeline": timeline,
+        "timeline": _timeline(st, g.now),
     }
 
 
@@ -187,12 +190,13 @@ NO_STATUS_HINT = (
 
 def render(v: dict[str, Any], console: Any) -> None:
     """Draw the view on a rich Console."""
-    from rich import box
-    from rich.bar import Bar
-    from rich.table import Table
+    for part in (_head, _slices, _restarts, _moments, _goodput, _timeline_strip, _next):
+        part(v, console)
+
+
+def _head(v: dict[str, Any], console: Any) -> None:
     from rich.text import Text
 
-    g = v["goodput"]
     head = Text()
     head.append(f"{v['namespace']}/{v['name']}", style="bold")
     head.append(f"  {v['phase'] or NO_STATUS}", style="bold " + _phase_style(v["phase"]))
@@ -210,19 +214,29 @@ def render(v: dict[str, Any], console: Any) -> None:
     if not v["message"] and not v["phase"]:
         console.print(Text(f"  {NO_STATUS_HINT.format(namespace=v['namespace'])}"))
 
-    if v["slices"]:
-        table = Table(box=box.SIMPLE, title="slices", title_justify="left", pad_edge=False)
-        for col in ("slice", "node pool", "hosts ready", "phase", "message"):
-            table.add_column(col)
-        for s in v["slices"]:
-            table.add_row(
-                str(s["index"]),
-                s.get("nodePool") or "-",
-                f"{s.get('readyHosts', 0)}/{s['hosts']}",
-                s.get("phase", ""),
-                s.get("message") or "",
-            )
-        console.print(table)
+
+def _slices(v: dict[str, Any], console: Any) -> None:
+    from rich import box
+    from rich.table import Table
+
+    if not v["slices"]:
+        return
+    table = Table(box=box.SIMPLE, title="slices", title_justify="left", pad_edge=False)
+    for col in ("slice", "node pool", "hosts ready", "phase", "message"):
+        table.add_column(col)
+    for s in v["slices"]:
+        table.add_row(
+            str(s["index"]),
+            s.get("nodePool") or "-",
+            f"{s.get('readyHosts', 0)}/{s['hosts']}",
+            s.get("phase", ""),
+            s.get("message") or "",
+        )
+    console.print(table)
+
+
+def _restarts(v: dict[str, Any], console: Any) -> None:
+    from rich.text import Text
 
     restarts = Text(f"restarts: {v['restarts']}")
     if v["restartsByCause"]:
@@ -232,15 +246,12 @@ def render(v: dict[str, Any], console: Any) -> None:
     last = v["lastRestart"]
     if last:
         lost = last.get("lostSteps")
+        recovery = last.get("recoverySeconds")
         console.print(
             f"  last: restart {last['restart']}, cause {last['cause']}, at "
             f"{last.get('time', '-')}, "
             f"{'unknown steps' if lost is None else f'{lost} steps'} lost, "
-            + (
-                f"recovered in {duration(last['recoverySeconds'])}"
-                if last.get("recoverySeconds") is not None
-                else "recovering"
-            )
+            + (f"recovered in {duration(recovery)}" if recovery is not None else "recovering")
         )
     failure = v["lastFailure"]
     if failure:
@@ -251,6 +262,10 @@ def render(v: dict[str, Any], console: Any) -> None:
             + (f" {failure['reason']}" if failure.get("reason") else "")
             + (f" (cause {failure['cause']})" if failure.get("cause") else "")
         )
+
+
+def _moments(v: dict[str, Any], console: Any) -> None:
+    """The preflight, announced maintenance and the last checkpoint request."""
     for line in _preflight_lines(v.get("preflight")):
         console.print(line)
     maint = v["maintenance"]
@@ -267,6 +282,14 @@ def render(v: dict[str, Any], console: Any) -> None:
             + (f"saved at step {saved}" if saved is not None else "not saved yet")
         )
 
+
+def _goodput(v: dict[str, Any], console: Any) -> None:
+    from rich import box
+    from rich.bar import Bar
+    from rich.table import Table
+    from rich.text import Text
+
+    g = v["goodput"]
     console.print()
     wall = g["wallSeconds"]
     title = Text("goodput", style="bold")
@@ -304,26 +327,34 @@ def render(v: dict[str, Any], console: Any) -> None:
             f"{g['degradedChipSeconds'] / 3600:.2f} chip-hours"
         )
 
-    if v["timeline"]:
-        console.print()
-        first, end = v["timeline"][0]["since"], g["asOf"]
-        console.print(Text("timeline", style="bold") + Text(f"  {first} -> {end}"))
-        strip = Text()
-        total = sum(seg["seconds"] for seg in v["timeline"]) or 1
-        for seg, width in zip(v["timeline"], _widths(v["timeline"], total), strict=True):
-            strip.append("█" * width, style=COLOURS[seg["state"]])
-        console.print(strip)
-        rows = Table(box=None, show_header=False, pad_edge=False)
-        for _ in range(3):
-            rows.add_column()
-        for seg in v["timeline"][-8:]:
-            rows.add_row(
-                seg["since"],
-                Text(seg["state"], style=COLOURS[seg["state"]]),
-                duration(seg["seconds"]),
-            )
-        console.print(rows)
 
+def _timeline_strip(v: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if not v["timeline"]:
+        return
+    console.print()
+    first, end = v["timeline"][0]["since"], v["goodput"]["asOf"]
+    console.print(Text("timeline", style="bold") + Text(f"  {first} -> {end}"))
+    strip = Text()
+    total = sum(seg["seconds"] for seg in v["timeline"]) or 1
+    for seg, width in zip(v["timeline"], _widths(v["timeline"], total), strict=True):
+        strip.append("█" * width, style=COLOURS[seg["state"]])
+    console.print(strip)
+    rows = Table(box=None, show_header=False, pad_edge=False)
+    for _ in range(3):
+        rows.add_column()
+    for seg in v["timeline"][-8:]:
+        rows.add_row(
+            seg["since"],
+            Text(seg["state"], style=COLOURS[seg["state"]]),
+            duration(seg["seconds"]),
+        )
+    console.print(rows)
+
+
+def _next(v: dict[str, Any], console: Any) -> None:
     if v["nextAttemptTime"]:
         console.print(
             f"next gang attempt at {v['nextAttemptTime']} "

@@ -43,7 +43,14 @@ def api_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
 
 @kopf.on.login()
 async def login(logger: kopf.Logger, settings: kopf.OperatorSettings, **_: Any) -> Any:
-    """kopf's default login (the kubernetes client's configuration: in-cluster, else
-    KUBECONFIG), on the session above. Async: the session is made on the operator's loop."""
-    info = kopf.login_via_client(logger=logger, settings=settings)
+    """kopf's default logins, first found wins, on the session above (one registered handler
+    replaces kopf's own, so each is asked here): the kubernetes client's configuration where that
+    library is installed (tests, a developer's machine: in-cluster, else KUBECONFIG), else kopf's
+    service-account login (the operator's image ships no kubernetes library: in a pod), else its
+    kubeconfig reader (KUBECONFIG). Async: the session is made on the operator's loop."""
+    info = (
+        kopf.login_via_client(logger=logger, settings=settings)
+        or kopf.login_with_service_account(logger=logger, settings=settings)
+        or kopf.login_with_kubeconfig(logger=logger, settings=settings)
+    )
     return None if info is None else api_session(info)

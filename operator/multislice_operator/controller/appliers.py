@@ -39,12 +39,10 @@ from multislice_operator.reconcile import (
     CheckState,
     CreateJobSet,
     CreatePools,
-    CreateSlice,
     CreateWorkload,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
-    DeleteSlices,
     EvictPods,
     FinishWorkload,
     ReclaimPods,
@@ -56,11 +54,12 @@ from multislice_operator.reconcile import (
     ValidateJobSet,
 )
 from multislice_operator.reconcile.multikueue import prebuilt_name
-from multislice_operator.reconcile.types import CreatePreflightJob, DeletePreflightJob
-from multislice_operator.render import inplace, kueue_workload
+from multislice_operator.reconcile.preflight import CreatePreflightJob, DeletePreflightJob
+from multislice_operator.reconcile.restart_strategy import rendering
+from multislice_operator.registry import REGISTRY, resolve
+from multislice_operator.render import kueue_workload
 from multislice_operator.render.jobset import render_jobset, render_pod_template
 from multislice_operator.render.preflight import render_preflight_job
-from multislice_operator.render.slice import render_slice
 
 log = logging.getLogger("multislice_operator")
 # Pod calls in flight at once for one action (a 256-slice job has a thousand pods).
@@ -141,27 +140,14 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     _count("delete", result.errors)
 
 
-async def create_slice(rt: Runtime, t: Target, a: CreateSlice) -> None:
-    _, plan = t.planned()
-    await rt.kube.create_slice(render_slice(plan, a.name, a.topology, a.partitions))
-    log.info(
-        "slice created job=%s/%s slice=%d name=%s partitions=%s",
-        t.namespace, t.name, a.index, a.name, ",".join(a.partitions),
-    )  # fmt: skip
-
-
-async def delete_slices(rt: Runtime, t: Target, a: DeleteSlices) -> None:
-    await asyncio.gather(*(rt.kube.delete_slice(name) for name in a.names))
-    log.info("slices deleted job=%s/%s names=%s", t.namespace, t.name, ",".join(a.names))
-
-
 def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
     job, plan = t.planned()
     slices = a.slices if isinstance(a, CreateJobSet) else None
     before = (a.restarts_before, a.counted_before) if isinstance(a, CreateJobSet) else (0, 0)
     on = plan.running_on(slices) if slices else plan
-    agent = rt.settings.in_place_agent_image if a.in_place else None
-    jobset = render_jobset(on, job.spec, job.metadata.labels, *before, in_place_agent=agent)
+    jobset = render_jobset(
+        on, job.spec, job.metadata.labels, *before, a.restart_strategy, rt.settings
+    )
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
     return jobset
 
@@ -208,9 +194,10 @@ async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) ->
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     body = _jobset(rt, t, a)
-    if a.in_place:  # the agents' account and its binding first: their pods use them at once
+    strategy = rendering(a.restart_strategy)
+    if strategy is not None:  # what its pods need first (in-place restart: the agents' RBAC)
         pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        for path, obj in inplace.render_rbac(t.namespace, inplace.service_account(pod)):
+        for path, obj in strategy.companions(t.namespace, pod):
             await rt.kube.apply_object(obj, path)
     try:
         created = await rt.kube.create_jobset(body)
@@ -236,7 +223,7 @@ async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
 
 
 async def delete_jobset(rt: Runtime, t: Target, a: DeleteJobSet) -> None:
-    await rt.kube.delete_jobset(t.namespace, t.name, a.uid, foreground=a.resize)
+    await rt.kube.delete_jobset(t.namespace, t.name, a.uid, foreground=a.foreground)
     rt.deleted_jobsets.add(t.key)
     what = f" (an earlier job's, uid {a.uid})" if a.uid else ""
     log.info("jobset deleted%s job=%s/%s", what, t.namespace, t.name)
@@ -413,8 +400,6 @@ APPLIERS: dict[type[Any], Applier] = {
     RemoveFinalizer: remove_finalizer,
     CreatePools: create_pools,
     DeletePools: delete_pools,
-    CreateSlice: create_slice,
-    DeleteSlices: delete_slices,
     CreateJobSet: create_jobset,
     ValidateJobSet: validate_jobset,
     CreatePreflightJob: create_preflight_job,
@@ -434,6 +419,20 @@ APPLIERS: dict[type[Any], Applier] = {
 }
 
 
+def applier(action: Action) -> Applier:
+    """The action's applier: the core's, or the one its capacity model registered (a reference
+    `module:function`, loaded on first use)."""
+    kind = type(action)
+    found = APPLIERS.get(kind)
+    if found is None:
+        ref = next((m.appliers[kind] for m in REGISTRY.models().values() if kind in m.appliers),
+                   None)  # fmt: skip
+        if ref is None:
+            raise TypeError(f"no applier for {kind.__name__}: no capacity model registers one")
+        found = APPLIERS[kind] = resolve(ref)
+    return found
+
+
 async def apply(rt: Runtime, target: Target, actions: Iterable[Action]) -> None:
     for action in actions:
-        await APPLIERS[type(action)](rt, target, action)
+        await applier(action)(rt, target, action)

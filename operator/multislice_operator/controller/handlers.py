@@ -43,6 +43,7 @@ from multislice_operator.controller.runtime import Indexes, Runtime
 from multislice_operator.provisioning.base import Provisioner
 from multislice_operator.reconcile import DecideConfig
 from multislice_operator.reconcile.multikueue import prebuilt_name
+from multislice_operator.registry import REGISTRY, Watch, resolve
 from multislice_operator.render.identity import node_identity
 from multislice_operator.settings import Settings
 
@@ -75,6 +76,7 @@ RUNTIME: Runtime | None = None
 PROVISIONER_FACTORY: ProvisionerFactory | None = None
 _SETTINGS: Settings | None = None
 _KUEUE_WATCHED = False  # the Kueue handlers are registered once per process (tests configure twice)
+_PLUGIN_WATCHES: dict[str, Watch] = {}  # what capacity models watch, by name, once registered
 _RUNNERS: list[Any] = []  # the aiohttp servers, cleaned up at exit
 
 
@@ -83,6 +85,7 @@ def configure(settings: Settings, factory: ProvisionerFactory | None) -> None:
     global PROVISIONER_FACTORY, _SETTINGS
     _SETTINGS = settings
     PROVISIONER_FACTORY = factory
+    _watch_plugins()
     if settings.kueue:
         _watch_kueue()
 
@@ -146,7 +149,7 @@ async def startup(
             workloads=kwargs.get("workload_index", {}),
             local_queues=kwargs.get("local_queue_index", {}),
             admission_checks=kwargs.get("admission_check_index", {}),
-            slices=kwargs.get("slice_index", {}),
+            watched={w: kwargs.get(_index_id(x), {}) for w, x in _PLUGIN_WATCHES.items()},
         ),
     )
     rt.readiness.leader_elect = ours.leader_elect
@@ -408,19 +411,40 @@ async def node_event(labels: kopf.Labels, **_: Any) -> None:
         _dependent(rt, *key)
 
 
-# GKE Slices (dynamic slicing): cluster-scoped, labelled with their job. kopf starts the watch
-# when the Slice CRD is served (GKE's slice controller enabled on the cluster).
-SLICES = (keys.SLICE_GROUP, keys.SLICE_VERSION, keys.SLICE_PLURAL)
+# ---------------------------------------------------------------- what capacity models watch
+#
+# Registered by configure() before kopf starts, one index and one event handler per kind a
+# registered capacity model watches (registry.Watch: GKE Slices for dynamic slicing). kopf starts
+# a watch when its CRD is served, so a kind that is not installed costs nothing.
 
 
-@kopf.index(*SLICES, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
-async def slice_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: ob.summarize_slice(body)}
+def _index_id(w: Watch) -> str:
+    return f"{w.name}_index"
 
 
-@kopf.on.event(*SLICES, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
-async def slice_event(labels: kopf.Labels, **_: Any) -> None:
-    _dependent(runtime(), labels.get(keys.JOB_NAMESPACE), labels.get(keys.JOB_NAME))
+def _watch_one(w: Watch) -> None:
+    summarize = resolve(w.summarize)
+    where = (w.group, w.version, w.plural)
+
+    async def index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {name if w.cluster_scoped else (namespace, name): summarize(body)}
+
+    async def event(labels: kopf.Labels, **_: Any) -> None:
+        _dependent(runtime(), labels.get(keys.JOB_NAMESPACE), labels.get(keys.JOB_NAME))
+
+    kopf.index(*where, labels=dict(w.labels), id=_index_id(w))(index)
+    kopf.on.event(*where, labels=dict(w.labels), id=f"{w.name}_event")(event)
+
+
+def _watch_plugins() -> None:
+    for w in _plugin_watches():
+        if w.name not in _PLUGIN_WATCHES:  # configured twice in one process (tests)
+            _PLUGIN_WATCHES[w.name] = w
+            _watch_one(w)
+
+
+def _plugin_watches() -> list[Watch]:
+    return [w for m in REGISTRY.models().values() for w in m.watches]
 
 
 def _dependent(rt: Runtime, namespace: str | None, name: str | None) -> None:
@@ -475,7 +499,8 @@ async def admission_check_event(**_: Any) -> None:
 
 def api_groups() -> set[str]:
     """The API groups of the CRDs the registered handlers watch (controller/discovery.py)."""
-    return {MSJ[0], JOBSETS[0], SLICES[0]} | ({kueue.GROUP} if _KUEUE_WATCHED else set())
+    plugins = {w.group for w in _PLUGIN_WATCHES.values()}
+    return {MSJ[0], JOBSETS[0]} | plugins | ({kueue.GROUP} if _KUEUE_WATCHED else set())
 
 
 def _watch_kueue() -> None:

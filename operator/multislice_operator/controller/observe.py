@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,22 +16,20 @@ from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner, owner_of
 from multislice_operator.common.pools import PoolError, PoolState
-from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import Plan
 from multislice_operator.provisioning.base import GangObservation
 from multislice_operator.reconcile import (
     Admission,
-    CubeObservation,
     JobSetObservation,
     NodeMaintenance,
     Observed,
     Pod,
-    SliceObjectObservation,
     SliceObservation,
     termination,
 )
 from multislice_operator.reconcile.scheduling import DEFAULT_SCHEDULER
 from multislice_operator.reconcile.types import LastExit, PreflightObservation
+from multislice_operator.registry import REGISTRY
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
@@ -44,54 +42,37 @@ NODE_MONITOR_GRACE_SECONDS = 50.0
 # ---------------------------------------------------------------- index summaries
 
 
-def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
-    status = body.get("status") or {}
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
+def _true(conds: Mapping[Any, Any], kind: str) -> bool:
+    return (conds.get(kind) or {}).get("status") == "True"
 
-    def true(t: str) -> bool:
-        return (conds.get(t) or {}).get("status") == "True"
 
-    ready = active = succeeded = 0
-    for rj in status.get("replicatedJobsStatus") or []:
-        if rj.get("name") == REPLICATED_JOB:
-            ready, active = int(rj.get("ready") or 0), int(rj.get("active") or 0)
-            succeeded = int(rj.get("succeeded") or 0)
-    failed_cond = conds.get("Failed") or {}
-    terminal = status.get("terminalState")
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    refs = meta.get("ownerReferences") or []
-    controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
-    annotations = meta.get("annotations") or {}
+def _by_type(items: Any) -> dict[Any, Any]:
+    """Conditions (or any list of objects with a `type`) by their type."""
+    return {c.get("type"): c for c in items or []}
+
+
+def _jobset_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     replicas = next(
-        (
-            int(rj.get("replicas") or 0)
-            for rj in (body.get("spec") or {}).get("replicatedJobs") or []
-            if rj.get("name") == REPLICATED_JOB
-        ),
+        (int(rj.get("replicas") or 0) for rj in spec.get("replicatedJobs") or []
+         if rj.get("name") == REPLICATED_JOB),
         0,
-    )
+    )  # fmt: skip
+    policy = spec.get("failurePolicy") or {}
     return {
         "replicas": replicas,
+        "suspended": bool(spec.get("suspend")),
+        # Unset: JobSet's default, Recreate (jobset_types.go).
+        "restartStrategy": policy.get("restartStrategy") or "Recreate",
+    }
+
+
+def _jobset_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    refs = meta.get("ownerReferences") or []
+    controller: dict[str, Any] = next((o for o in refs if o.get("controller")), {})
+    return {
         "restartBase": _int(annotations.get(keys.RESTARTS_BEFORE)) or 0,
         "countedBase": _int(annotations.get(keys.RESTARTS_COUNTED_BEFORE)) or 0,
-        "suspended": bool((body.get("spec") or {}).get("suspend")),
-        # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
-        "suspendedSince": (conds.get("Suspended") or {}).get("lastTransitionTime")
-        if true("Suspended")
-        else None,
-        "restarts": int(status.get("restarts") or 0),
-        # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
-        "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
-        # Set only under InPlaceRestart (JobSet >= v0.11, feature gate); absent: none.
-        "inPlaceAttempt": _int(status.get("currentInPlaceRestartAttempt")) or 0,
-        "completed": true("Completed") or terminal == "Completed",
-        "failed": true("Failed") or terminal == "Failed",
-        "failureReason": failed_cond.get("reason", ""),
-        "failureMessage": failed_cond.get("message", ""),
-        "ready": ready,
-        "active": active,
-        "succeeded": succeeded,
         "madeByUs": labels.get(keys.MANAGED_BY) == keys.MANAGED_BY_VALUE,
         "ownerUid": controller.get("uid"),
         "uid": meta.get("uid", ""),
@@ -101,79 +82,136 @@ def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The few fields of a pod the decision reads (kept for every pod of every job: small)."""
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
+def _jobset_jobs(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The slices' Jobs: ready, active and succeeded (JobSet's replicatedJobsStatus)."""
+    found: Mapping[str, Any] = next(
+        (rj for rj in status.get("replicatedJobsStatus") or [] if rj.get("name") == REPLICATED_JOB),
+        {},
+    )
+    return {k: int(found.get(k) or 0) for k in ("ready", "active", "succeeded")}
+
+
+def _jobset_state(status: Mapping[str, Any]) -> dict[str, Any]:
+    conds = _by_type(status.get("conditions"))
+    failed = conds.get("Failed") or {}
+    terminal = status.get("terminalState")
+    suspended = conds.get("Suspended") or {}
+    return {
+        # Since when JobSet has suspended its Jobs (its Suspended condition, set in suspendJobs).
+        "suspendedSince": suspended.get("lastTransitionTime")
+        if _true(conds, "Suspended")
+        else None,
+        "restarts": int(status.get("restarts") or 0),
+        # omitempty: absent means 0 (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go)
+        "restartsCounted": int(status.get("restartsCountTowardsMax") or 0),
+        # Set only under InPlaceRestart (JobSet >= v0.11, feature gate); absent: none.
+        "inPlaceAttempt": _int(status.get("currentInPlaceRestartAttempt")) or 0,
+        "completed": _true(conds, "Completed") or terminal == "Completed",
+        "failed": _true(conds, "Failed") or terminal == "Failed",
+        "failureReason": failed.get("reason", ""),
+        "failureMessage": failed.get("message", ""),
+    }
+
+
+def summarize_jobset(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a JobSet the decision reads (jobset_observation)."""
     status = body.get("status") or {}
-    exit_code, reason = None, status.get("reason") or ""
-    said, failed_at = None, None
+    return {
+        **_jobset_spec(body.get("spec") or {}),
+        **_jobset_meta(body.get("metadata") or {}),
+        **_jobset_state(status),
+        **_jobset_jobs(status),
+    }
+
+
+def _exit(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The first container that exited non-zero: its code, reason, finish and its termination
+    message (where the run stood); the pod's reason otherwise."""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode"):
-            exit_code, reason = int(term["exitCode"]), term.get("reason") or reason
-            said = termination.parse(term.get("message"))  # where the run stood
-            failed_at = term.get("finishedAt")
-            break
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
-    ready = (conds.get("Ready") or {}).get("status") == "True"
-    scheduled = conds.get("PodScheduled") or {}
-    unschedulable = (
-        scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
-    )
-    spec = body.get("spec") or {}
-    # No scheduler looks at it: Pending with no PodScheduled condition at all (a scheduler
-    # sets one on its first attempt, False or True); a schedulerName nobody runs. It counts
-    # against the unschedulable deadline from its creation, as the scheduler's "no" would.
-    unseen = (
+            return {
+                "exitCode": int(term["exitCode"]),
+                "reason": term.get("reason") or status.get("reason") or "",
+                "termination": termination.parse(term.get("message")),
+                "failedAt": term.get("finishedAt"),
+            }
+    return {"exitCode": None, "reason": status.get("reason") or "", "termination": None,
+            "failedAt": None}  # fmt: skip
+
+
+def _unseen(conds: Mapping[Any, Any], meta: Mapping[str, Any], spec: Mapping[str, Any],
+            status: Mapping[str, Any]) -> bool:  # fmt: skip
+    """No scheduler looks at it: Pending with no PodScheduled condition at all (a scheduler sets
+    one on its first attempt, False or True); a schedulerName nobody runs. It counts against the
+    unschedulable deadline from its creation, as the scheduler's "no" would."""
+    return (
         "PodScheduled" not in conds
         and status.get("phase", "Pending") == "Pending"
         and not spec.get("nodeName")
         and not meta.get("deletionTimestamp")
     )
+
+
+def _scheduling(conds: Mapping[Any, Any], meta: Mapping[str, Any], spec: Mapping[str, Any],
+                status: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The scheduler's verdict, only while it cannot place the pod (or none looks at it)."""
+    scheduled = conds.get("PodScheduled") or {}
+    created = meta.get("creationTimestamp") or ""
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        since = scheduled.get("lastTransitionTime") or created
+        return {"unschedulable": since, "schedulerMessage": scheduled.get("message") or ""}
+    if _unseen(conds, meta, spec, status):
+        return {
+            "unschedulable": created,
+            "schedulerMessage": unseen_message(spec.get("schedulerName")),
+        }
+    return {"unschedulable": None, "schedulerMessage": ""}
+
+
+def _looked_at(conds: Mapping[Any, Any], spec: Mapping[str, Any],
+               status: Mapping[str, Any]) -> bool:  # fmt: skip
+    """A scheduler looked at the pod: its verdict (PodScheduled True or False), a node, or it
+    left Pending. SchedulingGated is the apiserver's, for a pod no scheduler may look at yet."""
+    scheduled = conds.get("PodScheduled") or {}
+    return (
+        bool(scheduled and scheduled.get("reason") != GATED)
+        or bool(spec.get("nodeName"))
+        or status.get("phase", "Pending") != "Pending"
+    )
+
+
+def _pod_attempt(meta: Mapping[str, Any]) -> int:
+    """A pod restarted in place keeps its restart-attempt label; its agent's annotation counts
+    every restart, as the JobSet's attempt does (jobset_observation)."""
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return max(
+        _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
+        _int(annotations.get(keys.IN_PLACE_RESTART_ATTEMPT)) or 0,
+    )
+
+
+def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The few fields of a pod the decision reads (kept for every pod of every job: small)."""
+    meta = body.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    conds = _by_type(status.get("conditions"))
     disruption = conds.get(DISRUPTION_CONDITION) or {}
-    annotations = meta.get("annotations") or {}
+    disrupted = disruption.get("status") == "True"
     return {
         "pod": meta.get("name", ""),
         "jobsetUid": labels.get(keys.JOBSET_UID),
         "slice": _int(labels.get(keys.JOBSET_JOB_INDEX)),
-        # A pod restarted in place keeps its restart-attempt label; its agent's annotation
-        # counts every restart, as the JobSet's attempt does (jobset_observation).
-        "attempt": max(
-            _int(labels.get(keys.JOBSET_RESTART_ATTEMPT)) or 0,
-            _int(annotations.get(keys.IN_PLACE_RESTART_ATTEMPT)) or 0,
-        ),
+        "attempt": _pod_attempt(meta),
         "phase": status.get("phase", "Pending"),
-        "ready": ready,
-        "exitCode": exit_code,
-        "failedAt": failed_at,
-        "reason": reason,
-        "termination": said,
+        "ready": _true(conds, "Ready"),
+        **_exit(status),
         "deleting": bool(meta.get("deletionTimestamp")),
-        # The scheduler's verdict, only while it cannot place the pod (or none looks at it).
-        "unschedulable": (
-            (scheduled.get("lastTransitionTime") or meta.get("creationTimestamp") or "")
-            if unschedulable
-            else (meta.get("creationTimestamp") or "")
-            if unseen
-            else None
-        ),
-        "schedulerMessage": (
-            (scheduled.get("message") or "")
-            if unschedulable
-            else unseen_message(spec.get("schedulerName"))
-            if unseen
-            else ""
-        ),
+        **_scheduling(conds, meta, spec, status),
         "node": spec.get("nodeName") or None,
-        # A scheduler looked at it (its verdict, True or False, or a node; it left Pending).
-        # SchedulingGated is the apiserver's, for a pod no scheduler may look at yet.
-        "lookedAt": bool(scheduled and scheduled.get("reason") != GATED)
-        or bool(spec.get("nodeName"))
-        or status.get("phase", "Pending") != "Pending",
-        "disruption": (disruption.get("reason") or DISRUPTION_CONDITION)
-        if disruption.get("status") == "True"
-        else None,
+        "lookedAt": _looked_at(conds, spec, status),
+        "disruption": (disruption.get("reason") or DISRUPTION_CONDITION) if disrupted else None,
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
         "lastExit": restarted_exit(spec, status),
@@ -259,61 +297,6 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize_slice(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A GKE `Slice` (accelerator.gke.io/v1beta1): its cubes and its state, the reason of its
-    Ready condition (GKE "Slice" reference; docs/provisioning.md, dynamic slicing)."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    ready: dict[str, Any] = next(
-        (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        {},
-    )
-    return {
-        "name": meta.get("name", ""),
-        "partitions": tuple(spec.get("partitionIds") or ()),
-        "state": str(ready.get("reason") or ""),
-        "deleting": bool(meta.get("deletionTimestamp")),
-    }
-
-
-def dynamic_observation(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], slices: Mapping[Any, Any]
-) -> tuple[list[CubeObservation], frozenset[str], list[SliceObjectObservation]]:
-    """Dynamic slicing: the cubes the job may use (its own cube pools, or with Existing cubes the
-    cluster's unclaimed tpu7x pools that carry a partition id), the partitions other Slices hold,
-    and the job's own Slices (named as cubes.slice_names says)."""
-    own = {p.name for p in plan.pools}
-    found = []
-    for pool, members in sorted(nodes.items(), key=lambda kv: str(kv[0])):
-        members = [n for n in members if n["labels"].get(keys.GKE_TPU_PARTITION_ID)]
-        if not members or (own and str(pool) not in own) or (not own and members[0]["jobKey"]):
-            continue
-        if members[0]["accelerator"] != plan.shape.generation.gke_accelerator:
-            continue
-        labels = members[0]["labels"]
-        found.append(
-            CubeObservation(
-                labels[keys.GKE_TPU_PARTITION_ID],
-                str(pool),
-                labels.get(keys.GKE_TPU_PARTITION_STATE, ""),
-                sum(1 for n in members if n["ready"]),
-                str(pool) in own,
-            )
-        )
-    names = {n: i for i in range(plan.slices) for n in cubes.slice_names(plan.job_key, i)}
-    mine, taken = [], set()
-    for name in sorted(slices):
-        s = first(slices, name)
-        if name in names:
-            index = names[name]
-            mine.append(
-                SliceObjectObservation(name, index, s["partitions"], s["state"], s["deleting"])
-            )
-        else:
-            taken.update(s["partitions"])
-    return found, frozenset(taken), mine
-
-
 def listing_behind_nodes(plan: Plan, gang: GangObservation, nodes: Mapping[Any, Any]) -> bool:
     """Whether a pool the listing says is being created already has every node of its slice
     Ready: the listing (shared, up to a resync old) predates the pool's RUNNING."""
@@ -372,6 +355,8 @@ def _epoch(value: int | None) -> datetime | None:
 
 # ---------------------------------------------------------------- assembling one observation
 
+Nodes = Mapping[Any, Iterable[dict[str, Any]]]  # node summaries by pool (kopf's index)
+
 
 def heartbeat_age(node: Mapping[str, Any], leases: Mapping[str, float], now: float) -> float:
     """Seconds since the node's kubelet was last heard of: its Lease's renewTime (every 10 s)
@@ -382,11 +367,11 @@ def heartbeat_age(node: Mapping[str, Any], leases: Mapping[str, float], now: flo
 
 
 def with_heartbeats(
-    nodes: Mapping[Any, Iterable[dict[str, Any]]],
+    nodes: Nodes,
     leases: Mapping[str, float] | None,
     now: datetime,
     grace: float = NODE_MONITOR_GRACE_SECONDS,
-) -> tuple[Mapping[Any, Iterable[dict[str, Any]]], dict[str, list[str]]]:
+) -> tuple[Nodes, dict[str, list[str]]]:
     """The node index as decide() may trust it: a node whose Ready condition still says True
     but whose kubelet was not heard of for `grace` (its heartbeats stalled; the node lifecycle
     controller marks it Unknown only at its own pace) is not Ready. And those nodes by pool,
@@ -473,6 +458,7 @@ def jobset_observation(
         restarts_counted=summary.get("countedBase", 0) + counted,
         replicas=summary.get("replicas", 0),
         restart_base=base,
+        restart_strategy=summary.get("restartStrategy") or "Recreate",
         completed=summary["completed"],
         failed=summary["failed"],
         failure_reason=summary["failureReason"],
@@ -538,14 +524,15 @@ def maintenance_observations(
     attempt: int | None = None,
 ) -> list[NodeMaintenance]:
     """The job's nodes with maintenance announced: the nodes of its own pools (Managed) or the
-    nodes its pods run on (Existing), each with the slice its pod of the current attempt serves
+    nodes its pods run on (Existing; a model whose pools are not the slices' own), each with the
+    slice its pod of the current attempt serves
     (JobSet may place a slice on another of the job's pools after a restart)."""
     hosting = {
         p.node: p.slice_index
         for p in pods
         if p.live and p.node and not p.deleting and (attempt is None or p.attempt == attempt)
     }
-    if plan.managed:
+    if REGISTRY.model(plan.mode).own_slice_pools:
         pools: Iterable[tuple[Any, int | None]] = [
             (pool.name, pool.slice_index) for pool in plan.pools
         ]
@@ -622,35 +609,20 @@ def managed_slices(
     return out
 
 
-def existing_slices(
-    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], selector: Mapping[str, str]
-) -> tuple[list[SliceObservation], int]:
-    """Node pools already in the cluster with this job's accelerator, topology and selector."""
-    accel, topo = plan.shape.generation.gke_accelerator, plan.shape.topology
-    matching = []
-    for pool, items in sorted(nodes.items(), key=lambda kv: str(kv[0])):
-        items = list(items)
-        if not items or any(n["jobKey"] for n in items):  # another job's Managed pool
-            continue
-        if all(
-            n["accelerator"] == accel
-            and n["topology"] == topo
-            and all(n["labels"].get(k) == v for k, v in selector.items())
-            for n in items
-        ):
-            matching.append((str(pool), sum(1 for n in items if n["ready"])))
-    # Ready pools first, so `slices` of them are enough.
-    matching.sort(key=lambda p: (p[1] < plan.shape.hosts, p[0]))
-    slices = [
-        SliceObservation(i, pool, PoolState.READY, ready)
-        for i, (pool, ready) in enumerate(matching)
-    ][: plan.slices]
-    return slices, len(matching)
-
-
 # The Job controller labels its pods with the Job's uid (Kubernetes 1.27+).
 JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
+
+
+def _last_words(pods: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
+    """The exit code and termination message of the (last) container that terminated."""
+    exit_code, message = None, ""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if term:
+                exit_code, message = term.get("exitCode"), term.get("message") or ""
+    return (int(exit_code) if isinstance(exit_code, int) else None), message
 
 
 def preflight_observation(
@@ -658,82 +630,84 @@ def preflight_observation(
 ) -> PreflightObservation:
     """The compile Job of spec.preflight and its pod's last words (termination message)."""
     meta = job.get("metadata") or {}
-    conds = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
-    complete = (conds.get("Complete") or {}).get("status") == "True"
-    failed = conds.get("Failed") or {}
+    conds = _by_type((job.get("status") or {}).get("conditions"))
+    complete, failed = _true(conds, "Complete"), _true(conds, "Failed")
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
-    exit_code, message = None, ""
-    for pod in pods:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            term = (cs.get("state") or {}).get("terminated")
-            if term:
-                exit_code, message = term.get("exitCode"), term.get("message") or ""
+    exit_code, message = _last_words(pods)
     return PreflightObservation(
         name=str(meta.get("name", "")),
         owned=any(o.get("uid") == uid for o in owners),
         generation=_int((meta.get("labels") or {}).get(PREFLIGHT_GENERATION)) or 0,
-        finished=complete or failed.get("status") == "True",
+        finished=complete or failed,
         succeeded=complete,
-        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        exit_code=exit_code,
         message=message,
-        reason=str(failed.get("reason") or "") if failed.get("status") == "True" else "",
+        reason=str((conds.get("Failed") or {}).get("reason") or "") if failed else "",
         deleting=bool(meta.get("deletionTimestamp")),
     )
 
 
+@dataclass(frozen=True)
+class ObserveInputs:
+    """What a capacity model's `observe` reads (registry.CapacityPlugin): the plan, the nodes by
+    pool (kopf's index; a node whose kubelet went quiet is not Ready there: with_heartbeats),
+    the plan's pools as the cloud lists them (None: none were listed, no GKE cluster configured
+    or no pool of its own), the owners of pools of its names, the template's nodeSelector, and
+    the indexes of the kinds it watches (by watch name)."""
+
+    plan: Plan
+    uid: str
+    nodes: Mapping[Any, Iterable[dict[str, Any]]]
+    gang: GangObservation | None = None
+    owners: Mapping[str, PoolOwner] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    indexes: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
+
+
+def pool_slices(i: ObserveInputs) -> list[SliceObservation]:
+    """The plan's own pools (plan.pools), each as listed with its nodes; none when nothing was
+    listed."""
+    if i.gang is None:
+        return []
+    nodes = i.nodes
+    return managed_slices(
+        i.plan, i.gang, ready_nodes_by_pool(nodes), i.uid, present_nodes_by_pool(nodes), i.owners
+    )
+
+
 def assemble(
-    plan: Plan,
-    uid: str,
+    inputs: ObserveInputs,
     now: datetime,
     jobset: dict[str, Any] | None,
     pods: Iterable[dict[str, Any]],
-    nodes: Mapping[Any, Iterable[dict[str, Any]]],
-    gang: GangObservation | None,
     provisioner_configured: bool = True,
     offered_error: PoolError | None = None,
-    node_selector: Mapping[str, str] | None = None,
     admission: Admission | None = None,
     strays: Mapping[str, PoolState] | None = None,
-    owners: Mapping[str, PoolOwner] | None = None,
     blind_since: datetime | None = None,
-    slices: Mapping[Any, Any] | None = None,
 ) -> Observed:
-    js = jobset_observation(jobset, (plan.namespace, plan.name), uid)
-    own = (
-        {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
-        if plan.pools
-        else {}
-    )
+    """One job's observation: its JobSet and pods, and its capacity as its model observes it
+    (registry.CapacityPlugin.observe)."""
+    plan, nodes = inputs.plan, inputs.nodes
+    js = jobset_observation(jobset, (plan.namespace, plan.name), inputs.uid)
+    own = {n["name"]: pool.name for pool in plan.pools for n in items(nodes, pool.name)}
     records = pod_records(pods, js, own)
     attempt = js.restarts if js is not None and js.owned else None
-    obs = Observed(
+    model = REGISTRY.model(plan.mode)
+    slices, capacity = model.observe(inputs) if model.observe else ([], None)
+    return Observed(
         now=now,
         blind_since=blind_since,
         jobset=js,
         pods=records,
+        maintenance=maintenance_observations(plan, nodes, records, attempt),
+        slices=slices,
+        capacity=capacity,  # the model's own
         provisioner_configured=provisioner_configured,
         offered_error=offered_error,
-        admission=admission,
         strays=dict(strays or {}),
-        maintenance=maintenance_observations(plan, nodes, records, attempt),
+        admission=admission,
     )
-    if plan.dynamic:
-        obs.cubes, obs.cubes_taken, obs.slice_objects = dynamic_observation(
-            plan, nodes, slices or {}
-        )
-    if plan.pools:  # Managed, and dynamic slicing's cube pools
-        if gang is not None:
-            obs.slices = managed_slices(
-                plan,
-                gang,
-                ready_nodes_by_pool(nodes),
-                uid,
-                present_nodes_by_pool(nodes),
-                owners,
-            )
-    elif not plan.dynamic:
-        obs.slices, obs.existing_pools_found = existing_slices(plan, nodes, node_selector or {})
-    return obs
 
 
 __all__ = ["assemble"]

@@ -26,7 +26,7 @@ from multislice_operator.common import keys
 from multislice_operator.common.errors import FieldError, SpecError
 from multislice_operator.common.names import preflight_job
 from multislice_operator.common.ownership import Owner, owner_of
-from multislice_operator.common.pools import PoolState
+from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller import appliers, kueue, metrics
 from multislice_operator.controller import observe as ob
 from multislice_operator.controller.kube import ApiError, NotFound
@@ -46,6 +46,7 @@ from multislice_operator.reconcile import (
 from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS, Reason
 from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
+from multislice_operator.registry import REGISTRY
 from multislice_operator.render import podsecurity
 from multislice_operator.render.jobset import render_pod_template
 
@@ -197,9 +198,9 @@ async def _ownership(
 ) -> tuple[dict[str, PoolState], dict[str, ob.PoolOwner]]:
     """Pools labelled with this job's uid that the plan does not name (strays, released), and
     the owners of pools that have the plan's names but another owner (never deleted if live)."""
-    managed = plan is not None and plan.managed
-    if rt.provisioner is None or not (managed or meta.has_finalizer):
-        return {}, {}  # a job never Managed never had a pool
+    own = plan is not None and bool(plan.pools)
+    if rt.provisioner is None or not (own or meta.has_finalizer):
+        return {}, {}  # a job that never had pools of its own never had a pool
     try:
         owned = await rt.provisioner.list_owned(max_age=rt.cfg.resync_seconds)
     except Exception as exc:  # the same shared listing observe_gang() reads: unknown, not absent
@@ -308,68 +309,93 @@ async def _node_leases(rt: Runtime) -> dict[str, float] | None:
     return leases
 
 
-def _complete(gang: GangObservation) -> GangObservation:
+async def _listing(rt: Runtime, plan: Plan, max_age: float) -> GangObservation | None:
+    """The plan's own pools as the cloud lists them, at most `max_age` seconds old (None: no
+    pool of its own, or no GKE cluster configured); unknown: an ObservationError."""
+    if not plan.pools or rt.provisioner is None:
+        return None
+    gang = await rt.provisioner.observe_gang(plan, max_age=max_age)
     if not gang.complete:
         raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
     return gang
 
 
+async def _pools(rt: Runtime, plan: Plan, gang: GangObservation | None, nodes: ob.Nodes
+                 ) -> tuple[GangObservation | None, PoolError | None]:  # fmt: skip
+    """The listing, fresh where it is behind `nodes` (the node index as decide() trusts it:
+    ob.with_heartbeats), and whether the plan's accelerator is offered (None, None: no pool of
+    its own, or no GKE cluster configured)."""
+    if gang is None or rt.provisioner is None:
+        return None, None
+    if ob.listing_behind_nodes(plan, gang, nodes):
+        gang = await _listing(rt, plan, FRESH_LISTING_SECONDS) or gang
+    return gang, await rt.provisioner.check_offered(plan)  # cached by the provisioner
+
+
+async def _queue(rt: Runtime, key: JobKey, body: dict[str, Any], meta: JobMeta) -> Any:
+    """What Kueue says of a job that names a queue (None: it names none)."""
+    queue = meta.labels.get(keys.KUEUE_QUEUE_NAME)
+    if not queue:
+        return None
+    prebuilt = prebuilt_name(meta.labels, (body.get("metadata") or {}).get("annotations") or {})
+    seen = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
+    priority = meta.labels.get(keys.KUEUE_PRIORITY_CLASS)
+    if priority and seen.watching and seen.workload is None:
+        seen = await _workload_priority(rt, seen, priority)
+    return seen
+
+
+async def _before_first_pool(rt: Runtime, key: JobKey, plan: Plan, spec: MultisliceJobSpec,
+                             meta: JobMeta, observed: Observed) -> None:  # fmt: skip
+    """Before the first pool: what refuses every pod fails the job at once (read only then)."""
+    if observed.jobset is not None and observed.jobset.owned:
+        return
+    if plan.pools and any(s.pool_state != PoolState.ABSENT for s in observed.slices):
+        return
+    observed.pod_security = await _pod_security(rt, key, plan, spec)
+    observed.missing_priority_class = await _missing_priority_class(rt, spec)
+    observed.scheduler_absent = rt.scheduler_absent(scheduling.scheduler_name(spec))
+    if spec.preflight is not None:
+        observed.preflight = await _preflight(rt, key, meta)
+
+
 async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
-    gang, offered = None, None
-    configured = rt.provisioner is not None
     meta = job_meta(body)
     now = datetime.now(UTC)
-    if plan.pools and rt.provisioner is not None:  # Managed, or dynamic slicing's cube pools
-        gang = _complete(await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds))
+    listed = await _listing(rt, plan, rt.cfg.resync_seconds)  # the cloud unknown: no further
     # A Ready node whose kubelet went quiet is not Ready (its heartbeats stalled).
     nodes, stale = ob.with_heartbeats(rt.indexes.nodes, await _node_leases(rt), now)
-    if gang is not None and rt.provisioner is not None:
-        if ob.listing_behind_nodes(plan, gang, nodes):
-            fresh = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
-            gang = _complete(fresh)
-        offered = await rt.provisioner.check_offered(plan)  # cached by the provisioner
+    gang, offered = await _pools(rt, plan, listed, nodes)
     strays, owners = await _ownership(rt, key, meta, plan)
-    jobset = _jobset(rt, key)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    observed = ob.assemble(
+    inputs = ob.ObserveInputs(
         plan,
-        (body.get("metadata") or {}).get("uid", ""),
-        now,
-        jobset,
-        ob.items(rt.indexes.pods, key),
+        meta.uid,
         nodes,
         gang,
-        provisioner_configured=configured,
+        owners,
+        template.get("nodeSelector") or {},
+        rt.indexes.watched,
+    )
+    observed = ob.assemble(
+        inputs,
+        now,
+        _jobset(rt, key),
+        ob.items(rt.indexes.pods, key),
+        provisioner_configured=rt.provisioner is not None,
         offered_error=offered,
-        node_selector=template.get("nodeSelector") or {},
         admission=rt.admission_of(key, meta.uid, meta.generation, template_key(body)),
         strays=strays,
-        owners=owners,
         blind_since=rt.blind_since(key),
-        slices=rt.indexes.slices,
     )
     observed.in_place = rt.in_place
     observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    queue = labels.get(keys.KUEUE_QUEUE_NAME)
-    if queue:
-        prebuilt = prebuilt_name(labels, (body.get("metadata") or {}).get("annotations") or {})
-        observed.queue = kueue.queue_observation(rt, key, queue, meta.uid, prebuilt)
+    observed.queue = await _queue(rt, key, body, meta)
+    if observed.queue is not None:
         observed.kueue_problem = rt.kueue_problem
-        priority = ((body.get("metadata") or {}).get("labels") or {}).get(keys.KUEUE_PRIORITY_CLASS)
-        if priority and observed.queue.watching and observed.queue.workload is None:
-            observed.queue = await _workload_priority(rt, observed.queue, priority)
-    nothing_yet = not (observed.jobset and observed.jobset.owned) and (
-        not plan.managed or all(s.pool_state == PoolState.ABSENT for s in observed.slices)
-    )
-    if nothing_yet:  # before the first pool: what refuses every pod fails the job at once
-        observed.pod_security = await _pod_security(rt, key, plan, spec)
-        observed.missing_priority_class = await _missing_priority_class(rt, spec)
-        observed.scheduler_absent = rt.scheduler_absent(scheduling.scheduler_name(spec))
-        if spec.preflight is not None:
-            observed.preflight = await _preflight(rt, key, meta)
+    await _before_first_pool(rt, key, plan, spec, meta, observed)
     return observed
 
 
@@ -529,8 +555,10 @@ async def _post_events(rt: Runtime, key: JobKey, body: dict[str, Any], d: Decisi
 
 
 def _track(rt: Runtime, key: JobKey, plan: Plan | None, d: Decision) -> None:
-    """Existing-mode jobs waiting for node pools are woken by node events of their shape."""
-    waiting = plan is not None and not plan.managed and d.status.phase == Phase.PENDING
+    """Jobs waiting for node pools they do not create (Existing) are woken by node events of
+    their shape."""
+    waits = plan is not None and REGISTRY.model(plan.mode).waits_for_nodes
+    waiting = waits and d.status.phase == Phase.PENDING
     shape = (plan.shape.generation.gke_accelerator, plan.shape.topology) if plan else None
     rt.wait_for_nodes(key, shape if waiting else None)
 

@@ -97,8 +97,8 @@ class Indexes:
     workloads: Mapping[Any, Any] = field(default_factory=dict)
     local_queues: Mapping[Any, Any] = field(default_factory=dict)
     admission_checks: Mapping[Any, Any] = field(default_factory=dict)
-    # GKE Slices (dynamic slicing), by name: present once the Slice CRD is served.
-    slices: Mapping[Any, Any] = field(default_factory=dict)
+    # The kinds capacity models watch (registry.Watch), by watch name (GKE Slices: "slices").
+    watched: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from multislice_operator.api.models import MultisliceJobSpec, ProvisioningMode
+from multislice_operator.api.models import MultisliceJobSpec
 from multislice_operator.common.errors import FieldError
 from multislice_operator.tpu import catalog
 
@@ -34,6 +34,7 @@ _SUB_BLOCK_RE = re.compile(
 )
 
 RESERVATION = "spec.capacity.reservation"
+MODE = "DynamicSlicing"  # its spec.provisioning.mode (plugins/dynamic.py registers it)
 
 
 def sub_block(reservation: str | None) -> tuple[str, str] | None:
@@ -122,7 +123,7 @@ def sub_block_errors(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> list
 
 
 def _dynamic(spec: MultisliceJobSpec) -> bool:
-    return spec.provisioning.mode == ProvisioningMode.DYNAMIC_SLICING
+    return spec.provisioning.mode == MODE
 
 
 def _demand(spec: MultisliceJobSpec, shape: catalog.SliceShape, cube: catalog.SliceShape

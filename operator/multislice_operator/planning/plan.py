@@ -19,12 +19,10 @@ from multislice_operator.api import kubeschema, podtemplate
 from multislice_operator.api.models import (
     API_VERSION,
     KIND,
-    SPEC_RULES,
     CapacityType,
-    CubeSource,
     MultisliceJob,
     MultisliceJobSpec,
-    ProvisioningMode,
+    spec_rules,
 )
 from multislice_operator.common import keys
 from multislice_operator.common.errors import (
@@ -38,6 +36,7 @@ from multislice_operator.common.names import (
     max_name_length,
 )
 from multislice_operator.planning import advisor, cubes, hostports, placement
+from multislice_operator.registry import REGISTRY
 from multislice_operator.tpu import catalog, parallelism
 from multislice_operator.tpu.parallelism import Parallelism
 
@@ -207,13 +206,10 @@ class Plan:
         return self.shape.hosts * self.slices
 
     @property
-    def managed(self) -> bool:
-        return self.mode == ProvisioningMode.MANAGED.value
-
-    @property
     def dynamic(self) -> bool:
-        """GKE dynamic slicing: each slice a `Slice` over cubes."""
-        return self.mode == ProvisioningMode.DYNAMIC_SLICING.value
+        """Each slice a GKE `Slice` over cubes (the DynamicSlicing model's plan sets
+        cubes_per_slice: plugins/dynamic.py)."""
+        return self.cubes_per_slice > 0
 
     @property
     def cubes_needed(self) -> int:
@@ -316,6 +312,8 @@ def load_job(obj: dict[str, Any]) -> MultisliceJob:
 def _field_error(err: Any) -> FieldError:
     path = ".".join(str(p) for p in err["loc"])
     msg = err["msg"]
+    if err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+        msg = msg.removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field; remove it or check its spelling (see kubectl explain multislicejob)"
     elif err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "accelerator":
@@ -349,10 +347,12 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
     errors += cubes.sub_block_errors(spec, shape)
-    errors += cubes.dynamic_slicing_errors(spec, shape)
+    model = REGISTRY.model(spec.provisioning.mode)  # the mode was validated: it is registered
+    errors += model.check(spec, shape) if model.check else []
     if errors and any(e.path == "spec.topology" for e in errors):
         raise SpecError(errors)
-    pools, spare_pools, per_slice = _capacity_pools(spec, shape, namespace, name)
+    fields = dict(model.pools(spec, shape, namespace, name)) if model.pools else {}
+    pools: list[NodePoolSpec] = fields.pop("node_pools", [])
     if not template_errors:
         errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
         errors += _check_placement(spec.template["spec"], pools)
@@ -379,57 +379,11 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
             else None
         ),
         spares=spec.spares,
-        spare_pools=spare_pools,
-        cubes_per_slice=per_slice,
-        cubes_source=_cubes_source(spec),
         pod_grace_seconds=int(
             spec.template["spec"].get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE_SECONDS)
         ),
+        **fields,
     )
-
-
-def _capacity_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str,
-                    name: str) -> tuple[list[NodePoolSpec], list[NodePoolSpec], int]:  # fmt: skip
-    """The node pools the operator creates (the slices', the spares') and the cubes per slice.
-
-    Managed: one pool per slice and spare. DynamicSlicing with Managed cubes: one pool per 4x4x4
-    cube (a sub-block: GKE "Configure TPUs with GKE dynamic slicing"), the slices' cubes then
-    the spare cubes (spec.spares counts cubes). Existing, and Existing cubes: none."""
-    mode = spec.provisioning.mode
-    if mode == ProvisioningMode.MANAGED.value:
-        spares = range(spec.slices, spec.slices + spec.spares)
-        return (
-            _node_pools(spec, shape, namespace, name, range(spec.slices)),
-            _node_pools(spec, shape, namespace, name, spares),
-            0,
-        )
-    if mode != ProvisioningMode.DYNAMIC_SLICING.value:
-        return [], [], 0
-    per = cubes.cubes_per_slice(shape)
-    cube = cubes.cube_shape(shape.generation)
-    if cube is None or _cubes_source(spec) != CubeSource.MANAGED.value:
-        return [], [], per
-    used = spec.slices * per
-
-    def as_cubes(indexes: range) -> list[NodePoolSpec]:
-        # The policy carries the topology, in PROVISION_ONLY mode; no tpuTopology on the pool
-        # (docs/provisioning.md, dynamic slicing: GKE "Use dynamic slicing with a custom
-        # scheduler", create node pools with incremental provisioning).
-        policy = cubes.cube_policy_name(cube)
-        return [
-            dataclasses.replace(p, tpu_topology=None, workload_policy=policy, cube=True)
-            for p in _node_pools(spec, cube, namespace, name, indexes)
-        ]
-
-    return as_cubes(range(used)), as_cubes(range(used, used + spec.spares)), per
-
-
-def _cubes_source(spec: MultisliceJobSpec) -> str | None:
-    """DynamicSlicing: where the cubes come from (Managed by default); None: another mode."""
-    if spec.provisioning.mode != ProvisioningMode.DYNAMIC_SLICING.value:
-        return None
-    ds = spec.provisioning.dynamic_slicing
-    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
 
 
 def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism) -> list[SizePlan]:
@@ -454,7 +408,7 @@ def plan_job(job: MultisliceJob) -> Plan:
 def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:
     """The model's cross-field rules (the CRD enforces the same ones at admission)."""
     errors = []
-    for rule in SPEC_RULES:
+    for rule in spec_rules():
         if rule.field in reported or rule.holds(spec):
             continue
         text = rule.explain(spec) if rule.explain else rule.message
@@ -555,7 +509,7 @@ def _check_name(name: str, slices: int, hosts: int) -> list[FieldError]:
     return errors
 
 
-def _node_pools(
+def node_pools_of(
     spec: MultisliceJobSpec,
     shape: catalog.SliceShape,
     namespace: str,

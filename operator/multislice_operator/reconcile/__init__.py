@@ -1,16 +1,16 @@
 """The reconcile brain: decide() and the plain data it reads and returns (all pure).
 
 Modules: ``types`` (observations, actions, decision), ``facts`` (what one pass knows, derived
-once), ``verdicts`` (the ordered verdicts that end a pass), ``kueue_gate`` (Kueue: what a
-queued job may do), ``multikueue`` (MultiKueue: the manager's pass, a worker's lost gang),
+once), ``verdicts`` (the ordered verdicts that end a pass), ``steps`` (the optional steps a
+job's spec selects), ``kueue_gate`` (Kueue: what a queued job may do), ``multikueue``
+(MultiKueue: the manager's pass, a worker's lost gang), ``preflight`` (the compile first),
 ``flow`` (decide: verdicts, then the lifecycle); capacity: ``capacity`` (the
-``CapacityModel`` interface: how a job's slices get their nodes), ``capacity_models`` (its
-registry, one model per provisioning mode), ``capacity_nodepools`` (Managed: a node pool per
-slice, gang provisioning, repair, spares, flex-start), ``capacity_existing`` (Existing pools),
-``elastic`` (spec.elastic: the slice count); restarts: ``restart_strategy`` (the
-``RestartStrategy`` interface and its registry, one per cause), ``restart_recreate`` (JobSet's
-own), ``restart_resize`` (the JobSet recreated on a new slice count), ``restarts`` (restarts by
-cause, the disruption budget), ``running`` (JobSet-driven phases and restarts); ``slices``
+``CapacityModel`` interface: how a job's slices get their nodes, chosen from the registry by
+the plan's mode), ``elastic`` (spec.elastic: the slice count); restarts: ``restart_strategy``
+(the ``RestartStrategy`` interface and `choose`, each cause's strategy from the registry),
+``restarts`` (restarts by cause, the disruption budget), ``running`` (JobSet-driven phases and
+restarts); the models and strategies themselves are plugins (multislice_operator/plugins/,
+registry.py); ``slices``
 (status.slices), ``maintenance`` (GKE's announced host maintenance), ``checkpoint`` (checkpoints
 on demand), ``startup`` (the startup deadline), ``goodput`` (where the time went), ``reasons``
 (every reason, its event type and metric), ``invariants`` (the promises every decision keeps),
@@ -32,15 +32,12 @@ from multislice_operator.reconcile.types import (
     CheckState,
     CreateJobSet,
     CreatePools,
-    CreateSlice,
     CreateWorkload,
-    CubeObservation,
     DecideConfig,
     Decision,
     DeleteJob,
     DeleteJobSet,
     DeletePools,
-    DeleteSlices,
     Event,
     EvictPods,
     FinishWorkload,
@@ -60,7 +57,6 @@ from multislice_operator.reconcile.types import (
     SetAdmissionCheckState,
     SetJobSetSuspend,
     SetWorkloadActive,
-    SliceObjectObservation,
     SliceObservation,
     Termination,
     ValidateJobSet,
@@ -78,15 +74,12 @@ __all__ = [
     "CheckState",
     "CreateJobSet",
     "CreatePools",
-    "CreateSlice",
     "CreateWorkload",
-    "CubeObservation",
     "DecideConfig",
     "Decision",
     "DeleteJob",
     "DeleteJobSet",
     "DeletePools",
-    "DeleteSlices",
     "Event",
     "EvictPods",
     "FinishWorkload",
@@ -107,7 +100,6 @@ __all__ = [
     "SetAdmissionCheckState",
     "SetJobSetSuspend",
     "SetWorkloadActive",
-    "SliceObjectObservation",
     "SliceObservation",
     "Termination",
     "ValidateJobSet",

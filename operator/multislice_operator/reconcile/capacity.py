@@ -5,12 +5,13 @@ NotReady blip" mean (`slices`, the view facts.derive keeps), what to create and 
 is replaced (`provide`), what stands before Kueue admits the job (`before_admission`), what of the
 job's is present and how it is released (`present`, `release`), and the evidence of the capacity
 verdicts (`taken`, `permanent_errors`: verdicts.py words them). One implementation per model:
-capacity_nodepools.py (Managed: a GKE node pool per slice, created by the operator, with spares,
-flex-start and elastic sizing), capacity_existing.py (Existing: node pools that are there) and
-capacity_dynamic.py (DynamicSlicing: GKE Slices over 4x4x4 cubes). What the job holds, for the
+plugins/nodepools.py (Managed: a GKE node pool per slice, created by the operator, with spares,
+flex-start and elastic sizing), plugins/existing.py (Existing: node pools that are there) and
+plugins/dynamic.py (DynamicSlicing: GKE Slices over 4x4x4 cubes). What the job holds, for the
 goodput, is the model's word too (`chips_held`).
-capacity_models.py is the registry that chooses the job's model once, from its plan; decide()
-asks `Facts.capacity` and never tests which model it has.
+Each model is a plugin (registry.py: plugins/ holds the in-tree ones); `model_of` chooses the
+job's once, from its plan's mode; decide() asks `Facts.capacity` and never tests which model it
+has. A job without a plan (an invalid spec) has `WITHOUT_PLAN`: no capacity of its own.
 
 Also here: what every model shares (the `Capacity` a pass found, the `Slices` view, a slice's
 readiness, releasing the job's strays and a stopped job's pools).
@@ -21,22 +22,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from multislice_operator.api.models import ConditionType, MultisliceJobStatus, Phase
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.planning.plan import DEFAULT_POD_GRACE_SECONDS, Plan
 from multislice_operator.reconcile.context import Builder
-from multislice_operator.reconcile.elastic import Size
 from multislice_operator.reconcile.types import (
     DecideConfig,
     JobSetObservation,
     Observed,
     SliceObservation,
 )
+from multislice_operator.registry import REGISTRY
 
 if TYPE_CHECKING:
     from multislice_operator.reconcile.facts import Facts
+    from multislice_operator.reconcile.types import Decision
 
 PROVISIONED = ConditionType.PROVISIONED
 
@@ -53,9 +55,9 @@ class Capacity:
     blips: frozenset[int] = frozenset()  # slices NotReady within the grace period
     # Lost pools (`repairing`) whose slices spare pools cover: the job runs meanwhile.
     covered: bool = False
-    # Every slice ready or a flex-start pool waiting for capacity: the JobSet can exist (its
-    # pending pods are what makes GKE scale a flex-start pool up); why it waits.
-    flex_wait: str | None = None
+    # The capacity comes once the JobSet's pods ask for it (flex-start: their pending pods make
+    # GKE scale the pools up): the JobSet exists while it waits; why it waits.
+    with_pods: str | None = None
     # The capacity is there outside the operator (before admission): nothing to provision,
     # the admission check is Ready at once; why.
     preexisting: str | None = None
@@ -67,6 +69,22 @@ class Capacity:
 
 
 NO_CAPACITY = Capacity(False)
+
+
+@dataclass(frozen=True)
+class Size:
+    """The slices the job's JobSet should run on now, and why fewer than spec.slices (spec.elastic:
+    elastic.py sizes it; every other job runs on spec.slices)."""
+
+    target: int
+    full: int
+    why: str = ""
+    # A loss within waitSeconds: seconds until the job may shrink (a pass is wanted then).
+    wait_left: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.target < self.full
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,7 @@ class Slices:
     waiting: frozenset[int] = frozenset()
     up: int = 0  # pools ready or in a blip
     complete: bool = False  # every pool of the plan observed (present or absent)
-    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, elastic.Size.target).
+    # The slices the JobSet runs on: spec.slices, or fewer (spec.elastic, Size.target).
     need: int = 0
 
     @property
@@ -96,13 +114,16 @@ class Slices:
 
 class CapacityModel(Protocol):
     """How a job's slices get their nodes: one implementation per model, chosen once per job
-    from its plan (capacity_models.py)."""
+    from its plan (`model_of`)."""
 
     name: str
     # The job creates capacity that must be released before it goes: the finalizer comes first.
     finalizer_first: bool
     # The apiserver judges the JobSet (a server-side dry run) before the first capacity is made.
     dry_run_first: bool
+    # Past the startup deadline, a pool of the job's that no pod got is replaced (startup.py);
+    # else every slice restarts.
+    replaces_idle_pools: bool
 
     def slices(self, old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
                now: datetime) -> Slices:  # fmt: skip
@@ -153,6 +174,20 @@ class CapacityModel(Protocol):
         pass creates (held from now on, as the next pass will see it: no second write); `in_use`:
         the job's JobSet is on its capacity (starting, running, restarting, repairing), when
         capacity the job does not create is held."""
+        ...
+
+    def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
+        """Its own actions' broken promises (index, why), as invariants.py checks the core's."""
+        ...
+
+    def status(self, f: Facts) -> dict[str, Any] | None:
+        """Its own part of the status (status.capacity), as of this pass; None: nothing. Keep it
+        to what changes with the capacity: a change is a status write."""
+        ...
+
+    def ends(self, f: Facts) -> datetime | None:
+        """When the capacity the JobSet runs on is taken away, if that is known (flex-start's
+        maximum run duration): a checkpoint is asked for ahead of it."""
         ...
 
 
@@ -253,3 +288,67 @@ def release(f: Facts, b: Builder) -> bool:
 def pools_present(f: Facts) -> list[str]:
     """The pools of the job's own that exist, as its capacity model says."""
     return f.capacity.present(f)
+
+
+def model_of(plan: Plan | None) -> CapacityModel:
+    """The capacity model of a job's plan (its mode's plugin), or WITHOUT_PLAN."""
+    return WITHOUT_PLAN if plan is None else REGISTRY.model(plan.mode).model
+
+
+class HoldsNothing:
+    """A model of no capacity of the job's own: only the pools labelled with its uid (strays: an
+    earlier spec's) are released. A job without a plan (an invalid spec) has it; a model of
+    capacity that is there (plugins/existing.py) builds on it."""
+
+    name = "HoldsNothing"
+    finalizer_first = False  # nothing of the job's to release
+    dry_run_first = False
+    replaces_idle_pools = False  # the pools are not the job's
+
+    def slices(self, old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
+               now: datetime) -> Slices:  # fmt: skip
+        return Slices(0)
+
+    def size(self, plan: Plan, old: MultisliceJobStatus, slices: Slices, obs: Observed,
+             js: JobSetObservation | None, now: datetime) -> Size:  # fmt: skip
+        return Size(0, 0)
+
+    def clock_ready(self, slices: Slices) -> bool:
+        return False
+
+    def provide(self, f: Facts, b: Builder, started: bool) -> Capacity:
+        return NO_CAPACITY
+
+    def before_admission(self, f: Facts, b: Builder) -> Capacity:
+        return NO_CAPACITY
+
+    def held(self, f: Facts, b: Builder, note: Released) -> None:
+        return None  # no pool of the job's: Provisioned says what it said
+
+    def present(self, f: Facts) -> list[str]:
+        return []
+
+    def release(self, f: Facts, b: Builder) -> bool:
+        """Only the job's strays."""
+        return release_pools(f, b, [], strays(f))
+
+    def taken(self, f: Facts) -> list[SliceObservation]:
+        return []
+
+    def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
+        return []
+
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        return 0
+
+    def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
+        return []  # no action of its own
+
+    def status(self, f: Facts) -> dict[str, Any] | None:
+        return None
+
+    def ends(self, f: Facts) -> datetime | None:
+        return None
+
+
+WITHOUT_PLAN: CapacityModel = HoldsNothing()

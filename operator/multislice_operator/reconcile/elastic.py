@@ -29,6 +29,7 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common.pools import CAPACITY_CODES
 from multislice_operator.planning.plan import Plan
+from multislice_operator.reconcile.capacity import Size
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
@@ -41,21 +42,6 @@ from multislice_operator.reconcile.types import (
 DEGRADED = ConditionType.DEGRADED
 GROW_PREFIX = "grow-"  # the id of the checkpoint requested before a grow: grow-<slices>-<attempt>
 GROW_SAVE_SECONDS = 300  # how long a grow waits for that checkpoint before it goes anyway
-
-
-@dataclass(frozen=True)
-class Size:
-    """The slices the job's JobSet should run on now, and why fewer than spec.slices."""
-
-    target: int
-    full: int
-    why: str = ""
-    # A loss within waitSeconds: seconds until the job may shrink (a pass is wanted then).
-    wait_left: float | None = None
-
-    @property
-    def degraded(self) -> bool:
-        return self.target < self.full
 
 
 def size(
@@ -71,7 +57,7 @@ def size(
     """`ready`: the pools ready now; `up`: those ready or in a NotReady blip; `lost_now`: the
     pools lost as this pass sees them."""
     full, elastic = plan.slices, plan.elastic
-    if elastic is None or not plan.managed or up >= full:
+    if elastic is None or up >= full:  # spec.elastic: accepted by its capacity model alone
         return Size(full, full)
     fits = [s.slices for s in plan.sizes if s.slices <= up]
     if not fits:  # below minSlices: wait for the pools, as a job that is not elastic does
@@ -159,19 +145,20 @@ def grow_request(plan: Plan, js: JobSetObservation | None, s: Size, attempt: int
     return f"{GROW_PREFIX}{s.target}-{attempt}"
 
 
-def resize(
-    plan: Plan,
-    old: MultisliceJobStatus,
-    b: Builder,
-    js: JobSetObservation,
-    s: Size,
-    running: bool,
-    now: datetime,
-    acked: Mapping[str, int],
-) -> tuple[Phase, str] | None:
+@dataclass(frozen=True)
+class Now:
+    """What a resize decides on besides the JobSet: whether any of its pods runs, the time, and
+    the steps the workload saved, by request id, as the pods say (checkpoint.acked)."""
+
+    running: bool
+    at: datetime
+    acked: Mapping[str, int]
+
+
+def resize(plan: Plan, old: MultisliceJobStatus, b: Builder, js: JobSetObservation, s: Size,
+           now: Now) -> tuple[Phase, str] | None:  # fmt: skip
     """While the JobSet exists: delete it for a resize that is due (the next pass creates it
-    on the new count once it is gone); None when its slice count stays. `acked`: the steps the
-    workload saved, by request id, as the pods say now (checkpoint.acked)."""
+    on the new count once it is gone); None when its slice count stays."""
     if plan.elastic is None:
         return None
     if js.deleting:
@@ -182,7 +169,7 @@ def resize(
     if s.target < current:
         return _shrink(plan, b, s)
     if s.target > current:
-        return _grow(old, b, js, s, running, now, acked)
+        return _grow(old, b, js, s, now)
     return None
 
 
@@ -197,7 +184,7 @@ def _resizing(old: MultisliceJobStatus, s: Size) -> tuple[Phase, str] | None:
 
 def _shrink(plan: Plan, b: Builder, s: Size) -> tuple[Phase, str]:
     layout = plan.parallelism_at(s.target)
-    b.add(DeleteJobSet(resize=True))
+    b.add(DeleteJobSet(foreground=True))
     b.event(
         Reason.SHRINKING_SLICES,
         f"{s.why}: restarting on {s.target} of {s.full} slices (dcn.data "
@@ -207,26 +194,19 @@ def _shrink(plan: Plan, b: Builder, s: Size) -> tuple[Phase, str]:
     return Phase.RESTARTING, f"shrinking to {s.target} of {s.full} slices: {s.why}"
 
 
-def _grow(
-    old: MultisliceJobStatus,
-    b: Builder,
-    js: JobSetObservation,
-    s: Size,
-    running: bool,
-    now: datetime,
-    acked: Mapping[str, int],
-) -> tuple[Phase, str] | None:
+def _grow(old: MultisliceJobStatus, b: Builder, js: JobSetObservation, s: Size, now: Now
+          ) -> tuple[Phase, str] | None:  # fmt: skip
     """Grow once the grow's checkpoint is saved, or late, or nothing runs to save."""
     rid = f"{GROW_PREFIX}{s.target}-{js.restarts}"
-    cp = _grow_checkpoint(old, b, rid, now, acked)
+    cp = _grow_checkpoint(old, b, rid, now.at, now.acked)
     saved = cp is not None and cp.saved_step is not None
     asked = cp.request_time if cp is not None else None
-    late = asked is not None and (now - asked).total_seconds() >= GROW_SAVE_SECONDS
-    if running and not saved and not late:
+    late = asked is not None and (now.at - asked).total_seconds() >= GROW_SAVE_SECONDS
+    if now.running and not saved and not late:
         if asked is not None:
-            b.requeue_in(GROW_SAVE_SECONDS - (now - asked).total_seconds())
+            b.requeue_in(GROW_SAVE_SECONDS - (now.at - asked).total_seconds())
         return None  # the checkpoint is requested (checkpoint.py); running meanwhile
-    b.add(DeleteJobSet(resize=True))
+    b.add(DeleteJobSet(foreground=True))
     b.event(
         Reason.GROWING_SLICES,
         f"node pools for {s.target} of {s.full} slices are Ready again: restarting on "
@@ -261,14 +241,8 @@ def _grow_note(rid: str, cp: CheckpointStatus | None, late: bool) -> str:
     return ""
 
 
-def state(plan: Plan, b: Builder, js: JobSetObservation | None, s: Size) -> None:
-    """status.activeSlices and the Degraded condition (elastic jobs only)."""
-    # A suspended JobSet (a queued job's, before Kueue admits it) runs nothing: not counted,
-    # and no status write for it.
-    if js is not None and js.replicas and not js.deleting and not js.suspended:
-        b.status.active_slices = js.replicas
-    if plan.elastic is None:
-        return
+def degraded(b: Builder, s: Size) -> None:
+    """The Degraded condition: running on fewer slices than spec.slices, and why."""
     active = b.status.active_slices
     if active is not None and active < s.full:
         b.cond(

@@ -3,7 +3,7 @@
 decide() first turns (job, spec, plan, old status, observation) into `Facts`: the job's own
 JobSet (by owner uid, common/ownership.py), the pod views of the current attempt (one `Pod` record
 per pod, one definition of running, failed and unschedulable), which slices are ready, lost or in a
-NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity_models.py), the
+NotReady blip (as the job's capacity model says: `Facts.capacity`, capacity.model_of), the
 restarts split by cause, and the one clock of capacity readiness. Verdicts, the Kueue gate and
 the lifecycle steps read these and never re-derive them.
 """
@@ -25,12 +25,13 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import capacity_models, elastic, restarts, scheduling
-from multislice_operator.reconcile.capacity import CapacityModel, Slices
+from multislice_operator.reconcile import restart_strategy, restarts, scheduling
+from multislice_operator.reconcile.capacity import CapacityModel, Size, Slices, model_of
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
 from multislice_operator.reconcile.context import at_second
 from multislice_operator.reconcile.reasons import sticky
+from multislice_operator.reconcile.steps import Steps, select
 from multislice_operator.reconcile.types import (
     DecideConfig,
     JobMeta,
@@ -71,9 +72,13 @@ class Facts:
     # (scheduling.py): clocks no pool replacement or restart of the operator's own resets.
     scheduling: SchedulingStatus | None
     # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
-    size: elastic.Size
+    size: Size
     # How the job's slices get their nodes (capacity.py), chosen once from its plan.
     capacity: CapacityModel
+    # How its slices restart, by cause (restart_strategy.py), chosen once per pass.
+    restart: restart_strategy.Chosen
+    # The optional steps its spec selects (steps.py): a plain job runs none of them.
+    steps: Steps
 
     @property
     def active(self) -> int:
@@ -157,10 +162,10 @@ def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
 
 def _capacity_view(model: CapacityModel, plan: Plan | None, old: MultisliceJobStatus,
                    obs: Observed, js: JobSetObservation | None, cfg: DecideConfig,
-                   now: datetime) -> tuple[Slices, elastic.Size]:  # fmt: skip
+                   now: datetime) -> tuple[Slices, Size]:  # fmt: skip
     """The slices as the job's capacity model sees them, and the size the JobSet runs at."""
     if plan is None:
-        return Slices(0), elastic.Size(0, 0)
+        return Slices(0), Size(0, 0)
     slices = model.slices(old, obs, plan, cfg, now)
     size = model.size(plan, old, slices, obs, js, now)
     return dataclasses.replace(slices, need=size.target), size  # spec.elastic: maybe fewer
@@ -183,7 +188,8 @@ def derive(
     # A pod restarted in place is not failed: its program's last exit is (restarts.py).
     earlier = (p.previous_run() for p in obs.pods)
     failures = tuple(p for p in obs.pods if p.failed) + tuple(p for p in earlier if p)
-    model = capacity_models.model_of(plan)
+    model = model_of(plan)
+    chosen = restart_strategy.choose(spec, js, obs)
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
@@ -208,11 +214,13 @@ def derive(
         pods_by_slice=pods.by_slice,
         live_pods=tuple(p for p in obs.pods if p.live),
         slices=slices,
-        restarts=restarts.attribute(old, js, failures),
+        restarts=restarts.attribute(old, js, failures, chosen),
         finished_before=_finished_before(old),
         world_agrees=_world_agrees(old, js),
         capacity_ready_since=clock,
         scheduling=waits,
         size=size,
         capacity=model,
+        restart=chosen,
+        steps=select(meta, spec),
     )

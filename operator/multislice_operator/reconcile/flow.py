@@ -9,8 +9,11 @@ between any two steps just means the next call sees a little more done and carri
 One pass, in order:
 
 1. `derive` the facts (facts.py): the job's own JobSet, one record per pod and its views, the
-   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity_models.py) and
-   the slices' readiness as it sees them, restarts by cause, the capacity clock.
+   job's capacity model (`Facts.capacity`, chosen once from the plan: capacity.model_of) and
+   the slices' readiness as it sees them, each cause's restart strategy (`Facts.restart`),
+   the optional steps its spec selects (`Facts.steps`: Kueue, MultiKueue, preflight, elastic;
+   a step's module is entered only for a job that selected it), restarts by cause, the
+   capacity clock.
 2. The verdicts (verdicts.py), in one order: the first that fires ends the pass with its own
    actions (a failed job deletes its JobSet and releases its pools; nothing is created).
 3. Otherwise the lifecycle (`_lifecycle`): the apiserver's dry run before the first capacity if
@@ -24,12 +27,12 @@ One pass, in order:
    checked on the whole decision (invariants.py).
 
 Which capacity model or restart strategy a job has is never tested here: the model and the
-strategy answer (capacity.py, restart_strategy.py).
+strategy answer (capacity.py, restart_strategy.py; they are plugins: registry.py).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import dataclasses
 
 from multislice_operator.api.models import (
     ConditionType,
@@ -81,7 +84,7 @@ from multislice_operator.reconcile.types import (
 )
 
 TERMINAL_RESYNC_FACTOR = 6  # a finished job is looked at less often (TTL, a lying status)
-FLEX_START_REQUEST_PREFIX = "flexend-"  # one request per end of a run
+CAPACITY_END_PREFIX = "flexend-"  # one request per end of the capacity (flex-start's run)
 
 
 def decide(
@@ -97,7 +100,7 @@ def decide(
     cfg = cfg or DecideConfig.from_settings()
     old = old_status or MultisliceJobStatus()
     f = derive(meta, spec, plan, spec_error, old, obs, cfg)
-    if multikueue.runs_elsewhere(f):
+    if f.steps.multikueue and multikueue.runs_elsewhere(f):
         return invariants.enforce(f, _manager(f))  # a worker cluster runs it
     verdict = verdicts.first(f)
     if verdict is None and _asks_apiserver(f):
@@ -107,7 +110,7 @@ def decide(
             f,
             Decision(
                 old,
-                [ValidateJobSet(in_place=restart_strategy.in_place_usable(f))],
+                [ValidateJobSet(restart_strategy.jobset_value(f.restart))],
                 requeue_after=cfg.resync_seconds,
                 keep_status=True,
             ),
@@ -120,17 +123,20 @@ def decide(
     else:
         phase, message, cap = _lifecycle(f, b, due)
         if f.plan is not None:
-            elastic.state(f.plan, b, f.js, f.size)
+            _active_slices(b, f.js)
+        if f.plan is not None and f.steps.elastic:
+            elastic.degraded(b, f.size)
         deadline = verdicts.next_deadline(f)
         if deadline is not None:
             b.requeue_in(deadline)
     b.settle(phase, message)
-    restart_strategy.restart_mode(f, b)
+    _stamp_jobset(f, b)
     # Being deleted: the slices and the goodput stay as last written (one status write for the
     # deletion, not one per pool state, or per pool gone, seen while the pools are released).
     if not f.deleting:
         if f.plan is not None and f.error is None:
             slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
+            b.status.capacity = f.capacity.status(f)  # the model's own part
         goodput.account(f, b, cap.stalled)
     b.transition_event()
     decision = Decision(
@@ -158,6 +164,26 @@ def _manager(f: Facts) -> Decision:
     b.settle(phase, message)
     b.transition_event()
     return Decision(b.status, b.actions, b.events, requeue_after=b.requeue or d.requeue_after)
+
+
+def _active_slices(b: Builder, js: JobSetObservation | None) -> None:
+    """status.activeSlices: the slices the JobSet runs on. A suspended JobSet (a queued job's,
+    before Kueue admits it) runs nothing: not counted, and no status write for it."""
+    if js is not None and js.replicas and not js.deleting and not js.suspended:
+        b.status.active_slices = js.replicas
+
+
+def _stamp_jobset(f: Facts, b: Builder) -> None:
+    """A JobSet created this pass restarts as the job's chosen strategies say (its one
+    failurePolicy.restartStrategy), and each strategy says what it needs to of it."""
+    value = restart_strategy.jobset_value(f.restart)
+    created = False
+    for i, a in enumerate(b.actions):
+        if isinstance(a, CreateJobSet):
+            b.actions[i] = dataclasses.replace(a, restart_strategy=value)
+            created = True
+    if created:
+        restart_strategy.announce(f, b)
 
 
 def _asks_apiserver(f: Facts) -> bool:
@@ -193,7 +219,8 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         advice.verdict, Reason.NO_BATCH_HINT
     )
     b.cond(ConditionType.DCN_BOUND, bound, reason, advice.message)
-    preflight.record(f, b)
+    if f.steps.preflight:
+        preflight.record(f, b)
     if not f.deleting and f.finished_before and not f.world_agrees:
         _status_ignored(f, b)
     if f.deleting:
@@ -223,10 +250,10 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     """No verdict ended the pass: the Kueue gate, the job's capacity, then its JobSet."""
     assert f.plan is not None and f.spec is not None
     _begin(f, b)
-    compiling = preflight.gate(f, b)  # spec.preflight: compiled before any capacity
+    compiling = preflight.gate(f, b) if f.steps.preflight else None  # before any capacity
     if compiling is not None:
         return (*compiling, NO_CAPACITY)
-    g = kueue_gate.gate(f, b) if f.queue else None
+    g = kueue_gate.gate(f, b) if f.steps.kueue else None
     queued = _queued(f, b, g)
     if queued is not None:
         return queued
@@ -234,6 +261,7 @@ def _lifecycle(f: Facts, b: Builder, due: str | None) -> tuple[Phase, str, Capac
     if g is not None:
         kueue_gate.admitted(b, g)
         kueue_gate.reclaim(f, b)
+    if g is not None and f.steps.multikueue:
         multikueue.lost(f, b, g.check.name if g.check else None, cap.rolled_back)
     return _run(f, b, cap, due)
 
@@ -281,28 +309,28 @@ def _run(f: Facts, b: Builder, cap: Capacity, due: str | None) -> tuple[Phase, s
     b.status.job_set = plan.name
     if js.suspended:
         return _resume(f, b, cap)
-    if cap.flex_wait is not None:
-        b.status.capacity_ready_time = None  # no deadline runs while DWS finds the capacity
-        return Phase.PROVISIONING, cap.flex_wait, cap
+    if cap.with_pods is not None:
+        b.status.capacity_ready_time = None  # no deadline runs while the capacity comes
+        return Phase.PROVISIONING, cap.with_pods, cap
     phase, message = running_phase(f, b, js, cap.ready)
     b.status.capacity_ready_time = f.capacity_ready_since
     startup.check(f, b, phase, cap.stalled)
-    grow = elastic.grow_request(plan, js, f.size, f.attempt)
-    checkpoint.serve_requests(f, b, due, _flex_start_end(f, b), grow)
+    grow = elastic.grow_request(plan, js, f.size, f.attempt) if f.steps.elastic else None
+    checkpoint.serve_requests(f, b, due, _capacity_end(f, b), grow)
     return phase, message, cap
 
 
 def _create(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
-    """No JobSet yet: created once the capacity is ready (or flex-start capacity waits)."""
+    """No JobSet yet: created once the capacity is ready (or comes with its pods)."""
     assert f.plan is not None
     plan = f.plan
-    if cap.flex_wait is None and not cap.ready:
+    if cap.with_pods is None and not cap.ready:
         return cap.phase or Phase.PENDING, cap.message, cap
-    b.add(elastic.create(plan, f.old, f.size.target))
+    b.add(elastic.create(plan, f.old, f.size.target) if f.steps.elastic else CreateJobSet())
     b.status.job_set = plan.name
     b.status.active_slices = f.size.target
-    if cap.flex_wait is not None:  # its pending pods make GKE scale the pools up
-        return Phase.PROVISIONING, cap.flex_wait, cap
+    if cap.with_pods is not None:  # its pending pods bring the capacity (flex-start)
+        return Phase.PROVISIONING, cap.with_pods, cap
     b.status.capacity_ready_time = f.now
     # Written as the next pass will see it (the JobSet, nothing running yet), so creating
     # the JobSet costs one status write, not two.
@@ -317,9 +345,9 @@ def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     if cap.ready:
         b.add(SetJobSetSuspend(False))
         return Phase.STARTING, "capacity ready again; resuming the JobSet", cap
-    if cap.flex_wait is not None:  # its pending pods are what makes GKE scale the pools up
+    if cap.with_pods is not None:  # its pending pods bring the capacity (flex-start)
         b.add(SetJobSetSuspend(False))
-        return Phase.PROVISIONING, cap.flex_wait, cap
+        return Phase.PROVISIONING, cap.with_pods, cap
     if cap.phase is not None:
         return cap.phase, cap.message, cap
     cond = b.status.condition(PROVISIONED)
@@ -327,22 +355,20 @@ def _resume(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str, Capacity]:
     return Phase.PROVISIONING, f"resuming: {waiting}", cap
 
 
-def _flex_start_end(f: Facts, b: Builder) -> str | None:
-    """A checkpoint request spec.maintenance.checkpointAheadSeconds before flex-start capacity
-    reaches its maximum run duration (GKE removes the VMs then: a disruption, every slice
-    restarts). Counted from when every slice's capacity was ready (the nodes came then)."""
+def _capacity_end(f: Facts, b: Builder) -> str | None:
+    """A checkpoint request spec.maintenance.checkpointAheadSeconds before the capacity is taken
+    away, when its model knows when (flex-start's maximum run duration: GKE removes the VMs
+    then, a disruption, every slice restarts)."""
     assert f.spec is not None
     ahead = f.spec.maintenance.checkpoint_ahead_seconds
-    runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
-    since = f.capacity_ready_since
-    if ahead is None or not runs or since is None:
+    end = f.capacity.ends(f) if ahead is not None else None
+    if ahead is None or end is None:
         return None
-    end = since + timedelta(seconds=min(runs))
     due = (end - f.now).total_seconds() - ahead
     if due > 0:
         b.requeue_in(due)
         return None
-    return f"{FLEX_START_REQUEST_PREFIX}{int(end.timestamp())}"
+    return f"{CAPACITY_END_PREFIX}{int(end.timestamp())}"
 
 
 def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
@@ -384,10 +410,10 @@ def _provision(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str, Ca
             "and queues the job again",
         )
         return (*kueue_gate.hold(f, b, retry), cap)
-    if cap.ready or cap.flex_wait is not None:
-        # Flex-start: admitted with its pools up but empty; the JobSet's pods, pending once
-        # it is resumed after Kueue's admission, are what makes GKE scale the pools up.
-        message = cap.flex_wait or f"all {len(f.plan.pools)} node pools of the gang ready"
+    if cap.ready or cap.with_pods is not None:
+        # Capacity that comes with the pods (flex-start: pools up but empty) is admitted; the
+        # JobSet's pods, pending once it is resumed after Kueue's admission, bring it.
+        message = cap.with_pods or f"all {len(f.plan.pools)} node pools of the gang ready"
         kueue_gate.report(f, b, g, CheckState.READY, message, pin=True)
         text = f"{message}; admission check {name} Ready: waiting for Kueue to admit"
         return (*kueue_gate.waiting_for_admission(f, b, text), cap)

@@ -31,15 +31,12 @@ from multislice_operator.api.models import (
     PodFailureStatus,
     RestartCause,
     RestartStatus,
-    RestartStrategyName,
     SlicePhase,
     StateSeconds,
 )
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import restart_strategy
 from multislice_operator.reconcile.context import Builder, at_second
 from multislice_operator.reconcile.facts import Facts
-from multislice_operator.reconcile.restart_strategy import rendered_in_place
 
 S = GoodputState
 
@@ -340,29 +337,32 @@ def _counted(f: Facts, b: Builder, g: GoodputStatus, last: RestartStatus | None)
     # belongs to an earlier restart and says nothing about this one.
     known = failure is not None and failure.restart_attempt == b.status.restarts - 1
     lost = steps_lost(failure) if known and failure is not None else None
-    cause = f.restarts.cause.value if f.restarts.cause else CAUSE_WORKLOAD
-    began = _outage_began(f, g, cause, last)
+    cause = f.restarts.cause or RestartCause(CAUSE_WORKLOAD)
+    strategy = f.restart.get(cause)
+    continues = strategy is not None and strategy.continues_outage
+    began = _outage_began(f, g, continues, last)
     g.lost_steps += lost or 0
-    strategy = restart_strategy.strategy_of(RestartCause(cause), rendered_in_place(b.status))
     return RestartStatus(
         restart=b.status.restarts,
-        cause=cause,
+        cause=cause.value,
         time=began,
         lost_steps=lost,
-        strategy=RestartStrategyName(strategy.name),
+        strategy=strategy.name if strategy is not None else None,
     )
 
 
-def _outage_began(f: Facts, g: GoodputStatus, cause: str, last: RestartStatus | None) -> datetime:
+def _outage_began(f: Facts, g: GoodputStatus, continues: bool, last: RestartStatus | None
+                  ) -> datetime:  # fmt: skip
     """When the slices stopped running, for a restart counted now."""
     if g.state in RECOVERING and g.since is not None:
         began = g.since  # when the slices stopped running, as accounted
     else:  # stopped and recovered unseen (while the operator was down, or within a pass)
         blind = f.obs.blind_since
         began = min(at_second(blind), f.now) if blind is not None else f.now
-    # A shrink after a loss the job has not recovered from: the outage began with the loss.
+    # A restart that continues an outage the job has not recovered from (a shrink after a
+    # loss): the outage began with the loss.
     unrecovered = last is not None and last.recovery_seconds is None
-    if cause == RestartCause.RESIZE.value and unrecovered and last and last.time:
+    if continues and unrecovered and last and last.time:
         began = min(began, last.time)
     return began
 

@@ -1,16 +1,18 @@
 """The promises every decision keeps, checked in one place for every branch. Pure.
 
-- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreatePreflightJob,
-  CreateWorkload, SetJobSetSuspend(False),
-  SetWorkloadActive(True)) on a terminal phase or a job being deleted, nor on a job the operator
-  failed with a verdict that sticks (its old status: facts.failed_for_good), whatever this
-  decision's phase: such a job never creates a pool or runs again;
+- no create or resume (CreatePools, CreateJobSet, ValidateJobSet, CreateWorkload,
+  SetJobSetSuspend(False), SetWorkloadActive(True), an `OwnAction` that `creates`: the
+  preflight's Job, a capacity model's object) on a terminal phase or a job being deleted, nor
+  on a job the operator failed with a verdict that sticks (its old status:
+  facts.failed_for_good), whatever this decision's phase: such a job never creates a pool or
+  runs again;
 - no CreatePools unless the job has the finalizer or the same decision adds it first (its pools
   are then always released, even if the operator is down when the job is deleted);
 - at most one DeletePools per pool, and no pool both created and deleted;
 - no action on a pool the job does not own (another live job's: a name collision).
 
-Each is one small check in CHECKS, run on every action in order; a message starts with its
+Each is one small check in CHECKS, run on every action in order; a capacity model checks its own
+actions (`CapacityModel.violations`: plugins/dynamic.py's Slices). A message starts with its
 promise's key (terminal-create, create-without-finalizer, duplicate-delete, create-and-delete,
 not-ours), which the state machine (tests/unit/test_decide_machine.py) reports by.
 
@@ -24,19 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from multislice_operator.api.models import ConditionType, Phase
-from multislice_operator.planning import cubes
 from multislice_operator.reconcile.facts import Facts, failed_for_good
 from multislice_operator.reconcile.types import (
     Action,
     AddFinalizer,
     CreateJobSet,
     CreatePools,
-    CreatePreflightJob,
-    CreateSlice,
     CreateWorkload,
     Decision,
     DeletePools,
-    DeleteSlices,
+    OwnAction,
     SetJobSetSuspend,
     SetWorkloadActive,
     ValidateJobSet,
@@ -51,10 +50,8 @@ class InvariantViolation(AssertionError):
 
 CREATES = (
     CreatePools,
-    CreateSlice,
     CreateJobSet,
     ValidateJobSet,
-    CreatePreflightJob,
     CreateWorkload,
 )
 
@@ -62,6 +59,7 @@ CREATES = (
 def _creates(a: Action) -> bool:
     return (
         isinstance(a, CREATES)
+        or (isinstance(a, OwnAction) and a.creates)
         or (isinstance(a, SetJobSetSuspend) and not a.suspend)
         or (isinstance(a, SetWorkloadActive) and a.active)
     )
@@ -78,21 +76,13 @@ class _Seen:
     ours: set[str]  # the pools this job may delete
     created: set[str] = field(default_factory=set)
     deleted: set[str] = field(default_factory=set)
-    # Dynamic slicing: the job's Slice names, and the cubes a Slice holds (another's or ours).
-    slice_names: set[str] = field(default_factory=set)
-    held: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, f: Facts, d: Decision) -> _Seen:
         taken = {s.pool for s in f.obs.slices if s.taken_by and s.pool}
         names = {p.slice_index: p.name for p in f.plan.pools} if f.plan else {}
         ours = (set(names.values()) - taken) | set(f.obs.strays)
-        seen = cls(_ending(f, d), f.meta.has_finalizer, names, taken, ours)
-        if f.plan is not None and f.plan.dynamic:
-            seen.slice_names = set(cubes.all_slice_names(f.plan.job_key, f.plan.slices))
-            seen.held = {p for o in f.obs.slice_objects for p in o.partitions}
-            seen.held |= f.obs.cubes_taken
-        return seen
+        return cls(_ending(f, d), f.meta.has_finalizer, names, taken, ours)
 
 
 def _ending(f: Facts, d: Decision) -> str | None:
@@ -140,39 +130,14 @@ def _delete_pools(seen: _Seen, a: Action) -> str | None:
     return None
 
 
-def _create_slice(seen: _Seen, a: Action) -> str | None:
-    """A Slice of the job's names, after the finalizer, on cubes no Slice holds."""
-    if not isinstance(a, CreateSlice):
-        return None
-    seen.created.add(a.name)
-    if not seen.finalizer:
-        return f"create-without-finalizer: CreateSlice {a.name} before the finalizer"
-    if a.name not in seen.slice_names:
-        return f"not-ours: CreateSlice {a.name}, not one of the job's Slice names"
-    twice = sorted(set(a.partitions) & seen.held)
-    seen.held |= set(a.partitions)
-    return f"cube-twice: CreateSlice {a.name} on cubes {twice} a Slice holds" if twice else None
-
-
-def _delete_slices(seen: _Seen, a: Action) -> str | None:
-    if not isinstance(a, DeleteSlices):
-        return None
-    foreign = sorted(set(a.names) - seen.slice_names)
-    if foreign:
-        return f"not-ours: DeleteSlices {foreign}, not the job's"
-    created = sorted(set(a.names) & seen.created)
-    if created:
-        return f"create-and-delete: DeleteSlices {created} created in the same pass"
-    return None
-
-
 # In order; the first broken promise is the action's (a create at the end is not tracked). Each
 # message starts with the promise's key (the state machine reports each key as a bug of its own).
-CHECKS = (_no_create_at_the_end, _create_pools, _delete_pools, _create_slice, _delete_slices)
+CHECKS = (_no_create_at_the_end, _create_pools, _delete_pools)
 
 
 def violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
-    """(index of the action, what it breaks) for every action that breaks a promise."""
+    """(index of the action, what it breaks) for every action that breaks a promise: the
+    core's, then those the job's capacity model keeps over its own actions."""
     seen = _Seen.of(f, d)
     out: list[tuple[int, str]] = []
     for i, a in enumerate(d.actions):
@@ -180,7 +145,8 @@ def violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
         why = next((w for check in CHECKS if (w := check(seen, a)) is not None), None)
         if why is not None:
             out.append((i, why))
-    return out
+    said = {i for i, _ in out}
+    return sorted(out + [v for v in f.capacity.violations(f, d) if v[0] not in said])
 
 
 def enforce(f: Facts, d: Decision) -> Decision:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from multislice_operator.api.models import (
     EXIT_CONFIG_ERROR,
@@ -36,11 +37,20 @@ from multislice_operator.reconcile.capacity import pools_present
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
 from multislice_operator.reconcile.reasons import Reason
-from multislice_operator.reconcile.types import (
-    CreatePreflightJob,
-    DeletePreflightJob,
-    PreflightObservation,
-)
+from multislice_operator.reconcile.types import OwnAction, PreflightObservation
+
+
+@dataclass(frozen=True)
+class CreatePreflightJob(OwnAction):
+    """Run the compile command (spec.preflight) as a CPU Job owned by the job, before any pool."""
+
+    creates: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class DeletePreflightJob(OwnAction):
+    """The compile Job finished (or is not this spec's): deleted with its pod."""
+
 
 POLL_SECONDS = 5.0  # the compile Job is read, not watched: a pass this often while it runs
 MESSAGE_MAX = 1024  # of the command's words kept in the status and the condition

@@ -26,7 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
-from multislice_operator.api.models import RestartCause
+from multislice_operator.api.models import BUDGET_OF_CAUSE, Budget, RestartCause
 
 NORMAL, WARNING = "Normal", "Warning"
 CAUSE_PROVISIONING = "provisioning"  # a gang rollback: not a restart, no budget
@@ -141,8 +141,9 @@ class Reason(StrEnum):
         return REGISTRY[self].type
 
 
-# A pod failure restarts all slices for any cause but a resize (the operator's own choice).
-_ALL_CAUSES = tuple(c.value for c in RestartCause if c != RestartCause.RESIZE)
+# A pod failure restarts all slices for any cause charged to a budget (not the operator's own
+# choice, a resize).
+_ALL_CAUSES = tuple(c.value for c in RestartCause if BUDGET_OF_CAUSE[c] != Budget.NONE)
 
 REGISTRY: dict[Reason, Info] = {
     Reason.INVALID_SPEC: Info(

@@ -1,52 +1,86 @@
-"""Restart strategies: how every slice of a job restarts, as one interface chosen per cause.
+"""Restart strategies: how every slice of a job restarts, one interface, chosen per cause. Pure.
 
-A `RestartStrategy` says what it renders into the JobSet (`jobset_fields`, its failurePolicy:
-JobSet carries those restarts out itself) and what the operator does on a pass to carry it out
-(`carry_out`: nothing for JobSet's own restarts; delete the JobSet and create it again for a
-resize). `STRATEGIES` registers one per `RestartCause`; decide() reads the registry and never
-tests which strategy a cause has. render/jobset.py renders the JobSet's half
-(`JOBSET_RESTART_FIELDS`; render sits below decide() and imports nothing of it), and
-tests/unit/test_restart_strategies.py holds the two equal. Implementations: restart_recreate.py
-(JobSet's Recreate), restart_inplace.py (JobSet's InPlaceRestart) and restart_resize.py
-(resize: spec.elastic).
+A `RestartStrategy` registers itself (registry.py): its name (status.lastRestart.strategy, whose
+enum the CRD takes from the registry), the causes it restarts, what it renders into the JobSet
+(`jobset_value`, failurePolicy.restartStrategy: JobSet carries those restarts out; None: the
+operator does, on a pass: `carry_out`), its pod's half (`render_job`), the objects its pods need
+(`companions`), how the restarts it makes itself are counted (`restarts_made`) and announced.
+Implementations (`JobSetStrategy` subclasses): plugins/recreate.py (JobSet's Recreate),
+plugins/inplace.py (JobSet's InPlaceRestart) and plugins/resize.py (resize: spec.elastic);
+tests/plugins/ holds one written outside the package (JobSet's BlockingRecreate).
 
-Two registries, chosen by a fact about the cluster (`in_place`: controller/versions.py found
-JobSet's InPlaceRestart usable; decide() reads it as a fact): `STRATEGIES` where it is not
-(every cause JobSet restarts recreates), `IN_PLACE_STRATEGIES` where it is (the program's own
-failures, a hang and a restart the workload asks for restart in place; causes whose pods are
-gone or must move recreate).
-
-A JobSet has one failurePolicy.restartStrategy: the causes JobSet restarts must agree on it
-(`jobset_fields` raises otherwise), except that InPlaceRestart includes Recreate: JobSet
-recreates a failed Job under it (`INCLUDES`). Pure.
+`choose` is the one place a job's strategies are chosen, once per pass (`Facts.restart`): for
+each cause, of the registered strategies that restart it and are usable, the one of highest
+`precedence`. Usable: with a JobSet of the job's own, what that JobSet carries out (its observed
+failurePolicy.restartStrategy, or one it includes: InPlaceRestart recreates a failed Job); before
+it, what the strategy says of the job and the cluster (`available`: in-place restart where the
+cluster has it). A JobSet has one restartStrategy: the chosen JobSet strategies must agree on it
+(`jobset_value` raises otherwise), unless one includes the others.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from multislice_operator.api.models import ConditionType, MultisliceJobStatus, Phase, RestartCause
-from multislice_operator.reconcile.reasons import Reason
-from multislice_operator.reconcile.restart_inplace import IN_PLACE_RESTART, INPLACE
-from multislice_operator.reconcile.restart_recreate import RECREATE
-from multislice_operator.reconcile.restart_resize import RESIZE
-from multislice_operator.reconcile.types import CreateJobSet
+from multislice_operator.api.models import MultisliceJobSpec, Phase, RestartCause
+from multislice_operator.reconcile.types import JobSetObservation, Observed
+from multislice_operator.registry import REGISTRY
 
 if TYPE_CHECKING:
     from multislice_operator.reconcile.capacity import Capacity
     from multislice_operator.reconcile.context import Builder
     from multislice_operator.reconcile.facts import Facts
+    from multislice_operator.settings import Settings
+
+JOBSET_DEFAULT = "Recreate"  # JobSet's failurePolicy.restartStrategy when none is rendered
+
+Chosen = Mapping[RestartCause, "RestartStrategy"]
 
 
 class RestartStrategy(Protocol):
-    """How all slices restart: one implementation per strategy, registered per cause."""
+    """How all slices restart: one implementation per strategy, registered by name."""
 
     name: str
+    description: str  # what it does, in the CRD's description of status.lastRestart.strategy
+    causes: frozenset[RestartCause]
+    # Among the strategies usable for a cause, the one of highest precedence is chosen.
+    precedence: int
+    # Other restartStrategy values a JobSet rendered with this one carries out too.
+    includes: frozenset[str]
+    # Its restarts are announced by its own events (no RestartingAllSlices for them).
+    announces: bool
+    # A restart of it while the previous one has not recovered continues that outage.
+    continues_outage: bool
+    # Where it is available, for `plan` ("": always).
+    when: str
 
-    def jobset_fields(self) -> dict[str, Any]:
-        """The JobSet failurePolicy fields it needs (JobSet carries those restarts out)."""
+    @property
+    def jobset_value(self) -> str | None:
+        """The JobSet failurePolicy.restartStrategy it renders; None: the operator carries it
+        out."""
+        ...
+
+    def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
+        """Whether a JobSet created now (or the operator, for its own) may use it."""
+        ...
+
+    def render_job(self, job_spec: dict[str, Any], spec: MultisliceJobSpec,
+                   settings: Settings | None) -> None:  # fmt: skip
+        """Its half of the JobSet's Job (the pod template), in place."""
+        ...
+
+    def companions(self, namespace: str, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """Objects its pods need, applied (path, body) before the JobSet is created."""
+        ...
+
+    def announce(self, f: Facts, b: Builder, chosen: Chosen) -> None:
+        """What the job says of it when its JobSet is created (a condition, an event)."""
+        ...
+
+    def restarts_made(self, before: int, js: JobSetObservation) -> dict[RestartCause, int]:
+        """Restarts it made itself that the JobSet's counters include, by cause, since the
+        status said `before` restarts (JobSet's own restarts are split by the pods)."""
         ...
 
     def carry_out(self, f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
@@ -55,118 +89,122 @@ class RestartStrategy(Protocol):
         ...
 
 
-STRATEGIES: Mapping[RestartCause, RestartStrategy] = {
-    RestartCause.DISRUPTION: RECREATE,
-    RestartCause.WORKLOAD: RECREATE,
-    RestartCause.HANG: RECREATE,
-    RestartCause.STARTUP: RECREATE,
-    RestartCause.RESIZE: RESIZE,
-}
+class JobSetStrategy:
+    """A strategy JobSet carries out itself (failurePolicy.restartStrategy `jobset_value`): the
+    operator renders it and counts its restarts from the JobSet; nothing is done by a pass.
+    Subclasses name it, its causes and precedence (plugins/recreate.py, plugins/inplace.py)."""
+
+    name = JOBSET_DEFAULT
+    description = "every pod deleted and created again"
+    causes: frozenset[RestartCause] = frozenset()
+    precedence = 0
+    jobset_value: str | None = JOBSET_DEFAULT
+    includes: frozenset[str] = frozenset()
+    announces = False
+    continues_outage = False
+    when = ""
+
+    def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
+        return True
+
+    def render_job(self, job_spec: dict[str, Any], spec: MultisliceJobSpec,
+                   settings: Settings | None) -> None:  # fmt: skip
+        return None
+
+    def companions(self, namespace: str, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return []
+
+    def announce(self, f: Facts, b: Builder, chosen: Chosen) -> None:
+        return None
+
+    def restarts_made(self, before: int, js: JobSetObservation) -> dict[RestartCause, int]:
+        return {}  # JobSet's restarts: attributed from the pods (restarts.py)
+
+    def carry_out(self, f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
+        return None  # JobSet restarts the slices itself
 
 
-# Where the cluster restarts pods in place: a pod that failed where it runs restarts there; a
-# pod that is gone (disruption: preemption, maintenance, a lost node or pool) or was evicted by
-# the operator (startup) fails its Job, which JobSet recreates; a resize makes a new JobSet.
-IN_PLACE_STRATEGIES: Mapping[RestartCause, RestartStrategy] = {
-    RestartCause.DISRUPTION: RECREATE,
-    RestartCause.WORKLOAD: INPLACE,
-    RestartCause.HANG: INPLACE,
-    RestartCause.STARTUP: RECREATE,
-    RestartCause.RESIZE: RESIZE,
-}
-
-# JobSet restartStrategy values that carry out another's restarts too: under InPlaceRestart a
-# failed Job is recreated (jobset v0.12.0 api/jobset/v1alpha2/jobset_types.go, InPlaceRestart).
-INCLUDES: Mapping[str, frozenset[str]] = {IN_PLACE_RESTART: frozenset({RECREATE.name})}
+def registered() -> list[RestartStrategy]:
+    return list(REGISTRY.strategies().values())
 
 
-def registry(in_place: bool = False) -> Mapping[RestartCause, RestartStrategy]:
-    return IN_PLACE_STRATEGIES if in_place else STRATEGIES
+def _carries(js_value: str, s: RestartStrategy) -> bool:
+    """A JobSet rendered with restartStrategy `js_value` carries out `s`'s restarts."""
+    if s.jobset_value is None or s.jobset_value == js_value:
+        return True
+    owner = next((t for t in registered() if t.jobset_value == js_value), None)
+    return owner is not None and s.jobset_value in owner.includes
 
 
-def strategy_of(cause: RestartCause, in_place: bool = False) -> RestartStrategy:
-    return registry(in_place)[cause]
+def _usable(s: RestartStrategy, spec: MultisliceJobSpec | None, js: JobSetObservation | None,
+            obs: Observed) -> bool:  # fmt: skip
+    if js is not None and s.jobset_value is not None:
+        return _carries(js.restart_strategy, s)
+    return s.available(spec, obs)
 
 
-def strategies(in_place: bool = False) -> list[RestartStrategy]:
-    """Each registered strategy once, in the registry's order."""
+def choose(spec: MultisliceJobSpec | None, js: JobSetObservation | None, obs: Observed) -> Chosen:
+    """Each cause's strategy for this job now (a cause no usable strategy restarts is absent:
+    a resize without spec.elastic)."""
+    out: dict[RestartCause, RestartStrategy] = {}
+    usable = [s for s in registered() if _usable(s, spec, js, obs)]
+    for cause in RestartCause:
+        candidates = [s for s in usable if cause in s.causes]
+        if candidates:
+            out[cause] = max(candidates, key=lambda s: s.precedence)  # first of the highest
+    return out
+
+
+def unique(chosen: Chosen) -> list[RestartStrategy]:
+    """Each chosen strategy once, in the causes' order."""
     seen: list[RestartStrategy] = []
-    for s in registry(in_place).values():
+    for s in chosen.values():
         if all(s is not t for t in seen):
             seen.append(s)
     return seen
 
 
-def _merge(key: str, old: Any, new: Any) -> Any:
-    if old is None or old == new:
-        return new
-    if key == "restartStrategy" and old in INCLUDES.get(new, ()):
-        return new
-    if key == "restartStrategy" and new in INCLUDES.get(old, ()):
-        return old
-    raise ValueError(f"restart strategies disagree on JobSet failurePolicy.{key}: {old}, {new}")
+def jobset_value(chosen: Chosen) -> str:
+    """The JobSet's one failurePolicy.restartStrategy for the chosen strategies: theirs, or the
+    one that includes the others (ValueError when they disagree)."""
+    values = {s.jobset_value for s in unique(chosen) if s.jobset_value is not None}
+    for s in unique(chosen):
+        if s.jobset_value is not None and values - {s.jobset_value} <= s.includes:
+            return s.jobset_value
+    if not values:
+        return JOBSET_DEFAULT
+    raise ValueError(
+        f"restart strategies disagree on JobSet failurePolicy.restartStrategy: {sorted(values)}"
+    )
 
 
-def jobset_fields(in_place: bool = False) -> dict[str, Any]:
-    """The JobSet failurePolicy fields of every strategy (what render/jobset.py must render)."""
-    fields: dict[str, Any] = {}
-    for s in strategies(in_place):
-        for key, value in s.jobset_fields().items():
-            fields[key] = _merge(key, fields.get(key), value)
-    return fields
+def rendering(value: str) -> RestartStrategy | None:
+    """The registered strategy that renders JobSet restartStrategy `value` (None: none does)."""
+    return next((s for s in registered() if s.jobset_value == value), None)
 
 
-def carry_out(
-    f: Facts, b: Builder, cap: Capacity, in_place: bool = False
-) -> tuple[Phase, str] | None:
+def carry_out(f: Facts, b: Builder, cap: Capacity) -> tuple[Phase, str] | None:
     """The restart the operator carries out this pass, if any (the first in flight wins)."""
-    for s in strategies(in_place):
+    for s in unique(f.restart):
         restarting = s.carry_out(f, b, cap)
         if restarting is not None:
             return restarting
     return None
 
 
-def rendered_in_place(status: MultisliceJobStatus) -> bool:
-    """The job's JobSet was rendered for in-place restart (its RestartInPlace condition)."""
-    cond = status.condition(ConditionType.RESTART_IN_PLACE)
-    return cond is not None and cond.status == "True"
-
-
-def in_place_usable(f: Facts) -> bool:
-    return f.obs.in_place is not None and f.obs.in_place.usable
-
-
-def restart_mode(f: Facts, b: Builder) -> None:
-    """The JobSet created on this pass restarts in place where the cluster can (a fact from
-    controller/versions.py); the job says which, and why not (condition RestartInPlace, and an
-    event when it falls back to recreating the pods)."""
-    support = f.obs.in_place
-    for i, a in enumerate(b.actions):
-        if not isinstance(a, CreateJobSet) or support is None:
-            continue
-        b.actions[i] = dataclasses.replace(a, in_place=support.usable)
-        if support.usable:
-            why = "program failures, hangs and asked restarts (exit 42) restart the pods in place"
-            b.cond(ConditionType.RESTART_IN_PLACE, "True", Reason.IN_PLACE_RESTART, why)
-            continue
-        why = f"every restart recreates the pods: {support.why}"
-        b.cond(ConditionType.RESTART_IN_PLACE, "False", Reason.IN_PLACE_UNAVAILABLE, why)
-        if not any(e.reason == Reason.IN_PLACE_UNAVAILABLE for e in b.events):
-            b.event(Reason.IN_PLACE_UNAVAILABLE, why)
+def announce(f: Facts, b: Builder) -> None:
+    """A JobSet is created this pass: each registered strategy says what it needs to."""
+    for s in registered():
+        s.announce(f, b, f.restart)
 
 
 def summary() -> str:
-    """How a job's slices restart, by cause, for `plan` (offline: the cluster decides which
-    registry applies; the operator's start-up log and the job's RestartInPlace condition say)."""
-    in_place = [c.value for c in RestartCause if strategy_of(c, in_place=True).name == INPLACE.name]
-    rest = [
-        f"{c.value} {strategy_of(c, in_place=True).name}"
-        for c in RestartCause
-        if c.value not in in_place
-    ]
-    return (
-        f"{', '.join(in_place)} {INPLACE.name} where the cluster has it (JobSet >= v0.11 with its "
-        f"InPlaceRestart gate, Kubernetes >= 1.35, --in-place-agent-image), else Recreate; "
-        f"{', '.join(rest)}"
-    )
+    """How a job's slices restart, by cause, for `plan` (offline: where a strategy depends on
+    the cluster or the spec, it says where; the job's status says which ran)."""
+    by_phrase: dict[str, list[str]] = {}
+    for cause in RestartCause:
+        ranked = sorted((s for s in registered() if cause in s.causes), key=lambda s: -s.precedence)
+        words = [f"{s.name} {s.when}".strip() for s in ranked]
+        if words:
+            by_phrase.setdefault(", else ".join(words), []).append(cause.value)
+    return "; ".join(f"{', '.join(causes)} {phrase}" for phrase, causes in by_phrase.items())

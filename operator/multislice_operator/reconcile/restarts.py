@@ -20,6 +20,7 @@ once they exceed failurePolicy.maxDisruptionRestarts (verdicts.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from multislice_operator.api.models import (
     RestartCause,
     RestartsByCause,
 )
+from multislice_operator.reconcile.restart_strategy import Chosen, unique
 from multislice_operator.reconcile.types import JobSetObservation, Pod
 
 C = RestartCause
@@ -88,22 +90,31 @@ def _seed(old: MultisliceJobStatus, js: JobSetObservation) -> RestartsByCause:
     return RestartsByCause(workload=charged, disruption=old.restarts - charged)
 
 
+def _made(before: int, js: JobSetObservation, chosen: Chosen) -> Counter[RestartCause]:
+    """Restarts the operator's own strategies made (a JobSet recreated on another slice count:
+    its first attempt is a restart of every slice), by cause."""
+    made: Counter[RestartCause] = Counter()
+    for s in unique(chosen):
+        made.update(s.restarts_made(before, js))
+    return made
+
+
 def attribute(
-    old: MultisliceJobStatus, js: JobSetObservation | None, failures: Sequence[Pod]
-) -> Attribution:
+    old: MultisliceJobStatus, js: JobSetObservation | None, failures: Sequence[Pod],
+    chosen: Chosen,
+) -> Attribution:  # fmt: skip
     """Split the restarts the JobSet made since the status was written by cause."""
     before = old.restarts
     if js is None or js.restarts - before <= 0:
         return Attribution(old.restarts_by_cause)
     new = js.restarts - before
     by = _seed(old, js)
-    # A JobSet the operator recreated on another slice count (spec.elastic): its first attempt
-    # is itself a restart of every slice, the job's restart `restart_base`, charged to none.
-    resize = 1 if before < js.restart_base else 0
-    if resize:
-        by.add(C.RESIZE)
-    charged = min(new - resize, max(0, js.restarts_counted - by.program()))
-    free = new - resize - charged
+    made = _made(before, js, chosen)
+    for cause, n in made.items():
+        by.add(cause, n)
+    own = sum(made.values())
+    charged = min(new - own, max(0, js.restarts_counted - by.program()))
+    free = new - own - charged
     # The failures behind these restarts were seen on pods of the attempts that just ended.
     ending = [p for p in failures if before <= p.attempt < js.restarts]
     causes = [failure_cause(p) for p in ending]
@@ -118,8 +129,7 @@ def attribute(
         cause = C.HANG if C.HANG in causes else C.WORKLOAD
         by.add(cause, charged)
         added.append(cause)
-    if resize:
-        added.append(C.RESIZE)
+    added += list(made)
     latest = first_failure(ending)
     newest = failure_cause(latest) if latest is not None else None
     return Attribution(by, new, newest if newest in added else added[-1])

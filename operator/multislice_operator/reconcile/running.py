@@ -8,7 +8,6 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     Phase,
     PodFailureStatus,
-    RestartCause,
 )
 from multislice_operator.reconcile import restarts
 from multislice_operator.reconcile.context import Builder
@@ -80,8 +79,10 @@ def count_restarts(f: Facts, b: Builder) -> None:
     b.status.restarts = max(f.old.restarts, js.restarts)
     b.status.restarts_by_cause = f.restarts.by_cause
     by, cause = f.restarts.by_cause, f.restarts.cause
-    # A resize is announced by its own event (ShrinkingSlices, GrowingSlices).
-    if f.restarts.new > 0 and cause not in (None, RestartCause.RESIZE) and by is not None:
+    # A strategy that announces its own restarts (a resize: ShrinkingSlices, GrowingSlices).
+    strategy = f.restart.get(cause) if cause is not None else None
+    announced = strategy is not None and strategy.announces
+    if f.restarts.new > 0 and cause is not None and not announced and by is not None:
         last = b.status.last_failure
         what = describe(last) if last else "a slice failed"
         b.event(

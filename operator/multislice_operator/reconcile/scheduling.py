@@ -46,20 +46,34 @@ def clocks(
         return None
     kept = old or SchedulingStatus()
     current = [p for p in pods if p.attempt == attempt and not p.deleting]
-    waited = kept.waiting_since
-    if waiting and waited is None and ready_since is not None:
-        waited = max(min(_since(p) for p in waiting), ready_since)
-    elif not waiting and current:  # every pod of this attempt was scheduled
-        waited = None
-    unseen = kept.unseen_since
-    if any(p.looked_at for p in current):
-        unseen = None
-    elif unseen is None:
-        never = [_since(p) for p in waiting if not p.looked_at]
-        unseen = min(never) if never else None
+    waited = _waiting_since(kept.waiting_since, bool(current), waiting, ready_since)
+    unseen = _unseen_since(kept.unseen_since, current, waiting)
     if waited is None and unseen is None:
         return None
     return SchedulingStatus(waiting_since=waited, unseen_since=unseen)
+
+
+def _waiting_since(kept: datetime | None, current: bool, waiting: Sequence[Pod],
+                   ready_since: datetime | None) -> datetime | None:  # fmt: skip
+    """Since when a pod waits with every slice's capacity ready: kept once set, until every
+    pod of an attempt (`current`: it has pods) was scheduled."""
+    if waiting and kept is None and ready_since is not None:
+        return max(min(_since(p) for p in waiting), ready_since)
+    if not waiting and current:  # every pod of this attempt was scheduled
+        return None
+    return kept
+
+
+def _unseen_since(kept: datetime | None, current: Sequence[Pod],
+                  waiting: Sequence[Pod]) -> datetime | None:  # fmt: skip
+    """Since when no scheduler looked at any pod: the first such pod's creation, until one of
+    the current attempt's pods is looked at."""
+    if any(p.looked_at for p in current):
+        return None
+    if kept is not None:
+        return kept
+    never = [_since(p) for p in waiting if not p.looked_at]
+    return min(never) if never else None
 
 
 def _since(pod: Pod) -> datetime:

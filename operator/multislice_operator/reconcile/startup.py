@@ -107,7 +107,7 @@ def _free_pools(
 ) -> list[SliceObservation]:
     """The pools no pod of this attempt got (Managed): where the unschedulable pods should go;
     at most `wanted`, each replaced once per attempt."""
-    if not plan.managed:
+    if not f.capacity.replaces_idle_pools:
         return []
     occupied = {p.pool for p in pods if p.pool and p.node}
     return [

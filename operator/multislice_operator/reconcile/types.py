@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any, ClassVar
 
 from multislice_operator.api.models import MultisliceJobStatus
 from multislice_operator.common.ownership import Owner
@@ -40,30 +41,6 @@ class SliceObservation:
     @property
     def hosts_present(self) -> int:
         return self.ready_hosts if self.present_hosts is None else self.present_hosts
-
-
-@dataclass(frozen=True)
-class CubeObservation:
-    """One 4x4x4 cube (a reservation sub-block, one node pool) a dynamic-slicing job may use:
-    its nodes' partition labels (GKE: cloud.google.com/gke-tpu-partition-4x4x4-id and -state)."""
-
-    partition: str
-    pool: str
-    state: str = "HEALTHY"  # HEALTHY, DEGRADED, UNHEALTHY, UNSET, INCOMPLETE
-    ready_hosts: int = 0
-    ours: bool = False  # a pool the job created (Managed cubes)
-
-
-@dataclass(frozen=True)
-class SliceObjectObservation:
-    """A GKE `Slice` (accelerator.gke.io/v1beta1, cluster-scoped) named as the job's: its cubes
-    and its state, the reason of its Ready condition ("" before the controller wrote one)."""
-
-    name: str
-    index: int  # the job's slice it forms
-    partitions: tuple[str, ...]
-    state: str = ""
-    deleting: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +164,9 @@ class JobSetObservation:
     # keys.RESTARTS_BEFORE on a JobSet recreated for a resize: `restarts` (and its pods'
     # attempts) and `restarts_counted` include the job's restarts before it.
     restart_base: int = 0
+    # Its spec.failurePolicy.restartStrategy (JobSet's default when unset: Recreate): which
+    # registered strategies it carries out (restart_strategy.py).
+    restart_strategy: str = "Recreate"
 
     @property
     def owned(self) -> bool:
@@ -329,7 +309,9 @@ class Observed:
     # The accelerator type is not offered where pools would go (None: offered, or not known).
     offered_error: PoolError | None = None
     provisioner_configured: bool = True  # Managed mode needs a GKE cluster configured
-    existing_pools_found: int = 0  # Existing mode: matching pools seen, ready or not
+    # The capacity model's own observation (its plugin's `observe`: registry.CapacityPlugin),
+    # read by that model only.
+    capacity: Any = None
     # None: the rendered JobSet was not judged yet for this spec generation.
     admission: Admission | None = None
     # Pools labelled with this job's uid that its plan does not name (any other mode or shape,
@@ -363,11 +345,6 @@ class Observed:
     # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
     # (yet): JobSets recreate, and the job says nothing of it.
     in_place: InPlaceSupport | None = None
-    # Dynamic slicing: the cubes the job may use (its own pools', or the cluster's with
-    # Existing cubes), the partitions any other Slice holds, and the job's own Slices.
-    cubes: list[CubeObservation] = field(default_factory=list)
-    cubes_taken: frozenset[str] = frozenset()
-    slice_objects: list[SliceObjectObservation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -426,18 +403,13 @@ class DeletePools:
 
 
 @dataclass(frozen=True)
-class CreateSlice:
-    """A GKE `Slice` of `topology` over these cubes' partition ids (dynamic slicing)."""
+class OwnAction:
+    """An action a capacity model or an optional step defines for what it alone makes
+    (`OwnAction` subclasses: plugins/dynamic.py's GKE Slices, reconcile/preflight.py's compile
+    Job): a model registers its applier with it (registry.CapacityPlugin.appliers). `creates`:
+    it makes something, so it is refused on a job that is ending (invariants.py)."""
 
-    name: str
-    index: int
-    topology: str
-    partitions: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DeleteSlices:
-    names: tuple[str, ...]
+    creates: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -449,24 +421,15 @@ class CreateJobSet:
     slices: int | None = None
     restarts_before: int = 0
     counted_before: int = 0
-    in_place: bool = False  # rendered for in-place restart (the cluster supports it)
+    # Its failurePolicy.restartStrategy: the job's chosen strategies' (restart_strategy.py).
+    restart_strategy: str = "Recreate"
 
 
 @dataclass(frozen=True)
 class ValidateJobSet:
     """Ask the apiserver (dry run) whether it accepts the JobSet and its Jobs, before any pool."""
 
-    in_place: bool = False  # the JobSet judged is the one CreateJobSet will render
-
-
-@dataclass(frozen=True)
-class CreatePreflightJob:
-    """Run the compile command (spec.preflight) as a CPU Job owned by the job, before any pool."""
-
-
-@dataclass(frozen=True)
-class DeletePreflightJob:
-    """The compile Job finished (or is not this spec's): deleted with its pod."""
+    restart_strategy: str = "Recreate"  # the JobSet judged is the one CreateJobSet renders
 
 
 @dataclass(frozen=True)
@@ -475,11 +438,11 @@ class DeleteJobSet:
     keep them waiting for released capacity, or, for a spent maxDisruptionRestarts, restart them
     forever: it does not bound RestartJobSetAndIgnoreMaxRestarts). With `uid`: an orphan JobSet
     of an earlier job of this name, deleted only if it is still that object (a precondition).
-    `resize`: an elastic job changes its slice count; deleted in the foreground, so the JobSet
-    stays (deleting) until its Jobs and pods are gone and the new one cannot meet them."""
+    `foreground`: deleted in the foreground, so the JobSet stays (deleting) until its Jobs and
+    pods are gone and a new one cannot meet them (an elastic job's resize)."""
 
     uid: str = ""
-    resize: bool = False
+    foreground: bool = False
 
 
 @dataclass(frozen=True)
@@ -602,12 +565,9 @@ Action = (
     | RemoveFinalizer
     | CreatePools
     | DeletePools
-    | CreateSlice
-    | DeleteSlices
+    | OwnAction
     | CreateJobSet
     | ValidateJobSet
-    | CreatePreflightJob
-    | DeletePreflightJob
     | DeleteJobSet
     | SetJobSetSuspend
     | DeleteJob

@@ -77,7 +77,7 @@ Rule = Callable[[Facts], Verdict | None]
 
 def invalid_spec(f: Facts) -> Verdict | None:
     if f.error is None and f.spec is not None and f.plan is not None:
-        unqueued = multikueue.unqueued(f)  # MultiKueue would never dispatch it
+        unqueued = multikueue.unqueued(f) if f.steps.multikueue else None  # never dispatched
         return Verdict(End.FAIL, Reason.INVALID_SPEC, unqueued) if unqueued else None
     message = str(f.error) if f.error else "the spec could not be read"
     return Verdict(End.FAIL, Reason.INVALID_SPEC, message)
@@ -144,7 +144,7 @@ def jobset_failed(f: Facts) -> Verdict | None:
 
 
 def check_rejected(f: Facts) -> Verdict | None:
-    wl = kueue_gate.workload(f)
+    wl = kueue_gate.workload(f) if f.steps.kueue else None
     if wl is None or wl.check is None or wl.check.state != CheckState.REJECTED:
         return None
     message = f"admission check {wl.check.name} rejected the Workload: {wl.check.message}"
@@ -152,7 +152,7 @@ def check_rejected(f: Facts) -> Verdict | None:
 
 
 def multikueue_unavailable(f: Facts) -> Verdict | None:
-    why = multikueue.undispatchable(f)
+    why = multikueue.undispatchable(f) if f.steps.multikueue else None
     if why is None:
         return None
     reason = Reason.MULTIKUEUE_UNAVAILABLE
@@ -188,16 +188,15 @@ def jobset_refused(f: Facts) -> Verdict | None:
     verdict = f.obs.admission
     if f.js is not None or verdict is None or not verdict.refused:
         return None
-    return Verdict(
-        End.FAIL,
-        Reason.JOBSET_REFUSED,
+    message = (
         f"the apiserver refuses the JobSet this job renders: {verdict.refused}; fix "
-        "spec.template and recreate the job",
+        "spec.template and recreate the job"
     )
+    return Verdict(End.FAIL, Reason.JOBSET_REFUSED, message)
 
 
 def preflight_failed(f: Facts) -> Verdict | None:
-    message = preflight.failure(f)
+    message = preflight.failure(f) if f.steps.preflight else None
     return Verdict(End.FAIL, Reason.PREFLIGHT_FAILED, message) if message else None
 
 
@@ -439,8 +438,10 @@ def _end(f: Facts, b: Builder, phase: Phase, message: str) -> bool:
     .keepNodePools). True when no pool is left."""
     if phase == Phase.FAILED:
         _stop_jobset(f, b)
+    if f.steps.kueue and phase == Phase.FAILED:
         kueue_gate.reject(f, b, message)
-    kueue_gate.finish(f, b, phase == Phase.SUCCEEDED, message)
+    if f.steps.kueue:
+        kueue_gate.finish(f, b, phase == Phase.SUCCEEDED, message)
     keep = phase == Phase.SUCCEEDED and f.spec is not None and f.spec.provisioning.keep_node_pools
     return True if keep else release(f, b)
 
@@ -477,7 +478,7 @@ def _deleting(f: Facts, b: Builder) -> tuple[Phase, str]:
 
 
 def _suspended(f: Facts, b: Builder) -> tuple[Phase, str]:
-    js, wl = f.js, kueue_gate.workload(f)
+    js, wl = f.js, kueue_gate.workload(f) if f.steps.kueue else None
     if wl is not None:
         # A queued job also gives its quota back: its Workload inactive (Kueue evicts it), the
         # reservation unset once the JobSet stopped; active again when the suspend is lifted.

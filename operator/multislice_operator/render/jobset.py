@@ -7,7 +7,7 @@ create with what exists, and GitOps users can review it with `multislice-operato
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multislice_operator.api.models import (
     ExitCodePolicy,
@@ -15,7 +15,6 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common import keys
 from multislice_operator.common.names import REPLICATED_JOB
-from multislice_operator.planning import cubes
 from multislice_operator.planning.hostports import (
     JAX_COORDINATOR_PORT,
     MEGASCALE_PORT,
@@ -23,14 +22,15 @@ from multislice_operator.planning.hostports import (
     host_network,
 )
 from multislice_operator.planning.plan import Plan
-from multislice_operator.render import inplace
+from multislice_operator.registry import REGISTRY
 
-# What the JobSet carries out itself when a slice fails: it deletes and creates every slice's
-# Job (the `Recreate` strategy's JobSet half), or, where the cluster restarts pods in place,
-# restarts the pods where they are and recreates only failed Jobs (`InPlaceRestart`; the pod's
-# half is render/inplace.py). Render reads no registry of decide()'s: arrows point down.
-JOBSET_RESTART_FIELDS: dict[str, Any] = {"restartStrategy": "Recreate"}
-JOBSET_INPLACE_RESTART_FIELDS: dict[str, Any] = {"restartStrategy": "InPlaceRestart"}
+if TYPE_CHECKING:
+    from multislice_operator.settings import Settings
+
+# What the JobSet carries out itself when a slice fails: JobSet's default deletes and creates
+# every slice's Job. Any other restartStrategy is a registered strategy's (registry.py), which
+# renders its half of the Job too (in-place restart: render/inplace.py).
+DEFAULT_RESTART_STRATEGY = "Recreate"
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_KIND = "JobSet"
@@ -155,12 +155,10 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     selector = dict(pod.get("nodeSelector") or {})
     selector[keys.GKE_TPU_ACCELERATOR] = plan.shape.generation.gke_accelerator
     selector[keys.GKE_TPU_TOPOLOGY] = plan.shape.topology
-    if plan.managed:
-        # Only this job's own node pools; Existing mode relies on exclusive placement instead.
-        selector[keys.JOB_KEY] = plan.job_key
     pod["nodeSelector"] = selector
-    if plan.dynamic:
-        _pin_to_slices(template, plan)
+    place = REGISTRY.model(plan.mode).place
+    if place is not None:  # the capacity model's part: which nodes are the job's
+        place(template, plan)
     tolerations = list(pod.get("tolerations") or [])
     if not any(t.get("key") == keys.TPU_RESOURCE for t in tolerations):
         tolerations.append({"key": keys.TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -185,38 +183,10 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     return template
 
 
-def _pin_to_slices(template: dict[str, Any], plan: Plan) -> None:
-    """Dynamic slicing: the pods run on the job's GKE Slices only (their nodes carry the Slice's
-    name, cloud.google.com/gke-tpu-slice), annotated with the slice topology as GKE's custom-
-    scheduler guide shows; the JobSet's exclusive topology puts each slice on one Slice."""
-    meta = template["metadata"]
-    meta["annotations"] = {
-        **(meta.get("annotations") or {}),
-        keys.GKE_TPU_SLICE_TOPOLOGY: plan.shape.topology,
-    }
-    ours = {
-        "key": keys.GKE_TPU_SLICE,
-        "operator": "In",
-        "values": cubes.all_slice_names(plan.job_key, plan.slices),
-    }
-    # Healthy cubes only, as xpk's slice controller asks (slice/internal/core/constants.go,
-    # TPUSliceHealthNodeSelectorHealthy): a restarted pod never lands on the broken cube of a
-    # Slice that is still going away.
-    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
-    pod = template["spec"]
-    affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
-    required["nodeSelectorTerms"] = [
-        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), ours, healthy]}
-        for t in terms
-    ]
-
-
 def exclusive_topology(plan: Plan) -> str:
-    """The node label JobSet places each slice's Job exclusively on: its node pool, or with
-    dynamic slicing its Slice (GKE's JobSet example for dynamic slices)."""
-    return keys.GKE_TPU_SLICE if plan.dynamic else keys.GKE_NODEPOOL
+    """The node label JobSet places each slice's Job exclusively on: its node pool, unless the
+    capacity model says otherwise (dynamic slicing: its Slice, GKE's JobSet example)."""
+    return REGISTRY.model(plan.mode).exclusive_topology or keys.GKE_NODEPOOL
 
 
 def _mount_podinfo(pod: dict[str, Any], tpu: dict[str, Any]) -> None:
@@ -296,14 +266,16 @@ def render_jobset(
     job_meta_labels: dict[str, str] | None = None,
     restarts_before: int = 0,
     counted_before: int = 0,
-    in_place_agent: str | None = None,
+    restart_strategy: str = DEFAULT_RESTART_STRATEGY,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """The JobSet for a plan: one replicatedJob `slice` with one Job per slice.
 
     `restarts_before`/`counted_before`: a JobSet recreated on another slice count (spec.elastic)
     continues the job's restart counters (annotations the operator reads back) and has what is
-    left of maxRestarts. `in_place_agent`: the in-place restart agent's image where the cluster
-    restarts pods in place (decide() says so); None renders Recreate."""
+    left of maxRestarts. `restart_strategy`: its failurePolicy.restartStrategy, the job's chosen
+    restart strategies' (decide() says which); the registered strategy that renders it adds its
+    half of the Job, with the operator's `settings` (in-place restart: the agent's image)."""
     labels = job_labels(plan)
     # A queued job's Workload is the job's own (render/kueue_workload.py): the JobSet carries no
     # queue label, so Kueue's JobSet integration leaves it to the operator.
@@ -318,14 +290,11 @@ def render_jobset(
         "podFailurePolicy": pod_policy,
         "template": render_pod_template(plan, spec),
     }
-    if in_place_agent:
-        inplace.apply_to_job(job_spec)
-        inplace.apply_to_pod(job_spec["template"]["spec"], spec, in_place_agent)
+    _restart_half(restart_strategy, job_spec, spec, settings)
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
-        # JobSet's half of the restart strategies (reconcile/restart_strategy.py): one
-        # restartStrategy for every cause JobSet restarts (a test binds the two).
-        **(JOBSET_INPLACE_RESTART_FIELDS if in_place_agent else JOBSET_RESTART_FIELDS),
+        # One restartStrategy for every cause JobSet restarts (reconcile/restart_strategy.py).
+        "restartStrategy": restart_strategy,
         "rules": jobset_failure_rules(pod_policy),
     }
     annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: exclusive_topology(plan)}
@@ -357,6 +326,18 @@ def render_jobset(
             ],
         },
     }
+
+
+def _restart_half(
+    value: str, job_spec: dict[str, Any], spec: MultisliceJobSpec, settings: Settings | None
+) -> None:
+    """The Job's part of the registered strategy that renders restartStrategy `value`."""
+    for strategy in REGISTRY.strategies().values():
+        if strategy.jobset_value == value:
+            strategy.render_job(job_spec, spec, settings)
+            return
+    if value != DEFAULT_RESTART_STRATEGY:
+        raise ValueError(f"no registered restart strategy renders restartStrategy {value!r}")
 
 
 def render_probe_job(jobset: dict[str, Any]) -> dict[str, Any]:

@@ -7,22 +7,29 @@ slices were up, a lost slice's pool is replaced alone (a repair) while a spare r
 the job runs on fewer slices (spec.elastic: elastic.py sizes it), or every slice waits. The pools
 are released at the end. The capacity verdicts' evidence (a pool name an older job holds, an
 error retrying cannot fix) is read here; verdicts.py words them.
+
+Registered (`register`) with what it accepts (spares, elastic, flex-start), what its plan creates
+(`plan_pools`), how its pools are observed (`observe`: the cloud's listing and their nodes), and
+its part of the pod template (`place`: this job's own pools only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from multislice_operator.api.models import MultisliceJobStatus, Phase
+from multislice_operator.api.models import MultisliceJobSpec, MultisliceJobStatus, Phase
+from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolError, PoolState
-from multislice_operator.planning.plan import Plan
+from multislice_operator.controller.observe import ObserveInputs, pool_slices
+from multislice_operator.planning.plan import Plan, node_pools_of
 from multislice_operator.reconcile import elastic
 from multislice_operator.reconcile.capacity import (
     PROVISIONED,
     Capacity,
     Released,
+    Size,
     Slices,
     live,
     release_pools,
@@ -35,14 +42,18 @@ from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     CreatePools,
     DecideConfig,
+    Decision,
     JobSetObservation,
     Observed,
     SliceObservation,
 )
+from multislice_operator.registry import CapacityPlugin, Feature, Registry
+from multislice_operator.tpu import catalog
 
 if TYPE_CHECKING:
     from multislice_operator.reconcile.facts import Facts
 
+MODE = "Managed"
 NO_PROVISIONER = (
     "spec.provisioning.mode is Managed but the operator has no GKE cluster configured "
     "(--gke-project/--gke-location/--gke-cluster); configure it or use mode: Existing"
@@ -55,6 +66,7 @@ class NodePools:
     name = "NodePools"
     finalizer_first = True  # before any pool can exist
     dry_run_first = True  # the JobSet is judged before TPUs are paid for
+    replaces_idle_pools = True  # a pool no pod of a slow start got is replaced (startup.py)
 
     def slices(self, old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
                now: datetime) -> Slices:  # fmt: skip
@@ -83,7 +95,9 @@ class NodePools:
         )
 
     def size(self, plan: Plan, old: MultisliceJobStatus, slices: Slices, obs: Observed,
-             js: JobSetObservation | None, now: datetime) -> elastic.Size:  # fmt: skip
+             js: JobSetObservation | None, now: datetime) -> Size:  # fmt: skip
+        if plan.elastic is None:
+            return Size(plan.slices, plan.slices)  # spec.elastic is the only other size
         lost = frozenset(slices.lost)
         return elastic.size(plan, old, slices.ready, slices.up, obs.slices, js, now, lost)
 
@@ -133,6 +147,20 @@ class NodePools:
         """Every pool of the job's that exists (creating, running, being deleted: GKE bills the
         VMs from creation to deletion) or that this pass creates, spares' included."""
         return self.pools_held(f, b) * plan.shape.chips
+
+    def status(self, f: Facts) -> dict[str, Any] | None:
+        return None  # status.slices and the conditions say it all
+
+    def ends(self, f: Facts) -> datetime | None:
+        """Flex-start pools: GKE removes the VMs their maximum run duration after they came
+        (a disruption, every slice restarts), counted from when every slice's capacity was
+        ready (the nodes came then)."""
+        runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
+        since = f.capacity_ready_since
+        return since + timedelta(seconds=min(runs)) if runs and since is not None else None
+
+    def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
+        return []  # its pool actions are the core's, checked there (invariants.py)
 
     def pools_held(self, f: Facts, b: Builder) -> int:
         """The job's own pools that exist or that this pass creates (not another job's)."""
@@ -278,7 +306,7 @@ def _flex_wait(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     )
     b.cond(PROVISIONED, "False", Reason.WAITING_FOR_FLEX_START_CAPACITY, message)
     b.requeue_in(f.cfg.resync_seconds)
-    return Capacity(False, Phase.PROVISIONING, message, flex_wait=message)
+    return Capacity(False, Phase.PROVISIONING, message, with_pods=message)
 
 
 def retry_message(b: Builder) -> str:
@@ -469,3 +497,59 @@ def _repair_condition(f: Facts, b: Builder, plan: Plan) -> None:
 
 
 NODE_POOLS = NodePools()
+
+
+# ---------------------------------------------------------------- its other parts
+
+
+def plan_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str,
+               name: str) -> dict[str, Any]:  # fmt: skip
+    """One pool per slice, then one per hot spare (slice indexes slices..slices+spares-1)."""
+    spares = range(spec.slices, spec.slices + spec.spares)
+    return {
+        "node_pools": node_pools_of(spec, shape, namespace, name, range(spec.slices)),
+        "spare_pools": node_pools_of(spec, shape, namespace, name, spares),
+    }
+
+
+def observe(i: ObserveInputs) -> tuple[list[SliceObservation], None]:
+    """Each of the plan's pools as the cloud lists it, with its nodes (none without a GKE
+    cluster configured: nothing is listed)."""
+    return pool_slices(i), None
+
+
+def place(template: dict[str, Any], plan: Plan) -> None:
+    """Only this job's own node pools (their nodes carry its key)."""
+    template["spec"]["nodeSelector"][keys.JOB_KEY] = plan.job_key
+
+
+DOCS = """\
+A GKE node pool per slice and per hot spare, created as a gang, all or none; a lost slice's pool
+is replaced alone; every pool is released when the job ends
+([provisioning.md](provisioning.md#node-pools-managed-mode)). `status.capacity`: none.
+"""
+
+
+DESCRIPTION = (
+    "the operator creates one GKE node pool per slice, all or none, and deletes them when the "
+    "job ends."
+)
+PLUGIN = CapacityPlugin(
+    MODE,
+    NODE_POOLS,
+    DESCRIPTION,
+    accepts={
+        Feature.SPARES: "spare node pools",
+        Feature.ELASTIC: "",
+        Feature.FLEX_START: "flex-start node pools",
+    },
+    pools=plan_pools,
+    observe=observe,
+    place=place,
+    own_slice_pools=True,
+    docs=DOCS,
+)
+
+
+def register(r: Registry) -> None:
+    r.add_model(PLUGIN)

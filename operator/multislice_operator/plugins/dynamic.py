@@ -1,0 +1,694 @@
+"""Capacity model `DynamicSlices` (spec.provisioning.mode DynamicSlicing): GKE `Slice` objects
+over Ironwood 4x4x4 cubes. Pure.
+
+Capacity comes as cubes (reservation sub-blocks, one node pool of 16 tpu7x VMs each): the
+operator creates the job's cube pools (dynamicSlicing.cubes Managed) or uses the cubes that are
+there (Existing), then forms one `Slice` (accelerator.gke.io/v1beta1) per slice of the job from
+healthy free cubes, all or none: the JobSet is created once every Slice is ACTIVE. A Slice that
+goes ACTIVE_DEGRADED, FAILED or SliceCreationFailed is a lost slice: it is deleted (its unhealthy
+cube is not used again: only HEALTHY cubes are) and formed again from free healthy cubes (the
+spare cubes, spec.spares), and the running slices are restarted (their pods evicted: JobSet
+restarts every slice, charged as a disruption). Everything is released when the job ends.
+Before the JobSet exists the Slices are a gang as node pools are: Slices not all ACTIVE within
+spec.provisioning.timeoutSeconds are rolled back (the Slices and the job's cube pools deleted, never
+held for a job that cannot run) and the next attempt waits out a backoff.
+
+Sources: GKE "Use dynamic slicing with a custom scheduler" (create Slices, watch their state,
+delete them), https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices;
+the Slice reference (states), https://docs.cloud.google.com/kubernetes-engine/docs/reference/crds/slice;
+docs/dynamic-slicing-contract.md of the simulator. xpk's slice controller (slice-main, slice/)
+evicts and requeues a whole workload on any failed slice; this model re-forms only the lost one.
+
+Registered (`register`) with its own spec rules (tpu7x, a reservation for Managed cubes,
+provisioning.dynamicSlicing only with this mode), its plan (the cube pools, planning/cubes.py),
+what the controller watches for it (GKE Slices) and how it observes cubes and Slices, its
+actions (`CreateSlice`, `DeleteSlices`, applied by plugins/dynamic_shell.py), their invariants
+(`violations`) and its part of the pod template (`place`: the job's Slices, healthy cubes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from multislice_operator.api.models import (
+    CEL_MODE,
+    CapacityType,
+    CubeSource,
+    MultisliceJobSpec,
+    MultisliceJobStatus,
+    Phase,
+    Rule,
+)
+from multislice_operator.common import keys
+from multislice_operator.common.errors import FieldError
+from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.controller.observe import ObserveInputs, first, pool_slices
+from multislice_operator.planning import cubes
+from multislice_operator.planning.plan import NodePoolSpec, Plan, node_pools_of
+from multislice_operator.plugins.nodepools import (
+    NO_PROVISIONER,
+    NODE_POOLS,
+    create_absent,
+    retry_message,
+    roll_back,
+)
+from multislice_operator.reconcile import capacity
+from multislice_operator.reconcile.capacity import PROVISIONED, Capacity, Size, Slices
+from multislice_operator.reconcile.context import Builder
+from multislice_operator.reconcile.reasons import Reason
+from multislice_operator.reconcile.types import (
+    Action,
+    AddFinalizer,
+    DecideConfig,
+    Decision,
+    EvictPods,
+    JobSetObservation,
+    Observed,
+    OwnAction,
+    SliceObservation,
+)
+from multislice_operator.registry import CapacityPlugin, Feature, Registry, Watch
+from multislice_operator.tpu import catalog
+
+if TYPE_CHECKING:
+    from multislice_operator.reconcile.facts import Facts
+
+MODE = cubes.MODE
+
+ACTIVE = "ACTIVE"
+# States of a formed or forming Slice that make it a lost slice (the Slice reference; xpk's
+# controller counts FAILED and SliceCreationFailed as errors; ACTIVE_DEGRADED runs on a degraded
+# cube, which the issue counts as lost: the job is moved to healthy cubes).
+BROKEN = frozenset({"ACTIVE_DEGRADED", "FAILED", "SliceCreationFailed"})
+HEALTHY = "HEALTHY"  # cloud.google.com/gke-tpu-partition-4x4x4-state
+UNHEALTHY = "UNHEALTHY"
+
+
+# ---------------------------------------------------------------- what it observes and does
+
+
+@dataclass(frozen=True)
+class CubeObservation:
+    """One 4x4x4 cube (a reservation sub-block, one node pool) a dynamic-slicing job may use:
+    its nodes' partition labels (GKE: cloud.google.com/gke-tpu-partition-4x4x4-id and -state)."""
+
+    partition: str
+    pool: str
+    state: str = "HEALTHY"  # HEALTHY, DEGRADED, UNHEALTHY, UNSET, INCOMPLETE
+    ready_hosts: int = 0
+    ours: bool = False  # a pool the job created (Managed cubes)
+
+
+@dataclass(frozen=True)
+class SliceObjectObservation:
+    """A GKE `Slice` (accelerator.gke.io/v1beta1, cluster-scoped) named as the job's: its cubes
+    and its state, the reason of its Ready condition ("" before the controller wrote one)."""
+
+    name: str
+    index: int  # the job's slice it forms
+    partitions: tuple[str, ...]
+    state: str = ""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class DynamicObservation:
+    """What this model observes besides the cube pools (`Observed.capacity`): the cubes the job
+    may use (its own pools', or the cluster's with Existing cubes), the partitions any other
+    Slice holds, and the job's own Slices."""
+
+    cubes: list[CubeObservation] = field(default_factory=list)
+    cubes_taken: frozenset[str] = frozenset()
+    slice_objects: list[SliceObjectObservation] = field(default_factory=list)
+
+
+NOTHING = DynamicObservation()
+
+
+def _dyn(obs: Observed) -> DynamicObservation:
+    found = obs.capacity
+    return found if isinstance(found, DynamicObservation) else NOTHING
+
+
+@dataclass(frozen=True)
+class CreateSlice(OwnAction):
+    """A GKE `Slice` of `topology` over these cubes' partition ids."""
+
+    creates: ClassVar[bool] = True
+    name: str
+    index: int
+    topology: str
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeleteSlices(OwnAction):
+    names: tuple[str, ...]
+
+
+class DynamicSlices:
+    """GKE Slices over 4x4x4 cubes (DynamicSlicing)."""
+
+    name = "DynamicSlices"
+    finalizer_first = True  # Slices (and cube pools) must be released before the job goes
+    dry_run_first = True  # the JobSet is judged before cubes are paid for
+    replaces_idle_pools = False  # a slow start restarts every slice (startup.py)
+
+    def slices(self, old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
+               now: datetime) -> Slices:  # fmt: skip
+        """Slice i is ready when its Slice is ACTIVE, lost when it is broken."""
+        current = _current(obs)
+        ready = frozenset(i for i, o in current.items() if o.state == ACTIVE)
+        lost = {o.index: f"Slice {o.name} {o.state}" for o in _broken(obs)}
+        free = len(_free(obs, plan))
+        return Slices(
+            plan.shape.hosts,
+            ready,
+            lost,
+            all_ready=len(ready) >= plan.slices and free >= plan.spares,
+            up=len(ready),
+            complete=True,
+            need=plan.slices,
+        )
+
+    def size(self, plan: Plan, old: MultisliceJobStatus, slices: Slices, obs: Observed,
+             js: JobSetObservation | None, now: datetime) -> Size:  # fmt: skip
+        return Size(plan.slices, plan.slices)  # spec.elastic is Managed only
+
+    def clock_ready(self, slices: Slices) -> bool:
+        return slices.enough
+
+    def provide(self, f: Facts, b: Builder, started: bool) -> Capacity:
+        assert f.plan is not None
+        plan = f.plan
+        if _managed_cubes(plan) and not f.obs.provisioner_configured:
+            b.cond(PROVISIONED, "False", Reason.PROVISIONER_NOT_CONFIGURED, NO_PROVISIONER)
+            b.requeue_in(f.cfg.resync_seconds * 3)
+            return Capacity(False, Phase.PENDING, NO_PROVISIONER)
+        if not started:
+            gang = _gang_clock(f, b, plan)
+            if gang is not None:
+                return gang
+        _create_cubes(f, b, plan)
+        broken = _broken(f.obs)
+        if broken:
+            b.add(DeleteSlices(tuple(o.name for o in broken)))
+        formed = _form(f, b, plan)
+        lost = frozenset(f.slices.lost)
+        if started and lost:
+            _restart(f, b, plan, lost, formed)
+        capacity = _report(f, b, plan, started, lost, formed)
+        if not started:
+            _attempt(f, b, capacity.ready)
+        return capacity
+
+    def before_admission(self, f: Facts, b: Builder) -> Capacity:
+        return self.provide(f, b, started=False)
+
+    def held(self, f: Facts, b: Builder, note: capacity.Released) -> None:
+        NODE_POOLS.held(f, b, note)
+
+    def present(self, f: Facts) -> list[str]:
+        """The job's Slices and cube pools that exist and are not already going away."""
+        pools = [str(s.pool) for s in f.obs.slices if capacity.live(s) and not s.taken_by]
+        names = [o.name for o in _dyn(f.obs).slice_objects if not o.deleting]
+        return names + pools + capacity.strays(f)
+
+    def release(self, f: Facts, b: Builder) -> bool:
+        """The Slices first, then the cubes the job created (Existing cubes stay)."""
+        names = tuple(o.name for o in _dyn(f.obs).slice_objects if not o.deleting)
+        if names:
+            b.add(DeleteSlices(names))
+        pools = [str(s.pool) for s in f.obs.slices if capacity.live(s) and not s.taken_by]
+        done = capacity.release_pools(f, b, list(f.obs.slices), pools + capacity.strays(f))
+        if _dyn(f.obs).slice_objects:
+            b.requeue_in(f.cfg.resync_seconds / 2)
+        return done and not _dyn(f.obs).slice_objects
+
+    def taken(self, f: Facts) -> list[SliceObservation]:
+        return [s for s in f.obs.slices if s.taken_by and s.taken_by_older]
+
+    def permanent_errors(self, f: Facts, started: bool) -> list[PoolError]:
+        return [s.error for s in f.obs.slices if s.error and s.error.permanent]
+
+    def status(self, f: Facts) -> dict[str, Any] | None:
+        return None  # status.slices and the conditions say it all
+
+    def ends(self, f: Facts) -> datetime | None:
+        return None  # reserved cubes stay
+
+    def violations(self, f: Facts, d: Decision) -> list[tuple[int, str]]:
+        return _violations(f, d)
+
+    def chips_held(self, f: Facts, b: Builder, plan: Plan, in_use: bool) -> int:
+        """Whole 4x4x4 cubes. Managed cubes: every cube pool of the job's that exists or that
+        this pass creates, spare cubes included (held and billed whether or not a Slice uses
+        them). Existing cubes are not the job's: it holds those its Slices hold, from the pass
+        that creates a Slice until the Slice is gone (no other Slice may use them meanwhile); a
+        free healthy cube it could re-form on is anyone's and not charged."""
+        cube = cubes.cube_shape(plan.shape.generation)
+        assert cube is not None  # DynamicSlicing is validated to be on a generation of cubes
+        if _managed_cubes(plan):
+            return NODE_POOLS.pools_held(f, b) * cube.chips
+        held = {p for o in _dyn(f.obs).slice_objects for p in o.partitions}
+        held |= {p for a in b.actions if isinstance(a, CreateSlice) for p in a.partitions}
+        return len(held) * cube.chips
+
+
+# ---------------------------------------------------------------- the gang: all or none, in time
+
+
+def _gang_clock(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
+    """Before the JobSet: an attempt's backoff is waited out with nothing held, and an attempt
+    whose Slices are not all ACTIVE within spec.provisioning.timeoutSeconds is rolled back."""
+    next_at = f.old.next_attempt_time
+    if next_at is not None and f.now < next_at:
+        DYNAMIC_SLICES.release(f, b)
+        b.requeue_in((next_at - f.now).total_seconds())
+        return Capacity(False, Phase.PROVISIONING, retry_message(b))
+    started = f.old.attempt_start_time
+    timeout = f.spec.provisioning.timeout_seconds if f.spec else 0
+    if started is None or (f.now - started).total_seconds() <= timeout:
+        return None
+    active = sum(1 for o in _current(f.obs).values() if o.state == ACTIVE)
+    if active >= plan.slices:
+        return None
+    return _rollback(f, b, plan, f"{active}/{plan.slices} Slices ACTIVE within "
+                     f"spec.provisioning.timeoutSeconds ({timeout}s)")  # fmt: skip
+
+
+def _attempt(f: Facts, b: Builder, ready: bool) -> None:
+    """The attempt's clock: it starts at the first pass that is not ready, stops when ready."""
+    if ready:
+        b.status.attempt_start_time = None
+        b.status.next_attempt_time = None
+    elif f.old.attempt_start_time is None:
+        b.status.attempt_start_time = f.now
+        b.status.provisioning_attempts = (f.old.provisioning_attempts or 0) + 1
+        b.status.next_attempt_time = None
+
+
+def _rollback(f: Facts, b: Builder, plan: Plan, why: str) -> Capacity:
+    """Everything the attempt made goes (Existing cubes stay); the next waits out a backoff."""
+    made = "the Slices and cube pools" if _managed_cubes(plan) else "the Slices"
+    full = f"{why}; deleting {made} of the gang"
+    return roll_back(f, b, DYNAMIC_SLICES.release, Reason.GANG_TIMEOUT, full)
+
+
+# ---------------------------------------------------------------- cubes and Slices
+
+
+def _managed_cubes(plan: Plan) -> bool:
+    return plan.cubes_source == CubeSource.MANAGED.value
+
+
+def _create_cubes(f: Facts, b: Builder, plan: Plan) -> None:
+    """Managed cubes: every cube pool of the plan that is absent is created (incrementally: a
+    cube pool is one sub-block, created on its own), a failed one deleted to be made again, and
+    so is one on an unhealthy cube while the spares are short (`_replaced`)."""
+    if not _managed_cubes(plan):
+        return
+    b.delete_pools(str(s.pool) for s in f.obs.slices if s.pool_state == PoolState.FAILED)
+    b.delete_pools(_replaced(f.obs, plan))
+    create_absent(f, b)
+
+
+def _replaced(obs: Observed, plan: Plan) -> list[str]:
+    """The job's cube pools on an UNHEALTHY cube ("cannot be used", GKE's partition state) that
+    no Slice holds, while fewer healthy cubes are free than spec.spares: deleted, to be made again
+    on a healthy sub-block of the block (GKE places a pool on a free sub-block), so that after a
+    spare took a failed cube's place the job has its spares back without waiting for a repair.
+    A DEGRADED cube stays: it may still form a slice."""
+    if len(_free(obs, plan)) >= plan.spares:
+        return []
+    held = {p for o in _dyn(obs).slice_objects for p in o.partitions} | _dyn(obs).cubes_taken
+    going = {
+        str(s.pool) for s in obs.slices if s.pool_state in (PoolState.DELETING, PoolState.ABSENT)
+    }
+    return sorted(
+        c.pool
+        for c in _dyn(obs).cubes
+        if c.ours and c.state == UNHEALTHY and c.partition not in held and c.pool not in going
+    )
+
+
+def _broken(obs: Observed) -> list[SliceObjectObservation]:
+    return [o for o in _dyn(obs).slice_objects if o.state in BROKEN and not o.deleting]
+
+
+def _current(obs: Observed) -> dict[int, SliceObjectObservation]:
+    """The Slice that forms each slice now: not broken, not going away."""
+    return {o.index: o for o in _dyn(obs).slice_objects if o.state not in BROKEN and not o.deleting}
+
+
+def _cube_hosts(plan: Plan) -> int:
+    cube = cubes.cube_shape(plan.shape.generation)
+    return cube.hosts if cube is not None else plan.shape.hosts
+
+
+def _usable(c: CubeObservation, plan: Plan) -> bool:
+    return c.state == HEALTHY and c.ready_hosts >= _cube_hosts(plan)
+
+
+def _free(obs: Observed, plan: Plan) -> list[str]:
+    """Healthy cubes no Slice holds (the job's own, or another's), in a stable order."""
+    seen = _dyn(obs)
+    held = {p for o in seen.slice_objects for p in o.partitions} | seen.cubes_taken
+    return sorted(c.partition for c in seen.cubes if _usable(c, plan) and c.partition not in held)
+
+
+def _next_name(obs: Observed, plan: Plan, index: int) -> str | None:
+    """The name of slice `index`'s pair no Slice has now (None: both still exist)."""
+    taken = {o.name for o in _dyn(obs).slice_objects}
+    free = [n for n in cubes.slice_names(plan.job_key, index) if n not in taken]
+    return free[0] if free else None
+
+
+def _form(f: Facts, b: Builder, plan: Plan) -> bool:
+    """A Slice for every slice that has none, from free healthy cubes, all together or none
+    (a Slice formed alone would hold cubes the others may never get). True: nothing missing."""
+    current = _current(f.obs)
+    missing = [i for i in range(plan.slices) if i not in current]
+    if not missing:
+        return True
+    free = _free(f.obs, plan)
+    per = plan.cubes_per_slice
+    names = [_next_name(f.obs, plan, i) for i in missing]
+    if len(free) < per * len(missing) or None in names:
+        return False
+    for k, (i, name) in enumerate(zip(missing, names, strict=True)):
+        assert name is not None
+        parts = tuple(free[k * per : (k + 1) * per])
+        b.add(CreateSlice(name, i, plan.shape.topology, parts))
+    return True
+
+
+def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: bool) -> None:
+    """A lost slice while the JobSet runs: its pods go (evicted: a disruption, so JobSet restarts
+    every slice without charging maxRestarts), and the new Slice takes them when ACTIVE."""
+    pods = tuple(sorted(p.name for p in f.live_pods if p.slice_index in lost and not p.deleting))
+    if pods:
+        b.add(EvictPods(pods))
+    for i in sorted(lost):
+        old = f.old.slice(i)
+        if not (old and old.lost_time):
+            then = (
+                "re-formed at once from spare cubes; all slices restart"
+                if formed
+                else "all slices restart once enough healthy cubes are free"
+            )
+            b.event(Reason.SLICE_LOST, f"slice {i} lost its Slice ({f.slices.lost[i]}); {then}")
+
+
+def _report(f: Facts, b: Builder, plan: Plan, started: bool, lost: frozenset[int],
+            formed: bool) -> Capacity:  # fmt: skip
+    """The Provisioned condition and what the pass found."""
+    current = _current(f.obs)
+    active = sum(1 for o in current.values() if o.state == ACTIVE)
+    free = len(_free(f.obs, plan))
+    slices = f"{active}/{plan.slices} Slices ACTIVE ({plan.shape.topology}, {plan.cubes_per_slice} "
+    slices += f"cubes each); {free} free healthy cubes for {plan.spares} spares"
+    if active >= plan.slices and not lost:
+        b.cond(PROVISIONED, "True", Reason.GANG_READY, slices)
+        return Capacity(True)
+    b.requeue_in(f.cfg.resync_seconds)
+    if not formed:
+        wanting = plan.cubes_per_slice * (plan.slices - len(current))
+        message = f"{slices}; waiting for {wanting} free healthy cubes to form the missing Slices"
+    else:
+        message = f"{slices}; forming"
+    reason = Reason.REPAIRING if started else Reason.PROVISIONING
+    b.cond(PROVISIONED, "False", reason, message)
+    if started:
+        return Capacity(False, repairing=lost or frozenset(range(plan.slices)) - current.keys(),
+                        covered=False, message=message)  # fmt: skip
+    return Capacity(False, Phase.PROVISIONING, message)
+
+
+DYNAMIC_SLICES = DynamicSlices()
+
+
+# ---------------------------------------------------------------- its promises (invariants.py)
+
+
+def _violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
+    """A Slice is created after the finalizer, under one of the job's Slice names, on cubes no
+    Slice holds; only the job's Slices are deleted, never one created in the same pass."""
+    plan = f.plan
+    names = set(cubes.all_slice_names(plan.job_key, plan.slices)) if plan else set()
+    obs = _dyn(f.obs)
+    held = {p for o in obs.slice_objects for p in o.partitions} | obs.cubes_taken
+    finalizer, created, out = f.meta.has_finalizer, set[str](), list[tuple[int, str]]()
+    for i, a in enumerate(d.actions):
+        finalizer = finalizer or isinstance(a, AddFinalizer)
+        why = _broken_promise(a, names, held, created, finalizer)
+        if why is not None:
+            out.append((i, why))
+    return out
+
+
+def _broken_promise(a: Action, names: set[str], held: set[str], created: set[str],
+                    finalizer: bool) -> str | None:  # fmt: skip
+    if isinstance(a, CreateSlice):
+        created.add(a.name)
+        twice = sorted(set(a.partitions) & held)
+        held |= set(a.partitions)
+        if not finalizer:
+            return f"create-without-finalizer: CreateSlice {a.name} before the finalizer"
+        if a.name not in names:
+            return f"not-ours: CreateSlice {a.name}, not one of the job's Slice names"
+        return f"cube-twice: CreateSlice {a.name} on cubes {twice} a Slice holds" if twice else None
+    if isinstance(a, DeleteSlices):
+        foreign, again = sorted(set(a.names) - names), sorted(set(a.names) & created)
+        if foreign:
+            return f"not-ours: DeleteSlices {foreign}, not the job's"
+        if again:
+            return f"create-and-delete: DeleteSlices {again} created in the same pass"
+    return None
+
+
+# ---------------------------------------------------------------- its other parts
+
+
+def summarize_slice(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A GKE `Slice` (accelerator.gke.io/v1beta1): its cubes and its state, the reason of its
+    Ready condition (GKE "Slice" reference; docs/provisioning.md, dynamic slicing)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    conditions = (body.get("status") or {}).get("conditions") or []
+    ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return {
+        "name": meta.get("name", ""),
+        "partitions": tuple(spec.get("partitionIds") or ()),
+        "state": str(ready.get("reason") or ""),
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+
+
+def _cubes_seen(plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
+                ) -> list[CubeObservation]:  # fmt: skip
+    """The cubes the job may use: its own cube pools, or with Existing cubes the cluster's
+    unclaimed pools of its generation that carry a partition id."""
+    own = {p.name for p in plan.pools}
+    found = []
+    for pool, members in sorted(nodes.items(), key=lambda kv: str(kv[0])):
+        members = [n for n in members if n["labels"].get(keys.GKE_TPU_PARTITION_ID)]
+        if not members or (own and str(pool) not in own) or (not own and members[0]["jobKey"]):
+            continue
+        if members[0]["accelerator"] != plan.shape.generation.gke_accelerator:
+            continue
+        labels = members[0]["labels"]
+        found.append(
+            CubeObservation(
+                labels[keys.GKE_TPU_PARTITION_ID],
+                str(pool),
+                labels.get(keys.GKE_TPU_PARTITION_STATE, ""),
+                sum(1 for n in members if n["ready"]),
+                str(pool) in own,
+            )
+        )
+    return found
+
+
+def dynamic_observation(
+    plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]], slices: Mapping[Any, Any]
+) -> DynamicObservation:
+    """The cubes the job may use, the partitions other Slices hold, and the job's own Slices
+    (named as cubes.slice_names says)."""
+    names = {n: i for i in range(plan.slices) for n in cubes.slice_names(plan.job_key, i)}
+    mine, taken = [], set()
+    for name in sorted(slices):
+        s = first(slices, name)
+        if name in names:
+            index = names[name]
+            mine.append(
+                SliceObjectObservation(name, index, s["partitions"], s["state"], s["deleting"])
+            )
+        else:
+            taken.update(s["partitions"])
+    return DynamicObservation(_cubes_seen(plan, nodes), frozenset(taken), mine)
+
+
+def observe(i: ObserveInputs) -> tuple[list[SliceObservation], DynamicObservation]:
+    """Its cube pools (Managed cubes) as listed, and its cubes and Slices."""
+    slices = pool_slices(i) if i.plan.pools else []
+    return slices, dynamic_observation(i.plan, i.nodes, i.indexes.get(SLICE_WATCH.name, {}))
+
+
+def plan_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: str,
+               name: str) -> dict[str, Any]:  # fmt: skip
+    """One pool per 4x4x4 cube (a sub-block: GKE "Configure TPUs with GKE dynamic slicing"),
+    the slices' cubes then the spare cubes (spec.spares counts cubes) with Managed cubes; with
+    Existing cubes none. The cube pools' workload policy carries the topology, in
+    PROVISION_ONLY mode; no tpuTopology on the pool (docs/provisioning.md, dynamic slicing)."""
+    per = cubes.cubes_per_slice(shape)
+    cube = cubes.cube_shape(shape.generation)
+    source = _cubes_source(spec)
+    if cube is None or source != CubeSource.MANAGED.value:
+        return {"cubes_per_slice": per, "cubes_source": source}
+    used, policy = spec.slices * per, cubes.cube_policy_name(cube)
+
+    def as_cubes(indexes: range) -> list[NodePoolSpec]:
+        return [
+            dataclasses.replace(p, tpu_topology=None, workload_policy=policy, cube=True)
+            for p in node_pools_of(spec, cube, namespace, name, indexes)
+        ]
+
+    return {
+        "node_pools": as_cubes(range(used)),
+        "spare_pools": as_cubes(range(used, used + spec.spares)),
+        "cubes_per_slice": per,
+        "cubes_source": source,
+    }
+
+
+def _cubes_source(spec: MultisliceJobSpec) -> str:
+    ds = spec.provisioning.dynamic_slicing
+    return str(ds.cubes) if ds is not None else CubeSource.MANAGED.value
+
+
+def check(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> list[FieldError]:
+    return cubes.dynamic_slicing_errors(spec, shape)
+
+
+def place(template: dict[str, Any], plan: Plan) -> None:
+    """The pods run on the job's GKE Slices only (their nodes carry the Slice's name,
+    cloud.google.com/gke-tpu-slice), annotated with the slice topology as GKE's custom-scheduler
+    guide shows; the JobSet's exclusive topology puts each slice on one Slice."""
+    meta = template["metadata"]
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        keys.GKE_TPU_SLICE_TOPOLOGY: plan.shape.topology,
+    }
+    ours = {
+        "key": keys.GKE_TPU_SLICE,
+        "operator": "In",
+        "values": cubes.all_slice_names(plan.job_key, plan.slices),
+    }
+    # Healthy cubes only, as xpk's slice controller asks (slice/internal/core/constants.go,
+    # TPUSliceHealthNodeSelectorHealthy): a restarted pod never lands on the broken cube of a
+    # Slice that is still going away.
+    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": [HEALTHY]}
+    pod = template["spec"]
+    affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+    required["nodeSelectorTerms"] = [
+        {**t, "matchExpressions": [*(t.get("matchExpressions") or []), ours, healthy]}
+        for t in terms
+    ]
+
+
+_CEL_CUBES = (
+    "(has(self.provisioning) && has(self.provisioning.dynamicSlicing) && "
+    "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
+    f"'{CubeSource.MANAGED.value}')"
+)
+RULES = (
+    # GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
+    # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
+    Rule(
+        ("provisioning",),
+        "spec.provisioning.dynamicSlicing",
+        f"!has(self.dynamicSlicing) || (has(self.mode) && self.mode == '{MODE}')",
+        f"spec.provisioning.dynamicSlicing is only read with mode: {MODE}; set the mode or "
+        "remove dynamicSlicing",
+        lambda s: s.provisioning.dynamic_slicing is None or s.provisioning.mode == MODE,
+    ),
+    Rule(
+        (),
+        "spec.accelerator",
+        f"{CEL_MODE} != '{MODE}' || self.accelerator.startsWith('tpu7x-')",
+        f"spec.accelerator: provisioning.mode {MODE} forms GKE Slices from Ironwood 4x4x4 cubes "
+        "only; use a tpu7x accelerator or mode Managed",
+        lambda s: s.provisioning.mode != MODE or s.accelerator.startswith("tpu7x-"),
+    ),
+    # Incremental provisioning of cubes takes an All Capacity mode reservation (GKE "Use dynamic
+    # slicing with a custom scheduler", requirements).
+    Rule(
+        (),
+        "spec.capacity.type",
+        f"{CEL_MODE} != '{MODE}' || {_CEL_CUBES} == '{CubeSource.EXISTING.value}' || "
+        f"(has(self.capacity) && has(self.capacity.type) && "
+        f"self.capacity.type == '{CapacityType.RESERVED.value}')",
+        f"spec.capacity.type must be Reserved with provisioning.mode {MODE}: the operator "
+        "creates the cubes from an All Capacity mode reservation (spec.capacity.reservation, "
+        "its block or sub-block); or set provisioning.dynamicSlicing.cubes: Existing for cubes "
+        "that are there",
+        lambda s: (
+            s.provisioning.mode != MODE
+            or _cubes_source(s) == CubeSource.EXISTING
+            or s.capacity.type == CapacityType.RESERVED
+        ),
+    ),
+)
+# GKE Slices: cluster-scoped, labelled with their job; kopf starts the watch when the Slice CRD
+# is served (GKE's slice controller enabled on the cluster).
+SLICE_WATCH = Watch(
+    name="slices",
+    group=keys.SLICE_GROUP,
+    version=keys.SLICE_VERSION,
+    plural=keys.SLICE_PLURAL,
+    summarize=f"{__name__}:summarize_slice",
+    labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE},
+)
+
+
+DOCS = """\
+GKE `Slice` objects (accelerator.gke.io/v1beta1) over Ironwood 4x4x4 cubes, formed all or none
+from healthy free cubes (`spec.spares` counts spare cubes); a lost Slice is formed again from a
+spare cube ([provisioning.md](provisioning.md#dynamic-slicing)). `status.capacity`: none.
+"""
+
+
+DESCRIPTION = (
+    "each slice is a GKE Slice formed from 4x4x4 cubes (provisioning.dynamicSlicing), all or "
+    "none (tpu7x, GKE 1.35.2-gke.1842000+)."
+)
+PLUGIN = CapacityPlugin(
+    MODE,
+    DYNAMIC_SLICES,
+    DESCRIPTION,
+    accepts={Feature.SPARES: "spare cubes", Feature.FLEX_START: ""},
+    rules=RULES,
+    check=check,
+    pools=plan_pools,
+    observe=observe,
+    place=place,
+    exclusive_topology=keys.GKE_TPU_SLICE,
+    appliers={
+        CreateSlice: "multislice_operator.plugins.dynamic_shell:create_slice",
+        DeleteSlices: "multislice_operator.plugins.dynamic_shell:delete_slices",
+    },
+    watches=(SLICE_WATCH,),
+    waits_for_nodes=True,
+    docs=DOCS,
+)
+
+
+def register(r: Registry) -> None:
+    r.add_model(PLUGIN)
