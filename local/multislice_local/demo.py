@@ -43,6 +43,11 @@ RETRYABLE_EXIT = 17
 FATAL_EXIT = 78  # the workload's configuration error (42 asks for a restart)
 INPLACE_AGENT_IMAGE = "example.invalid/in-place-restart-agent:v0.12.0"  # never pulled (kwok)
 DEMO_VOCAB = 4096  # the --run-workload tokenizer's vocabulary (the model reads it from the file)
+# The --run-workload training: the last process crashes after WORKLOAD_CRASH_STEP, past the
+# checkpoint of WORKLOAD_CHECKPOINT_EVERY, and every process resumes from it. Four JAX processes
+# of 4 CPU devices each on 2 cores: on a loaded machine a step took 5-9 s and each attempt's
+# compile about 100 s, so the run is as short as the story allows (40 steps took 832 s there).
+WORKLOAD_STEPS, WORKLOAD_CHECKPOINT_EVERY, WORKLOAD_CRASH_STEP = 20, 5, 12
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 # maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
 MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
@@ -62,6 +67,19 @@ def in_place_row(result: Any, attempt: int) -> dict[str, Any]:
         "compile_seconds": first.get("compile_seconds"),
         "cache_hits": first.get("compilation_cache_hits"),
     }
+
+
+def workload_args(corpus: Path) -> list[str]:
+    """The --run-workload training on the prepared corpus (its tokenizer.json comes with it)."""
+    return [
+        "train",
+        "--dataset", str(corpus),
+        "--steps", str(WORKLOAD_STEPS),
+        "--learning_rate", "3e-3",
+        "--checkpoint_every", str(WORKLOAD_CHECKPOINT_EVERY),
+        "--log_every", "2",
+        "--eval_every", str(WORKLOAD_STEPS // 2),
+    ]  # fmt: skip
 
 
 def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -1064,20 +1082,15 @@ class Demo:
         )
         self.n.say(
             f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
-            f" crashes at step 25 and {how} from the last checkpoint"
+            f" crashes at step {WORKLOAD_CRASH_STEP} and {how} from the last checkpoint"
         )
         self.n.say(f"  checkpoints in {ckpt} (the job names {job_dir}: no cloud here)")
         holder: dict[str, Any] = {}
 
-        train_args = [
-            "train",
-            "--dataset", str(corpus),  # its tokenizer.json comes with it
-            "--steps", "40",
-            "--learning_rate", "3e-3",
-            "--checkpoint_every", "10",
-            "--log_every", "5",
-            "--eval_every", "20",
-        ]  # fmt: skip
+        train_args = workload_args(corpus)
+        # The last checkpoint before the crash (in place it settles before the next step, so
+        # the crash cannot race it and the step restored is known).
+        settled = WORKLOAD_CRASH_STEP - WORKLOAD_CRASH_STEP % WORKLOAD_CHECKPOINT_EVERY
 
         def work() -> None:
             try:
@@ -1089,14 +1102,12 @@ class Demo:
                     extra_env=env,
                     max_restarts=3,
                     fail_process=slices * hosts - 1,
-                    fail_at_step=25,
+                    fail_at_step=WORKLOAD_CRASH_STEP,
                     checkpoint_dir=ckpt,
                     job_name=JOB,
                     echo=self.n.out,
                     restart="in_place" if in_place else "recreate",
-                    # In place, the step-20 save settles before step 21 on every process, so
-                    # the crash at 25 cannot race it and "the last checkpoint" is known (20).
-                    faults={p: {SETTLE_SAVE_AT_STEP: "20"} for p in range(slices * hosts)}
+                    faults={p: {SETTLE_SAVE_AT_STEP: str(settled)} for p in range(slices * hosts)}
                     if in_place
                     else None,
                 )

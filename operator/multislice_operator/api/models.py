@@ -1488,7 +1488,9 @@ class QueueStatus(_Model):
         "queue is only served by Kueue's visibility API, which the operator does not query.",
     )
     message: str | None = Field(
-        default=None, description="Kueue's latest word on why the Workload waits."
+        default=None,
+        description="Why the job waits in the queue (Kueue's word where it gave one); unset once "
+        "it no longer waits (its gang provisioned, admitted, or ended).",
     )
     preemptions: int = Field(
         default=0, description="Times Kueue preempted the job after it held quota."

@@ -503,6 +503,12 @@ def api_groups() -> set[str]:
     return {MSJ[0], JOBSETS[0]} | plugins | ({kueue.GROUP} if _KUEUE_WATCHED else set())
 
 
+def optional_api_groups() -> set[str]:
+    """Groups of `api_groups()` a cluster may well not serve: the operator says so itself
+    (controller/versions.py) and kopf's warning is quieted (controller/discovery.py)."""
+    return {SLICES[0]}
+
+
 def _watch_kueue() -> None:
     global _KUEUE_WATCHED
     if _KUEUE_WATCHED:

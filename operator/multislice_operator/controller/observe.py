@@ -218,16 +218,25 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# What a real kubelet leaves in lastState of every container it removed to restart all of a
+# pod's containers in place (Kubernetes v1.36.3 pkg/kubelet/kubelet_pods.go: exit 137, this
+# reason, whichever exit fired the rule): a removal, not the program's exit, which is seen only
+# in the container's state before that.
+KUBELET_RESTARTED_ALL = "RestartingAllContainers"
+
+
 def restarted_exit(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
     """The TPU container's previous run when the kubelet restarted the pod's containers in place
     (RestartAllContainers): its exit, reason and termination message, from its lastState. None
     when the pod's own agent asked for that restart (its lastState exit is the agent's restart
     code: JobSet told it to follow another pod's restart), so only the pod whose program failed
     or hung is a failure; the agent itself exits 128 + signal when stopped with its pod
-    (jobset v0.12.0 cmd/in-place-restart-agent/main.go)."""
+    (jobset v0.12.0 cmd/in-place-restart-agent/main.go). None too when the lastState is the
+    kubelet's record of the removal (KUBELET_RESTARTED_ALL): then the program's exit was in its
+    state, seen as a failed pod by an earlier pass, or not seen at all."""
     name = ((spec.get("containers") or [{}])[0]).get("name")
     last = _last_terminated(status.get("containerStatuses"), name)
-    if not last or not last.get("exitCode"):
+    if not last or not last.get("exitCode") or last.get("reason") == KUBELET_RESTARTED_ALL:
         return None
     agent = _last_terminated(status.get("initContainerStatuses"), AGENT_CONTAINER) or {}
     if agent.get("exitCode") == AGENT_EXIT_CODE:

@@ -171,6 +171,8 @@ class Runtime:
     jobset_problem: str | None = None
     # Whether JobSets restart in place on this cluster, and why (versions.py; decide()'s fact).
     in_place: InPlaceSupport | None = None
+    # Whether GKE's Slice API (dynamic slicing) is served; None: not looked yet (versions.py).
+    slice_api: bool | None = None
 
     def namespace_labels(self, namespace: str) -> dict[str, str] | None:
         seen = self._namespaces.get(namespace)
