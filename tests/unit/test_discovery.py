@@ -224,7 +224,11 @@ def _unresolved(caplog: pytest.LogCaptureFixture) -> list[str]:
     """kopf's unresolved-resources warnings when it revises the operator's handlers against a
     cluster that serves no custom resource at all (kopf's own revise_resources)."""
     from multislice_operator.controller import handlers  # registers the operator's handlers
+    from multislice_operator.settings import Settings
 
+    kept = handlers._SETTINGS, handlers.PROVISIONER_FACTORY
+    handlers.configure(Settings(), None)  # and the capacity models' watches (the Slice API's)
+    handlers._SETTINGS, handlers.PROVISIONER_FACTORY = kept
     assert handlers.optional_api_groups() <= handlers.api_groups()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=observation.logger.name):
