@@ -1183,6 +1183,13 @@ class Jobs:
         }
         self.core.create_namespaced_pod(self.ns, body)
 
+    def unschedulable(self, name: str) -> None:
+        """The pod as kube-scheduler leaves one it cannot place (there is none here): a pod no
+        scheduler looked at is the scheduler grace's, not the startup deadline's (issue 56)."""
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/0 nodes are available"}  # fmt: skip
+        self.core.patch_namespaced_pod_status(name, self.ns, {"status": {"conditions": [cond]}})
+
     def pod_annotations(self, name: str) -> dict[str, str] | None:
         try:
             pod = self.core.read_namespaced_pod(name, self.ns)
@@ -1318,6 +1325,7 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         jobs.phase("slow", "Starting")
         wait_for(lambda: jobs.jobset("slow"), 10, "JobSet created")
         jobs.pod("slow", "slow-slice-0-0-a")
+        jobs.unschedulable("slow-slice-0-0-a")
         wait_for(
             lambda: jobs.pod_annotations("slow-slice-0-0-a") is None,
             40,
@@ -1949,6 +1957,7 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
         body = job("minus", failurePolicy={"startupTimeoutSeconds": 10})
         body["metadata"]["annotations"] = {CHECKPOINT_REQUEST: "r1"}
         jobs.pod("minus", "minus-slice-0-0-a")
+        jobs.unschedulable("minus-slice-0-0-a")
         jobs.create(body)
         wait_for(
             lambda: refused(op.log_tail(200)),
