@@ -505,10 +505,8 @@ def api_groups() -> set[str]:
 
 def optional_api_groups() -> set[str]:
     """Groups of `api_groups()` a cluster may well not serve: the operator says so itself
-    (controller/versions.py) and kopf's warning is quieted (controller/discovery.py). A
-    capacity model's watched kinds are its own (GKE's Slice API for dynamic slicing), served
-    only where its feature is enabled."""
-    return {w.group for w in _PLUGIN_WATCHES.values()}
+    (controller/versions.py) and kopf's warning is quieted (controller/discovery.py)."""
+    return {w.group for w in _PLUGIN_WATCHES.values() if w.optional}
 
 
 def _watch_kueue() -> None:
