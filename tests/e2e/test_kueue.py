@@ -490,3 +490,35 @@ def test_a_queued_elastic_job_keeps_its_quota_while_it_runs_on_fewer_slices(env)
     )
     env.phase("small", "Succeeded", 120)
     assert env.witness.without_quota() == []
+
+
+def _reserved(env: Env, cq: str) -> tuple[int, int]:
+    """The ClusterQueue's Workloads holding quota, and the TPU chips they hold."""
+    status = queues.get_cluster_queue(env.stack.api, cq).get("status") or {}
+    chips = sum(
+        int(r.get("total") or 0)
+        for f in status.get("flavorsReservation") or []
+        for r in f.get("resources") or []
+        if r.get("name") == keys.TPU_RESOURCE
+    )
+    return int(status.get("reservingWorkloads") or 0), chips
+
+
+@pytest.mark.parametrize("check", [queues.CHECK, None], ids=["our-check-only", "no-check"])
+def test_a_job_for_multikueue_on_a_queue_without_its_check_gives_the_quota_back(env, check):
+    """Issue 56: spec.managedBy kueue.x-k8s.io/multikueue on a ClusterQueue with no MultiKueue
+    admission check: its Workload reserved 32 of the 64 chips and was never admitted (or, with
+    no check at all, admitted here where nothing runs it), with no status. Now the job fails
+    naming the ClusterQueue, its Workload is finished and the quota is back, no pool made."""
+    cq = env.queue(check=check)
+    env.create("mk", managedBy=keys.MULTIKUEUE_MANAGED_BY)
+    st = env.phase("mk", "Failed")
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert failed["reason"] == Reason.MULTIKUEUE_UNAVAILABLE, failed
+    assert f"ClusterQueue {cq} has no MultiKueue admission check" in failed["message"], failed
+    admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("False", Reason.MULTIKUEUE_UNAVAILABLE)
+    wait_for(lambda: _reserved(env, cq) == (0, 0), 60, "the quota released", on_timeout=env.dump)
+    finished = lambda: queues.condition(env.workload("mk"), "Finished").get("status") == "True"  # noqa: E731
+    wait_for(finished, 60, "the Workload finished", on_timeout=env.dump)
+    assert env.pools("mk") == [] and msj.jobset(env.stack.api, env.ns, "mk") is None

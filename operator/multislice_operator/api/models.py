@@ -1425,6 +1425,25 @@ class StartupStatus(_Model):
     )
 
 
+class SchedulingStatus(_Model):
+    """Pods waiting for a node: the clocks no action of the operator's own resets (a startup
+    deadline's pool replacement or restart), so a job whose pods are never bound fails."""
+
+    waiting_since: datetime | None = Field(
+        default=None,
+        description="When a pod of the job was first seen waiting for a node (unschedulable, or "
+        "not looked at by any scheduler) while every slice's capacity was ready; kept through "
+        "pool replacements and restarts until every pod of an attempt was scheduled: "
+        "spec.failurePolicy.unschedulableTimeoutSeconds counts from it.",
+    )
+    unseen_since: datetime | None = Field(
+        default=None,
+        description="When the first pod of the job was created that no scheduler has looked at "
+        "(no PodScheduled condition), while none has looked at any of its pods since: past "
+        "--scheduler-grace-seconds the job fails (SchedulerNotRunning).",
+    )
+
+
 class EvictionStatus(_Model):
     """The last time Kueue took the job's quota back (preemption, reclaim, a Retry check)."""
 
@@ -1585,6 +1604,12 @@ class MultisliceJobStatus(_Model):
         default=None,
         description="The start being timed against failurePolicy.startupTimeoutSeconds; unset "
         "once every pod runs.",
+    )
+    scheduling: SchedulingStatus | None = Field(
+        default=None,
+        description="Since when the job's pods wait for a node, kept once the startup deadline "
+        "acted on them (its pool replacement or restart would reset it); unset once every pod of "
+        "an attempt was scheduled.",
     )
     capacity: dict[str, Any] | None = Field(
         default=None,

@@ -25,6 +25,10 @@ EVENTS_KEPT_PER_JOB = 32
 TEMPLATE_VERDICTS_KEPT = 1024
 TEMPLATE_VERDICT_TTL_SECONDS = 600.0
 NAMESPACE_LABELS_TTL_SECONDS = 30.0
+# How long a scheduler that looked at none of a job's pods is known not to run (jobs naming it
+# then fail before their first pool), unless a pod naming it is looked at sooner.
+SCHEDULER_ABSENT_SECONDS = 600.0
+SCHEDULERS_KEPT = 64
 
 
 def template_key(body: Mapping[str, Any]) -> str:
@@ -124,6 +128,14 @@ class Runtime:
     # Whether a PriorityClass exists, by name, read before the first pool of a job that names
     # one; kept as briefly (one read per name, not one per job or pass).
     _priority_classes: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    # Schedulers (spec.schedulerName) known not to run: no scheduler looked at any pod of a
+    # job naming one within --scheduler-grace-seconds (SchedulerNotRunning). Name -> (monotonic
+    # time, that job); forgotten once a pod naming it is looked at, or SCHEDULER_ABSENT_SECONDS on.
+    _absent_schedulers: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Node Leases' renewTime by node (the heartbeat check, controller/observe.py), listed at
+    # most once a resync for every job: (monotonic time, leases; None: not readable).
+    node_leases: tuple[float, dict[str, float] | None] | None = None
+    node_leases_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Kueue WorkloadPriorityClass values by name (None: no such class), read as briefly.
     _workload_priorities: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
@@ -180,6 +192,30 @@ class Runtime:
 
     def remember_priority_class(self, name: str, exists: bool) -> None:
         self._priority_classes[name] = (time.monotonic(), exists)
+
+    def scheduler_absent(self, name: str) -> str | None:
+        """Why the scheduler of this name is known not to run; None: it is not known."""
+        seen = self._absent_schedulers.get(name)
+        if seen is None:
+            return None
+        ago = time.monotonic() - seen[0]
+        if ago > SCHEDULER_ABSENT_SECONDS:
+            del self._absent_schedulers[name]
+            return None
+        return (
+            f"job {seen[1]} failed {ago:.0f}s ago as no scheduler looked at any of its pods, and "
+            f"none has looked at a pod naming it since (known for "
+            f"{SCHEDULER_ABSENT_SECONDS / 60:.0f} minutes)"
+        )
+
+    def remember_scheduler(self, name: str, job: JobKey | None) -> None:
+        """A job's pods naming this scheduler were not looked at within the grace (`job`), or
+        one was looked at (None): it runs."""
+        self._absent_schedulers.pop(name, None)
+        if job is not None:
+            while len(self._absent_schedulers) >= SCHEDULERS_KEPT:  # the oldest goes
+                del self._absent_schedulers[next(iter(self._absent_schedulers))]
+            self._absent_schedulers[name] = (time.monotonic(), "/".join(job))
 
     def workload_priority(self, name: str) -> tuple[bool, int | None]:
         """(read lately, the WorkloadPriorityClass's value or None when there is none)."""

@@ -20,11 +20,12 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
+    SchedulingStatus,
 )
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import restart_strategy, restarts
+from multislice_operator.reconcile import restart_strategy, restarts, scheduling
 from multislice_operator.reconcile.capacity import CapacityModel, Size, Slices, model_of
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
@@ -67,6 +68,9 @@ class Facts:
     # The one clock of capacity readiness (status.capacityReadyTime): since when every slice's
     # capacity has been ready without a break while the JobSet runs; None: not now.
     capacity_ready_since: datetime | None
+    # Since when its pods wait for a node, and since when no scheduler looked at any
+    # (scheduling.py): clocks no pool replacement or restart of the operator's own resets.
+    scheduling: SchedulingStatus | None
     # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
     size: Size
     # How the job's slices get their nodes (capacity.py), chosen once from its plan.
@@ -189,6 +193,7 @@ def derive(
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
+    waits = scheduling.clocks(old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock)
     return Facts(
         meta=meta,
         spec=spec,
@@ -213,6 +218,7 @@ def derive(
         finished_before=_finished_before(old),
         world_agrees=_world_agrees(old, js),
         capacity_ready_since=clock,
+        scheduling=waits,
         size=size,
         capacity=model,
         restart=chosen,

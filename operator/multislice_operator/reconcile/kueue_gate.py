@@ -251,7 +251,10 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
         b.add(CreateWorkload(q.priority))
         if b.status.queue is not None:  # said as the next pass will see it (one write)
             b.status.queue.workload = workload_name(f.plan.name)
-        started = f.old.start_time or f.now
+        # A MultiKueue manager's job records no start (no status): it waits since its creation.
+        elsewhere = f.steps.multikueue and multikueue.managed_elsewhere(f)
+        made = f.meta.creation_time if elsewhere else None
+        started = f.old.start_time or made or f.now
         waited = (f.now - started).total_seconds()
         bound = f.cfg.kueue_workload_wait_seconds
         if waited < bound:
