@@ -214,12 +214,10 @@ def summarize(results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
             + [f"{percentile(v, 50):.1f} ({min(v):.1f}-{max(v):.1f})" for v in by.values()]
         )
     ratio = summary["inplace"]["restart"]["median"] / summary["recreate"]["restart"]["median"]
-    say(
-        table(
-            "restart on real nodes (s, median (min-max)): failing exit -> every process stepping",
-            ["mode", "reps", "restart", "containers up", "jax joined", "resumed"],
-            rows,
-        )
+    table(  # printed
+        "restart on real nodes (s, median (min-max)): failing exit -> every process stepping",
+        ["mode", "reps", "restart", "containers up", "jax joined", "resumed"],
+        rows,
     )
     say(f"restart_real: in place / recreate = {ratio:.2f}")
     return {"results": results, "summary": summary, "ratio": ratio}
