@@ -35,9 +35,16 @@ from kubernetes import client
 from benchmarks.common import percentile, save, say, table
 from multislice_local import realnodes
 from multislice_local.images import build_image
-from multislice_local.realstack import CONTAINER, RealStack, helm, job_manifest, wait_for
+from multislice_local.realstack import (
+    CONTAINER,
+    RealStack,
+    helm,
+    job_manifest,
+    pod_events,
+    wait_for,
+)
+from multislice_operator.api import models
 from multislice_operator.common import keys
-from multislice_workload.logs import parse_line
 
 MODES = ("inplace", "recreate")
 FAIL_AFTER = 6  # process 3 exits 13 after this step, on the first attempt
@@ -46,16 +53,6 @@ STEPS = 10
 CHECKPOINT_EVERY = 5
 FAIL_PROCESS = 3
 RUN_TIMEOUT = 600.0
-
-
-def _events(core: client.CoreV1Api, ns: str, pod: Any, previous: bool) -> list[dict[str, Any]]:
-    try:
-        text = core.read_namespaced_pod_log(
-            pod.metadata.name, ns, container=CONTAINER, previous=previous
-        )
-    except client.ApiException:
-        return []
-    return [e for e in map(parse_line, str(text).splitlines()) if e is not None]
 
 
 class Follower:
@@ -80,7 +77,7 @@ class Follower:
                 for container_id, previous in runs:
                     if not container_id:
                         continue
-                    got = _events(self.core, self.ns, pod, previous)
+                    got = pod_events(self.core, self.ns, pod.metadata.name, previous)
                     if len(got) >= len(self.seen.get(container_id, [])):
                         self.seen[container_id] = got
 
@@ -154,7 +151,7 @@ def one(stack: RealStack, ns: str, name: str) -> dict[str, float]:
         checkpoint_every=CHECKPOINT_EVERY,
     )
     client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "multislice.dev", "v1alpha1", ns, "multislicejobs", body
+        models.GROUP, models.VERSION, ns, models.PLURAL, body
     )
     follower = Follower(core, ns, name)
 
@@ -164,11 +161,11 @@ def one(stack: RealStack, ns: str, name: str) -> dict[str, float]:
 
     figures: dict[str, float] = wait_for(measured, RUN_TIMEOUT, f"{ns}/{name} restarted", 2.0)
     job: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "multislice.dev", "v1alpha1", ns, "multislicejobs", name
+        models.GROUP, models.VERSION, ns, models.PLURAL, name
     )
     figures["in_place"] = float(job["status"]["lastRestart"]["strategy"] == "InPlaceRestart")
     client.CustomObjectsApi(api).delete_namespaced_custom_object(
-        "multislice.dev", "v1alpha1", ns, "multislicejobs", name
+        models.GROUP, models.VERSION, ns, models.PLURAL, name
     )
     return figures
 

@@ -22,7 +22,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from kubernetes import client, config
 from multislice_local.controlplane import REPO_ROOT, bin_dir
 from multislice_local.images import BuiltImage
 from multislice_local.realnodes import RealCluster
+from multislice_operator.api import models
 from multislice_operator.common import keys
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ def job_manifest(
         "--eval_every", "0",
     ]  # fmt: skip
     return {
-        "apiVersion": "multislice.dev/v1alpha1",
+        "apiVersion": models.API_VERSION,
         "kind": "MultisliceJob",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
@@ -291,29 +292,25 @@ class Progress:
         return max((int(e["step"]) for e in self.of("step")), default=0)
 
 
+def pod_events(core: client.CoreV1Api, namespace: str, pod: str, previous: bool = False
+               ) -> list[dict[str, Any]]:  # fmt: skip
+    """The workload's JSON log lines of one pod's train container (``previous``: the run
+    before, while the kubelet keeps it); none while it has not started."""
+    from multislice_workload.logs import parse_line  # the workload's own reader
+
+    try:
+        text = core.read_namespaced_pod_log(pod, namespace, container=CONTAINER, previous=previous)
+    except client.ApiException:
+        return []
+    return [e for e in map(parse_line, str(text).splitlines()) if e is not None]
+
+
 def progress(core: client.CoreV1Api, namespace: str, job: str, previous: bool = False) -> Progress:
     """The workload's log lines from every pod of the job, this container run's (``previous``:
-    the run before the last restart's too, which the kubelet keeps one of)."""
-    events: list[dict[str, Any]] = []
+    the run before the last restart's too, where the kubelet kept it)."""
     pods: list[Any] = core.list_namespaced_pod(
         namespace, label_selector=f"{keys.JOB_NAME}={job}"
     ).items
-    for pod in pods:
-        for prev in (True, False) if previous else (False,):
-            try:
-                text = core.read_namespaced_pod_log(
-                    pod.metadata.name, namespace, container=CONTAINER, previous=prev
-                )
-            except client.ApiException:
-                continue  # not started yet, or no previous run
-            events += [e for e in _parse(str(text))]
-    return Progress(events)
-
-
-def _parse(text: str) -> Iterator[dict[str, Any]]:
-    from multislice_workload.logs import parse_line
-
-    for line in text.splitlines():
-        record = parse_line(line)
-        if record is not None:
-            yield record
+    runs = (True, False) if previous else (False,)
+    names = [pod.metadata.name for pod in pods]
+    return Progress([e for n in names for r in runs for e in pod_events(core, namespace, n, r)])

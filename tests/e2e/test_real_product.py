@@ -31,9 +31,10 @@ from multislice_local.realstack import (
     progress,
     wait_for,
 )
+from multislice_operator.api import models
 from multislice_operator.common import keys
 
-GROUP, VERSION, PLURAL = "multislice.dev", "v1alpha1", "multislicejobs"
+GROUP, VERSION, PLURAL = models.GROUP, models.VERSION, models.PLURAL
 # Four JAX processes on a shared 2-core machine (a step takes 2-4 s): bounds for that.
 RUN_TIMEOUT = 600.0
 STEPS = 30
