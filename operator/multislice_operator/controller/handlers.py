@@ -158,9 +158,7 @@ async def startup(
     await _serve(rt)
     rt.tasks.append(asyncio.create_task(_run(rt)))
     rt.tasks.append(asyncio.create_task(_await_sync(rt)))
-    trim = _malloc_trim()
-    if trim is not None:
-        rt.tasks.append(asyncio.create_task(_trim_loop(trim)))
+    rt.tasks.append(asyncio.create_task(_housekeeping(rt, _malloc_trim())))
     log.info(
         "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s kueue=%s",
         ",".join(ours.namespaces) or "*",
@@ -341,13 +339,16 @@ def _malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-async def _trim_loop(trim: Callable[[], object]) -> None:
-    """Hand the heap pages freed after a burst (many jobs created or changed at once) back to the
-    OS: glibc keeps them otherwise, and resident memory would stay at the burst's high-water mark
-    (see docs/benchmarks.md). A trim takes milliseconds."""
+async def _housekeeping(rt: Runtime, trim: Callable[[], object] | None) -> None:
+    """Drop what the shared caches hold past its time (Runtime.expire: no pass reads them once a
+    load is gone), then hand the heap pages freed after a burst (many jobs created or changed at
+    once) back to the OS: glibc keeps them otherwise, and resident memory would stay at the
+    burst's high-water mark (see docs/benchmarks.md). A round takes milliseconds."""
     while True:
         await asyncio.sleep(MEMORY_TRIM_SECONDS)
-        trim()
+        rt.expire()
+        if trim is not None:
+            trim()
 
 
 # ---------------------------------------------------------------- watches

@@ -44,6 +44,11 @@ def template_key(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
+def _drop_older(cache: dict[Any, tuple[float, Any]], oldest: float) -> None:
+    for key in [k for k, (when, _) in cache.items() if when < oldest]:
+        del cache[key]
+
+
 def resource_version(body: Mapping[str, Any]) -> int:
     try:
         return int((body.get("metadata") or {}).get("resourceVersion") or 0)
@@ -226,6 +231,25 @@ class Runtime:
 
     def remember_workload_priority(self, name: str, value: int | None) -> None:
         self._workload_priorities[name] = (time.monotonic(), value)
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop what the shared caches hold past its time (the housekeeping loop, every few
+        seconds). Each is read only while fresh, and once the jobs that read it are gone no pass
+        comes to replace it: a load's last node Lease listing (every node of every pool) and the
+        verdicts and labels it read would otherwise stay for the process's life."""
+        now = time.monotonic() if now is None else now
+        for brief in (self._namespaces, self._priority_classes, self._workload_priorities):
+            _drop_older(brief, now - NAMESPACE_LABELS_TTL_SECONDS)
+        _drop_older(self.template_verdicts, now - TEMPLATE_VERDICT_TTL_SECONDS)
+        _drop_older(self._absent_schedulers, now - SCHEDULER_ABSENT_SECONDS)
+        leases = self.node_leases
+        # An unreadable listing (None) holds nothing and says when to ask again: kept.
+        if (
+            leases is not None
+            and leases[1] is not None
+            and now - leases[0] >= self.cfg.resync_seconds
+        ):
+            self.node_leases = None
 
     def poke(
         self, namespace: str | None, name: str | None, batch: float = 0.0, quiet: float = 0.0
