@@ -177,7 +177,11 @@ class OperatorProcess:
         )
         log.close()
         if wait:
-            self.wait_live()
+            try:
+                self.wait_live()
+            except BaseException:  # not left running past its control plane
+                self.stop()
+                raise
         return self
 
     def environment(self) -> dict[str, str]:
