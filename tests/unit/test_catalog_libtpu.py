@@ -80,3 +80,42 @@ def test_the_workload_tables_repeat_the_catalog(prefix: str) -> None:
     assert hardware.TPU_PEAK_BF16_FLOPS[gen.name] == gen.peak_bf16_flops
     assert hardware.DEVICES_PER_CHIP.get(gen.name, 1) == gen.devices_per_chip
     assert gen.name in hardware.TPU_HBM_BANDWIDTH
+    assert hardware.TPU_COMPILER_HBM_BYTES[gen.name] == gen.usable_hbm_bytes
+
+
+PAGE = 4096  # a float32 vector's tile on every generation (f32[n]{0:T(1024)})
+
+
+def compile_vector(device: Any, nbytes: int) -> Any:
+    """A program of one float32 argument of `nbytes` on `device` (its sum is the output)."""
+    import jax
+    import jax.numpy as jnp
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    arg = jax.ShapeDtypeStruct((nbytes // 4,), jnp.float32, sharding=sharding)
+    return jax.jit(jnp.sum).lower(arg).compile()
+
+
+@pytest.mark.parametrize("prefix", list(catalog.GENERATIONS))
+def test_the_compiler_gives_a_device_exactly_the_catalogs_usable_hbm(prefix: str) -> None:
+    """libtpu accepts the largest program whose peak plus code (`compile.hbm_used`) is within the
+    catalog's usable HBM per device, refuses one a page larger, and its refusal states that
+    capacity: the compile gate's capacity and figure are the compiler's."""
+    gen = catalog.GENERATIONS[prefix]
+    topology = gen.topologies[0]
+    chips = catalog.topology_chips(topology)
+    shape = catalog.slice_shape(f"{prefix}-{chips * gen.cores_per_chip}", topology)
+    device = describe(gen, topology, shape.chips_per_host)[0]
+    usable = gen.usable_hbm_bytes
+    probe = usable // 2 // PAGE * PAGE
+    overhead = tpu_compile.hbm_used(compile_vector(device, probe).memory_analysis()) - probe
+    assert 0 < overhead < 2**20  # the output and the program's code
+    edge = (usable - overhead) // PAGE * PAGE
+    used = tpu_compile.hbm_used(compile_vector(device, edge).memory_analysis())
+    assert usable - PAGE < used <= usable
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as refused:
+        compile_vector(device, edge + PAGE)
+    said = tpu_compile._parse_oom(str(refused.value))
+    assert said is not None, str(refused.value)[:500]
+    # libtpu prints GiB to 2 decimals ("Used 15.75G of 15.75G hbm").
+    assert abs(said[1] - usable) <= 0.005 * 2**30, (said, usable)
