@@ -200,7 +200,8 @@ def test_the_cli_exits_78_with_the_json_result_when_the_program_does_not_fit(
 # Issue 55: a 3.66B model (embed 2048, 56 layers, SwiGLU 8192, float32 parameters and Adam) on
 # v5e-4 (FSDP 4), one sequence of 1,024 tokens per device, that libtpu compiles within its
 # 15.75 GiB, and that the gate refused while it summed every temporary with the arguments and
-# outputs (15.92 GiB in the issue) against the spec sheet's 16 GB (14.90 GiB).
+# outputs against the spec sheet's 16 GB (14.90 GiB). Measured (libtpu 0.0.42.1): the sum 15.92
+# GiB, the peak 15.545 GiB plus 29.5 MiB of code, 15.57 GiB of 15.75.
 NEAR_FULL = train.TrainConfig(
     batch_size=4,
     seq_len=1024,
@@ -216,7 +217,9 @@ NEAR_FULL = train.TrainConfig(
 )
 
 
-@pytest.mark.timeout(1800)  # one large compile: about 30 CPU-seconds, minutes on a loaded machine
+# One large compile: about 2 CPU-minutes, 10-25 minutes of wall clock under nice on the loaded
+# 2-core machine (2026-12-06).
+@pytest.mark.timeout(3600)
 def test_a_program_the_compiler_fits_passes_the_gate_at_its_peak() -> None:
     result, t = compiled("v5e:2x2", 1, NEAR_FULL)
     assert 3.6e9 < t.model.parameter_count() < 3.7e9
@@ -236,7 +239,7 @@ def test_a_program_the_compiler_fits_passes_the_gate_at_its_peak() -> None:
     assert result.fits, (peak / 2**30, result.hbm_capacity_bytes / 2**30)
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)
 def test_the_gate_refuses_the_same_model_just_over_the_compilers_hbm() -> None:
     """Twice the tokens per device: libtpu refuses it (15.91 GiB of 15.75 measured), and so does
     the gate, with the compiler's figure and words, 1% over its capacity."""
