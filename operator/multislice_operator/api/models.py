@@ -1516,10 +1516,16 @@ class PreflightStatus(_Model):
     job: str = Field(description="The compile Job (batch/v1), deleted once it finished.")
     generation: int = Field(default=0, description="The spec generation it compiled.")
     hbm_bytes_per_device: int | None = Field(
-        default=None, ge=0, description="HBM the compiled program needs per TPU device."
+        default=None,
+        ge=0,
+        description="The compiled program's peak HBM per TPU device (with its code), as the "
+        "TPU compiler counts it.",
     )
     hbm_capacity_bytes: int | None = Field(
-        default=None, ge=0, description="HBM per device of the job's TPU generation."
+        default=None,
+        ge=0,
+        description="HBM the TPU compiler lets one device of the job's generation use (its "
+        "HBM less what libtpu reserves).",
     )
     step_time_seconds: float | None = Field(
         default=None, ge=0, description="The compiler's estimated step time (roofline)."
