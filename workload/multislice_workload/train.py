@@ -790,13 +790,14 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
     # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
-    delay_start(env)
+    delay_start(env, "compile")
     trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
     trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
     if eval_data is not None:
         trainer.compiled_eval  # noqa: B018
     # Compile times differ by tens of seconds on a busy machine; gloo's first collective waits 30 s.
     runtime.wait_for_peers(runtime.COMPILED_BARRIER, args.init_timeout)
+    delay_start(env, "setup")
     if cfg.measure_bubble and trainer.stages > 1:
         logs.emit(
             "pipeline_bubble",
@@ -823,6 +824,7 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     try:
         with watchdog.long_phase():
             state = restore_or_init(trainer, checkpointer, data, requests)
+        delay_start(env, "first_step")
         code = loop.run(state)
         failing = code != EXIT_OK
         return code
@@ -1025,11 +1027,12 @@ def inject_faults(env: WorkloadEnv, step: int) -> None:
             time.sleep(_NOTICE_PROPAGATION_S)
 
 
-def delay_start(env: WorkloadEnv) -> None:
-    """Test hook (MULTISLICE_DELAY_START_SECONDS), first attempt only: this process falls that far
-    behind its peers before it compiles, as one does on a busy machine."""
-    if env.restart_attempt == 0 and env.delay_start_seconds:
-        logs.emit("injected_delay", seconds=env.delay_start_seconds)
+def delay_start(env: WorkloadEnv, phase: str) -> None:
+    """Test hook (MULTISLICE_DELAY_START_SECONDS at MULTISLICE_DELAY_PHASE), first attempt only:
+    this process falls that far behind its peers at that point of the start-up, as one does on a
+    busy machine."""
+    if env.restart_attempt == 0 and env.delay_start_seconds and env.delay_phase == phase:
+        logs.emit("injected_delay", seconds=env.delay_start_seconds, phase=phase)
         time.sleep(env.delay_start_seconds)
 
 
