@@ -117,8 +117,9 @@ def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
 class BackgroundLaunch:
     """`multislice_workload.local.launch` in a thread while the story goes on. The launcher owns
     the deadline (`timeout_s` from the start): there it stops every process and returns a
-    "timeout" outcome. So a run still making progress is never judged while it runs (the demo
-    once gave up on one that went on to succeed) and no process outlives the demo."""
+    "timeout" outcome. So a run still making progress is never judged while it runs (the demo's
+    own shorter wait once gave up on one still training, and left its processes running) and no
+    process outlives the demo."""
 
     def __init__(self, timeout_s: float, **launch_kwargs: Any) -> None:
         self.timeout_s = timeout_s
