@@ -336,13 +336,15 @@ def test_a_process_far_behind_its_peers_at_start_still_trains(tmp_path: Path, ph
     checkpointer's first collective opens some, the first step the rest). Before compiling
     (`compile`), after compiling but before the set-up ends (`setup`: the peak measurement, the
     checkpointer) and with the state built (`first_step`): each failed before the processes met
-    at a barrier (bounded by --init_timeout) right before each first collective. Two processes,
-    three steps, a checkpoint directory (its manager's collectives are the set-up's last step)."""
+    at a barrier (bounded by --init_timeout) right before each first collective. Two processes
+    of two devices (the first step's group of all four is one the checkpoint manager's groups of
+    one device per process do not open), three steps, a checkpoint directory (its manager's
+    collectives end the set-up)."""
     delay = 40
     result = launch(
         2,
         1,
-        1,
+        2,
         args=["train", *TINY, "--steps", "3", "--log_every", "1", "--checkpoint_every", "3"],
         checkpoint_dir=str(tmp_path / "ckpt"),
         faults={
