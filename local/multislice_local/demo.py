@@ -649,8 +649,15 @@ class Demo:
     # -- scenario actions ------------------------------------------------------------------
 
     def inject(self, st: dict[str, Any]) -> None:
+        self.play(st)
+        # After the scenario's own move: starting four JAX processes takes seconds on a loaded
+        # machine, and the restart scenario's pods run 8 s: a failure injected after that found
+        # them finished (the job Succeeded with 0 restarts, seen in a fresh-clone run).
         if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
             self.start_workload()
+
+    def play(self, st: dict[str, Any]) -> None:
+        """The scenario's move on this pass, if any."""
         if self.scenario.name == "preflight":
             self.play_compile()
             return
