@@ -294,7 +294,7 @@ def _scheduler_not_running() -> Case:
 def _pods_not_created() -> Case:
     js = replace(JS_RUNNING, ready_jobs=1, active_jobs=1)
     return Case(
-        old=RUNNING,
+        old={**RUNNING, "phase": "Starting"},  # a first start: the capacity clock counts
         before=_observed(slices=UP, jobset=js, pods=jobs.running({0: 4})),
         gone=_after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4})),  # created
         spec={"failurePolicy": {"unschedulableTimeoutSeconds": 300}},

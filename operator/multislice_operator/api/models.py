@@ -1442,6 +1442,14 @@ class SchedulingStatus(_Model):
         "(no PodScheduled condition), while none has looked at any of its pods since: past "
         "--scheduler-grace-seconds the job fails (SchedulerNotRunning).",
     )
+    pods_missing_since: datetime | None = Field(
+        default=None,
+        description="After the job ran (a restart since, or it was Running): when a slice was "
+        "first seen without any pod of the current attempt while every slice's capacity was "
+        "ready, kept until every slice has one: spec.failurePolicy.unschedulableTimeoutSeconds "
+        "counts from it (PodsNotCreated). A drained node's slice or a restart's new pods are "
+        "gone a moment; a job that ran an hour is not failed for that moment.",
+    )
 
 
 class EvictionStatus(_Model):

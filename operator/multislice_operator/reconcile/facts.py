@@ -83,9 +83,7 @@ class Facts:
     @property
     def active(self) -> int:
         """The slices the job's JobSet runs on (or is about to be created on)."""
-        if self.js is not None and self.js.replicas:
-            return self.js.replicas
-        return self.size.target
+        return _active(self.js, self.size)
 
     @property
     def deleting(self) -> bool:
@@ -160,6 +158,11 @@ def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
     return _PodViews(running, succeeded, by_slice, unschedulable)
 
 
+def _active(js: JobSetObservation | None, size: Size) -> int:
+    """The slices the job's JobSet runs on (or is about to be created on)."""
+    return js.replicas if js is not None and js.replicas else size.target
+
+
 def _capacity_view(model: CapacityModel, plan: Plan | None, old: MultisliceJobStatus,
                    obs: Observed, js: JobSetObservation | None, cfg: DecideConfig,
                    now: datetime) -> tuple[Slices, Size]:  # fmt: skip
@@ -193,7 +196,13 @@ def derive(
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
-    waits = scheduling.clocks(old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock)
+    # A slice without a pod after the job ran (scheduling.pods_missing_since); at a first start
+    # the capacity clock counts (verdicts.pods_not_created).
+    ran = attempt > 0 or old.phase in (Phase.RUNNING, Phase.RESTARTING)
+    gap = ran and any(not pods.by_slice.get(i) for i in range(_active(js, size)))
+    waits = scheduling.clocks(
+        old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock, gap, now
+    )
     return Facts(
         meta=meta,
         spec=spec,

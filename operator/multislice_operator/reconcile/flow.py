@@ -39,6 +39,7 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
+    SchedulingStatus,
 )
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
@@ -211,8 +212,9 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         ConditionType.VALIDATED, "True", Reason.VALID, f"{plan.slices} x {plan.shape.accelerator}"
     )
     b.status.total_chips = plan.total_chips
-    # The clocks of pods waiting for a node, once kept (scheduling.py): until they stop.
-    b.status.scheduling = f.scheduling if f.old.scheduling is not None else None
+    # The clocks of pods waiting for a node, once kept (scheduling.py): until they stop; the
+    # clock of a slice's missing pods from the first pass that sees them (nothing else has it).
+    b.status.scheduling = _scheduling_kept(f)
     advice = plan.advice
     bound = "True" if advice.verdict == "dcn-bound" else "False"
     reason = {"ok": Reason.BATCH_LARGE_ENOUGH, "dcn-bound": Reason.BATCH_TOO_SMALL}.get(
@@ -229,6 +231,15 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         return None
     count_restarts(f, b)
     return maintenance.assess(f, b)
+
+
+def _scheduling_kept(f: Facts) -> SchedulingStatus | None:
+    clocks = f.scheduling
+    if clocks is None or f.old.scheduling is not None:
+        return clocks
+    if clocks.pods_missing_since is not None:
+        return SchedulingStatus(pods_missing_since=clocks.pods_missing_since)
+    return None
 
 
 def _status_ignored(f: Facts, b: Builder) -> None:

@@ -18,6 +18,12 @@ job's pods never run follow, and each has its clock in status.scheduling:
 * `unseen_since`: no scheduler has looked at any pod of the job (Pending, no PodScheduled
   condition, no node): the scheduler named is not running. Past --scheduler-grace-seconds from
   the first such pod's creation the job fails (SchedulerNotRunning), whatever its timeouts.
+* `pods_missing_since`: after the job ran (a restart since, or it was Running), a slice has no
+  pod of the current attempt: a drained node's Job failed before JobSet recreates the slices, or
+  a restart between its old pods going and the new coming, or the apiserver refusing them. Not
+  derivable from the pods (they are gone), so it is written from the first pass that sees it;
+  at a job's first start the capacity clock is the origin (no status write for an ordinary
+  start). spec.failurePolicy.unschedulableTimeoutSeconds counts from it (PodsNotCreated).
 """
 
 from __future__ import annotations
@@ -38,19 +44,33 @@ def clocks(
     pods: Sequence[Pod],
     waiting: Sequence[Pod],
     ready_since: datetime | None,
+    gap: bool,
+    now: datetime,
 ) -> SchedulingStatus | None:
     """The clocks of this pass from the last ones: `pods` every pod of the job, `waiting` the
     current attempt's pods that wait for a node, `ready_since` the capacity clock (None: a slice
-    is not ready now); `runs`: the job's JobSet runs (not suspended, not being deleted)."""
+    is not ready now); `runs`: the job's JobSet runs (not suspended, not being deleted); `gap`:
+    a slice of a job that ran has no pod of the current attempt (seen at `now`)."""
     if not runs:
         return None
     kept = old or SchedulingStatus()
     current = [p for p in pods if p.attempt == attempt and not p.deleting]
     waited = _waiting_since(kept.waiting_since, bool(current), waiting, ready_since)
     unseen = _unseen_since(kept.unseen_since, current, waiting)
-    if waited is None and unseen is None:
+    missing = _missing_since(kept.pods_missing_since, gap, ready_since, now)
+    if waited is None and unseen is None and missing is None:
         return None
-    return SchedulingStatus(waiting_since=waited, unseen_since=unseen)
+    return SchedulingStatus(waiting_since=waited, unseen_since=unseen, pods_missing_since=missing)
+
+
+def _missing_since(kept: datetime | None, gap: bool, ready_since: datetime | None,
+                   now: datetime) -> datetime | None:  # fmt: skip
+    """Since when a slice of a job that ran has had no pod with every slice's capacity ready:
+    from the first pass that saw it (nothing else records when its pods went), until every
+    slice has one."""
+    if not gap or ready_since is None:
+        return None
+    return kept if kept is not None else now
 
 
 def _waiting_since(kept: datetime | None, current: bool, waiting: Sequence[Pod],

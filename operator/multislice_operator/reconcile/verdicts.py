@@ -301,8 +301,13 @@ def scheduler_not_running(f: Facts) -> Verdict | None:
 
 
 def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
-    since, spec, plan = f.capacity_ready_since, f.spec, f.plan
-    if since is None or spec is None or plan is None:
+    """Counted from the capacity clock at a first start, else from when the slice's pods went
+    (status.scheduling.podsMissingSince): a job that ran an hour is not failed the moment a
+    drain or a restart leaves a slice without pods."""
+    ready, spec, plan = f.capacity_ready_since, f.spec, f.plan
+    gone = f.scheduling.pods_missing_since if f.scheduling is not None else None
+    since = gone or ready
+    if ready is None or since is None or spec is None or plan is None:
         return None
     missing = [i for i in range(f.active) if not f.pods_by_slice.get(i)]
     if not missing:
