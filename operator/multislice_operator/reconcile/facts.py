@@ -198,8 +198,10 @@ def derive(
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
     # A slice without a pod after the job ran (scheduling.pods_missing_since); at a first start
     # the capacity clock counts (verdicts.pods_not_created).
+    # A JobSet that finished has no pods to wait for.
     ran = attempt > 0 or old.phase in (Phase.RUNNING, Phase.RESTARTING)
-    gap = ran and any(not pods.by_slice.get(i) for i in range(_active(js, size)))
+    ends = js is not None and (js.completed or js.failed)
+    gap = ran and not ends and any(not pods.by_slice.get(i) for i in range(_active(js, size)))
     waits = scheduling.clocks(
         old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock, gap, now
     )
