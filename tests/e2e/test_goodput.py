@@ -71,7 +71,10 @@ def pods_of(stack, ns: str, name: str, slice_index: int) -> list[str]:
         )
         .items
     )
-    return sorted(p.metadata.name for p in pods if p.status.phase == "Running")
+    # A deleting pod still says Running (a suspension's pods, until their grace ends): not one to
+    # tell to finish, the JobSet's new pods run on.
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    return sorted(p.metadata.name for p in live if p.status.phase == "Running")
 
 
 def test_a_restart_reports_lost_steps_and_recovery_and_the_parts_sum(stack, ns):
@@ -192,9 +195,15 @@ def test_operator_killed_mid_run_neither_loses_nor_double_counts(stack, ns):
         lambda st: st.get("phase") == "Running" and st["goodput"]["since"] != since_running,
         120, log=lambda n: stack.op.log_tail(n),
     )  # fmt: skip
-    pods = wait_for(
-        lambda: pods_of(stack, ns, "killed", 0) + pods_of(stack, ns, "killed", 1), 30, "the pods"
-    )
+    # Every host's pod of the resumed JobSet (a fresh-clone run under a CPU burner finished the
+    # suspension's terminating pods while the new ones ran on for an hour).
+    hosts = sum(s["hosts"] for s in running["status"]["slices"])
+
+    def every_pod() -> list[str] | None:
+        found = pods_of(stack, ns, "killed", 0) + pods_of(stack, ns, "killed", 1)
+        return found if len(found) == hosts else None
+
+    pods = wait_for(every_pod, 60, f"the resumed JobSet's {hosts} pods running")
     for pod in pods:
         finish_pod(stack.api, ns, pod, after="2s")
     done = wait_phase(stack, ns, "killed", "Succeeded", 180)
