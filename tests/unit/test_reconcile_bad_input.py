@@ -411,3 +411,21 @@ def test_a_slice_of_a_job_that_ran_an_hour_loses_its_pods_a_moment_and_is_not_fa
                failurePolicy=policy)  # fmt: skip
     assert back.status.phase != "Failed"
     assert back.status.scheduling is None or back.status.scheduling.pods_missing_since is None
+
+
+def test_a_running_job_whose_jobset_says_every_slice_is_ready_starts_no_missing_pods_clock():
+    """JobSet says both slices' Jobs are ready, the operator's pod cache has none of their pods
+    yet (a watch behind, or a world without pods such as the write budget's): no pod is missing
+    that the Job controller counts, and no status write is made for a clock (a fresh-clone run
+    under a CPU burner spent one more write per job than the budget so)."""
+    policy = {"unschedulableTimeoutSeconds": 600}
+    obs = Observed(
+        now=NOW,
+        slices=ready(4, 4),
+        jobset=JobSetObservation(ready_jobs=2, active_jobs=2, replicas=2),
+        admission=OK,
+        pods=[],
+    )
+    out = run(old=RUNNING, obs=obs, failurePolicy=policy)
+    assert out.status.phase == "Running", out.status.message
+    assert out.status.scheduling is None or out.status.scheduling.pods_missing_since is None

@@ -89,6 +89,11 @@ class Facts:
     def deleting(self) -> bool:
         return self.meta.deleting
 
+    @property
+    def ran(self) -> bool:
+        """The job ran before this pass (a restart since, or it was Running)."""
+        return _ran(self.attempt, self.old)
+
 
 def _finished_before(old: MultisliceJobStatus) -> bool:
     if failed_for_good(old):
@@ -158,6 +163,23 @@ def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
     return _PodViews(running, succeeded, by_slice, unschedulable)
 
 
+def _ran(attempt: int, old: MultisliceJobStatus) -> bool:
+    return attempt > 0 or old.phase in (Phase.RUNNING, Phase.RESTARTING)
+
+
+def _pods_gap(attempt: int, old: MultisliceJobStatus, js: JobSetObservation | None, size: Size,
+              by_slice: dict[int, int]) -> bool:  # fmt: skip
+    """A slice of a job that ran has no pod of the current attempt (scheduling.pods_missing_
+    since). Not while JobSet says every slice's Job is ready or done (the pod cache is behind,
+    or the pods are gone by design: a finished JobSet)."""
+    if not _ran(attempt, old) or js is None or js.completed or js.failed:
+        return False
+    active = _active(js, size)
+    if js.ready_jobs + js.succeeded_jobs >= active:
+        return False
+    return any(not by_slice.get(i) for i in range(active))
+
+
 def _active(js: JobSetObservation | None, size: Size) -> int:
     """The slices the job's JobSet runs on (or is about to be created on)."""
     return js.replicas if js is not None and js.replicas else size.target
@@ -196,12 +218,8 @@ def derive(
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
-    # A slice without a pod after the job ran (scheduling.pods_missing_since); at a first start
-    # the capacity clock counts (verdicts.pods_not_created).
-    # A JobSet that finished has no pods to wait for.
-    ran = attempt > 0 or old.phase in (Phase.RUNNING, Phase.RESTARTING)
-    ends = js is not None and (js.completed or js.failed)
-    gap = ran and not ends and any(not pods.by_slice.get(i) for i in range(_active(js, size)))
+    # At a first start the capacity clock counts (verdicts.pods_not_created).
+    gap = _pods_gap(attempt, old, js, size, pods.by_slice)
     waits = scheduling.clocks(
         old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock, gap, now
     )

@@ -306,7 +306,7 @@ def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
     drain or a restart leaves a slice without pods."""
     ready, spec, plan = f.capacity_ready_since, f.spec, f.plan
     gone = f.scheduling.pods_missing_since if f.scheduling is not None else None
-    since = gone or ready
+    since = gone if f.ran else ready
     if ready is None or since is None or spec is None or plan is None:
         return None
     missing = [i for i in range(f.active) if not f.pods_by_slice.get(i)]
