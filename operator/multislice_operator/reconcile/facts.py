@@ -175,7 +175,7 @@ def _pods_gap(attempt: int, old: MultisliceJobStatus, js: JobSetObservation | No
     if not _ran(attempt, old) or js is None or js.completed or js.failed:
         return False
     active = _active(js, size)
-    if js.ready_jobs + js.succeeded_jobs >= active:
+    if js.up >= active:
         return False
     return any(not by_slice.get(i) for i in range(active))
 

@@ -100,7 +100,7 @@ def running_phase(f: Facts, b: Builder, js: JobSetObservation, capacity_ready: b
     slices = js.replicas or f.size.target
     of = f" (of {f.plan.slices}: spec.elastic)" if slices < f.plan.slices else ""
     # A slice that already finished counts as running: slices rarely finish in the same second.
-    up = js.ready_jobs + js.succeeded_jobs
+    up = js.up
     if up >= slices and capacity_ready:
         b.cond(SLICES_READY, "True", Reason.ALL_SLICES_RUNNING, f"{slices}/{slices} running{of}")
         if b.status.running_time is None:

@@ -19,8 +19,9 @@ job's pods never run follow, and each has its clock in status.scheduling:
   condition, no node): the scheduler named is not running. Past --scheduler-grace-seconds from
   the first such pod's creation the job fails (SchedulerNotRunning), whatever its timeouts.
 * `pods_missing_since`: after the job ran (a restart since, or it was Running), a slice has no
-  pod of the current attempt: a drained node's Job failed before JobSet recreates the slices, or
-  a restart between its old pods going and the new coming, or the apiserver refusing them. Not
+  pod of the current attempt while JobSet does not count every slice's Job ready or done: a
+  drained node's Job failed before JobSet recreates the slices, or a restart between its old
+  pods going and the new coming, or the apiserver refusing them. Not
   derivable from the pods (they are gone), so it is written from the first pass that sees it;
   at a job's first start the capacity clock is the origin (no status write for an ordinary
   start). spec.failurePolicy.unschedulableTimeoutSeconds counts from it (PodsNotCreated).

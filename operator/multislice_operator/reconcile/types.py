@@ -172,6 +172,11 @@ class JobSetObservation:
     def owned(self) -> bool:
         return self.owner == Owner.MINE
 
+    @property
+    def up(self) -> int:
+        """The slices whose Job JobSet counts ready or done (a slice that finished counts)."""
+        return self.ready_jobs + self.succeeded_jobs
+
 
 @dataclass(frozen=True)
 class Admission:
