@@ -1446,7 +1446,8 @@ class SchedulingStatus(_Model):
         default=None,
         description="After the job ran (a restart since, or it was Running): when a slice was "
         "first seen without any pod of the current attempt while every slice's capacity was "
-        "ready, kept until every slice has one: spec.failurePolicy.unschedulableTimeoutSeconds "
+        "ready and JobSet did not count every slice's Job ready or done, kept until every slice "
+        "has one: spec.failurePolicy.unschedulableTimeoutSeconds "
         "counts from it (PodsNotCreated). A drained node's slice or a restart's new pods are "
         "gone a moment; a job that ran an hour is not failed for that moment.",
     )
