@@ -20,6 +20,7 @@ from multislice_operator.api.models import (
     API_VERSION,
     KIND,
     CapacityType,
+    DynamicSlicing,
     MultisliceJob,
     MultisliceJobSpec,
     spec_rules,
@@ -148,6 +149,9 @@ class Plan:
     # cubes come from (Managed: node_pools and spare_pools are the cubes' pools; Existing).
     cubes_per_slice: int = 0
     cubes_source: str | None = None
+    # DynamicSlicing: spec.provisioning.dynamicSlicing as the model reads it on every pass
+    # (what a degraded Slice is to the job, how long a deleted Slice may take to go).
+    dynamic_slicing: DynamicSlicing | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -626,12 +630,15 @@ def pool_node_labels(pool: NodePoolSpec) -> dict[str, str]:
 def _check_placement(pod: dict[str, Any], pools: list[NodePoolSpec]) -> list[FieldError]:
     if not pools:
         return []  # Existing mode: the nodes are someone else's
+    skip = {keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}
+    if pools[0].cube:  # a slice runs on a Slice of cubes: the dynamic model's rules say so
+        skip.add(keys.GKE_NODEPOOL)
     return placement.never_matched(
         pod,
         [(p.name, pool_node_labels(p)) for p in pools],
         unknown=frozenset({keys.JOB_UID}),
         # Conflicts with what the operator sets are _check_tpu_overrides' to report.
-        skip=frozenset({keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}),
+        skip=frozenset(skip),
     )
 
 
