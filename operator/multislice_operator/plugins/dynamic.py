@@ -29,8 +29,9 @@ evicts and requeues a whole workload on any failed slice; this model re-forms on
 Registered (`register`) with its own spec rules (tpu7x, a reservation for Managed cubes,
 provisioning.dynamicSlicing only with this mode), its plan (the cube pools, planning/cubes.py),
 what the controller watches for it (GKE Slices) and how it observes cubes and Slices, its
-actions (`CreateSlice`, `DeleteSlices`, applied by plugins/dynamic_shell.py), their invariants
-(`violations`) and its part of the pod template (`place`: the job's Slices, healthy cubes).
+actions (`CreateSlice`, `DeleteSlices`, `ReleaseSlices`, applied by plugins/dynamic_shell.py),
+their invariants (`violations`) and its part of the pod template (`place`: the job's Slices,
+usable cubes).
 """
 
 from __future__ import annotations
@@ -865,8 +866,10 @@ SLICE_WATCH = Watch(
 
 DOCS = """\
 GKE `Slice` objects (accelerator.gke.io/v1beta1) over Ironwood 4x4x4 cubes, formed all or none
-from healthy free cubes (`spec.spares` counts spare cubes); a lost Slice is formed again from a
-spare cube ([provisioning.md](provisioning.md#dynamic-slicing)). `status.capacity`: none.
+from free usable cubes, each Slice from one reservation block (`spec.spares` counts spare cubes);
+a lost Slice is formed again from a spare cube, a degraded one kept running (or replaced:
+`dynamicSlicing.degraded`) ([provisioning.md](provisioning.md#dynamic-slicing)).
+`status.capacity`: none.
 """
 
 
