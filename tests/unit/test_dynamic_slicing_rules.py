@@ -7,46 +7,32 @@ ones at admission too (tests/integration/test_crd_refuses_bad_input.py)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
 from multislice_operator.common import keys
-from multislice_operator.common.errors import SpecError
-from multislice_operator.planning.plan import load_job, make_plan
+from tests.unit import jobs
 
 BLOCK = "ironwood/reservationBlocks/block-1"
 
 
 def _job(accelerator: str = "tpu7x-256", reservation: str = BLOCK, cubes: str = "Managed",
          pod: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:  # fmt: skip
-    base: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "accelerator": accelerator,
-        "slices": 2,
         "capacity": {"type": "Reserved", "reservation": reservation},
         "provisioning": {"mode": "DynamicSlicing", "dynamicSlicing": {"cubes": cubes}},
-        "checkpoint": {"directory": "gs://bucket/ckpt"},
         "template": {"spec": {"containers": [{"name": "train", "image": "img:1"}], **(pod or {})}},
     }
-    base.update(spec)
-    return {
-        "apiVersion": "multislice.dev/v1alpha1",
-        "kind": "MultisliceJob",
-        "metadata": {"name": "iw", "namespace": "team-a"},
-        "spec": copy.deepcopy(base),
-    }
+    return jobs.body("iw", "team-a", **{**fields, **spec})
 
 
 def _plan(obj: dict[str, Any]) -> Any:
-    j = load_job(obj)
-    return make_plan(j.spec, j.metadata.namespace, j.metadata.name)
+    return jobs.spec_and_plan(obj)[1]
 
 
-def _errors(obj: dict[str, Any]) -> dict[str, str]:
-    with pytest.raises(SpecError) as exc:
-        _plan(obj)
-    return {e.path: e.message for e in exc.value.errors}
+_errors = jobs.spec_errors
 
 
 # ------------------------------------------------------------ 1. one reservation block per Slice

@@ -56,7 +56,7 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import FieldError
 from multislice_operator.common.pools import PoolError, PoolState
-from multislice_operator.controller.observe import ObserveInputs, first, pool_slices
+from multislice_operator.controller.observe import ObserveInputs, first, parse_time, pool_slices
 from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import NodePoolSpec, Plan, node_pools_of
 from multislice_operator.plugins.nodepools import (
@@ -399,25 +399,26 @@ def _release_stuck(f: Facts, b: Builder, plan: Plan) -> None:
     finalizer (GKE's guide deletes a Slice so; its troubleshooting page names Slices stuck in
     DEACTIVATING); a pass is wanted when the next one's deadline comes."""
     deadline = _options(plan).slice_deletion_timeout_seconds
-    stuck, waits = [], []
+    stuck: list[tuple[SliceObjectObservation, float]] = []
+    waits: list[float] = []
     for o in _dyn(f.obs).slice_objects:
         if not o.deleting or o.deleting_since is None:
             continue
         waited = (f.now - o.deleting_since).total_seconds()
         if waited > deadline:
-            stuck.append(o)
+            stuck.append((o, waited))
         else:
             waits.append(deadline - waited)
     if waits:
         b.requeue_in(min(waits) + 1)
     if not stuck:
         return
-    b.add(ReleaseSlices(tuple(o.name for o in stuck)))
-    for o in stuck:
+    b.add(ReleaseSlices(tuple(o.name for o, _ in stuck)))
+    for o, waited in stuck:
         b.event(
             Reason.SLICE_FINALIZER_REMOVED,
             f"Slice {o.name} ({o.state or 'no state'}) was still there "
-            f"{int((f.now - o.deleting_since).total_seconds())}s after its deletion (more than "
+            f"{int(waited)}s after its deletion (more than "
             f"spec.provisioning.dynamicSlicing.sliceDeletionTimeoutSeconds, {deadline}s): its "
             f"finalizer {keys.SLICE_FINALIZER} is removed, as GKE's guide deletes a Slice; its "
             "cubes may need GKE's attention before another Slice forms on them",
@@ -643,7 +644,7 @@ def dynamic_observation(
         s = first(slices, name)
         if name in names:
             index = names[name]
-            since = _timestamp(s.get("deletingSince"))
+            since = parse_time(s.get("deletingSince"))
             mine.append(
                 SliceObjectObservation(
                     name, index, s["partitions"], s["state"], s["deleting"], since
@@ -652,15 +653,6 @@ def dynamic_observation(
         else:
             taken.update(s["partitions"])
     return DynamicObservation(_cubes_seen(plan, nodes), frozenset(taken), mine)
-
-
-def _timestamp(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def observe(i: ObserveInputs) -> tuple[list[SliceObservation], DynamicObservation]:
@@ -744,7 +736,7 @@ _CEL_CUBES = (
     "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
     f"'{CubeSource.MANAGED.value}')"
 )
-RULES = (
+RULES: tuple[Rule, ...] = (
     # GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
     # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
     Rule(
