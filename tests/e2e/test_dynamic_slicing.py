@@ -307,7 +307,7 @@ def test_a_degraded_slice_keeps_running_and_a_stuck_slice_is_released(
     st = msj.wait_status(
         stack.api, ns, "iw", "running on a degraded Slice",
         lambda st: bool((st.get("goodput") or {}).get("degraded")), 60, log=log,
-    )  # fmt: skip
+    )["status"]  # fmt: skip
     assert st["phase"] == "Running" and st.get("restarts", 0) == 0, st
     now = {_name(s): list(s["spec"]["partitionIds"]) for s in _slices(stack.api, ns, "iw")}
     assert now == before  # the same two Slices on the same cubes
