@@ -80,7 +80,8 @@ Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/coun
 ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
 (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``),
 ``POST /_sim/reservations`` (``{"name": "R", "blocks": {"block-1": 4}}``), ``GET /_sim/cubes``,
-``POST /_sim/cubes/ID/state`` (``{"state": "UNHEALTHY"}``). Names are looked up across clusters.
+``POST /_sim/cubes/ID/state`` (``{"state": "UNHEALTHY"}``), ``POST /_sim/slices/NAME/stuck``
+(``{"stuck": true}``: its deletion stops at DEACTIVATING). Names are looked up across clusters.
 
 CLI: ``python -m multislice_local.gke_sim --port 0 [--kubeconfig K]`` prints its URL
 as the first line of stdout and serves until SIGINT/SIGTERM; with ``--kubeconfig`` running pools
@@ -995,6 +996,16 @@ class GkeSimulator:
         if pool is not None and len(pool.cubes) == 1:
             _RegistrarLabeler(self).label(pool.name, {slices.PARTITION_STATE_LABEL: state})
         log.info("gke-sim cube %s (%s) is %s", cube.partition_id, cube.name, state)
+
+    def set_slice_stuck(self, name: str, stuck: bool = True) -> None:
+        """Make a Slice's deletion stop at DEACTIVATING (GKE's troubleshooting page names Slices
+        stuck so): its finalizer stays until someone removes it."""
+        if self.slice_controller is None:
+            raise RuntimeError("no slice store: construct the simulator with slice_store")
+        if stuck:
+            self.slice_controller.stuck.add(name)
+        else:
+            self.slice_controller.stuck.discard(name)
 
     def sync_slices(self) -> None:
         """One pass of the slice controller now (it also runs every ``slice_sync_s``)."""
@@ -1918,6 +1929,9 @@ class GkeSimulator:
             return {"partitionIds": ids}
         if method == "GET" and parts == ["cubes"]:
             return {"cubes": self.cubes()}
+        if method == "POST" and len(parts) == 3 and parts[:1] + parts[2:] == ["slices", "stuck"]:
+            self.set_slice_stuck(parts[1], bool(data.get("stuck", True)))
+            return {"stuck": parts[1]}
         if method == "POST" and len(parts) == 3 and parts[0] == "cubes" and parts[2] == "state":
             try:
                 self.set_cube_state(parts[1], str(data["state"]))

@@ -68,7 +68,7 @@ CUBE_TOPOLOGY = "4x4x4"
 CHIPS_PER_CUBE = 64
 VMS_PER_CUBE = 16
 MAX_SLICE_CHIPS = 9216
-MAX_NAME_LENGTH = 54
+MAX_NAME_LENGTH = 49  # newer GKE pages (an older copy said 54; xpk keeps 49)
 SLICE_TYPE = "tpu7x"
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -407,8 +407,11 @@ class SliceController:
     ``cloud.google.com/gke-tpu-slice`` = its name and ``cloud.google.com/gke-tpu-topology`` = its
     topology. Afterwards it follows its cubes: a DEGRADED cube makes it ACTIVE_DEGRADED (HEALTHY
     again: ACTIVE), an UNHEALTHY one (or one that lost its nodes) FAILED, which stays until the
-    Slice is deleted. Deleting removes the node labels and frees the partitions (the finalizer
-    goes). ``slice.gke.io/retry-on-failure: "true"`` retries SliceCreationFailed.
+    Slice is deleted. Deleting removes the node labels, shows DEACTIVATING for one pass (its
+    partitions still held) and then frees them (the finalizer goes); a Slice named in
+    :attr:`stuck` stays DEACTIVATING until someone removes its finalizer (GKE's troubleshooting
+    page names Slices stuck so; its guide deletes a Slice by removing the finalizer).
+    ``slice.gke.io/retry-on-failure: "true"`` retries SliceCreationFailed.
     """
 
     def __init__(
@@ -424,6 +427,7 @@ class SliceController:
         self._clock = clock
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.Lock()  # one pass at a time (the simulator's timer, a test)
+        self.stuck: set[str] = set()  # Slices whose deletion never completes
 
     def sync(self, cubes: dict[str, SubBlock]) -> None:
         with self._lock:
@@ -459,7 +463,10 @@ class SliceController:
         if obj["metadata"].get("deletionTimestamp"):
             if state in (ACTIVATING, ACTIVE, ACTIVE_DEGRADED, FAILED):
                 self._unlabel(members)
-            self.store.set_finalizer(name, False)
+            if state != DEACTIVATING and FINALIZER in (obj["metadata"].get("finalizers") or []):
+                self._write(obj, DEACTIVATING, "the Slice is being deleted")
+            elif name not in self.stuck:
+                self.store.set_finalizer(name, False)
             return
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
             self.store.set_finalizer(name, True)

@@ -1,8 +1,9 @@
 """Dynamic slicing end to end (issue 41): tpu7x jobs with provisioning.mode DynamicSlicing on the
 local stack with the simulated GKE slice controller (local/multislice_local/slices.py, its
 contract docs/dynamic-slicing-contract.md): cube pools created per sub-block, one Slice per slice
-ACTIVE before the JobSet, all or nothing (and in time), a degraded Slice and a failed cube
-re-formed from the spare cube with every slice restarted, and nothing left once the job is gone."""
+ACTIVE before the JobSet, all or nothing (and in time), a failed cube (and a degraded one when the
+job asks) re-formed from the spare cube with every slice restarted, a degraded Slice kept running
+by default, a Slice stuck deleting released, and nothing left once the job is gone."""
 
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ def stack(kube_cluster: Any, tmp_path_factory: Any) -> Iterator[LocalStack]:
 
 
 def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str = "600s",
-         accelerator: str = "tpu7x-128", timeout: int = 600) -> dict[str, Any]:  # fmt: skip
+         accelerator: str = "tpu7x-128", timeout: int = 600,
+         options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """`options`: spec.provisioning.dynamicSlicing."""
     devices = {"tpu7x-128": 128, "tpu7x-256": 256}[accelerator]
+    provisioning: dict[str, Any] = {"mode": "DynamicSlicing", "timeoutSeconds": timeout}
+    if options:
+        provisioning["dynamicSlicing"] = options
     return msj.job(
         name,
         run=run,
@@ -40,7 +46,7 @@ def _job(name: str, reservation: str, slices: int = 2, spares: int = 1, run: str
         spares=spares,
         parallelism={"ici": {"fsdp": devices}},
         capacity={"type": "Reserved", "reservation": f"{reservation}/reservationBlocks/block-1"},
-        provisioning={"mode": "DynamicSlicing", "timeoutSeconds": timeout},
+        provisioning=provisioning,
     )
 
 
@@ -263,11 +269,53 @@ def test_a_failed_cube_is_swapped_for_the_spare(
     _gone(stack, ns, "iw")
 
 
-def test_a_degraded_slice_is_reformed(stack: LocalStack, namespace: Any, kube_cluster: Any) -> None:
+def test_a_degraded_slice_is_reformed_when_asked(
+    stack: LocalStack, namespace: Any, kube_cluster: Any
+) -> None:
+    """dynamicSlicing.degraded: ReplaceWhenSpare, a healthy spare cube there: re-formed on it."""
     ns = namespace(kube_cluster, "dyn")
     assert stack.sim is not None
     stack.sim.add_reservation("iw-degraded", {"block-1": 3}, project=PROJECT)
-    create(stack.api, ns, _job("iw", "iw-degraded"))
+    create(stack.api, ns, _job("iw", "iw-degraded", options={"degraded": "ReplaceWhenSpare"}))
     _swap(stack, ns, "DEGRADED")
     _delete(stack, ns, "iw")
+    _gone(stack, ns, "iw")
+
+
+def test_a_degraded_slice_keeps_running_and_a_stuck_slice_is_released(
+    stack: LocalStack, namespace: Any, kube_cluster: Any
+) -> None:
+    """GKE: a DEGRADED cube is "impaired, still usable to form a slice", an ACTIVE_DEGRADED Slice
+    is Ready (issue 54, point 3). By default the job keeps training on it: no Slice re-formed, no
+    restart, its running time counted degraded. Deleted, a Slice stuck in DEACTIVATING (GKE's
+    troubleshooting page) loses its finalizer after sliceDeletionTimeoutSeconds, as GKE's guide
+    deletes a Slice, with an event; nothing is left."""
+    ns = namespace(kube_cluster, "dyn")
+    assert stack.sim is not None
+    stack.sim.add_reservation("iw-keep", {"block-1": 3}, project=PROJECT)
+    create(stack.api, ns, _job("iw", "iw-keep", options={"sliceDeletionTimeoutSeconds": 30}))
+    log = lambda n: stack.op.log_tail(n)  # noqa: E731
+    msj.wait_phase(stack.api, ns, "iw", "Running", 180, log=log)
+    before = _cubes_by_slice(stack.api, ns, "iw")
+    victim = sorted(before)[1]
+    stack.sim.set_cube_state(before[victim][0], "DEGRADED")
+
+    def states() -> dict[str, str]:
+        return {_name(s): _state(s) for s in _slices(stack.api, ns, "iw")}
+
+    wait_for(lambda: states().get(victim) == "ACTIVE_DEGRADED", 60, f"{victim} ACTIVE_DEGRADED")
+    st = msj.wait_status(
+        stack.api, ns, "iw", "running on a degraded Slice",
+        lambda st: bool((st.get("goodput") or {}).get("degraded")), 60, log=log,
+    )["status"]  # fmt: skip
+    assert st["phase"] == "Running" and st.get("restarts", 0) == 0, st
+    now = {_name(s): list(s["spec"]["partitionIds"]) for s in _slices(stack.api, ns, "iw")}
+    assert now == before  # the same two Slices on the same cubes
+    assert not any(e.startswith("SliceLost") for e in msj.event_lines(stack.api, ns, "iw"))
+    stack.sim.set_slice_stuck(victim)
+    _delete(stack, ns, "iw")
+    msj.wait_events(
+        stack.api, ns, "iw", f"SliceFinalizerRemoved: Slice {victim} (DEACTIVATING)",
+        timeout=120, log=log,
+    )  # fmt: skip
     _gone(stack, ns, "iw")

@@ -215,8 +215,12 @@ BASE_RULES = {
     ("", "events", "patch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-    # GKE dynamic slicing: a job's Slices (cluster-scoped), made from its cubes and deleted after.
-    *(("accelerator.gke.io", "slices", v) for v in ("get", "list", "watch", "create", "delete")),
+    # GKE dynamic slicing: a job's Slices (cluster-scoped), made from its cubes and deleted after;
+    # patched to remove the finalizer of one stuck deleting (sliceDeletionTimeoutSeconds).
+    *(
+        ("accelerator.gke.io", "slices", v)
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    ),
     # The metrics endpoint's delegated authentication and authorization.
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),

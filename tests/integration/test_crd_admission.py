@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -59,6 +60,18 @@ def test_examples_are_accepted(api, namespace, kube_api):
             assert created["spec"]["provisioning"]["timeoutSeconds"] >= 60
 
 
+def _dynamic(selector: dict[str, str]) -> dict[str, Any]:
+    """A DynamicSlicing job's spec change whose template selects `selector`."""
+    return {
+        "accelerator": "tpu7x-128",
+        "capacity": {"type": "Reserved", "reservation": "iw/reservationBlocks/b1"},
+        "provisioning": {"mode": "DynamicSlicing"},
+        "template": {
+            "spec": {"containers": [{"name": "c", "image": "i"}], "nodeSelector": selector}
+        },
+    }
+
+
 BASE = {
     "apiVersion": models.API_VERSION,
     "kind": models.KIND,
@@ -110,6 +123,10 @@ BASE = {
             "dynamicSlicing is only read with mode: DynamicSlicing",
         ),
         ({"spares": 1, "provisioning": {"mode": "Existing"}}, "spec.spares needs"),
+        # Issue 54: GKE "do NOT put cloud.google.com/gke-tpu-slice here manually"; a node pool
+        # selector on cubes. CEL on the template's nodeSelector refuses both at admission.
+        (_dynamic({"cloud.google.com/gke-tpu-slice": "my-slice"}), "gke-tpu-slice by hand"),
+        (_dynamic({"cloud.google.com/gke-nodepool": "p"}), "a node pool selector would pin"),
     ],
 )
 def test_invalid_objects_rejected_naming_the_field(api, namespace, kube_api, change, needle):

@@ -8,7 +8,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pytest
+
 from multislice_operator.api.models import MultisliceJobStatus
+from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.reconcile import (
     Admission,
@@ -49,6 +52,14 @@ def spec_and_plan(obj: dict[str, Any] | None = None, **spec: Any) -> tuple[Any, 
     """The spec and plan of `obj`, or of ``body(**spec)``."""
     job = load_job(obj if obj is not None else body(**spec))
     return job.spec, plan_job(job)
+
+
+def spec_errors(obj: dict[str, Any]) -> dict[str, str]:
+    """The fields `validate` and `plan` refuse in `obj` (SpecError), with their messages; fails
+    when `obj` is accepted."""
+    with pytest.raises(SpecError) as exc:
+        spec_and_plan(obj)
+    return {e.path: e.message for e in exc.value.errors}
 
 
 def Observed(**kw: Any) -> _Observed:

@@ -20,7 +20,7 @@ from multislice_operator.tpu import catalog
         ("v5p-64", 32, 8, 4, "ct5p-hightpu-4t", "2x4x4"),
         ("v5p-128", 64, 16, 4, "ct5p-hightpu-4t", "4x4x4"),
         ("v5p-384", 192, 48, 4, "ct5p-hightpu-4t", "4x4x12"),
-        ("v5p-17920", 8960, 2240, 4, "ct5p-hightpu-4t", "16x20x28"),
+        ("v5p-12288", 6144, 1536, 4, "ct5p-hightpu-4t", "16x16x24"),  # the largest v5p slice
         ("v4-384", 192, 48, 4, "ct4p-hightpu-4t", "4x4x12"),
         ("v6e-1", 1, 1, 1, "ct6e-standard-1t", "1x1"),
         ("v6e-4", 4, 1, 4, "ct6e-standard-4t", "2x2"),
@@ -100,7 +100,7 @@ def test_every_listed_topology_resolves():
         ("v5p-768", "4x4x24"),
         ("v5p-1152", "4x12x12"),
         ("v5p-6912", "12x12x24"),
-        ("v5p-17920", "16x20x28"),
+        ("v5p-12288", "16x16x24"),
         ("v4-384", "4x4x12"),
         ("v4-256", "8x4x4"),  # v4 shapes may list their axes in any order
         ("v4-8192", "4x4x256"),
@@ -114,13 +114,27 @@ def test_v4_v5p_accept_generated_topologies(accelerator, topology):
 
 def test_generated_sets_match_xpk_bounds():
     v5p, v4 = catalog.GENERATIONS["v5p"], catalog.GENERATIONS["v4"]
-    # v5p: A <= B <= C, at most 140 4x4x4 cubes; v4: any order, at most 64 cubes.
+    # v5p: A <= B <= C, at most 96 4x4x4 cubes (Cloud TPU's v5p page; xpk generates up to 140,
+    # the pod); v4: any order, at most 64 cubes.
     assert "8x4x4" not in v5p.topologies and "8x4x4" in v4.topologies
     assert "16x20x32" not in v5p.topologies  # 160 cubes
     assert "4x4x260" not in v4.topologies  # sides stop at 256
-    assert catalog.valid_sizes(v5p)[-1] == 2 * 8960
+    assert catalog.valid_sizes(v5p)[-1] == 2 * 6144
     with pytest.raises(catalog.TopologyError, match="valid: 4x4x12"):
         catalog.slice_shape("v5p-384", "2x8x12")
+
+
+@pytest.mark.parametrize("accelerator", ["v5p-12800", "v5p-17920"])
+def test_v5p_is_refused_above_its_largest_slice(accelerator):
+    """Cloud TPU "TPU v5p": "The maximum v5p shape is 16x16x24 (6144 chips, 96 cubes)"; the pod
+    has 8960 chips, but no larger slice can be scheduled (issue 54, point 4)."""
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.parse_accelerator(accelerator)
+    message = str(err.value)
+    assert "largest v5p slice is 16x16x24 (6144 chips, 96 cubes)" in message
+    assert "https://cloud.google.com/tpu/docs/v5p" in message and "v5p-12288" in message
+    with pytest.raises(catalog.CatalogError, match="largest v5p slice"):
+        catalog.slice_shape("v5p-12800", "16x20x20")  # 100 cubes, whatever the shape
 
 
 @pytest.mark.parametrize(

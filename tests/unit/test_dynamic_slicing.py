@@ -21,6 +21,7 @@ from multislice_operator.plugins.dynamic import (
     CubeObservation,
     DeleteSlices,
     DynamicObservation,
+    ReleaseSlices,
     SliceObjectObservation,
 )
 from multislice_operator.reconcile import JobMeta, SliceObservation
@@ -48,14 +49,15 @@ BLOCK = "ironwood/reservationBlocks/block-1"
 
 
 def _plan(accelerator: str = "tpu7x-128", slices: int = 2, spares: int = 1,
-          cubes_source: str = "Managed") -> Any:  # fmt: skip
+          cubes_source: str = "Managed", **options: Any) -> Any:  # fmt: skip
     return jobs.spec_and_plan(
         accelerator=accelerator,
         slices=slices,
         spares=spares,
         capacity={"type": "Reserved", "reservation": BLOCK},
-        provisioning={"mode": "DynamicSlicing", "dynamicSlicing": {"cubes": cubes_source}},
-    )
+        provisioning={"mode": "DynamicSlicing",
+                      "dynamicSlicing": {"cubes": cubes_source, **options}},
+    )  # fmt: skip
 
 
 def _pools(plan: Any, state: PoolState = PoolState.READY) -> list[SliceObservation]:
@@ -118,7 +120,7 @@ def test_too_few_healthy_cubes_form_no_slice_at_all() -> None:
     assert not _of(CreateSlice, d.actions)  # 3 healthy cubes, 4 needed: none, not one
     cond = d.status.condition("Provisioned")
     assert cond is not None and cond.status == "False"
-    assert "waiting for 4 free healthy cubes" in cond.message
+    assert "waiting for 4 free usable cubes" in cond.message
 
 
 def test_a_cube_another_slice_holds_is_not_used() -> None:
@@ -224,21 +226,175 @@ def test_an_unhealthy_cube_waits_for_its_slice_and_a_degraded_one_stays() -> Non
     assert not _of(DeletePools, d.actions)
 
 
-def test_a_degraded_slice_is_a_lost_slice() -> None:
+def _degraded(plan: Any, *partitions: str) -> list[CubeObservation]:
+    return [CubeObservation(c.partition, c.pool, "DEGRADED" if c.partition in partitions else
+                            c.state, 16, True) for c in _cubes(plan)]  # fmt: skip
+
+
+def test_a_degraded_slice_keeps_running_by_default() -> None:
+    """GKE: a DEGRADED cube is "impaired, still usable to form a slice", an ACTIVE_DEGRADED Slice
+    is Ready; xpk's controller counts it active. Nothing is deleted, nothing restarts, with a
+    spare cube there or not (issue 54, point 3)."""
     sp = _plan()
     plan = sp[1]
     slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
-    d = _run(
-        sp,
-        _running_old(),
-        slices=_pools(plan),
-        cubes=_cubes(plan, unhealthy=("p0",)),
-        slice_objects=slices,
-        jobset=JobSetObservation(),
-        pods=jobs.running({0: 16, 1: 16}),
-    )
+    d = _run(sp, _running_old(), slices=_pools(plan), cubes=_degraded(plan, "p0"),
+             slice_objects=slices, jobset=JobSetObservation(),
+             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    assert not _of(DeleteSlices, d.actions) and not _of(CreateSlice, d.actions)
+    assert not _of(EvictPods, d.actions) and not any(e.reason == "SliceLost" for e in d.events)
+    cond = d.status.condition("Provisioned")
+    assert cond is not None and cond.status == "True"
+    kept = "slice 0 on an ACTIVE_DEGRADED Slice (dynamicSlicing.degraded KeepRunning"
+    assert kept in cond.message
+    # Before the JobSet too: a degraded Slice is Ready, the JobSet is created on it.
+    d = _run(sp, slices=_pools(plan), cubes=_degraded(plan, "p0"), slice_objects=slices)
+    assert _of(CreateJobSet, d.actions) and not _of(DeleteSlices, d.actions)
+
+
+def test_a_degraded_slice_is_replaced_when_a_healthy_spare_exists() -> None:
+    """dynamicSlicing.degraded ReplaceWhenSpare: re-formed on the healthy spare cube, every
+    slice restarts (its pods evicted: a disruption)."""
+    sp = _plan(degraded="ReplaceWhenSpare")
+    plan = sp[1]
+    slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
+    d = _run(sp, _running_old(), slices=_pools(plan), cubes=_degraded(plan, "p0"),
+             slice_objects=slices, jobset=JobSetObservation(),
+             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
     assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p2",)]
     assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[0].name,))]
+    assert _of(EvictPods, d.actions) and any(e.reason == "SliceLost" for e in d.events)
+
+
+def test_without_a_healthy_spare_a_degraded_slice_keeps_running() -> None:
+    """ReplaceWhenSpare with the spare cube degraded too (or none): nothing to move to."""
+    sp = _plan(degraded="ReplaceWhenSpare")
+    plan = sp[1]
+    slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
+    d = _run(sp, _running_old(), slices=_pools(plan), cubes=_degraded(plan, "p0", "p2"),
+             slice_objects=slices, jobset=JobSetObservation(),
+             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    assert not _of(DeleteSlices, d.actions) and not _of(CreateSlice, d.actions)
+    assert not _of(EvictPods, d.actions)
+    assert "until free healthy cubes can form it again" in d.status.condition("Provisioned").message
+
+
+def test_degraded_cubes_form_a_slice_when_healthy_ones_are_short() -> None:
+    sp = _plan(spares=0)
+    plan = sp[1]
+    d = _run(sp, slices=_pools(plan), cubes=_degraded(plan, "p1"))
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p0",), ("p1",)]
+    # Healthy cubes first: with a healthy one spare, the degraded one is left over.
+    sp = _plan(spares=1)
+    plan = sp[1]
+    d = _run(sp, slices=_pools(plan), cubes=_degraded(plan, "p0"))
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p1",), ("p2",)]
+
+
+def test_degraded_running_time_is_accounted_apart() -> None:
+    """The goodput counts a degraded Slice's running chip-seconds as degraded."""
+    sp = _plan()
+    plan = sp[1]
+    old = _running_old()
+    slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
+    d = _run(sp, old, slices=_pools(plan), cubes=_degraded(plan, "p0"), slice_objects=slices,
+             jobset=JobSetObservation(ready_jobs=2), pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    g = d.status.goodput
+    assert g is not None and g.state == "running" and g.degraded
+    healthy = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",))]
+    d = _run(sp, old, slices=_pools(plan), cubes=_cubes(plan), slice_objects=healthy,
+             jobset=JobSetObservation(ready_jobs=2), pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    assert d.status.goodput is not None and not d.status.goodput.degraded
+
+
+# ------------------------------------------------------------ one reservation block per Slice
+
+
+def _in_blocks(plan: Any, blocks: dict[str, str], ours: bool = True) -> list[CubeObservation]:
+    return [CubeObservation(p, f"pool-{p}", "HEALTHY", 16, ours, b) for p, b in blocks.items()]
+
+
+def test_each_slice_is_formed_from_the_cubes_of_one_block() -> None:
+    """Existing cubes of two blocks (issue 54, point 1): sorted by partition, a0 b0 a1 b1 made
+    Slices across blocks, which GKE fails; each Slice now takes one block's cubes."""
+    sp = _plan(accelerator="tpu7x-256", cubes_source="Existing", spares=0)
+    plan = sp[1]
+    there = _in_blocks(plan, {"c0": "block-a", "c1": "block-b", "c2": "block-a",
+                              "c3": "block-b"}, ours=False)  # fmt: skip
+    d = _run(sp, cubes=there)
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("c0", "c2"), ("c1", "c3")]
+
+
+def test_no_slice_is_formed_over_two_blocks() -> None:
+    """Four free cubes, but three in one block and one in the other: one 4x4x8 Slice fits, two
+    do not; all or none forms none."""
+    sp = _plan(accelerator="tpu7x-256", cubes_source="Existing", spares=0)
+    plan = sp[1]
+    there = _in_blocks(plan, {"c0": "block-a", "c1": "block-a", "c2": "block-a",
+                              "c3": "block-b"}, ours=False)  # fmt: skip
+    d = _run(sp, cubes=there)
+    assert not _of(CreateSlice, d.actions)
+    assert "of one reservation block per Slice" in d.status.condition("Provisioned").message
+
+
+# ------------------------------------------------------------ a Slice that will not go away
+
+
+def _deleting(plan: Any, i: int, parts: tuple[str, ...], seconds_ago: float) -> Any:
+    return SliceObjectObservation(cubes.slice_names(plan.job_key, i)[0], i, parts,
+                                  "DEACTIVATING", True,
+                                  NOW - timedelta(seconds=seconds_ago))  # fmt: skip
+
+
+def test_a_slice_stuck_deleting_loses_its_finalizer_after_the_deadline() -> None:
+    """GKE's troubleshooting page names Slices stuck in DEACTIVATING; its guide deletes a Slice
+    by removing the finalizer. Within the deadline the operator waits (and asks for a pass
+    then); past it, it removes the finalizer and says so (issue 54, point 3)."""
+    sp = _plan(sliceDeletionTimeoutSeconds=300)
+    plan = sp[1]
+    meta = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True, deleting=True)
+    waiting = Observed(now=NOW, slices=_pools(plan, PoolState.ABSENT),
+                       slice_objects=[_deleting(plan, 0, ("p0",), 200)])  # fmt: skip
+    d = jobs.run(_running_old(), waiting, plan=sp, meta=meta)
+    assert not _of(ReleaseSlices, d.actions)
+    assert d.requeue_after is not None and d.requeue_after <= 101
+    stuck = Observed(now=NOW, slices=_pools(plan, PoolState.ABSENT),
+                     slice_objects=[_deleting(plan, 0, ("p0",), 301)])  # fmt: skip
+    d = jobs.run(_running_old(), stuck, plan=sp, meta=meta)
+    assert not d.violations
+    name = cubes.slice_names(plan.job_key, 0)[0]
+    assert _of(ReleaseSlices, d.actions) == [ReleaseSlices((name,))]
+    [event] = [e for e in d.events if e.reason == "SliceFinalizerRemoved"]
+    assert name in event.message and "300s" in event.message and "DEACTIVATING" in event.message
+    assert not any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)  # not gone yet
+
+
+def test_a_lost_slice_stuck_deleting_is_released_while_the_job_runs() -> None:
+    sp = _plan()
+    plan = sp[1]
+    running = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p2",), turn=1),
+               _deleting(plan, 1, ("p1",), 601)]  # fmt: skip
+    d = _run(sp, _running_old(), slices=_pools(plan), cubes=_cubes(plan, unhealthy=("p1",)),
+             slice_objects=running, jobset=JobSetObservation(),
+             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+    assert _of(ReleaseSlices, d.actions) == [ReleaseSlices((running[2].name,))]
+
+
+def test_the_longest_job_names_give_slice_names_gke_accepts() -> None:
+    """Newer GKE pages give 49 characters as a Slice name's limit (an older copy said 54)."""
+    from multislice_local import slices as sim
+
+    longest = jobs.spec_and_plan(
+        jobs.body(name="n" * 44, namespace="s" * 63, accelerator="tpu7x-128", slices=256,
+                  capacity={"type": "Reserved", "reservation": BLOCK},
+                  provisioning={"mode": "DynamicSlicing"})
+    )[1]  # fmt: skip
+    names = cubes.all_slice_names(longest.job_key, longest.slices)
+    assert max(len(n) for n in names) <= 49 == sim.MAX_NAME_LENGTH
+    for n in names[-2:]:
+        body = {"metadata": {"name": n},
+                "spec": {"type": "tpu7x", "topology": "4x4x4", "partitionIds": ["p"]}}  # fmt: skip
+        assert sim.admission_errors(body) == []
 
 
 def test_a_two_cube_slice_waits_for_its_old_slice_to_free_the_healthy_cube() -> None:
@@ -370,7 +526,9 @@ def test_the_jobset_puts_each_slice_on_one_of_the_jobs_slices() -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     [expr, healthy] = terms["nodeSelectorTerms"][0]["matchExpressions"]
-    assert healthy == {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": ["HEALTHY"]}
+    # Healthy and degraded cubes, as xpk's webhook asks by default (issue 54, point 3).
+    usable = ["HEALTHY", "DEGRADED"]
+    assert healthy == {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": usable}
     assert expr["key"] == keys.GKE_TPU_SLICE and expr["operator"] == "In"
     assert sorted(expr["values"]) == sorted(
         n for i in range(2) for n in cubes.slice_names(plan.job_key, i)
@@ -499,14 +657,15 @@ def test_slices_are_formed_all_or_none_and_nothing_is_left(world: Any) -> None:
         done = any(type(a).__name__ == "RemoveFinalizer" for a in d.actions)
         assert not done or not obs["slice_objects"]  # the finalizer stays while any is left
         return
-    active = {i for i, o in live.items() if o.state == "ACTIVE"}
+    active = {i for i, o in live.items() if o.state in ("ACTIVE", "ACTIVE_DEGRADED")}
     if _of(CreateJobSet, d.actions):
-        assert active == set(range(plan.slices))  # the JobSet only on every Slice ACTIVE
-    usable = {c.partition for c in obs["cubes"] if c.state == "HEALTHY" and c.ready_hosts == 16}
+        assert active == set(range(plan.slices))  # the JobSet only on every Slice Ready
+    usable = {c.partition for c in obs["cubes"]
+              if c.state in ("HEALTHY", "DEGRADED") and c.ready_hosts == 16}  # fmt: skip
     assert all(len(a.partitions) == plan.cubes_per_slice for a in made)  # whole Slices only
     parts = [p for a in made for p in a.partitions]
     assert len(parts) == len(set(parts)) and set(parts) <= usable
     assert not set(parts) & {p for o in obs["slice_objects"] for p in o.partitions}
-    broken = {i for i, o in live.items() if o.state in ("ACTIVE_DEGRADED", "FAILED")}
+    broken = {i for i, o in live.items() if o.state == "FAILED"}  # degraded: kept (default)
     missing = {i for i in range(plan.slices) if i not in live or i in broken}
     assert {a.index for a in made} in (set(), missing)  # all the missing Slices, or none

@@ -226,6 +226,11 @@ def _label(key: str) -> Callable[[cs.NodePool], None]:
         (lambda p: _shape(p, "ct5lp-hightpu-8t", "2x4", 1), "single-host slice"),
         (lambda p: _shape(p, "ct5lp-hightpu-4t", "4x4", 3), "needs initialNodeCount 4"),
         (lambda p: setattr(p.placement_policy, "tpu_topology", "2x2x4"), "Invalid TPU topology"),
+        # Larger than the largest v5p slice, 16x16x24 (Cloud TPU "TPU v5p"; issue 54)
+        (
+            lambda p: _shape(p, "ct5p-hightpu-4t", "16x20x20", 1600),
+            "Invalid TPU topology 16x20x20 for machine type ct5p-hightpu-4t",
+        ),
         (lambda p: setattr(p.placement_policy, "tpu_topology", "4x2"), "Invalid TPU topology"),
         (
             lambda p: setattr(p.config, "machine_type", "ct5p-hightpu-4t"),

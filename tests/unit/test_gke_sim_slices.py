@@ -406,6 +406,36 @@ def test_a_slice_activates_pins_its_nodes_follows_its_cubes_and_releases_them(
     wait_for(lambda: state(dyn, "job-1") == slices.ACTIVE)
 
 
+def test_a_deleted_slice_deactivates_and_a_stuck_one_waits_for_its_finalizer(
+    dyn: GkeSimulator, dgke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
+) -> None:
+    """Deleting shows DEACTIVATING (its cube still held) before the Slice goes; one GKE's
+    troubleshooting page would call stuck stays DEACTIVATING until its finalizer is removed, as
+    GKE's guide deletes a Slice (issue 54, point 3)."""
+    ids = make_cubes(dyn, dgke, ["cube-a"])
+    store = store_of(dyn)
+    store.create(slice_obj("going", [ids["cube-a"]], topology="4x4x4"))
+    wait_for(lambda: state(dyn, "going") == slices.ACTIVE)
+    dyn.set_slice_stuck("going")
+    store.delete("going")
+    wait_for(lambda: state(dyn, "going") == slices.DEACTIVATING)
+    assert slices.SLICE_LABEL not in registrar.groups["cube-a"].labels
+    store.create(slice_obj("next", [ids["cube-a"]], topology="4x4x4"))
+    wait_for(lambda: state(dyn, "next") == slices.SLICE_CREATION_FAILED)  # still held
+    for _ in range(5):
+        dyn.sync_slices()
+    assert state(dyn, "going") == slices.DEACTIVATING  # stuck: it never goes by itself
+    store.set_finalizer("going", False)  # what GKE's guide (and the operator) does
+    assert store.get("going") is None
+    store.delete("next")
+    wait_for(lambda: store.get("next") is None)
+    store.create(slice_obj("again", [ids["cube-a"]], topology="4x4x4"))
+    wait_for(lambda: state(dyn, "again") == slices.ACTIVE)  # the cube is free again
+    # Not stuck: DEACTIVATING, then gone.
+    store.delete("again")
+    wait_for(lambda: store.get("again") is None)
+
+
 def test_formation_failures_are_reported_as_gke_reports_them(
     dyn: GkeSimulator, dgke: container_v1.ClusterManagerClient
 ) -> None:
@@ -454,7 +484,7 @@ def test_retry_on_failure_forms_the_slice_once_its_partition_is_free(
 @pytest.mark.parametrize(
     ("name", "topology", "kind", "words"),
     [
-        ("a" * 55, "4x4x8", "tpu7x", "54 characters or fewer"),
+        ("a" * 50, "4x4x8", "tpu7x", "49 characters or fewer"),
         ("Upper", "4x4x8", "tpu7x", "must match"),
         ("ok", "4x8x4", "tpu7x", "non-decreasing"),
         ("ok", "4x4x6", "tpu7x", "multiple of 4"),
@@ -475,7 +505,7 @@ def test_what_gkes_webhook_refuses_is_refused(
 
 def test_what_gkes_webhook_accepts_is_accepted() -> None:
     store = InMemorySliceStore()
-    store.create(slice_obj("a" * 54, ["p0"], "4x4x4"))
+    store.create(slice_obj("a" * 49, ["p0"], "4x4x4"))
     store.create(slice_obj("big", [f"p{i}" for i in range(144)], "16x24x24"))  # 9,216 chips
     assert len(store.list()) == 2
 

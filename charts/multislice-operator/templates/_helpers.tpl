@@ -116,9 +116,10 @@ in one Role per watched namespace. */}}
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood): one Slice per slice of such a
 # job, created from its cubes and deleted when the job ends or the Slice breaks. Cluster-scoped.
+# patch: a deleted Slice stuck past dynamicSlicing.sliceDeletionTimeoutSeconds loses its finalizer.
 - apiGroups: ["accelerator.gke.io"]
   resources: ["slices"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Jobs are created as a server-side dry run (?dryRun=All, nothing is stored): the apiserver's
 # verdict on the pod template before any node pool exists; and, for spec.preflight, the job's
 # compile Job, read back (get) and deleted once it finished. RBAC cannot say which Jobs; the

@@ -147,6 +147,17 @@ class Capacity(_Model):
         return self.max_run_duration_seconds or FLEX_START_MAX_RUN_S
 
 
+class DegradedPolicy(StrEnum):
+    """What a dynamic-slicing job does with a Slice that goes ACTIVE_DEGRADED (formed on a
+    DEGRADED cube: "impaired, still usable to form a slice", GKE "About GKE dynamic slicing")."""
+
+    KEEP_RUNNING = "KeepRunning"  # it is usable (Ready=True): keep training, as GKE and xpk do
+    REPLACE_WHEN_SPARE = "ReplaceWhenSpare"  # re-form it from free healthy cubes when there are
+
+
+SLICE_DELETION_TIMEOUT_SECONDS = 600
+
+
 class DynamicSlicing(_Model):
     """GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood only): capacity comes as
     4x4x4 cubes (reservation sub-blocks of 16 tpu7x VMs, one node pool each) and the operator
@@ -160,6 +171,27 @@ class DynamicSlicing(_Model):
             "when the reservation names one) and deletes them when the job ends. Existing: the "
             "cubes are node pools a platform team provisioned; the operator only forms and "
             "deletes the Slices. spec.spares counts cubes kept free for a lost cube's slice."
+        ),
+    )
+    degraded: DegradedPolicy = Field(
+        default=DegradedPolicy.KEEP_RUNNING,
+        description=(
+            "A Slice that goes ACTIVE_DEGRADED (a cube of it DEGRADED: impaired, still usable, "
+            "GKE's word) is usable. KeepRunning: the job keeps training on it, as GKE and xpk's "
+            "slice controller do. ReplaceWhenSpare: when enough free healthy cubes of one "
+            "reservation block are there (spec.spares), the Slice is formed again on them and "
+            "every slice restarts (cause disruption); without them it keeps running. Either way "
+            "its running chip-seconds count as degraded in status.goodput."
+        ),
+    )
+    slice_deletion_timeout_seconds: int = Field(
+        default=SLICE_DELETION_TIMEOUT_SECONDS,
+        ge=30,
+        le=24 * 3600,
+        description=(
+            "How long a deleted Slice of the job may stay (GKE's troubleshooting page names "
+            "Slices stuck in DEACTIVATING) before the operator removes its finalizer, as GKE's "
+            "guide deletes a Slice, with a Warning event (SliceFinalizerRemoved)."
         ),
     )
 
@@ -1244,13 +1276,15 @@ class GoodputStatus(_Model):
     )
     degraded: bool = Field(
         default=False,
-        description="spec.elastic: since `since` the job runs on fewer slices than spec.slices.",
+        description="Since `since` the job runs on fewer slices than spec.slices (spec.elastic) "
+        "or on degraded capacity (DynamicSlicing: an ACTIVE_DEGRADED Slice it keeps running on).",
     )
     degraded_chip_seconds: int = Field(
         default=0,
         ge=0,
         description="Of `chipSeconds.running`, the chip-seconds run on fewer slices than "
-        "spec.slices (spec.elastic), as of `since`.",
+        "spec.slices (spec.elastic) or on degraded capacity (an ACTIVE_DEGRADED Slice), as of "
+        "`since`.",
     )
     lost_steps: int = Field(
         default=0,

@@ -83,9 +83,12 @@ GKE_TPU_PARTITION_ID = "cloud.google.com/gke-tpu-partition-4x4x4-id"
 GKE_TPU_PARTITION_STATE = "cloud.google.com/gke-tpu-partition-4x4x4-state"
 GKE_TPU_SLICE = "cloud.google.com/gke-tpu-slice"
 GKE_TPU_SLICE_TOPOLOGY = "cloud.google.com/gke-tpu-slice-topology"
+# The reservation block of a sub-block's nodes (a Slice's cubes share one).
+GCE_TOPOLOGY_BLOCK = "cloud.google.com/gce-topology-block"
 SLICE_GROUP, SLICE_VERSION, SLICE_PLURAL, SLICE_KIND = (
     "accelerator.gke.io",
     "v1beta1",
     "slices",
     "Slice",
 )
+SLICE_FINALIZER = "accelerator.gke.io/slice-finalizer"

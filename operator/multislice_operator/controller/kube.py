@@ -150,6 +150,20 @@ class Kube:
         except NotFound:
             return
 
+    async def release_slice(self, name: str) -> None:
+        """Remove a deleted `Slice`'s finalizers, as GKE's guide deletes a Slice; gone is
+        success. Only Slices the operator saw deleting are released, and it never creates a
+        Slice under a name it still sees."""
+        try:
+            await self._call(
+                "patch",
+                f"{SLICES}/{_q(name)}",
+                payload={"metadata": {"finalizers": None}},
+                headers=MERGE_PATCH,
+            )
+        except NotFound:
+            return
+
     async def dry_run_create(self, body: dict[str, Any]) -> None:
         """Create `body` with ?dryRun=All: the apiserver validates, defaults and runs every
         admission webhook (JobSet's included) and persists nothing. Raises the refusal. Not

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from multislice_operator.api.models import MultisliceJobSpec
+from multislice_operator.api.models import CubeSource, MultisliceJobSpec
 from multislice_operator.common.errors import FieldError
 from multislice_operator.tpu import catalog
 
@@ -32,6 +32,13 @@ SUB_SLICE_TOPOLOGIES = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
 _SUB_BLOCK_RE = re.compile(
     r"^(?P<block>.+/reservationBlocks/[^/]+)/reservationSubBlocks/(?P<sub>[^/]+)$"
 )
+BLOCKS = "/reservationBlocks/"
+# A Slice's cubes share one reservation block: GKE fails a Slice whose partitions are not "part
+# of the same reservation block" (create-dynamic-slices), xpk resolves a reservation or block to
+# its sub-blocks before it creates a super-slicing pool (src/xpk/core/capacity.py,
+# force_sub_block_targeting), and its slice controller's webhook requires every pod of a slice
+# in one cloud.google.com/gce-topology-block (slice-main slice/internal/webhooks/defaults.go).
+SAME_BLOCK_DOC = "https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices"
 
 RESERVATION = "spec.capacity.reservation"
 MODE = "DynamicSlicing"  # its spec.provisioning.mode (plugins/dynamic.py registers it)
@@ -143,11 +150,13 @@ def _demand(spec: MultisliceJobSpec, shape: catalog.SliceShape, cube: catalog.Sl
 
 def dynamic_slicing_errors(spec: MultisliceJobSpec, shape: catalog.SliceShape) -> list[FieldError]:
     """Slice topologies the operator forms: whole cubes (super-slicing). Sub-slices share one
-    cube's partition and need GKE 1.36.0-gke.3712000: not formed by the operator yet."""
+    cube's partition and need GKE 1.36.0-gke.3712000: not formed by the operator yet. The cubes
+    of a Slice come from one reservation block."""
     if not _dynamic(spec) or shape.generation.sub_block_topology is None:
         return []  # not tpu7x: the accelerator rule has said so
-    if cubes_per_slice(shape):
-        return []
+    per = cubes_per_slice(shape)
+    if per:
+        return _block_errors(spec, shape, per)
     cube = cube_shape(shape.generation)
     assert cube is not None
     kind = (
@@ -162,5 +171,28 @@ def dynamic_slicing_errors(spec: MultisliceJobSpec, shape: catalog.SliceShape) -
             f"{shape.accelerator} {shape.topology} is {kind}: with provisioning.mode "
             f"DynamicSlicing each slice is whole {cube.topology} cubes (4i x 4j x 4k, "
             f"i <= j <= k; {SUB_BLOCK_DOC}); use {cube.accelerator} ({cube.topology}) or larger",
+        )
+    ]
+
+
+def _block_errors(spec: MultisliceJobSpec, shape: catalog.SliceShape, per: int) -> list[FieldError]:
+    """Managed cubes of a slice of several cubes aimed at a reservation that names no block:
+    GKE places each cube pool in any block of the reservation, and a Slice over cubes of two
+    blocks fails. One-cube slices, a block or sub-block, and Existing cubes (grouped by block
+    when a Slice is formed) are fine."""
+    ds = spec.provisioning.dynamic_slicing
+    reservation = spec.capacity.reservation
+    managed = ds is None or ds.cubes == CubeSource.MANAGED
+    if per < 2 or not managed or not reservation or BLOCKS in reservation:
+        return []
+    return [
+        FieldError(
+            RESERVATION,
+            f"{reservation} names no reservation block, and a {shape.accelerator} slice "
+            f"({shape.topology}) is {per} cubes that GKE forms into one Slice only from one "
+            f"block (a Slice over two blocks goes FAILED; {SAME_BLOCK_DOC}); a cube pool aimed "
+            "at the reservation may land in any block. Aim at one block: "
+            f"{reservation}/reservationBlocks/BLOCK (gcloud compute reservations blocks list), "
+            "or use slices of one cube (tpu7x-128)",
         )
     ]

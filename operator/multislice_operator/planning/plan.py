@@ -20,6 +20,7 @@ from multislice_operator.api.models import (
     API_VERSION,
     KIND,
     CapacityType,
+    DynamicSlicing,
     MultisliceJob,
     MultisliceJobSpec,
     spec_rules,
@@ -46,6 +47,7 @@ from multislice_operator.tpu.parallelism import Parallelism
 NODE_POOL_NAME_MAX = 40
 # Kubernetes' default terminationGracePeriodSeconds, for a template that sets none.
 DEFAULT_POD_GRACE_SECONDS = 30
+SELECTOR_PATH = "spec.template.spec.nodeSelector."
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ class Plan:
     # cubes come from (Managed: node_pools and spare_pools are the cubes' pools; Existing).
     cubes_per_slice: int = 0
     cubes_source: str | None = None
+    # DynamicSlicing: spec.provisioning.dynamicSlicing as the model reads it on every pass
+    # (what a degraded Slice is to the job, how long a deleted Slice may take to go).
+    dynamic_slicing: DynamicSlicing | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -355,7 +360,7 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
     pools: list[NodePoolSpec] = fields.pop("node_pools", [])
     if not template_errors:
         errors += _check_tpu_overrides(spec.template["spec"], shape, job_key(namespace, name))
-        errors += _check_placement(spec.template["spec"], pools)
+        errors += _check_placement(spec.template["spec"], pools, {e.path for e in errors})
         errors += hostports.conflicts(spec.template["spec"])
     if errors:
         raise SpecError(errors)
@@ -623,15 +628,20 @@ def pool_node_labels(pool: NodePoolSpec) -> dict[str, str]:
     return labels
 
 
-def _check_placement(pod: dict[str, Any], pools: list[NodePoolSpec]) -> list[FieldError]:
+def _check_placement(
+    pod: dict[str, Any], pools: list[NodePoolSpec], reported: set[str]
+) -> list[FieldError]:
     if not pools:
         return []  # Existing mode: the nodes are someone else's
+    # Conflicts with what the operator sets are _check_tpu_overrides' to report, and a selector
+    # a capacity model's rule refused already (`reported`) is said once, in the model's words.
+    skip = {keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}
+    skip |= {p.removeprefix(SELECTOR_PATH) for p in reported if p.startswith(SELECTOR_PATH)}
     return placement.never_matched(
         pod,
         [(p.name, pool_node_labels(p)) for p in pools],
         unknown=frozenset({keys.JOB_UID}),
-        # Conflicts with what the operator sets are _check_tpu_overrides' to report.
-        skip=frozenset({keys.GKE_TPU_ACCELERATOR, keys.GKE_TPU_TOPOLOGY, keys.JOB_KEY}),
+        skip=frozenset(skip),
     )
 
 

@@ -4,11 +4,18 @@ over Ironwood 4x4x4 cubes. Pure.
 Capacity comes as cubes (reservation sub-blocks, one node pool of 16 tpu7x VMs each): the
 operator creates the job's cube pools (dynamicSlicing.cubes Managed) or uses the cubes that are
 there (Existing), then forms one `Slice` (accelerator.gke.io/v1beta1) per slice of the job from
-healthy free cubes, all or none: the JobSet is created once every Slice is ACTIVE. A Slice that
-goes ACTIVE_DEGRADED, FAILED or SliceCreationFailed is a lost slice: it is deleted (its unhealthy
-cube is not used again: only HEALTHY cubes are) and formed again from free healthy cubes (the
-spare cubes, spec.spares), and the running slices are restarted (their pods evicted: JobSet
-restarts every slice, charged as a disruption). Everything is released when the job ends.
+free usable cubes (HEALTHY first, DEGRADED ones being "still usable to form a slice"), each
+Slice from the cubes of one reservation block (GKE fails a Slice over two), all or none: the
+JobSet is created once every Slice is Ready (ACTIVE, or ACTIVE_DEGRADED). A Slice that goes
+FAILED or SliceCreationFailed is a lost slice: it is deleted (its unusable cube is not used
+again) and formed again from free cubes (the spare cubes, spec.spares), and the running slices
+are restarted (their pods evicted: JobSet restarts every slice, charged as a disruption). An
+ACTIVE_DEGRADED Slice keeps running (dynamicSlicing.degraded KeepRunning, GKE's and xpk's
+default), or with ReplaceWhenSpare is replaced so when free healthy cubes can re-form it; its
+running chip-seconds count as degraded in the goodput. A deleted Slice that stays past
+dynamicSlicing.sliceDeletionTimeoutSeconds (GKE names Slices stuck in DEACTIVATING) loses its
+finalizer, as GKE's guide deletes one, with a Warning event. Everything is released when the
+job ends.
 Before the JobSet exists the Slices are a gang as node pools are: Slices not all ACTIVE within
 spec.provisioning.timeoutSeconds are rolled back (the Slices and the job's cube pools deleted, never
 held for a job that cannot run) and the next attempt waits out a backoff.
@@ -22,8 +29,9 @@ evicts and requeues a whole workload on any failed slice; this model re-forms on
 Registered (`register`) with its own spec rules (tpu7x, a reservation for Managed cubes,
 provisioning.dynamicSlicing only with this mode), its plan (the cube pools, planning/cubes.py),
 what the controller watches for it (GKE Slices) and how it observes cubes and Slices, its
-actions (`CreateSlice`, `DeleteSlices`, applied by plugins/dynamic_shell.py), their invariants
-(`violations`) and its part of the pod template (`place`: the job's Slices, healthy cubes).
+actions (`CreateSlice`, `DeleteSlices`, `ReleaseSlices`, applied by plugins/dynamic_shell.py),
+their invariants (`violations`) and its part of the pod template (`place`: the job's Slices,
+usable cubes).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from multislice_operator.api.models import (
     CEL_MODE,
     CapacityType,
     CubeSource,
+    DegradedPolicy,
+    DynamicSlicing,
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
@@ -46,7 +56,7 @@ from multislice_operator.api.models import (
 from multislice_operator.common import keys
 from multislice_operator.common.errors import FieldError
 from multislice_operator.common.pools import PoolError, PoolState
-from multislice_operator.controller.observe import ObserveInputs, first, pool_slices
+from multislice_operator.controller.observe import ObserveInputs, first, parse_time, pool_slices
 from multislice_operator.planning import cubes
 from multislice_operator.planning.plan import NodePoolSpec, Plan, node_pools_of
 from multislice_operator.plugins.nodepools import (
@@ -80,12 +90,20 @@ if TYPE_CHECKING:
 MODE = cubes.MODE
 
 ACTIVE = "ACTIVE"
+ACTIVE_DEGRADED = "ACTIVE_DEGRADED"
+# Ready=True: the slice's pods can run (the Slice reference; xpk's controller counts
+# ACTIVE_DEGRADED as active unless the pods asked for healthy partitions only).
+READY = frozenset({ACTIVE, ACTIVE_DEGRADED})
 # States of a formed or forming Slice that make it a lost slice (the Slice reference; xpk's
-# controller counts FAILED and SliceCreationFailed as errors; ACTIVE_DEGRADED runs on a degraded
-# cube, which the issue counts as lost: the job is moved to healthy cubes).
-BROKEN = frozenset({"ACTIVE_DEGRADED", "FAILED", "SliceCreationFailed"})
+# controller counts FAILED and SliceCreationFailed as errors). ACTIVE_DEGRADED is lost only as
+# the job's degraded policy says (`_lost_objects`).
+BROKEN = frozenset({"FAILED", "SliceCreationFailed"})
 HEALTHY = "HEALTHY"  # cloud.google.com/gke-tpu-partition-4x4x4-state
+DEGRADED = "DEGRADED"  # "impaired, still usable to form a slice" (GKE)
 UNHEALTHY = "UNHEALTHY"
+# The cubes a Slice may be formed from, healthy ones first; the pods' node affinity takes the
+# same (xpk's webhook default, HEALTHY_AND_DEGRADED).
+USABLE = (HEALTHY, DEGRADED)
 
 
 # ---------------------------------------------------------------- what it observes and does
@@ -101,6 +119,7 @@ class CubeObservation:
     state: str = "HEALTHY"  # HEALTHY, DEGRADED, UNHEALTHY, UNSET, INCOMPLETE
     ready_hosts: int = 0
     ours: bool = False  # a pool the job created (Managed cubes)
+    block: str = ""  # its reservation block (cloud.google.com/gce-topology-block)
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,7 @@ class SliceObjectObservation:
     partitions: tuple[str, ...]
     state: str = ""
     deleting: bool = False
+    deleting_since: datetime | None = None  # its metadata.deletionTimestamp
 
 
 @dataclass(frozen=True)
@@ -150,6 +170,14 @@ class DeleteSlices(OwnAction):
     names: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ReleaseSlices(OwnAction):
+    """Remove the finalizer of these deleted Slices, stuck past the deadline: GKE's guide
+    deletes a Slice so (kubectl patch ... remove /metadata/finalizers)."""
+
+    names: tuple[str, ...]
+
+
 class DynamicSlices:
     """GKE Slices over 4x4x4 cubes (DynamicSlicing)."""
 
@@ -160,10 +188,11 @@ class DynamicSlices:
 
     def slices(self, old: MultisliceJobStatus, obs: Observed, plan: Plan, cfg: DecideConfig,
                now: datetime) -> Slices:  # fmt: skip
-        """Slice i is ready when its Slice is ACTIVE, lost when it is broken."""
-        current = _current(obs)
-        ready = frozenset(i for i, o in current.items() if o.state == ACTIVE)
-        lost = {o.index: f"Slice {o.name} {o.state}" for o in _broken(obs)}
+        """Slice i is ready when its Slice is Ready (ACTIVE, ACTIVE_DEGRADED), lost when it is
+        broken (or degraded, and the job replaces it)."""
+        current = _current(obs, plan)
+        ready = frozenset(i for i, o in current.items() if o.state in READY)
+        lost = {o.index: f"Slice {o.name} {o.state}" for o in _lost_objects(obs, plan)}
         free = len(_free(obs, plan))
         return Slices(
             plan.shape.hosts,
@@ -194,9 +223,10 @@ class DynamicSlices:
             if gang is not None:
                 return gang
         _create_cubes(f, b, plan)
-        broken = _broken(f.obs)
+        broken = _lost_objects(f.obs, plan)
         if broken:
             b.add(DeleteSlices(tuple(o.name for o in broken)))
+        _release_stuck(f, b, plan)
         formed = _form(f, b, plan)
         lost = frozenset(f.slices.lost)
         if started and lost:
@@ -223,6 +253,8 @@ class DynamicSlices:
         names = tuple(o.name for o in _dyn(f.obs).slice_objects if not o.deleting)
         if names:
             b.add(DeleteSlices(names))
+        if f.plan is not None:
+            _release_stuck(f, b, f.plan)
         pools = [str(s.pool) for s in f.obs.slices if capacity.live(s) and not s.taken_by]
         done = capacity.release_pools(f, b, list(f.obs.slices), pools + capacity.strays(f))
         if _dyn(f.obs).slice_objects:
@@ -274,7 +306,7 @@ def _gang_clock(f: Facts, b: Builder, plan: Plan) -> Capacity | None:
     timeout = f.spec.provisioning.timeout_seconds if f.spec else 0
     if started is None or (f.now - started).total_seconds() <= timeout:
         return None
-    active = sum(1 for o in _current(f.obs).values() if o.state == ACTIVE)
+    active = sum(1 for o in _current(f.obs, plan).values() if o.state in READY)
     if active >= plan.slices:
         return None
     return _rollback(f, b, plan, f"{active}/{plan.slices} Slices ACTIVE within "
@@ -336,13 +368,61 @@ def _replaced(obs: Observed, plan: Plan) -> list[str]:
     )
 
 
-def _broken(obs: Observed) -> list[SliceObjectObservation]:
-    return [o for o in _dyn(obs).slice_objects if o.state in BROKEN and not o.deleting]
+def _options(plan: Plan) -> DynamicSlicing:
+    return plan.dynamic_slicing or DynamicSlicing()
 
 
-def _current(obs: Observed) -> dict[int, SliceObjectObservation]:
-    """The Slice that forms each slice now: not broken, not going away."""
-    return {o.index: o for o in _dyn(obs).slice_objects if o.state not in BROKEN and not o.deleting}
+def _lost_objects(obs: Observed, plan: Plan) -> list[SliceObjectObservation]:
+    """The job's Slices to delete and form again: the broken ones; with degraded: ReplaceWhenSpare
+    also as many ACTIVE_DEGRADED ones (lowest slice first) as free healthy cubes can re-form
+    once the broken ones have theirs (without a healthy spare a degraded Slice keeps running)."""
+    live = [o for o in _dyn(obs).slice_objects if not o.deleting]
+    broken = [o for o in live if o.state in BROKEN]
+    if _options(plan).degraded != DegradedPolicy.REPLACE_WHEN_SPARE:
+        return broken
+    degraded = sorted((o for o in live if o.state == ACTIVE_DEGRADED), key=lambda o: o.index)
+    if not degraded:
+        return broken
+    healthy = [c for c in _free_cubes(obs, plan) if c.state == HEALTHY]
+    spare = len(_groups(healthy, plan.cubes_per_slice, len(broken) + len(degraded)))
+    return broken + degraded[: max(0, spare - len(broken))]
+
+
+def _current(obs: Observed, plan: Plan) -> dict[int, SliceObjectObservation]:
+    """The Slice that forms each slice now: not lost, not going away."""
+    lost = {o.name for o in _lost_objects(obs, plan)}
+    return {o.index: o for o in _dyn(obs).slice_objects if o.name not in lost and not o.deleting}
+
+
+def _release_stuck(f: Facts, b: Builder, plan: Plan) -> None:
+    """Deleted Slices still there past dynamicSlicing.sliceDeletionTimeoutSeconds lose their
+    finalizer (GKE's guide deletes a Slice so; its troubleshooting page names Slices stuck in
+    DEACTIVATING); a pass is wanted when the next one's deadline comes."""
+    deadline = _options(plan).slice_deletion_timeout_seconds
+    stuck: list[tuple[SliceObjectObservation, float]] = []
+    waits: list[float] = []
+    for o in _dyn(f.obs).slice_objects:
+        if not o.deleting or o.deleting_since is None:
+            continue
+        waited = (f.now - o.deleting_since).total_seconds()
+        if waited > deadline:
+            stuck.append((o, waited))
+        else:
+            waits.append(deadline - waited)
+    if waits:
+        b.requeue_in(min(waits) + 1)
+    if not stuck:
+        return
+    b.add(ReleaseSlices(tuple(o.name for o, _ in stuck)))
+    for o, waited in stuck:
+        b.event(
+            Reason.SLICE_FINALIZER_REMOVED,
+            f"Slice {o.name} ({o.state or 'no state'}) was still there "
+            f"{int(waited)}s after its deletion (more than "
+            f"spec.provisioning.dynamicSlicing.sliceDeletionTimeoutSeconds, {deadline}s): its "
+            f"finalizer {keys.SLICE_FINALIZER} is removed, as GKE's guide deletes a Slice; its "
+            "cubes may need GKE's attention before another Slice forms on them",
+        )
 
 
 def _cube_hosts(plan: Plan) -> int:
@@ -351,14 +431,39 @@ def _cube_hosts(plan: Plan) -> int:
 
 
 def _usable(c: CubeObservation, plan: Plan) -> bool:
-    return c.state == HEALTHY and c.ready_hosts >= _cube_hosts(plan)
+    return c.state in USABLE and c.ready_hosts >= _cube_hosts(plan)
+
+
+def _free_cubes(obs: Observed, plan: Plan) -> list[CubeObservation]:
+    """Usable cubes no Slice holds (the job's own, or another's): healthy ones first, then by
+    block and partition (a stable order)."""
+    seen = _dyn(obs)
+    held = {p for o in seen.slice_objects for p in o.partitions} | seen.cubes_taken
+    free = [c for c in seen.cubes if _usable(c, plan) and c.partition not in held]
+    return sorted(free, key=lambda c: (c.state != HEALTHY, c.block, c.partition))
 
 
 def _free(obs: Observed, plan: Plan) -> list[str]:
-    """Healthy cubes no Slice holds (the job's own, or another's), in a stable order."""
-    seen = _dyn(obs)
-    held = {p for o in seen.slice_objects for p in o.partitions} | seen.cubes_taken
-    return sorted(c.partition for c in seen.cubes if _usable(c, plan) and c.partition not in held)
+    return [c.partition for c in _free_cubes(obs, plan)]
+
+
+def _groups(free: list[CubeObservation], per: int, count: int) -> list[tuple[str, ...]]:
+    """Up to `count` Slices' cubes, `per` each, every group from one reservation block (GKE
+    fails a Slice whose cubes are in two: "Use dynamic slicing with a custom scheduler"), the
+    groups with the fewest degraded cubes first. Greedy is enough: a block holds
+    len // per groups whatever the order."""
+    by_block: dict[str, list[CubeObservation]] = {}
+    for c in free:  # healthy first within each block, as `free` is ordered
+        by_block.setdefault(c.block, []).append(c)
+    out: list[tuple[str, ...]] = []
+    while per > 0 and len(out) < count:
+        fits = [(block, cs) for block, cs in by_block.items() if len(cs) >= per]
+        if not fits:
+            break
+        _, cubes_ = min(fits, key=lambda bc: (sum(c.state != HEALTHY for c in bc[1][:per]), bc[0]))
+        out.append(tuple(sorted(c.partition for c in cubes_[:per])))
+        del cubes_[:per]
+    return out
 
 
 def _next_name(obs: Observed, plan: Plan, index: int) -> str | None:
@@ -369,20 +474,19 @@ def _next_name(obs: Observed, plan: Plan, index: int) -> str | None:
 
 
 def _form(f: Facts, b: Builder, plan: Plan) -> bool:
-    """A Slice for every slice that has none, from free healthy cubes, all together or none
-    (a Slice formed alone would hold cubes the others may never get). True: nothing missing."""
-    current = _current(f.obs)
+    """A Slice for every slice that has none, from free usable cubes of one block each, all
+    together or none (a Slice formed alone would hold cubes the others may never get). True:
+    nothing missing."""
+    current = _current(f.obs, plan)
     missing = [i for i in range(plan.slices) if i not in current]
     if not missing:
         return True
-    free = _free(f.obs, plan)
-    per = plan.cubes_per_slice
+    groups = _groups(_free_cubes(f.obs, plan), plan.cubes_per_slice, len(missing))
     names = [_next_name(f.obs, plan, i) for i in missing]
-    if len(free) < per * len(missing) or None in names:
+    if len(groups) < len(missing) or None in names:
         return False
-    for k, (i, name) in enumerate(zip(missing, names, strict=True)):
+    for i, name, parts in zip(missing, names, groups, strict=True):
         assert name is not None
-        parts = tuple(free[k * per : (k + 1) * per])
         b.add(CreateSlice(name, i, plan.shape.topology, parts))
     return True
 
@@ -407,18 +511,29 @@ def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: boo
 def _report(f: Facts, b: Builder, plan: Plan, started: bool, lost: frozenset[int],
             formed: bool) -> Capacity:  # fmt: skip
     """The Provisioned condition and what the pass found."""
-    current = _current(f.obs)
-    active = sum(1 for o in current.values() if o.state == ACTIVE)
+    current = _current(f.obs, plan)
+    active = sum(1 for o in current.values() if o.state in READY)
+    degraded = frozenset(i for i, o in current.items() if o.state == ACTIVE_DEGRADED)
     free = len(_free(f.obs, plan))
     slices = f"{active}/{plan.slices} Slices ACTIVE ({plan.shape.topology}, {plan.cubes_per_slice} "
-    slices += f"cubes each); {free} free healthy cubes for {plan.spares} spares"
+    slices += f"cubes each); {free} free usable cubes for {plan.spares} spares"
+    if degraded:
+        slices += (
+            f"; slice {', '.join(map(str, sorted(degraded)))} on an ACTIVE_DEGRADED Slice "
+            f"(dynamicSlicing.degraded {_options(plan).degraded}: it keeps running"
+            + (" until free healthy cubes can form it again)" if
+               _options(plan).degraded == DegradedPolicy.REPLACE_WHEN_SPARE else ")")
+        )  # fmt: skip
     if active >= plan.slices and not lost:
         b.cond(PROVISIONED, "True", Reason.GANG_READY, slices)
-        return Capacity(True)
+        return Capacity(True, degraded=degraded)
     b.requeue_in(f.cfg.resync_seconds)
     if not formed:
         wanting = plan.cubes_per_slice * (plan.slices - len(current))
-        message = f"{slices}; waiting for {wanting} free healthy cubes to form the missing Slices"
+        message = (
+            f"{slices}; waiting for {wanting} free usable cubes (of one reservation block per "
+            "Slice) to form the missing Slices"
+        )
     else:
         message = f"{slices}; forming"
     reason = Reason.REPAIRING if started else Reason.PROVISIONING
@@ -437,7 +552,8 @@ DYNAMIC_SLICES = DynamicSlices()
 
 def _violations(f: Facts, d: Decision) -> list[tuple[int, str]]:
     """A Slice is created after the finalizer, under one of the job's Slice names, on cubes no
-    Slice holds; only the job's Slices are deleted, never one created in the same pass."""
+    Slice holds; only the job's Slices are deleted (or released), never one created in the same
+    pass."""
     plan = f.plan
     names = set(cubes.all_slice_names(plan.job_key, plan.slices)) if plan else set()
     obs = _dyn(f.obs)
@@ -462,12 +578,13 @@ def _broken_promise(a: Action, names: set[str], held: set[str], created: set[str
         if a.name not in names:
             return f"not-ours: CreateSlice {a.name}, not one of the job's Slice names"
         return f"cube-twice: CreateSlice {a.name} on cubes {twice} a Slice holds" if twice else None
-    if isinstance(a, DeleteSlices):
+    if isinstance(a, DeleteSlices | ReleaseSlices):
+        kind = type(a).__name__
         foreign, again = sorted(set(a.names) - names), sorted(set(a.names) & created)
         if foreign:
-            return f"not-ours: DeleteSlices {foreign}, not the job's"
+            return f"not-ours: {kind} {foreign}, not the job's"
         if again:
-            return f"create-and-delete: DeleteSlices {again} created in the same pass"
+            return f"create-and-delete: {kind} {again} created in the same pass"
     return None
 
 
@@ -486,6 +603,7 @@ def summarize_slice(body: Mapping[str, Any]) -> dict[str, Any]:
         "partitions": tuple(spec.get("partitionIds") or ()),
         "state": str(ready.get("reason") or ""),
         "deleting": bool(meta.get("deletionTimestamp")),
+        "deletingSince": meta.get("deletionTimestamp"),
     }
 
 
@@ -509,6 +627,7 @@ def _cubes_seen(plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
                 labels.get(keys.GKE_TPU_PARTITION_STATE, ""),
                 sum(1 for n in members if n["ready"]),
                 str(pool) in own,
+                labels.get(keys.GCE_TOPOLOGY_BLOCK, ""),
             )
         )
     return found
@@ -525,8 +644,11 @@ def dynamic_observation(
         s = first(slices, name)
         if name in names:
             index = names[name]
+            since = parse_time(s.get("deletingSince"))
             mine.append(
-                SliceObjectObservation(name, index, s["partitions"], s["state"], s["deleting"])
+                SliceObjectObservation(
+                    name, index, s["partitions"], s["state"], s["deleting"], since
+                )
             )
         else:
             taken.update(s["partitions"])
@@ -549,7 +671,11 @@ def plan_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: st
     cube = cubes.cube_shape(shape.generation)
     source = _cubes_source(spec)
     if cube is None or source != CubeSource.MANAGED.value:
-        return {"cubes_per_slice": per, "cubes_source": source}
+        return {
+            "cubes_per_slice": per,
+            "cubes_source": source,
+            "dynamic_slicing": spec.provisioning.dynamic_slicing,
+        }
     used, policy = spec.slices * per, cubes.cube_policy_name(cube)
 
     def as_cubes(indexes: range) -> list[NodePoolSpec]:
@@ -563,6 +689,7 @@ def plan_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: st
         "spare_pools": as_cubes(range(used, used + spec.spares)),
         "cubes_per_slice": per,
         "cubes_source": source,
+        "dynamic_slicing": spec.provisioning.dynamic_slicing,
     }
 
 
@@ -589,10 +716,11 @@ def place(template: dict[str, Any], plan: Plan) -> None:
         "operator": "In",
         "values": cubes.all_slice_names(plan.job_key, plan.slices),
     }
-    # Healthy cubes only, as xpk's slice controller asks (slice/internal/core/constants.go,
-    # TPUSliceHealthNodeSelectorHealthy): a restarted pod never lands on the broken cube of a
-    # Slice that is still going away.
-    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": [HEALTHY]}
+    # Usable cubes only, as xpk's slice controller's webhook asks by default (slice-main
+    # cmd/main.go --default-slice-health-node-affinity HEALTHY_AND_DEGRADED): a DEGRADED cube
+    # is "still usable", and a restarted pod never lands on the unusable cube of a Slice that
+    # is still going away.
+    healthy = {"key": keys.GKE_TPU_PARTITION_STATE, "operator": "In", "values": list(USABLE)}
     pod = template["spec"]
     affinity = pod.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
@@ -608,7 +736,7 @@ _CEL_CUBES = (
     "has(self.provisioning.dynamicSlicing.cubes) ? self.provisioning.dynamicSlicing.cubes : "
     f"'{CubeSource.MANAGED.value}')"
 )
-RULES = (
+RULES: tuple[Rule, ...] = (
     # GKE's Slice is Ironwood's ("Use Ironwood (TPU7x) version",
     # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/create-dynamic-slices).
     Rule(
@@ -646,6 +774,75 @@ RULES = (
         ),
     ),
 )
+# What the pods' node selection may not name (GKE "Use dynamic slicing with a custom scheduler":
+# "Do NOT put cloud.google.com/gke-tpu-slice here manually"): the operator forms the job's
+# Slices, chooses their cubes and pins each slice's pods to its Slice itself (`place`).
+_SELECTOR = "spec.template.spec.nodeSelector"
+_AFFINITY = (
+    "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+)
+_SLICE_BY_HAND = (
+    f"with provisioning.mode {MODE} the operator forms the job's Slices and selects them itself "
+    f"(node affinity on their names; GKE: do not set {keys.GKE_TPU_SLICE} by hand, "
+    f"{cubes.SAME_BLOCK_DOC}): the pods could never schedule on a Slice of your naming; remove it"
+)
+_POOL_BY_HAND = (
+    f"with provisioning.mode {MODE} each slice runs on a GKE Slice the operator forms from "
+    "4x4x4 cubes (one node pool each, chosen among the free cubes of one reservation block) and "
+    f"selects by its name ({keys.GKE_TPU_SLICE}): a node pool selector would pin every slice to "
+    "one cube; remove it"
+)
+
+
+def _cel_selector_lacks(key: str) -> str:
+    return (
+        f"{CEL_MODE} != '{MODE}' || !has(self.template.spec) || "
+        f"!has(self.template.spec.nodeSelector) || !('{key}' in self.template.spec.nodeSelector)"
+    )
+
+
+def _selector(s: MultisliceJobSpec) -> Mapping[str, Any]:
+    found = (s.template.get("spec") or {}).get("nodeSelector")
+    return found if isinstance(found, dict) else {}
+
+
+def _affinity_keys(s: MultisliceJobSpec) -> set[str]:
+    """The keys the template's required node affinity names."""
+    node = ((s.template.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    return {
+        str(e.get("key"))
+        for t in terms or []
+        if isinstance(t, dict)
+        for e in t.get("matchExpressions") or []
+        if isinstance(e, dict)
+    }
+
+
+RULES += (
+    Rule(
+        (),
+        f"{_SELECTOR}.{keys.GKE_TPU_SLICE}",
+        _cel_selector_lacks(keys.GKE_TPU_SLICE),
+        f"{_SELECTOR}.{keys.GKE_TPU_SLICE}: {_SLICE_BY_HAND}",
+        lambda s: s.provisioning.mode != MODE or keys.GKE_TPU_SLICE not in _selector(s),
+    ),
+    Rule(
+        (),
+        _AFFINITY,
+        "",  # the template's affinity is not in the CRD's schema: validate and the plan say it
+        f"{_AFFINITY}: names {keys.GKE_TPU_SLICE}; {_SLICE_BY_HAND}",
+        lambda s: s.provisioning.mode != MODE or keys.GKE_TPU_SLICE not in _affinity_keys(s),
+    ),
+    Rule(
+        (),
+        f"{_SELECTOR}.{keys.GKE_NODEPOOL}",
+        _cel_selector_lacks(keys.GKE_NODEPOOL),
+        f"{_SELECTOR}.{keys.GKE_NODEPOOL}: {_POOL_BY_HAND}",
+        lambda s: s.provisioning.mode != MODE or keys.GKE_NODEPOOL not in _selector(s),
+    ),
+)
 # GKE Slices: cluster-scoped, labelled with their job; kopf starts the watch when the Slice CRD
 # is served (GKE's slice controller enabled on the cluster).
 SLICE_WATCH = Watch(
@@ -661,8 +858,10 @@ SLICE_WATCH = Watch(
 
 DOCS = """\
 GKE `Slice` objects (accelerator.gke.io/v1beta1) over Ironwood 4x4x4 cubes, formed all or none
-from healthy free cubes (`spec.spares` counts spare cubes); a lost Slice is formed again from a
-spare cube ([provisioning.md](provisioning.md#dynamic-slicing)). `status.capacity`: none.
+from free usable cubes, each Slice from one reservation block (`spec.spares` counts spare cubes);
+a lost Slice is formed again from a spare cube, a degraded one kept running (or replaced:
+`dynamicSlicing.degraded`) ([provisioning.md](provisioning.md#dynamic-slicing)).
+`status.capacity`: none.
 """
 
 
@@ -684,6 +883,7 @@ PLUGIN = CapacityPlugin(
     appliers={
         CreateSlice: "multislice_operator.plugins.dynamic_shell:create_slice",
         DeleteSlices: "multislice_operator.plugins.dynamic_shell:delete_slices",
+        ReleaseSlices: "multislice_operator.plugins.dynamic_shell:release_slices",
     },
     watches=(SLICE_WATCH,),
     waits_for_nodes=True,

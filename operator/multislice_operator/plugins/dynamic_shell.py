@@ -9,7 +9,7 @@ import logging
 
 from multislice_operator.controller.appliers import Target
 from multislice_operator.controller.runtime import Runtime
-from multislice_operator.plugins.dynamic import CreateSlice, DeleteSlices
+from multislice_operator.plugins.dynamic import CreateSlice, DeleteSlices, ReleaseSlices
 from multislice_operator.render.slice import render_slice
 
 log = logging.getLogger("multislice_operator")
@@ -27,3 +27,10 @@ async def create_slice(rt: Runtime, t: Target, a: CreateSlice) -> None:
 async def delete_slices(rt: Runtime, t: Target, a: DeleteSlices) -> None:
     await asyncio.gather(*(rt.kube.delete_slice(name) for name in a.names))
     log.info("slices deleted job=%s/%s names=%s", t.namespace, t.name, ",".join(a.names))
+
+
+async def release_slices(rt: Runtime, t: Target, a: ReleaseSlices) -> None:
+    await asyncio.gather(*(rt.kube.release_slice(name) for name in a.names))
+    log.warning(
+        "slice finalizers removed job=%s/%s names=%s", t.namespace, t.name, ",".join(a.names)
+    )

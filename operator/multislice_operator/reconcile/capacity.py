@@ -61,6 +61,9 @@ class Capacity:
     # The capacity is there outside the operator (before admission): nothing to provision,
     # the admission check is Ready at once; why.
     preexisting: str | None = None
+    # Slices that run on degraded capacity (DynamicSlicing: an ACTIVE_DEGRADED Slice the job
+    # keeps running on): their running chip-seconds count as degraded in status.goodput.
+    degraded: frozenset[int] = frozenset()
 
     @property
     def stalled(self) -> bool:

@@ -138,7 +138,7 @@ def decide(
         if f.plan is not None and f.error is None:
             slice_statuses(f, b, f.plan, cap.repairing, cap.blips)
             b.status.capacity = f.capacity.status(f)  # the model's own part
-        goodput.account(f, b, cap.stalled)
+        goodput.account(f, b, cap.stalled, bool(cap.degraded))
     b.transition_event()
     decision = Decision(
         b.status,

@@ -100,7 +100,8 @@ def advance(
 ) -> GoodputStatus | None:
     """The accounting after a pass that observed `state` holding `held_chips` at `now`, of
     which `spare_chips` are hot spares' (charged to spare chip-seconds, not to the state);
-    `degraded`: running on fewer slices than spec.slices (also counted apart, spec.elastic).
+    `degraded`: running on fewer slices than spec.slices (spec.elastic), or on degraded
+    capacity (an ACTIVE_DEGRADED Slice): counted apart too.
 
     Returns `old` itself (unchanged) when nothing changed, so an idle job writes nothing."""
     spare_chips = min(spare_chips, held_chips)
@@ -290,8 +291,9 @@ def spare_chips(plan: Plan | None, held: int) -> int:
     return max(0, held - plan.total_chips)
 
 
-def account(f: Facts, b: Builder, repairing: bool) -> None:
-    """Called once per decide(), after the phase and status.slices are decided."""
+def account(f: Facts, b: Builder, repairing: bool, on_degraded: bool = False) -> None:
+    """Called once per decide(), after the phase and status.slices are decided; `on_degraded`:
+    a slice runs on degraded capacity (the capacity model's word: an ACTIVE_DEGRADED Slice)."""
     if b.status.phase is None:  # no phase decided: nothing says the state changed
         return
     state = accounting_state(b.status.phase, repairing)
@@ -304,7 +306,7 @@ def account(f: Facts, b: Builder, repairing: bool) -> None:
         f.meta.creation_time,
         f.obs.blind_since,
         spare_chips(f.plan, held),
-        _degraded(f, b),
+        _degraded(f, b) or on_degraded,
     )
     if g is None:
         return

@@ -72,6 +72,7 @@ class Reason(StrEnum):
     # ---- slice failures and restarts
     RESTARTING_ALL_SLICES = "RestartingAllSlices"
     SLICE_LOST = "SliceLost"
+    SLICE_FINALIZER_REMOVED = "SliceFinalizerRemoved"
     SLICE_NOT_READY = "SliceNotReady"
     SLICE_READY = "SliceReady"
     GANG_ROLLED_BACK = "GangRolledBack"
@@ -274,6 +275,12 @@ REGISTRY: dict[Reason, Info] = {
         "A running slice lost its node pool or nodes; its pool is replaced alone.",
         metric="capacity_lost",
         causes=(RestartCause.DISRUPTION.value,),
+    ),
+    Reason.SLICE_FINALIZER_REMOVED: Info(
+        WARNING,
+        "A GKE Slice the job deleted was still there past "
+        "dynamicSlicing.sliceDeletionTimeoutSeconds (stuck in DEACTIVATING): its finalizer was "
+        "removed, as GKE's guide deletes a Slice.",
     ),
     Reason.SHRINKING_SLICES: Info(
         WARNING,

@@ -20,7 +20,8 @@ def generate_3d_topologies(max_cubes: int, nondecreasing: bool = True) -> tuple[
 
     Source: xpk ``src/xpk/core/system_characteristics.py`` ``generate_tpu_topologies``: the four
     sub-cube shapes, then every AxBxC with A, B, C multiples of 4 up to 256 and at most
-    ``max_cubes`` 4x4x4 cubes (v4: 64 cubes, any axis order; v5p: 140 cubes, A <= B <= C).
+    ``max_cubes`` 4x4x4 cubes (v4: 64 cubes, any axis order; v5p: xpk's 140, the pod; the
+    catalog stops at 96, Cloud TPU's largest v5p slice; A <= B <= C).
     """
     shapes = ["2x2x1", "2x2x2", "2x2x4", "2x4x4"]
     for x in range(4, 257, 4):
@@ -92,6 +93,10 @@ class Generation:
     # unit of Ironwood (TPU7x) capacity" (GKE "Configure TPUs with GKE dynamic slicing",
     # https://docs.cloud.google.com/kubernetes-engine/docs/how-to/use-gke-dynamic-slicing).
     sub_block_topology: str | None = None
+    # The largest slice Cloud TPU schedules, where it is smaller than the pod (a job asking for
+    # more is refused, naming it), and where that is written.
+    largest_topology: str | None = None
+    largest_source: str = ""
 
 
 _2D_TOPOLOGIES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
@@ -143,7 +148,12 @@ GENERATIONS: dict[str, Generation] = {
             usable_hbm_bytes=96 * 1024 * MIB - 263 * MIB,  # 95.74 GiB
             dcn_bits_per_chip=50 * GBIT,
             dims=3,
-            topologies=generate_3d_topologies(140),
+            # Cloud TPU "TPU v5p": "There are 8960 chips in a v5p Pod. The largest job that can
+            # be scheduled is a 96 cube (6144 chip) job"; xpk generates shapes up to the pod's
+            # 140 cubes, which no slice can use.
+            topologies=generate_3d_topologies(96),
+            largest_topology="16x16x24",
+            largest_source='Cloud TPU "TPU v5p", https://cloud.google.com/tpu/docs/v5p',
             machine_types={4: "ct5p-hightpu-4t"},
             single_host_chips=(4,),
             # compute.googleapis.com/tpu_v5p and /preemptible_tpu_v5p (console quota links).
@@ -291,11 +301,27 @@ def parse_accelerator(accelerator: str) -> tuple[Generation, int]:
             f"({gen.cores_per_chip} per chip), so it must be even; e.g. {prefix}-8"
         )
     chips = number // gen.cores_per_chip
+    _check_largest(gen, accelerator, chips)
     if not topologies_for(gen, chips):
         raise CatalogError(
             f"{accelerator!r} is not a {gen.name} slice size; valid: {_describe_sizes(gen, number)}"
         )
     return gen, chips
+
+
+def _check_largest(gen: Generation, accelerator: str, chips: int) -> None:
+    """A slice above the generation's largest is refused with the limit and its source."""
+    if gen.largest_topology is None:
+        return
+    most = topology_chips(gen.largest_topology)
+    if chips <= most:
+        return
+    raise CatalogError(
+        f"{accelerator!r} is {chips} chips, and the largest {gen.name} slice is "
+        f"{gen.largest_topology} ({most} chips, {most // 64} cubes), as {gen.largest_source} "
+        f"says: use at most {gen.prefix}-{most * gen.cores_per_chip}, or more slices of a "
+        "smaller type (spec.slices)"
+    )
 
 
 def _describe_sizes(gen: Generation, near: int) -> str:
