@@ -13,6 +13,11 @@ JOB_NAMESPACE = f"{PREFIX}/job-namespace"
 JOB_UID = f"{PREFIX}/job-uid"
 JOB_KEY = f"{PREFIX}/job-key"
 SLICE = f"{PREFIX}/slice"
+# provisioning.mode Fallback: the capacity type of the option a pool is for (Spot, Reserved,
+# FlexStart, OnDemand); the pods and the Kueue Workload select it (docs/kueue.md).
+CAPACITY_TYPE = f"{PREFIX}/capacity-type"
+# On a Fallback job's Kueue Workload: the option whose quota it asks for (its index).
+FALLBACK_OPTION = f"{PREFIX}/fallback-option"
 # Node labels may not use the kubernetes.io / k8s.io namespaces (GKE and the kubelet refuse
 # them), so node pools say who manages them under our own prefix.
 NODE_MANAGED_BY = f"{PREFIX}/managed-by"

@@ -98,6 +98,7 @@ def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
         "conditions": _conditions(status),
         "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
         "reclaimable": _reclaimable(status),
+        "option": (meta.get("labels") or {}).get(keys.FALLBACK_OPTION),
     }
     out: dict[Any, Any] = {}
     if remote:
@@ -218,6 +219,7 @@ def workload_observation(
         else None,
         check=check,
         adopted=not job_uid or summary.get("ownerUid") == job_uid,
+        option=summary.get("option"),
     )
 
 

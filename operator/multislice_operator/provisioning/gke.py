@@ -823,14 +823,15 @@ class GkeProvisioner:
             # Cloud TPU VMs"): acceleratorTypes never lists it; GKE's create answers instead.
             return None
         offered: dict[str, frozenset[str]] = {}
-        for zone in self.node_locations:
+        zones = sorted({p.zone for p in plan.pools if p.zone}) or self.node_locations
+        for zone in zones:
             types = await self._offered_types(zone)
             if types is None:
                 return None
             if wanted in types:
                 return None
             offered[zone] = types
-        message = f"{wanted} is not offered in zone(s) {', '.join(self.node_locations)}; " + (
+        message = f"{wanted} is not offered in zone(s) {', '.join(zones)}; " + (
             "; ".join(f"{z} offers {_describe_offered(wanted, t)}" for z, t in offered.items())
         )
         log.warning("gke accelerator not offered accelerator=%s zones=%s", wanted, list(offered))

@@ -59,6 +59,7 @@ from multislice_operator.reconcile.types import (
     CheckObservation,
     CheckState,
     CreateWorkload,
+    DeleteWorkload,
     FinishWorkload,
     PodSetUpdate,
     QueueObservation,
@@ -113,6 +114,12 @@ def gate(f: Facts, b: Builder) -> Gate:
         return _no_workload(f, b, q)
     if not wl.adopted:  # MultiKueue's prebuilt Workload: the job's from now on
         b.add(AdoptWorkload(wl.name, wl.resource_version))
+    elif _another_option(f, wl):
+        b.add(DeleteWorkload(wl.name, wl.resource_version))
+        option = int(wl.option or 0) + 1
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
+                    f"replacing Workload {wl.name}: it asks for the quota of option {option}, "
+                    "the job tries another now", workload=wl)  # fmt: skip
     _note_eviction(f, b, wl)
     if not wl.active:
         return _deactivated(b, wl)
@@ -124,6 +131,13 @@ def gate(f: Facts, b: Builder) -> Gate:
     if handed_back is not None:
         return Gate(Pass.HOLD, Reason.CHECK_RETRY, handed_back, workload=wl, check=wl.check)
     return _quota_reserved(wl)
+
+
+def _another_option(f: Facts, wl: WorkloadObservation) -> bool:
+    """The Workload asks for the quota of another option than the one the plan is for
+    (provisioning.mode Fallback: one Workload per option, docs/kueue.md)."""
+    fb = f.plan.fallback if f.plan is not None else None
+    return fb is not None and not wl.finished and wl.option != str(fb.option)
 
 
 def _unsupported(f: Facts, b: Builder, problem: str) -> Gate:
