@@ -65,7 +65,8 @@ cluster-down: install
 	$(BIN)/python -m multislice_local.controlplane down --profile $(PROFILE)
 
 # The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue|maintenance|elastic|preflight|inplace|ironwood|multicluster,
-# KEEP=1 to stay up.
+# KEEP=1 to stay up. SCENARIO=real: real nodes, the chart and both images (root; builds
+# node-bins and the images first when missing: docs/real-nodes.md).
 # CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).
 SCENARIO ?= restart
 CLUSTER ?= local

@@ -18,8 +18,9 @@ Measured on the operator process (VmRSS of it and its descendants, its thread co
 What the load left behind is after - idle, in MiB and threads.
 
 The operator runs with the image's allocator (jemalloc, every Python object in it: the
-Dockerfile's ENV, benchmarks/allocator.py) unless `--allocator glibc` (the interpreter's defaults,
-as a pip-installed operator runs); `--env K=V` adds to the operator's environment.
+Dockerfile's ENV, multislice_local/allocator.py, as the local stack always runs it; here it must
+be found or the benchmark stops) unless `--allocator glibc` (the interpreter's defaults, as a
+pip-installed operator runs); `--env K=V` adds to the operator's environment.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import Any
 
 from kubernetes import client
 
-from benchmarks import allocator
 from benchmarks.common import (
     JOBSET,
     MSJ,
@@ -48,6 +48,7 @@ from benchmarks.common import (
     threads_of,
 )
 from benchmarks.watcher import Spec, Watcher
+from multislice_local import allocator
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.common import keys
@@ -160,7 +161,9 @@ def run(
     say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}, {allocator_name(env)}")
     log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-lifecycle-{n}.log"
     timeout = 600 + n * 6.0  # a shared 2-core machine took more than 900 s for 200 jobs
-    options = StackOptions(operator_log=log, operator_env=env)
+    options = StackOptions(
+        operator_log=log, operator_env=env, operator_image_allocator=image_allocator
+    )
     with LocalStack(options) as stack:
         assert stack.op is not None and stack.op.proc is not None
         pid = stack.op.proc.pid

@@ -75,10 +75,16 @@ NODE_KEY+="_cni-${CNI_VERSION}_coredns-${COREDNS_VERSION}"
 NODE_OUT="$ROOT/nodes_$NODE_KEY"
 # The project's own Go programs (local/go: the TPU device plugin, the test image's program) are
 # keyed by their sources: names and contents of every file there.
-LOCAL_GO="$(cd "$HACK/../local/go" && pwd)"
-LOCAL_HASH="$(cd "$LOCAL_GO" &&
-  find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) | LC_ALL=C sort |
-  while read -r f; do echo "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)"
+# A copy of the tree that has no local/go (an image's build context) can still ask for the other
+# directories and components.
+LOCAL_GO="$HACK/../local/go"
+LOCAL_HASH="no-local-go"
+if [[ -d "$LOCAL_GO" ]]; then
+  LOCAL_GO="$(cd "$LOCAL_GO" && pwd)"
+  LOCAL_HASH="$(cd "$LOCAL_GO" &&
+    find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) | LC_ALL=C sort |
+    while read -r f; do echo "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-16)"
+fi
 LOCAL_OUT="$NODE_OUT/local-$LOCAL_HASH"
 
 FORCE=0

@@ -79,7 +79,10 @@ _CLUSTER_SHARDS = {
 }
 # Groups start in this order, longest first, then every other one (xdist's LoadScope would start
 # the groups with the most tests first, and the many quick kube_api tests are not the long pole).
-_FIRST_GROUPS = ("kube_cluster-2", "kube_cluster-3", "kube_cluster", "kube_kueue", "kube_api")
+# The real nodes' group first: its images, imports and a JAX job in real pods make it the longest.
+_FIRST_GROUPS = (
+    "real_cluster", "kube_cluster-2", "kube_cluster-3", "kube_cluster", "kube_kueue", "kube_api"
+)  # fmt: skip
 # Modules whose tests start many CPU-bound processes (the JAX workload's multi-process runs): one
 # group, so that two of them never run at once on a 2-core machine.
 _SERIAL_GROUPS = {

@@ -19,6 +19,7 @@ import json
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,13 @@ RETRYABLE_EXIT = 17
 FATAL_EXIT = 78  # the workload's configuration error (42 asks for a restart)
 INPLACE_AGENT_IMAGE = "example.invalid/in-place-restart-agent:v0.12.0"  # never pulled (kwok)
 DEMO_VOCAB = 4096  # the --run-workload tokenizer's vocabulary (the model reads it from the file)
+# The --run-workload training: the last process crashes after WORKLOAD_CRASH_STEP, past the
+# checkpoint of WORKLOAD_CHECKPOINT_EVERY, and every process resumes from it. Four JAX processes
+# of 4 CPU devices each on 2 cores: on a loaded machine a step took 5-9 s and each attempt's
+# compile about 100 s, so the run is as short as the story allows (40 steps took 832 s there).
+WORKLOAD_STEPS, WORKLOAD_CHECKPOINT_EVERY, WORKLOAD_CRASH_STEP = 20, 5, 12
+# Past the workload's deadline, how long to wait for its launcher to stop the processes and return.
+LAUNCHER_MARGIN_S = 60.0
 LAST_STEPS = {"step": 120, "checkpointStep": 100}  # restart scenario: 20 steps lost
 # maintenance scenario: announced this far ahead, a checkpoint asked this long before it.
 MAINTENANCE_IN_S, CHECKPOINT_AHEAD_S, SAVED_STEP = 15, 8, 120
@@ -64,10 +72,81 @@ def in_place_row(result: Any, attempt: int) -> dict[str, Any]:
     }
 
 
+def workload_args(corpus: Path) -> list[str]:
+    """The --run-workload training on the prepared corpus (its tokenizer.json comes with it)."""
+    return [
+        "train",
+        "--dataset", str(corpus),
+        "--steps", str(WORKLOAD_STEPS),
+        "--learning_rate", "3e-3",
+        "--checkpoint_every", str(WORKLOAD_CHECKPOINT_EVERY),
+        "--log_every", "2",
+        "--eval_every", str(WORKLOAD_STEPS // 2),
+    ]  # fmt: skip
+
+
+def workload_problems(
+    result: Any, restored: list[Any], learned: bool, timeout_s: float
+) -> list[str]:
+    """What the --run-workload story lacks in a launch's result (`LaunchResult`): none when it
+    succeeded after a restart that resumed from a checkpoint, with the loss down."""
+    problems = []
+    last = result.attempts[-1]
+    if last.outcome == "timeout":
+        problems.append(
+            f"not finished {timeout_s:.0f} s after its start (--timeout): attempt {last.attempt}"
+            " stopped"
+        )
+    elif not result.succeeded:
+        problems.append(f"exit {result.exit_code} ({last.outcome})")
+    if result.restarts < 1:
+        problems.append("no restart")
+    if not restored:
+        problems.append("no restore from a checkpoint")
+    if not learned:
+        problems.append("the loss did not go down")
+    return problems
+
+
 def loss_curve(events: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step, loss) of process 0's events, the last attempt's value for a step run twice."""
     by_step = {e["step"]: e["loss"] for e in events if e.get("launch_process", 0) == 0}
     return sorted(by_step.items())
+
+
+class BackgroundLaunch:
+    """`multislice_workload.local.launch` in a thread while the story goes on. The launcher owns
+    the deadline (`timeout_s` from the start): there it stops every process and returns a
+    "timeout" outcome. So a run still making progress is never judged while it runs (the demo's
+    own shorter wait once gave up on one still training, and left its processes running) and no
+    process outlives the demo."""
+
+    def __init__(self, timeout_s: float, **launch_kwargs: Any) -> None:
+        self.timeout_s = timeout_s
+        self._kwargs = launch_kwargs
+        self._result: Any = None
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._work, name="workload", daemon=True)
+
+    def _work(self) -> None:
+        from multislice_workload.local import launch
+
+        try:
+            self._result = launch(timeout_s=self.timeout_s, **self._kwargs)
+        except Exception as exc:  # reported by wait(): the story goes on
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait(self) -> tuple[Any, str]:
+        """(the `LaunchResult`, "") once the launcher returns, or (None, why there is none)."""
+        self._thread.join(timeout=self.timeout_s + LAUNCHER_MARGIN_S)
+        if self._result is not None:
+            return self._result, ""
+        if self._error is not None:
+            return None, f"the launcher failed: {self._error}"
+        return None, f"the launcher did not return {LAUNCHER_MARGIN_S:.0f} s past its deadline"
 
 
 @dataclass(frozen=True)
@@ -125,6 +204,15 @@ SCENARIOS = {
             run="45s",
         ),
         Scenario("delete", "the job is deleted mid-provisioning; nothing leaks", None),
+        Scenario(
+            "real",
+            "the chart with no values on real kubelet/containerd/runc nodes; the workload image "
+            "trains in real pods, restarts in place through JobSet's real agent, then is "
+            "recreated after a node drain, resuming from its checkpoint each time "
+            "(demo_real.py; root)",
+            "Succeeded",
+            2,
+        ),
         Scenario(
             "multicluster",
             "a MultiKueue manager and two worker clusters: worker a is stocked out, the job "
@@ -275,7 +363,7 @@ class Demo:
         self.failed_cube = ""
         self.cubes_before: set[str] = set()
         self.spare_back = False
-        self.workload: Any = None  # the background launcher thread's result holder
+        self.workload: BackgroundLaunch | None = None  # --run-workload's launch
         self.queued_seen = False  # queue scenario: seen Queued
         self.witness: Any = None  # queue scenario: the Workload's quota at each node-pool create
         self.maintenance_at: int | None = None  # maintenance scenario: the announced start
@@ -371,7 +459,7 @@ class Demo:
         ok = self.check(outcome)
         self.goodput()
         if self.workload is not None:
-            ok = self.workload_result() and ok
+            ok = self.workload_result(self.workload) and ok
         if self.args.keep:
             self.keep()
         return 0 if ok else 1
@@ -561,8 +649,15 @@ class Demo:
     # -- scenario actions ------------------------------------------------------------------
 
     def inject(self, st: dict[str, Any]) -> None:
+        self.play(st)
+        # After the scenario's own move: starting four JAX processes takes seconds on a loaded
+        # machine, and the restart scenario's pods run 8 s: a failure injected after that found
+        # them finished (the job Succeeded with 0 restarts, seen in a fresh-clone run).
         if self.args.run_workload and self.workload is None and st.get("phase") == "Running":
             self.start_workload()
+
+    def play(self, st: dict[str, Any]) -> None:
+        """The scenario's move on this pass, if any."""
         if self.scenario.name == "preflight":
             self.play_compile()
             return
@@ -1029,11 +1124,8 @@ class Demo:
         return env
 
     def start_workload(self) -> None:
-        import threading
-
         from multislice_workload import prepare
         from multislice_workload.env import CHECKPOINT_DIR, SETTLE_SAVE_AT_STEP
-        from multislice_workload.local import launch
 
         env = self.pod_env()
         # The job's directory (gs://...) is not reachable here: the same local one for every
@@ -1064,56 +1156,40 @@ class Demo:
         )
         self.n.say(
             f"  {slices} slices x {hosts} hosts x {chips} CPU devices; process {slices * hosts - 1}"
-            f" crashes at step 25 and {how} from the last checkpoint"
+            f" crashes at step {WORKLOAD_CRASH_STEP} and {how} from the last checkpoint"
         )
         self.n.say(f"  checkpoints in {ckpt} (the job names {job_dir}: no cloud here)")
-        holder: dict[str, Any] = {}
-
-        train_args = [
-            "train",
-            "--dataset", str(corpus),  # its tokenizer.json comes with it
-            "--steps", "40",
-            "--learning_rate", "3e-3",
-            "--checkpoint_every", "10",
-            "--log_every", "5",
-            "--eval_every", "20",
-        ]  # fmt: skip
-
-        def work() -> None:
-            try:
-                holder["result"] = launch(
-                    slices,
-                    hosts,
-                    chips,
-                    args=train_args,
-                    extra_env=env,
-                    max_restarts=3,
-                    fail_process=slices * hosts - 1,
-                    fail_at_step=25,
-                    checkpoint_dir=ckpt,
-                    job_name=JOB,
-                    echo=self.n.out,
-                    restart="in_place" if in_place else "recreate",
-                    # In place, the step-20 save settles before step 21 on every process, so
-                    # the crash at 25 cannot race it and "the last checkpoint" is known (20).
-                    faults={p: {SETTLE_SAVE_AT_STEP: "20"} for p in range(slices * hosts)}
-                    if in_place
-                    else None,
-                )
-            except Exception as exc:  # reported at the end, the story goes on
-                holder["error"] = exc
-
-        thread = threading.Thread(target=work, name="workload", daemon=True)
-        self.workload = (thread, holder)
-        thread.start()
+        train_args = workload_args(corpus)
+        # The last checkpoint before the crash (in place it settles before the next step, so
+        # the crash cannot race it and the step restored is known).
+        settled = WORKLOAD_CRASH_STEP - WORKLOAD_CRASH_STEP % WORKLOAD_CHECKPOINT_EVERY
+        self.workload = BackgroundLaunch(
+            self.args.timeout,
+            slices=slices,
+            hosts_per_slice=hosts,
+            devices_per_host=chips,
+            args=train_args,
+            extra_env=env,
+            max_restarts=3,
+            fail_process=slices * hosts - 1,
+            fail_at_step=WORKLOAD_CRASH_STEP,
+            checkpoint_dir=ckpt,
+            job_name=JOB,
+            echo=self.n.out,
+            restart="in_place" if in_place else "recreate",
+            faults={p: {SETTLE_SAVE_AT_STEP: str(settled)} for p in range(slices * hosts)}
+            if in_place
+            else None,
+        )
+        self.workload.start()
         self.n.mark("workload started")
+        self.n.say(f"  the workload's deadline: {self.args.timeout:.0f} s from now (--timeout)")
 
-    def workload_result(self) -> bool:
-        thread, holder = self.workload
-        thread.join(timeout=self.args.timeout)
-        result = holder.get("result")
+    def workload_result(self, workload: BackgroundLaunch) -> bool:
+        """The launcher's verdict, waited for (`BackgroundLaunch`)."""
+        result, missing = workload.wait()
         if result is None:
-            self.n.say(f"workload did not finish: {holder.get('error', 'timeout')}")
+            self.n.say(f"WORKLOAD OUTCOME NOT REACHED: {missing}")
             return False
         restored = [e.get("step") for e in result.events_named("restored")]
         for t, what in result.timeline:
@@ -1128,10 +1204,12 @@ class Demo:
             f"restored from step {restored[-1] if restored else '-'}, loss "
             f"{'went down' if learned else 'did NOT go down'}; logs in {result.log_dir}"
         )
-        ok = bool(result.succeeded and result.restarts >= 1 and restored and learned)
-        if self.scenario.name == "inplace":
-            ok = self.in_place_restart_shown(result) and ok
-        return ok
+        problems = workload_problems(result, restored, learned, self.args.timeout)
+        if self.scenario.name == "inplace" and not self.in_place_restart_shown(result):
+            problems.append("the in-place restart was not shown")
+        if problems:
+            self.n.say("WORKLOAD OUTCOME NOT REACHED: " + "; ".join(problems))
+        return not problems
 
     def in_place_restart_shown(self, result: Any) -> bool:
         """The workload's half of the in-place restart: per attempt, the coordinator address JAX
@@ -1452,6 +1530,10 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             except KeyboardInterrupt:
                 print("interrupted", file=out, flush=True)
                 return 130
+        if args.scenario == "real":  # real nodes and the chart: demo_real.py
+            from multislice_local import demo_real
+
+            return demo_real.run(args, out)
         demo = Demo(args, out)
         try:
             return demo.run()

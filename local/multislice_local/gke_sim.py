@@ -810,6 +810,13 @@ class GkeSimulator:
     def pool(self, name: str) -> dict[str, Any] | None:
         return self.pools().get(name)
 
+    def pool_operation(self, name: str) -> str | None:
+        """The type and status of the last operation on pool `name` (a test's diagnosis)."""
+        with self._lock:
+            pool = next((p for p in self._pools.values() if p.name == name), None)
+            op = self._ops.get(pool.op or "") if pool is not None else None
+            return None if op is None else f"{op.op_type} {op.status}"
+
     def node_access(self, name: str) -> dict[str, bool] | None:
         """What the nodes of pool `name` can do with Google APIs as their service account,
         from the scopes GKE gives them (:func:`node_access`); None when no such pool."""

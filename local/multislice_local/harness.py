@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local import allocator
 from multislice_local.crashpoints import CRASH_POINT_ENV
 from multislice_operator.api.crd import generate_crd
 
@@ -125,8 +126,12 @@ class OperatorProcess:
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         namespaces: list[str] | None = None,
+        image_allocator: bool = True,
     ) -> None:
         self.kubeconfig = kubeconfig
+        # As the image runs it: jemalloc, every Python object in it (allocator.py); False: the
+        # interpreter's defaults, as a pip-installed operator runs.
+        self.image_allocator = image_allocator
         # Watching only some namespaces keeps concurrent operators on one apiserver apart.
         self.namespaces = list(namespaces or [])
         self.metrics_port = free_port()
@@ -165,15 +170,25 @@ class OperatorProcess:
             "127.0.0.1",
             *self.extra_args,
         ]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        env = self.environment()
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         log.close()
         if wait:
-            self.wait_live()
+            try:
+                self.wait_live()
+            except BaseException:  # not left running past its control plane
+                self.stop()
+                raise
         return self
+
+    def environment(self) -> dict[str, str]:
+        """The process's environment: this one's, the image's allocator, the kubeconfig, then
+        the caller's `env` (which wins)."""
+        image = allocator.operator_env() if self.image_allocator else {}
+        return {**os.environ, **image, "KUBECONFIG": str(self.kubeconfig), **self.env}
 
     def wait_live(self, timeout: float = 60) -> None:
         """Until its liveness endpoint answers (raises at once if the process exited)."""

@@ -256,6 +256,16 @@ def fail_pod(
     api.patch_namespaced_pod(name, namespace, patch)
 
 
+def finish_pod(
+    api_client_or_kubeconfig: ClientLike, namespace: str, name: str, after: str = "1s"
+) -> None:
+    """Make a running Job pod succeed ``after`` from now: kwok's pod-complete stage counts its
+    ``multislice.dev/run-duration`` from the pod's last update, so a test ends a long run when it
+    has seen what it waits for, not when a guessed duration runs out."""
+    patch = {"metadata": {"annotations": {RUN_DURATION_ANNOTATION: after}}}
+    _api(api_client_or_kubeconfig).patch_namespaced_pod(name, namespace, patch)
+
+
 def label_nodes(
     api_client_or_kubeconfig: ClientLike, pool_name: str, labels: dict[str, str | None]
 ) -> list[str]:

@@ -62,6 +62,8 @@ class StackOptions:
     gc_interval_seconds: float = 5.0
     faults: Faults = field(default_factory=Faults)
     operator_env: dict[str, str] = field(default_factory=dict)
+    # The operator's allocator: the image's (jemalloc, allocator.py) or the interpreter's defaults.
+    operator_image_allocator: bool = True
     operator_log: Path | None = None
     start_operator: bool = True
     # The operator watches only these namespaces ([]: all): what keeps a stack on a shared
@@ -177,6 +179,7 @@ class LocalStack:
             env=env,
             log_path=self.options.operator_log,
             namespaces=self.options.namespaces,
+            image_allocator=self.options.operator_image_allocator,
         ).start()
         return self.op
 

@@ -74,6 +74,9 @@ class Watch:
     summarize: str
     labels: Mapping[str, str] = field(default_factory=dict)
     cluster_scoped: bool = True
+    # A kind a cluster may well not serve (an optional API of the cloud's): the operator says so
+    # once in its own words and kopf's unresolved-resources warning is quieted for its group.
+    optional: bool = False
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,13 @@ class Settings:
         "as lost and its node pool is replaced; shorter NotReady spells are only an event",
         300.0,
     )
+    scheduler_grace_seconds: float = _opt(
+        "how long a job's pods may wait with no scheduler having looked at any of them (no "
+        "PodScheduled condition: spec.template.spec.schedulerName names a scheduler that is not "
+        "running) before the job fails and releases its node pools; for 10 minutes then a job "
+        "naming that scheduler (not default-scheduler) fails before its first pool",
+        60.0,
+    )
     kueue: bool = _opt(
         "watch Kueue Workloads, LocalQueues and AdmissionChecks (kueue.x-k8s.io/v1beta2): run "
         "the multislice.dev/gang-provisioning admission check for jobs that name a queue",

@@ -240,19 +240,29 @@ def test_demo_multicluster_scenario():
 FAST_COMPILE = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
-@pytest.mark.timeout(900)
+# Four JAX processes on a loaded 2-core machine: the workload's deadline (the demo's --timeout,
+# from the workload's start; its launcher stops every process there). Under load 20-26 (a cold
+# suite, two CPU burners) one run's attempts took 376 s and more than 240 s (issue 56 part 5);
+# about 90 s on a quiet machine.
+WORKLOAD_DEADLINE_S = 900
+# The story before the workload starts, and the verdicts and clean-up after its deadline.
+DEMO_MARGIN_S = 240
+
+
+@pytest.mark.timeout(WORKLOAD_DEADLINE_S + DEMO_MARGIN_S + 60)
 def test_demo_runs_the_real_workload_with_the_injected_environment(kube_cluster):
-    # Four JAX processes on a loaded 2-core machine: bounds for that (seen past 240 s).
     code, out = run_borrowed(
         kube_cluster,
         "restart",
         "--run-workload",
         "--timeout",
-        "600",
+        str(WORKLOAD_DEADLINE_S),
         env=FAST_COMPILE,
-        timeout=840,
+        timeout=WORKLOAD_DEADLINE_S + DEMO_MARGIN_S,
     )
-    assert code == 0, out[-4000:]
+    # The verdict lines first: four processes' logs fill the tail.
+    verdicts = [line for line in out.splitlines() if "OUTCOME" in line]
+    assert code == 0, "\n".join(verdicts) + "\n" + out[-4000:]
     assert "MEGASCALE_NUM_SLICES=2" in out  # read back from a JobSet pod
     assert re.search(r"workload: exit 0, [1-9] restart\(s\), restored from step [1-9]", out), out[
         -3000:

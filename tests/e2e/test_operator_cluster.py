@@ -5,12 +5,17 @@ Nobody patches status here: the JobSet controller, the Job controller and kwok d
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from multislice_local.controlplane import KWOK_NODE_ANNOTATION
 from multislice_local.harness import wait_for
-from multislice_local.nodes import fail_pod
+from multislice_local.nodes import fail_pod, tpu_node_manifest
 from multislice_operator.api import models
 from multislice_operator.reconcile.reasons import Reason
 from tests import msj
@@ -196,3 +201,73 @@ def test_a_job_recreated_under_the_same_name_never_adopts_its_predecessors_jobse
     assert owner == running["metadata"]["uid"]
     done = wait_phase(api, ns, "again", "Succeeded", op)
     assert done["status"]["restarts"] == 0
+
+
+class Kubelets:
+    """What the kubelets of `nodes` do for their heartbeat, and nothing else: renew each node's
+    Lease (kube-node-lease) every few seconds, from a thread, until stopped."""
+
+    def __init__(self, api: client.ApiClient, nodes: list[str]) -> None:
+        self.coord = client.CoordinationV1Api(api)
+        self.nodes, self.stop = nodes, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            now = datetime.now(UTC)
+            for name in self.nodes:
+                spec = {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now}
+                body = {"metadata": {"name": name}, "spec": spec}
+                try:
+                    self.coord.replace_namespaced_lease(name, "kube-node-lease", body)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+                    self.coord.create_namespaced_lease("kube-node-lease", body)
+            self.stop.wait(3)
+
+    def __enter__(self) -> Kubelets:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_nodes_whose_kubelet_went_quiet_are_not_a_ready_slice(env):
+    """Issue 56, part 4: under CPU starvation kwok's heartbeats stalled and JobSets were created
+    on nodes whose Ready condition still said True. Nodes whose kubelet is quiet (no Lease, a
+    Ready condition renewed 10 minutes ago: the node lifecycle controller marks them Unknown only
+    once it has watched them for its grace) are not counted Ready; once their Leases are renewed,
+    they are, and the JobSet is created."""
+    api, ns, op = env
+    core = client.CoreV1Api(api)
+    quiet = {msj.NODE_LABEL: f"{ns}-quiet"}
+    old = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    names = [f"{ns}-quiet-{p}-{i}" for p in range(2) for i in range(4)]
+    for name in names:
+        pool = name.rsplit("-", 1)[0]
+        body = tpu_node_manifest(name, pool, "tpu-v5-lite-podslice", "4x4", 4, extra_labels=quiet)
+        del body["metadata"]["annotations"][KWOK_NODE_ANNOTATION]  # kwok does not heartbeat it
+        body["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason":
+            "KubeletReady", "lastHeartbeatTime": old, "lastTransitionTime": old}]  # fmt: skip
+        core.create_node(body)
+    try:
+        create(api, ns, msj.job("quiet", run="1h", existing=True, node_selector=quiet))
+        said = lambda st: "not counted Ready" in (st.get("message") or "")  # noqa: E731
+        st = msj.wait_status(api, ns, "quiet", "stale heartbeats named", said, 40, log=op.log_tail)
+        assert st["status"]["phase"] == "Pending", st["status"]
+        assert f"{ns}-quiet-0-0 (" in st["status"]["message"], st["status"]["message"]
+        assert msj.jobset(api, ns, "quiet") is None
+        with Kubelets(api, names):  # the kubelets are back: the JobSet is created on them
+            wait_phase(api, ns, "quiet", "Starting", op, timeout=40)
+    finally:
+        msj.custom(api).delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, ns, models.PLURAL, "quiet"
+        )
+        coord = client.CoordinationV1Api(api)
+        for name in names:
+            core.delete_node(name)
+            with contextlib.suppress(ApiException):  # Leases only once the kubelets came back
+                coord.delete_namespaced_lease(name, "kube-node-lease")

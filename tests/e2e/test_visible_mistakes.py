@@ -16,6 +16,7 @@ import pytest
 from multislice_local.harness import wait_for
 from multislice_local.stack import LocalStack
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from multislice_operator.planning.plan import node_pool_name
 from tests import msj
 from tests.msj import create, custom, event_lines
@@ -104,25 +105,84 @@ def test_a_priority_class_that_does_not_exist_fails_the_job_before_any_pool(env)
     delete(stack, ns, "prio")
 
 
-def test_pods_no_scheduler_looks_at_fail_the_job_within_the_unschedulable_deadline(env):
-    """schedulerName names a scheduler that is not running: the pods stay Pending with no
-    PodScheduled condition; they count against unschedulableTimeoutSeconds all the same."""
+def test_a_scheduler_that_is_not_there_holds_the_pools_one_grace_then_none(env):
+    """Issue 56: schedulerName names a scheduler that is not running, with the issue's
+    startupTimeoutSeconds 30 and unschedulableTimeoutSeconds 60 (the startup deadline replaced
+    both pools and restarted the job every ~80 s, each restart resetting the unschedulable
+    clock: it never failed). Now the pods, which no scheduler looks at, fail the job once the
+    scheduler grace (60 s) passed since they were created, with its 2 pools and nothing
+    replaced; a job naming that scheduler next, with a sidecar, fails before any pool."""
     stack, ns = env
     body = job("volcano", schedulerName="volcano")
-    body["spec"]["failurePolicy"]["unschedulableTimeoutSeconds"] = 30
+    body["spec"]["failurePolicy"].update(startupTimeoutSeconds=30, unschedulableTimeoutSeconds=60)
     create(stack.api, ns, body)
     wait_for(lambda: len(pools_of(stack, ns, "volcano")) == 2, 60, "pools created")
-    st = failed(stack, ns, "volcano", 180)
-    assert reason(st) == "Unschedulable", st
+    st = failed(stack, ns, "volcano", 240)
+    assert reason(st) == "SchedulerNotRunning", st
     assert "spec.template.spec.schedulerName is 'volcano'" in st["message"], st["message"]
-    assert "unschedulableTimeoutSeconds" in st["message"]
+    assert "within 60s of the first one's creation" in st["message"], st["message"]
+    assert creates(stack) == 2  # no pool replaced by the startup deadline
+    lines = event_lines(stack.api, ns, "volcano")
+    assert not [line for line in lines if line.startswith("StartupDeadlineExceeded")], lines
     wait_for(
         lambda: not pools_of(stack, ns, "volcano"),
         60,
         "the pools of the failed job released",
         on_timeout=lambda: stack.op.log_tail(30),
     )
+    # The operator knows now: the next job naming it holds nothing (a native sidecar too).
+    second = job("volcano-sidecar", schedulerName="volcano")
+    sidecar = {"name": "log", "image": msj.IMAGE, "restartPolicy": "Always"}
+    second["spec"]["template"]["spec"]["initContainers"] = [sidecar]
+    create(stack.api, ns, second)
+    st = failed(stack, ns, "volcano-sidecar")
+    assert reason(st) == "SchedulerNotRunning", st
+    assert "a scheduler known not to run" in st["message"], st["message"]
+    assert f"job {ns}/volcano" in st["message"], st["message"]
+    assert creates(stack) == 2 and not pools_of(stack, ns, "volcano-sidecar")
+    assert msj.jobset(stack.api, ns, "volcano-sidecar") is None
+    delete(stack, ns, "volcano-sidecar")
     delete(stack, ns, "volcano")
+
+
+def test_pods_the_scheduler_refuses_fail_whatever_the_startup_deadline_does(env):
+    """A pod the scheduler refuses (more CPU than a TPU node has) with startupTimeoutSeconds 30
+    and unschedulableTimeoutSeconds 60: the startup deadline replaces the pools once, and the
+    unschedulable clock it does not reset fails the job (issue 56: it never failed)."""
+    stack, ns = env
+    body = job("greedy")
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1000"}}
+    body["spec"]["failurePolicy"].update(startupTimeoutSeconds=30, unschedulableTimeoutSeconds=60)
+    create(stack.api, ns, body)
+    st = failed(stack, ns, "greedy", 360)
+    assert reason(st) == "Unschedulable", st
+    assert "Insufficient cpu" in st["message"], st["message"]
+    assert creates(stack) <= 4, stack.sim.counters()  # the first gang and one replacement
+    wait_for(
+        lambda: not pools_of(stack, ns, "greedy"),
+        60,
+        "the pools of the failed job released",
+        on_timeout=lambda: stack.op.log_tail(30),
+    )
+    delete(stack, ns, "greedy")
+
+
+def test_a_job_for_multikueue_without_kueue_says_so_and_holds_nothing(env):
+    """Issue 56: spec.managedBy kueue.x-k8s.io/multikueue and a queue, on a cluster whose
+    operator does not watch Kueue (none runs here): 0 pools, but no status at all."""
+    stack, ns = env
+    labels = {keys.KUEUE_QUEUE_NAME: "lq"}
+    body = msj.job("mk", run="1h", labels=labels, managedBy=keys.MULTIKUEUE_MANAGED_BY)
+    create(stack.api, ns, body)
+    pending = lambda s: s.get("phase") == "Pending"  # noqa: E731
+    st = msj.wait_status(stack.api, ns, "mk", "Pending", pending, 60, log=stack.op.log_tail)
+    st = st["status"]
+    assert "does not watch Kueue (run it with --kueue" in st["message"], st["message"]
+    admitted = {c["type"]: c for c in st["conditions"]}["Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("False", "NoKueueWorkload"), admitted
+    msj.wait_events(stack.api, ns, "mk", "NoKueueWorkload", log=stack.op.log_tail)
+    assert creates(stack) == 0 and msj.jobset(stack.api, ns, "mk") is None
+    delete(stack, ns, "mk")
 
 
 def test_a_running_job_deleted_posts_no_restart(env):

@@ -224,6 +224,8 @@ BASE_RULES = {
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
+    # The Role in kube-node-lease: the kubelets' heartbeats, listed.
+    ("coordination.k8s.io", "leases", "list"),
     *IN_PLACE_RULES,
 }
 
@@ -260,8 +262,8 @@ def test_default_render(tmp_path: Path) -> None:
         *["ClusterRole"] * 5,
         "ClusterRoleBinding",
         "Deployment",
-        "Role",
-        "RoleBinding",
+        *["Role"] * 2,  # the leader-election Leases, and the node Leases (heartbeats)
+        *["RoleBinding"] * 2,
         "Service",
         "ServiceAccount",
         # pod patches, evictions, Job dry runs, JobSets, events, the agents' pod patches
@@ -390,7 +392,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     roles = {
         r["metadata"]["namespace"]: r
         for r in by_kind(docs, "Role")
-        if not r["metadata"]["name"].endswith("-leader-election")
+        if not r["metadata"]["name"].endswith(("-leader-election", "-node-leases"))
     }
     assert set(roles) == {"team-a", "team-b"}
     for ns, role in roles.items():
@@ -409,7 +411,10 @@ def test_watched_namespaces_get_roles_and_the_cluster_role_keeps_only_cluster_ob
     }
     # A glob cannot name a Role's namespace: then the ClusterRole grants it all, as before.
     globbed = render(tmp_path, {"watchNamespaces": ["team-*"]})
-    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == ["msj-system"]
+    assert [r["metadata"]["namespace"] for r in by_kind(globbed, "Role")] == [
+        "kube-node-lease",
+        "msj-system",
+    ]
     (cluster_role,) = by_kind(operator_roles(globbed), "ClusterRole")
     assert grants(cluster_role) >= NAMESPACED
 
@@ -442,7 +447,10 @@ def test_replicas_elect_a_leader_on_one_lease(tmp_path: Path) -> None:
     assert env_of(docs)["MSJ_LEADER_ELECT"] == "1"
     assert env_of(render(tmp_path, {"replicaCount": 0}))["MSJ_LEADER_ELECT"] == "1"
     assert env_of(docs)["MSJ_LEADER_ELECTION_NAMESPACE"] == "msj-system"
-    assert one(docs, "RoleBinding")["roleRef"]["name"] == "multislice-operator-leader-election"
+    assert {b["roleRef"]["name"] for b in by_kind(docs, "RoleBinding")} == {
+        "multislice-operator-leader-election",
+        "multislice-operator-node-leases",
+    }
     # electing a leader watches no namespaces: only reading a job's own one (its Pod Security level)
     assert {r for r in rules_of(docs) if r[1] == "namespaces"} == {("", "namespaces", "get")}
 
@@ -1175,6 +1183,13 @@ class Jobs:
         }
         self.core.create_namespaced_pod(self.ns, body)
 
+    def unschedulable(self, name: str) -> None:
+        """The pod as kube-scheduler leaves one it cannot place (there is none here): a pod no
+        scheduler looked at is the scheduler grace's, not the startup deadline's (issue 56)."""
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/0 nodes are available"}  # fmt: skip
+        self.core.patch_namespaced_pod_status(name, self.ns, {"status": {"conditions": [cond]}})
+
     def pod_annotations(self, name: str) -> dict[str, str] | None:
         try:
             pod = self.core.read_namespaced_pod(name, self.ns)
@@ -1310,6 +1325,7 @@ def test_chart_rbac_is_enough_for_a_whole_lifecycle(
         jobs.phase("slow", "Starting")
         wait_for(lambda: jobs.jobset("slow"), 10, "JobSet created")
         jobs.pod("slow", "slow-slice-0-0-a")
+        jobs.unschedulable("slow-slice-0-0-a")
         wait_for(
             lambda: jobs.pod_annotations("slow-slice-0-0-a") is None,
             40,
@@ -1941,6 +1957,7 @@ def test_chart_rbac_minus_one_verb_breaks_the_lifecycle(
         body = job("minus", failurePolicy={"startupTimeoutSeconds": 10})
         body["metadata"]["annotations"] = {CHECKPOINT_REQUEST: "r1"}
         jobs.pod("minus", "minus-slice-0-0-a")
+        jobs.unschedulable("minus-slice-0-0-a")
         jobs.create(body)
         wait_for(
             lambda: refused(op.log_tail(200)),

@@ -3,6 +3,8 @@ patched by the test as envtest tests do, and the job's phases follow."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -315,3 +317,19 @@ def test_metrics_endpoint(cluster: Cluster):
     text = wait_for(lambda: all(n in (t := scrape()) for n in names) and t, 30, "the series")
     for name in names:
         assert name in text, name
+
+
+def test_the_local_operator_runs_with_the_images_allocator(operator):
+    """Issue 56: the local stack ran the operator on the venv's Python without the image's
+    allocator. It now gets the Dockerfile's LD_PRELOAD, PYTHONMALLOC and MALLOC_CONF wherever a
+    jemalloc can be had (multislice_local/allocator.py), and the library is loaded."""
+    from multislice_local import allocator
+
+    assert operator.proc is not None
+    pid = operator.proc.pid
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    environ = dict(v.decode().partition("=")[::2] for v in raw if b"=" in v)
+    expected = allocator.operator_env()
+    assert {k: environ.get(k) for k in expected} == expected
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert (allocator.LIBRARY in maps) == ("LD_PRELOAD" in expected), expected

@@ -22,6 +22,7 @@ from multislice_local.gke_sim import GkeSimulator, InMemoryRegistrar, SimConfig
 from multislice_local.harness import OperatorProcess, install_crds, wait_for
 from multislice_local.stack import CLUSTER, LOCATION, PROJECT, ZONE
 from multislice_operator.api import models
+from multislice_operator.common import keys
 from multislice_operator.controller import admission, versions
 from multislice_operator.planning.plan import load_job, plan_job
 from multislice_operator.render.jobset import render_jobset
@@ -189,3 +190,25 @@ def test_the_chart_notes_name_the_kueue_needed(old_cluster, tmp_path):
     finally:
         subprocess.run([*helm, "uninstall", "old-kueue", "-n", "default"], env=env,
                        capture_output=True, timeout=120)  # fmt: skip
+
+
+def test_a_cluster_without_the_slice_api_is_said_once_in_the_operators_words(old_cluster, tmp_path):
+    """Issue 56: every operator start on a cluster without GKE's Slice CRD logged kopf's
+    "Unresolved resources cannot be served (try creating their CRDs): Selector(...slices)", and
+    kopf says it again on every CRD event. The Slice API is optional (dynamic slicing only): the
+    operator says once, in its own words, that it is not served and what that means."""
+    op = OperatorProcess(
+        old_cluster.kubeconfig, ["--resync-seconds", "1"], namespaces=["default"],
+        log_path=tmp_path / "operator.log",
+    )  # fmt: skip
+    try:
+        op.start()
+        wait_for(lambda: "dynamic slicing:" in op.log_tail(400), 60, "the Slice API line",
+                 on_timeout=op.log_tail)  # fmt: skip
+        log = op.log_tail(400)
+        assert log.count("dynamic slicing:") == 1, log
+        assert f"{keys.SLICE_GROUP}/{keys.SLICE_VERSION} {keys.SLICE_PLURAL}) is not served" in log
+        assert "DynamicSlicing jobs" in log
+        assert "Unresolved resources" not in log, log
+    finally:
+        op.stop()

@@ -93,3 +93,21 @@ def test_the_pass_benchmarks_world_is_a_running_job_of_its_size() -> None:
     assert w.one_pass()["restarts"] == 1
     with pytest.raises(ValueError, match="multiple of 64"):
         World(100)
+
+
+def test_the_summary_carries_the_cpu_per_steady_pass_of_each_size() -> None:
+    from benchmarks.run import targets
+
+    results = [
+        {"pods": n, "pass_s": ms / 1000, "pass_after_restart_s": 0.002, "index_s": 0.001}
+        for n, ms in ((1024, 5.5), (256, 1.75))
+    ]
+    fit = {"fixed_ms": 0.3, "us_per_pod": 5.0, "linear": True}
+    got = targets({"pass_cpu": {"results": results, "pass_s_fit": fit}})["targets"]
+    rows = {t["target"]: t["value"] for t in got if "steady Running job" in t["target"]}
+    assert rows == pytest.approx(
+        {
+            "operator CPU per pass of a steady Running job, 256 pods (ms)": 1.75,
+            "operator CPU per pass of a steady Running job, 1024 pods (ms)": 5.5,
+        }
+    )

@@ -80,3 +80,59 @@ def test_the_workload_tables_repeat_the_catalog(prefix: str) -> None:
     assert hardware.TPU_PEAK_BF16_FLOPS[gen.name] == gen.peak_bf16_flops
     assert hardware.DEVICES_PER_CHIP.get(gen.name, 1) == gen.devices_per_chip
     assert gen.name in hardware.TPU_HBM_BANDWIDTH
+    assert hardware.TPU_COMPILER_HBM_BYTES[gen.name] == gen.usable_hbm_bytes
+
+
+PAGE = 4096  # a float32 vector's tile on every generation (f32[n]{0:T(1024)})
+
+
+def compile_vector(device: Any, nbytes: int) -> tuple[int | None, str]:
+    """Compile a program of one float32 argument of `nbytes` on `device` (its sum is the output):
+    its `compile.hbm_used`, or None and libtpu's words when it refuses it for HBM."""
+    import jax
+    import jax.numpy as jnp
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    arg = jax.ShapeDtypeStruct((nbytes // 4,), jnp.float32, sharding=sharding)
+    try:
+        compiled = jax.jit(jnp.sum).lower(arg).compile()
+    except Exception as err:
+        if "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        return None, str(err)
+    return tpu_compile.hbm_used(compiled.memory_analysis()), ""
+
+
+@pytest.mark.parametrize("prefix", list(catalog.GENERATIONS))
+def test_the_compiler_gives_a_device_exactly_the_catalogs_usable_hbm(prefix: str) -> None:
+    """The largest program libtpu accepts has a peak plus code (`compile.hbm_used`) within two
+    pages of the catalog's usable HBM per device (the code's size moves with the argument's, and
+    libtpu counts it to the 512 bytes), a page more is refused, and the refusal states that
+    capacity: the compile gate's capacity and figure are the compiler's."""
+    gen = catalog.GENERATIONS[prefix]
+    topology = gen.topologies[0]
+    chips = catalog.topology_chips(topology)
+    shape = catalog.slice_shape(f"{prefix}-{chips * gen.cores_per_chip}", topology)
+    device = describe(gen, topology, shape.chips_per_host)[0]
+    usable = gen.usable_hbm_bytes
+    probe = usable // 2 // PAGE * PAGE
+    used, _ = compile_vector(device, probe)
+    assert used is not None and 0 < used - probe < 2**20  # the output and the program's code
+    estimate = (usable - (used - probe)) // PAGE * PAGE
+    # The code's size at the edge is not the probe's (tens of KiB apart on tpu7x): a MiB each way.
+    fits, refused = estimate - 2**20, estimate + 2**20
+    fitting, _ = compile_vector(device, fits)
+    over, said = compile_vector(device, refused)
+    assert fitting is not None and over is None
+    while refused - fits > PAGE:  # the edge, to the page
+        middle = (fits + refused) // 2 // PAGE * PAGE
+        got, words = compile_vector(device, middle)
+        if got is None:
+            refused, said = middle, words
+        else:
+            fits, fitting = middle, got
+    assert usable - 2 * PAGE < fitting <= usable
+    stated = tpu_compile._parse_oom(said)
+    assert stated is not None, said[:500]
+    # libtpu prints GiB to 2 decimals ("Used 15.75G of 15.75G hbm").
+    assert abs(stated[1] - usable) <= 0.005 * 2**30, (stated, usable)

@@ -234,3 +234,31 @@ def test_validate_refuses_two_slices_aimed_at_one_sub_block(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(obj))
     code, _, err = run(capsys, "validate", "-f", str(bad))
     assert code == 1 and "spec.capacity.reservation" in err and "one 4x4x4 cube" in err
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "gib"),
+    [("v5litepod-16", "4x4", "15.75"), ("v4-32", "2x2x4", "30.75"), ("tpu7x-32", "2x2x4", "94.75")],
+)
+def test_plan_shows_the_hbm_the_compiler_gives_a_device(
+    tmp_path, capsys, accelerator, topology, gib
+):
+    """The preflight's capacity is libtpu's usable HBM per device (its out-of-HBM refusals state
+    it; test_catalog_libtpu.py checks the catalog against them), not the spec sheet's: a v5e
+    chip's 16 GB (14.90 GiB) is 15.75 GiB for a program, a v4 chip's 32 GiB 30.75, a TPU7x
+    device's 96 GiB 94.75."""
+    from multislice_operator.tpu import catalog
+
+    obj = yaml.safe_load((ROOT / "examples" / "v5e-16x2-preflight.yaml").read_text())
+    obj["spec"].update(accelerator=accelerator, topology=topology)
+    gen = catalog.parse_accelerator(accelerator)[0]
+    chips = catalog.slice_shape(accelerator, topology).chips
+    obj["spec"]["parallelism"]["ici"]["fsdp"] = chips * gen.devices_per_chip
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    code, out, err = run(capsys, "plan", "-f", str(path), "-o", "json")
+    assert code == 0, err
+    capacity = json.loads(out)["preflight"]["hbmCapacityBytes"]
+    assert capacity == gen.usable_hbm_bytes != gen.hbm_bytes // gen.devices_per_chip
+    code, out, _ = run(capsys, "plan", "-f", str(path))
+    assert code == 0 and f"must fit {gib} GiB of HBM per device" in out

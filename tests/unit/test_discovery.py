@@ -8,6 +8,7 @@ watch's own listing, the gap a demo run fell into."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -217,3 +218,58 @@ def test_install_wraps_once_and_the_observers_look_the_processors_up_at_call_tim
         (observation.resource_observer, "process_discovered_resource_event"),
     ):
         assert f"functools.partial({name}," in inspect.getsource(observer)
+
+
+def _unresolved(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """kopf's unresolved-resources warnings when it revises the operator's handlers against a
+    cluster that serves no custom resource at all (kopf's own revise_resources)."""
+    from multislice_operator.controller import handlers  # registers the operator's handlers
+
+    handlers._watch_plugins()  # the capacity models' watches, as configure() registers them
+    assert handlers.optional_api_groups() <= handlers.api_groups()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=observation.logger.name):
+        observation.revise_resources(
+            group=None,
+            insights=references.Insights(),
+            registry=kopf.get_default_registry(),
+            resources=[],
+        )
+    return [r.getMessage() for r in caplog.records if r.name == observation.logger.name]
+
+
+def test_kopfs_warning_about_the_optional_slice_api_is_quieted_and_the_rest_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 56: every start on a cluster without GKE's Slice CRD (and every CRD event after)
+    logged kopf's "Unresolved resources cannot be served ... slices"; the operator says that
+    once in its own words (versions.py). A missing MultisliceJob or JobSet CRD is still said."""
+    from multislice_operator.controller import handlers
+
+    monkeypatch.setattr(observation.logger, "filters", [])
+    (stock,) = _unresolved(caplog)
+    assert stock.startswith(discovery.UNRESOLVED) and "any_name='slices'" in stock
+    # The Slice watch is the dynamic model's, declared optional there (a registered
+    # plugin's watch; nothing else names the group).
+    assert handlers.optional_api_groups() == {"accelerator.gke.io"}
+    discovery.install({"multislice.dev"}, optional=handlers.optional_api_groups())
+    discovery.install({"multislice.dev"}, optional=handlers.optional_api_groups())
+    assert len(observation.logger.filters) == 1  # installed once
+    (quiet,) = _unresolved(caplog)
+    assert "slices" not in quiet and "accelerator.gke.io" not in quiet
+    assert "any_name='multislicejobs'" in quiet and "any_name='jobsets'" in quiet
+    assert quiet.startswith(f"{discovery.UNRESOLVED} (try creating their CRDs): Selector(")
+
+
+def test_a_warning_naming_only_the_optional_group_is_dropped() -> None:
+    quiet = discovery.OptionalResources({"accelerator.gke.io"})
+    only = logging.LogRecord(
+        observation.logger.name, logging.WARNING, __file__, 1,
+        f"{discovery.UNRESOLVED} (try creating their CRDs): Selector(group='accelerator.gke.io', "
+        "version='v1beta1', any_name='slices')", (), None,
+    )  # fmt: skip
+    assert not quiet.filter(only)
+    other = logging.LogRecord(
+        observation.logger.name, logging.WARNING, __file__, 1, "Ambiguous resources ...", (), None
+    )
+    assert quiet.filter(other) and other.getMessage() == "Ambiguous resources ..."

@@ -386,3 +386,13 @@ def test_gitops_lists_exactly_the_immutable_fields() -> None:
     assert listed is not None
     named = set(re.findall(r"`([A-Za-z.]+)`", listed.group(1)))
     assert named == {*IMMUTABLE, "topology", "provisioning.mode"}
+
+
+def test_the_kind_path_names_the_jobset_version_kind_py_installs() -> None:
+    """Issue 56: docs/demo.md said the kind path installs JobSet v0.10.1; kind.py installs the
+    release its manifests URL names."""
+    from multislice_local import kind
+
+    (installed,) = re.findall(r"/download/(v[0-9.]+)/", kind.JOBSET_MANIFESTS)
+    section = read("demo.md").split("## kind, where Docker exists", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"JobSet (v[0-9.]+)", section) == [installed]

@@ -8,7 +8,9 @@ are deleted; every per-job structure and every metric series naming a job must b
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from multislice_local.nodes import tpu_node_manifest
 from multislice_operator.controller import handlers, metrics
 from multislice_operator.controller import observe as ob
+from multislice_operator.controller import runtime as runtime_module
 from multislice_operator.controller.runtime import Indexes, JobKey, Runtime
 from multislice_operator.reconcile import DecideConfig
 from multislice_operator.settings import Settings
@@ -64,6 +67,11 @@ class Apiserver:
 
     async def get_namespace(self, name: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "labels": {}}}
+
+    async def list_node_leases(self) -> dict[str, str]:
+        """Every node's kubelet heartbeating now."""
+        renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return {f"pool-{p}-{i}": renewed for p in range(2) for i in range(4)}
 
     async def dry_run_create(self, obj: dict[str, Any]) -> None:
         return None
@@ -313,3 +321,60 @@ def test_no_field_of_the_process_names_a_deleted_job(monkeypatch: pytest.MonkeyP
     names = {k[1] for k in keys}
     collectors = [metrics.JOBS, metrics.GOODPUT, metrics.MAINTENANCE, metrics.ACTIVE_SLICES]
     assert mentions(rt, names) | mentions(collectors, names, "metrics") == set()
+
+
+def cached(rt: Runtime) -> dict[str, int]:
+    """The entries of the caches passes of many jobs share (read only while fresh)."""
+    leases = rt.node_leases[1] if rt.node_leases is not None else None
+    return {
+        "namespace labels": len(rt._namespaces),
+        "priority classes": len(rt._priority_classes),
+        "workload priorities": len(rt._workload_priorities),
+        "template verdicts": len(rt.template_verdicts),
+        "absent schedulers": len(rt._absent_schedulers),
+        "node leases": len(leases or {}),
+    }
+
+
+@pytest.mark.usefixtures("clean_metrics")
+def test_shared_caches_let_a_finished_load_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 56 (memory after a load comes back): what passes cached for every job (the node
+    Leases' last listing, the namespace's labels) is read only while
+    fresh; once the load is gone no pass reads it again, so it goes when it is stale instead of
+    staying for the process's life."""
+    monkeypatch.setattr(handlers, "RUNTIME", None)
+    rt, _ = asyncio.run(lifecycle(20, 3, race=False))
+    during = cached(rt)
+    assert during["node leases"] == 8 and during["namespace labels"] == 1, during
+    rt.expire(now=time.monotonic())  # all of it fresh still: kept
+    assert cached(rt) == during
+    stale = max(
+        runtime_module.TEMPLATE_VERDICT_TTL_SECONDS,
+        runtime_module.SCHEDULER_ABSENT_SECONDS,
+        runtime_module.NAMESPACE_LABELS_TTL_SECONDS,
+        rt.cfg.resync_seconds,
+    )
+    rt.expire(now=time.monotonic() + stale + 1)
+    assert set(cached(rt).values()) == {0}, cached(rt)
+
+
+def test_the_housekeeping_loop_expires_the_shared_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's own loop does it, every MEMORY_TRIM_SECONDS, with no pass to ask: a stale
+    entry goes, a fresh one stays."""
+    monkeypatch.setattr(handlers, "MEMORY_TRIM_SECONDS", 0.01)
+    rt = runtime(Apiserver())
+    now = time.monotonic()
+    rt.remember_namespace_labels("fresh", {})
+    rt._namespaces["stale"] = (now - runtime_module.NAMESPACE_LABELS_TTL_SECONDS - 1, {})
+    rt.node_leases = (now - rt.cfg.resync_seconds - 1, {"node-0": 1.0})
+
+    async def scenario() -> None:
+        loop = asyncio.create_task(handlers._housekeeping(rt, None))
+        try:
+            await until(lambda: "stale" not in rt._namespaces, "the stale namespace gone")
+        finally:
+            loop.cancel()
+
+    asyncio.run(scenario())
+    assert set(rt._namespaces) == {"fresh"}
+    assert rt.node_leases is None

@@ -144,3 +144,29 @@ def test_kopfs_worker_lets_a_watched_objects_last_body_go_soon_after_its_event()
     assert seen == ["ADDED"]  # the event was processed, and then:
     assert body() is None, "the worker still holds the object's last body"
     assert left == 0  # the worker and its queue are gone
+
+
+def test_only_the_operators_own_jobsets_pods_and_nodes_are_watched() -> None:
+    """kopf keeps a memory (memo, error throttler, index state) for every object its watches
+    deliver, for the object's life, whether a handler's label filter matches it or not: on a
+    cluster of other workloads every pod and JobSet would cost the operator one, and every one of
+    their events a parse. The operator's settings ask the apiserver for its own only (kopf's
+    server-side label selectors), with the same labels its handlers filter on."""
+    from kopf._cogs.structs import references
+
+    from multislice_operator.common import keys
+    from multislice_operator.controller import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.configure_kopf(settings)
+    wanted = {
+        ("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"): [
+            f"{keys.MANAGED_BY}={keys.MANAGED_BY_VALUE}"
+        ],
+        ("", "v1", "pods", "Pod"): [keys.JOB_NAME],
+        ("", "v1", "nodes", "Node"): [keys.GKE_NODEPOOL],
+        ("metrics.k8s.io", "v1beta1", "pods", "PodMetrics"): [],  # another group's "pods"
+    }
+    for (group, api_version, plural, kind), selectors in wanted.items():
+        resource = references.Resource(group, api_version, plural, kind=kind)
+        assert settings.watching.label_selectors.collect(resource) == selectors, resource

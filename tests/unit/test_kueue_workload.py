@@ -188,3 +188,49 @@ def test_the_job_s_workload_is_indexed_under_the_job_with_what_decide_reads():
     assert out[("uid", "w-1")] == out[("job-uid", "u-7")] == "ns/job"
     wl["metadata"]["ownerReferences"][0]["kind"] = "JobSet"
     assert summarize_workload(wl) == {}
+
+
+def test_multikueues_check_on_a_workload_is_told_apart_by_its_controller_name():
+    """A manager's Workload lists every check of its ClusterQueue (with quota reserved): ours
+    and MultiKueue's, each known by its AdmissionCheck's spec.controllerName."""
+    from multislice_operator.controller.kueue import (
+        summarize_admission_check,
+        summarize_workload,
+        workload_observation,
+    )
+    from multislice_operator.controller.runtime import Indexes, Runtime
+    from multislice_operator.reconcile import DecideConfig
+    from multislice_operator.settings import Settings
+
+    def ac(name: str, controller: str) -> dict[str, Any]:
+        return summarize_admission_check(
+            {"metadata": {"name": name}, "spec": {"controllerName": controller}}
+        )
+
+    checks = {"gang": [ac("gang", keys.GANG_CHECK_CONTROLLER)],
+              "mk": [ac("mk", keys.MULTIKUEUE_CONTROLLER)]}  # fmt: skip
+    rt = Runtime(
+        settings=Settings(),
+        kube=None,  # type: ignore[arg-type]
+        provisioner=None,
+        cfg=DecideConfig.from_settings(),
+        indexes=Indexes(jobsets={}, pods={}, nodes={}, admission_checks=checks),
+    )
+    job_spec, plan = jobs.spec_and_plan()
+    wl = kw.render_workload(plan, render_pod_template(plan, job_spec), uid="u-7", queue="lq")
+    wl["metadata"] |= {"uid": "w-1", "resourceVersion": "12"}
+    listed = [{"name": "gang", "state": "Pending"}, {"name": "mk", "state": "Rejected",
+              "message": "No multikueue adapter found"}]  # fmt: skip
+    wl["status"] = {"conditions": [_cond("QuotaReserved", "True", "QuotaReserved")],
+                    "admissionChecks": listed}  # fmt: skip
+    seen = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
+    assert seen.check is not None and seen.check.name == "gang"
+    mk = seen.multikueue_check
+    assert mk is not None and (mk.name, mk.state) == ("mk", "Rejected")
+    assert mk.message == "No multikueue adapter found"
+    wl["status"]["admissionChecks"] = listed[:1]
+    alone = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
+    assert alone.multikueue_check is None and alone.quota_reserved and alone.checks_listed
+    wl["status"]["admissionChecks"] = []  # quota reserved before Kueue listed any
+    bare = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
+    assert not bare.checks_listed and bare.check is None

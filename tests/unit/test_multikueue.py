@@ -4,6 +4,7 @@ handed back, and our check on a copy whose job is not here yet."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 
@@ -16,12 +17,15 @@ from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.reconcile import (
     AdoptWorkload,
+    CheckObservation,
     CheckState,
     CreateJobSet,
     CreatePools,
     CreateWorkload,
+    FinishWorkload,
     JobMeta,
     JobSetObservation,
+    QueueObservation,
     ReleaseWorkload,
     SetAdmissionCheckState,
 )
@@ -30,10 +34,13 @@ from multislice_operator.reconcile.multikueue import (
     RemoteWorkload,
     remote_checks,
 )
+from multislice_operator.reconcile.reasons import Reason
 from tests.unit import jobs
 from tests.unit.test_queue import CFG, LQ, NOW, iso, obs, pools, up, wl
 
 MANAGER_LABELS = {keys.KUEUE_QUEUE_NAME: LQ}
+# MultiKueue's check, as Kueue lists it on a manager's Workload whose ClusterQueue has one.
+MK = CheckObservation("multikueue", CheckState.PENDING)
 MANAGER = JobMeta("ns", "job", "uid-m", 1, labels=MANAGER_LABELS)
 MANAGED = {"managedBy": keys.MULTIKUEUE_MANAGED_BY}
 WORKER_LABELS = {
@@ -61,7 +68,7 @@ def test_the_manager_makes_the_workload_and_nothing_else():
     "workload",
     [
         wl(None, quota_reserved=False),  # queued on the manager
-        wl(None, admitted=True),  # dispatched: a worker runs it
+        wl(None, admitted=True, multikueue_check=replace(MK, state=CheckState.READY)),
         wl(None, admitted=True, finished=True),
     ],
 )
@@ -73,13 +80,13 @@ def test_the_manager_never_provisions_runs_or_writes_status(workload):
 
 
 def test_an_eviction_by_multikueue_gives_the_quota_back_at_once():
-    evicted = wl(None, evicted=True, eviction_reason="AdmissionCheck")
+    evicted = wl(None, evicted=True, eviction_reason="AdmissionCheck", multikueue_check=MK)
     d = manager(old={"phase": "Running"}, obs=obs(evicted))
     assert d.actions == [ReleaseWorkload("multislicejob-job", "7")]
 
 
 def test_a_preemption_on_the_manager_waits_for_the_worker_to_stop():
-    evicted = wl(None, evicted=True, eviction_reason="Preempted")
+    evicted = wl(None, evicted=True, eviction_reason="Preempted", multikueue_check=MK)
     running = manager(old={"phase": "Running"}, obs=obs(evicted))
     assert running.actions == []  # the worker's pods still run
     stopped = manager(old={"phase": "Queued"}, obs=obs(evicted))
@@ -93,6 +100,74 @@ def test_a_managed_job_without_a_queue_fails_naming_the_label():
     failed = next(c for c in d.status.conditions if c.type == "Failed")
     assert keys.KUEUE_QUEUE_NAME in failed.message and "spec.managedBy" in failed.message
     assert not any(isinstance(a, (CreateWorkload, CreatePools, CreateJobSet)) for a in d.actions)
+
+
+def test_a_managed_job_on_an_operator_without_kueue_says_so_and_holds_nothing():
+    """Issue 56: no status at all (no phase, message, condition or event)."""
+    queue = QueueObservation(LQ, watching=False)
+    d = manager(obs=obs(None, queue=queue, slices=pools(PoolState.ABSENT, PoolState.ABSENT)))
+    assert not d.keep_status and d.status.phase == Phase.PENDING
+    assert "--kueue" in (d.status.message or ""), d.status.message
+    admitted = d.status.condition("Admitted")
+    assert admitted is not None and admitted.reason == Reason.NO_KUEUE_WORKLOAD
+    assert [e.reason for e in d.events] == [Reason.NO_KUEUE_WORKLOAD]
+    assert not any(isinstance(a, (CreateWorkload, CreatePools, CreateJobSet)) for a in d.actions)
+
+
+def test_a_managed_job_whose_workload_kueue_never_sees_says_so():
+    """Kueue not installed: the Workload cannot be created; past the wait the job says why."""
+    meta = replace(MANAGER, creation_time=NOW - timedelta(seconds=CFG.kueue_workload_wait_seconds))
+    d = manager(obs=obs(None), meta=meta)
+    assert d.status.phase == Phase.PENDING and "Kueue is not installed" in (d.status.message or "")
+    assert not any(isinstance(a, (CreatePools, CreateJobSet)) for a in d.actions)
+    young = manager(obs=obs(None), meta=replace(MANAGER, creation_time=NOW))
+    assert young.keep_status and [type(a) for a in young.actions] == [CreateWorkload]
+
+
+@pytest.mark.parametrize("admitted", [False, True])
+def test_quota_without_a_multikueue_check_is_released_and_the_job_fails_naming_it(admitted):
+    """Issue 56: Kueue reserved the quota in a ClusterQueue without a MultiKueue check (ours
+    only, or none: Kueue admits it then) and nothing would ever run the job: a quota hostage."""
+    ours = CheckState.PENDING if not admitted else None
+    hostage = wl(ours, admitted=admitted)
+    d = manager(obs=obs(hostage))
+    assert d.status.phase == Phase.FAILED and not d.keep_status
+    failed = d.status.condition("Failed")
+    assert failed is not None and failed.reason == Reason.MULTIKUEUE_UNAVAILABLE
+    assert "ClusterQueue cq has no MultiKueue admission check" in failed.message
+    assert "spec.managedBy" in failed.message
+    assert FinishWorkload("multislicejob-job", False, failed.message) in d.actions
+    if not admitted:  # our check Pending on it: Rejected, so Kueue deactivates it at once
+        (check,) = [a for a in d.actions if isinstance(a, SetAdmissionCheckState)]
+        assert check.state == CheckState.REJECTED
+    assert not any(isinstance(a, (CreateWorkload, CreatePools, CreateJobSet)) for a in d.actions)
+    # Failed it stays, its Workload finished: nothing is made again, and nothing is written.
+    after = replace(hostage, finished=True)
+    again = manager(old=d.status.to_dict(), obs=obs(after))
+    assert again.status.phase == Phase.FAILED and again.actions == []
+
+
+def test_quota_reserved_before_kueue_listed_the_checks_is_not_judged():
+    """Kueue may reserve quota before it lists the ClusterQueue's checks on the Workload (its
+    workload controller syncs them, and admits only once they are all there): no check listed
+    yet says nothing."""
+    d = manager(obs=obs(wl(None)))
+    assert d.keep_status and d.actions == []
+    listed = manager(obs=obs(wl(None, checks_listed=True)))  # another check, not MultiKueue's
+    assert listed.status.phase == Phase.FAILED
+
+
+def test_a_job_multikueue_rejected_fails_quoting_it():
+    rejected = replace(MK, state=CheckState.REJECTED, message='No multikueue adapter found for '
+                       'owner kind "multislice.dev/v1alpha1, Kind=MultisliceJob"')  # fmt: skip
+    d = manager(obs=obs(wl(None, quota_reserved=False, multikueue_check=rejected)))
+    assert d.status.phase == Phase.FAILED
+    assert "No multikueue adapter found" in (d.status.message or "")
+
+
+def test_a_pending_workload_with_a_multikueue_check_is_multikueues():
+    d = manager(obs=obs(wl(None, multikueue_check=MK)))
+    assert d.keep_status and d.actions == []
 
 
 # ---------------------------------------------------------------- the worker's copy

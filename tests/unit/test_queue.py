@@ -476,6 +476,35 @@ def test_a_deactivated_workload_holds_nothing():
     assert cond(d)["reason"] == Reason.DEACTIVATED
 
 
+def test_the_queue_message_is_only_said_while_the_job_waits():
+    """Issue 56: a Succeeded queued job still said "waiting for Kueue to look at it" in
+    status.queue.message (the first pass's hold, carried over). The message is Kueue's word on
+    why the job waits: each pass that holds says its own, and none once the job no longer
+    waits."""
+    fresh = JobMeta("ns", "job", "uid-1", 1, labels=LABELS)
+    d = run(obs=Observed(now=NOW, slices=absent(), queue=QueueObservation(LQ)), meta=fresh)
+    assert "waiting for Kueue to look at it" in st(d)["queue"]["message"]
+    pending = wl(quota_reserved=False, cluster_queue=None, pending_message="3 more needed")
+    queued = run(old=d.status, obs=obs(pending))
+    assert "3 more needed" in st(queued)["queue"]["message"]
+    provisioning = run(old=queued.status, obs=obs(wl()))
+    assert st(provisioning)["phase"] == "Provisioning"
+    assert "message" not in st(provisioning)["queue"]
+    admitted = wl(CheckState.READY, admitted=True)
+    jobset = JobSetObservation(ready_jobs=2, created=NOW)
+    running = run(old=provisioning.status, obs=obs(admitted, slices=up(), jobset=jobset))
+    assert st(running)["phase"] == "Running" and "message" not in st(running)["queue"]
+    done = JobSetObservation(completed=True, succeeded_jobs=2, created=NOW)
+    succeeded = run(old=running.status, obs=obs(admitted, slices=up(), jobset=done))
+    assert st(succeeded)["phase"] == "Succeeded" and "message" not in st(succeeded)["queue"]
+    # A status an older operator wrote (the hold's word kept) is corrected by the next pass.
+    stale = succeeded.status.model_copy(deep=True)
+    assert stale.queue is not None
+    stale.queue.message = "Workload w in LocalQueue team-a: waiting for Kueue to look at it"
+    again = run(old=stale, obs=obs(admitted, slices=up(), jobset=done))
+    assert st(again)["phase"] == "Succeeded" and "message" not in st(again)["queue"]
+
+
 # ---------------------------------------------------------------- quota only
 
 

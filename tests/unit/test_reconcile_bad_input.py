@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -360,7 +361,8 @@ def test_a_slice_without_any_pod_fails_after_the_deadline():
             pods=jobs.running(pods),
         )
 
-    old = {**RUNNING, "capacityReadyTime": "2026-11-30T11:58:00Z"}  # 120 s ago
+    # A first start (Starting): the capacity clock counts.
+    old = {"phase": "Starting", "capacityReadyTime": "2026-11-30T11:58:00Z"}  # 120 s ago
     fresh = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 300})
     assert fresh.status.phase != "Failed" and fresh.requeue_after == 180
     late = run(old=old, obs=obs({0: 4}), failurePolicy={"unschedulableTimeoutSeconds": 100})
@@ -382,3 +384,30 @@ def test_the_clock_does_not_run_while_a_queue_keeps_the_jobset_suspended():
     )
     d = run(old=RUNNING, obs=queued)
     assert d.status.capacity_ready_time is None
+
+
+def test_a_slice_of_a_job_that_ran_an_hour_loses_its_pods_a_moment_and_is_not_failed():
+    """A drained node's Job fails before JobSet recreates the slices (or a restart's new pods
+    come): for that moment a slice has no pod. The deadline counts from that moment, not from
+    when the capacity was first ready an hour ago (it failed such a job on real nodes)."""
+    policy = {"unschedulableTimeoutSeconds": 600}
+    gap = Observed(
+        now=NOW,
+        slices=ready(4, 4),
+        jobset=JobSetObservation(ready_jobs=1, active_jobs=1, replicas=2),
+        admission=OK,
+        pods=jobs.running({0: 4}),
+    )
+    first = run(old=RUNNING, obs=gap, failurePolicy=policy)  # capacity ready at 11:00
+    assert first.status.phase != "Failed", first.status.message
+    assert first.status.scheduling is not None
+    assert first.status.scheduling.pods_missing_since == NOW
+    later = NOW + timedelta(seconds=601)
+    gone = run(old=first.status, obs=dataclasses.replace(gap, now=later), now=later,
+               failurePolicy=policy)  # fmt: skip
+    assert gone.status.phase == "Failed"
+    assert cond(gone, "Failed")["reason"] == Reason.PODS_NOT_CREATED
+    back = run(old=first.status, obs=dataclasses.replace(gap, pods=jobs.running({0: 4, 1: 4})),
+               failurePolicy=policy)  # fmt: skip
+    assert back.status.phase != "Failed"
+    assert back.status.scheduling is None or back.status.scheduling.pods_missing_since is None

@@ -170,6 +170,22 @@ def _admission_check_rejected() -> Case:
     )
 
 
+def _multikueue_unavailable() -> Case:
+    # A MultiKueue manager's Workload with quota in a ClusterQueue without MultiKueue's check.
+    hostage = WorkloadObservation(
+        "jobset-job-abcde", "7", quota_reserved=True, admitted=True, cluster_queue="cq"
+    )
+    mk = CheckObservation("multikueue", CheckState.PENDING)
+    fixed = replace(hostage, multikueue_check=mk)  # the ClusterQueue got one since
+    return Case(
+        old={},
+        before=_observed(queue=QueueObservation("team-a", cluster_queue="cq", workload=hostage)),
+        gone=_after(queue=QueueObservation("team-a", cluster_queue="cq", workload=fixed)),
+        spec={"managedBy": keys.MULTIKUEUE_MANAGED_BY},
+        meta=replace(META, labels=QUEUED, has_finalizer=False),
+    )
+
+
 def _pod_security_refused() -> Case:
     refused = "namespace ns enforces Pod Security level baseline (hostNetwork)"
     before = _observed(slices=[pool(0, PoolState.ABSENT), pool(1, PoolState.ABSENT)])
@@ -261,10 +277,24 @@ def _unschedulable() -> Case:
     )
 
 
+def _scheduler_not_running() -> Case:
+    created = NOW - timedelta(minutes=5)
+    unseen = [
+        Pod(f"job-slice-{i}-0", i, unschedulable_since=created, looked_at=False) for i in range(2)
+    ]
+    js = replace(JS_RUNNING, ready_jobs=0)
+    return Case(
+        old=RUNNING,
+        before=_observed(slices=UP, jobset=js, pods=unseen),
+        # The scheduler started since: every pod bound and running.
+        gone=_after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4})),
+    )
+
+
 def _pods_not_created() -> Case:
     js = replace(JS_RUNNING, ready_jobs=1, active_jobs=1)
     return Case(
-        old=RUNNING,
+        old={**RUNNING, "phase": "Starting"},  # a first start: the capacity clock counts
         before=_observed(slices=UP, jobset=js, pods=jobs.running({0: 4})),
         gone=_after(slices=UP, jobset=JS_RUNNING, pods=jobs.running({0: 4, 1: 4})),  # created
         spec={"failurePolicy": {"unschedulableTimeoutSeconds": 300}},
@@ -276,6 +306,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.JOBSET_CONFLICT: _jobset_conflict,
     Reason.JOBSET_FAILED: _jobset_failed,
     Reason.ADMISSION_CHECK_REJECTED: _admission_check_rejected,
+    Reason.MULTIKUEUE_UNAVAILABLE: _multikueue_unavailable,
     Reason.POD_SECURITY_REFUSED: _pod_security_refused,
     Reason.PRIORITY_CLASS_NOT_FOUND: _priority_class_not_found,
     Reason.JOBSET_REFUSED: _jobset_refused,
@@ -284,6 +315,7 @@ CASES: dict[Reason, Callable[[], Case]] = {
     Reason.PROVISIONING_FAILED: _provisioning_failed,
     Reason.MAX_DISRUPTION_RESTARTS: _max_disruption_restarts,
     Reason.UNSCHEDULABLE: _unschedulable,
+    Reason.SCHEDULER_NOT_RUNNING: _scheduler_not_running,
     Reason.PODS_NOT_CREATED: _pods_not_created,
 }
 

@@ -145,14 +145,15 @@ def test_a_pod_no_scheduler_looks_at_counts_as_unschedulable_from_its_creation()
     assert [p.unschedulable_since for p in views] == [None] * 4
 
 
-def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
+def test_pods_no_scheduler_looks_at_fail_the_job_after_the_scheduler_grace():
     spec, plan = jobs.spec_and_plan(
         template={"spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "i"}]}}
     )
-    assert spec.failure_policy.unschedulable_timeout_seconds == 600  # on by default
+    assert spec.failure_policy.unschedulable_timeout_seconds == 600  # not what ends it
+    grace = CFG.scheduler_grace_seconds
     pools = [p.name for p in plan.node_pools]
     slices = [SliceObservation(i, pools[i], PoolState.READY, 4, present_hosts=4) for i in (0, 1)]
-    created = NOW - timedelta(seconds=601)
+    created = NOW - timedelta(seconds=grace)
     pods = ob.pod_records(
         [ob.summarize_pod(pod_body(i, created=created)) for i in (0, 1)], JobSetObservation()
     )
@@ -162,16 +163,17 @@ def test_pods_no_scheduler_looks_at_fail_the_job_within_the_default_deadline():
     obs = jobs.Observed(now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=pods)
     d = jobs.run(old, obs, cfg=CFG, plan=(spec, plan))
     assert d.status.phase == "Failed", d.status.message
+    assert d.status.condition("Failed").reason == Reason.SCHEDULER_NOT_RUNNING
     assert "spec.template.spec.schedulerName is 'volcano'" in (d.status.message or "")
     assert DeleteJobSet() in d.actions and DeletePools(tuple(pools)) in d.actions
-    # Before the deadline: a pass is asked for when it falls due.
+    # Before the grace: a pass is asked for when it falls due.
     young = ob.pod_records(
-        [ob.summarize_pod(pod_body(i, created=NOW - timedelta(seconds=60))) for i in (0, 1)],
+        [ob.summarize_pod(pod_body(i, created=NOW - timedelta(seconds=20))) for i in (0, 1)],
         JobSetObservation(),
     )
     early = jobs.Observed(now=NOW, slices=slices, jobset=JobSetObservation(replicas=2), pods=young)
     fresh = jobs.run(old, early, cfg=CFG, plan=(spec, plan))
-    assert fresh.status.phase != "Failed" and fresh.requeue_after == 540
+    assert fresh.status.phase != "Failed" and fresh.requeue_after == grace - 20
 
 
 # ---------------------------------------------------------------- a PriorityClass that is not there

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -159,8 +162,6 @@ def test_watcher_rereads_only_when_due_and_changed(tmp_path: Path) -> None:
     clock.now = 2.0
     assert watcher.requested_id() == "one"
     path.write_text(podinfo.format_annotations({podinfo.REQUEST_ANNOTATION: "x" * 64}))
-    import os
-
     os.utime(path, ns=(10**18, 10**18))  # a new mtime, whatever the filesystem's resolution
     clock.now = 4.0
     assert watcher.requested_id() is None  # longer than 63 characters: not a valid id
@@ -323,3 +324,38 @@ def test_termination_message_is_replaced_whole_or_not_at_all(
     assert termination.write(75, "second", environ=env) is None
     assert path.read_text() == before and json.loads(before)["exitCode"] == 78
     assert [p.name for p in tmp_path.iterdir()] == ["termination-log"]  # nothing left aside
+
+
+@pytest.mark.parametrize("dev", ["writable", "read-only"])
+def test_termination_message_reaches_a_file_the_kubelet_bind_mounted(
+    tmp_path: Path, dev: str
+) -> None:
+    # The kubelet bind-mounts the pod's termination-log file onto /dev/termination-log, in a
+    # /dev the program (uid 10001) may not write; nothing can be renamed onto a mount point
+    # (EBUSY) and nothing written beside it: no message was ever written in a real pod (a
+    # finished container's was empty; found on real nodes). Here the same mounts in a mount
+    # namespace of the test's own (in a user namespace: no root needed; a read-only /dev
+    # stands for root's), and the message read back from the kubelet's side.
+    kubelet_side, target = tmp_path / "kubelet-file", tmp_path / "dev" / "termination-log"
+    target.parent.mkdir()
+    kubelet_side.touch()
+    program = (
+        "import os, sys; from multislice_workload import termination; "
+        f"wrote = termination.write(0, 'done', environ={{'{termination.TERMINATION_LOG_ENV}': "
+        f"'{target}'}}); sys.exit(0 if wrote and os.listdir('{target.parent}') == "
+        "['termination-log'] else 1)"
+    )
+    remount = f'mount -o remount,ro "{target.parent}"; ' if dev == "read-only" else ""
+    script = (
+        f'mount -t tmpfs tmpfs "{target.parent}"; touch "{target}"; '
+        f'mount --bind "{kubelet_side}" "{target}"; {remount}'
+        f'exec "{sys.executable}" -c "{program}"'
+    )
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
+         "sh", "-ec", script],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    message = json.loads(kubelet_side.read_text())
+    assert (message["exitCode"], message["message"], message["reason"]) == (0, "done", "finished")

@@ -4,12 +4,13 @@
 compiler (`libtpu`, the workload's ``tpu`` extra) for the devices of N slices of that topology
 (`jax.experimental.topologies.get_topology_desc`, compile-only devices, no TPU needed), builds the
 same mesh and train step as `train` on them and compiles it ahead of time, as MaxText's
-``train_compile.py`` does. It reports HBM per device (``memory_analysis``) against the
-generation's capacity (`hardware.TPU_HBM_BYTES`), the collectives of the compiled program (ICI
-inside a slice, DCN between slices), ``cost_analysis`` FLOPs and a roofline step time, and exits
-78 (`exitcodes.EXIT_CONFIG_ERROR`, never retried) when the program does not fit in HBM, as the
-TPU compiler itself refuses it. The result is one JSON object (`Result.record`): the last line of
-stdout under ``--json``, and the keys of the termination message (docs/workload.md, "compile").
+``train_compile.py`` does. It reports the program's peak HBM per device (``memory_analysis``)
+against the HBM the TPU compiler lets a device use (`hardware.TPU_COMPILER_HBM_BYTES`), the
+collectives of the compiled program (ICI inside a slice, DCN between slices),
+``cost_analysis`` FLOPs and a roofline step time, and exits 78 (`exitcodes.EXIT_CONFIG_ERROR`,
+never retried) when the program does not fit in HBM, as the TPU compiler itself refuses it.
+The result is one JSON object (`Result.record`): the last line of stdout under ``--json``, and
+the keys of the termination message (docs/workload.md, "compile").
 
 The program is `train.Trainer`'s, unchanged: its layout (ICI/DCN parallelism) comes from the
 parallelism flags, else the MULTISLICE_ICI_*/DCN_* variables the operator injects, else FSDP over
@@ -310,15 +311,12 @@ class Result:
 
 
 def hbm_used(memory: Any) -> int:
-    """Peak HBM of one device: arguments + outputs + temporaries + code, less what the outputs
-    alias of the (donated) arguments."""
-    return int(
-        memory.argument_size_in_bytes
-        + memory.output_size_in_bytes
-        + memory.temp_size_in_bytes
-        + memory.generated_code_size_in_bytes
-        - memory.alias_size_in_bytes
-    )
+    """HBM of one device as the TPU compiler counts it against its usable HBM: the program's
+    peak (`peak_memory_in_bytes`, from the buffer assignment: arguments, outputs and the
+    temporaries live at once) plus its code. libtpu accepts a program up to exactly this
+    (tests/unit/test_catalog_libtpu.py); the sum of every temporary with the arguments and
+    outputs is larger, as temporaries that are never live together share HBM."""
+    return int(memory.peak_memory_in_bytes + memory.generated_code_size_in_bytes)
 
 
 def roofline(generation: str, per_chip: int, flops: float, accessed: float) -> tuple[float, str]:
@@ -382,7 +380,7 @@ def compile_for(
         slices=slices,
         devices=len(devices),
         mesh=dict(mesh.shape),
-        hbm_capacity_bytes=hardware.TPU_HBM_BYTES[top.generation] // per_chip,
+        hbm_capacity_bytes=hardware.TPU_COMPILER_HBM_BYTES[top.generation],
     )
     try:
         compiled = trainer.compiled

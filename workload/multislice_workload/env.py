@@ -48,8 +48,8 @@ POD_NAMESPACE = "MULTISLICE_POD_NAMESPACE"
 # case); ask for a restart (exit 42); SIGKILL itself while a checkpoint of step K is being written;
 # wait until its own checkpoint of step K is written before step K + 1 (so a fault injected later,
 # on any process, finds step K committed instead of racing its background write). One more acts
-# before any step: sleep S seconds after joining jax.distributed, before compiling (a process far
-# behind its peers, as on a busy machine).
+# before any step: sleep S seconds at a point of the start-up, MULTISLICE_DELAY_PHASE (a process far
+# behind its peers, as on a busy machine; `DELAY_PHASES`).
 FAIL_AT_STEP = "MULTISLICE_FAIL_AT_STEP"
 PREEMPT_AT_STEP = "MULTISLICE_PREEMPT_AT_STEP"
 HANG_AT_STEP = "MULTISLICE_HANG_AT_STEP"
@@ -57,6 +57,11 @@ RESTART_AT_STEP = "MULTISLICE_RESTART_AT_STEP"
 KILL_IN_SAVE_AT_STEP = "MULTISLICE_KILL_IN_SAVE_AT_STEP"
 SETTLE_SAVE_AT_STEP = "MULTISLICE_SETTLE_SAVE_AT_STEP"
 DELAY_START_SECONDS = "MULTISLICE_DELAY_START_SECONDS"
+DELAY_PHASE = "MULTISLICE_DELAY_PHASE"
+# Where that sleep happens; each phase ends at a first collective of the run. compile: after
+# joining jax.distributed, before compiling; setup: after compiling, before the set-up that ends
+# in the checkpointer's first collective; first_step: with the state built, before the first step.
+DELAY_PHASES: tuple[str, ...] = ("compile", "setup", "first_step")
 # The one process whose hooks act (slice x hosts per slice + worker; unset: every process): a
 # pod template is the same for every pod, so a real job fails one container with it.
 FAULT_PROCESS = "MULTISLICE_FAULT_PROCESS"
@@ -68,6 +73,7 @@ FAULT_VARIABLES: tuple[str, ...] = (
     KILL_IN_SAVE_AT_STEP,
     SETTLE_SAVE_AT_STEP,
     DELAY_START_SECONDS,
+    DELAY_PHASE,
     FAULT_PROCESS,
 )
 
@@ -190,6 +196,7 @@ class WorkloadEnv:
     kill_in_save_at_step: int | None = None
     settle_save_at_step: int | None = None
     delay_start_seconds: int | None = None
+    delay_phase: str = DELAY_PHASES[0]
     podinfo_dir: str | None = None
     # True when no contract variable was set: a developer running one process by hand.
     standalone: bool = False
@@ -268,6 +275,14 @@ class _Reader:
 
     def optional_integer(self, name: str) -> int | None:
         return self.integer(name, minimum=0) if self.environ.get(name, "").strip() else None
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str:
+        """One of `choices` (unset: the first)."""
+        value = self.environ.get(name, "").strip() or choices[0]
+        if value not in choices:
+            self.problems.append(f"{name}={value!r} must be one of {', '.join(choices)}")
+            return choices[0]
+        return value
 
 
 def is_standalone(environ: Mapping[str, str]) -> bool:
@@ -350,6 +365,7 @@ class _OptionalFields(TypedDict):
     kill_in_save_at_step: int | None
     settle_save_at_step: int | None
     delay_start_seconds: int | None
+    delay_phase: str
     podinfo_dir: str | None
 
 
@@ -371,6 +387,7 @@ def _optional_fields(reader: _Reader, process_id: int | None = None) -> _Optiona
         "kill_in_save_at_step": hook(KILL_IN_SAVE_AT_STEP),
         "settle_save_at_step": hook(SETTLE_SAVE_AT_STEP),
         "delay_start_seconds": hook(DELAY_START_SECONDS),
+        "delay_phase": reader.choice(DELAY_PHASE, DELAY_PHASES),
         "podinfo_dir": reader.environ.get(PODINFO_DIR, "").strip() or None,
     }
 

@@ -34,6 +34,23 @@ TPU_HBM_BYTES: dict[str, int] = {
     "tpu7x": 192 * 2**30,
 }
 
+MIB = 2**20
+# HBM one device's program may use, as the TPU compiler counts it (libtpu 0.0.42.1): what libtpu
+# models per device less what it reserves, both from its own out-of-HBM report for a program
+# that does not fit ("available HBM (15.75G)"; "Total hbm usage >= 16.00G: reserved 258.00M,
+# program ..., arguments ..."), to the MiB by the largest program it accepts: it refuses one
+# whose peak (`memory_analysis().peak_memory_in_bytes`) plus code exceeds this, and accepts up to
+# it (tests/unit/test_catalog_libtpu.py). The compile gate measures against it. Not the spec
+# sheets' HBM: below it on v4 (1.25 GiB reserved) and TPU7x (95 GiB a TensorCore to libtpu, not
+# 96), above it on v5e and v6e (their "16 GB" and "32 GB" are 16 and 31.5 GiB to libtpu) and v5p.
+TPU_COMPILER_HBM_BYTES: dict[str, int] = {
+    "v4": 32 * 1024 * MIB - 1283 * MIB,  # 30.75 GiB
+    "v5e": 16 * 1024 * MIB - 258 * MIB,  # 15.75 GiB
+    "v5p": 96 * 1024 * MIB - 263 * MIB,  # 95.74 GiB
+    "v6e": 32256 * MIB - 260 * MIB,  # 31.5 GiB - 260 MiB = 31.25 GiB
+    "tpu7x": 95 * 1024 * MIB - 260 * MIB,  # 94.75 GiB per device (TensorCore), 2 per chip
+}
+
 # HBM bandwidth per chip, bytes/s, as JAX's Pallas TPU table has it (jax 0.10.2
 # jax/_src/pallas/mosaic/tpu_info.py, mem_bw_bytes_per_second x TensorCores per chip; Cloud TPU's
 # v5e page: 819 GBps). The memory side of `compile.roofline`.

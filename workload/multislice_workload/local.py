@@ -311,13 +311,14 @@ class _Run:
             self.timeline.append((time.monotonic() - self.start, text))
 
     def pump(self, proc: subprocess.Popen[str], record: ProcessRecord, attempt: int) -> None:
-        """Copy one process's output to its log file (and the console), collecting events."""
+        """Copy one process's output to its log file (and, but for gloo's connection notices,
+        the console), collecting events."""
         prefix = f"[a{attempt} s{record.slice_id}/h{record.worker_id}] "
         assert proc.stdout is not None
         with record.log_path.open("w") as log:
             for line in proc.stdout:
                 log.write(line)
-                if self.echo is not None:
+                if self.echo is not None and not _gloo_notice(line):
                     with self.lock:  # whole lines from concurrent processes
                         self.echo.write(prefix + line)
                 event = logs.parse_line(line)
@@ -332,6 +333,17 @@ class _Run:
         who = f"attempt {attempt}: process {record.process_id}"
         if name in _PER_PROCESS_EVENTS or (name in _TIMELINE_EVENTS and record.process_id == 0):
             self.note(f"{who}: {_event_text(event)}")
+
+
+# gloo prints a line per device for every group of devices it connects, on success ("[Gloo] Rank
+# 3 is connected to 15 peer ranks. Expected number of connected peer ranks is : 15"), about forty
+# per attempt here, sometimes two processes' halves interleaved on one line. They stay in the
+# processes' logs; on the console they buried what a run ended with (issue 56).
+_GLOO_NOTICE = ("[Gloo] Rank ", "Expected number of connected peer ranks")
+
+
+def _gloo_notice(line: str) -> bool:
+    return line.lstrip().startswith(_GLOO_NOTICE)
 
 
 def _event_text(event: dict[str, Any]) -> str:

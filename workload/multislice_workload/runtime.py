@@ -14,11 +14,15 @@ from multislice_workload.env import ConfigError, WorkloadEnv
 
 # Generous: on a restart every pod is recreated and image pulls can make some start late. The
 # one bound on how far apart the processes may be at start-up: joining, the CPU backend's topology
-# exchange and the barrier before the first collective (`wait_for_peers`) all wait this long.
+# exchange and the barriers before the first collectives (`wait_for_peers`) all wait this long.
 DEFAULT_INIT_TIMEOUT_S = 300
-# The barrier every process passes once its programs are compiled, right before the first one
-# runs (see `wait_for_peers`).
-COMPILED_BARRIER = "multislice_workload/compiled"
+# The barriers every process passes right before a first collective (see `wait_for_peers`): once
+# compiled and set up, before the checkpoint manager's first collective (Orbax's
+# `sync_global_devices` and `broadcast_one_to_all` are programs over one device per process); and
+# with the state built, before the first step (the training's groups: each slice's, each data
+# group's, every device's). Later programs reuse those groups.
+SETUP_BARRIER = "multislice_workload/set-up"
+FIRST_STEP_BARRIER = "multislice_workload/first-step"
 
 
 # A TPU chip on the PCI bus: Google's vendor id and a TPU device id, as JAX itself decides whether
@@ -101,13 +105,15 @@ def set_cpu_topology_timeouts(init_timeout_s: int) -> None:
 def wait_for_peers(name: str, timeout_s: int) -> None:
     """Block until every process has called this with `name` (a no-op for one process).
 
-    Why before the first program runs: on CPU, JAX's gloo collectives connect each group of
-    processes lazily, in its first collective, and that rendezvous waits gloo's fixed 30 s
-    (gloo/context.cc `kTimeoutDefault`; XLA's `make_gloo_tcp_collectives` takes no timeout and
-    never sets one, JAX 0.10.2), so processes that finish compiling more than 30 s apart (a busy
-    machine) fail with "Gloo context initialization failed: DEADLINE_EXCEEDED". Meeting at the
-    coordination service's barrier first, under the workload's own start-up bound, brings them to
-    the first collective together. The same barrier Orbax uses between processes.
+    Why right before a first collective: on CPU, XLA connects each group of devices lazily, at
+    the first collective over it (xla/backends/cpu/collectives: a gloo context per group, then
+    `connectFullMesh`), and that rendezvous waits gloo's fixed 30 s (gloo/context.cc
+    `kTimeoutDefault`; XLA's `make_gloo_tcp_collectives` takes no timeout and never sets one, JAX
+    0.10.2), so processes that reach it more than 30 s apart (a busy machine) fail with "Gloo
+    context initialization failed: DEADLINE_EXCEEDED". Meeting at the coordination service's
+    barrier first, under the workload's own start-up bound, brings them to it together; nothing
+    of one process's own work may sit between the barrier and the collective. The same barrier
+    Orbax uses between processes.
     """
     from jax._src import distributed
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Mapping
@@ -92,14 +93,40 @@ def write(
     if path is None:
         return None
     # Written whole or not at all: a process stopped mid-write (its peers' exit stops it) must
-    # not leave the kubelet an empty or cut message, so the text is renamed into place.
+    # not leave the kubelet an empty or cut message, so the text is renamed into place where it
+    # can be. In a pod it cannot: the kubelet bind-mounts the file onto /dev/termination-log,
+    # in a directory the program may not write (root's /dev, uid 10001), and nothing can be
+    # renamed onto a mount point (EBUSY). There the file is rewritten in place, in one write of
+    # at most MAX_BYTES (a regular file's write is not cut short by a signal).
+    text = render(exit_code, message, status or STATUS, reason)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(render(exit_code, message, status or STATUS, reason))
-        os.replace(tmp, path)
+        tmp.write_text(text)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        return path if _write_in_place(path, text) else None
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if err.errno == errno.EBUSY and _write_in_place(path, text):
+            return path
         return None
     return path
+
+
+def _write_in_place(path: Path, text: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    except OSError:
+        return False
+    try:
+        data = text.encode()
+        return os.write(fd, data) == len(data)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -790,19 +790,23 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, mesh, check_shapes(cfg, mesh))
     # Before compiling: a flag the corpus cannot serve (--seq_len) fails fast (78).
     data, eval_data = open_data(cfg, spec, tok, trainer)
-    delay_start(env)
+    delay_start(env, "compile")
     trainer.compiled  # noqa: B018 (compile now, before the clock of the first step starts)
     trainer.compiled_init  # noqa: B018 (likewise: the watchdog's cap covers the restore phase)
     if eval_data is not None:
         trainer.compiled_eval  # noqa: B018
-    # Compile times differ by tens of seconds on a busy machine; gloo's first collective waits 30 s.
-    runtime.wait_for_peers(runtime.COMPILED_BARRIER, args.init_timeout)
+    delay_start(env, "setup")
+    # This process's own work (on CPU a timed matmul) before the meeting, not between it and the
+    # first collective.
+    peak, peak_source = hardware.device_peak(cfg.peak_flops, env.accelerator, trainer.model.dtype)
+    # Compile times differ by tens of seconds on a busy machine; the first collective over each
+    # group of devices waits 30 s (`runtime.wait_for_peers`): the checkpoint manager's, next.
+    runtime.wait_for_peers(runtime.SETUP_BARRIER, args.init_timeout)
     if cfg.measure_bubble and trainer.stages > 1:
         logs.emit(
             "pipeline_bubble",
             **measure_bubble(trainer.model, mesh, trainer.microbatches, cfg.batch_size),
         )
-    peak, peak_source = hardware.device_peak(cfg.peak_flops, env.accelerator, trainer.model.dtype)
     log_config(cfg, trainer, data, peak, peak_source, tok, cache_hits)
     figures = Figures(
         cfg.batch_size * cfg.seq_len,
@@ -823,6 +827,10 @@ def run(env: WorkloadEnv, args: argparse.Namespace) -> int:
     try:
         with watchdog.long_phase():
             state = restore_or_init(trainer, checkpointer, data, requests)
+            delay_start(env, "first_step")
+            # Building the state (a fresh init, or a restore's reads) takes each process its own
+            # time; the first step connects the training's groups of devices.
+            runtime.wait_for_peers(runtime.FIRST_STEP_BARRIER, args.init_timeout)
         code = loop.run(state)
         failing = code != EXIT_OK
         return code
@@ -1025,11 +1033,12 @@ def inject_faults(env: WorkloadEnv, step: int) -> None:
             time.sleep(_NOTICE_PROPAGATION_S)
 
 
-def delay_start(env: WorkloadEnv) -> None:
-    """Test hook (MULTISLICE_DELAY_START_SECONDS), first attempt only: this process falls that far
-    behind its peers before it compiles, as one does on a busy machine."""
-    if env.restart_attempt == 0 and env.delay_start_seconds:
-        logs.emit("injected_delay", seconds=env.delay_start_seconds)
+def delay_start(env: WorkloadEnv, phase: str) -> None:
+    """Test hook (MULTISLICE_DELAY_START_SECONDS at MULTISLICE_DELAY_PHASE), first attempt only:
+    this process falls that far behind its peers at that point of the start-up, as one does on a
+    busy machine."""
+    if env.restart_attempt == 0 and env.delay_start_seconds and env.delay_phase == phase:
+        logs.emit("injected_delay", seconds=env.delay_start_seconds, phase=phase)
         time.sleep(env.delay_start_seconds)
 
 

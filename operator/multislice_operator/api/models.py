@@ -1537,6 +1537,33 @@ class StartupStatus(_Model):
     )
 
 
+class SchedulingStatus(_Model):
+    """Pods waiting for a node: the clocks no action of the operator's own resets (a startup
+    deadline's pool replacement or restart), so a job whose pods are never bound fails."""
+
+    waiting_since: datetime | None = Field(
+        default=None,
+        description="When a pod of the job was first seen waiting for a node (unschedulable, or "
+        "not looked at by any scheduler) while every slice's capacity was ready; kept through "
+        "pool replacements and restarts until every pod of an attempt was scheduled: "
+        "spec.failurePolicy.unschedulableTimeoutSeconds counts from it.",
+    )
+    unseen_since: datetime | None = Field(
+        default=None,
+        description="When the first pod of the job was created that no scheduler has looked at "
+        "(no PodScheduled condition), while none has looked at any of its pods since: past "
+        "--scheduler-grace-seconds the job fails (SchedulerNotRunning).",
+    )
+    pods_missing_since: datetime | None = Field(
+        default=None,
+        description="After the job ran (a restart since, or it was Running): when a slice was "
+        "first seen without any pod of the current attempt while every slice's capacity was "
+        "ready, kept until every slice has one: spec.failurePolicy.unschedulableTimeoutSeconds "
+        "counts from it (PodsNotCreated). A drained node's slice or a restart's new pods are "
+        "gone a moment; a job that ran an hour is not failed for that moment.",
+    )
+
+
 class EvictionStatus(_Model):
     """The last time Kueue took the job's quota back (preemption, reclaim, a Retry check)."""
 
@@ -1581,7 +1608,9 @@ class QueueStatus(_Model):
         "queue is only served by Kueue's visibility API, which the operator does not query.",
     )
     message: str | None = Field(
-        default=None, description="Kueue's latest word on why the Workload waits."
+        default=None,
+        description="Why the job waits in the queue (Kueue's word where it gave one); unset once "
+        "it no longer waits (its gang provisioned, admitted, or ended).",
     )
     preemptions: int = Field(
         default=0, description="Times Kueue preempted the job after it held quota."
@@ -1607,10 +1636,16 @@ class PreflightStatus(_Model):
     job: str = Field(description="The compile Job (batch/v1), deleted once it finished.")
     generation: int = Field(default=0, description="The spec generation it compiled.")
     hbm_bytes_per_device: int | None = Field(
-        default=None, ge=0, description="HBM the compiled program needs per TPU device."
+        default=None,
+        ge=0,
+        description="The compiled program's peak HBM per TPU device (with its code), as the "
+        "TPU compiler counts it.",
     )
     hbm_capacity_bytes: int | None = Field(
-        default=None, ge=0, description="HBM per device of the job's TPU generation."
+        default=None,
+        ge=0,
+        description="HBM the TPU compiler lets one device of the job's generation use (its "
+        "HBM less what libtpu reserves).",
     )
     step_time_seconds: float | None = Field(
         default=None, ge=0, description="The compiler's estimated step time (roofline)."
@@ -1769,6 +1804,12 @@ class MultisliceJobStatus(_Model):
         default=None,
         description="provisioning.mode Fallback: the option and shape tried now, why the last was "
         "left, and how long each option was tried.",
+    )
+    scheduling: SchedulingStatus | None = Field(
+        default=None,
+        description="Since when the job's pods wait for a node, kept once the startup deadline "
+        "acted on them (its pool replacement or restart would reset it); unset once every pod of "
+        "an attempt was scheduled.",
     )
     capacity: dict[str, Any] | None = Field(
         default=None,

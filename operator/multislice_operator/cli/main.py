@@ -255,7 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _preflight(obj: dict[str, Any], plan: Any) -> dict[str, Any] | None:
     """spec.preflight as the operator will run it: the Job, its command and the HBM per device
-    of the job's TPU generation it must fit in."""
+    of the job's TPU generation it must fit in (what the TPU compiler lets a device use)."""
     from multislice_operator.common.names import preflight_job
     from multislice_operator.render.preflight import command
 
@@ -267,14 +267,14 @@ def _preflight(obj: dict[str, Any], plan: Any) -> dict[str, Any] | None:
         "job": preflight_job(plan.name),
         "command": command(plan, spec),
         "timeoutSeconds": spec.preflight.timeout_seconds,
-        "hbmCapacityBytes": gen.hbm_bytes // gen.devices_per_chip,
+        "hbmCapacityBytes": gen.usable_hbm_bytes,
     }
 
 
 def _preflight_text(pre: dict[str, Any]) -> str:
     return (
         f"Job {pre['job']} (CPU, before any node pool; {pre['timeoutSeconds']}s at most): "
-        f"{shlex.join(pre['command'])}; must fit {pre['hbmCapacityBytes'] / 2**30:.1f} GiB of "
+        f"{shlex.join(pre['command'])}; must fit {pre['hbmCapacityBytes'] / 2**30:.2f} GiB of "
         "HBM per device"
     )
 

@@ -60,6 +60,8 @@ KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # on a Workload: the uid of the job it
 MULTIKUEUE_MANAGED_BY = "kueue.x-k8s.io/multikueue"
 KUEUE_PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
 MULTIKUEUE_ORIGIN = "kueue.x-k8s.io/multikueue-origin"
+# MultiKueue's AdmissionCheck controllerName (kueue.MultiKueueControllerName, the same string).
+MULTIKUEUE_CONTROLLER = MULTIKUEUE_MANAGED_BY
 # On the operator's heartbeat Lease: the dispatched jobs this worker handed back and when
 # ({"namespace/workload": RFC 3339}), so that a restarted operator keeps their cooldown.
 MULTIKUEUE_LOST = f"{PREFIX}/multikueue-lost"

@@ -13,11 +13,19 @@ Kueue, applied with the chart) is never served.
 where kopf's own state does not have it yet: a listed namespace that matches a pattern is watched,
 a listed CRD of a group the operator handles and kopf does not serve is scanned. Nothing else
 changes (a namespace already watched, a CRD already served, any other group: as kopf does).
+
+It also quiets kopf's warning about a handler whose resource the cluster does not serve for the
+`optional` groups (GKE's Slice API, served only where dynamic slicing is enabled): kopf logs it at
+start-up and again on every CRD event while the CRD is missing, and the operator says it once in
+its own words (controller/versions.py). kopf still watches the resource once it is served. The
+warning for any other group (a missing MultisliceJob or JobSet CRD) is kept.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import re
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
@@ -63,8 +71,39 @@ def resource_processor(original: Processor, groups: Collection[str]) -> Processo
     return process
 
 
-def install(groups: Collection[str]) -> None:
-    """Wrap kopf's processors (once): `groups` are the API groups of the operator's handlers."""
+# kopf's words (observation._disable_mismatched_selectors): the head, then the selectors.
+UNRESOLVED = "Unresolved resources cannot be served"
+_SELECTOR = re.compile(r"Selector\([^()]*\)")
+
+
+class OptionalResources(logging.Filter):
+    """kopf's unresolved-resources warning without the selectors of the `groups`; dropped when
+    it names no other."""
+
+    def __init__(self, groups: Collection[str]) -> None:
+        super().__init__()
+        self.groups = frozenset(groups)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(UNRESOLVED):
+            return True
+        head = message.split(": ", 1)[0]
+        kept = [s for s in _SELECTOR.findall(message) if not self._optional(s)]
+        if not kept:
+            return False
+        record.msg, record.args = f"{head}: {', '.join(kept)}", ()
+        return True
+
+    def _optional(self, selector: str) -> bool:
+        return any(f"group={group!r}" in selector for group in self.groups)
+
+
+def install(groups: Collection[str], optional: Collection[str] = ()) -> None:
+    """Wrap kopf's processors (once): `groups` are the API groups of the operator's handlers,
+    `optional` those of them a cluster may not serve (kopf's warning about them is quieted)."""
+    if optional and not any(isinstance(f, OptionalResources) for f in observation.logger.filters):
+        observation.logger.addFilter(OptionalResources(optional))
     ns_event = observation.process_discovered_namespace_event
     if not getattr(ns_event, _MARK, False):
         observation.process_discovered_namespace_event = namespace_processor(ns_event)

@@ -66,6 +66,14 @@ KOPF_WORKER_IDLE_SECONDS = 0.5
 # docs/benchmarks.md). Events a quiet moment apart are a burst: a gang's nodes, a restart's pods.
 DEPENDENT_EVENT_BATCH_SECONDS = 1.0
 DEPENDENT_EVENT_QUIET_SECONDS = 0.05
+# The JobSets, pods and nodes the operator watches, by label. Asked of the apiserver (kopf's
+# server-side label selectors, configure_kopf) as well as filtered on by the handlers: kopf keeps
+# a memory (memo, error throttler, index state) for every object a watch delivers, for the
+# object's life, whether a handler matches it or not, so a cluster's other pods and JobSets
+# would each cost the process one, and each of their events a parse.
+JOBSET_LABELS: dict[str, Any] = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE}
+POD_LABELS: dict[str, Any] = {keys.JOB_NAME: kopf.PRESENT}
+NODE_LABELS: dict[str, Any] = {keys.GKE_NODEPOOL: kopf.PRESENT}
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 ProvisionerFactory = Callable[[Settings], Provisioner | None]
@@ -122,6 +130,17 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 300
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.queueing.idle_timeout = KOPF_WORKER_IDLE_SECONDS
+    for (group, version, plural), labels in (
+        (JOBSETS, JOBSET_LABELS),
+        (("", "v1", "pods"), POD_LABELS),
+        (("", "v1", "nodes"), NODE_LABELS),
+    ):
+        settings.watching.label_selectors[group, version, plural] = label_selector(labels)
+
+
+def label_selector(labels: dict[str, Any]) -> str:
+    """A handler's label filter as the apiserver's selector: `k=v`, or `k` for kopf.PRESENT."""
+    return ",".join(k if v is kopf.PRESENT else f"{k}={v}" for k, v in labels.items())
 
 
 @kopf.on.startup()
@@ -158,9 +177,7 @@ async def startup(
     await _serve(rt)
     rt.tasks.append(asyncio.create_task(_run(rt)))
     rt.tasks.append(asyncio.create_task(_await_sync(rt)))
-    trim = _malloc_trim()
-    if trim is not None:
-        rt.tasks.append(asyncio.create_task(_trim_loop(trim)))
+    rt.tasks.append(asyncio.create_task(_housekeeping(rt, _malloc_trim())))
     log.info(
         "operator started namespaces=%s provisioner=%s workers=%d leader_elect=%s kueue=%s",
         ",".join(ours.namespaces) or "*",
@@ -341,13 +358,16 @@ def _malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-async def _trim_loop(trim: Callable[[], object]) -> None:
-    """Hand the heap pages freed after a burst (many jobs created or changed at once) back to the
-    OS: glibc keeps them otherwise, and resident memory would stay at the burst's high-water mark
-    (see docs/benchmarks.md). A trim takes milliseconds."""
+async def _housekeeping(rt: Runtime, trim: Callable[[], object] | None) -> None:
+    """Drop what the shared caches hold past its time (Runtime.expire: no pass reads them once a
+    load is gone), then hand the heap pages freed after a burst (many jobs created or changed at
+    once) back to the OS: glibc keeps them otherwise, and resident memory would stay at the
+    burst's high-water mark (see docs/benchmarks.md). A round takes milliseconds."""
     while True:
         await asyncio.sleep(MEMORY_TRIM_SECONDS)
-        trim()
+        rt.expire()
+        if trim is not None:
+            trim()
 
 
 # ---------------------------------------------------------------- watches
@@ -369,24 +389,24 @@ async def job_event(type: str, namespace: str, name: str, body: kopf.Body, **_: 
         rt.queue.add(key)
 
 
-@kopf.index(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
+@kopf.index(*JOBSETS, labels=JOBSET_LABELS)
 async def jobset_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): ob.summarize_jobset(body)}
 
 
-@kopf.index("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
+@kopf.index("", "v1", "pods", labels=POD_LABELS)
 async def pod_index(
     namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     return {(namespace, labels[keys.JOB_NAME]): ob.summarize_pod(body)}
 
 
-@kopf.index("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
+@kopf.index("", "v1", "nodes", labels=NODE_LABELS)
 async def node_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {labels[keys.GKE_NODEPOOL]: ob.summarize_node(body)}
 
 
-@kopf.on.event(*JOBSETS, labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE})
+@kopf.on.event(*JOBSETS, labels=JOBSET_LABELS)
 async def jobset_event(type: str, namespace: str, name: str, body: kopf.Body, **_: Any) -> None:
     rt = runtime()
     if type != "DELETED" and rt.created_echo((namespace, name), ob.summarize_jobset(body)):
@@ -394,12 +414,12 @@ async def jobset_event(type: str, namespace: str, name: str, body: kopf.Body, **
     _dependent(rt, namespace, name)
 
 
-@kopf.on.event("", "v1", "pods", labels={keys.JOB_NAME: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels=POD_LABELS)
 async def pod_event(namespace: str, labels: kopf.Labels, **_: Any) -> None:
     _dependent(runtime(), namespace, labels[keys.JOB_NAME])
 
 
-@kopf.on.event("", "v1", "nodes", labels={keys.GKE_NODEPOOL: kopf.PRESENT})
+@kopf.on.event("", "v1", "nodes", labels=NODE_LABELS)
 async def node_event(labels: kopf.Labels, **_: Any) -> None:
     rt = runtime()
     if keys.JOB_NAMESPACE in labels and keys.JOB_NAME in labels:
@@ -501,6 +521,12 @@ def api_groups() -> set[str]:
     """The API groups of the CRDs the registered handlers watch (controller/discovery.py)."""
     plugins = {w.group for w in _PLUGIN_WATCHES.values()}
     return {MSJ[0], JOBSETS[0]} | plugins | ({kueue.GROUP} if _KUEUE_WATCHED else set())
+
+
+def optional_api_groups() -> set[str]:
+    """Groups of `api_groups()` a cluster may well not serve: the operator says so itself
+    (controller/versions.py) and kopf's warning is quieted (controller/discovery.py)."""
+    return {w.group for w in _PLUGIN_WATCHES.values() if w.optional}
 
 
 def _watch_kueue() -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger("multislice_operator.kube")
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 MSJ = f"/apis/{models.GROUP}/{models.VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
+NODE_LEASES = "kube-node-lease"  # the kubelets' heartbeat Leases, one per node
 SLICES = f"/apis/{keys.SLICE_GROUP}/{keys.SLICE_VERSION}/{keys.SLICE_PLURAL}"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # controller/versions.py refuses a Kueue without it
 KUEUE = f"/apis/{KUEUE_API_VERSION}"
@@ -632,6 +633,18 @@ class Kube:
         except NotFound:
             return None
         return lease
+
+    async def list_node_leases(self) -> dict[str, str]:
+        """Every node Lease's renewTime by node name (namespace kube-node-lease: the kubelets'
+        heartbeats), from the apiserver's watch cache (resourceVersion=0: cheap, and fresh to a
+        moment). Nodes without one are absent."""
+        url = f"{self._lease_url(NODE_LEASES)}?resourceVersion=0"
+        found = await self._call("get", url, backoffs=())
+        return {
+            str(item["metadata"]["name"]): str(item["spec"]["renewTime"])
+            for item in found.get("items") or []
+            if (item.get("spec") or {}).get("renewTime")
+        }
 
     async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = await self._call("post", self._lease_url(namespace), payload=body)

@@ -140,12 +140,30 @@ def summarize_admission_check(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def our_checks(rt: Runtime) -> dict[str, dict[str, Any]]:
     """AdmissionChecks whose controllerName is ours, by name."""
+    return checks_of(rt, keys.GANG_CHECK_CONTROLLER)
+
+
+def checks_of(rt: Runtime, controller: str) -> dict[str, dict[str, Any]]:
+    """AdmissionChecks whose spec.controllerName is `controller`, by name."""
     found: dict[str, dict[str, Any]] = {}
     for name in list(rt.indexes.admission_checks):
         ac = ob.first(rt.indexes.admission_checks, name)
-        if ac is not None and ac["controllerName"] == keys.GANG_CHECK_CONTROLLER:
+        if ac is not None and ac["controllerName"] == controller:
             found[str(name)] = ac
     return found
+
+
+def _check(summary: Mapping[str, Any], names: Mapping[str, Any]) -> CheckObservation | None:
+    """The state of the first of these checks the Workload lists, if any."""
+    for entry in summary["admissionChecks"]:
+        if entry.get("name") in names:
+            return CheckObservation(
+                name=str(entry["name"]),
+                state=str(entry.get("state") or "Pending"),
+                message=str(entry.get("message") or ""),
+                retry_count=int(entry.get("retryCount") or 0),
+            )
+    return None
 
 
 def workload_summary(
@@ -184,16 +202,8 @@ def workload_observation(
         return found
 
     quota, evicted = cond("QuotaReserved"), cond("Evicted")
-    check = None
-    for entry in summary["admissionChecks"]:
-        if entry.get("name") in ours:
-            check = CheckObservation(
-                name=str(entry["name"]),
-                state=str(entry.get("state") or "Pending"),
-                message=str(entry.get("message") or ""),
-                retry_count=int(entry.get("retryCount") or 0),
-            )
-            break
+    check = _check(summary, ours)
+    multikueue = _check(summary, checks_of(rt, keys.MULTIKUEUE_CONTROLLER))
     is_evicted = evicted.get("status") == "True"
     message = str(evicted.get("message") or "")
     preempted = cond("Preempted")
@@ -218,6 +228,8 @@ def workload_observation(
         if is_evicted
         else None,
         check=check,
+        multikueue_check=multikueue,
+        checks_listed=bool(summary["admissionChecks"]),
         adopted=not job_uid or summary.get("ownerUid") == job_uid,
         option=summary.get("option"),
     )

@@ -71,7 +71,7 @@ def run_operator(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings)
     handlers.configure(settings, make_provisioner)
-    discovery.install(handlers.api_groups())
+    discovery.install(handlers.api_groups(), optional=handlers.optional_api_groups())
     namespaces = settings.namespaces
     try:
         asyncio.run(

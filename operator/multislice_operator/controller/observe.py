@@ -27,12 +27,17 @@ from multislice_operator.reconcile import (
     SliceObservation,
     termination,
 )
+from multislice_operator.reconcile.scheduling import DEFAULT_SCHEDULER
 from multislice_operator.reconcile.types import LastExit, PreflightObservation
 from multislice_operator.registry import REGISTRY
 from multislice_operator.render.inplace import AGENT_CONTAINER, AGENT_EXIT_CODE
 from multislice_operator.render.jobset import DISRUPTION_CONDITION
 
-DEFAULT_SCHEDULER = "default-scheduler"  # a pod's spec.schedulerName when it names none
+# PodScheduled=False as the apiserver writes it on a pod with schedulingGates.
+GATED = "SchedulingGated"
+# kube-controller-manager's default --node-monitor-grace-period: a node whose kubelet was not
+# heard of for this long is not Ready (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
+NODE_MONITOR_GRACE_SECONDS = 50.0
 
 # ---------------------------------------------------------------- index summaries
 
@@ -164,6 +169,18 @@ def _scheduling(conds: Mapping[Any, Any], meta: Mapping[str, Any], spec: Mapping
     return {"unschedulable": None, "schedulerMessage": ""}
 
 
+def _looked_at(conds: Mapping[Any, Any], spec: Mapping[str, Any],
+               status: Mapping[str, Any]) -> bool:  # fmt: skip
+    """A scheduler looked at the pod: its verdict (PodScheduled True or False), a node, or it
+    left Pending. SchedulingGated is the apiserver's, for a pod no scheduler may look at yet."""
+    scheduled = conds.get("PodScheduled") or {}
+    return (
+        bool(scheduled and scheduled.get("reason") != GATED)
+        or bool(spec.get("nodeName"))
+        or status.get("phase", "Pending") != "Pending"
+    )
+
+
 def _pod_attempt(meta: Mapping[str, Any]) -> int:
     """A pod restarted in place keeps its restart-attempt label; its agent's annotation counts
     every restart, as the JobSet's attempt does (jobset_observation)."""
@@ -193,11 +210,19 @@ def summarize_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "deleting": bool(meta.get("deletionTimestamp")),
         **_scheduling(conds, meta, spec, status),
         "node": spec.get("nodeName") or None,
+        "lookedAt": _looked_at(conds, spec, status),
         "disruption": (disruption.get("reason") or DISRUPTION_CONDITION) if disrupted else None,
         "checkpointRequest": annotations.get(keys.CHECKPOINT_REQUEST),
         "checkpointSaved": checkpoint_saved(annotations.get(keys.CHECKPOINT_SAVED)),
         "lastExit": restarted_exit(spec, status),
     }
+
+
+# What a real kubelet leaves in lastState of every container it removed to restart all of a
+# pod's containers in place (Kubernetes v1.36.3 pkg/kubelet/kubelet_pods.go: exit 137, this
+# reason, whichever exit fired the rule): a removal, not the program's exit, which is seen only
+# in the container's state before that.
+KUBELET_RESTARTED_ALL = "RestartingAllContainers"
 
 
 def restarted_exit(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -206,10 +231,12 @@ def restarted_exit(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[s
     when the pod's own agent asked for that restart (its lastState exit is the agent's restart
     code: JobSet told it to follow another pod's restart), so only the pod whose program failed
     or hung is a failure; the agent itself exits 128 + signal when stopped with its pod
-    (jobset v0.12.0 cmd/in-place-restart-agent/main.go)."""
+    (jobset v0.12.0 cmd/in-place-restart-agent/main.go). None too when the lastState is the
+    kubelet's record of the removal (KUBELET_RESTARTED_ALL): then the program's exit was in its
+    state, seen as a failed pod by an earlier pass, or not seen at all."""
     name = ((spec.get("containers") or [{}])[0]).get("name")
     last = _last_terminated(status.get("containerStatuses"), name)
-    if not last or not last.get("exitCode"):
+    if not last or not last.get("exitCode") or last.get("reason") == KUBELET_RESTARTED_ALL:
         return None
     agent = _last_terminated(status.get("initContainerStatuses"), AGENT_CONTAINER) or {}
     if agent.get("exitCode") == AGENT_EXIT_CODE:
@@ -253,10 +280,10 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    cond: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
+    ready = cond.get("status") == "True"
     spec = body.get("spec") or {}
     terminating = any(
         t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
@@ -265,6 +292,9 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
         "present": not meta.get("deletionTimestamp"),
+        # The kubelet's last status heartbeat, Unix seconds (with node Leases it renews its
+        # status only every few minutes: its Lease is the heartbeat then).
+        "heartbeat": _timestamp(cond.get("lastHeartbeatTime")),
         "accelerator": labels.get(keys.GKE_TPU_ACCELERATOR),
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
@@ -310,6 +340,12 @@ def parse_time(value: Any) -> datetime | None:
         return None
 
 
+def _timestamp(value: Any) -> float | None:
+    """An RFC 3339 time as Unix seconds (parsed once, in the index); None for anything else."""
+    t = parse_time(value)
+    return t.timestamp() if t is not None else None
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -327,6 +363,48 @@ def _epoch(value: int | None) -> datetime | None:
 
 
 # ---------------------------------------------------------------- assembling one observation
+
+Nodes = Mapping[Any, Iterable[dict[str, Any]]]  # node summaries by pool (kopf's index)
+
+
+def heartbeat_age(node: Mapping[str, Any], leases: Mapping[str, float], now: float) -> float:
+    """Seconds since the node's kubelet was last heard of: its Lease's renewTime (every 10 s)
+    or its Ready condition's lastHeartbeatTime, whichever is later, as the node lifecycle
+    controller probes it (tryUpdateNodeHealth); 0 when neither is known."""
+    beat = max(node.get("heartbeat") or 0.0, leases.get(node["name"], 0.0))
+    return now - beat if beat else 0.0
+
+
+def with_heartbeats(
+    nodes: Nodes,
+    leases: Mapping[str, float] | None,
+    now: datetime,
+    grace: float = NODE_MONITOR_GRACE_SECONDS,
+) -> tuple[Nodes, dict[str, list[str]]]:
+    """The node index as decide() may trust it: a node whose Ready condition still says True
+    but whose kubelet was not heard of for `grace` (its heartbeats stalled; the node lifecycle
+    controller marks it Unknown only at its own pace) is not Ready. And those nodes by pool,
+    with their heartbeat's age. `leases` (renewTimes, Unix seconds) None: not known, every Ready
+    node is trusted. The index itself is returned when no node is quiet (no copy)."""
+    if leases is None:
+        return nodes, {}
+    t = now.timestamp()
+    quiet: dict[Any, list[dict[str, Any]]] = {}
+    for pool, members in nodes.items():
+        for n in members:
+            if n["ready"] and heartbeat_age(n, leases, t) > grace:
+                quiet.setdefault(pool, []).append(n)
+    if not quiet:
+        return nodes, {}
+    view: dict[Any, Iterable[dict[str, Any]]] = dict(nodes.items())
+    for pool, stale in quiet.items():
+        names = {n["name"] for n in stale}
+        view[pool] = [{**n, "ready": False} if n["name"] in names else n for n in nodes[pool]]
+    ages = {
+        str(pool): [f"{n['name']} ({heartbeat_age(n, leases, t):.0f}s)" for n in stale]
+        for pool, stale in quiet.items()
+    }
+    return view, ages
 
 
 def ready_nodes_by_pool(nodes: Mapping[Any, Iterable[dict[str, Any]]]) -> dict[str, int]:
@@ -438,6 +516,7 @@ def pod_records(
             disruption=p.get("disruption"),
             unschedulable_since=parse_time(p.get("unschedulable")),
             scheduler_message=p.get("schedulerMessage") or "",
+            looked_at=p.get("lookedAt", True),
             checkpoint_request=p.get("checkpointRequest"),
             checkpoint_saved=p.get("checkpointSaved"),
             last_exit=_last_exit(p.get("lastExit")),
@@ -582,9 +661,10 @@ def preflight_observation(
 @dataclass(frozen=True)
 class ObserveInputs:
     """What a capacity model's `observe` reads (registry.CapacityPlugin): the plan, the nodes by
-    pool (kopf's index), the plan's pools as the cloud lists them (None: none were listed, no
-    GKE cluster configured or no pool of its own), the owners of pools of its names, the
-    template's nodeSelector, and the indexes of the kinds it watches (by watch name)."""
+    pool (kopf's index; a node whose kubelet went quiet is not Ready there: with_heartbeats),
+    the plan's pools as the cloud lists them (None: none were listed, no GKE cluster configured
+    or no pool of its own), the owners of pools of its names, the template's nodeSelector, and
+    the indexes of the kinds it watches (by watch name)."""
 
     plan: Plan
     uid: str

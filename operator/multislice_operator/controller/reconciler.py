@@ -41,9 +41,10 @@ from multislice_operator.reconcile import (
     checkpoint,
     decide,
     goodput,
+    scheduling,
 )
 from multislice_operator.reconcile.multikueue import prebuilt_name
-from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS
+from multislice_operator.reconcile.reasons import SLICE_FAILURE_REASONS, Reason
 from multislice_operator.reconcile.types import PreflightObservation, QueueObservation
 from multislice_operator.registry import REGISTRY
 from multislice_operator.render import podsecurity
@@ -63,6 +64,7 @@ for _source in checkpoint.SOURCES:
     metrics.CHECKPOINT_REQUESTS_TOTAL.preset(_source)
 
 ERROR_BACKOFF_BASE, ERROR_BACKOFF_MAX = 2.0, 300.0
+LEASES_RETRY = 300.0  # node Leases refused (RBAC): asked again after this long
 # The node pool listing is shared by every job and kept up to a resync. A pass that sees a pool's
 # nodes all Ready while that listing still says the pool is being created asks for one at most
 # this old (shared too: at most two listings a second while it lasts), instead of waiting out the
@@ -287,16 +289,48 @@ async def _preflight(rt: Runtime, key: JobKey, meta: JobMeta) -> PreflightObserv
     return ob.preflight_observation(job, pods, meta.uid)
 
 
-async def _pools(rt: Runtime, plan: Plan) -> tuple[GangObservation | None, PoolError | None]:
-    """The plan's own pools as the cloud lists them, and whether its accelerator is offered
-    there (None, None: no pool of its own, or no GKE cluster configured)."""
+async def _node_leases(rt: Runtime) -> dict[str, float] | None:
+    """The node Leases' renewTimes (the kubelets' heartbeats, Unix seconds), listed once for
+    every job at most once a resync; None when they cannot be read (no RBAC: then heartbeats are
+    not judged, and the listing is tried again only after LEASES_RETRY seconds)."""
+    cached = rt.node_leases
+    fresh = rt.cfg.resync_seconds if cached is None or cached[1] is not None else LEASES_RETRY
+    if cached is not None and time.monotonic() - cached[0] < fresh:
+        return cached[1]
+    async with rt.node_leases_lock:  # one listing in flight; the others take its answer
+        if rt.node_leases is not cached and rt.node_leases is not None:
+            return rt.node_leases[1]
+        leases: dict[str, float] | None
+        try:
+            renewed = await rt.kube.list_node_leases()
+            leases = {n: t.timestamp() for n, s in renewed.items() if (t := ob.parse_time(s))}
+        except ApiError as exc:
+            log.warning("node Leases not readable (node heartbeats not checked): %s", exc)
+            leases = None
+        rt.node_leases = (time.monotonic(), leases)
+    return leases
+
+
+async def _listing(rt: Runtime, plan: Plan, max_age: float) -> GangObservation | None:
+    """The plan's own pools as the cloud lists them, at most `max_age` seconds old (None: no
+    pool of its own, or no GKE cluster configured); unknown: an ObservationError."""
     if not plan.pools or rt.provisioner is None:
-        return None, None
-    gang = await rt.provisioner.observe_gang(plan, max_age=rt.cfg.resync_seconds)
-    if gang.complete and ob.listing_behind_nodes(plan, gang, rt.indexes.nodes):
-        gang = await rt.provisioner.observe_gang(plan, max_age=FRESH_LISTING_SECONDS)
+        return None
+    gang = await rt.provisioner.observe_gang(plan, max_age=max_age)
     if not gang.complete:
         raise ObservationError(f"node pools unknown: {'; '.join(map(str, gang.errors))}")
+    return gang
+
+
+async def _pools(rt: Runtime, plan: Plan, gang: GangObservation | None, nodes: ob.Nodes
+                 ) -> tuple[GangObservation | None, PoolError | None]:  # fmt: skip
+    """The listing, fresh where it is behind `nodes` (the node index as decide() trusts it:
+    ob.with_heartbeats), and whether the plan's accelerator is offered (None, None: no pool of
+    its own, or no GKE cluster configured)."""
+    if gang is None or rt.provisioner is None:
+        return None, None
+    if ob.listing_behind_nodes(plan, gang, nodes):
+        gang = await _listing(rt, plan, FRESH_LISTING_SECONDS) or gang
     return gang, await rt.provisioner.check_offered(plan)  # cached by the provisioner
 
 
@@ -322,6 +356,7 @@ async def _before_first_pool(rt: Runtime, key: JobKey, plan: Plan, spec: Multisl
         return
     observed.pod_security = await _pod_security(rt, key, plan, spec)
     observed.missing_priority_class = await _missing_priority_class(rt, spec)
+    observed.scheduler_absent = rt.scheduler_absent(scheduling.scheduler_name(spec))
     if spec.preflight is not None:
         observed.preflight = await _preflight(rt, key, meta)
 
@@ -330,13 +365,17 @@ async def observe_job(
     rt: Runtime, key: JobKey, body: dict[str, Any], plan: Plan, spec: MultisliceJobSpec
 ) -> Observed:
     meta = job_meta(body)
-    gang, offered = await _pools(rt, plan)
+    now = datetime.now(UTC)
+    listed = await _listing(rt, plan, rt.cfg.resync_seconds)  # the cloud unknown: no further
+    # A Ready node whose kubelet went quiet is not Ready (its heartbeats stalled).
+    nodes, stale = ob.with_heartbeats(rt.indexes.nodes, await _node_leases(rt), now)
+    gang, offered = await _pools(rt, plan, listed, nodes)
     strays, owners = await _ownership(rt, key, meta, plan)
     template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
     inputs = ob.ObserveInputs(
         plan,
         meta.uid,
-        rt.indexes.nodes,
+        nodes,
         gang,
         owners,
         template.get("nodeSelector") or {},
@@ -344,7 +383,7 @@ async def observe_job(
     )
     observed = ob.assemble(
         inputs,
-        datetime.now(UTC),
+        now,
         _jobset(rt, key),
         ob.items(rt.indexes.pods, key),
         provisioner_configured=rt.provisioner is not None,
@@ -354,6 +393,7 @@ async def observe_job(
         blind_since=rt.blind_since(key),
     )
     observed.in_place = rt.in_place
+    observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))
     observed.queue = await _queue(rt, key, body, meta)
     if observed.queue is not None:
         observed.kueue_problem = rt.kueue_problem
@@ -414,6 +454,7 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     else:
         obs = await observe_job(rt, key, body, parsed.plan, parsed.job.spec)
         decision = decide(meta, parsed.job.spec, parsed.plan, None, old, obs, rt.cfg)
+        _learn_scheduler(rt, key, parsed.job.spec, old, obs, decision)
     target = appliers.Target(body, parsed.job, parsed.plan)
     if meta.deleting and not meta.has_finalizer:
         await appliers.apply(rt, target, decision.actions)
@@ -436,6 +477,23 @@ async def _reconcile(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Decision
     rt.watched.add(key)
     _record_goodput(key, meta, decision.status, obs.now, parsed.plan)
     return decision
+
+
+def _learn_scheduler(rt: Runtime, key: JobKey, spec: MultisliceJobSpec,
+                     old: MultisliceJobStatus, obs: Observed, d: Decision) -> None:  # fmt: skip
+    """What this pass shows of the scheduler the job's pods name, for the jobs that name it
+    next: it looked at one of them (it runs), or none within the grace (it does not)."""
+    name = scheduling.scheduler_name(spec)
+    if any(p.looked_at for p in obs.pods):
+        rt.remember_scheduler(name, None)
+        return
+    was, now = old.condition("Failed"), d.status.condition("Failed")
+    fresh = was is None or was.reason != Reason.SCHEDULER_NOT_RUNNING
+    failed = now is not None and now.reason == Reason.SCHEDULER_NOT_RUNNING
+    # Its own pods' evidence, not this memory's. The cluster's own scheduler is not remembered
+    # absent: its outage passes, and no job would be left to show that it did.
+    if fresh and failed and obs.scheduler_absent is None and name != scheduling.DEFAULT_SCHEDULER:
+        rt.remember_scheduler(name, key)
 
 
 def _stale(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

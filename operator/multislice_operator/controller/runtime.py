@@ -25,6 +25,10 @@ EVENTS_KEPT_PER_JOB = 32
 TEMPLATE_VERDICTS_KEPT = 1024
 TEMPLATE_VERDICT_TTL_SECONDS = 600.0
 NAMESPACE_LABELS_TTL_SECONDS = 30.0
+# How long a scheduler that looked at none of a job's pods is known not to run (jobs naming it
+# then fail before their first pool), unless a pod naming it is looked at sooner.
+SCHEDULER_ABSENT_SECONDS = 600.0
+SCHEDULERS_KEPT = 64
 
 
 def template_key(body: Mapping[str, Any]) -> str:
@@ -38,6 +42,11 @@ def template_key(body: Mapping[str, Any]) -> str:
         "spec": body.get("spec") or {},
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _drop_older(cache: dict[Any, tuple[float, Any]], oldest: float) -> None:
+    for key in [k for k, (when, _) in cache.items() if when < oldest]:
+        del cache[key]
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -124,6 +133,14 @@ class Runtime:
     # Whether a PriorityClass exists, by name, read before the first pool of a job that names
     # one; kept as briefly (one read per name, not one per job or pass).
     _priority_classes: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    # Schedulers (spec.schedulerName) known not to run: no scheduler looked at any pod of a
+    # job naming one within --scheduler-grace-seconds (SchedulerNotRunning). Name -> (monotonic
+    # time, that job); forgotten once a pod naming it is looked at, or SCHEDULER_ABSENT_SECONDS on.
+    _absent_schedulers: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Node Leases' renewTime by node (the heartbeat check, controller/observe.py), listed at
+    # most once a resync for every job: (monotonic time, leases; None: not readable).
+    node_leases: tuple[float, dict[str, float] | None] | None = None
+    node_leases_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Kueue WorkloadPriorityClass values by name (None: no such class), read as briefly.
     _workload_priorities: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
@@ -159,6 +176,8 @@ class Runtime:
     jobset_problem: str | None = None
     # Whether JobSets restart in place on this cluster, and why (versions.py; decide()'s fact).
     in_place: InPlaceSupport | None = None
+    # Whether GKE's Slice API (dynamic slicing) is served; None: not looked yet (versions.py).
+    slice_api: bool | None = None
 
     def namespace_labels(self, namespace: str) -> dict[str, str] | None:
         seen = self._namespaces.get(namespace)
@@ -179,6 +198,30 @@ class Runtime:
     def remember_priority_class(self, name: str, exists: bool) -> None:
         self._priority_classes[name] = (time.monotonic(), exists)
 
+    def scheduler_absent(self, name: str) -> str | None:
+        """Why the scheduler of this name is known not to run; None: it is not known."""
+        seen = self._absent_schedulers.get(name)
+        if seen is None:
+            return None
+        ago = time.monotonic() - seen[0]
+        if ago > SCHEDULER_ABSENT_SECONDS:
+            del self._absent_schedulers[name]
+            return None
+        return (
+            f"job {seen[1]} failed {ago:.0f}s ago as no scheduler looked at any of its pods, and "
+            f"none has looked at a pod naming it since (known for "
+            f"{SCHEDULER_ABSENT_SECONDS / 60:.0f} minutes)"
+        )
+
+    def remember_scheduler(self, name: str, job: JobKey | None) -> None:
+        """A job's pods naming this scheduler were not looked at within the grace (`job`), or
+        one was looked at (None): it runs."""
+        self._absent_schedulers.pop(name, None)
+        if job is not None:
+            while len(self._absent_schedulers) >= SCHEDULERS_KEPT:  # the oldest goes
+                del self._absent_schedulers[next(iter(self._absent_schedulers))]
+            self._absent_schedulers[name] = (time.monotonic(), "/".join(job))
+
     def workload_priority(self, name: str) -> tuple[bool, int | None]:
         """(read lately, the WorkloadPriorityClass's value or None when there is none)."""
         seen = self._workload_priorities.get(name)
@@ -188,6 +231,25 @@ class Runtime:
 
     def remember_workload_priority(self, name: str, value: int | None) -> None:
         self._workload_priorities[name] = (time.monotonic(), value)
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop what the shared caches hold past its time (the housekeeping loop, every few
+        seconds). Each is read only while fresh, and once the jobs that read it are gone no pass
+        comes to replace it: a load's last node Lease listing (every node of every pool) and the
+        verdicts and labels it read would otherwise stay for the process's life."""
+        now = time.monotonic() if now is None else now
+        for brief in (self._namespaces, self._priority_classes, self._workload_priorities):
+            _drop_older(brief, now - NAMESPACE_LABELS_TTL_SECONDS)
+        _drop_older(self.template_verdicts, now - TEMPLATE_VERDICT_TTL_SECONDS)
+        _drop_older(self._absent_schedulers, now - SCHEDULER_ABSENT_SECONDS)
+        leases = self.node_leases
+        # An unreadable listing (None) holds nothing and says when to ask again: kept.
+        if (
+            leases is not None
+            and leases[1] is not None
+            and now - leases[0] >= self.cfg.resync_seconds
+        ):
+            self.node_leases = None
 
     def poke(
         self, namespace: str | None, name: str | None, batch: float = 0.0, quiet: float = 0.0

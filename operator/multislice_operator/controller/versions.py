@@ -20,6 +20,10 @@ problem lasts: what is installed, what is needed, and why (operator log, runtime
   4. Kubernetes >= 1.35 and its apiserver keeps a pod's ``RestartAllContainers`` restart rule
      (a dry run of a Job; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta
      and on in 1.36). The kubelet's own gate cannot be read from the apiserver: docs/restarts.md.
+* GKE's Slice API (dynamic slicing only): served where GKE's slice controller is enabled. Most
+  clusters do not serve it; the operator says so once, in its own words, instead of kopf's
+  warning about an unresolved resource (controller/discovery.py quiets that one), and kopf
+  starts watching Slices when the CRD appears.
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ JOBSET_FIELD = "onJobFailureMessagePatterns"
 IN_PLACE_STRATEGY, IN_PLACE_JOBSET, IN_PLACE_KUBE = "InPlaceRestart", "v0.11.0", (1, 35)
 PROBE_NAMESPACE, PROBE_NAME = "default", "multislice-inplace-probe"
 RECHECK_SECONDS = 60.0
+
+
+def slice_api_said(served: bool) -> str:
+    """The log line for GKE's Slice API being served or not (said at start-up and on a change)."""
+    api = f"the Slice API ({keys.SLICE_GROUP}/{keys.SLICE_VERSION} {keys.SLICE_PLURAL})"
+    if served:
+        return f"dynamic slicing: {api} is served; Slices are watched"
+    return (
+        f"dynamic slicing: {api} is not served on this cluster: DynamicSlicing jobs cannot form "
+        "their slices until it is (enable GKE's slice controller); Slices are watched once it is"
+    )
 
 
 def kueue_problem(served: list[str] | None) -> str | None:
@@ -266,7 +281,11 @@ async def check(rt: Runtime) -> None:
             kueue = kueue_problem(await rt.kube.served_versions(KUEUE_GROUP))
         except ApiError as exc:
             log.warning("kueue versions not discovered: %s", exc)
-    in_place = rt.in_place
+    in_place, slice_api = rt.in_place, rt.slice_api
+    try:
+        slice_api = keys.SLICE_VERSION in (await rt.kube.served_versions(keys.SLICE_GROUP) or [])
+    except ApiError as exc:
+        log.warning("slice api not discovered: %s", exc)
     try:
         crd = await rt.kube.get_crd(JOBSET_CRD)
         jobset = jobset_problem(crd)
@@ -290,7 +309,10 @@ async def check(rt: Runtime) -> None:
         log.info(
             "in-place restart: %s (%s)", "used" if in_place.usable else "not used", in_place.why
         )
+    if slice_api is not None and slice_api != rt.slice_api:
+        log.info(slice_api_said(slice_api))
     rt.kueue_problem, rt.jobset_problem, rt.in_place = kueue, jobset, in_place
+    rt.slice_api = slice_api
 
 
 async def check_loop(rt: Runtime) -> None:

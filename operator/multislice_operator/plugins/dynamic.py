@@ -655,6 +655,7 @@ SLICE_WATCH = Watch(
     plural=keys.SLICE_PLURAL,
     summarize=f"{__name__}:summarize_slice",
     labels={keys.MANAGED_BY: keys.MANAGED_BY_VALUE},
+    optional=True,  # served only where GKE's slice controller is enabled
 )
 
 

@@ -28,6 +28,7 @@ from multislice_operator.reconcile.capacity import (
     Size,
     Slices,
     slice_ready,
+    stale_note,
 )
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.reasons import Reason
@@ -92,7 +93,7 @@ class ExistingPools(HoldsNothing):
             f"waiting for {plan.slices} existing node pools with {plan.shape.hosts} Ready nodes "
             f"labelled {plan.shape.generation.gke_accelerator} / {plan.shape.topology}: "
             f"{len(f.slices.ready)} ready of {found.found if isinstance(found, Found) else 0} "
-            "found"
+            f"found{stale_note(f.obs)}"
         )
 
     def before_admission(self, f: Facts, b: Builder) -> Capacity:

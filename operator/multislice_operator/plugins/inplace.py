@@ -76,7 +76,9 @@ class JobSetInPlace(JobSetStrategy):
 
     def announce(self, f: Facts, b: Builder, chosen: Chosen) -> None:
         """Whether the program's failures restart in place (condition RestartInPlace), and why
-        not (an event, once, when it falls back to recreating the pods)."""
+        not (the condition's message). No event: a cluster without it is a fact about the
+        cluster, said once by the operator (its log, multislice_in_place_restart), not a write
+        per job (issue 57)."""
         support = f.obs.in_place
         if support is None:
             return  # not found out (yet): JobSets recreate, and the job says nothing of it
@@ -86,8 +88,6 @@ class JobSetInPlace(JobSetStrategy):
         why = support.why if not support.usable else "another restart strategy was chosen"
         text = f"every restart recreates the pods: {why}"
         b.cond(ConditionType.RESTART_IN_PLACE, "False", Reason.IN_PLACE_UNAVAILABLE, text)
-        if not any(e.reason == Reason.IN_PLACE_UNAVAILABLE for e in b.events):
-            b.event(Reason.IN_PLACE_UNAVAILABLE, text)
 
 
 INPLACE = JobSetInPlace()

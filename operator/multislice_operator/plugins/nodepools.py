@@ -34,6 +34,7 @@ from multislice_operator.reconcile.capacity import (
     live,
     release_pools,
     slice_ready,
+    stale_note,
     strays,
 )
 from multislice_operator.reconcile.context import Builder, at_second, backoff_seconds
@@ -326,7 +327,7 @@ def _advance(f: Facts, b: Builder, plan: Plan, new_attempt: bool) -> Capacity:
         b.status.provisioning_attempts = (f.old.provisioning_attempts or 0) + 1
         b.status.next_attempt_time = None
     ready, pools = len(f.slices.ready), len(plan.pools)
-    message = f"provisioning {_pools(plan)} as a gang: {ready}/{pools} ready"
+    message = f"provisioning {_pools(plan)} as a gang: {ready}/{pools} ready{stale_note(f.obs)}"
     waiting = [s for s in f.obs.slices if s.taken_by]
     if waiting:
         s = waiting[0]

@@ -203,6 +203,18 @@ def slice_ready(s: SliceObservation, hosts: int) -> bool:
     )
 
 
+def stale_note(obs: Observed) -> str:
+    """What a waiting message adds for Ready nodes whose kubelet went quiet (not counted)."""
+    stale = obs.stale_nodes
+    if not stale:
+        return ""
+    shown = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
+    return (
+        f"; not counted Ready: {shown}, Ready but their kubelet not heard of since (node Lease "
+        "and Ready condition not renewed)"
+    )
+
+
 def live(s: SliceObservation) -> bool:
     """The slice's pool exists and is not already going away."""
     return bool(s.pool) and s.pool_state not in (PoolState.ABSENT, PoolState.DELETING)

@@ -72,7 +72,9 @@ class Builder:
 
     def __init__(self, meta: JobMeta, old: MultisliceJobStatus, now: datetime) -> None:
         self.meta, self.old, self.now = meta, old, now
-        self.status = old.model_copy(deep=True)
+        # A copy by a round trip through the dict: a third of copy.deepcopy's CPU (pydantic's
+        # __deepcopy__), which was the largest part of a steady pass (issue 57).
+        self.status = type(old).from_dict(old.to_dict())
         self.status.phase = None
         self.status.message = None
         self.status.observed_generation = meta.generation

@@ -20,11 +20,12 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
+    SchedulingStatus,
 )
 from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
-from multislice_operator.reconcile import restart_strategy, restarts
+from multislice_operator.reconcile import restart_strategy, restarts, scheduling
 from multislice_operator.reconcile.capacity import CapacityModel, Size, Slices, model_of
 from multislice_operator.reconcile.capacity import live as live
 from multislice_operator.reconcile.capacity import slice_ready as slice_ready
@@ -67,6 +68,9 @@ class Facts:
     # The one clock of capacity readiness (status.capacityReadyTime): since when every slice's
     # capacity has been ready without a break while the JobSet runs; None: not now.
     capacity_ready_since: datetime | None
+    # Since when its pods wait for a node, and since when no scheduler looked at any
+    # (scheduling.py): clocks no pool replacement or restart of the operator's own resets.
+    scheduling: SchedulingStatus | None
     # The slices the JobSet should run on now (spec.elastic: fewer after a loss; elastic.py).
     size: Size
     # How the job's slices get their nodes (capacity.py), chosen once from its plan.
@@ -79,9 +83,7 @@ class Facts:
     @property
     def active(self) -> int:
         """The slices the job's JobSet runs on (or is about to be created on)."""
-        if self.js is not None and self.js.replicas:
-            return self.js.replicas
-        return self.size.target
+        return _active(self.js, self.size)
 
     @property
     def deleting(self) -> bool:
@@ -156,6 +158,11 @@ def _pod_views(pods: Sequence[Pod], attempt: int) -> _PodViews:
     return _PodViews(running, succeeded, by_slice, unschedulable)
 
 
+def _active(js: JobSetObservation | None, size: Size) -> int:
+    """The slices the job's JobSet runs on (or is about to be created on)."""
+    return js.replicas if js is not None and js.replicas else size.target
+
+
 def _capacity_view(model: CapacityModel, plan: Plan | None, old: MultisliceJobStatus,
                    obs: Observed, js: JobSetObservation | None, cfg: DecideConfig,
                    now: datetime) -> tuple[Slices, Size]:  # fmt: skip
@@ -189,6 +196,15 @@ def derive(
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
+    # A slice without a pod after the job ran (scheduling.pods_missing_since); at a first start
+    # the capacity clock counts (verdicts.pods_not_created).
+    # A JobSet that finished has no pods to wait for.
+    ran = attempt > 0 or old.phase in (Phase.RUNNING, Phase.RESTARTING)
+    ends = js is not None and (js.completed or js.failed)
+    gap = ran and not ends and any(not pods.by_slice.get(i) for i in range(_active(js, size)))
+    waits = scheduling.clocks(
+        old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock, gap, now
+    )
     return Facts(
         meta=meta,
         spec=spec,
@@ -213,6 +229,7 @@ def derive(
         finished_before=_finished_before(old),
         world_agrees=_world_agrees(old, js),
         capacity_ready_since=clock,
+        scheduling=waits,
         size=size,
         capacity=model,
         restart=chosen,

@@ -39,6 +39,7 @@ from multislice_operator.api.models import (
     MultisliceJobSpec,
     MultisliceJobStatus,
     Phase,
+    SchedulingStatus,
 )
 from multislice_operator.common.errors import SpecError
 from multislice_operator.planning.plan import Plan
@@ -100,8 +101,8 @@ def decide(
     cfg = cfg or DecideConfig.from_settings()
     old = old_status or MultisliceJobStatus()
     f = derive(meta, spec, plan, spec_error, old, obs, cfg)
-    if f.steps.multikueue and multikueue.managed_elsewhere(f) and f.queue and f.error is None:
-        return invariants.enforce(f, multikueue.manager(f))  # a worker cluster runs it
+    if f.steps.multikueue and multikueue.runs_elsewhere(f):
+        return invariants.enforce(f, _manager(f))  # a worker cluster runs it
     verdict = verdicts.first(f)
     if verdict is None and _asks_apiserver(f):
         # Before the first pool: the apiserver's own verdict on the JobSet and its first Job (a
@@ -149,6 +150,23 @@ def decide(
     return invariants.enforce(f, decision)
 
 
+def _manager(f: Facts) -> Decision:
+    """A MultiKueue manager's pass (multikueue.manager), which writes no status: MultiKueue
+    copies the worker's. Unless nothing can queue the job (the operator does not watch Kueue,
+    Kueue does not answer): then it says so, as any queued job does, and holds nothing."""
+    d = multikueue.manager(f)
+    if f.deleting or f.plan is None:
+        return d
+    b = Builder(f.meta, f.old, f.now)
+    g = kueue_gate.gate(f, b)
+    if g.reason not in (Reason.NO_KUEUE_WORKLOAD, Reason.KUEUE_UNSUPPORTED):
+        return d
+    phase, message = kueue_gate.hold(f, b, g)
+    b.settle(phase, message)
+    b.transition_event()
+    return Decision(b.status, b.actions, b.events, requeue_after=b.requeue or d.requeue_after)
+
+
 def _active_slices(b: Builder, js: JobSetObservation | None) -> None:
     """status.activeSlices: the slices the JobSet runs on. A suspended JobSet (a queued job's,
     before Kueue admits it) runs nothing: not counted, and no status write for it."""
@@ -194,6 +212,9 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         ConditionType.VALIDATED, "True", Reason.VALID, f"{plan.slices} x {plan.shape.accelerator}"
     )
     b.status.total_chips = plan.total_chips
+    # The clocks of pods waiting for a node, once kept (scheduling.py): until they stop; the
+    # clock of a slice's missing pods from the first pass that sees them (nothing else has it).
+    b.status.scheduling = _scheduling_kept(f)
     advice = plan.advice
     bound = "True" if advice.verdict == "dcn-bound" else "False"
     reason = {"ok": Reason.BATCH_LARGE_ENOUGH, "dcn-bound": Reason.BATCH_TOO_SMALL}.get(
@@ -210,6 +231,15 @@ def _every_pass(f: Facts, b: Builder) -> str | None:
         return None
     count_restarts(f, b)
     return maintenance.assess(f, b)
+
+
+def _scheduling_kept(f: Facts) -> SchedulingStatus | None:
+    clocks = f.scheduling
+    if clocks is None or f.old.scheduling is not None:
+        return clocks
+    if clocks.pods_missing_since is not None:
+        return SchedulingStatus(pods_missing_since=clocks.pods_missing_since)
+    return None
 
 
 def _status_ignored(f: Facts, b: Builder) -> None:

@@ -265,7 +265,10 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
         b.add(CreateWorkload(q.priority))
         if b.status.queue is not None:  # said as the next pass will see it (one write)
             b.status.queue.workload = workload_name(f.plan.name)
-        started = f.old.start_time or f.now
+        # A MultiKueue manager's job records no start (no status): it waits since its creation.
+        elsewhere = f.steps.multikueue and multikueue.managed_elsewhere(f)
+        made = f.meta.creation_time if elsewhere else None
+        started = f.old.start_time or made or f.now
         waited = (f.now - started).total_seconds()
         bound = f.cfg.kueue_workload_wait_seconds
         if waited < bound:
@@ -336,7 +339,10 @@ def reclaim(f: Facts, b: Builder) -> None:
 
 
 def finish(f: Facts, b: Builder, succeeded: bool, message: str) -> None:
-    """The job ended: its Workload Finished, which frees the quota (level-based)."""
+    """The job ended: its Workload Finished, which frees the quota (level-based). It waits for
+    nothing any more, so status.queue says no reason to wait."""
+    if b.status.queue is not None:
+        b.status.queue.message = None
     wl = workload(f)
     if wl is not None and not wl.finished:
         b.add(FinishWorkload(wl.name, succeeded, message or ("succeeded" if succeeded else
@@ -360,7 +366,7 @@ def _record(f: Facts, b: Builder, q: QueueObservation) -> None:
         check_state=wl.check.state if wl and wl.check else None,
         retry_count=wl.check.retry_count if wl and wl.check and wl.check.retry_count else None,
         pending_workloads=q.pending_workloads,
-        message=old.message if old else None,
+        message=None,  # why it waits: said by each pass that holds it (`hold`), none otherwise
         preemptions=old.preemptions if old else 0,
         last_eviction=old.last_eviction.model_copy() if old and old.last_eviction else None,
         suspended=old.suspended if old else False,

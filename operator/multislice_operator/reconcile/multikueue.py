@@ -31,10 +31,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from multislice_operator.api.models import Phase
+from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.common import keys
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts
+from multislice_operator.reconcile.reasons import Reason
 from multislice_operator.reconcile.types import (
     Action,
     CheckState,
@@ -61,6 +62,52 @@ READY_MESSAGE = (
 def managed_elsewhere(f: Facts) -> bool:
     """A job on a MultiKueue manager, which a worker cluster runs."""
     return f.spec is not None and f.spec.managed_by == MANAGED_BY
+
+
+def runs_elsewhere(f: Facts) -> bool:
+    """A manager's job MultiKueue may dispatch: its pass is `manager`'s (no JobSet, no pool,
+    no status). Not one MultiKueue can never dispatch (`undispatchable`), nor one failed here
+    for that: the ordinary verdicts say so and release its quota."""
+    if not (managed_elsewhere(f) and f.queue and f.error is None):
+        return False
+    failed = f.old.condition(ConditionType.FAILED)
+    here = failed is not None and failed.reason == Reason.MULTIKUEUE_UNAVAILABLE
+    return not here and undispatchable(f) is None
+
+
+def undispatchable(f: Facts) -> str | None:
+    """Why MultiKueue can never dispatch this manager's job: its Workload holds quota in a
+    ClusterQueue that lists no MultiKueue admission check (Kueue would admit the job here, where
+    nothing runs it, and keep the quota), or MultiKueue rejected it (Kueue deactivates it then).
+    None: it may be dispatched, or that is not known yet.
+
+    Kueue lists a ClusterQueue's checks on its Workloads (status.admissionChecks) in one write,
+    and a MultiKueue check always (one per flavor leaves the ClusterQueue inactive:
+    pkg/cache/scheduler/clusterqueue.go), but possibly only after it reserved quota; it admits
+    only once every check is listed and Ready. So a Workload with quota and some check listed, or
+    admitted, without MultiKueue's, is in a ClusterQueue without one."""
+    if not (managed_elsewhere(f) and f.queue) or f.obs.queue is None:
+        return None
+    wl = f.obs.queue.workload
+    if wl is None or wl.finished:
+        return None
+    mk = wl.multikueue_check
+    if mk is not None and mk.state == CheckState.REJECTED:
+        return (
+            f"MultiKueue's admission check {mk.name} rejected the Workload: {mk.message}; "
+            "nothing dispatches the job to a worker cluster"
+        )
+    listed = wl.checks_listed or wl.check is not None or wl.admitted
+    if mk is not None or not wl.quota_reserved or not listed:
+        return None
+    cq = wl.cluster_queue or f.obs.queue.cluster_queue or "?"
+    return (
+        f"spec.managedBy is {MANAGED_BY}, but ClusterQueue {cq} has no MultiKueue admission "
+        f"check (an AdmissionCheck with controllerName {keys.MULTIKUEUE_CONTROLLER}): nothing "
+        "would dispatch the job to a worker cluster, and Kueue would hold its quota here, where "
+        "nothing runs it; the quota is released. Add a MultiKueue admission check to the "
+        "ClusterQueue, or remove spec.managedBy to run the job in this cluster, and recreate it"
+    )
 
 
 def from_manager(f: Facts) -> bool:

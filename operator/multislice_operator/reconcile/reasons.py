@@ -58,8 +58,10 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
     JOBSET_FAILED = "JobSetFailed"
     ADMISSION_CHECK_REJECTED = "AdmissionCheckRejected"
+    MULTIKUEUE_UNAVAILABLE = "MultiKueueUnavailable"
     POD_SECURITY_REFUSED = "PodSecurityRefused"
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
+    SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"
     JOBSET_REFUSED = "JobSetRefused"
     PREFLIGHT_FAILED = "PreflightFailed"
     POOL_NAME_TAKEN = "PoolNameTaken"
@@ -185,6 +187,14 @@ REGISTRY: dict[Reason, Info] = {
         terminal=True,
         event=False,
     ),
+    Reason.MULTIKUEUE_UNAVAILABLE: Info(
+        WARNING,
+        "A job with spec.managedBy kueue.x-k8s.io/multikueue whose Workload holds quota in a "
+        "ClusterQueue without a MultiKueue admission check, or that MultiKueue rejected: nothing "
+        "would dispatch it; its quota is released.",
+        terminal=True,
+        event=False,
+    ),
     Reason.POD_SECURITY_REFUSED: Info(
         WARNING,
         "The namespace's Pod Security level refuses the job's host-network pods; found before any "
@@ -196,6 +206,14 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "The PriorityClass spec.template.spec.priorityClassName names does not exist, so the "
         "apiserver refuses every pod; found before any node pool.",
+        terminal=True,
+        event=False,
+    ),
+    Reason.SCHEDULER_NOT_RUNNING: Info(
+        WARNING,
+        "No scheduler looked at any pod of the job (no PodScheduled condition) within "
+        "--scheduler-grace-seconds of the first one's creation: spec.template.spec.schedulerName "
+        "names a scheduler that is not running; before any node pool when it is known not to run.",
         terminal=True,
         event=False,
     ),
@@ -336,10 +354,13 @@ REGISTRY: dict[Reason, Info] = {
     Reason.KUEUE_UNSUPPORTED: Info(
         WARNING, "The cluster's Kueue serves no API version this operator speaks."
     ),
+    # A fact about the cluster, not about the job: the operator logs it once and exports it
+    # (multislice_in_place_restart); each job holds it in its condition, not in an event (57).
     Reason.IN_PLACE_UNAVAILABLE: Info(
         NORMAL,
         "The cluster cannot restart pods in place (JobSet >= v0.11 with its InPlaceRestart "
         "gate, Kubernetes >= 1.35): every restart recreates the pods (docs/restarts.md).",
+        event=False,
     ),
 }
 
@@ -437,6 +458,7 @@ for _reason, _condition in (
     (Reason.MAINTENANCE_IN_PROGRESS, "MaintenanceScheduled"),
     (Reason.NO_KUEUE_WORKLOAD, "Admitted"),
     (Reason.KUEUE_UNSUPPORTED, "Admitted"),
+    (Reason.MULTIKUEUE_UNAVAILABLE, "Admitted"),
     (Reason.IN_PLACE_UNAVAILABLE, "RestartInPlace"),
     (Reason.PREEMPTED, "Admitted"),
     (Reason.EVICTED, "Admitted"),

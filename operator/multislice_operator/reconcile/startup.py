@@ -52,10 +52,15 @@ def check(f: Facts, b: Builder, phase: Phase, repairing: bool) -> None:
     if left > 0:
         b.requeue_in(left)
         return
+    if f.scheduling is not None and f.scheduling.unseen_since is not None:
+        return  # no scheduler looked at any pod: no new pool or restart helps (the grace's)
     _act(f, b, plan, timing, timeout)
 
 
 def _act(f: Facts, b: Builder, plan: Plan, timing: StartupStatus, timeout: int) -> None:
+    # What follows replaces the pods or pauses the capacity clock: the clocks of pods waiting
+    # for a node are kept from here on, so that this does not reset them (scheduling.py).
+    b.status.scheduling = f.scheduling
     pods = [p for p in f.live_pods if p.attempt == timing.attempt and not p.deleting]
     running, slow = _slow_slices(f, plan, pods)
     if not slow:  # every pod runs (or ran); the JobSet has not said so yet

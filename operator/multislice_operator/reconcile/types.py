@@ -87,6 +87,9 @@ class Pod:
     # PodScheduled=False, reason Unschedulable: since when (else None) and the scheduler's words.
     unschedulable_since: datetime | None = None
     scheduler_message: str = ""
+    # A scheduler has looked at it: it has a PodScheduled condition (True or False) or a node.
+    # False: Pending with neither, which a scheduler serving its schedulerName never leaves it.
+    looked_at: bool = True
     checkpoint_request: str | None = None  # its multislice.dev/checkpoint-request annotation
     checkpoint_saved: tuple[str, int] | None = None  # its checkpoint-saved annotation (id, step)
     last_exit: LastExit | None = None  # restarted in place after its program's exit
@@ -253,6 +256,11 @@ class WorkloadObservation:
     eviction_time: datetime | None = None
     preempted_by: str | None = None  # namespace/name of the preemptor's job, when Kueue names it
     check: CheckObservation | None = None  # None: the ClusterQueue lists no check of ours
+    # MultiKueue's check on it (an AdmissionCheck with controllerName kueue.x-k8s.io/multikueue);
+    # None: none listed.
+    multikueue_check: CheckObservation | None = None
+    # Kueue listed its ClusterQueue's checks on it (status.admissionChecks not empty).
+    checks_listed: bool = False
     # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
     adopted: bool = True
     # provisioning.mode Fallback: the option whose quota it asks for (its label); None: none.
@@ -327,6 +335,14 @@ class Observed:
     # and found not to exist (the apiserver's Priority admission refuses every pod); None: it
     # exists, none is named, or it is not known.
     missing_priority_class: str | None = None
+    # The scheduler spec.template.spec.schedulerName names is known not to run, read before the
+    # first pool: why (no scheduler looked at another job's pods naming it within the grace,
+    # and none has looked at any pod naming it since); None: it runs, or it is not known.
+    scheduler_absent: str | None = None
+    # Nodes of the job's slices whose Ready condition says True but whose kubelet was not heard
+    # of for the node monitor grace (Lease and status not renewed): not counted Ready. "name
+    # (age)" texts, for the status message.
+    stale_nodes: tuple[str, ...] = ()
     # Kueue cannot be served (its served API version is not one this operator speaks): why.
     kueue_problem: str | None = None
     # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
@@ -349,6 +365,8 @@ class DecideConfig:
     kueue_workload_wait_seconds: float
     # A MultiKueue worker that handed a job back tries it again only after this long.
     multikueue_lost_cooldown_seconds: float = 600.0
+    # Pods that no scheduler has looked at this long after their creation fail the job.
+    scheduler_grace_seconds: float = 60.0
 
     @classmethod
     def from_settings(cls, s: Settings | None = None, **override: float) -> DecideConfig:
@@ -360,6 +378,7 @@ class DecideConfig:
             "not_ready_grace_seconds": s.node_not_ready_grace_seconds,
             "kueue_workload_wait_seconds": s.kueue_workload_wait_seconds,
             "multikueue_lost_cooldown_seconds": s.multikueue_lost_cooldown_seconds,
+            "scheduler_grace_seconds": s.scheduler_grace_seconds,
         }
         values.update(override)
         return cls(**values)

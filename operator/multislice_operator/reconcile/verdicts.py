@@ -18,7 +18,14 @@ from enum import StrEnum
 from multislice_operator.api.models import ConditionType, Phase
 from multislice_operator.common.names import REPLICATED_JOB
 from multislice_operator.common.ownership import Owner
-from multislice_operator.reconcile import elastic, kueue_gate, multikueue, preflight, restarts
+from multislice_operator.reconcile import (
+    elastic,
+    kueue_gate,
+    multikueue,
+    preflight,
+    restarts,
+    scheduling,
+)
 from multislice_operator.reconcile.capacity import (
     Released,
     pools_present,
@@ -144,6 +151,14 @@ def check_rejected(f: Facts) -> Verdict | None:
     return Verdict(End.FAIL, Reason.ADMISSION_CHECK_REJECTED, message, admitted=Reason.REJECTED)
 
 
+def multikueue_unavailable(f: Facts) -> Verdict | None:
+    why = multikueue.undispatchable(f) if f.steps.multikueue else None
+    if why is None:
+        return None
+    reason = Reason.MULTIKUEUE_UNAVAILABLE
+    return Verdict(End.FAIL, reason, why, admitted=reason)
+
+
 def before_first_pool(f: Facts) -> bool:
     """Nothing of the job holds capacity yet: no JobSet of its own, no pool of its own."""
     return f.js is None and not pools_present(f)
@@ -219,36 +234,80 @@ def disruption_budget(f: Facts) -> Verdict | None:
     return Verdict(End.FAIL, reason, over, event=reason)
 
 
-def _unschedulable_waits(f: Facts) -> list[tuple[float, str]]:
-    """(seconds left, message) for each unschedulable pod while every slice's capacity is ready."""
-    since, spec = f.capacity_ready_since, f.spec
-    if since is None or spec is None:
-        return []
+def _due(wait: tuple[float, str] | None, reason: Reason) -> Verdict | None:
+    """A deadline's verdict: the job fails once its (seconds left, message) wait ran out."""
+    if wait is None or wait[0] > 0:
+        return None
+    return Verdict(End.FAIL, reason, wait[1])
+
+
+def _unschedulable_wait(f: Facts) -> tuple[float, str] | None:
+    """(seconds left, message) while a pod waits for a node and every slice's capacity is
+    ready, counted from status.scheduling.waitingSince (scheduling.py: no pool replacement or
+    restart of the startup deadline resets it)."""
+    waits, spec = f.scheduling, f.spec
+    since = waits.waiting_since if waits is not None else None
+    if since is None or spec is None or f.capacity_ready_since is None or not f.unschedulable:
+        return None
     timeout = spec.failure_policy.unschedulable_timeout_seconds
-    out = []
-    for pod in sorted(f.unschedulable, key=lambda p: (p.unschedulable_since, p.name)):
-        assert pod.unschedulable_since is not None
-        waited = (f.now - max(pod.unschedulable_since, since)).total_seconds()
-        where = f" (slice {pod.slice_index})" if pod.slice_index is not None else ""
-        out.append(
-            (
-                timeout - waited,
-                f"pod {pod.name}{where} could not be scheduled for {timeout}s while every "
-                "slice's capacity was ready (spec.failurePolicy.unschedulableTimeoutSeconds); "
-                f"the scheduler says: {pod.scheduler_message}",
-            )
-        )
-    return out
+    pod = min(f.unschedulable, key=lambda p: (p.unschedulable_since, p.name))
+    where = f" (slice {pod.slice_index})" if pod.slice_index is not None else ""
+    return (
+        timeout - (f.now - since).total_seconds(),
+        f"pod {pod.name}{where} could not be scheduled for {timeout}s while every "
+        "slice's capacity was ready (spec.failurePolicy.unschedulableTimeoutSeconds, counted "
+        "from the job's first pod waiting: the startup deadline's pool replacements and "
+        f"restarts do not reset it); the scheduler says: {pod.scheduler_message}",
+    )
 
 
 def unschedulable(f: Facts) -> Verdict | None:
-    due = [message for left, message in _unschedulable_waits(f) if left <= 0]
-    return Verdict(End.FAIL, Reason.UNSCHEDULABLE, due[0]) if due else None
+    return _due(_unschedulable_wait(f), Reason.UNSCHEDULABLE)
+
+
+def scheduler_known_absent(f: Facts) -> Verdict | None:
+    """Before the first pool: the scheduler the template names is known not to run."""
+    absent = f.obs.scheduler_absent
+    if not absent or f.spec is None or not before_first_pool(f):
+        return None
+    return Verdict(
+        End.FAIL,
+        Reason.SCHEDULER_NOT_RUNNING,
+        f"spec.template.spec.schedulerName is {scheduling.scheduler_name(f.spec)!r}, a "
+        f"scheduler known not to run: {absent}; nothing was provisioned: start that scheduler "
+        "or remove the field (the default scheduler), then recreate the job",
+    )
+
+
+def _unseen_wait(f: Facts) -> tuple[float, str] | None:
+    """(seconds left, message) while no scheduler has looked at any pod of the job, counted
+    from the first one's creation (status.scheduling.unseenSince)."""
+    waits, spec = f.scheduling, f.spec
+    since = waits.unseen_since if waits is not None else None
+    if since is None or spec is None:
+        return None
+    grace = f.cfg.scheduler_grace_seconds
+    return (
+        grace - (f.now - since).total_seconds(),
+        f"no scheduler looked at any pod of the job within {grace:.0f}s of the first one's "
+        "creation (no PodScheduled condition; --scheduler-grace-seconds): "
+        f"spec.template.spec.schedulerName is {scheduling.scheduler_name(spec)!r}: is a "
+        "scheduler of that name running? Remove the field for the default scheduler",
+    )
+
+
+def scheduler_not_running(f: Facts) -> Verdict | None:
+    return _due(_unseen_wait(f), Reason.SCHEDULER_NOT_RUNNING)
 
 
 def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
-    since, spec, plan = f.capacity_ready_since, f.spec, f.plan
-    if since is None or spec is None or plan is None:
+    """Counted from the capacity clock at a first start, else from when the slice's pods went
+    (status.scheduling.podsMissingSince): a job that ran an hour is not failed the moment a
+    drain or a restart leaves a slice without pods."""
+    ready, spec, plan = f.capacity_ready_since, f.spec, f.plan
+    gone = f.scheduling.pods_missing_since if f.scheduling is not None else None
+    since = gone or ready
+    if ready is None or since is None or spec is None or plan is None:
         return None
     missing = [i for i in range(f.active) if not f.pods_by_slice.get(i)]
     if not missing:
@@ -265,10 +324,7 @@ def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
 
 
 def pods_not_created(f: Facts) -> Verdict | None:
-    wait = _pods_not_created_wait(f)
-    if wait is None or wait[0] > 0:
-        return None
-    return Verdict(End.FAIL, Reason.PODS_NOT_CREATED, wait[1])
+    return _due(_pods_not_created_wait(f), Reason.PODS_NOT_CREATED)
 
 
 VERDICTS: tuple[Rule, ...] = (
@@ -281,13 +337,16 @@ VERDICTS: tuple[Rule, ...] = (
     completed,
     jobset_failed,
     check_rejected,
+    multikueue_unavailable,
     pod_security,
     priority_class_missing,
+    scheduler_known_absent,
     jobset_refused,
     preflight_failed,
     pool_name_taken,
     provisioning_failed,
     disruption_budget,
+    scheduler_not_running,
     unschedulable,
     pods_not_created,
 )
@@ -303,10 +362,8 @@ def first(f: Facts) -> Verdict | None:
 
 def next_deadline(f: Facts) -> float | None:
     """Seconds until a time-based verdict would fire (a pass is wanted then)."""
-    lefts = [left for left, _ in _unschedulable_waits(f)]
-    wait = _pods_not_created_wait(f)
-    if wait is not None:
-        lefts.append(wait[0])
+    waits = (_unschedulable_wait(f), _unseen_wait(f), _pods_not_created_wait(f))
+    lefts = [wait[0] for wait in waits if wait is not None]
     return min(lefts) if lefts else None
 
 

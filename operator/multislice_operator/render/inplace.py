@@ -102,7 +102,8 @@ def _attempt_from_agent(tpu: dict[str, Any]) -> None:
     annotation moves on every restart (a recreated pod's agent starts at the JobSet's current
     attempt + 1 too). The kubelet resolves the downward API each time it starts a container,
     and the agent writes the annotation before its barrier lets the TPU container start, so the
-    program sees the new attempt after an in-place restart (an unset value reads as 0)."""
+    program sees the new attempt after an in-place restart (an unset value reads as 0), or, when
+    the kubelet's copy of the pod has not caught up yet, the one before (docs/restarts.md)."""
     for var in tpu.get("env") or []:
         if var.get("name") == "MULTISLICE_RESTART_ATTEMPT" and "valueFrom" in var:
             path = f"metadata.annotations['{ATTEMPT_ANNOTATION}']"

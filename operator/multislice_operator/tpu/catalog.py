@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 GBIT = 1e9
+MIB = 2**20
 
 
 def generate_3d_topologies(max_cubes: int, nondecreasing: bool = True) -> tuple[str, ...]:
@@ -52,7 +53,11 @@ class Generation:
     cores_per_chip: int  # the number in the accelerator type counts cores for v4/v5p, chips else
     gke_accelerator: str  # cloud.google.com/gke-tpu-accelerator
     peak_bf16_flops: float  # per chip
-    hbm_bytes: int  # per chip
+    hbm_bytes: int  # per chip, as Cloud TPU's pages say
+    # Per device: the HBM the TPU compiler (libtpu) lets one device's program use, what its
+    # out-of-HBM refusals state ("available HBM (15.75G)"): the spec's less what libtpu reserves.
+    # The workload's hardware.TPU_COMPILER_HBM_BYTES has the sources; tests check both.
+    usable_hbm_bytes: int
     dcn_bits_per_chip: float  # DCN bandwidth per chip, bit/s
     dims: int  # topology dimensions: 3 for v4/v5p, 2 for v5e/v6e
     topologies: tuple[str, ...]  # valid slice shapes
@@ -101,6 +106,7 @@ GENERATIONS: dict[str, Generation] = {
             gke_accelerator="tpu-v4-podslice",
             peak_bf16_flops=275e12,
             hbm_bytes=32 * 2**30,
+            usable_hbm_bytes=32 * 1024 * MIB - 1283 * MIB,  # 30.75 GiB
             dcn_bits_per_chip=12.5 * GBIT,  # the seed: 50 Gbit/s per 4-chip host
             dims=3,
             topologies=generate_3d_topologies(64, nondecreasing=False),
@@ -117,6 +123,7 @@ GENERATIONS: dict[str, Generation] = {
             gke_accelerator="tpu-v5-lite-podslice",
             peak_bf16_flops=197e12,
             hbm_bytes=16 * 10**9,
+            usable_hbm_bytes=16 * 1024 * MIB - 258 * MIB,  # 15.75 GiB
             dcn_bits_per_chip=25 * GBIT,  # 2 x 100 Gbit/s per 8-chip physical host
             dims=2,
             topologies=_2D_TOPOLOGIES,
@@ -133,6 +140,7 @@ GENERATIONS: dict[str, Generation] = {
             gke_accelerator="tpu-v5p-slice",
             peak_bf16_flops=459e12,
             hbm_bytes=95 * 2**30,
+            usable_hbm_bytes=96 * 1024 * MIB - 263 * MIB,  # 95.74 GiB
             dcn_bits_per_chip=50 * GBIT,
             dims=3,
             topologies=generate_3d_topologies(140),
@@ -149,6 +157,7 @@ GENERATIONS: dict[str, Generation] = {
             gke_accelerator="tpu-v6e-slice",
             peak_bf16_flops=918e12,
             hbm_bytes=32 * 10**9,
+            usable_hbm_bytes=32256 * MIB - 260 * MIB,  # 31.25 GiB
             dcn_bits_per_chip=100 * GBIT,  # 4 x 200 Gbit/s per 8-chip physical host
             dims=2,
             topologies=_2D_TOPOLOGIES,
@@ -173,6 +182,7 @@ GENERATIONS: dict[str, Generation] = {
             gke_accelerator="tpu7x",
             peak_bf16_flops=2307e12,
             hbm_bytes=192 * 2**30,
+            usable_hbm_bytes=95 * 1024 * MIB - 260 * MIB,  # 94.75 GiB per TensorCore (device)
             dcn_bits_per_chip=100 * GBIT,
             dims=3,
             topologies=("1x1x1", *generate_3d_topologies(144)),
