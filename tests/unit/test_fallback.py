@@ -146,7 +146,7 @@ def test_every_option_and_shape_is_checked_and_named_where_the_spec_says_it() ->
         ],
         shapes=[
             {"name": "v4", "accelerator": "v4-32", "slices": 2, "parallelism": {"ici": {"fsdp": 4}}}
-        ],  # fmt: skip
+        ],
     )
     with pytest.raises(SpecError) as exc:
         plan_job(load_job(bad))
@@ -202,6 +202,7 @@ def test_a_capacity_error_leaves_the_option_for_the_next_not_a_backoff(code: str
     created = step(None, 0)
     assert created.actions == [CreatePools((0, 1))]
     assert created.status.fallback is not None and created.status.fallback.since == NOW
+    assert created.status.fallback.shape == ""  # the job's own
     assert (created.status.message or "").startswith("option 1 (Reserved res-a, v5litepod-16 x")
     d = step(created.status, 30, stocked_out(code))
     fb = d.status.fallback
@@ -222,6 +223,10 @@ def test_a_capacity_error_leaves_the_option_for_the_next_not_a_backoff(code: str
     moved_on = step(waiting.status, 40)
     assert moved_on.status.fallback is not None and moved_on.status.fallback.option == 1
     assert moved_on.status.fallback.leaving is None
+    assert (moved_on.status.fallback.last_left, moved_on.status.fallback.last_left_option) == (
+        why,
+        0,
+    )
     nxt = step(moved_on.status, 41)
     assert nxt.actions == [CreatePools((0, 1))]
     assert plan_for(nxt.status).capacity == "FlexStart"
@@ -264,6 +269,7 @@ def test_flex_start_waiting_past_its_try_time_is_left_with_its_jobset() -> None:
     assert going.status.fallback is not None and going.status.fallback.option == 1
     gone = step(going.status, 910)
     assert gone.status.fallback is not None and gone.status.fallback.option == 2
+    assert (gone.status.fallback.shape, gone.status.fallback.last_left) == ("v6e", "Timeout")
     spot = step(gone.status, 911)
     assert spot.actions == [CreatePools((0,))]  # v6e-32 x 1, spot, us-east5-c
 
@@ -399,7 +405,7 @@ WORKLOAD = "multislicejob-job"
 
 def workload(option: int, **kw: Any) -> QueueObservation:
     kw.setdefault("cluster_queue", "cq")
-    wl = WorkloadObservation(WORKLOAD, "7", option=str(option), **kw)
+    wl = WorkloadObservation(WORKLOAD, "7", quota_key=str(option), **kw)
     return QueueObservation("team-a", cluster_queue="cq", workload=wl)
 
 

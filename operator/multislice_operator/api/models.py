@@ -1702,6 +1702,10 @@ class FallbackStatus(_Model):
     """provisioning.mode Fallback: which option and shape are tried, why the last was left."""
 
     option: int = Field(default=0, ge=0, description="The option tried now (its index).")
+    shape: str = Field(
+        default="",
+        description="The shape it runs the job as (a shapes[].name; empty: the job's own).",
+    )
     round: int = Field(default=1, ge=1, description="Passes over the options, this one included.")
     since: datetime | None = Field(
         default=None, description="When the option tried now began (its trySeconds count from it)."
@@ -1712,6 +1716,12 @@ class FallbackStatus(_Model):
         "next option is tried.",
     )
     leaving_message: str | None = Field(default=None, description="Why, in the cloud's words.")
+    last_left: FallbackLeave | None = Field(
+        default=None, description="Why the option tried before this one was left."
+    )
+    last_left_option: int | None = Field(
+        default=None, ge=0, description="The option tried before this one (its index)."
+    )
     ready: bool = Field(default=False, description="The option's gang is up: the job runs on it.")
     options: list[FallbackOptionStatus] = Field(default_factory=list)
     shapes: list[FallbackShapeStatus] = Field(default_factory=list)

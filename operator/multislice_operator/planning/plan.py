@@ -215,6 +215,9 @@ class Plan:
     # (not refused by the preflight compile): a refused compile fails it only at none.
     shape_key: str | None = None
     shape_alternatives: int = 0
+    # What the job's Kueue Workload asks for when that may change (a Fallback job's option): its
+    # Workload carries it and one of another key is replaced; None: the job's one Workload.
+    quota_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes:

@@ -260,6 +260,7 @@ def compose(spec: MultisliceJobSpec, namespace: str, name: str,
         spare_pools=labelled(plan.spare_pools),
         node_selector=selector,
         shape_key=current.shape,
+        quota_key=str(k),
         shape_alternatives=len(named - refused - {current.shape}),
         warnings=[*plan.warnings, *warnings],
     )
@@ -377,7 +378,10 @@ def _memory(f: Facts, b: Builder) -> FallbackStatus:
     assert f.plan is not None and f.plan.fallback is not None
     if b.status.fallback is None:
         b.status.fallback = FallbackStatus(option=f.plan.fallback.option)
-    return b.status.fallback
+    fb = b.status.fallback
+    if fb.option == f.plan.fallback.option:
+        fb.shape = f.plan.fallback.current.shape
+    return fb
 
 
 def _option_status(fb: FallbackStatus, option: OptionPlan) -> FallbackOptionStatus:
@@ -483,6 +487,7 @@ def _leave(f: Facts, b: Builder, fb: FallbackStatus, inner: CapacityModel, why: 
     if not fb.ready:
         option.waited_seconds += waited
     option.last_left, option.message = why, message[:1024]
+    fb.last_left, fb.last_left_option = why, current.index
     fb.leaving, fb.leaving_message, fb.since, fb.ready = why, message[:1024], None, False
     b.status.attempt_start_time = None
     b.status.next_attempt_time = None  # the next option is tried at once, not after a backoff
@@ -535,7 +540,7 @@ def _move_on(f: Facts, b: Builder, fb: FallbackStatus, inner: CapacityModel) -> 
     if nxt is None:  # every shape refused: the preflight's verdict fails the job
         text = f"leaving {_name(current)}: no option left whose shape compiles"
         return Capacity(False, Phase.PROVISIONING, text)
-    fb.option, fb.leaving, fb.leaving_message = nxt.index, None, None
+    fb.option, fb.shape, fb.leaving, fb.leaving_message = nxt.index, nxt.shape, None, None
     _compiled_before(f, b, fb, nxt)
     text = f"trying {_name(nxt)}"
     if wrapped:

@@ -114,12 +114,11 @@ def gate(f: Facts, b: Builder) -> Gate:
         return _no_workload(f, b, q)
     if not wl.adopted:  # MultiKueue's prebuilt Workload: the job's from now on
         b.add(AdoptWorkload(wl.name, wl.resource_version))
-    elif _another_option(f, wl):
+    elif (key := _asks_for_another(f, wl)) is not None:
         b.add(DeleteWorkload(wl.name, wl.resource_version))
-        option = int(wl.option or 0) + 1
         return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
-                    f"replacing Workload {wl.name}: it asks for the quota of option {option}, "
-                    "the job tries another now", workload=wl)  # fmt: skip
+                    f"replacing Workload {wl.name}: it asks for the quota of {wl.quota_key!r}, "
+                    f"the job now asks for {key!r}", workload=wl)  # fmt: skip
     _note_eviction(f, b, wl)
     if not wl.active:
         return _deactivated(b, wl)
@@ -133,11 +132,12 @@ def gate(f: Facts, b: Builder) -> Gate:
     return _quota_reserved(wl)
 
 
-def _another_option(f: Facts, wl: WorkloadObservation) -> bool:
-    """The Workload asks for the quota of another option than the one the plan is for
-    (provisioning.mode Fallback: one Workload per option, docs/kueue.md)."""
-    fb = f.plan.fallback if f.plan is not None else None
-    return fb is not None and not wl.finished and wl.option != str(fb.option)
+def _asks_for_another(f: Facts, wl: WorkloadObservation) -> str | None:
+    """The plan's quota key when the Workload asks for other quota (Plan.quota_key: a Fallback
+    job's option; one Workload per key, as Kueue's jobframework replaces a Workload that no
+    longer matches its job), else None."""
+    key = f.plan.quota_key if f.plan is not None else None
+    return key if key is not None and not wl.finished and wl.quota_key != key else None
 
 
 def _unsupported(f: Facts, b: Builder, problem: str) -> Gate:

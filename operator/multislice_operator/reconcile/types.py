@@ -263,8 +263,8 @@ class WorkloadObservation:
     checks_listed: bool = False
     # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
     adopted: bool = True
-    # provisioning.mode Fallback: the option whose quota it asks for (its label); None: none.
-    option: str | None = None
+    # What it asks for when that may change (its label, Plan.quota_key); None: not labelled.
+    quota_key: str | None = None
 
 
 @dataclass(frozen=True)

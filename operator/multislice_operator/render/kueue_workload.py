@@ -104,8 +104,8 @@ def render_workload(
         keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
         keys.KUEUE_JOB_UID: uid,
     }
-    if plan.fallback is not None:  # the option whose quota it asks for (one Workload per option)
-        labels[keys.FALLBACK_OPTION] = str(plan.fallback.option)
+    if plan.quota_key is not None:  # what it asks for may change (a Fallback job's option)
+        labels[keys.QUOTA_KEY] = plan.quota_key
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": KIND,
