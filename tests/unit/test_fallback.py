@@ -456,3 +456,22 @@ def test_an_option_whose_quota_does_not_come_within_its_try_time_is_left():
     assert left is not None and left.last_left == FallbackLeave.TIMEOUT
     assert left.waited_seconds == 601
     assert "no quota for it in the ClusterQueue's flavors" in (left.message or "")
+
+
+def test_an_options_pools_are_created_in_its_zone_with_its_capacity_type_label() -> None:
+    """What GKE is sent for option 3 (Spot in us-east5-c): the option's zone, not the operator's
+    node location, spot VMs, and the label the job's pods select; option 1's go to the
+    operator's zone on the reservation."""
+    from multislice_operator.provisioning.gke_requests import build_node_pool
+    from multislice_operator.render.jobset import render_pod_template
+
+    spot = plan_for({"fallback": {"option": 2}})
+    pool = build_node_pool(spot, spot.pools[0], "uid-1", ["us-east5-b"])
+    assert list(pool.locations) == ["us-east5-c"] and pool.config.spot
+    assert pool.config.labels[keys.CAPACITY_TYPE] == "Spot"
+    selector = render_pod_template(spot, SPEC)["spec"]["nodeSelector"]
+    assert selector[keys.CAPACITY_TYPE] == "Spot" and selector[keys.GKE_SPOT] == "true"
+    reserved = plan_for(None)
+    pool = build_node_pool(reserved, reserved.pools[0], "uid-1", ["us-east5-b"])
+    assert list(pool.locations) == ["us-east5-b"] and not pool.config.spot
+    assert list(pool.config.reservation_affinity.values) == ["res-a"]
