@@ -6,8 +6,13 @@ with nothing of the options it left still held."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
+from multislice_local.harness import wait_for
+from multislice_local.preflight import compile_pod, finish_compile_pod
 from multislice_operator.common import keys
 from multislice_operator.reconcile.reasons import Reason
 from tests import msj
@@ -15,6 +20,7 @@ from tests.msj import create, pools_of
 
 ZONE = "us-central2-b"  # the local stack's node location (multislice_local.stack)
 PROJECT = "local-project"
+GIB = 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +83,51 @@ def test_the_job_runs_on_the_first_option_with_capacity_and_holds_nothing_of_the
     moved = [line for line in lines if line.startswith(Reason.FALLBACK_MOVED)]
     assert len(moved) == 2, moved
     assert "reservation exhausted" in moved[0] or "reservation exhausted" in moved[1]
+
+
+def test_a_shape_the_compiler_refuses_gets_no_pool_and_the_next_shape_runs(env):
+    """The job's own shape (2 x v5litepod-16) is refused by the preflight compile: no pool is ever
+    created for it; the next option's shape (2 x v6e-16) is compiled, passes, and runs."""
+    stack, ns = env
+    before = len(stack.sim.received_creates())  # the module's other tests' creates
+    fallback = {
+        "options": [{"capacity": {"type": "OnDemand"}},
+                    {"capacity": {"type": "OnDemand"}, "shape": "v6e"}],
+        "shapes": [{"name": "v6e", "accelerator": "v6e-16", "slices": 2}],
+    }  # fmt: skip
+    provisioning = {"mode": "Fallback", "fallback": fallback}
+    create(stack.api, ns, msj.job("shapes", run="1h", preflight={}, provisioning=provisioning))
+    own = the_compile_pod(stack, ns, "shapes")
+    finish_compile_pod(stack.api, ns, own, 78, said(False, 20.5))
+    other = the_compile_pod(stack, ns, "shapes", not_named=own["metadata"]["name"])
+    assert len(stack.sim.received_creates()) == before  # nothing before the next compile
+    finish_compile_pod(stack.api, ns, other, 0, said(True, 9.25))
+    st = msj.wait_phase(stack.api, ns, "shapes", "Running", 180, log=stack.op.log_tail)["status"]
+    fb = st["fallback"]
+    assert (fb["option"], fb["shape"], fb["lastLeft"]) == (1, "v6e", "DidNotCompile")
+    verdicts = {s["name"]: s["fits"] for s in fb["shapes"]}
+    assert verdicts == {"": False, "v6e": True}
+    machines = [
+        c["nodePool"]["config"]["machineType"] for c in stack.sim.received_creates()[before:]
+    ]
+    assert machines == ["ct6e-standard-4t"] * 2, machines  # 0 pools for the refused shape
+
+
+def the_compile_pod(stack, ns: str, name: str, not_named: str = "") -> dict[str, Any]:
+    """The job's compile pod waiting to be played (not `not_named`, the one played before)."""
+    found: dict[str, Any] = {}
+
+    def seen() -> bool:
+        pod = compile_pod(stack.api, ns, f"{name}-preflight") or {}
+        if pod and pod["metadata"]["name"] != not_named:
+            found.update(pod)
+        return bool(found)
+
+    wait_for(seen, 90, f"{name}'s compile pod", interval=0.5,
+             on_timeout=lambda: stack.op.log_tail(30))  # fmt: skip
+    return found
+
+
+def said(fits: bool, need_gib: float) -> str:
+    return json.dumps({"fits": fits, "hbm_bytes_per_device": int(need_gib * GIB),
+                       "hbm_capacity_bytes": 16 * 10**9})  # fmt: skip
