@@ -436,10 +436,14 @@ def test_a_queued_option_is_left_with_retry_and_its_workload_replaced_by_the_nex
     moved = queued(out.status, 40, evicted)
     assert moved.status.fallback is not None and moved.status.fallback.option == 1
     # The Workload asks for option 1's quota: deleted; the next pass makes option 2's.
-    stale = queued(moved.status, 41, workload(0, check=pending))
+    stale = queued(moved.status, 100, workload(0, check=pending))
     assert DeleteWorkload(WORKLOAD, "7") in stale.actions
-    fresh = queued(stale.status, 42, QueueObservation("team-a", cluster_queue="cq"))
+    fresh = queued(stale.status, 101, QueueObservation("team-a", cluster_queue="cq"))
     assert CreateWorkload() in fresh.actions
+    # The new Workload is waited for from its own create, not the job's start (no
+    # NoKueueWorkload for a Workload made a moment ago).
+    assert fresh.status.phase == Phase.QUEUED, fresh.status.message
+    assert Reason.NO_KUEUE_WORKLOAD not in reasons(fresh)
     assert plan_for(fresh.status, QUEUED_SPEC).node_selector == {keys.CAPACITY_TYPE: "FlexStart"}
 
 

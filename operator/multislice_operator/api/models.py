@@ -1585,6 +1585,12 @@ class QueueStatus(_Model):
         default=None, description="The ClusterQueue behind it (the LocalQueue's spec)."
     )
     workload: str | None = Field(default=None, description="The job's Kueue Workload.")
+    workload_replaced_time: datetime | None = Field(
+        default=None,
+        description="When the job's Workload was last deleted to be made again for other quota "
+        "(provisioning.mode Fallback moved to another option): the wait for Kueue to see the new "
+        "one counts from then, not from the job's start.",
+    )
     cluster: str | None = Field(
         default=None,
         description="On a job MultiKueue dispatched (label kueue.x-k8s.io/multikueue-origin): the "

@@ -116,6 +116,8 @@ def gate(f: Facts, b: Builder) -> Gate:
         b.add(AdoptWorkload(wl.name, wl.resource_version))
     elif (key := _asks_for_another(f, wl)) is not None:
         b.add(DeleteWorkload(wl.name, wl.resource_version))
+        assert b.status.queue is not None  # _record wrote it
+        b.status.queue.workload_replaced_time = f.now
         return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
                     f"replacing Workload {wl.name}: it asks for the quota of {wl.quota_key!r}, "
                     f"the job now asks for {key!r}", workload=wl)  # fmt: skip
@@ -269,6 +271,8 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
         elsewhere = f.steps.multikueue and multikueue.managed_elsewhere(f)
         made = f.meta.creation_time if elsewhere else None
         started = f.old.start_time or made or f.now
+        replaced = f.old.queue.workload_replaced_time if f.old.queue else None
+        started = max(started, replaced) if replaced is not None else started
         waited = (f.now - started).total_seconds()
         bound = f.cfg.kueue_workload_wait_seconds
         if waited < bound:
@@ -370,6 +374,7 @@ def _record(f: Facts, b: Builder, q: QueueObservation) -> None:
         preemptions=old.preemptions if old else 0,
         last_eviction=old.last_eviction.model_copy() if old and old.last_eviction else None,
         suspended=old.suspended if old else False,
+        workload_replaced_time=old.workload_replaced_time if old else None,
     )
 
 
