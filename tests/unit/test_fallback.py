@@ -435,6 +435,9 @@ def test_a_queued_option_is_left_with_retry_and_its_workload_replaced_by_the_nex
     evicted = workload(0, evicted=True, check=CheckObservation("gang", CheckState.RETRY))
     moved = queued(out.status, 40, evicted)
     assert moved.status.fallback is not None and moved.status.fallback.option == 1
+    # The pass that moves plans option 1 still: it makes nothing of it (a JobSet made now would
+    # select option 1's nodes for good: the next option's pods would never schedule).
+    assert not [a for a in moved.actions if isinstance(a, CreateJobSet | CreateWorkload)]
     # The Workload asks for option 1's quota: deleted; the next pass makes option 2's.
     stale = queued(moved.status, 100, workload(0, check=pending))
     assert DeleteWorkload(WORKLOAD, "7") in stale.actions

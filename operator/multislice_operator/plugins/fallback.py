@@ -541,6 +541,7 @@ def _move_on(f: Facts, b: Builder, fb: FallbackStatus, inner: CapacityModel) -> 
         text = f"leaving {_name(current)}: no option left whose shape compiles"
         return Capacity(False, Phase.PROVISIONING, text)
     fb.option, fb.shape, fb.leaving, fb.leaving_message = nxt.index, nxt.shape, None, None
+    b.replanned = True  # this pass's plan is the option left: nothing is made of it
     _compiled_before(f, b, fb, nxt)
     text = f"trying {_name(nxt)}"
     if wrapped:
