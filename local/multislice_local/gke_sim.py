@@ -115,7 +115,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -617,6 +617,7 @@ class _Scheduler:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._stopped = False
+        self._held = 0  # held(): due callbacks wait
         self._thread = threading.Thread(target=self._run, name="gke-sim-ops", daemon=True)
 
     def start(self) -> None:
@@ -634,14 +635,28 @@ class _Scheduler:
             heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay_s), next(self._seq), fn))
             self._cv.notify_all()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No callback runs inside (those due run at its end): a test sees an operation's
+        intermediate state however long the machine takes, not within a latency."""
+        with self._cv:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._held -= 1
+                self._cv.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._cv:
                 while not self._stopped:
                     now = time.monotonic()
-                    if self._heap and self._heap[0][0] <= now:
+                    if self._heap and self._heap[0][0] <= now and not self._held:
                         break
-                    self._cv.wait(self._heap[0][0] - now if self._heap else None)
+                    wait = self._heap[0][0] - now if self._heap and not self._held else None
+                    self._cv.wait(wait)
                 if self._stopped:
                     return
                 _, _, fn = heapq.heappop(self._heap)
@@ -916,6 +931,10 @@ class GkeSimulator:
                 "counters": self.counters(),
                 "faults": self.faults.to_json(),
             }
+
+    def operations_held(self) -> contextlib.AbstractContextManager[None]:
+        """Tests: no operation finishes inside (each due one finishes at its end)."""
+        return self._scheduler.held()
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until no operation is running (tests); False on timeout."""

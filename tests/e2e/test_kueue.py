@@ -112,8 +112,26 @@ class Env:
                 if any(m in ln for m in marks)]  # fmt: skip
         return (
             f"pools (status, running operation): {pools}\nworkloads: {wls}\njobs: {jobs}\n"
+            f"jobsets (suspend): {self._jobsets()}\npods: {self._pods()}\n"
             "operator, this namespace's lines and warnings:\n" + "\n".join(mine[-40:])
         )
+
+    def _jobsets(self) -> dict[str, Any]:
+        items = self.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", self.ns, "jobsets"
+        )["items"]
+        return {j["metadata"]["name"]: j["spec"].get("suspend") for j in items}
+
+    def _pods(self) -> dict[str, tuple[Any, ...]]:
+        """Each pod's phase, node, scheduling condition and whether it is being deleted: a job
+        stuck Starting (seen once under load) says which of them holds it."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for p in self.core.list_namespaced_pod(self.ns).items:
+            cond = next((c for c in p.status.conditions or [] if c.type == "PodScheduled"), None)
+            sched = (cond.status, cond.reason, (cond.message or "")[:120]) if cond else None
+            gone = p.metadata.deletion_timestamp is not None
+            out[p.metadata.name] = (p.status.phase, p.spec.node_name, sched, gone)
+        return out
 
     def pools(self, name: str) -> list[str]:
         return list(msj.pools_of(self.sim, self.ns, name))

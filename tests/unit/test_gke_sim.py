@@ -91,13 +91,15 @@ def admin(sim: GkeSimulator, method: str, path: str, body: Any = None) -> Any:
 def test_create_provisioning_then_running_registers_nodes(
     sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
 ) -> None:
-    op = gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
-    assert op.status == cs.Operation.Status.RUNNING
-    assert op.operation_type == cs.Operation.Type.CREATE_NODE_POOL
-    assert op.target_link.endswith("/clusters/c/nodePools/pool-a")
-    listed = gke.list_node_pools(parent=CLUSTER).node_pools
-    assert [(p.name, p.status) for p in listed] == [("pool-a", cs.NodePool.Status.PROVISIONING)]
-    assert registrar.node_count() == 0
+    # Held: a loaded machine once took longer than LATENCY between the create and the list.
+    with sim.operations_held():
+        op = gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+        assert op.status == cs.Operation.Status.RUNNING
+        assert op.operation_type == cs.Operation.Type.CREATE_NODE_POOL
+        assert op.target_link.endswith("/clusters/c/nodePools/pool-a")
+        listed = gke.list_node_pools(parent=CLUSTER).node_pools
+        assert [(p.name, p.status) for p in listed] == [("pool-a", cs.NodePool.Status.PROVISIONING)]
+        assert registrar.node_count() == 0
 
     wait_for(lambda: sim.pool("pool-a")["status"] == "RUNNING")  # type: ignore[index]
     done = gke.get_operation(name=f"{LOCATION}/operations/{op.name}")
@@ -137,17 +139,18 @@ def test_single_host_pool_gets_single_host_topology(
 def test_delete_stopping_then_gone_and_nodes_removed(
     sim: GkeSimulator, gke: container_v1.ClusterManagerClient, registrar: InMemoryRegistrar
 ) -> None:
-    sim.configure(op_latency_s=0.8)  # long enough to act while operations run
-    gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
-    # GKE names the running operation and the cluster, not the pool.
-    with pytest.raises(gexc.BadRequest, match="currently creating a node pool for cluster c"):
-        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    with sim.operations_held():  # while the operations run, however slow the machine
+        gke.create_node_pool(parent=CLUSTER, node_pool=tpu_pool())
+        # GKE names the running operation and the cluster, not the pool.
+        with pytest.raises(gexc.BadRequest, match="currently creating a node pool for cluster c"):
+            gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
     assert sim.wait_idle()
-    op = gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
-    assert op.operation_type == cs.Operation.Type.DELETE_NODE_POOL
-    assert gke.get_node_pool(name=f"{CLUSTER}/nodePools/pool-a").status.name == "STOPPING"
-    with pytest.raises(gexc.BadRequest, match="currently deleting a node pool for cluster c"):
-        gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+    with sim.operations_held():
+        op = gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
+        assert op.operation_type == cs.Operation.Type.DELETE_NODE_POOL
+        assert gke.get_node_pool(name=f"{CLUSTER}/nodePools/pool-a").status.name == "STOPPING"
+        with pytest.raises(gexc.BadRequest, match="currently deleting a node pool for cluster c"):
+            gke.delete_node_pool(name=f"{CLUSTER}/nodePools/pool-a")
     assert sim.wait_idle()
     assert gke.list_node_pools(parent=CLUSTER).node_pools == []
     assert registrar.node_count() == 0
