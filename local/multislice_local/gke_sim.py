@@ -60,6 +60,15 @@ less); each rule cites its public source where it is enforced (:meth:`GkeSimulat
   insert of the name meanwhile is 409 alreadyExists, a pool naming a policy that is not READY is
   refused. A tpu7x pool may name only its workload policy: the policy's accelerator topology is
   the slice's (GKE's Ironwood guides, xpk).
+* capacity per zone, capacity type and specific reservation (:meth:`GkeSimulator.set_capacity`,
+  in TPU chips; a key not set is unlimited): a create whose zone has not the chips free for its
+  type (``ZONE/OnDemand``, ``ZONE/Spot``) is accepted and fails as a stockout; a flex-start one
+  (``ZONE/FlexStart``) waits for capacity (RUNNING, no nodes, as Dynamic Workload Scheduler queues
+  it) until :meth:`GkeSimulator.grant_flex_start`; a create on a specific reservation without the
+  VMs free (``reservation/R``) is refused at once with GKE's 429 RESOURCE_EXHAUSTED "Reservation
+  does not have enough resources for the request: specific reservation ..."
+  (GoogleCloudPlatform/gsutil#1000). Pools that exist hold their chips until deleted (a failed
+  one holds none), so a test exhausts one capacity and leaves another.
 * GKE dynamic slicing (:mod:`multislice_local.slices`, docs/dynamic-slicing-contract.md):
   :meth:`GkeSimulator.add_reservation` makes All Capacity mode reservations of 4x4x4 sub-blocks
   that tpu7x pools take whole; with a ``slice_store`` a simulated slice controller forms ``Slice``
@@ -80,6 +89,7 @@ Admin API (JSON): ``GET /_sim/state``, ``GET /_sim/counters``, ``POST /_sim/coun
 ``POST /_sim/offered`` (``{"zone": ["v5litepod-16", ...]}``), ``POST /_sim/pools/NAME/preempt``
 (``{"recreateAfterS": 2}``), ``POST /_sim/pools/NAME/break`` (``{"message": "..."}``),
 ``POST /_sim/reservations`` (``{"name": "R", "blocks": {"block-1": 4}}``), ``GET /_sim/cubes``,
+``GET|POST /_sim/capacity`` (``{"us-east5-b/Spot": 16, "reservation/R": 0}``; null: unlimited),
 ``POST /_sim/cubes/ID/state`` (``{"state": "UNHEALTHY"}``), ``POST /_sim/slices/NAME/stuck``
 (``{"stuck": true}``: its deletion stops at DEACTIVATING). Names are looked up across clusters.
 
@@ -454,6 +464,8 @@ class _Pool:
     cubes: list[str] = field(default_factory=list)  # sub-block paths it holds (All Capacity)
     extra_labels: dict[str, str] = field(default_factory=dict)  # GKE's labels of its sub-block
     full_target: str = ""  # the reservation path it aimed at when it found no free sub-block
+    stock_key: str | None = None  # the capacity it takes (GkeSimulator.set_capacity's key)
+    holds_stock: bool = False  # it holds its chips of that capacity (accepted, not failed)
 
     @property
     def flex_start(self) -> bool:
@@ -709,6 +721,8 @@ class GkeSimulator:
         # Dynamic slicing: sub-blocks of All Capacity mode reservations by path; the slice
         # controller when Slices are served (``slice_store``).
         self._cubes: dict[str, slices.SubBlock] = {}
+        # Chips per capacity (set_capacity): ZONE/TYPE or reservation/PATH; absent: unlimited.
+        self._stock: dict[str, int] = {}
         self.slice_controller = (
             slices.SliceController(
                 slice_store, _RegistrarLabeler(self), self.config.slice_activation_s
@@ -795,6 +809,23 @@ class GkeSimulator:
     def set_offered(self, zone: str, types: Iterable[str]) -> None:
         with self._lock:
             self.config.offered[zone] = list(types)
+
+    def set_capacity(self, key: str, chips: int | None, project: str = "p") -> None:
+        """The TPU chips the cloud has for ``key``: ``ZONE/OnDemand``, ``ZONE/Spot`` or
+        ``ZONE/FlexStart`` (the zone's VMs of that provisioning model), or ``reservation/R`` (a
+        specific reservation: a name in ``project``, or projects/P/reservations/R). None:
+        unlimited (the default for every key). Pools that exist keep what they hold."""
+        norm = _stock_key(key, project)
+        with self._lock:
+            if chips is None:
+                self._stock.pop(norm, None)
+            else:
+                self._stock[norm] = int(chips)
+
+    def capacity(self) -> dict[str, dict[str, int]]:
+        """Every limited capacity: its chips and the chips its pools hold now."""
+        with self._lock:
+            return {k: {"chips": v, "held": self._held(k)} for k, v in self._stock.items()}
 
     def counters(self) -> dict[str, Any]:
         """Calls by method, responses by HTTP code, injected faults, pools, peak operations."""
@@ -891,7 +922,10 @@ class GkeSimulator:
     def state(self) -> dict[str, Any]:
         with self._lock:
             return {
-                "pools": [p.to_json() | {"nodes": p.nodes} for p in self._pools.values()],
+                "pools": [
+                    p.to_json() | {"nodes": p.nodes, "flexHeld": p.flex_held}
+                    for p in self._pools.values()
+                ],
                 "resourcePolicies": [rp.to_json() for rp in self._policies.values()],
                 "operations": [o.to_json() for o in self._ops.values()],
                 "cubes": self.cubes(),
@@ -1142,6 +1176,8 @@ class GkeSimulator:
             raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}.")
         self._check_cluster_operation(cluster_path)
         self._check_conflict(cluster_path)
+        stock = self._stock_of(spec, location, project)
+        self._refuse_if_reservation_full(spec, stock, location)
         self._creates_accepted += 1
         access = node_access(spec.get("config", {}))
         if spec.get("config", {}).get("machineType") in TPU_MACHINES and not all(access.values()):
@@ -1156,6 +1192,7 @@ class GkeSimulator:
         pool = _Pool(
             cluster_path, name, spec, topology=self._slice_topology(spec, location, project)
         )
+        pool.stock_key = stock
         reservation_full = self._claim_cubes(pool, project)
         max_pods = int(spec.get("maxPodsConstraint", {}).get("maxPodsPerNode", 0))
         pool.pod_cidr_size = pod_cidr_size(max_pods or self.config.default_max_pods_per_node)
@@ -1167,6 +1204,7 @@ class GkeSimulator:
             self._placement_failure(pool)
             or reservation_full
             or self._ip_space_failure(pool)
+            or self._take_stock(pool)
             or self._planned_failure(spec, location)
         )
         pool.op = op.path
@@ -1720,6 +1758,70 @@ class GkeSimulator:
             return "ip_space"
         return None
 
+    def _stock_of(self, spec: dict[str, Any], location: str, project: str) -> str | None:
+        """The capacity a TPU pool takes (set_capacity's key): its specific reservation, else
+        its zone's VMs of its provisioning model; None for a pool of other machines."""
+        config = spec.get("config", {})
+        if str(config.get("machineType", "")) not in TPU_MACHINES:
+            return None
+        target = _reservation_target(spec, project)
+        if target is not None:
+            return _stock_key(f"reservation/{target}")
+        kind = "OnDemand"
+        if config.get("flexStart"):
+            kind = "FlexStart"
+        elif config.get("spot") or config.get("preemptible"):
+            kind = "Spot"
+        return f"{self._zones(spec, location)[0]}/{kind}"
+
+    def _held(self, key: str) -> int:
+        return sum(_chips(p) for p in self._pools.values() if p.stock_key == key and p.holds_stock)
+
+    def _short(self, key: str | None, chips: int) -> int:
+        """Chips a request of `chips` lacks of capacity `key` (0: enough, or unlimited)."""
+        if key is None or key not in self._stock:
+            return 0
+        return max(0, chips - max(0, self._stock[key] - self._held(key)))
+
+    def _refuse_if_reservation_full(self, spec: dict[str, Any], key: str | None,
+                                    location: str) -> None:  # fmt: skip
+        """A specific reservation without the VMs free refuses the create at once: 429
+        RESOURCE_EXHAUSTED, "Reservation does not have enough resources for the request:
+        specific reservation "R" is insufficient for node pool "N" at zone "Z": required 4 and
+        short of 4 VM count of machine type M." (GoogleCloudPlatform/gsutil#1000)."""
+        if key is None or not key.startswith("reservation/"):
+            return
+        config = spec.get("config", {})
+        machine = str(config.get("machineType", ""))
+        per_vm = TPU_MACHINES[machine].chips_per_host
+        vms = int(spec.get("initialNodeCount", 0)) * len(self._zones(spec, location))
+        short = self._short(key, vms * per_vm)
+        if not short:
+            return
+        self._injected["reservationExhausted"] += 1
+        name = config.get("reservationAffinity", {}).get("values", ["?"])[0]
+        raise ApiError(
+            429,
+            "RESOURCE_EXHAUSTED",
+            "Reservation does not have enough resources for the request: specific reservation "
+            f'"{name}" is insufficient for node pool "{spec.get("name", "")}" at zone '
+            f'"{self._zones(spec, location)[0]}": required {vms} and short of '
+            f"{math.ceil(short / per_vm)} VM count of machine type {machine}.",
+        )
+
+    def _take_stock(self, pool: _Pool) -> str | None:
+        """The pool takes its chips of its capacity: None when it got them (or that capacity is
+        unlimited); a flex-start pool without them waits for capacity (held, holding nothing)
+        as Dynamic Workload Scheduler queues it; any other fails as a stockout."""
+        if not self._short(pool.stock_key, _chips(pool)):
+            pool.holds_stock = True
+            return None
+        if pool.flex_start:
+            pool.flex_held = True
+            return None
+        self._injected["stockout"] += 1
+        return "stockout"
+
     def _planned_failure(self, spec: dict[str, Any], location: str) -> str | None:
         f = self.faults
         k = self._creates_accepted
@@ -1811,6 +1913,7 @@ class GkeSimulator:
             if self._pools.get(pool.path) is not pool or pool.flex_epoch != epoch:
                 return
             pool.nodes = group.count
+            pool.holds_stock = True  # its capacity came (granted past a set_capacity limit too)
             if error:
                 pool.status, pool.status_message = "RUNNING_WITH_ERROR", error
             duration = _seconds(pool.spec.get("config", {}).get("maxRunDuration"))
@@ -1827,6 +1930,7 @@ class GkeSimulator:
         self.registrar.unregister(pool.name)
         with self._lock:
             pool.nodes = 0
+            pool.holds_stock = False
         log.info("gke-sim flex-start max run duration reached pool=%s", pool.name)
 
     def _fail_create(self, op: _Operation, pool: _Pool) -> None:
@@ -1837,6 +1941,7 @@ class GkeSimulator:
         code = 3 if op.failure in ("placement", "policy_mismatch") else 8
         self._end_op(op, error={"code": code, "message": message})
         pool.op = None
+        pool.holds_stock = False
         self._release_cubes(pool)
         if self.config.failed_create_leaves_pool:
             pool.status, pool.status_message = "ERROR", message
@@ -1927,6 +2032,10 @@ class GkeSimulator:
             blocks = {str(k): int(v) for k, v in data["blocks"].items()}
             ids = self.add_reservation(data["name"], blocks, project=data.get("project", "p"))
             return {"partitionIds": ids}
+        if parts == ["capacity"] and method in ("GET", "POST"):
+            for key, chips in data.items():
+                self.set_capacity(key, None if chips is None else int(chips))
+            return self.capacity()
         if method == "GET" and parts == ["cubes"]:
             return {"cubes": self.cubes()}
         if method == "POST" and len(parts) == 3 and parts[:1] + parts[2:] == ["slices", "stuck"]:
@@ -2242,6 +2351,32 @@ def _reservation_target(spec: dict[str, Any], project: str) -> str | None:
     return value if value.startswith("projects/") else f"projects/{project}/reservations/{value}"
 
 
+STOCK_TYPES = ("OnDemand", "Spot", "FlexStart")
+_ZONE_RE = re.compile(models.ZONE_PATTERN)
+
+
+def _stock_key(key: str, project: str = "p") -> str:
+    """set_capacity's key as kept: ZONE/TYPE, or reservation/projects/P/reservations/R (a bare
+    name is `project`'s; a block or sub-block counts against its reservation)."""
+    head, _, rest = key.partition("/")
+    if head == "reservation" and rest:
+        path = rest if rest.startswith("projects/") else f"projects/{project}/reservations/{rest}"
+        parts = path.split("/")
+        if len(parts) >= 4 and parts[2] == "reservations" and _RESERVATION_RE.match(parts[3]):
+            return "reservation/" + "/".join(parts[:4])
+    elif _ZONE_RE.match(head) and rest in STOCK_TYPES:
+        return key
+    raise ValueError(
+        f"capacity key {key!r}: one of ZONE/OnDemand, ZONE/Spot, ZONE/FlexStart (e.g. "
+        "us-east5-b/Spot) or reservation/NAME (or reservation/projects/P/reservations/NAME)"
+    )
+
+
+def _chips(pool: _Pool) -> int:
+    tpu = TPU_MACHINES.get(str(pool.spec.get("config", {}).get("machineType", "")))
+    return pool.slice_nodes * tpu.chips_per_host if tpu is not None else 0
+
+
 def _region(zone: str) -> str:
     parts = zone.split("-")
     return "-".join(parts[:-1]) if len(parts) == 3 and len(parts[-1]) == 1 else zone
@@ -2437,6 +2572,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reservation-project", default="local-project")
     parser.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="KEY=CHIPS",
+        help="TPU chips of ZONE/OnDemand, ZONE/Spot, ZONE/FlexStart or reservation/R (a name in "
+        "--reservation-project); a key not given is unlimited",
+    )
+    parser.add_argument(
         "--slices",
         action="store_true",
         help="serve GKE's Slice CRD in the --kubeconfig cluster and run the slice controller",
@@ -2482,6 +2625,9 @@ def main(argv: list[str] | None = None) -> int:
     ) as sim:
         for name, blocks in _parse_reservations(args.reservation):
             sim.add_reservation(name, blocks, project=args.reservation_project)
+        for value in args.capacity:
+            key, _, chips = value.rpartition("=")
+            sim.set_capacity(key, int(chips), project=args.reservation_project)
         print(sim.url, flush=True)
         stop.wait()
     return 0

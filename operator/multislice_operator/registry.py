@@ -41,6 +41,7 @@ BUILTIN = (
     "multislice_operator.plugins.nodepools:register",
     "multislice_operator.plugins.existing:register",
     "multislice_operator.plugins.dynamic:register",
+    "multislice_operator.plugins.fallback:register",
     "multislice_operator.plugins.inplace:register",
     "multislice_operator.plugins.recreate:register",
     "multislice_operator.plugins.resize:register",
@@ -102,6 +103,12 @@ class CapacityPlugin:
     - `own_slice_pools`: the plan's pools are the slices' own (maintenance and the job's pods'
       pools are read from them); else the nodes its pods run on are.
     - `waits_for_nodes`: a job of it waiting in Pending is woken by node events of its shape.
+    - `compose`: a model composed of others (Fallback) plans the job itself: f(spec, namespace,
+      name, status) -> the Plan of what it tries now, whose `mode` is the model serving it
+      (its pools, observation and pod placement are that model's) and whose `composed` is
+      this mode; None: planning/plan.py plans the spec as it is.
+    - `wraps`: with `compose`, the model decide() asks for a plan served by another model:
+      f(that model) -> the CapacityModel (capacity.model_of).
     """
 
     mode: str
@@ -120,6 +127,8 @@ class CapacityPlugin:
     docs: str = ""
     own_slice_pools: bool = False
     waits_for_nodes: bool = False
+    compose: Callable[..., Any] | None = None
+    wraps: Callable[[CapacityModel], CapacityModel] | None = None
 
 
 class PluginError(RuntimeError):

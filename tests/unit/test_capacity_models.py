@@ -15,6 +15,7 @@ from multislice_operator.common.errors import SpecError
 from multislice_operator.common.pools import PoolState
 from multislice_operator.plugins.dynamic import DYNAMIC_SLICES
 from multislice_operator.plugins.existing import EXISTING_POOLS
+from multislice_operator.plugins.fallback import Fallback, wrap
 from multislice_operator.plugins.nodepools import NODE_POOLS
 from multislice_operator.reconcile import DecideConfig, JobMeta, SliceObservation
 from multislice_operator.reconcile.capacity import WITHOUT_PLAN, CapacityModel, model_of
@@ -32,12 +33,13 @@ MEMBERS = sorted(
 MODELS = {p.mode: p.model for p in REGISTRY.models().values()}
 
 
-def test_the_registry_holds_the_three_in_tree_models() -> None:
-    assert MODELS == {
+def test_the_registry_holds_the_in_tree_models() -> None:
+    assert {k: v for k, v in MODELS.items() if k != "Fallback"} == {
         "Managed": NODE_POOLS,
         "Existing": EXISTING_POOLS,
         "DynamicSlicing": DYNAMIC_SLICES,
     }
+    assert isinstance(MODELS["Fallback"], Fallback)  # composes the others (plugins/fallback.py)
     assert len({m.name for m in MODELS.values()}) == len(MODELS)  # one name, one model
 
 
@@ -55,15 +57,18 @@ NEEDS = {
     "DynamicSlicing": {
         "accelerator": "tpu7x-128",
         "capacity": {"type": "Reserved", "reservation": "ironwood"},
-    }
+    },
+    "Fallback": {"provisioning": {"mode": "Fallback", "fallback": {"options": [{}]}}},
 }
 
 
 @pytest.mark.parametrize("mode", list(MODELS))
 def test_derive_chooses_the_plans_model_once(mode: str) -> None:
-    spec, plan = spec_and_plan(provisioning={"mode": mode}, **NEEDS.get(mode, {}))
+    spec, plan = spec_and_plan(**{"provisioning": {"mode": mode}, **NEEDS.get(mode, {})})
     f = derive(META, spec, plan, None, MultisliceJobStatus(), Observed(now=NOW), CFG)
-    assert f.capacity is MODELS[mode] is model_of(plan)
+    # Fallback is asked through the model of the option it tries (Managed by default).
+    expected = wrap(NODE_POOLS) if mode == "Fallback" else MODELS[mode]
+    assert f.capacity is expected is model_of(plan)
 
 
 def test_a_job_without_a_plan_releases_only_its_strays() -> None:
@@ -107,7 +112,7 @@ def test_what_each_model_asks_before_its_first_capacity() -> None:
 
 def test_the_crd_enum_of_modes_is_the_registrys() -> None:
     mode = crd.spec_schema()["properties"]["provisioning"]["properties"]["mode"]
-    assert mode["enum"] == ["Managed", "Existing", "DynamicSlicing"]
+    assert mode["enum"] == ["Managed", "Existing", "DynamicSlicing", "Fallback"]
     assert mode["default"] == "Managed"
     assert "Existing: the slices run on node pools that already exist" in mode["description"]
 
@@ -117,8 +122,9 @@ def test_a_mode_no_plugin_registers_is_refused_naming_the_modes() -> None:
         spec_and_plan(provisioning={"mode": "Labelled"})
     (e,) = err.value.errors
     assert e.path == "spec.provisioning.mode"
-    assert "'Labelled' is not a provisioning mode: use Managed, Existing or DynamicSlicing" in str(
-        e
+    assert (
+        "'Labelled' is not a provisioning mode: use Managed, Existing, DynamicSlicing or Fallback"
+        in str(e)
     )
 
 
@@ -142,7 +148,7 @@ def test_a_feature_a_model_does_not_accept_is_refused_naming_the_field(
 
 def test_the_allow_lists_are_cel_rules_naming_the_modes_that_accept() -> None:
     rules = {r.field: r for r in models.spec_rules() if r.cel.endswith("]")}
-    assert rules["spec.spares"].cel.endswith("in ['Managed', 'DynamicSlicing']")
+    assert rules["spec.spares"].cel.endswith("in ['Managed', 'DynamicSlicing', 'Fallback']")
     assert rules["spec.elastic"].cel.endswith("in ['Managed']")
     cel = [v["rule"] for v in crd.spec_schema()["x-kubernetes-validations"]]
     assert rules["spec.spares"].cel in cel and rules["spec.elastic"].cel in cel

@@ -279,6 +279,35 @@ def test_maintenance_and_checkpoint_are_shown(tmp_path, capsys):
     assert out["checkpoint"]["savedStep"] == 120 and out["maintenance"]["slices"] == [1]
 
 
+def test_a_fallback_job_says_which_option_it_tries_and_why_it_left_the_others(tmp_path, capsys):
+    obj = restarted_job()
+    obj["status"]["fallback"] = {
+        "option": 2,
+        "round": 1,
+        "lastLeft": "Timeout",
+        "lastLeftOption": 1,
+        "options": [
+            {"option": 0, "what": "Reserved res-a, v5litepod-16 x 2", "attempts": 1,
+             "waitedSeconds": 30, "lastLeft": "ReservationExhausted"},
+            {"option": 1, "what": "FlexStart, v5litepod-16 x 2", "attempts": 1,
+             "waitedSeconds": 900, "lastLeft": "Timeout"},
+            {"option": 2, "what": "Spot in us-east5-c, v6e-32 x 1", "attempts": 1},
+        ],
+        "shapes": [{"name": "v6e", "what": "v6e-32 x 1", "fits": True, "generation": 1,
+                    "hbmBytesPerDevice": 9 * 2**30}],
+    }  # fmt: skip
+    text = " ".join(status_of(tmp_path, obj, at(400), capsys=capsys).split())  # rich wraps
+    assert "fallback: option 3 (Spot in us-east5-c, v6e-32 x 1), round 1; left option 2: " \
+        "Timeout" in text  # fmt: skip
+    assert "option 1 (Reserved res-a, v5litepod-16 x 2): 1 attempt, waited 30s, last left: " \
+        "ReservationExhausted" in text  # fmt: skip
+    assert "option 2 (FlexStart, v5litepod-16 x 2): 1 attempt, waited 15m" in text
+    assert "last left: Timeout" in text
+    assert "shape v6e (v6e-32 x 1): compiles, HBM 9.00 GiB per device" in text
+    out = json.loads(status_of(tmp_path, obj, at(400), "-o", "json", capsys=capsys))
+    assert out["fallback"]["options"][1]["waitedSeconds"] == 900
+
+
 def test_an_elastic_job_on_fewer_slices_says_so_with_its_degraded_chip_hours(tmp_path, capsys):
     obj = jobs.body("llm", "team", metadata={"creationTimestamp": iso(T0)}, slices=4,
                     elastic={"minSlices": 3})  # fmt: skip

@@ -9,11 +9,14 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.container_v1.types import cluster_service as cs
 
+from multislice_operator.common.pools import CODE_RESERVATION_EXHAUSTED
 from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.provisioning.gke_errors import (
     CODE_PERMISSION,
     CODE_QUOTA,
+    CODE_RATE_LIMITED,
     classify_exception,
+    classify_message,
     describe_quota,
 )
 from multislice_operator.provisioning.gke_requests import (
@@ -134,3 +137,24 @@ def test_real_permission_403_stays_permanent():
 def test_quota_message_names_quota_and_region():
     text = describe_quota(QUOTA_403, "us-east5")
     assert text.startswith("insufficient quota TPU_LITE_PODSLICE_V5 in region us-east5: ")
+
+
+# GKE's answer to a create on a specific reservation without the VMs free: a synchronous 429
+# RESOURCE_EXHAUSTED (GoogleCloudPlatform/gsutil#1000, `gcloud container node-pools create
+# --reservation-affinity specific`), and the managed instance group's own wording (the cluster
+# autoscaler's RESERVATION_CAPACITY_EXCEEDED, kubernetes/autoscaler#7319).
+RESERVATION_429 = (
+    'Reservation does not have enough resources for the request: specific reservation "res-a" '
+    'is insufficient for node pool "np4" at zone "us-central1-c": required 4 and short of 4 VM '
+    "count of machine type ct5lp-hightpu-4t."
+)
+
+
+def test_an_exhausted_reservation_is_capacity_not_a_rate_limit():
+    c = classify_exception(gexc.TooManyRequests(RESERVATION_429))
+    assert (c.code, c.permanent, c.retry_now) == (CODE_RESERVATION_EXHAUSTED, False, False)
+    mig = "Reservation res-a does not have sufficient capacity for the requested resources."
+    assert classify_message(mig) == (CODE_RESERVATION_EXHAUSTED, False)
+    # An API rate limit stays one (retried at once).
+    c = classify_exception(gexc.TooManyRequests("Quota exceeded for quota metric 'Requests'"))
+    assert (c.code, c.retry_now) == (CODE_RATE_LIMITED, True)

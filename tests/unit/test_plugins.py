@@ -58,10 +58,10 @@ def test_the_crd_and_the_docs_name_them_only_once_loaded(registry: Registry) -> 
         strategy = status["properties"]["lastRestart"]["properties"]["strategy"]["enum"]
         return mode, strategy
 
-    assert enums() == (["Managed", "Existing", "DynamicSlicing"],
+    assert enums() == (["Managed", "Existing", "DynamicSlicing", "Fallback"],
                        ["InPlaceRestart", "Recreate", "Resize"])  # fmt: skip
     registry.load(PLUGINS)
-    assert enums() == (["Managed", "Existing", "DynamicSlicing", "Labelled"],
+    assert enums() == (["Managed", "Existing", "DynamicSlicing", "Fallback", "Labelled"],
                        ["InPlaceRestart", "Recreate", "Resize", "BlockingRecreate"])  # fmt: skip
     reference = docs.generate()
     assert "### `Labelled`" in reference and f"`{RESERVED_FOR}=<job key>`" in reference

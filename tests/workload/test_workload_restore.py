@@ -98,3 +98,23 @@ def test_restore_onto_another_layout_gives_identical_values(tmp_path: Path) -> N
         # It trains on from there, on the new layout.
         state, loss = t.step(state, next(feed))
         assert np.isfinite(float(loss)) and int(state["step"]) == 3
+
+
+def test_restore_onto_another_device_count_gives_identical_values(tmp_path: Path) -> None:
+    """A Fallback move to another shape (issue 55): the checkpoint written on 8 devices (2 slices,
+    fsdp 4 each) is read by a job of another shape on 4 devices (one slice, fsdp 4): every leaf
+    equal, bit for bit, each on the 4 devices of the new mesh, and training goes on there."""
+    saved = saved_run(tmp_path)
+    t = cached_trainer((1, 1, 4, 1), CFG)
+    feed = pipeline_for(t)
+    state = train.restore_or_init(t, Checkpointer(str(tmp_path), 1, 1), feed, requests())
+    got = flat(state)
+    assert sorted(got) == sorted(saved)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(np.asarray(got[name]), value, err_msg=name)
+    for name, leaf in flat(state["params"]).items():
+        assert len(leaf.sharding.device_set) == 4, name
+        assert leaf.sharding == flat(t.abstract_state["params"])[name].sharding, name
+    assert feed.get_state() == {"next_example": 2 * CFG.batch_size}
+    state, loss = t.step(state, next(feed))
+    assert np.isfinite(float(loss)) and int(state["step"]) == 3

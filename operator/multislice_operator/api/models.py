@@ -97,6 +97,12 @@ def _modes_schema(schema: dict[str, Any]) -> None:
     schema["description"] = " ".join(f"{m.mode}: {m.description}" for m in found)
 
 
+def _option_modes_schema(schema: dict[str, Any]) -> None:
+    """provisioning.fallback.options[].mode: the registered models an option can be served by
+    (every one but those composed of others)."""
+    schema["enum"] = [m.mode for m in REGISTRY.models().values() if m.compose is None]
+
+
 class CubeSource(StrEnum):
     """Where a dynamic-slicing job's 4x4x4 cubes (reservation sub-blocks) come from."""
 
@@ -196,6 +202,107 @@ class DynamicSlicing(_Model):
     )
 
 
+FALLBACK_OPTIONS_MAX = 8
+FALLBACK_SHAPES_MAX = 4
+# An option's zone: a Compute Engine zone name (REGION-LETTER), e.g. us-east5-b.
+ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
+SHAPE_NAME_PATTERN = r"^[a-z]$|^[a-z][-a-z0-9]{0,30}[a-z0-9]$"
+# The capacity model serving an option when it names none (registry.py; plugins/fallback.py).
+FALLBACK_OPTION_MODE = "Managed"
+
+
+class FallbackShape(_Model):
+    """Another shape the job can run as: another accelerator or slice count, with its own
+    parallelism (the template, checkpoint and everything else stay the job's)."""
+
+    name: str = Field(
+        pattern=SHAPE_NAME_PATTERN,
+        max_length=32,
+        description="How options name it (provisioning.fallback.options[].shape).",
+    )
+    accelerator: str = Field(
+        pattern=ACCELERATOR_PATTERN,
+        max_length=32,
+        description="Cloud TPU accelerator type of every slice of this shape (as "
+        "spec.accelerator).",
+    )
+    topology: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
+        description="Slice shape, e.g. 4x4. Default: the catalog's shape for the type.",
+    )
+    slices: int = Field(ge=1, le=SLICES_MAX, description="Number of identical slices.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=lambda: ParallelismSpec(),
+        description="The layout on this shape (as spec.parallelism): ICI over one slice's chips, "
+        "DCN over this shape's slices.",
+    )
+
+
+class FallbackOption(_Model):
+    """One way to get the gang: a capacity type (and reservation), a zone and a shape, tried
+    all or none for at most trySeconds."""
+
+    capacity: Capacity = Field(
+        default_factory=lambda: Capacity(),
+        description="The capacity of this option, as spec.capacity (type, reservation, "
+        "maxRunDurationSeconds).",
+    )
+    zone: str | None = Field(
+        default=None,
+        pattern=ZONE_PATTERN,
+        max_length=63,
+        description="Another zone of the cluster's region for this option's node pools (a slice "
+        "lives in one zone). Default: the operator's node location (--gke-node-location).",
+    )
+    shape: str | None = Field(
+        default=None,
+        pattern=SHAPE_NAME_PATTERN,
+        max_length=32,
+        description="The shape (provisioning.fallback.shapes[].name) this option runs the job "
+        "as. Default: the job's own (spec.accelerator, spec.slices, spec.parallelism).",
+    )
+    mode: str = Field(
+        default=FALLBACK_OPTION_MODE,
+        description="The capacity model serving this option: Managed (a node pool per slice), "
+        "DynamicSlicing (GKE Slices over Ironwood cubes of a reservation block; set "
+        "dynamicSlicing) or Existing (node pools that are there).",
+        json_schema_extra=_option_modes_schema,
+    )
+    dynamic_slicing: DynamicSlicing | None = Field(
+        default=None, description="With mode DynamicSlicing: where the cubes come from."
+    )
+    try_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=7 * 24 * 3600,
+        description="How long this option is tried (its gang provisioning, or waiting for "
+        "flex-start capacity or for the quota of its Kueue flavor) before it is rolled back and "
+        "the next option is tried. Default: spec.provisioning.timeoutSeconds.",
+    )
+
+
+class Fallback(_Model):
+    """provisioning.mode Fallback: an ordered list of ways to get the gang, each all or none."""
+
+    options: list[FallbackOption] = Field(
+        min_length=1,
+        max_length=FALLBACK_OPTIONS_MAX,
+        description="Tried in order, each all or none (slices are never mixed across options): "
+        "a stockout, a quota error, an exhausted reservation, the option's trySeconds running "
+        "out or its shape refused by the preflight compile rolls it back and moves to the next; "
+        "after the last, back to the first after a backoff. Errors retrying cannot fix still "
+        "fail the job.",
+    )
+    shapes: list[FallbackShape] = Field(
+        default_factory=list,
+        max_length=FALLBACK_SHAPES_MAX,
+        description="Alternative shapes the options may name. With spec.preflight each shape is "
+        "compiled before its first option is tried; a shape the compiler refuses is skipped, "
+        "never provisioned.",
+    )
+
+
 class Provisioning(_Model):
     """How the slices' node pools come to exist."""
 
@@ -207,6 +314,11 @@ class Provisioning(_Model):
     dynamic_slicing: DynamicSlicing | None = Field(
         default=None,
         description="Only with mode DynamicSlicing: where the cubes come from (default Managed).",
+    )
+    fallback: Fallback | None = Field(
+        default=None,
+        description="Only with mode Fallback: the ordered capacity options and alternative shapes "
+        "(docs/provisioning.md#fallback-across-capacity-types-and-shapes).",
     )
     timeout_seconds: int = Field(
         default=1800,
@@ -1508,6 +1620,12 @@ class QueueStatus(_Model):
         default=None, description="The ClusterQueue behind it (the LocalQueue's spec)."
     )
     workload: str | None = Field(default=None, description="The job's Kueue Workload.")
+    workload_replaced_time: datetime | None = Field(
+        default=None,
+        description="When the job's Workload was last deleted to be made again for other quota "
+        "(provisioning.mode Fallback moved to another option): the wait for Kueue to see the new "
+        "one counts from then, not from the job's start.",
+    )
     cluster: str | None = Field(
         default=None,
         description="On a job MultiKueue dispatched (label kueue.x-k8s.io/multikueue-origin): the "
@@ -1575,6 +1693,85 @@ class PreflightStatus(_Model):
     )
     message: str | None = Field(default=None, description="The compile command's last words.")
     time: datetime | None = Field(default=None, description="When it finished.")
+    shape: str | None = Field(
+        default=None,
+        description="provisioning.mode Fallback: the shape it compiled (a shapes[].name; empty: "
+        "the job's own).",
+    )
+
+
+class FallbackLeave(StrEnum):
+    """Why an option of provisioning.fallback was left."""
+
+    STOCKOUT = "Stockout"  # the zone had not the VMs (GCE_STOCKOUT)
+    QUOTA = "Quota"  # the project's quota (GCE_QUOTA_EXCEEDED, the synchronous 403)
+    RESERVATION = "ReservationExhausted"  # the named reservation has not the VMs free
+    TIMEOUT = "Timeout"  # trySeconds ran out (provisioning, flex-start capacity, Kueue quota)
+    REFUSED = "DidNotCompile"  # the preflight compile refused its shape
+    FAILED = "Failed"  # another error of the gang that may pass (a pool in ERROR, ...)
+
+
+class FallbackOptionStatus(_Model):
+    """One option of provisioning.fallback, as tried so far."""
+
+    option: int = Field(ge=0, description="Its index in provisioning.fallback.options.")
+    what: str = Field(description="Its capacity, zone and shape, in words.")
+    attempts: int = Field(default=0, ge=0, description="Times it was tried.")
+    waited_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Seconds spent trying it (provisioning, waiting for capacity or quota), over "
+        "every attempt that ended.",
+    )
+    last_left: FallbackLeave | None = Field(default=None, description="Why it was last left.")
+    message: str | None = Field(default=None, description="What the cloud or compiler said.")
+
+
+class FallbackShapeStatus(_Model):
+    """One shape as the preflight compile judged it (spec.preflight)."""
+
+    name: str = Field(description="shapes[].name; empty: the job's own shape.")
+    what: str = Field(description="Accelerator and slices, e.g. v6e-16 x 2.")
+    fits: bool = Field(description="The compiler accepted the program for it.")
+    generation: int = Field(default=0, description="The spec generation it compiled.")
+    hbm_bytes_per_device: int | None = Field(default=None, ge=0)
+    hbm_capacity_bytes: int | None = Field(default=None, ge=0)
+    message: str | None = Field(default=None, description="The compiler's words when refused.")
+
+
+class FallbackStatus(_Model):
+    """provisioning.mode Fallback: which option and shape are tried, why the last was left."""
+
+    option: int = Field(default=0, ge=0, description="The option tried now (its index).")
+    shape: str = Field(
+        default="",
+        description="The shape it runs the job as (a shapes[].name; empty: the job's own).",
+    )
+    round: int = Field(default=1, ge=1, description="Passes over the options, this one included.")
+    since: datetime | None = Field(
+        default=None, description="When the option tried now began (its trySeconds count from it)."
+    )
+    leaving: FallbackLeave | None = Field(
+        default=None,
+        description="Set while the option is rolled back: its capacity is released, then the "
+        "next option is tried.",
+    )
+    leaving_message: str | None = Field(default=None, description="Why, in the cloud's words.")
+    last_left: FallbackLeave | None = Field(
+        default=None, description="Why the option tried before this one was left."
+    )
+    last_left_option: int | None = Field(
+        default=None, ge=0, description="The option tried before this one (its index)."
+    )
+    ready: bool = Field(default=False, description="The option's gang is up: the job runs on it.")
+    options: list[FallbackOptionStatus] = Field(default_factory=list)
+    shapes: list[FallbackShapeStatus] = Field(default_factory=list)
+
+    def option_status(self, index: int) -> FallbackOptionStatus | None:
+        return next((o for o in self.options if o.option == index), None)
+
+    def shape_status(self, name: str) -> FallbackShapeStatus | None:
+        return next((s for s in self.shapes if s.name == name), None)
 
 
 class MultisliceJobStatus(_Model):
@@ -1653,6 +1850,11 @@ class MultisliceJobStatus(_Model):
         default=None,
         description="The start being timed against failurePolicy.startupTimeoutSeconds; unset "
         "once every pod runs.",
+    )
+    fallback: FallbackStatus | None = Field(
+        default=None,
+        description="provisioning.mode Fallback: the option and shape tried now, why the last was "
+        "left, and how long each option was tried.",
     )
     scheduling: SchedulingStatus | None = Field(
         default=None,

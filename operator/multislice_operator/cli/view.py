@@ -94,6 +94,36 @@ def _preflight_lines(pre: dict[str, Any] | None) -> list[str]:
     return [f"preflight: {pre.get('state', '?')} (Job {pre.get('job', '?')}){hbm}"]
 
 
+def _fallback_lines(fb: dict[str, Any] | None) -> list[str]:
+    """provisioning.mode Fallback: the option tried now, each option tried (how long, why it was
+    left) and each shape the compiler judged."""
+    if not fb:
+        return []
+    options = {o.get("option"): o for o in fb.get("options", [])}
+    k = _int(fb.get("option")) or 0
+    what = options.get(k, {}).get("what")
+    head = f"fallback: option {k + 1}{f' ({what})' if what else ''}, round {fb.get('round', 1)}"
+    if fb.get("leaving"):
+        head += f", leaving it ({fb['leaving']})"
+    elif fb.get("lastLeft"):
+        head += f"; left option {(_int(fb.get('lastLeftOption')) or 0) + 1}: {fb['lastLeft']}"
+    lines = [head]
+    for i, o in sorted(options.items(), key=lambda kv: _int(kv[0]) or 0):
+        n = _int(o.get("attempts")) or 0
+        line = f"  option {(_int(i) or 0) + 1} ({o.get('what', '?')}): {n} attempt"
+        line += f"{'s' if n != 1 else ''}, waited {duration(o.get('waitedSeconds', 0))}"
+        if o.get("lastLeft"):
+            line += f", last left: {o['lastLeft']}"
+        lines.append(line)
+    for sh in fb.get("shapes", []):
+        name = sh.get("name") or "the job's own"
+        need = sh.get("hbmBytesPerDevice")
+        hbm = f", HBM {need / 2**30:.2f} GiB per device" if isinstance(need, int) else ""
+        verdict = "compiles" if sh.get("fits") else "refused by the compiler"
+        lines.append(f"  shape {name} ({sh.get('what', '?')}): {verdict}{hbm}")
+    return lines
+
+
 def _dump(part: Any) -> dict[str, Any] | None:
     """A part of the status as it is stored (camelCase, no nulls); None for none."""
     return part.model_dump(by_alias=True, exclude_none=True, mode="json") if part else None
@@ -152,6 +182,7 @@ def view(obj: dict[str, Any], now: datetime) -> dict[str, Any]:
         "maintenance": _dump(st.maintenance),
         "checkpoint": _dump(checkpoint),
         "preflight": _dump(st.preflight),
+        "fallback": _dump(st.fallback),
         "provisioningAttempts": st.provisioning_attempts,
         "nextAttemptTime": _iso(st.next_attempt_time),
         "nextAttemptInSeconds": _next_attempt(st, now),
@@ -266,7 +297,7 @@ def _restarts(v: dict[str, Any], console: Any) -> None:
 
 def _moments(v: dict[str, Any], console: Any) -> None:
     """The preflight, announced maintenance and the last checkpoint request."""
-    for line in _preflight_lines(v.get("preflight")):
+    for line in [*_preflight_lines(v.get("preflight")), *_fallback_lines(v.get("fallback"))]:
         console.print(line)
     maint = v["maintenance"]
     if maint:

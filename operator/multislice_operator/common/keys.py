@@ -13,6 +13,12 @@ JOB_NAMESPACE = f"{PREFIX}/job-namespace"
 JOB_UID = f"{PREFIX}/job-uid"
 JOB_KEY = f"{PREFIX}/job-key"
 SLICE = f"{PREFIX}/slice"
+# provisioning.mode Fallback: the capacity type of the option a pool is for (Spot, Reserved,
+# FlexStart, OnDemand); the pods and the Kueue Workload select it (docs/kueue.md).
+CAPACITY_TYPE = f"{PREFIX}/capacity-type"
+# On a job's Kueue Workload when what it asks for may change (Plan.quota_key: a Fallback job's
+# option, its index): a Workload of another key is replaced (reconcile/kueue_gate.py).
+QUOTA_KEY = f"{PREFIX}/quota-key"
 # Node labels may not use the kubernetes.io / k8s.io namespaces (GKE and the kubelet refuse
 # them), so node pools say who manages them under our own prefix.
 NODE_MANAGED_BY = f"{PREFIX}/managed-by"

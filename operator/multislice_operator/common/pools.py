@@ -21,10 +21,13 @@ class PoolState(StrEnum):
     FAILED = "Failed"
 
 
-# Codes that say the cloud has no capacity for a pool now (it may later): a stockout, quota.
+# Codes that say the cloud has no capacity for a pool now (it may later): a stockout, quota, a
+# specific reservation without the VMs free (the cluster autoscaler's name for it,
+# RESERVATION_CAPACITY_EXCEEDED: kubernetes/autoscaler#7319).
 CODE_STOCKOUT = "GCE_STOCKOUT"
 CODE_QUOTA = "GCE_QUOTA_EXCEEDED"
-CAPACITY_CODES = (CODE_STOCKOUT, CODE_QUOTA)
+CODE_RESERVATION_EXHAUSTED = "RESERVATION_CAPACITY_EXCEEDED"
+CAPACITY_CODES = (CODE_STOCKOUT, CODE_QUOTA, CODE_RESERVATION_EXHAUSTED)
 
 
 @dataclass(frozen=True)

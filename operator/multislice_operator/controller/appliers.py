@@ -43,6 +43,7 @@ from multislice_operator.reconcile import (
     DeleteJob,
     DeleteJobSet,
     DeletePools,
+    DeleteWorkload,
     EvictPods,
     FinishWorkload,
     ReclaimPods,
@@ -320,6 +321,11 @@ async def create_workload(rt: Runtime, t: Target, a: CreateWorkload) -> None:
         )  # fmt: skip
 
 
+async def delete_workload(rt: Runtime, t: Target, a: DeleteWorkload) -> None:
+    await rt.kube.delete_workload(t.namespace, a.workload, a.resource_version)
+    log.info("workload %s deleted (another option's) job=%s/%s", a.workload, *t.key)
+
+
 async def _workload_status(
     rt: Runtime, t: Target, name: str, resource_version: str | None,
     status: Callable[[dict[str, Any]], dict[str, Any] | None],
@@ -410,6 +416,7 @@ APPLIERS: dict[type[Any], Applier] = {
     SetAdmissionCheckState: set_admission_check_state,
     SetWorkloadActive: set_workload_active,
     CreateWorkload: create_workload,
+    DeleteWorkload: delete_workload,
     ReleaseWorkload: release_workload,
     AdoptWorkload: adopt_workload,
     ReclaimPods: reclaim_pods,

@@ -445,6 +445,20 @@ class Kube:
             return False
         return True
 
+    async def delete_workload(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete the Workload as of `resource_version` (a precondition: not one that moved)."""
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"resourceVersion": resource_version},
+        }
+        try:
+            await self._call(
+                "delete", f"{KUEUE}/namespaces/{_q(namespace)}/workloads/{_q(name)}", options
+            )
+        except (NotFound, Conflict):
+            return
+
     async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = await self._call(

@@ -98,6 +98,7 @@ def summarize_workload(body: Mapping[str, Any]) -> dict[Any, Any]:
         "conditions": _conditions(status),
         "admissionChecks": [dict(c) for c in status.get("admissionChecks") or []],
         "reclaimable": _reclaimable(status),
+        "quotaKey": (meta.get("labels") or {}).get(keys.QUOTA_KEY),
     }
     out: dict[Any, Any] = {}
     if remote:
@@ -230,6 +231,7 @@ def workload_observation(
         multikueue_check=multikueue,
         checks_listed=bool(summary["admissionChecks"]),
         adopted=not job_uid or summary.get("ownerUid") == job_uid,
+        quota_key=summary.get("quotaKey"),
     )
 
 

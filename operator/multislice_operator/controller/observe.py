@@ -621,6 +621,7 @@ def managed_slices(
 # The Job controller labels its pods with the Job's uid (Kubernetes 1.27+).
 JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 PREFLIGHT_GENERATION = f"{keys.PREFIX}/preflight-generation"  # render/preflight.py sets it
+PREFLIGHT_SHAPE = f"{keys.PREFIX}/preflight-shape"  # and this one for a job of several shapes
 
 
 def _last_words(pods: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
@@ -647,6 +648,7 @@ def preflight_observation(
         name=str(meta.get("name", "")),
         owned=any(o.get("uid") == uid for o in owners),
         generation=_int((meta.get("labels") or {}).get(PREFLIGHT_GENERATION)) or 0,
+        shape=(meta.get("labels") or {}).get(PREFLIGHT_SHAPE),
         finished=complete or failed,
         succeeded=complete,
         exit_code=exit_code,

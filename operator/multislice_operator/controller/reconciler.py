@@ -84,11 +84,13 @@ class Parsed:
 
 
 def parse_cached(rt: Runtime, key: JobKey, body: dict[str, Any]) -> Parsed:
-    """parse(), once per spec generation (and labels): a resync or a status echo re-plans
+    """parse(), once per spec generation (and labels, and the option a provisioning.mode
+    Fallback job tries: its plan is that option's): a resync or a status echo re-plans
     nothing."""
     meta = body.get("metadata") or {}
     labels = tuple(sorted((meta.get("labels") or {}).items()))
-    version = (meta.get("uid"), meta.get("generation"), labels)
+    option = ((body.get("status") or {}).get("fallback") or {}).get("option")
+    version = (meta.get("uid"), meta.get("generation"), labels, option)
     cached = rt.parsed.get(key)
     if cached is not None and cached[0] == version and isinstance(cached[1], Parsed):
         return cached[1]

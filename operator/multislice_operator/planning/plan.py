@@ -23,6 +23,7 @@ from multislice_operator.api.models import (
     DynamicSlicing,
     MultisliceJob,
     MultisliceJobSpec,
+    MultisliceJobStatus,
     spec_rules,
 )
 from multislice_operator.common import keys
@@ -72,6 +73,9 @@ class NodePoolSpec:
     # A dynamic-slicing cube (one 4x4x4 sub-block): its workload policy provisions the VMs
     # without forming ICI links (PROVISION_ONLY); the Slice forms them later.
     cube: bool = False
+    # The zone of the pool when the job names one (provisioning.fallback.options[].zone); None:
+    # the operator's node location.
+    zone: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +93,7 @@ class NodePoolSpec:
             "flexStart": self.flex_start,
             "maxRunDurationSeconds": self.max_run_duration_s,
             "cube": self.cube,
+            "zone": self.zone,
         }
 
 
@@ -123,6 +128,56 @@ class ElasticPlan:
 
 
 @dataclass(frozen=True)
+class OptionPlan:
+    """One option of provisioning.fallback as planned: what it asks for, for how long."""
+
+    index: int
+    capacity: str  # its capacity type
+    reservation: str | None
+    zone: str | None
+    shape: str  # the shape it runs as: a shapes[].name, "" for the job's own
+    shape_what: str  # e.g. "v6e-16 x 2"
+    mode: str  # the capacity model serving it (Managed, DynamicSlicing, Existing)
+    try_seconds: int
+
+    @property
+    def what(self) -> str:
+        """e.g. "Reserved res-a, v5litepod-16 x 2" or "Spot in us-east5-b, v6e-16 x 2"."""
+        kind = f"{self.capacity} {self.reservation}" if self.reservation else self.capacity
+        where = f" in {self.zone}" if self.zone else ""
+        via = f" ({self.mode})" if self.mode != "Managed" else ""
+        return f"{kind}{where}, {self.shape_what}{via}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "option": self.index,
+            "capacity": self.capacity,
+            "reservation": self.reservation,
+            "zone": self.zone,
+            "shape": self.shape or None,
+            "shapeWhat": self.shape_what,
+            "mode": self.mode,
+            "trySeconds": self.try_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class FallbackPlan:
+    """provisioning.mode Fallback: the options in order and the one this plan is for (the plan's
+    shape, capacity and pools are that option's)."""
+
+    option: int
+    options: tuple[OptionPlan, ...]
+
+    @property
+    def current(self) -> OptionPlan:
+        return self.options[self.option]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"option": self.option, "options": [o.as_dict() for o in self.options]}
+
+
+@dataclass(frozen=True)
 class Plan:
     namespace: str
     name: str
@@ -153,6 +208,21 @@ class Plan:
     # DynamicSlicing: spec.provisioning.dynamicSlicing as the model reads it on every pass
     # (what a degraded Slice is to the job, how long a deleted Slice may take to go).
     dynamic_slicing: DynamicSlicing | None = None
+    # A model composed of others (provisioning.mode Fallback): its mode, which decide() asks
+    # (capacity.model_of); `mode` is then the model serving this plan (the option's).
+    composed: str | None = None
+    fallback: FallbackPlan | None = None
+    # Node labels the job's pools carry and its pods (and its Kueue Workload) select besides the
+    # capacity model's own: the fallback option's capacity type.
+    node_selector: dict[str, str] = field(default_factory=dict)
+    # The shape the plan is for when the job has several (provisioning.fallback.shapes: a name,
+    # "" for the job's own; None: it has one), and how many other shapes it may still move to
+    # (not refused by the preflight compile): a refused compile fails it only at none.
+    shape_key: str | None = None
+    shape_alternatives: int = 0
+    # What the job's Kueue Workload asks for when that may change (a Fallback job's option): its
+    # Workload carries it and one of another key is replaced; None: the job's one Workload.
+    quota_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -264,6 +334,7 @@ class Plan:
             "nodePools": [p.as_dict() for p in self.node_pools],
             "sparePools": [p.as_dict() for p in self.spare_pools],
             "dynamicSlicing": self.dynamic_slicing_dict(),
+            "fallback": self.fallback.as_dict() if self.fallback else None,
             "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
         }
 
@@ -329,8 +400,24 @@ def _field_error(err: Any) -> FieldError:
     return FieldError(path, msg)
 
 
-def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "job") -> Plan:
-    """Resolve a spec into a plan, or raise SpecError listing every field at fault."""
+def make_plan(
+    spec: MultisliceJobSpec,
+    namespace: str = "default",
+    name: str = "job",
+    status: MultisliceJobStatus | None = None,
+) -> Plan:
+    """Resolve a spec into a plan, or raise SpecError listing every field at fault. A model
+    composed of others (registry.CapacityPlugin.compose: provisioning.mode Fallback) plans the
+    job as the option its `status` says it tries now."""
+    model = REGISTRY.model(spec.provisioning.mode)  # the mode was validated: it is registered
+    if model.compose is not None:
+        composed: Plan = model.compose(spec, namespace, name, status)
+        return composed
+    return plan_spec(spec, namespace, name)
+
+
+def plan_spec(spec: MultisliceJobSpec, namespace: str = "default", name: str = "job") -> Plan:
+    """make_plan of a spec its own mode's model plans (no composition)."""
     errors: list[FieldError] = []
     try:
         shape = catalog.slice_shape(spec.accelerator, spec.topology)
@@ -346,13 +433,13 @@ def make_plan(spec: MultisliceJobSpec, namespace: str = "default", name: str = "
         shape.generation.devices_per_chip,
     )
     errors += par_errors
-    errors += _check_rules(spec, {e.path for e in errors})
+    errors += rule_errors(spec, {e.path for e in errors})
     template_errors = _check_template(spec.template)
     errors += template_errors
     errors += _check_name(name, spec.slices, shape.hosts)
     errors += _check_multislice(spec, shape)
     errors += cubes.sub_block_errors(spec, shape)
-    model = REGISTRY.model(spec.provisioning.mode)  # the mode was validated: it is registered
+    model = REGISTRY.model(spec.provisioning.mode)
     errors += model.check(spec, shape) if model.check else []
     if errors and any(e.path == "spec.topology" for e in errors):
         raise SpecError(errors)
@@ -407,10 +494,10 @@ def _sizes(spec: MultisliceJobSpec, shape: catalog.SliceShape, par: Parallelism)
 def plan_job(job: MultisliceJob) -> Plan:
     """The plan of a whole job (a queued one too: its Workload counts its spares and an elastic
     job at its full size, render/kueue_workload.py)."""
-    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job")
+    return make_plan(job.spec, job.metadata.namespace, job.metadata.name or "job", job.status)
 
 
-def _check_rules(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:
+def rule_errors(spec: MultisliceJobSpec, reported: set[str]) -> list[FieldError]:
     """The model's cross-field rules (the CRD enforces the same ones at admission)."""
     errors = []
     for rule in spec_rules():

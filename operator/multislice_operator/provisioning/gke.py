@@ -58,7 +58,7 @@ from google.cloud.container_v1.types import cluster_service as cs
 
 from multislice_operator.common import keys
 from multislice_operator.common.ownership import Owner, owner_of
-from multislice_operator.common.pools import PoolError, PoolState
+from multislice_operator.common.pools import CAPACITY_CODES, PoolError, PoolState
 from multislice_operator.planning.plan import (
     NodePoolSpec,
     Plan,
@@ -74,7 +74,6 @@ from multislice_operator.provisioning.gke_errors import (
     CODE_NOT_OFFERED,
     CODE_OWNED_BY_OTHER,
     CODE_QUOTA,
-    CODE_STOCKOUT,
     CODE_UNAVAILABLE,
     CODE_WORKLOAD_POLICY,
     DELETING_RE,
@@ -556,7 +555,7 @@ class GkeProvisioner:
             if refused is not None
             else await self._create(plan, spec, owner_uid)
         )
-        if err is not None and (err.permanent or err.code in (CODE_STOCKOUT, CODE_QUOTA)):
+        if err is not None and (err.permanent or err.code in CAPACITY_CODES):
             self._refused[spec.name] = err  # observed as the slice's error (no second decide)
         return err
 
@@ -824,14 +823,15 @@ class GkeProvisioner:
             # Cloud TPU VMs"): acceleratorTypes never lists it; GKE's create answers instead.
             return None
         offered: dict[str, frozenset[str]] = {}
-        for zone in self.node_locations:
+        zones = sorted({p.zone for p in plan.pools if p.zone}) or self.node_locations
+        for zone in zones:
             types = await self._offered_types(zone)
             if types is None:
                 return None
             if wanted in types:
                 return None
             offered[zone] = types
-        message = f"{wanted} is not offered in zone(s) {', '.join(self.node_locations)}; " + (
+        message = f"{wanted} is not offered in zone(s) {', '.join(zones)}; " + (
             "; ".join(f"{z} offers {_describe_offered(wanted, t)}" for z, t in offered.items())
         )
         log.warning("gke accelerator not offered accelerator=%s zones=%s", wanted, list(offered))

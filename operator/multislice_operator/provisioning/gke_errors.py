@@ -13,9 +13,12 @@ import requests
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
+from multislice_operator.common.pools import CAPACITY_CODES, PoolError
 from multislice_operator.common.pools import CODE_QUOTA as CODE_QUOTA
+from multislice_operator.common.pools import (
+    CODE_RESERVATION_EXHAUSTED as CODE_RESERVATION_EXHAUSTED,
+)
 from multislice_operator.common.pools import CODE_STOCKOUT as CODE_STOCKOUT
-from multislice_operator.common.pools import PoolError
 from multislice_operator.planning.plan import NodePoolSpec
 
 # PoolError codes this module produces (besides the cloud's own GCE_* ones and the core's
@@ -49,6 +52,19 @@ _BUSY_RE = re.compile(
     re.IGNORECASE,
 )
 DELETING_RE = re.compile(r"is currently deleting", re.IGNORECASE)
+# A specific reservation without the VMs free: GKE's synchronous 429 at create, "Reservation
+# does not have enough resources for the request: specific reservation "R" is insufficient for
+# node pool "N" at zone "Z": required 1 and short of 1 VM count of machine type M."
+# (GoogleCloudPlatform/gsutil#1000), and the managed instance group's "Reservation R does not
+# have sufficient capacity for the requested resources." (the cluster autoscaler's
+# RESERVATION_CAPACITY_EXCEEDED, kubernetes/autoscaler#7319). Capacity: it comes back when the
+# reservation's VMs are free. Matched before the stockout and rate-limit patterns, which its
+# words and its 429 would otherwise match.
+_RESERVATION_FULL_RE = re.compile(
+    r"reservation does not have enough resources|specific reservation \S+ is insufficient|"
+    r"reservation \S+ does not have sufficient capacity",
+    re.IGNORECASE,
+)
 _STOCKOUT_RE = re.compile(
     r"GCE_STOCKOUT|ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|stockout|"
     r"resource pool exhausted",
@@ -145,6 +161,8 @@ def describe_quota(message: str, region: str) -> str:
 
 def classify_message(message: str, rpc_code: int | None = None) -> tuple[str, bool]:
     """(code, permanent) of a failed operation's or an ERROR pool's message."""
+    if _RESERVATION_FULL_RE.search(message):
+        return CODE_RESERVATION_EXHAUSTED, False
     if _STOCKOUT_RE.search(message):
         return CODE_STOCKOUT, False
     if _QUOTA_RE.search(message):
@@ -178,12 +196,14 @@ def classify_exception(exc: BaseException) -> Classified:
         return Classified(CODE_CONFLICT, message, False, True)
     if _BUSY_RE.search(message):
         return Classified(CODE_CLUSTER_BUSY, message, False, True)
+    if _RESERVATION_FULL_RE.search(message):  # a 429 too, but capacity, not the API's rate
+        return Classified(CODE_RESERVATION_EXHAUSTED, message, False, False)
     if isinstance(exc, gexc.TooManyRequests | gexc.ResourceExhausted):
         return Classified(CODE_RATE_LIMITED, message, False, True)
     if isinstance(exc, gexc.ServerError | gexc.DeadlineExceeded | gexc.ServiceUnavailable):
         return Classified(CODE_UNAVAILABLE, message, False, True)
     code, _ = classify_message(message)
-    if code in (CODE_STOCKOUT, CODE_QUOTA):
+    if code in CAPACITY_CODES:
         return Classified(code, message, False, False)
     if isinstance(exc, gexc.Unauthorized):
         return Classified(CODE_UNAUTHENTICATED, message, False, True)

@@ -122,7 +122,8 @@ def build_node_pool(
     pool = cs.NodePool(
         name=spec.name,
         initial_node_count=spec.node_count,
-        locations=list(node_locations),
+        # A fallback option's own zone (of the cluster's region), else the operator's.
+        locations=[spec.zone] if spec.zone else list(node_locations),
         config=config,
         # Clusters in a release channel refuse auto-upgrade off ("Auto_upgrade cannot be false
         # when release_channel REGULAR is set"); a pool lives only as long as its job, and an

@@ -294,8 +294,15 @@ def pools_present(f: Facts) -> list[str]:
 
 
 def model_of(plan: Plan | None) -> CapacityModel:
-    """The capacity model of a job's plan (its mode's plugin), or WITHOUT_PLAN."""
-    return WITHOUT_PLAN if plan is None else REGISTRY.model(plan.mode).model
+    """The capacity model of a job's plan (its mode's plugin), or WITHOUT_PLAN. A plan composed
+    by another model (plan.composed: Fallback) is that model's, wrapped around its mode's."""
+    if plan is None:
+        return WITHOUT_PLAN
+    own = REGISTRY.model(plan.mode).model
+    composer = REGISTRY.model(plan.composed) if plan.composed else None
+    if composer is None or composer.wraps is None:
+        return own
+    return composer.wraps(own)
 
 
 class HoldsNothing:

@@ -82,6 +82,9 @@ class Builder:
         self.events: list[Event] = []
         self.requeue: float | None = None
         self._deleting: list[str] = []
+        # This pass changed what the job's plan is (a composed capacity model moved to another
+        # option: the next pass plans it): nothing is made from this pass's plan.
+        self.replanned = False
 
     def cond(self, ctype: ConditionType, status: str, reason: Reason, message: str) -> None:
         """A condition with one of the registry's reasons (reasons.py)."""

@@ -390,11 +390,11 @@ def _hold(f: Facts, b: Builder, g: kueue_gate.Gate) -> tuple[Phase, str]:
     note = release_stopped(f, b)
     b.status.attempt_start_time = None  # an attempt in flight is abandoned with the quota
     b.status.capacity_ready_time = None
-    if f.js is None and f.js_other is None:
-        b.add(CreateJobSet())
-    b.status.job_set = f.plan.name
     if g.reason in (Reason.EVICTED, Reason.INADMISSIBLE, Reason.QUOTA_PENDING):
         f.capacity.held(f, b, note)  # no quota: what becomes of the capacity
+    if f.js is None and f.js_other is None and not b.replanned:
+        b.add(CreateJobSet())
+    b.status.job_set = f.plan.name
     gated = kueue_gate.Gate(g.allows, g.reason, f"{g.message}{note}", g.phase, g.workload, g.check)
     return kueue_gate.hold(f, b, gated)
 

@@ -59,6 +59,7 @@ from multislice_operator.reconcile.types import (
     CheckObservation,
     CheckState,
     CreateWorkload,
+    DeleteWorkload,
     FinishWorkload,
     PodSetUpdate,
     QueueObservation,
@@ -113,6 +114,13 @@ def gate(f: Facts, b: Builder) -> Gate:
         return _no_workload(f, b, q)
     if not wl.adopted:  # MultiKueue's prebuilt Workload: the job's from now on
         b.add(AdoptWorkload(wl.name, wl.resource_version))
+    elif (key := _asks_for_another(f, wl)) is not None:
+        b.add(DeleteWorkload(wl.name, wl.resource_version))
+        assert b.status.queue is not None  # _record wrote it
+        b.status.queue.workload_replaced_time = f.now
+        return Gate(Pass.HOLD, Reason.WAITING_FOR_WORKLOAD,
+                    f"replacing Workload {wl.name}: it asks for the quota of {wl.quota_key!r}, "
+                    f"the job now asks for {key!r}", workload=wl)  # fmt: skip
     _note_eviction(f, b, wl)
     if not wl.active:
         return _deactivated(b, wl)
@@ -124,6 +132,14 @@ def gate(f: Facts, b: Builder) -> Gate:
     if handed_back is not None:
         return Gate(Pass.HOLD, Reason.CHECK_RETRY, handed_back, workload=wl, check=wl.check)
     return _quota_reserved(wl)
+
+
+def _asks_for_another(f: Facts, wl: WorkloadObservation) -> str | None:
+    """The plan's quota key when the Workload asks for other quota (Plan.quota_key: a Fallback
+    job's option; one Workload per key, as Kueue's jobframework replaces a Workload that no
+    longer matches its job), else None."""
+    key = f.plan.quota_key if f.plan is not None else None
+    return key if key is not None and not wl.finished and wl.quota_key != key else None
 
 
 def _unsupported(f: Facts, b: Builder, problem: str) -> Gate:
@@ -255,6 +271,8 @@ def _no_workload(f: Facts, b: Builder, q: QueueObservation) -> Gate:
         elsewhere = f.steps.multikueue and multikueue.managed_elsewhere(f)
         made = f.meta.creation_time if elsewhere else None
         started = f.old.start_time or made or f.now
+        replaced = f.old.queue.workload_replaced_time if f.old.queue else None
+        started = max(started, replaced) if replaced is not None else started
         waited = (f.now - started).total_seconds()
         bound = f.cfg.kueue_workload_wait_seconds
         if waited < bound:
@@ -356,6 +374,7 @@ def _record(f: Facts, b: Builder, q: QueueObservation) -> None:
         preemptions=old.preemptions if old else 0,
         last_eviction=old.last_eviction.model_copy() if old and old.last_eviction else None,
         suspended=old.suspended if old else False,
+        workload_replaced_time=old.workload_replaced_time if old else None,
     )
 
 

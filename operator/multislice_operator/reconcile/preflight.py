@@ -114,18 +114,35 @@ def _applies(f: Facts) -> bool:
     )
 
 
+def _shape(f: Facts) -> str | None:
+    """The shape the plan is for when the job has several (Plan.shape_key), else None."""
+    return f.plan.shape_key if f.plan is not None else None
+
+
+def _ours(f: Facts, generation: int, shape: str | None) -> bool:
+    """A compile (a Job, a record) of the spec and shape the job runs now."""
+    return generation == f.meta.generation and shape == _shape(f)
+
+
 def _current(f: Facts) -> PreflightObservation | None:
-    """The job's own compile Job for the spec it runs now."""
+    """The job's own compile Job for the spec (and shape) it runs now."""
     obs = f.obs.preflight
-    if obs is None or not obs.owned or obs.generation != f.meta.generation:
+    if obs is None or not obs.owned or not _ours(f, obs.generation, obs.shape):
         return None
     return obs
 
 
+def _moves_on(f: Facts) -> bool:
+    """A refused compile is not the job's end while it has other shapes to try (its capacity
+    model moves to one: plugins/fallback.py)."""
+    return f.plan is not None and f.plan.shape_alternatives > 0
+
+
 def failure(f: Facts) -> str | None:
-    """Why the compile failed (the verdict's message), or None: it did not (or is not ours)."""
+    """Why the compile failed (the verdict's message), or None: it did not (or is not ours, or
+    the job has other shapes to try)."""
     obs = _current(f)
-    if obs is None or not obs.finished or obs.succeeded or not _applies(f):
+    if obs is None or not obs.finished or obs.succeeded or not _applies(f) or _moves_on(f):
         return None
     data = result(obs.message)
     need, have = _int(data, "hbm_bytes_per_device"), _int(data, "hbm_capacity_bytes")
@@ -142,8 +159,10 @@ def failure(f: Facts) -> str | None:
         if data.get("fits") is False or obs.exit_code == EXIT_CONFIG_ERROR
         else "fix the program or spec.preflight.command"
     )
+    others = " (and every other shape of provisioning.fallback was refused before)"
     return (
-        f"preflight: {why}; nothing was provisioned; {fix}, then recreate the job (Job {obs.name})"
+        f"preflight: {why}{others if _shape(f) is not None else ''}; nothing was provisioned; "
+        f"{fix}, then recreate the job (Job {obs.name})"
     )
 
 
@@ -153,13 +172,19 @@ def record(f: Facts, b: Builder) -> None:
     obs = f.obs.preflight
     if obs is None or not obs.owned or obs.deleting:
         return
-    if obs.finished or obs.generation != f.meta.generation:
+    ours = _ours(f, obs.generation, obs.shape)
+    if obs.finished or not ours:
         b.add(DeletePreflightJob())
-    if obs.generation != f.meta.generation:
+    if not ours:
         return
     new = _status(f, obs)
     old = f.old.preflight
-    if old is not None and old.state == new.state and old.generation == new.generation:
+    if (
+        old is not None
+        and old.state == new.state
+        and old.generation == new.generation
+        and old.shape == new.shape
+    ):
         new.time = old.time  # unchanged: no status write per pass
     b.status.preflight = new
     if new.state == PreflightState.PASSED and (old is None or old.state != new.state):
@@ -186,6 +211,7 @@ def _status(f: Facts, obs: PreflightObservation) -> PreflightStatus:
         # The figures are in their fields; the words: its error, or its text when not JSON.
         message=words[-MESSAGE_MAX:] if words else None,
         time=f.now if obs.finished else None,
+        shape=obs.shape,
     )
 
 
@@ -205,23 +231,29 @@ def gate(f: Facts, b: Builder) -> tuple[Phase, str] | None:
     if not _applies(f):
         return None
     st = b.status.preflight
-    if st is not None and st.generation == f.meta.generation and st.state == PreflightState.PASSED:
-        return None
+    if st is not None and _ours(f, st.generation, st.shape):
+        if st.state == PreflightState.PASSED:
+            return None
+        if st.state == PreflightState.FAILED and _moves_on(f):
+            return None  # its capacity model leaves this shape for another one
     assert f.plan is not None
     name = preflight_job(f.plan.name)
+    shape = f.plan.shape_key
+    what = "the job's TPUs" if shape is None else f"{f.plan.shape.accelerator} x {f.plan.slices}"
     obs = f.obs.preflight
     if obs is None:
         b.add(CreatePreflightJob())
-        message = f"preflight: compiling the program for the job's TPUs (Job {name})"
+        message = f"preflight: compiling the program for {what} (Job {name})"
     elif not obs.owned:
         message = (
             f"preflight: a Job named {name} exists that this job does not own; it waits for it "
             "to go (delete it if it is not an earlier job's of this name)"
         )
-    elif obs.deleting or obs.generation != f.meta.generation:
-        message = f"preflight: waiting for Job {name} of an older spec to go"
+    elif obs.deleting or not _ours(f, obs.generation, obs.shape):
+        older = "an older spec" if obs.generation != f.meta.generation else "another shape"
+        message = f"preflight: waiting for Job {name} of {older} to go"
     else:
-        message = f"preflight: compiling the program for the job's TPUs (Job {name})"
+        message = f"preflight: compiling the program for {what} (Job {name})"
     b.cond(ConditionType.PROVISIONED, "False", Reason.PREFLIGHT_RUNNING, message)
     b.requeue_in(POLL_SECONDS)
     return Phase.PENDING, message

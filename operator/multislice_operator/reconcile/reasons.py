@@ -77,6 +77,7 @@ class Reason(StrEnum):
     SLICE_READY = "SliceReady"
     GANG_ROLLED_BACK = "GangRolledBack"
     GANG_PROVISIONED = "GangProvisioned"
+    FALLBACK_MOVED = "FallbackMoved"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     SHRINKING_SLICES = "ShrinkingSlices"
     GROWING_SLICES = "GrowingSlices"
@@ -132,6 +133,7 @@ class Reason(StrEnum):
     WAITING_FOR_FLEX_START_CAPACITY = "WaitingForFlexStartCapacity"
     PREFLIGHT_RUNNING = "PreflightRunning"
     PREFLIGHT_PASSED = "PreflightPassed"
+    LEAVING_OPTION = "LeavingOption"
 
     @property
     def info(self) -> Info:
@@ -305,6 +307,14 @@ REGISTRY: dict[Reason, Info] = {
         causes=(CAUSE_PROVISIONING,),
     ),
     Reason.GANG_PROVISIONED: Info(NORMAL, "Every node pool of the gang is running and ready."),
+    Reason.FALLBACK_MOVED: Info(
+        WARNING,
+        "provisioning.mode Fallback: the option tried is left (stockout, quota, an exhausted "
+        "reservation, its trySeconds, or its shape refused by the compiler) for the next one; "
+        "both are named.",
+        metric="fallback_move",
+        causes=(CAUSE_PROVISIONING,),
+    ),
     Reason.STARTUP_DEADLINE_EXCEEDED: Info(
         WARNING,
         "Not every pod runs failurePolicy.startupTimeoutSeconds after the capacity was ready: a "
@@ -440,6 +450,11 @@ _CONDITION_REASONS = {
     Reason.PREFLIGHT_RUNNING: (
         "Provisioned",
         "The compile command of spec.preflight runs as a CPU Job; no node pool until it passes.",
+    ),
+    Reason.LEAVING_OPTION: (
+        "Provisioned",
+        "provisioning.mode Fallback: the option tried is rolled back; its capacity is released, "
+        "then the next option is tried.",
     ),
 }
 for _reason, (_condition, _doc) in _CONDITION_REASONS.items():

@@ -201,6 +201,9 @@ class PreflightObservation:
     message: str = ""
     reason: str = ""  # the Job's Failed condition's reason (DeadlineExceeded, BackoffLimit...)
     deleting: bool = False
+    # The shape it compiles when the job has several (provisioning.mode Fallback: a shape's
+    # name, "" the job's own; its label); None: the job has one.
+    shape: str | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,8 @@ class WorkloadObservation:
     checks_listed: bool = False
     # Controlled by this job; False: a prebuilt Workload (MultiKueue's) not adopted yet.
     adopted: bool = True
+    # What it asks for when that may change (its label, Plan.quota_key); None: not labelled.
+    quota_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -474,6 +479,18 @@ class CreateWorkload:
 
 
 @dataclass(frozen=True)
+class DeleteWorkload:
+    """The job's Workload asks for the quota of what the job no longer tries (a Fallback job
+    moved to another option): deleted, which frees any quota it holds, as Kueue's jobframework
+    deletes a Workload that no longer matches its job ("Deleted not matching Workload",
+    reconciler.go ensureOneWorkload); the next pass creates the option's own. Only that object
+    (a resourceVersion precondition)."""
+
+    workload: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
 class AdoptWorkload:
     """A prebuilt Workload (MultiKueue made it for this job) becomes the job's: its controller
     owner reference and job-uid label, as Kueue's jobframework does
@@ -579,6 +596,7 @@ Action = (
     | SetAdmissionCheckState
     | SetWorkloadActive
     | CreateWorkload
+    | DeleteWorkload
     | ReleaseWorkload
     | AdoptWorkload
     | ReclaimPods

@@ -155,6 +155,7 @@ def render_pod_template(plan: Plan, spec: MultisliceJobSpec) -> dict[str, Any]:
     selector = dict(pod.get("nodeSelector") or {})
     selector[keys.GKE_TPU_ACCELERATOR] = plan.shape.generation.gke_accelerator
     selector[keys.GKE_TPU_TOPOLOGY] = plan.shape.topology
+    selector.update(plan.node_selector)  # what else the job's pools carry (a fallback option's)
     pod["nodeSelector"] = selector
     place = REGISTRY.model(plan.mode).place
     if place is not None:  # the capacity model's part: which nodes are the job's

@@ -99,17 +99,20 @@ def render_workload(
             "name": priority_class,
         }
         spec["priority"] = priority or 0
+    labels = {
+        keys.JOB_NAME: plan.name,
+        keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
+        keys.KUEUE_JOB_UID: uid,
+    }
+    if plan.quota_key is not None:  # what it asks for may change (a Fallback job's option)
+        labels[keys.QUOTA_KEY] = plan.quota_key
     return {
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": KIND,
         "metadata": {
             "name": workload_name(plan.name),
             "namespace": plan.namespace,
-            "labels": {
-                keys.JOB_NAME: plan.name,
-                keys.MANAGED_BY: keys.MANAGED_BY_VALUE,
-                keys.KUEUE_JOB_UID: uid,
-            },
+            "labels": labels,
             "ownerReferences": [
                 {
                     "apiVersion": models.API_VERSION,

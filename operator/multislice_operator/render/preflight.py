@@ -33,6 +33,9 @@ from multislice_operator.render.jobset import (
 WORKLOAD_COMMAND = "multislice_workload"  # the workload image's entry point (workload/Dockerfile)
 TRAIN = "train"  # the workload's train subcommand: its flags are the compile command's too
 GENERATION_LABEL = f"{keys.PREFIX}/preflight-generation"  # the spec generation it compiles
+# The shape it compiles when the job has several (provisioning.mode Fallback): a shape's name,
+# "" for the job's own (Plan.shape_key).
+SHAPE_LABEL = f"{keys.PREFIX}/preflight-shape"
 CONTAINER = "compile"
 
 
@@ -89,6 +92,8 @@ def render_preflight_job(
         if tpu.get(key):
             container[key] = copy.deepcopy(tpu[key])
     labels = {**job_labels(plan), GENERATION_LABEL: str(generation)}
+    if plan.shape_key is not None:
+        labels[SHAPE_LABEL] = plan.shape_key
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [container],
