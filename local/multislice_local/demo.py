@@ -393,6 +393,57 @@ def demo_job(
     return copy.deepcopy(body)
 
 
+# A node-pool create as the simulator received it: (capacity type label, machine type, topology).
+Create = tuple[str, str, str]
+
+
+def options_left(st: dict[str, Any]) -> dict[int, str | None]:
+    """Each option tried (status.fallback.options) and why it was last left (None: not left)."""
+    fb: dict[str, Any] = st.get("fallback") or {}
+    return {int(o["option"]): o.get("lastLeft") for o in fb.get("options") or []}
+
+
+def fallback_first_problems(st: dict[str, Any], creates: list[Create], flex_held: int
+                            ) -> list[str]:  # fmt: skip
+    """What the fallback scenario's first job lacks: Succeeded on spot (option 3) after leaving
+    the reservation (exhausted) and flex-start (its trySeconds); spot's gang created once, no
+    flex-start chip still held (`flex_held`)."""
+    problems = []
+    if st.get("phase") != "Succeeded":
+        problems.append(f"phase {st.get('phase')}, expected Succeeded")
+    want = {0: "ReservationExhausted", 1: "Timeout", 2: None}
+    if options_left(st) != want:
+        problems.append(f"options left {options_left(st)}, expected {want}")
+    spot = sum(1 for c in creates if c[0] == "Spot")
+    if spot != 2:
+        problems.append(f"{spot} spot node-pool creates, expected the gang's 2")
+    if flex_held:
+        problems.append(f"{flex_held} flex-start chips still held")
+    return problems
+
+
+def fallback_second_problems(st: dict[str, Any], creates: list[Create]) -> list[str]:
+    """What the second job lacks: it ran on the v6e shape (option 3, one pool), its own shape
+    left at the reservation's 429, shape v5e-8 refused by the compiler and never asked of GKE
+    (0 creates of its topology)."""
+    fb: dict[str, Any] = st.get("fallback") or {}
+    problems = []
+    want = {0: "ReservationExhausted", 1: "DidNotCompile", 2: None}
+    if options_left(st) != want or fb.get("shape") != "v6e":
+        problems.append(
+            f"options left {options_left(st)} (shape {fb.get('shape')!r}), expected {want}"
+        )
+    verdicts = {sh.get("name"): sh.get("fits") for sh in fb.get("shapes") or []}
+    if verdicts != {"": True, REFUSED_SHAPE: False, "v6e": True}:
+        problems.append(f"compiler verdicts {verdicts}")
+    refused = next(s for s in FALLBACK_SHAPES if s["name"] == REFUSED_SHAPE)
+    asked = sum(1 for c in creates if c[2] == refused["topology"])
+    ran = sum(1 for c in creates if c[1].startswith("ct6e"))
+    if asked or ran != 1:
+        problems.append(f"{asked} creates for the refused shape, {ran} v6e; expected 0 and 1")
+    return problems
+
+
 def fallback_first_job(namespace: str) -> dict[str, Any]:
     """The fallback scenario's first job: the example's, tried as FALLBACK_OPTIONS say."""
     body = demo_job(SCENARIOS["restart"], namespace=namespace)  # the example as it is
@@ -1202,7 +1253,7 @@ class Demo:
         )
         return True
 
-    def creates_since(self, before: int) -> list[tuple[str, str, str]]:
+    def creates_since(self, before: int) -> list[Create]:
         """(capacity type label, machine type, TPU topology) of every node-pool create the
         simulator received after the first `before`, accepted or not."""
         assert self.stack is not None and self.stack.sim is not None
@@ -1219,10 +1270,8 @@ class Demo:
             )
         return found
 
-    def fallback_shown(self, st: dict[str, Any], creates: list[tuple[str, str, str]]
-                       ) -> dict[int, str | None]:  # fmt: skip
-        """status.fallback and the node-pool creates the simulator received, said; each
-        option's reason for being left (None: not left)."""
+    def fallback_shown(self, st: dict[str, Any], creates: list[Create]) -> None:
+        """status.fallback and the node-pool creates the simulator received, said."""
         fb: dict[str, Any] = st.get("fallback") or {}
         ran = int(fb.get("option", 0))
         self.n.say(f"status.fallback: round {fb.get('round')}, option {ran + 1} tried last")
@@ -1241,33 +1290,20 @@ class Demo:
             verdict = "fits" if sh.get("fits") else "refused by the compiler"
             self.n.say(f"  shape {sh.get('name') or '(its own)'} ({sh.get('what')}): {verdict}"
                        + (f", {hbm}" if hbm else ""))  # fmt: skip
-        counts: dict[tuple[str, str, str], int] = {}
+        counts: dict[Create, int] = {}
         for c in creates:
             counts[c] = counts.get(c, 0) + 1
         self.n.say(
             "node-pool creates the GKE simulator received for it: "
             + (", ".join(f"{n} x {c[0]} {c[1]} {c[2]}" for c, n in counts.items()) or "none")
         )
-        return {int(o["option"]): o.get("lastLeft") for o in fb.get("options") or []}
 
     def fallback_capacity_problems(self, st: dict[str, Any],
-                                   creates: list[tuple[str, str, str]]) -> list[str]:  # fmt: skip
-        """The first job ran on spot (option 3) after leaving the reservation (exhausted) and
-        flex-start (its trySeconds); spot's gang was created once, nothing of flex-start holds."""
+                                   creates: list[Create]) -> list[str]:  # fmt: skip
         assert self.stack is not None and self.stack.sim is not None
-        left = self.fallback_shown(st, creates)
-        problems = []
-        if st.get("phase") != "Succeeded":
-            problems.append(f"phase {st.get('phase')}, expected Succeeded")
-        want = {0: "ReservationExhausted", 1: "Timeout", 2: None}
-        if left != want:
-            problems.append(f"options left {left}, expected {want}")
-        spot = sum(1 for c in creates if c[0] == "Spot")
-        if spot != 2:
-            problems.append(f"{spot} spot node-pool creates, expected the gang's 2")
+        self.fallback_shown(st, creates)
         held = self.stack.sim.capacity()[f"{ZONE}/FlexStart"]["held"]
-        if held:
-            problems.append(f"{held} flex-start chips still held")
+        problems = fallback_first_problems(st, creates, held)
         if not problems:
             self.n.say(
                 "first job: the reservation was left at GKE's 429, flex-start when its "
@@ -1277,24 +1313,9 @@ class Demo:
         return problems
 
     def fallback_shapes_problems(self, st: dict[str, Any]) -> list[str]:
-        """The second job ran on the v6e shape (option 3): its own shape left at the
-        reservation's 429, the 4 x v5litepod-8 shape refused by the compiler and never asked
-        of GKE (0 creates of its topology)."""
         creates = self.creates_since(self.fallback_creates_before)
-        left = self.fallback_shown(st, creates)
-        fb: dict[str, Any] = st.get("fallback") or {}
-        problems = []
-        want = {0: "ReservationExhausted", 1: "DidNotCompile", 2: None}
-        if left != want or fb.get("shape") != "v6e":
-            problems.append(f"options left {left} (shape {fb.get('shape')!r}), expected {want}")
-        verdicts = {sh.get("name"): sh.get("fits") for sh in fb.get("shapes") or []}
-        if verdicts != {"": True, REFUSED_SHAPE: False, "v6e": True}:
-            problems.append(f"compiler verdicts {verdicts}")
-        refused = next(s for s in FALLBACK_SHAPES if s["name"] == REFUSED_SHAPE)
-        asked = sum(1 for c in creates if c[2] == refused["topology"])
-        ran = sum(1 for c in creates if c[1].startswith("ct6e"))
-        if asked or ran != 1:
-            problems.append(f"{asked} creates for the refused shape, {ran} v6e; expected 0 and 1")
+        self.fallback_shown(st, creates)
+        problems = fallback_second_problems(st, creates)
         if not problems:
             self.n.say(
                 f"second job: 0 node-pool creates for shape {REFUSED_SHAPE} (the compiler "
