@@ -176,7 +176,7 @@ FALLBACK_RESERVATION = "team-v5e"
 # The simulator queues a flex-start pool without capacity, as Dynamic Workload Scheduler does
 # (waiting is not an error): that option is left when its trySeconds run out.
 FLEX_TRY_S = 20
-FALLBACK_OPTIONS = [
+FALLBACK_OPTIONS: list[dict[str, Any]] = [
     {"capacity": {"type": "Reserved", "reservation": FALLBACK_RESERVATION}, "trySeconds": 120},
     {"capacity": {"type": "FlexStart"}, "trySeconds": FLEX_TRY_S},
     {"capacity": {"type": "Spot"}, "trySeconds": 120},
@@ -187,16 +187,16 @@ FALLBACK_OPTIONS = [
 # over its 32 chips, on spot.
 FALLBACK_MODEL_ARGS = [
     *("train", "--embed", "4096", "--heads", "32", "--head_dim", "128", "--mlp", "16384"),
-    *("--num_layers", "24", "--seq_len", "1024", "--batch_size", "32"),
+    *("--num_layers", "32", "--seq_len", "1024", "--batch_size", "32"),
 ]
 REFUSED_SHAPE = "v5e-8"
-FALLBACK_SHAPES = [
+FALLBACK_SHAPES: list[dict[str, Any]] = [
     {"name": REFUSED_SHAPE, "accelerator": "v5litepod-8", "topology": "2x4", "slices": 4,
      "parallelism": {"ici": {"fsdp": 8}, "dcn": {"data": 4}}},
     {"name": "v6e", "accelerator": "v6e-32", "topology": "4x8", "slices": 1,
      "parallelism": {"ici": {"fsdp": 32}}},
 ]  # fmt: skip
-FALLBACK_SHAPE_OPTIONS = [
+FALLBACK_SHAPE_OPTIONS: list[dict[str, Any]] = [
     FALLBACK_OPTIONS[0],
     {"capacity": {"type": "Spot"}, "shape": REFUSED_SHAPE, "trySeconds": 120},
     {"capacity": {"type": "Spot"}, "shape": "v6e", "trySeconds": 120},
