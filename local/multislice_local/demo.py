@@ -1647,12 +1647,16 @@ class Demo:
             time.sleep(3600)
 
     def stop(self) -> None:
+        """Clean a borrowed cluster, then stop every process the demo started, even when the
+        clean-up fails (a loaded apiserver once answered 504 and left the operator running)."""
         if self.stack is not None:
-            if self.borrowed:
-                self.clean_borrowed()
-            self.n.say("stopping every process the demo started")
-            self.stack.stop()
-            self.stack = None
+            try:
+                if self.borrowed:
+                    self.clean_borrowed()
+            finally:
+                self.n.say("stopping every process the demo started")
+                self.stack.stop()
+                self.stack = None
 
     def clean_borrowed(self) -> None:
         """Leave a borrowed cluster as found: the jobs deleted while our operator still runs (it

@@ -96,3 +96,38 @@ def test_the_second_job_is_judged_on_the_compilers_verdicts_and_the_shape_that_r
     own = copy.deepcopy(SECOND)
     own["fallback"]["shape"] = ""
     assert "options left" in fallback_second_problems(own, SECOND_CREATES)[0]
+
+
+class StackSeen:
+    """The demo's LocalStack, as far as stop() uses it: whether it was stopped."""
+
+    stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_the_demo_stops_its_processes_when_cleaning_a_borrowed_cluster_fails() -> None:
+    """A fallback run's apiserver answered 504 to the job's delete: the clean-up raised and the
+    operator the demo started was left running (stop() never reached the stack)."""
+    import argparse
+    import io
+
+    import pytest
+    from kubernetes.client.exceptions import ApiException
+
+    from multislice_local.demo import Demo
+
+    args = argparse.Namespace(scenario="fallback", kubeconfig="/borrowed", namespace="demo-x")
+    demo = Demo(args, io.StringIO())
+    stack = StackSeen()
+    demo.stack = stack  # type: ignore[assignment]
+
+    def unreachable() -> None:
+        raise ApiException(status=504, reason="Gateway Timeout")
+
+    demo.clean_borrowed = unreachable  # type: ignore[method-assign]
+    with pytest.raises(ApiException):
+        demo.stop()
+    assert stack.stopped
+    assert demo.stack is None
