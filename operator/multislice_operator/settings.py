@@ -131,8 +131,10 @@ class Settings:
     scheduler_grace_seconds: float = _opt(
         "how long a job's pods may wait with no scheduler having looked at any of them (no "
         "PodScheduled condition: spec.template.spec.schedulerName names a scheduler that is not "
-        "running) before the job fails and releases its node pools; for 10 minutes then a job "
-        "naming that scheduler (not default-scheduler) fails before its first pool",
+        "running) before the job fails and releases its node pools, unless a pod of another "
+        "job naming that scheduler was looked at within it (behind, not absent: the "
+        "unschedulable deadline judges); for 10 minutes then a job naming that scheduler (not "
+        "default-scheduler) fails before its first pool",
         60.0,
     )
     kueue: bool = _opt(

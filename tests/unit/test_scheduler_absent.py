@@ -314,3 +314,73 @@ def test_the_operator_remembers_a_scheduler_no_pod_was_looked_at_by_until_one_is
     default, _ = jobs.spec_and_plan(provisioning={"mode": "Managed"})
     reconciler._learn_scheduler(rt, ("ns", "job"), default, old, obs, d)
     assert rt.scheduler_absent("default-scheduler") is None
+
+
+# ---------------------------------------------------------------- a scheduler behind, not absent
+
+
+def test_a_scheduler_seen_at_work_is_behind_and_its_backlog_waits_for_the_unschedulable_deadline():
+    """A scheduler that looked at another job's pod within the grace runs: this job's pods not
+    looked at yet are its backlog (a 200-job load on a starved machine failed a default-scheduler
+    job SchedulerNotRunning while kube-scheduler bound the others' pods). They wait for the
+    unschedulable deadline, as pods the scheduler said no to do, and no longer than it."""
+    job = started()
+    grace = CFG.scheduler_grace_seconds
+    behind = job.observed(grace + 30, job.unseen)
+    behind.scheduler_working = True
+    d = jobs.run(job.old, behind, cfg=CFG, plan=(job.spec, job.plan))
+    assert d.status.phase == "Starting", d.status.message
+    assert not any(isinstance(a, DeletePools) for a in d.actions)
+    # Not seen at work: the grace's verdict, as before.
+    assert reason(job.run(grace + 30, job.unseen)) == Reason.SCHEDULER_NOT_RUNNING
+    # The unschedulable deadline (600 s by default) ends the wait all the same.
+    timeout = job.spec.failure_policy.unschedulable_timeout_seconds
+    late = job.observed(timeout + 1, job.unseen)
+    late.scheduler_working = True
+    d = jobs.run(job.old, late, cfg=CFG, plan=(job.spec, job.plan))
+    assert reason(d) == Reason.UNSCHEDULABLE, d.status.message
+
+
+def test_the_operator_remembers_a_scheduler_at_work_for_the_grace(monkeypatch):
+    """A pass that sees a pod naming the scheduler looked at (bound, or given a verdict) makes it
+    known to work, for every job naming it, for --scheduler-grace-seconds; then it is forgotten."""
+    from multislice_operator.controller import runtime as runtime_module
+    from tests.unit.test_forget import Apiserver, runtime
+
+    clock = [1000.0]
+    monkeypatch.setattr(runtime_module.time, "monotonic", lambda: clock[0])
+    rt = runtime(Apiserver())
+    job = started()
+    assert not rt.scheduler_working("volcano")
+    unseen_pass = job.observed(10, job.unseen)
+    reconciler._learn_scheduler(rt, ("ns", "a"), job.spec, job.old, unseen_pass, job.run(10, []))
+    assert not rt.scheduler_working("volcano")  # its pods not looked at: no evidence
+    seen = job.observed(10, [replace(job.unseen[0], looked_at=True)])
+    reconciler._learn_scheduler(rt, ("ns", "a"), job.spec, job.old, seen, job.run(10, []))
+    assert rt.scheduler_working("volcano") and not rt.scheduler_working("default-scheduler")
+    clock[0] += CFG.scheduler_grace_seconds - 1
+    assert rt.scheduler_working("volcano")
+    clock[0] += 2
+    assert not rt.scheduler_working("volcano")
+    rt.expire()
+    assert not rt._working_schedulers  # nothing kept past its time (issue 56 part 3)
+    # Bounded like the absent ones: a stream of names keeps SCHEDULERS_KEPT at most.
+    for i in range(runtime_module.SCHEDULERS_KEPT + 10):
+        rt.remember_scheduler(f"s-{i}", None)
+    assert len(rt._working_schedulers) == runtime_module.SCHEDULERS_KEPT
+
+
+def test_every_pass_observes_whether_the_jobs_scheduler_was_seen_at_work():
+    import asyncio
+
+    from tests.unit.test_forget import Apiserver, runtime
+
+    rt = runtime(Apiserver())
+    rt.provisioner = None
+    body: dict[str, Any] = {"metadata": {"name": "job", "namespace": "ns", "uid": "u"}}
+    job = started()
+    obs = asyncio.run(reconciler.observe_job(rt, ("ns", "job"), body, job.plan, job.spec))
+    assert obs.scheduler_working is False
+    rt.remember_scheduler("volcano", None)
+    obs = asyncio.run(reconciler.observe_job(rt, ("ns", "job"), body, job.plan, job.spec))
+    assert obs.scheduler_working is True

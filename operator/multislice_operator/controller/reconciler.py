@@ -393,6 +393,7 @@ async def observe_job(
         blind_since=rt.blind_since(key),
     )
     observed.in_place = rt.in_place
+    observed.scheduler_working = rt.scheduler_working(scheduling.scheduler_name(spec))
     observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))
     observed.queue = await _queue(rt, key, body, meta)
     if observed.queue is not None:

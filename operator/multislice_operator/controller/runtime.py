@@ -137,6 +137,11 @@ class Runtime:
     # job naming one within --scheduler-grace-seconds (SchedulerNotRunning). Name -> (monotonic
     # time, that job); forgotten once a pod naming it is looked at, or SCHEDULER_ABSENT_SECONDS on.
     _absent_schedulers: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Schedulers seen at work: a pod naming one (any job's, any attempt's) looked at (bound, or
+    # given a verdict). Name -> monotonic time last seen. Within --scheduler-grace-seconds of
+    # that, the pods of a job that it has not looked at yet are its backlog (a busy or starved
+    # scheduler), judged by the unschedulable deadline: not SchedulerNotRunning.
+    _working_schedulers: dict[str, float] = field(default_factory=dict)
     # Node Leases' renewTime by node (the heartbeat check, controller/observe.py), listed at
     # most once a resync for every job: (monotonic time, leases; None: not readable).
     node_leases: tuple[float, dict[str, float] | None] | None = None
@@ -213,10 +218,20 @@ class Runtime:
             f"{SCHEDULER_ABSENT_SECONDS / 60:.0f} minutes)"
         )
 
+    def scheduler_working(self, name: str) -> bool:
+        """A pod naming this scheduler was looked at within the scheduler grace: it runs."""
+        seen = self._working_schedulers.get(name)
+        return seen is not None and time.monotonic() - seen < self.cfg.scheduler_grace_seconds
+
     def remember_scheduler(self, name: str, job: JobKey | None) -> None:
         """A job's pods naming this scheduler were not looked at within the grace (`job`), or
         one was looked at (None): it runs."""
         self._absent_schedulers.pop(name, None)
+        if job is None:
+            self._working_schedulers.pop(name, None)  # the newest last: the oldest goes first
+            while len(self._working_schedulers) >= SCHEDULERS_KEPT:
+                del self._working_schedulers[next(iter(self._working_schedulers))]
+            self._working_schedulers[name] = time.monotonic()
         if job is not None:
             while len(self._absent_schedulers) >= SCHEDULERS_KEPT:  # the oldest goes
                 del self._absent_schedulers[next(iter(self._absent_schedulers))]
@@ -242,6 +257,9 @@ class Runtime:
             _drop_older(brief, now - NAMESPACE_LABELS_TTL_SECONDS)
         _drop_older(self.template_verdicts, now - TEMPLATE_VERDICT_TTL_SECONDS)
         _drop_older(self._absent_schedulers, now - SCHEDULER_ABSENT_SECONDS)
+        working, oldest = self._working_schedulers, now - self.cfg.scheduler_grace_seconds
+        for name in [n for n, seen in working.items() if seen < oldest]:
+            del working[name]
         leases = self.node_leases
         # An unreadable listing (None) holds nothing and says when to ask again: kept.
         if (

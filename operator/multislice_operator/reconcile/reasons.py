@@ -214,7 +214,8 @@ REGISTRY: dict[Reason, Info] = {
         WARNING,
         "No scheduler looked at any pod of the job (no PodScheduled condition) within "
         "--scheduler-grace-seconds of the first one's creation: spec.template.spec.schedulerName "
-        "names a scheduler that is not running; before any node pool when it is known not to run.",
+        "names a scheduler that is not running (one seen at work on another job's pod within "
+        "the grace is behind, not absent); before any node pool when it is known not to run.",
         terminal=True,
         event=False,
     ),

@@ -344,6 +344,9 @@ class Observed:
     # first pool: why (no scheduler looked at another job's pods naming it within the grace,
     # and none has looked at any pod naming it since); None: it runs, or it is not known.
     scheduler_absent: str | None = None
+    # A pod naming that scheduler (another job's, or an earlier attempt's) was looked at within
+    # the scheduler grace: it runs, and this job's pods it has not looked at yet are its backlog.
+    scheduler_working: bool = False
     # Nodes of the job's slices whose Ready condition says True but whose kubelet was not heard
     # of for the node monitor grace (Lease and status not renewed): not counted Ready. "name
     # (age)" texts, for the status message.

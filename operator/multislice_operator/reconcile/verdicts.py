@@ -281,10 +281,12 @@ def scheduler_known_absent(f: Facts) -> Verdict | None:
 
 def _unseen_wait(f: Facts) -> tuple[float, str] | None:
     """(seconds left, message) while no scheduler has looked at any pod of the job, counted
-    from the first one's creation (status.scheduling.unseenSince)."""
+    from the first one's creation (status.scheduling.unseenSince). Not while that scheduler was
+    seen at work on other pods within the grace: behind is not absent (the unschedulable
+    deadline judges its backlog)."""
     waits, spec = f.scheduling, f.spec
     since = waits.unseen_since if waits is not None else None
-    if since is None or spec is None:
+    if since is None or spec is None or f.obs.scheduler_working:
         return None
     grace = f.cfg.scheduler_grace_seconds
     return (
