@@ -5,9 +5,11 @@ asked for are not the story's (the e2e run is tests/e2e/test_demo.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from multislice_local.demo import (
+    FALLBACK_MODEL_ARGS,
     FLEX_TRY_S,
     SCENARIOS,
     Create,
@@ -41,6 +43,26 @@ def test_the_second_job_tries_its_own_shape_then_v5e_8_then_one_v6e_slice() -> N
         "Spot, v5litepod-8 x 4",
         "Spot, v6e-32 x 1",
     ]
+
+
+def test_the_second_jobs_model_is_about_6_4_b_parameters_in_narrow_scanned_layers() -> None:
+    """What docs/demo.md says of it: about 6.4 B parameters (their float32 Adam state is what
+    does not fit 8 v5e chips), as many narrow layers (one lax.scan: libtpu compiles one layer,
+    so the depth costs no compile time, the width does)."""
+    import argparse
+
+    from multislice_workload import train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(FALLBACK_MODEL_ARGS[1:])  # after the "train" subcommand
+    cfg = train.TrainConfig(**{
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(train.TrainConfig) if f.name not in ("vocab", "eos_id")
+    })  # fmt: skip
+    model = train.model_config(cfg)
+    assert 6.35e9 < model.parameter_count() < 6.5e9
+    assert (model.layers, model.embed, model.seq_len) == (512, 1024, 256)
 
 
 def left(*reasons: str | None) -> list[dict[str, Any]]:
