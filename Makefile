@@ -64,7 +64,7 @@ cluster-up: install bins
 cluster-down: install
 	$(BIN)/python -m multislice_local.controlplane down --profile $(PROFILE)
 
-# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue|maintenance|elastic|preflight|inplace|ironwood|multicluster,
+# The local default, narrated: SCENARIO=restart|stockout|preemption|fatal|delete|queue|maintenance|elastic|preflight|fallback|inplace|ironwood|multicluster,
 # KEEP=1 to stay up. SCENARIO=real: real nodes, the chart and both images (root; builds
 # node-bins and the images first when missing: docs/real-nodes.md).
 # CLUSTER=kind runs the same demo on a kind cluster (needs Docker and kind; see docs/demo.md).

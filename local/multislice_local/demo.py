@@ -32,11 +32,12 @@ from kubernetes.client.exceptions import ApiException
 from multislice_local.gke_sim import Faults
 from multislice_local.inplace_agent import AgentPlayer, restart_all_containers
 from multislice_local.nodes import NODE_SHUTDOWN, RUN_DURATION_ANNOTATION, fail_pod, label_nodes
-from multislice_local.stack import PROJECT, ExistingCluster, LocalStack, StackOptions
+from multislice_local.stack import PROJECT, ZONE, ExistingCluster, LocalStack, StackOptions
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.planning.plan import load_job, node_pool_name, plan_job
 from multislice_operator.render.kueue_workload import workload_name
+from multislice_operator.render.preflight import SHAPE_LABEL
 
 NAMESPACE = "demo"
 JOB = "llm-v5e"
@@ -168,6 +169,44 @@ PREFLIGHT_ARGS = [
 ]
 REPLICATED = {"data": 16, "fsdp": 1, "tensor": 1}  # ICI layout the preflight refuses
 
+# The fallback scenario (issue 55, docs/provisioning.md#fallback-across-capacity-types-and-shapes).
+# Its first job tries a team reservation, flex-start, then spot; the simulator holds no VMs of
+# the reservation and no flex-start capacity in the zone (set_capacity), spot is unlimited.
+FALLBACK_RESERVATION = "team-v5e"
+# The simulator queues a flex-start pool without capacity, as Dynamic Workload Scheduler does
+# (waiting is not an error): that option is left when its trySeconds run out.
+FLEX_TRY_S = 20
+FALLBACK_OPTIONS: list[dict[str, Any]] = [
+    {"capacity": {"type": "Reserved", "reservation": FALLBACK_RESERVATION}, "trySeconds": 120},
+    {"capacity": {"type": "FlexStart"}, "trySeconds": FLEX_TRY_S},
+    {"capacity": {"type": "Spot"}, "trySeconds": 120},
+]
+# Its second job (spec.preflight): a model whose float32 weights and Adam state fit 16 v5e chips
+# a slice (FSDP 16) but not 8 (FSDP 8); its own shape on the exhausted reservation first, then
+# 4 x v5litepod-8 (refused by the compiler: never provisioned), then one v6e-32 slice with FSDP
+# over its 32 chips, on spot.
+# About 6.4 B parameters as 512 narrow layers (embed 1024, MLP 4096) over 256 positions: the
+# layers are one lax.scan, so libtpu compiles one layer whatever the depth, and its time goes to
+# the backend's code for each layer's per-device matmuls (width and sequence, not depth). The same
+# HBM need as 32 layers of embed 4096 over 1024 positions (18.02 against 18.04 GiB on v5e-8), for
+# a fifth of the compile time: 18-27 s a shape against 100-140 s on 2 loaded cores (measured).
+FALLBACK_MODEL_ARGS = [
+    *("train", "--embed", "1024", "--heads", "8", "--head_dim", "128", "--mlp", "4096"),
+    *("--num_layers", "512", "--seq_len", "256", "--batch_size", "32"),
+]
+REFUSED_SHAPE = "v5e-8"
+FALLBACK_SHAPES: list[dict[str, Any]] = [
+    {"name": REFUSED_SHAPE, "accelerator": "v5litepod-8", "topology": "2x4", "slices": 4,
+     "parallelism": {"ici": {"fsdp": 8}, "dcn": {"data": 4}}},
+    {"name": "v6e", "accelerator": "v6e-32", "topology": "4x8", "slices": 1,
+     "parallelism": {"ici": {"fsdp": 32}}},
+]  # fmt: skip
+FALLBACK_SHAPE_OPTIONS: list[dict[str, Any]] = [
+    FALLBACK_OPTIONS[0],
+    {"capacity": {"type": "Spot"}, "shape": REFUSED_SHAPE, "trySeconds": 120},
+    {"capacity": {"type": "Spot"}, "shape": "v6e", "trySeconds": 120},
+]
+
 SCENARIOS = {
     s.name: s
     for s in (
@@ -244,6 +283,15 @@ SCENARIOS = {
             "run it, finds that a model replicated on every chip (ICI data 16) does not fit in "
             "v5e HBM: the job fails before any node pool; the same job with FSDP over the 16 "
             "chips of each slice fits, is provisioned and runs",
+            "Succeeded",
+        ),
+        Scenario(
+            "fallback",
+            "provisioning.mode Fallback: a job tries its team reservation (exhausted: GKE's 429), "
+            "flex-start (no capacity: its pools wait until its trySeconds run out), then spot, "
+            "and runs there; a second job, with spec.preflight, tries its own shape on the "
+            "reservation, then 4 x v5litepod-8 (refused by the TPU compiler: 0 node pools for "
+            "it), then one v6e-32 slice with another mesh, which fits and runs",
             "Succeeded",
         ),
         Scenario(
@@ -335,12 +383,78 @@ def demo_job(
     if scenario.name == "preflight":
         spec["preflight"] = {}  # the workload's own compile command
         spec["template"]["spec"]["containers"][0]["args"] = PREFLIGHT_ARGS
+    if scenario.name == "fallback":  # the second job; fallback_first_job() the first
+        del spec["capacity"]  # each option says its own
+        spec["preflight"] = {}
+        spec["template"]["spec"]["containers"][0]["args"] = FALLBACK_MODEL_ARGS
+        fallback = {"options": FALLBACK_SHAPE_OPTIONS, "shapes": FALLBACK_SHAPES}
+        spec["provisioning"] = {"mode": "Fallback", "fallback": copy.deepcopy(fallback)}
     template = spec["template"]
     template.setdefault("metadata", {}).setdefault("annotations", {})[RUN_DURATION_ANNOTATION] = (
         scenario.run
     )
     if scenario.kueue:
         body["metadata"]["labels"] = {keys.KUEUE_QUEUE_NAME: TEAM_QUEUE}
+    return copy.deepcopy(body)
+
+
+# A node-pool create as the simulator received it: (capacity type label, machine type, topology).
+Create = tuple[str, str, str]
+
+
+def options_left(st: dict[str, Any]) -> dict[int, str | None]:
+    """Each option tried (status.fallback.options) and why it was last left (None: not left)."""
+    fb: dict[str, Any] = st.get("fallback") or {}
+    return {int(o["option"]): o.get("lastLeft") for o in fb.get("options") or []}
+
+
+def fallback_first_problems(st: dict[str, Any], creates: list[Create], flex_held: int
+                            ) -> list[str]:  # fmt: skip
+    """What the fallback scenario's first job lacks: Succeeded on spot (option 3) after leaving
+    the reservation (exhausted) and flex-start (its trySeconds); spot's gang created once, no
+    flex-start chip still held (`flex_held`)."""
+    problems = []
+    if st.get("phase") != "Succeeded":
+        problems.append(f"phase {st.get('phase')}, expected Succeeded")
+    want = {0: "ReservationExhausted", 1: "Timeout", 2: None}
+    if options_left(st) != want:
+        problems.append(f"options left {options_left(st)}, expected {want}")
+    spot = sum(1 for c in creates if c[0] == "Spot")
+    if spot != 2:
+        problems.append(f"{spot} spot node-pool creates, expected the gang's 2")
+    if flex_held:
+        problems.append(f"{flex_held} flex-start chips still held")
+    return problems
+
+
+def fallback_second_problems(st: dict[str, Any], creates: list[Create]) -> list[str]:
+    """What the second job lacks: it ran on the v6e shape (option 3, one pool), its own shape
+    left at the reservation's 429, shape v5e-8 refused by the compiler and never asked of GKE
+    (0 creates of its topology)."""
+    fb: dict[str, Any] = st.get("fallback") or {}
+    problems = []
+    want = {0: "ReservationExhausted", 1: "DidNotCompile", 2: None}
+    if options_left(st) != want or fb.get("shape") != "v6e":
+        problems.append(
+            f"options left {options_left(st)} (shape {fb.get('shape')!r}), expected {want}"
+        )
+    verdicts = {sh.get("name"): sh.get("fits") for sh in fb.get("shapes") or []}
+    if verdicts != {"": True, REFUSED_SHAPE: False, "v6e": True}:
+        problems.append(f"compiler verdicts {verdicts}")
+    refused = next(s for s in FALLBACK_SHAPES if s["name"] == REFUSED_SHAPE)
+    asked = sum(1 for c in creates if c[2] == refused["topology"])
+    ran = sum(1 for c in creates if c[1].startswith("ct6e"))
+    if asked or ran != 1:
+        problems.append(f"{asked} creates for the refused shape, {ran} v6e; expected 0 and 1")
+    return problems
+
+
+def fallback_first_job(namespace: str) -> dict[str, Any]:
+    """The fallback scenario's first job: the example's, tried as FALLBACK_OPTIONS say."""
+    body = demo_job(SCENARIOS["restart"], namespace=namespace)  # the example as it is
+    spec = body["spec"]
+    del spec["capacity"]  # each option says its own
+    spec["provisioning"] = {"mode": "Fallback", "fallback": {"options": FALLBACK_OPTIONS}}
     return copy.deepcopy(body)
 
 
@@ -374,7 +488,8 @@ class Demo:
         self.maintenance_stage = "announce"
         self.elastic_stage = "preempt"  # elastic scenario: what comes next
         self.elastic_victim = ""  # the preempted pool
-        self.compile_played = False  # preflight scenario: the current job's compile pod played
+        self.compiles_played: set[str] = set()  # the compile pods played (their UIDs)
+        self.fallback_creates_before = 0  # fallback scenario: the creates before the second job
 
     # -- the story -------------------------------------------------------------------------
 
@@ -452,6 +567,8 @@ class Demo:
             )
         body = demo_job(s, self.args.run_workload, self.ns)
         if s.name == "preflight" and not self.preflight_refusal(body):
+            return 1
+        if s.name == "fallback" and not self.fallback_first(body):
             return 1
         self.apply(body)
         outcome = self.watch(body)
@@ -643,6 +760,7 @@ class Demo:
                 "CheckpointSaved",
                 "ShrinkingSlices",
                 "GrowingSlices",
+                "FallbackMoved",
             ):
                 self.n.mark(e.reason)
 
@@ -658,7 +776,7 @@ class Demo:
 
     def play(self, st: dict[str, Any]) -> None:
         """The scenario's move on this pass, if any."""
-        if self.scenario.name == "preflight":
+        if self.scenario.name in ("preflight", "fallback"):
             self.play_compile()
             return
         if self.scenario.name == "maintenance":
@@ -1073,7 +1191,6 @@ class Demo:
         deadline = time.monotonic() + 60
         while self.exists(self.ns, JOB) and time.monotonic() < deadline:
             time.sleep(0.5)
-        self.compile_played = False
         self.n.say("the same job with FSDP over the 16 chips of each slice (ici fsdp 16)")
         return True
 
@@ -1084,18 +1201,132 @@ class Demo:
         from multislice_local.preflight import compile_pod, finish_compile_pod, run_compile
 
         assert self.stack is not None
-        if self.compile_played:
-            return
         pod = compile_pod(self.stack.api, self.ns, f"{JOB}-preflight")
-        if pod is None:
+        if pod is None or pod["metadata"]["uid"] in self.compiles_played:
             return
-        self.compile_played = True
+        self.compiles_played.add(pod["metadata"]["uid"])
         command = pod["spec"]["containers"][0].get("command") or []
-        self.n.say(f"compile Job {JOB}-preflight (CPU, no TPU), run here: {' '.join(command)}")
+        shape = (pod["metadata"].get("labels") or {}).get(SHAPE_LABEL)
+        of = "" if shape is None else (f" of shape {shape}" if shape else " of the job's own shape")
+        self.n.say(f"compile Job {JOB}-preflight{of} (CPU, no TPU), run here: {' '.join(command)}")
         code, message = run_compile(pod)
         self.n.say(f"  exit {code}: {message[-400:] or '(no message)'}")
         finish_compile_pod(self.stack.api, self.ns, pod, code, message)
         self.n.mark(f"compile exit {code}")
+
+    # -- provisioning.mode Fallback (the fallback scenario) ----------------------------------
+
+    def fallback_first(self, second: dict[str, Any]) -> bool:
+        """The first job: no VM free in the reservation, no flex-start capacity, spot has it; it
+        runs on spot. Then deleted, so that the second job (`second`: the shapes) can run."""
+        assert self.stack is not None and self.stack.sim is not None
+        sim = self.stack.sim
+        sim.set_capacity(f"reservation/{FALLBACK_RESERVATION}", 0, project=PROJECT)
+        sim.set_capacity(f"{ZONE}/FlexStart", 0)
+        self.n.say(
+            f"GKE simulator: reservation {FALLBACK_RESERVATION} has 0 VMs free, zone {ZONE} 0 "
+            "flex-start TPU chips (a flex-start pool waits for capacity, as Dynamic Workload "
+            "Scheduler queues it), spot is not limited"
+        )
+        first = fallback_first_job(self.ns)
+        tries = "; ".join(
+            f"{o['capacity']['type']} for {o['trySeconds']}s" for o in FALLBACK_OPTIONS
+        )
+        self.n.say(f"first job: provisioning.mode Fallback, options in order: {tries}")
+        before = len(sim.received_creates())
+        self.apply(first)
+        st = self.watch(first) or {}
+        problems = self.fallback_capacity_problems(st, self.creates_since(before))
+        if problems:
+            self.n.say("OUTCOME NOT REACHED (first job): " + "; ".join(problems))
+            return False
+        self.n.mark("first job: ran on spot")
+        client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
+            models.GROUP, models.VERSION, self.ns, models.PLURAL, JOB
+        )
+        deadline = time.monotonic() + 60
+        while self.exists(self.ns, JOB) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.fallback_creates_before = len(sim.received_creates())
+        shapes = "; ".join(
+            f"{o['capacity']['type']}, shape {o.get('shape', 'its own')}"
+            for o in FALLBACK_SHAPE_OPTIONS
+        )
+        self.n.say(
+            "second job: spec.preflight, options in order: "
+            f"{shapes}; each shape is compiled before its first option is tried"
+        )
+        return True
+
+    def creates_since(self, before: int) -> list[Create]:
+        """(capacity type label, machine type, TPU topology) of every node-pool create the
+        simulator received after the first `before`, accepted or not."""
+        assert self.stack is not None and self.stack.sim is not None
+        found = []
+        for c in self.stack.sim.received_creates()[before:]:
+            pool = c.get("nodePool") or {}
+            config = pool.get("config") or {}
+            found.append(
+                (
+                    str((config.get("labels") or {}).get(keys.CAPACITY_TYPE, "-")),
+                    str(config.get("machineType", "-")),
+                    str((pool.get("placementPolicy") or {}).get("tpuTopology", "-")),
+                )
+            )
+        return found
+
+    def fallback_shown(self, st: dict[str, Any], creates: list[Create]) -> None:
+        """status.fallback and the node-pool creates the simulator received, said."""
+        fb: dict[str, Any] = st.get("fallback") or {}
+        ran = int(fb.get("option", 0))
+        self.n.say(f"status.fallback: round {fb.get('round')}, option {ran + 1} tried last")
+        for o in fb.get("options") or []:
+            left = o.get("lastLeft")
+            said = str(o.get("message") or "")[:240]
+            how = f"left: {left} ({said})" if left else "the job ran on it"
+            self.n.say(
+                f"  option {o['option'] + 1} ({o['what']}): {o.get('attempts', 0)} attempt(s), "
+                f"waited {o.get('waitedSeconds', 0)}s, {how}"
+            )
+        gib = 1024**3
+        for sh in fb.get("shapes") or []:
+            need, has = sh.get("hbmBytesPerDevice"), sh.get("hbmCapacityBytes")
+            hbm = f"{need / gib:.2f} of {has / gib:.2f} GiB HBM per device" if need and has else ""
+            verdict = "fits" if sh.get("fits") else "refused by the compiler"
+            self.n.say(f"  shape {sh.get('name') or '(its own)'} ({sh.get('what')}): {verdict}"
+                       + (f", {hbm}" if hbm else ""))  # fmt: skip
+        counts: dict[Create, int] = {}
+        for c in creates:
+            counts[c] = counts.get(c, 0) + 1
+        self.n.say(
+            "node-pool creates the GKE simulator received for it: "
+            + (", ".join(f"{n} x {c[0]} {c[1]} {c[2]}" for c, n in counts.items()) or "none")
+        )
+
+    def fallback_capacity_problems(self, st: dict[str, Any],
+                                   creates: list[Create]) -> list[str]:  # fmt: skip
+        assert self.stack is not None and self.stack.sim is not None
+        self.fallback_shown(st, creates)
+        held = self.stack.sim.capacity()[f"{ZONE}/FlexStart"]["held"]
+        problems = fallback_first_problems(st, creates, held)
+        if not problems:
+            self.n.say(
+                "first job: the reservation was left at GKE's 429, flex-start when its "
+                f"{FLEX_TRY_S}s ran out (its pools waited with 0 nodes, then were deleted), "
+                "and it ran on spot"
+            )
+        return problems
+
+    def fallback_shapes_problems(self, st: dict[str, Any]) -> list[str]:
+        creates = self.creates_since(self.fallback_creates_before)
+        self.fallback_shown(st, creates)
+        problems = fallback_second_problems(st, creates)
+        if not problems:
+            self.n.say(
+                f"second job: 0 node-pool creates for shape {REFUSED_SHAPE} (the compiler "
+                "refused it: no pool ever made), and it ran on the v6e-32 slice"
+            )
+        return problems
 
     # -- the real workload (--run-workload) --------------------------------------------------
 
@@ -1275,6 +1506,8 @@ class Demo:
                 problems += self.elastic_problems(st)
             if s.name == "ironwood":
                 problems += self.ironwood_restarts(st)
+            if s.name == "fallback":
+                problems += self.fallback_shapes_problems(st)
         pools = self.stack.sim.pools()
         if pools:
             problems.append(f"node pools left: {', '.join(pools)}")
@@ -1419,12 +1652,16 @@ class Demo:
             time.sleep(3600)
 
     def stop(self) -> None:
+        """Clean a borrowed cluster, then stop every process the demo started, even when the
+        clean-up fails (a loaded apiserver once answered 504 and left the operator running)."""
         if self.stack is not None:
-            if self.borrowed:
-                self.clean_borrowed()
-            self.n.say("stopping every process the demo started")
-            self.stack.stop()
-            self.stack = None
+            try:
+                if self.borrowed:
+                    self.clean_borrowed()
+            finally:
+                self.n.say("stopping every process the demo started")
+                self.stack.stop()
+                self.stack = None
 
     def clean_borrowed(self) -> None:
         """Leave a borrowed cluster as found: the jobs deleted while our operator still runs (it
