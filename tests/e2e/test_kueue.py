@@ -362,10 +362,12 @@ def test_operator_killed_while_the_check_is_pending_or_provisioning_converges(en
 
 @pytest.mark.compat
 def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, stack):
-    from multislice_local.nodes import fail_pod
+    from multislice_local.nodes import fail_pod, finish_pod
 
     env.queue(64)
-    env.create("flaky", run="10s")
+    # The pods run until told to end: with 10 s pods, a cold fresh-clone run at load 16 saw them
+    # all finish (the job Succeeded) before the victim's failure was injected.
+    env.create("flaky", run="1h")
     env.phase("flaky", "Running")
     wl_before = env.workload("flaky")
     pods = env.core.list_namespaced_pod(env.ns, label_selector="jobset.sigs.k8s.io/job-index=1")
@@ -373,6 +375,18 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, st
     fail_pod(stack.api, env.ns, victim, 17)  # retryable: the JobSet restarts all slices
     wait_for(lambda: env.status("flaky").get("restarts") == 1, 60, "a restart of all slices",
              on_timeout=env.dump)  # fmt: skip
+    hosts = sum(s["hosts"] for s in env.status("flaky")["slices"])
+
+    def restarted() -> list[str] | None:  # every host's pod of attempt 1, running
+        found = env.core.list_namespaced_pod(
+            env.ns, label_selector=f"{keys.JOBSET_RESTART_ATTEMPT}=1"
+        ).items
+        up = [p.metadata.name for p in found
+              if p.status.phase == "Running" and not p.metadata.deletion_timestamp]  # fmt: skip
+        return up if len(up) == hosts else None
+
+    for pod in wait_for(restarted, 120, "the restarted pods running", on_timeout=env.dump):
+        finish_pod(stack.api, env.ns, pod)
     done = env.phase("flaky", "Succeeded", 120)
     assert done["restarts"] == 1
     assert done["queue"]["preemptions"] == 0 and "lastEviction" not in done["queue"]
