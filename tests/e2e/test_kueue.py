@@ -292,12 +292,17 @@ def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
 
 
 def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stack):
+    from multislice_local.nodes import finish_pod
+
     high, low = f"high-{env.ns}", f"low-{env.ns}"
     classes = [queues.priority_class(high, 1000), queues.priority_class(low, 10)]
     queues.apply(stack.api, classes)
     env.objects += classes
     env.queue(32, preemption={"withinClusterQueue": "LowerPriority"})
-    env.create("slow", run="12s", labels={keys.KUEUE_PRIORITY_CLASS: low})
+    # The pods run until told to end: with 12 s pods, a fresh-clone run under a CPU burner saw
+    # them finish while Kueue's suspension was stopping them (the JobSet completed, the job
+    # Succeeded Queued, no second gang).
+    env.create("slow", run="1h", labels={keys.KUEUE_PRIORITY_CLASS: low})
     running = env.phase("slow", "Running")
     assert running["restarts"] == 0
     # Pools that go at once end whatever still runs on them: the pools of the preempted job
@@ -323,6 +328,17 @@ def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stac
     # Its pods ended by the Job's suspension (their grace period), none by node shutdown.
     assert [p for p in registrar.shut_down[shut:] if "/slow-" in p] == []
     env.phase("urgent", "Succeeded")
+    env.phase("slow", "Running", 120)  # admitted again, on a new gang
+    hosts = sum(s["hosts"] for s in env.status("slow")["slices"])
+
+    def running_again() -> list[str] | None:
+        found = env.core.list_namespaced_pod(env.ns, label_selector=f"{keys.JOB_NAME}=slow").items
+        up = [p.metadata.name for p in found
+              if p.status.phase == "Running" and not p.metadata.deletion_timestamp]  # fmt: skip
+        return up if len(up) == hosts else None
+
+    for pod in wait_for(running_again, 120, "slow's pods running again", on_timeout=env.dump):
+        finish_pod(stack.api, env.ns, pod)
     done = env.phase("slow", "Succeeded", 120)
     assert done["restarts"] == 0  # a preemption is not a restart of all slices
     assert done["queue"]["preemptions"] == 1
