@@ -77,6 +77,21 @@ class Env:
 
         return wait_for(check, timeout, f"{name} {phase}", interval=0.3, on_timeout=self.dump)
 
+    def wait_running(self, selector: str, count: int, what: str) -> list[str]:
+        """The `count` pods the label selector picks, each Running and none being deleted (a
+        suspension's or a restart's old pods still say Running until their grace ends)."""
+
+        def up() -> list[str] | None:
+            found = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+            live = [
+                p.metadata.name
+                for p in found
+                if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+            ]
+            return live if len(live) == count else None
+
+        return wait_for(up, 120, what, on_timeout=self.dump)
+
     def waiting_for_quota(self, name: str, timeout: float = 60) -> dict[str, Any]:
         """Queued with Kueue's reason for it: the first Queued says only that the Workload was
         made and Kueue has yet to look at it."""
@@ -331,13 +346,7 @@ def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stac
     env.phase("slow", "Running", 120)  # admitted again, on a new gang
     hosts = sum(s["hosts"] for s in env.status("slow")["slices"])
 
-    def running_again() -> list[str] | None:
-        found = env.core.list_namespaced_pod(env.ns, label_selector=f"{keys.JOB_NAME}=slow").items
-        up = [p.metadata.name for p in found
-              if p.status.phase == "Running" and not p.metadata.deletion_timestamp]  # fmt: skip
-        return up if len(up) == hosts else None
-
-    for pod in wait_for(running_again, 120, "slow's pods running again", on_timeout=env.dump):
+    for pod in env.wait_running(f"{keys.JOB_NAME}=slow", hosts, "slow's pods running again"):
         finish_pod(stack.api, env.ns, pod)
     done = env.phase("slow", "Succeeded", 120)
     assert done["restarts"] == 0  # a preemption is not a restart of all slices
@@ -393,15 +402,9 @@ def test_a_restart_of_all_slices_inside_an_admitted_job_does_not_requeue(env, st
              on_timeout=env.dump)  # fmt: skip
     hosts = sum(s["hosts"] for s in env.status("flaky")["slices"])
 
-    def restarted() -> list[str] | None:  # every host's pod of attempt 1, running
-        found = env.core.list_namespaced_pod(
-            env.ns, label_selector=f"{keys.JOBSET_RESTART_ATTEMPT}=1"
-        ).items
-        up = [p.metadata.name for p in found
-              if p.status.phase == "Running" and not p.metadata.deletion_timestamp]  # fmt: skip
-        return up if len(up) == hosts else None
-
-    for pod in wait_for(restarted, 120, "the restarted pods running", on_timeout=env.dump):
+    restarted = env.wait_running(f"{keys.JOBSET_RESTART_ATTEMPT}=1", hosts,
+                                 "every host's pod of attempt 1 running")  # fmt: skip
+    for pod in restarted:
         finish_pod(stack.api, env.ns, pod)
     done = env.phase("flaky", "Succeeded", 120)
     assert done["restarts"] == 1

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from multislice_operator.controller import metrics
 from multislice_operator.controller.heartbeat import Heartbeat
@@ -44,9 +44,21 @@ def template_key(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
 def _drop_older(cache: dict[Any, tuple[float, Any]], oldest: float) -> None:
     for key in [k for k, (when, _) in cache.items() if when < oldest]:
         del cache[key]
+
+
+def _remember_bounded(cache: dict[K, V], key: K, value: V, kept: int) -> None:
+    """Insert as the newest; the oldest go first once `kept` are held (dicts keep order)."""
+    cache.pop(key, None)
+    while len(cache) >= kept:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -138,10 +150,11 @@ class Runtime:
     # time, that job); forgotten once a pod naming it is looked at, or SCHEDULER_ABSENT_SECONDS on.
     _absent_schedulers: dict[str, tuple[float, str]] = field(default_factory=dict)
     # Schedulers seen at work: a pod naming one (any job's, any attempt's) looked at (bound, or
-    # given a verdict). Name -> monotonic time last seen. Within --scheduler-grace-seconds of
-    # that, the pods of a job that it has not looked at yet are its backlog (a busy or starved
-    # scheduler), judged by the unschedulable deadline: not SchedulerNotRunning.
-    _working_schedulers: dict[str, float] = field(default_factory=dict)
+    # given a verdict). Name -> (monotonic time last seen, None). Within
+    # --scheduler-grace-seconds of that, the pods of a job that it has not looked at yet are
+    # its backlog (a busy or starved scheduler), judged by the unschedulable deadline: not
+    # SchedulerNotRunning.
+    _working_schedulers: dict[str, tuple[float, None]] = field(default_factory=dict)
     # Node Leases' renewTime by node (the heartbeat check, controller/observe.py), listed at
     # most once a resync for every job: (monotonic time, leases; None: not readable).
     node_leases: tuple[float, dict[str, float] | None] | None = None
@@ -221,21 +234,17 @@ class Runtime:
     def scheduler_working(self, name: str) -> bool:
         """A pod naming this scheduler was looked at within the scheduler grace: it runs."""
         seen = self._working_schedulers.get(name)
-        return seen is not None and time.monotonic() - seen < self.cfg.scheduler_grace_seconds
+        return seen is not None and time.monotonic() - seen[0] < self.cfg.scheduler_grace_seconds
 
     def remember_scheduler(self, name: str, job: JobKey | None) -> None:
         """A job's pods naming this scheduler were not looked at within the grace (`job`), or
         one was looked at (None): it runs."""
-        self._absent_schedulers.pop(name, None)
+        now = time.monotonic()
         if job is None:
-            self._working_schedulers.pop(name, None)  # the newest last: the oldest goes first
-            while len(self._working_schedulers) >= SCHEDULERS_KEPT:
-                del self._working_schedulers[next(iter(self._working_schedulers))]
-            self._working_schedulers[name] = time.monotonic()
-        if job is not None:
-            while len(self._absent_schedulers) >= SCHEDULERS_KEPT:  # the oldest goes
-                del self._absent_schedulers[next(iter(self._absent_schedulers))]
-            self._absent_schedulers[name] = (time.monotonic(), "/".join(job))
+            self._absent_schedulers.pop(name, None)
+            _remember_bounded(self._working_schedulers, name, (now, None), SCHEDULERS_KEPT)
+        else:
+            _remember_bounded(self._absent_schedulers, name, (now, "/".join(job)), SCHEDULERS_KEPT)
 
     def workload_priority(self, name: str) -> tuple[bool, int | None]:
         """(read lately, the WorkloadPriorityClass's value or None when there is none)."""
@@ -257,9 +266,7 @@ class Runtime:
             _drop_older(brief, now - NAMESPACE_LABELS_TTL_SECONDS)
         _drop_older(self.template_verdicts, now - TEMPLATE_VERDICT_TTL_SECONDS)
         _drop_older(self._absent_schedulers, now - SCHEDULER_ABSENT_SECONDS)
-        working, oldest = self._working_schedulers, now - self.cfg.scheduler_grace_seconds
-        for name in [n for n, seen in working.items() if seen < oldest]:
-            del working[name]
+        _drop_older(self._working_schedulers, now - self.cfg.scheduler_grace_seconds)
         leases = self.node_leases
         # An unreadable listing (None) holds nothing and says when to ask again: kept.
         if (
