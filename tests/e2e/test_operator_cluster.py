@@ -218,8 +218,8 @@ class Kubelets:
             for name in self.nodes:
                 spec = {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now}
                 body = {"metadata": {"name": name}, "spec": spec}
-                try:
-                    self.coord.replace_namespaced_lease(name, "kube-node-lease", body)
+                try:  # a patch, not a replace: an update without a resourceVersion is 422
+                    self.coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": spec})
                 except ApiException as err:
                     if err.status != 404:
                         raise
