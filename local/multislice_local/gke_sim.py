@@ -14,6 +14,11 @@ integers in requests, as strings in responses, errors as ``{"error": {code, mess
 * ``GET /v1/projects/P/locations/L/operations[/O]`` (list, get)
 * ``GET /v2/projects/P/locations/ZONE/acceleratorTypes`` (Cloud TPU v2; offered types per zone)
 
+Every answer honours a response field mask (the ``fields`` / ``$fields`` system parameter or the
+``X-Goog-FieldMask`` header, https://cloud.google.com/apis/docs/system-parameters; see
+:mod:`multislice_local.fieldmask`); a mask naming a field the response type lacks is 400
+INVALID_ARGUMENT, as the real service answers.
+
 Behaviour modelled on GKE. The simulator is the project's only judge of GKE, so it is an
 adversary: whatever it accepts GKE accepts (where a rule is unconfirmed it refuses more, never
 less); each rule cites its public source where it is enforced (:meth:`GkeSimulator._validate`):
@@ -123,12 +128,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Protocol, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from google.cloud.container_v1.types import cluster_service
 from google.protobuf import json_format
 
-from multislice_local import slices
+from multislice_local import fieldmask, slices
 from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.tpu import catalog
@@ -1106,8 +1111,11 @@ class GkeSimulator:
 
     # -- request dispatch -----------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """Answer one HTTP request: (status, JSON body)."""
+    def handle(
+        self, method: str, path: str, body: bytes, fields: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """Answer one HTTP request: (status, JSON body). `fields`: the response field mask the
+        request gave (the ``fields`` system parameter or the ``X-Goog-FieldMask`` header)."""
         try:
             if path.startswith("/_sim/"):
                 return 200, self._admin(method, path, body)
@@ -1115,6 +1123,7 @@ class GkeSimulator:
             if route is None:
                 raise ApiError(404, "NOT_FOUND", f"unknown method or path: {method} {path}")
             name, args = route
+            mask = _response_mask(name, fields)
             if name in ("create_node_pool", "delete_node_pool") and self.config.mutation_delay_s:
                 time.sleep(self.config.mutation_delay_s)  # outside the lock: others are answered
             with self._lock:
@@ -1123,7 +1132,7 @@ class GkeSimulator:
                 result: dict[str, Any] = getattr(self, f"_api_{name}")(*args, body=body)
             with self._lock:
                 self._responses["200"] += 1
-            return 200, result
+            return 200, fieldmask.apply(result, mask)
         except ApiError as err:
             with self._lock:
                 self._responses[str(err.http)] += 1
@@ -2438,6 +2447,29 @@ def _validate_policy(spec: dict[str, Any]) -> None:
         )
 
 
+# The response type of each route whose fields a mask is checked against (unknown: 400).
+_RESPONSES: dict[str, Any] = {
+    "create_node_pool": cluster_service.Operation,
+    "delete_node_pool": cluster_service.Operation,
+    "get_operation": cluster_service.Operation,
+    "list_operations": cluster_service.ListOperationsResponse,
+    "list_node_pools": cluster_service.ListNodePoolsResponse,
+    "get_node_pool": cluster_service.NodePool,
+    "get_cluster": cluster_service.Cluster,
+}
+
+
+def _response_mask(route: str, fields: str | None) -> fieldmask.Mask | None:
+    if not fields:
+        return None
+    try:
+        mask = fieldmask.parse(fields)
+        response = _RESPONSES.get(route)
+        return mask if response is None else fieldmask.resolve(mask, response.pb().DESCRIPTOR)
+    except fieldmask.FieldMaskError as err:
+        raise ApiError(400, "INVALID_ARGUMENT", str(err)) from None
+
+
 def _parse_create(body: bytes) -> dict[str, Any]:
     """Parse a CreateNodePoolRequest body with the API's own schema (unknown fields: 400)."""
     request = cluster_service.CreateNodePoolRequest.pb()()
@@ -2505,7 +2537,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        status, payload = self.sim.handle(self.command, urlsplit(self.path).path, body)
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        asked = query.get("fields") or query.get("$fields") or [""]
+        fields = self.headers.get("X-Goog-FieldMask") or asked[0]
+        status, payload = self.sim.handle(self.command, url.path, body, fields)
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

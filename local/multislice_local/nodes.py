@@ -132,7 +132,8 @@ def register_tpu_nodes(
         body = tpu_node_manifest(
             name, pool_name, accelerator_label, topology, chips_per_host, extra_labels, spot
         )
-        api.create_node(body)  # type: ignore[arg-type]  # the client serializes plain dicts
+        # Not read into a V1Node: a gang's nodes register on the cores the operator runs on.
+        api.create_node(body, _preload_content=False).read()  # type: ignore[arg-type,attr-defined]
         names.append(name)
     return names
 

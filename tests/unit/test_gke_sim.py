@@ -890,9 +890,14 @@ def test_a_pool_created_again_gets_nodes_of_new_names(monkeypatch: pytest.Monkey
 
     names: list[str] = []
 
+    class Answer:
+        def read(self) -> bytes:
+            return b"{}"
+
     class Api:
-        def create_node(self, body: dict[str, Any]) -> None:
+        def create_node(self, body: dict[str, Any], _preload_content: bool = True) -> Answer:
             names.append(body["metadata"]["name"])
+            return Answer()
 
     monkeypatch.setattr(nodes, "_api", lambda _: Api())
     group = gke_sim.NodeGroup(
