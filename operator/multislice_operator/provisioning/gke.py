@@ -963,9 +963,9 @@ class GkeProvisioner:
 # Mapping helpers
 
 # The listing asks only for what the helpers below read (Google APIs' response field mask, a
-# system parameter of every Google API): a 256-pool listing is about 150 KB instead of 540,
-# and parsing it into protobuf about a third of the CPU (docs/benchmarks.md). A field read from
-# a listed pool must be named here; tests/unit/test_gke_listing.py fails otherwise.
+# system parameter of every Google API): a 256-pool listing is about 160 KB instead of 530,
+# its protobuf parse a third to a half of the CPU (benchmarks/gke_listing.py). A field read
+# from a listed pool must be named here; tests/unit/test_gke_listing.py fails otherwise.
 FIELD_MASK_HEADER = "x-goog-fieldmask"
 LISTED_POOL_FIELDS = (
     "nodePools(name,status,statusMessage,initialNodeCount,locations,autoscaling.maxNodeCount,"
