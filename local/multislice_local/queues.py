@@ -224,10 +224,12 @@ class QuotaWitness:
     def install(self) -> QuotaWitness:
         inner = self._inner = self.sim.handle
 
-        def handle(method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        def handle(
+            method: str, path: str, body: bytes, fields: str | None = None
+        ) -> tuple[int, dict[str, Any]]:
             if method == "POST" and path.endswith("/nodePools"):
                 self._witness(body)
-            result: tuple[int, dict[str, Any]] = inner(method, path, body)
+            result: tuple[int, dict[str, Any]] = inner(method, path, body, fields)
             return result
 
         self.sim.handle = handle
