@@ -96,10 +96,8 @@ def resolve(mask: Mask | None, descriptor: Descriptor) -> Mask | None:
 
 
 def _field(descriptor: Descriptor, name: str) -> FieldDescriptor | None:
-    for field in descriptor.fields:
-        if name in (field.json_name, field.name):
-            return field
-    return None
+    by_name: FieldDescriptor | None = descriptor.fields_by_name.get(name)
+    return by_name or descriptor.fields_by_camelcase_name.get(name)
 
 
 def apply(value: Any, mask: Mask | None) -> Any:

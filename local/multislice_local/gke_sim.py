@@ -108,6 +108,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import heapq
 import itertools
 import json
@@ -2459,6 +2460,7 @@ _RESPONSES: dict[str, Any] = {
 }
 
 
+@functools.lru_cache(maxsize=64)  # a client sends the same few masks: parsed once each
 def _response_mask(route: str, fields: str | None) -> fieldmask.Mask | None:
     if not fields:
         return None
