@@ -7,10 +7,15 @@
 #   hack/build-bins.sh             build the control plane's binaries that are missing, print one
 #                                  progress line per component
 #   hack/build-bins.sh --nodes     the real nodes' instead (hack/README.md, "Real nodes")
-#   hack/build-bins.sh --all       both
+#   hack/build-bins.sh --next      the newest Kubernetes lane's kube-apiserver and kube-scheduler
+#                                  instead (hack/README.md, "The newest Kubernetes lane")
+#   hack/build-bins.sh --all       the control plane's and the real nodes' (--all --next: and the
+#                                  newest lane's)
 #   hack/build-bins.sh --only NAME build that one control-plane component if missing (the image
 #                                  builder asks for in-place-restart-agent so)
 #   hack/build-bins.sh --print-dir print the control plane's cache dir for the pinned versions
+#   hack/build-bins.sh --print-next-dir
+#                                  print the newest Kubernetes lane's cache dir
 #   hack/build-bins.sh --print-node-dirs
 #                                  print the real nodes' cache dir, then the dir of the project's
 #                                  own node programs (keyed by a hash of local/go)
@@ -54,6 +59,16 @@ for v in KUBE_VERSION ETCD_VERSION JOBSET_VERSION KWOK_VERSION HELM_VERSION KUEU
   [[ -n "${!v}" ]] || { echo "build-bins: cannot read $v from hack/tools/*/go.mod" >&2; exit 1; }
 done
 
+# The newest Kubernetes lane (tests using the kube_next fixture): its kube-apiserver and
+# kube-scheduler, in a cache dir of their own keyed by their version (the control plane's KEY is
+# unchanged); the lane runs them with the main lane's etcd, kube-controller-manager, kubectl and
+# controllers.
+NEXT_KUBE_VERSION="$(modver kube-next k8s.io/kubernetes)"
+[[ -n "$NEXT_KUBE_VERSION" ]] || {
+  echo "build-bins: cannot read NEXT_KUBE_VERSION from hack/tools/kube-next/go.mod" >&2
+  exit 1
+}
+
 # The real nodes' components, in a cache dir of their own (the control plane's KEY is unchanged).
 CONTAINERD_VERSION="$(modver containerd github.com/containerd/containerd/v2)"
 RUNC_VERSION="$(modver runc github.com/opencontainers/runc)"
@@ -73,6 +88,7 @@ OUT="$ROOT/$KEY"
 NODE_KEY="kubelet-${KUBE_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}-seccomp"
 NODE_KEY+="_cni-${CNI_VERSION}_coredns-${COREDNS_VERSION}"
 NODE_OUT="$ROOT/nodes_$NODE_KEY"
+NEXT_OUT="$ROOT/next_k8s-$NEXT_KUBE_VERSION"
 # The project's own Go programs (local/go: the TPU device plugin, the test image's program) are
 # keyed by their sources: names and contents of every file there.
 # A copy of the tree that has no local/go (an image's build context) can still ask for the other
@@ -91,36 +107,52 @@ FORCE=0
 MODULE_DIRS=0
 BUILD_CONTROL_PLANE=1
 BUILD_NODES=0
+BUILD_NEXT=0
+ALL=0
 ONLY=""
 while (($#)); do
   case "$1" in
     --print-dir) echo "$OUT"; exit 0 ;;
     --print-node-dirs) printf '%s\n' "$NODE_OUT" "$LOCAL_OUT"; exit 0 ;;
+    --print-next-dir) echo "$NEXT_OUT"; exit 0 ;;
     --force) FORCE=1 ;;
     --module-dirs) MODULE_DIRS=1 ;;
-    --nodes) BUILD_CONTROL_PLANE=0 BUILD_NODES=1 ;;
-    --all) BUILD_CONTROL_PLANE=1 BUILD_NODES=1 ;;
+    --nodes) BUILD_NODES=1 ;;
+    --next) BUILD_NEXT=1 ;;
+    --all) ALL=1 ;;
     --only) ONLY="${2:?usage: $0 --only COMPONENT}"; shift ;;
     *)
-      echo "usage: $0 [--nodes|--all|--only COMPONENT] [--force] | --print-dir" \
-        "| --print-node-dirs | --module-dirs" >&2
+      echo "usage: $0 [--nodes|--next|--all|--only COMPONENT] [--force] | --print-dir" \
+        "| --print-node-dirs | --print-next-dir | --module-dirs" >&2
       exit 2
       ;;
   esac
   shift
 done
 
+# --nodes and --next build those instead of the control plane's, --all builds the control plane's
+# and the real nodes' (and the newest lane's with --next), whatever the order of the flags.
+if [[ $ALL == 1 ]]; then
+  BUILD_NODES=1
+elif [[ $BUILD_NODES == 1 || $BUILD_NEXT == 1 ]]; then
+  BUILD_CONTROL_PLANE=0
+fi
+
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 mkdir -p "$OUT"
 
-kube_minor="${KUBE_VERSION#v1.}"; kube_minor="${kube_minor%%.*}"
-KUBE_LDFLAGS="-s -w"
 # Without these stamps /version reports v0.0.0 and clients such as Helm refuse the server.
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  KUBE_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1"
-  KUBE_LDFLAGS+=" -X $pkg.gitMinor=$kube_minor -X $pkg.gitTreeState=clean"
-  KUBE_LDFLAGS+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+kube_ldflags() { # <version>
+  local pkg flags="-s -w" minor="${1#v1.}"
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$1 -X $pkg.gitMajor=1"
+    flags+=" -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    flags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+KUBE_LDFLAGS="$(kube_ldflags "$KUBE_VERSION")"
 
 # The go command's own chatter (go: downloading ..., compiler output) goes to one log per
 # component under $LOGS; its tail is printed only when that step fails.
@@ -136,6 +168,8 @@ CONTROL_PLANE_COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-sched
 # The real nodes' (a name with a slash is a file under its cache dir; local/ is $LOCAL_OUT).
 NODE_COMPONENTS=(kubelet containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/loopback
   cni/host-local coredns pause local/tpu-device-plugin local/msj-probe)
+# The newest Kubernetes lane's (next/ is $NEXT_OUT).
+NEXT_COMPONENTS=(next/kube-apiserver next/kube-scheduler)
 declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack/README.md)
   [etcd]=96 [kube-apiserver]=353 [kube-controller-manager]=110 [kube-scheduler]=7 [kubectl]=44
   [kwok]=169 [kwokctl]=29 [jobset-controller]=182 [in-place-restart-agent]=20
@@ -145,21 +179,26 @@ declare -A COLD_SECONDS=( # measured 2026-12-02: cold `make test`, 2 cores (hack
   [kubelet]=60 [containerd]=140 [containerd-shim-runc-v2]=5 [ctr]=15 [runc]=40 [cni/bridge]=20
   [cni/loopback]=3 [cni/host-local]=3 [coredns]=180 [pause]=1 [local/tpu-device-plugin]=20
   [local/msj-probe]=5
+  # measured 2026-12-07, 2 cores at a load of 3-9, empty module, build and binary caches
+  # (hack/README.md, "The newest Kubernetes lane")
+  [next/kube-apiserver]=423 [next/kube-scheduler]=80
 )
 COMPONENTS=()
 [[ $BUILD_CONTROL_PLANE == 1 ]] && COMPONENTS+=("${CONTROL_PLANE_COMPONENTS[@]}")
 [[ $BUILD_NODES == 1 ]] && COMPONENTS+=("${NODE_COMPONENTS[@]}")
+[[ $BUILD_NEXT == 1 ]] && COMPONENTS+=("${NEXT_COMPONENTS[@]}")
 if [[ -n $ONLY ]]; then
   [[ " ${CONTROL_PLANE_COMPONENTS[*]} " == *" $ONLY "* ]] || {
     echo "build-bins: no component $ONLY; one of: ${CONTROL_PLANE_COMPONENTS[*]}" >&2
     exit 2
   }
-  COMPONENTS=("$ONLY") BUILD_CONTROL_PLANE=1 BUILD_NODES=0
+  COMPONENTS=("$ONLY") BUILD_CONTROL_PLANE=1 BUILD_NODES=0 BUILD_NEXT=0
 fi
 # dest <component>: the file a component is built into
 dest() {
   case "$1" in
     local/*) echo "$LOCAL_OUT/${1#local/}" ;;
+    next/*) echo "$NEXT_OUT/${1#next/}" ;;
     kubelet | containerd* | ctr | runc | cni/* | coredns | pause) echo "$NODE_OUT/$1" ;;
     *) echo "$OUT/$1" ;;
   esac
@@ -231,6 +270,7 @@ step_start() {
   STEP_TMP="$(dirname "$STEP_DEST")/.${STEP_DEST##*/}.tmp.$$"
   STEP_LOG="$NODE_LOGS/${1//\//-}.log"
   [[ $STEP_DEST != "$OUT"/* ]] || STEP_LOG="$LOGS/$1.log"
+  [[ $STEP_DEST != "$NEXT_OUT"/* ]] || STEP_LOG="$NEXT_OUT/logs/${1#next/}.log"
   mkdir -p "$(dirname "$STEP_LOG")"
 }
 
@@ -314,10 +354,22 @@ build_nodes() {
     "cni=$CNI_VERSION" "coredns=$COREDNS_VERSION" >"$NODE_OUT/VERSIONS"
 }
 
-# Only the real nodes' (--nodes): the control plane's steps below are skipped.
+build_next() {
+  mkdir -p "$NEXT_OUT/logs"
+  local flags
+  flags="$(kube_ldflags "$NEXT_KUBE_VERSION")"
+  build next/kube-apiserver kube-next k8s.io/kubernetes/cmd/kube-apiserver "$flags"
+  build next/kube-scheduler kube-next k8s.io/kubernetes/cmd/kube-scheduler "$flags"
+  echo "kube=$NEXT_KUBE_VERSION" >"$NEXT_OUT/VERSIONS"
+}
+
+# Only the real nodes' (--nodes) or the newest lane's (--next): the control plane's steps below
+# are skipped.
 if [[ $BUILD_CONTROL_PLANE == 0 ]]; then
-  build_nodes
-  echo "build-bins: $built built; real-node binaries in $NODE_OUT"
+  where=""
+  [[ $BUILD_NODES == 0 ]] || { build_nodes; where+="; real-node binaries in $NODE_OUT"; }
+  [[ $BUILD_NEXT == 0 ]] || { build_next; where+="; the newest lane's in $NEXT_OUT"; }
+  echo "build-bins: $built built$where"
   exit 0
 fi
 
@@ -440,4 +492,5 @@ printf '%s\n' "kube=$KUBE_VERSION" "etcd=$ETCD_VERSION" "jobset=$JOBSET_VERSION"
   "kwok=$KWOK_VERSION" "helm=$HELM_VERSION" "kueue=$KUEUE_VERSION" \
   "jobset-compat=$JOBSET_COMPAT_VERSION" "kueue-compat=$KUEUE_COMPAT_VERSION" > "$OUT/VERSIONS"
 [[ $BUILD_NODES == 0 ]] || build_nodes
+[[ $BUILD_NEXT == 0 ]] || build_next
 echo "build-bins: $built built; binaries in $OUT"

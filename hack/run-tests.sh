@@ -34,6 +34,10 @@ fi
 
 rc=0
 $PY -c 'from multislice_local.controlplane import ensure_binaries as e; e()' || rc=$?
+# The newest Kubernetes lane's kube-apiserver and kube-scheduler (tests using `kube_next`), after
+# the main lane's: they reuse its Go build cache (hack/README.md, "The newest Kubernetes lane").
+[ $rc -ne 0 ] || $PY -c 'from multislice_local.controlplane import ensure_next_binaries as e; e()' \
+  || rc=$?
 # The real nodes' binaries (tests/integration/test_realnodes.py), where this host can run them;
 # elsewhere those tests are skipped, and this says why once.
 [ $rc -ne 0 ] || $PY -m multislice_local.realnodes bins || rc=$?

@@ -4,6 +4,8 @@
 * ``kube_cluster``: session-scoped ``cluster`` profile (plus controller-manager, scheduler, kwok,
   JobSet controller and webhooks).
 * ``kube_kueue``: session-scoped ``kueue`` profile (``cluster`` plus the Kueue controller).
+* ``kube_next``: session-scoped ``cluster`` profile on the newest Kubernetes lane (kube-apiserver
+  and kube-scheduler 1.37 with the Workload API on: ``ControlPlane(..., kube_next=True)``).
 * ``real_cluster``: session-scoped :class:`RealCluster`: a ``cluster`` control plane with real
   nodes (kubelet, containerd, runc; two v5litepod-8 pools of two hosts and a plain node); skipped
   with one line where the host cannot run containers (``realnodes.unavailable_reason()``).
@@ -50,13 +52,15 @@ import pytest
 from kubernetes import client
 
 from multislice_local import realnodes
-from multislice_local.controlplane import ControlPlane, ensure_binaries
+from multislice_local.controlplane import ControlPlane, ensure_binaries, ensure_next_binaries
 from multislice_local.images import BuiltImage, build_image
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 
 # In order: a test using more than one is grouped with the first. ``mc``: the MultiKueue setup
 # of tests/e2e/test_multicluster.py (three control planes of its own, module-scoped).
-_CONTROL_PLANE_FIXTURES = ("kube_cluster", "kube_kueue", "kube_api", "mc", "real_cluster")
+_CONTROL_PLANE_FIXTURES = (
+    "kube_cluster", "kube_kueue", "kube_api", "mc", "real_cluster", "kube_next"
+)  # fmt: skip
 # The kube_cluster tests are the longest group by far (about 1500 of the layer's 2100
 # worker-seconds), so they run as three groups, each on a cluster control plane of its own (a
 # session fixture is per worker: the worker that runs a group boots one): the modules, or single
@@ -130,6 +134,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         set(_CONTROL_PLANE_FIXTURES) & set(getattr(item, "fixturenames", ())) for item in items
     ):
         ensure_binaries()
+    # The newest Kubernetes lane's two binaries likewise (after the main lane's: they share its
+    # Go build cache).
+    if not config.option.collectonly and any(
+        "kube_next" in getattr(item, "fixturenames", ()) for item in items
+    ):
+        ensure_next_binaries()
     # The real nodes' binaries likewise, where this host can run them (elsewhere their tests skip).
     if (
         not config.option.collectonly
@@ -213,8 +223,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _control_plane(request: pytest.FixtureRequest, profile: str) -> ControlPlane:
-    cp = ControlPlane(profile)
+def _control_plane(
+    request: pytest.FixtureRequest, profile: str, kube_next: bool = False
+) -> ControlPlane:
+    cp = ControlPlane(profile, kube_next=kube_next)
     # Registered before start so a half-started control plane is stopped too (start() also
     # cleans up after itself, and an atexit hook covers interpreter exit).
     request.addfinalizer(cp.stop)
@@ -234,6 +246,12 @@ def kube_cluster(request: pytest.FixtureRequest) -> ControlPlane:
 @pytest.fixture(scope="session")
 def kube_kueue(request: pytest.FixtureRequest) -> ControlPlane:
     return _control_plane(request, "kueue")
+
+
+@pytest.fixture(scope="session")
+def kube_next(request: pytest.FixtureRequest) -> ControlPlane:
+    """The ``cluster`` profile on the newest Kubernetes lane (hack/README.md)."""
+    return _control_plane(request, "cluster", kube_next=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,13 @@ what to undo before it stops):
 
 Binaries come from ``hack/build-bins.sh`` (built from pinned Go modules into a versioned cache).
 
+The newest Kubernetes lane: ``ControlPlane(profile, kube_next=True)`` runs kube-apiserver and
+kube-scheduler of the next minor (1.37, ``hack/build-bins.sh --next``) with the Workload API on
+(``NEXT_APISERVER_FLAGS``, ``NEXT_SCHEDULER_FLAGS``), beside the main lane's other components.
+
 CLI::
 
-    python -m multislice_local.controlplane up --profile cluster [--detach]
+    python -m multislice_local.controlplane up --profile cluster [--detach] [--kube-next]
     python -m multislice_local.controlplane down --profile cluster
 
 (A whole MultiKueue setup, a manager and two workers: ``python -m multislice_local.multicluster
@@ -53,7 +57,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -108,6 +112,22 @@ KWOK_NODE_LEASE_SECONDS = 40  # kubelet's default node lease duration
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 POD_CIDR = "10.64.0.1/16"
 
+# The newest Kubernetes lane (hack/README.md, "The newest Kubernetes lane"): these two binaries
+# come from the next minor's cache dir (hack/build-bins.sh --next: Kubernetes 1.37), every other
+# one from the main lane's (etcd, a kube-controller-manager one minor older: a supported skew).
+# The Workload API (scheduling.k8s.io/v1beta1 Workload and PodGroup, pods' spec.schedulingGroup)
+# is beta in 1.37 but its gate is off by default, and a beta group version is not served unless
+# asked for. With the gate the scheduler's default plugins include GangScheduling (we give it no
+# configuration, so nothing leaves it out).
+NEXT_BINARIES = ("kube-apiserver", "kube-scheduler")
+NEXT_FEATURE_GATES = "--feature-gates=GenericWorkload=true"
+NEXT_APISERVER_FLAGS = (NEXT_FEATURE_GATES, "--runtime-config=scheduling.k8s.io/v1beta1=true")
+NEXT_SCHEDULER_FLAGS = (NEXT_FEATURE_GATES,)
+# 1.37's apiserver refuses to start with the default (lease) endpoint reconciler on a loopback
+# advertise address ("may not be in the loopback range"); 1.36 starts, and its writes of the
+# `kubernetes` Service's endpoints fail that same validation, so with none nothing is lost.
+NEXT_LOOPBACK_APISERVER_FLAGS = ("--endpoint-reconciler-type=none",)
+
 
 @dataclass(frozen=True)
 class NodeNetwork:
@@ -136,24 +156,32 @@ class ControlPlaneError(RuntimeError):
 # Binaries
 
 
-def bin_dir() -> Path:
-    """Directory holding the binaries for the pinned versions (MULTISLICE_BIN_DIR overrides)."""
-    override = os.environ.get("MULTISLICE_BIN_DIR")
+def _cache_dir(env: str, flag: str) -> Path:
+    """A binary cache dir: ``env`` when set, else what ``hack/build-bins.sh <flag>`` prints."""
+    override = os.environ.get(env)
     if override:
         return Path(override)
     if not BUILD_SCRIPT.exists():
-        raise ControlPlaneError(
-            f"{BUILD_SCRIPT} not found (not a source checkout); set MULTISLICE_BIN_DIR"
-        )
+        raise ControlPlaneError(f"{BUILD_SCRIPT} not found (not a source checkout); set {env}")
     out = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-dir"], check=True, capture_output=True, text=True
+        ["bash", str(BUILD_SCRIPT), flag], check=True, capture_output=True, text=True
     )
     return Path(out.stdout.strip())
 
 
-def _missing(directory: Path) -> list[str]:
-    wanted = [*BINARIES, *(f for c in COMPONENTS.values() for f in c.files)]
-    return [name for name in wanted if not (directory / name).is_file()]
+def bin_dir() -> Path:
+    """Directory holding the binaries for the pinned versions (MULTISLICE_BIN_DIR overrides)."""
+    return _cache_dir("MULTISLICE_BIN_DIR", "--print-dir")
+
+
+def next_bin_dir() -> Path:
+    """Directory holding the newest Kubernetes lane's kube-apiserver and kube-scheduler
+    (MULTISLICE_NEXT_BIN_DIR overrides)."""
+    return _cache_dir("MULTISLICE_NEXT_BIN_DIR", "--print-next-dir")
+
+
+def _wanted() -> list[str]:
+    return [*BINARIES, *(f for c in COMPONENTS.values() for f in c.files)]
 
 
 def ensure_binaries(verbose: bool = True) -> Path:
@@ -161,33 +189,41 @@ def ensure_binaries(verbose: bool = True) -> Path:
 
     Callers at once (pytest-xdist workers, two checkouts) take turns on a lock beside the cache:
     one builds, the others then find the binaries there instead of starting a second build."""
-    directory = bin_dir()
-    missing = _missing(directory)
-    if not missing:
+    return _ensure(bin_dir(), _wanted(), (), "MULTISLICE_BIN_DIR", verbose)
+
+
+def ensure_next_binaries(verbose: bool = True) -> Path:
+    """Return the newest Kubernetes lane's directory, running ``hack/build-bins.sh --next``
+    first when it lacks a binary (cold: minutes), with the same lock as :func:`ensure_binaries`."""
+    return _ensure(next_bin_dir(), NEXT_BINARIES, ("--next",), "MULTISLICE_NEXT_BIN_DIR", verbose)
+
+
+def _ensure(
+    directory: Path, wanted: Sequence[str], flags: Sequence[str], env: str, verbose: bool
+) -> Path:
+    def missing() -> list[str]:
+        return [name for name in wanted if not (directory / name).is_file()]
+
+    if not missing():
         return directory
-    if os.environ.get("MULTISLICE_BIN_DIR"):
-        raise ControlPlaneError(f"MULTISLICE_BIN_DIR={directory} lacks {', '.join(missing)}")
+    if os.environ.get(env):
+        raise ControlPlaneError(f"{env}={directory} lacks {', '.join(missing())}")
     import fcntl
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / f".{directory.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return _build(directory, verbose)
-
-
-def _build(directory: Path, verbose: bool) -> Path:
-    missing = _missing(directory)
-    if not missing:  # built by whoever held the lock before us
-        return directory
-    if verbose:
-        print(f"controlplane: building {', '.join(missing)} (cold cache: minutes)", flush=True)
-    # Progress goes straight to our stdout/stderr; a cold build takes many minutes.
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], check=False)
-    if result.returncode != 0:
-        raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit code {result.returncode}")
-    missing = _missing(directory)
-    if missing:
-        raise ControlPlaneError(f"{BUILD_SCRIPT} did not produce {', '.join(missing)}")
+        if not missing():  # built by whoever held the lock before us
+            return directory
+        if verbose:
+            print(f"controlplane: building {', '.join(missing())} (cold: minutes)", flush=True)
+        # Progress goes straight to our stdout/stderr; a cold build takes many minutes.
+        script = " ".join([str(BUILD_SCRIPT), *flags])
+        result = subprocess.run(["bash", str(BUILD_SCRIPT), *flags], check=False)
+        if result.returncode != 0:
+            raise ControlPlaneError(f"{script} failed with exit code {result.returncode}")
+        if missing():
+            raise ControlPlaneError(f"{script} did not produce {', '.join(missing())}")
     return directory
 
 
@@ -429,6 +465,9 @@ class ControlPlane:
     Attributes after :meth:`start`: ``kubeconfig`` (admin, system:masters), ``server`` (URL),
     ``pids`` (component name -> pid of every process still running), ``workdir``, ``ca_file``.
     Logs are under ``workdir/logs``; set MULTISLICE_KEEP_WORKDIR=1 to keep a temporary workdir.
+
+    ``kube_next=True``: the newest Kubernetes lane, kube-apiserver and kube-scheduler of the next
+    minor with the Workload API on (``NEXT_BINARIES``, ``NEXT_APISERVER_FLAGS``).
     """
 
     def __init__(
@@ -437,6 +476,7 @@ class ControlPlane:
         workdir: Path | None = None,
         binaries: Path | None = None,
         network: NodeNetwork | None = None,
+        kube_next: bool = False,
     ) -> None:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {tuple(PROFILES)}, not {profile!r}")
@@ -444,6 +484,8 @@ class ControlPlane:
         # Real nodes' control plane (realnodes.py): the API server at the kubernetes Service's
         # ClusterIP, node authorization, kubelet client certificates. None: 127.0.0.1, as before.
         self.network = network
+        self.kube_next = kube_next
+        self._next_bins: Path | None = None  # the newest lane's dir, found by start()
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self._bin_arg = binaries
@@ -470,6 +512,8 @@ class ControlPlane:
     def start(self, timeout: float = 120.0) -> Self:
         """Start every component and wait until it is ready; raise ControlPlaneError if not."""
         bins = self._bin_arg or ensure_binaries()
+        if self.kube_next:
+            self._next_bins = ensure_next_binaries()
         for attempt in range(3):
             self._prepare_workdir()
             _LIVE.add(self)
@@ -610,9 +654,10 @@ class ControlPlane:
             if component.prepare is not None:
                 component.prepare(self, bins, deadline)
             env = component.env(self) if component.env is not None else None
-            proc = self._spawn(
-                component.name, [str(bins / component.binary), *component.argv(self)], env
-            )
+            binary = bins / component.binary
+            if self._next_bins is not None and component.binary in NEXT_BINARIES:
+                binary = self._next_bins / component.binary
+            proc = self._spawn(component.name, [str(binary), *component.argv(self)], env)
             if component.blocking:
                 self._await(proc, component, deadline)
             else:
@@ -859,6 +904,8 @@ def _etcd_argv(cp: ControlPlane) -> list[str]:
 
 def _apiserver_argv(cp: ControlPlane) -> list[str]:
     argv = _apiserver_common_argv(cp)
+    if cp.kube_next:
+        argv += NEXT_APISERVER_FLAGS
     if cp.network is None:
         return [
             *argv,
@@ -868,6 +915,7 @@ def _apiserver_argv(cp: ControlPlane) -> list[str]:
             "--authorization-mode=RBAC",
             # No token controller in the api profile, and tests need no pod tokens.
             "--disable-admission-plugins=ServiceAccount",
+            *(NEXT_LOOPBACK_APISERVER_FLAGS if cp.kube_next else ()),
         ]
     pki = cp.workdir / "pki"
     return [
@@ -995,10 +1043,17 @@ KUBE_CONTROLLER_MANAGER = Component(
     _kcm_argv,
     ready=(_https_healthz("kube-controller-manager"),),
 )
+
+
+def _scheduler_argv(cp: ControlPlane) -> list[str]:
+    argv = _secure_component_argv(cp, "kube-scheduler")
+    return [*argv, *NEXT_SCHEDULER_FLAGS] if cp.kube_next else argv
+
+
 KUBE_SCHEDULER = Component(
     "kube-scheduler",
     "kube-scheduler",
-    lambda cp: _secure_component_argv(cp, "kube-scheduler"),
+    _scheduler_argv,
     ready=(_https_healthz("kube-scheduler"),),
 )
 KWOK = Component(
@@ -1320,7 +1375,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach(args, workdir)
     ensure_binaries()
-    cp = ControlPlane(args.profile, workdir=workdir)
+    cp = ControlPlane(args.profile, workdir=workdir, kube_next=args.kube_next)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -1347,6 +1402,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _detach(args: argparse.Namespace, workdir: Path) -> int:
     # Build in the foreground so progress is visible, then run the supervisor in the background.
     ensure_binaries()
+    if args.kube_next:
+        ensure_next_binaries()
     _run_dir().mkdir(parents=True, exist_ok=True)
     log = _run_dir() / f"{args.profile}.log"
     with log.open("wb") as out:
@@ -1357,6 +1414,7 @@ def _detach(args: argparse.Namespace, workdir: Path) -> int:
                 "multislice_local.controlplane",
                 "up",
                 f"--profile={args.profile}",
+                *(["--kube-next"] if args.kube_next else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -1405,6 +1463,11 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start a local control plane and wait for Ctrl-C or `down`")
     up.add_argument("--profile", choices=sorted(PROFILES), default="cluster")
     up.add_argument("--detach", action="store_true", help="return once ready; stop with `down`")
+    up.add_argument(
+        "--kube-next",
+        action="store_true",
+        help="the newest Kubernetes lane: kube-apiserver and kube-scheduler 1.37, Workload API on",
+    )
     down = sub.add_parser("down", help="stop a control plane started by `up`")
     down.add_argument("--profile", choices=sorted(PROFILES), default="cluster")
     sub.add_parser("bins", help="build the binaries if missing and print their directory")

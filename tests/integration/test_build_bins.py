@@ -7,6 +7,7 @@ module's name instead of carrying on with an empty path (issue 21: a cold machin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -93,3 +94,26 @@ def test_only_names_the_components_it_knows(tmp_path: Path) -> None:
     done = _only(tmp_path, "no-such-thing")
     assert done.returncode == 2
     assert "no component no-such-thing" in done.stderr and "in-place-restart-agent" in done.stderr
+
+
+def test_the_newest_lane_is_cached_by_its_version_beside_the_main_lane(tmp_path: Path) -> None:
+    """`--print-next-dir`: a dir of its own, keyed by the version hack/tools/kube-next pins; the
+    main lane's key does not change with it (hack/README.md, "The newest Kubernetes lane")."""
+    env = {**os.environ, "MULTISLICE_BIN_CACHE": str(tmp_path)}
+
+    def printed(flag: str) -> Path:
+        out = subprocess.run(
+            ["bash", str(SCRIPT), flag], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert out.returncode == 0, out.stderr
+        return Path(out.stdout.strip())
+
+    pinned = re.search(
+        r"^require k8s\.io/kubernetes (v\S+)$",
+        (ROOT / "hack/tools/kube-next/go.mod").read_text(),
+        re.M,
+    )
+    assert pinned, "hack/tools/kube-next/go.mod pins no k8s.io/kubernetes"
+    assert printed("--print-next-dir") == tmp_path / f"next_k8s-{pinned[1]}"
+    main = printed("--print-dir")
+    assert main.parent == tmp_path and pinned[1] not in main.name
