@@ -9,6 +9,8 @@ shutdown does), maintenance is GKE's node label, a stuck start is a node taint.
 - a maintenance label on a slice's nodes: condition MaintenanceScheduled with the time and the
   slice, a checkpoint request on every pod between `time - checkpointAheadSeconds` and `time`,
   the workload's acknowledgement as status.checkpoint.savedStep, the metrics;
+- the node's own condition MaintenancePlanned (Kubernetes 1.37's, written here as the admin
+  would): the same condition and a checkpoint request at once, id maint-<lastTransitionTime>;
 - a user's annotation on the job reaches every pod;
 - a startup deadline fires on the slice whose pods cannot schedule and restarts every slice
   (cause startup); once the capacity is fixed the job succeeds.
@@ -287,6 +289,55 @@ def test_maintenance_label_shows_the_condition_and_asks_for_a_checkpoint_in_time
     # Maintenance over: the labels go, so does the condition's True.
     label_nodes(api, pool, {keys.GKE_SCHEDULED_MAINTENANCE_TIME: None})
     over = wait_status(api, ns, "maint", op, "maintenance over", lambda s: not s.get("maintenance"))
+    cond = {c["type"]: c for c in over["conditions"]}["MaintenanceScheduled"]
+    assert (cond["status"], cond["reason"]) == ("False", Reason.NO_MAINTENANCE_SCHEDULED)
+
+
+def set_node_condition(api, pool: str, kind: str, value: str, since: int) -> None:
+    """A node condition on every node of `pool`, as an admin (or the admin's tooling) sets the
+    node lifecycle conditions (strategic merge: by type, the kubelet's own conditions stay)."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+    core = client.CoreV1Api(api)
+    for node in core.list_node(label_selector=f"{keys.GKE_NODEPOOL}={pool}").items:
+        condition = {
+            "type": kind,
+            "status": value,
+            "reason": "E2E",
+            "message": "host firmware update",
+            "lastTransitionTime": when,
+            "lastHeartbeatTime": when,
+        }
+        core.patch_node_status(node.metadata.name, {"status": {"conditions": [condition]}})
+
+
+def test_maintenance_planned_condition_asks_for_a_checkpoint_at_once(env):
+    api, ns, op = env
+    create(api, ns, job("planned", "1h", ns, maintenance={"checkpointAheadSeconds": 600}))
+    wait_phase(api, ns, "planned", "Running", op)
+    pool = slice_pool(api, ns, "planned", 0)
+    since = int(time.time())
+    set_node_condition(api, pool, "MaintenancePlanned", "True", since)
+    st = wait_status(
+        api, ns, "planned", op, "MaintenanceScheduled", lambda s: bool(s.get("maintenance"))
+    )
+    cond = {c["type"]: c for c in st["conditions"]}["MaintenanceScheduled"]
+    assert (cond["status"], cond["reason"]) == ("True", Reason.MAINTENANCE_SCHEDULED)
+    assert "MaintenancePlanned" in cond["message"] and "slice 0" in cond["message"]
+    assert st["maintenance"]["slices"] == [0] and st["maintenance"]["nodes"] == 4
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+    assert st["maintenance"]["time"] == iso
+    rid = f"maint-{since}"
+    wait_for(
+        lambda: annotations_of(api, ns, "planned", 0) == [rid] * 8,
+        60,
+        "the checkpoint request on all 8 pods",
+        on_timeout=op.log_tail,
+    )
+    # The admin clears it: the condition's True goes.
+    set_node_condition(api, pool, "MaintenancePlanned", "False", int(time.time()))
+    over = wait_status(
+        api, ns, "planned", op, "maintenance over", lambda s: not s.get("maintenance")
+    )
     cond = {c["type"]: c for c in over["conditions"]}["MaintenanceScheduled"]
     assert (cond["status"], cond["reason"]) == ("False", Reason.NO_MAINTENANCE_SCHEDULED)
 

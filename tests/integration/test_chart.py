@@ -200,6 +200,8 @@ BASE_RULES = {
     ("jobset.x-k8s.io", "jobsets", "create"),
     ("jobset.x-k8s.io", "jobsets", "patch"),
     ("jobset.x-k8s.io", "jobsets", "delete"),
+    ("scheduling.k8s.io", "podgroups", "create"),
+    ("scheduling.k8s.io", "podgroups", "patch"),
     ("batch", "jobs", "create"),
     ("batch", "jobs", "get"),  # spec.preflight: its compile Job read back
     ("batch", "jobs", "delete"),  # ... and deleted once it finished

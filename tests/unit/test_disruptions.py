@@ -399,6 +399,65 @@ def test_managed_maintenance_maps_pools_to_slices():
     assert m.slice_index == 0
 
 
+def conditioned(name: str, pool: str, *conds: tuple[str, str, str | None]) -> dict:
+    """A node of `pool` with these (type, status, lastTransitionTime) conditions."""
+    body = node(name, pool)
+    body["status"] = {
+        "conditions": [
+            {"type": t, "status": s, **({"lastTransitionTime": since} if since else {})}
+            for t, s, since in conds
+        ]
+    }
+    return body
+
+
+def test_maintenance_planned_condition_is_announced_maintenance():
+    # Kubernetes 1.37 (KEP-5683, gate NodeLifecycleConditions): the admin sets MaintenancePlanned
+    # (no time: read as due since it turned True) and MaintenanceInProgress (runs now).
+    nodes = {
+        "pool-a": [
+            summarize_node(
+                conditioned(
+                    "a-0",
+                    "pool-a",
+                    ("Ready", "True", None),
+                    ("MaintenancePlanned", "True", "2026-11-30T11:00:00Z"),
+                )
+            ),
+            summarize_node(
+                conditioned(
+                    "a-1", "pool-a", ("MaintenancePlanned", "False", "2026-11-30T10:00:00Z")
+                )
+            ),
+        ],
+        "pool-b": [
+            summarize_node(
+                conditioned(
+                    "b-0",
+                    "pool-b",
+                    ("MaintenancePlanned", "True", "2026-11-30T11:30:00Z"),
+                    ("MaintenanceInProgress", "True", "2026-11-30T11:50:00Z"),
+                )
+            ),
+            summarize_node(conditioned("b-1", "pool-b", ("MaintenancePlanned", "True", None))),
+        ],
+    }
+    _, plan = job("Existing")
+    pods = [
+        Pod("p0", 0, 0, "Running", True, node="a-0"),
+        Pod("p1", 0, 0, "Running", True, node="a-1"),
+        Pod("p2", 1, 0, "Running", True, node="b-0"),
+        Pod("p3", 1, 0, "Running", True, node="b-1"),
+    ]
+    found = maintenance_observations(plan, nodes, pods)
+    assert [m.node for m in found] == ["a-0", "b-0", "b-1"]
+    assert found == [
+        NodeMaintenance("a-0", "pool-a", 0, planned=True, planned_since=at(-3600)),
+        NodeMaintenance("b-0", "pool-b", 1, active=True, planned=True, planned_since=at(-1800)),
+        NodeMaintenance("b-1", "pool-b", 1, planned=True),
+    ]
+
+
 # ---------------------------------------------------------------- maintenance
 
 
@@ -477,6 +536,69 @@ def test_maintenance_seen_late_asks_at_once():
     spec = {"maintenance": {"checkpointAheadSeconds": 600}}
     d = run({"phase": "Running"}, RUNNING, maint=[maint(60)], pods=pods_of(), **spec)
     assert [a for a in d.actions if isinstance(a, AnnotatePods)]
+
+
+def planned(since: float | None, slice_index: int = 1, active: bool = False) -> NodeMaintenance:
+    """A node whose condition MaintenancePlanned is True since `since` (None: not said)."""
+    return NodeMaintenance(
+        f"n-{slice_index}",
+        f"pool-{slice_index}",
+        slice_index,
+        active=active,
+        planned=True,
+        planned_since=None if since is None else at(since),
+    )
+
+
+def test_maintenance_planned_is_due_since_it_was_set_and_asks_a_checkpoint_at_once():
+    spec = {"maintenance": {"checkpointAheadSeconds": 600}}
+    d = run({"phase": "Running"}, RUNNING, maint=[planned(-60)], pods=pods_of(), **spec)
+    cond = d.status.condition("MaintenanceScheduled")
+    assert cond is not None and (cond.status, cond.reason) == ("True", Reason.MAINTENANCE_SCHEDULED)
+    assert "MaintenancePlanned" in cond.message and "2026-11-30T11:59:00Z" in cond.message
+    assert "GKE" not in cond.message
+    assert d.status.maintenance is not None
+    assert (d.status.maintenance.time, d.status.maintenance.slices) == (at(-60), [1])
+    rid = f"maint-{int(at(-60).timestamp())}"
+    (ann,) = [a for a in d.actions if isinstance(a, AnnotatePods)]
+    assert (ann.key, ann.value) == (keys.CHECKPOINT_REQUEST, rid)
+    # GKE's later window on another node does not hide it: the earliest wins.
+    both = run({"phase": "Running"}, RUNNING, maint=[maint(3600, 0), planned(-60)], pods=pods_of())
+    assert both.status.maintenance is not None and both.status.maintenance.time == at(-60)
+
+
+def test_a_node_reporting_maintenance_planned_asks_the_checkpoint():
+    # From the node as the apiserver serves it to the decision: no GKE label at all.
+    body = conditioned("b-0", "pool-1", ("MaintenancePlanned", "True", "2026-11-30T11:59:00Z"))
+    _, plan = job("Existing")
+    pods = [Pod("p", 1, 0, "Running", True, node="b-0")]
+    found = maintenance_observations(plan, {"pool-1": [summarize_node(body)]}, pods)
+    spec = {"maintenance": {"checkpointAheadSeconds": 600}}
+    d = run({"phase": "Running"}, RUNNING, maint=found, pods=pods_of(), **spec)
+    cond = d.status.condition("MaintenanceScheduled")
+    assert cond is not None and cond.status == "True"
+    (ann,) = [a for a in d.actions if isinstance(a, AnnotatePods)]
+    assert ann.value == f"maint-{int(at(-60).timestamp())}"
+
+
+def test_maintenance_planned_without_a_time_is_due_from_first_sight_and_stays_so():
+    spec = {"maintenance": {"checkpointAheadSeconds": 600}}
+    d = run({"phase": "Running"}, RUNNING, maint=[planned(None)], pods=pods_of(), **spec)
+    assert d.status.maintenance is not None and d.status.maintenance.time == at(0)
+    rid = f"maint-{int(at(0).timestamp())}"
+    (ann,) = [a for a in d.actions if isinstance(a, AnnotatePods)]
+    assert ann.value == rid
+    again = run(d.status, RUNNING, maint=[planned(None)], pods=pods_of(0, rid), t=30, **spec)
+    assert again.status.maintenance is not None and again.status.maintenance.time == at(0)
+    assert not [a for a in again.actions if isinstance(a, AnnotatePods)]
+    assert Reason.MAINTENANCE_SCHEDULED not in reasons(again)
+
+
+def test_maintenance_in_progress_condition():
+    d = run({"phase": "Running"}, RUNNING, maint=[planned(-5, active=True)], pods=pods_of())
+    cond = d.status.condition("MaintenanceScheduled")
+    assert cond is not None and cond.reason == Reason.MAINTENANCE_IN_PROGRESS
+    assert "MaintenanceInProgress" in cond.message and "hosts stop" not in cond.message
 
 
 # ---------------------------------------------------------------- checkpoint on demand

@@ -114,6 +114,12 @@ in one Role per watched namespace. */}}
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Kubernetes 1.37 gang scheduling, where scheduling.k8s.io/v1beta1 PodGroups are served: one
+# PodGroup per job, server-side applied (create and patch) before its JobSet, whose pods name it;
+# the garbage collector deletes it with the job (owner reference).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch"]
 # GKE dynamic slicing (provisioning.mode DynamicSlicing, Ironwood): one Slice per slice of such a
 # job, created from its cubes and deleted when the job ends or the Slice breaks. Cluster-scoped.
 # patch: a deleted Slice stuck past dynamicSlicing.sliceDeletionTimeoutSeconds loses its finalizer.

@@ -596,7 +596,7 @@ class FailurePolicy(_Model):
 
 
 class Maintenance(_Model):
-    """Host maintenance GKE announces on the slices' nodes (node labels, GKE 1.31+)."""
+    """Host maintenance announced on the slices' nodes (GKE's labels, node conditions)."""
 
     checkpoint_ahead_seconds: int | None = Field(
         default=None,
@@ -606,7 +606,8 @@ class Maintenance(_Model):
             "Ask the workload for a checkpoint (annotation multislice.dev/checkpoint-request "
             "on every pod) this long before the earliest maintenance GKE scheduled on a node "
             "of the job (label cloud.google.com/scheduled-maintenance-time), so that the "
-            "restart the maintenance forces loses almost nothing. Unset: no request."
+            "restart the maintenance forces loses almost nothing; at once for a node whose "
+            "condition MaintenancePlanned is True (it names no start). Unset: no request."
         ),
     )
 
@@ -1174,7 +1175,7 @@ class ConditionType(StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     ADMITTED = "Admitted"  # Kueue admitted the job (only for jobs that name a queue)
-    MAINTENANCE_SCHEDULED = "MaintenanceScheduled"  # GKE announced maintenance on its nodes
+    MAINTENANCE_SCHEDULED = "MaintenanceScheduled"  # GKE or a node announced maintenance on it
     DEGRADED = "Degraded"  # spec.elastic: running on fewer slices than spec.slices
     # Its JobSet restarts the program's failures in place, or recreates them (and why).
     RESTART_IN_PLACE = "RestartInPlace"
@@ -1196,8 +1197,8 @@ class Condition(_Model):
 
     type: str = Field(
         description="Validated, Provisioned, SlicesReady, DCNBound, Completed, Failed, Admitted "
-        "(Kueue; only for jobs that name a queue), MaintenanceScheduled (only once GKE "
-        "announced maintenance on a node of the job) or RestartInPlace (once its JobSet "
+        "(Kueue; only for jobs that name a queue), MaintenanceScheduled (only once GKE or "
+        "the node announced maintenance on a node of the job) or RestartInPlace (once its JobSet "
         "exists: whether the program's failures restart in place, and why not)."
     )
     status: str = Field(description="True, False or Unknown.")
@@ -1481,12 +1482,14 @@ class RestartsByCause(_Model):
 
 
 class MaintenanceStatus(_Model):
-    """Host maintenance GKE announced on the job's nodes (their labels, as last seen)."""
+    """Host maintenance announced on the job's nodes (labels, conditions, as last seen)."""
 
     time: datetime | None = Field(
         default=None,
         description="The earliest scheduled start (label "
-        "cloud.google.com/scheduled-maintenance-time) over the job's nodes.",
+        "cloud.google.com/scheduled-maintenance-time) over the job's nodes; for a node whose "
+        "condition MaintenancePlanned or MaintenanceInProgress is True (no start given: due at "
+        "once), when it turned True.",
     )
     latest_time: datetime | None = Field(
         default=None,
@@ -1500,7 +1503,8 @@ class MaintenanceStatus(_Model):
     active: bool = Field(
         default=False,
         description="Maintenance runs now on one of them (label "
-        "cloud.google.com/active-node-maintenance, or the impending-node-termination taint).",
+        "cloud.google.com/active-node-maintenance, the impending-node-termination taint, or "
+        "condition MaintenanceInProgress True).",
     )
 
 
@@ -1838,7 +1842,8 @@ class MultisliceJobStatus(_Model):
     )
     maintenance: MaintenanceStatus | None = Field(
         default=None,
-        description="Host maintenance GKE announced on the job's nodes; unset when none.",
+        description="Host maintenance GKE or the nodes announced on the job's nodes; unset "
+        "when none.",
     )
     checkpoint: CheckpointStatus | None = Field(
         default=None, description="The last checkpoint requested on demand and the step saved."

@@ -98,3 +98,11 @@ SLICE_GROUP, SLICE_VERSION, SLICE_PLURAL, SLICE_KIND = (
     "Slice",
 )
 SLICE_FINALIZER = "accelerator.gke.io/slice-finalizer"
+# Kubernetes 1.37's Workload API (KEP-4671, beta; gate GenericWorkload, off by default): a
+# PodGroup whose gang policy binds its pods all together or none (k8s.io/api scheduling/v1beta1).
+POD_GROUP_GROUP, POD_GROUP_VERSION, POD_GROUP_PLURAL, POD_GROUP_KIND = (
+    "scheduling.k8s.io",
+    "v1beta1",
+    "podgroups",
+    "PodGroup",
+)

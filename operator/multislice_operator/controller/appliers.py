@@ -58,7 +58,7 @@ from multislice_operator.reconcile.multikueue import prebuilt_name
 from multislice_operator.reconcile.preflight import CreatePreflightJob, DeletePreflightJob
 from multislice_operator.reconcile.restart_strategy import rendering
 from multislice_operator.registry import REGISTRY, resolve
-from multislice_operator.render import kueue_workload
+from multislice_operator.render import kueue_workload, podgroup
 from multislice_operator.render.jobset import render_jobset, render_pod_template
 from multislice_operator.render.preflight import render_preflight_job
 
@@ -141,16 +141,31 @@ async def delete_pools(rt: Runtime, t: Target, action: DeletePools) -> None:
     _count("delete", result.errors)
 
 
-def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
-    job, plan = t.planned()
+def _on(t: Target, a: CreateJobSet | ValidateJobSet) -> Plan:
+    """The plan the JobSet runs: on fewer slices than the spec's for an elastic job."""
+    _, plan = t.planned()
     slices = a.slices if isinstance(a, CreateJobSet) else None
+    return plan.running_on(slices) if slices else plan
+
+
+def _jobset(rt: Runtime, t: Target, a: CreateJobSet | ValidateJobSet) -> dict[str, Any]:
+    job, _ = t.planned()
     before = (a.restarts_before, a.counted_before) if isinstance(a, CreateJobSet) else (0, 0)
-    on = plan.running_on(slices) if slices else plan
+    gang = isinstance(a, CreateJobSet) and a.gang
     jobset = render_jobset(
-        on, job.spec, job.metadata.labels, *before, a.restart_strategy, rt.settings
+        _on(t, a), job.spec, job.metadata.labels, *before, a.restart_strategy, rt.settings, gang
     )
     jobset["metadata"]["ownerReferences"] = [owner_reference(t.body)]
     return jobset
+
+
+async def _apply_pod_group(rt: Runtime, t: Target, a: CreateJobSet) -> None:
+    """The job's PodGroup, before the JobSet whose pods name it (a pod naming a group that does
+    not exist yet waits for it; none binds without it). Applied, so a crash between the two
+    and a JobSet recreated on another slice count both end with the group the JobSet needs."""
+    group = podgroup.render_pod_group(_on(t, a), owner_reference(t.body))
+    name = group["metadata"]["name"]
+    await rt.kube.apply_object(group, podgroup.pod_group_path(t.namespace, name))
 
 
 async def validate_jobset(rt: Runtime, t: Target, a: ValidateJobSet) -> None:
@@ -195,6 +210,8 @@ async def delete_preflight_job(rt: Runtime, t: Target, _: DeletePreflightJob) ->
 
 async def create_jobset(rt: Runtime, t: Target, a: CreateJobSet) -> None:
     body = _jobset(rt, t, a)
+    if a.gang:
+        await _apply_pod_group(rt, t, a)
     strategy = rendering(a.restart_strategy)
     if strategy is not None:  # what its pods need first (in-place restart: the agents' RBAC)
         pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

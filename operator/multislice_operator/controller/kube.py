@@ -8,6 +8,7 @@ every method here is exercised against a real apiserver by the integration tests
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import urllib.parse
 from datetime import UTC, datetime
@@ -33,6 +34,12 @@ COMPONENT = "multislice-operator"
 # kopf retries a failed call (5xx, 429, 403 during upgrades) after each of these delays; ours are
 # short because the work queue backs the job off after that, without holding a worker.
 BACKOFFS = (0.5, 1.0, 2.0)
+# A 429's Retry-After: the apiserver's answer to overload (priority and fairness: 1-32 s, its
+# maxRetryAfter; max-in-flight 1 s; a graceful shutdown 5 s: k8s.io/apiserver pkg/server/filters,
+# pkg/util/flowcontrol/dropped_requests_tracker.go). kopf waits it (or its backoff, if longer)
+# between the retries above; a call without retries (backoffs=()) waits it once and asks again,
+# up to this long (longer is not the apiserver's: the caller's own schedule retries).
+RETRY_AFTER_MAX = 32.0
 # On every create and dry run of an object the operator renders: an apiserver whose schema lacks
 # a field (a JobSet CRD older than v0.10.0 has no onJobFailureMessagePatterns) refuses the object
 # with 400 "strict decoding error: unknown field ..." instead of dropping the field silently.
@@ -52,6 +59,23 @@ NotFound = kopf_errors.APINotFoundError
 Conflict = kopf_errors.APIConflictError
 Invalid = kopf_errors.APIUnprocessableEntityError
 ClientError = kopf_errors.APIClientError
+TooManyRequests = kopf_errors.APITooManyRequestsError
+
+
+def retry_after(exc: ApiError) -> float | None:
+    """The seconds a 429 asks the client to wait (its Retry-After header, else its Status's
+    details.retryAfterSeconds, as kopf reads them); None when it says none."""
+    if exc.status != 429:
+        return None
+    header = next((v for k, v in (exc.headers or {}).items() if k.lower() == "retry-after"), None)
+    try:
+        if header:
+            return max(0.0, float(header))
+        details = exc.details
+        seconds = details.get("retryAfterSeconds") if details else None
+        return max(0.0, float(seconds)) if seconds else None
+    except (TypeError, ValueError):  # an HTTP date: the apiserver writes seconds only
+        return None
 
 
 def timestamp() -> str:
@@ -76,18 +100,33 @@ class Kube:
         payload: object | None = None,
         headers: dict[str, str] | None = None,
         backoffs: tuple[float, ...] = BACKOFFS,
+        wait_retry_after: bool = True,
     ) -> Any:
-        response = await kopf_api.request(
-            method,
-            url,
-            payload=payload,
-            headers=headers,
-            backoffs=backoffs,
-            settings=self.settings,
-            logger=log,
-        )
-        async with response:
-            return await response.json()
+        """One call; kopf retries it after each of `backoffs` (a 429: after its Retry-After, if
+        longer). Without retries, a 429 with Retry-After is still waited out once
+        (`wait_retry_after`), then asked again."""
+        once = wait_retry_after and not backoffs
+        while True:
+            try:
+                response = await kopf_api.request(
+                    method,
+                    url,
+                    payload=payload,
+                    headers=headers,
+                    backoffs=backoffs,
+                    settings=self.settings,
+                    logger=log,
+                )
+            except TooManyRequests as exc:
+                wait = retry_after(exc)
+                if not once or wait is None or wait > RETRY_AFTER_MAX:
+                    raise
+                once = False
+                log.info("apiserver overloaded, retrying in %.0fs: %s %s", wait, method, url)
+                await asyncio.sleep(wait)
+                continue
+            async with response:
+                return await response.json()
 
     # -- JobSets -------------------------------------------------------------------------------
 
@@ -239,6 +278,14 @@ class Kube:
         except NotFound:
             return None
         return [str(v.get("version")) for v in found.get("versions") or []]
+
+    async def served_resources(self, group: str, version: str) -> list[str]:
+        """The resources (plural names) `group`/`version` serves; none when it is not served."""
+        try:
+            found = await self._call("get", f"/apis/{_q(group)}/{_q(version)}", backoffs=())
+        except NotFound:
+            return []
+        return [str(r.get("name")) for r in found.get("resources") or []]
 
     async def get_crd(self, name: str) -> dict[str, Any] | None:
         """A CustomResourceDefinition by name, None when absent. A list with a field selector:
@@ -407,6 +454,7 @@ class Kube:
                     "metadata": {"name": name, "namespace": namespace},
                 },
                 backoffs=(),
+                wait_retry_after=False,  # a budget's 429 (Retry-After 10): the next pass asks
             )
         except NotFound:
             return False

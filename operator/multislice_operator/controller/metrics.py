@@ -342,10 +342,11 @@ class JobGauge(Collector):
         yield self._family()
 
 
-# The earliest host maintenance GKE scheduled on a node of the job (Unix seconds).
+# The earliest host maintenance announced on a node of the job (Unix seconds): status.maintenance.
 MAINTENANCE = JobGauge(
     "multislice_job_maintenance_time_seconds",
-    "Earliest host maintenance GKE scheduled on a node of the job, in Unix seconds.",
+    "Earliest host maintenance announced on a node of the job (GKE's schedule, or since its "
+    "MaintenancePlanned condition), in Unix seconds.",
 )
 REGISTRY.register(MAINTENANCE)
 # status.activeSlices: fewer than spec.slices while an elastic job runs shrunk.

@@ -38,6 +38,13 @@ GATED = "SchedulingGated"
 # kube-controller-manager's default --node-monitor-grace-period: a node whose kubelet was not
 # heard of for this long is not Ready (pkg/controller/nodelifecycle/config/v1alpha1/defaults.go).
 NODE_MONITOR_GRACE_SECONDS = 50.0
+# Node lifecycle conditions (Kubernetes 1.37+, KEP-5683, alpha gate NodeLifecycleConditions;
+# k8s.io/api core/v1 NodeMaintenancePlanned, NodeMaintenanceInProgress): set and cleared by the
+# admin. Planned names no time: "expected to undergo a change in the future... the admin should
+# drain the Node first"; InProgress: "actively undergoing maintenance". An older node has neither.
+NODE_MAINTENANCE_PLANNED = "MaintenancePlanned"
+NODE_MAINTENANCE_IN_PROGRESS = "MaintenanceInProgress"
+NODE_MAINTENANCE_CONDITIONS = (NODE_MAINTENANCE_PLANNED, NODE_MAINTENANCE_IN_PROGRESS)
 
 # ---------------------------------------------------------------- index summaries
 
@@ -288,6 +295,14 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     terminating = any(
         t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
     )
+    # Maintenance the node itself announces (Kubernetes 1.37+, KEP-5683): the admin's conditions,
+    # True since their lastTransitionTime (None: the condition does not say).
+    lifecycle = {
+        c.get("type"): c
+        for c in status.get("conditions") or []
+        if c.get("type") in NODE_MAINTENANCE_CONDITIONS and c.get("status") == "True"
+    }
+    since = [_timestamp(c.get("lastTransitionTime")) for c in lifecycle.values()]
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
@@ -302,7 +317,12 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         # Host maintenance GKE announced (common/keys.py): Unix seconds, and whether it runs now.
         "maintenanceTime": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME)),
         "maintenanceLatest": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME_LATEST)),
-        "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels or terminating,
+        "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels
+        or terminating
+        or NODE_MAINTENANCE_IN_PROGRESS in lifecycle,
+        # The node's own: condition MaintenancePlanned or MaintenanceInProgress is True, since.
+        "maintenancePlanned": bool(lifecycle),
+        "maintenancePlannedSince": min((t for t in since if t is not None), default=None),
     }
 
 
@@ -554,8 +574,10 @@ def maintenance_observations(
                 continue  # an existing pool's node that runs nothing of this job
             when, latest = n.get("maintenanceTime"), n.get("maintenanceLatest")
             active = bool(n.get("maintenanceActive"))
-            if when is None and latest is None and not active:
+            planned = bool(n.get("maintenancePlanned"))
+            if when is None and latest is None and not active and not planned:
                 continue
+            since = n.get("maintenancePlannedSince")
             out.append(
                 NodeMaintenance(
                     node=n["name"],
@@ -564,6 +586,8 @@ def maintenance_observations(
                     time=_epoch(when),
                     latest=_epoch(latest),
                     active=active,
+                    planned=planned,
+                    planned_since=datetime.fromtimestamp(since, UTC) if since else None,
                 )
             )
     return out

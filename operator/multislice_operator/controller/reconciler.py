@@ -29,7 +29,7 @@ from multislice_operator.common.ownership import Owner, owner_of
 from multislice_operator.common.pools import PoolError, PoolState
 from multislice_operator.controller import appliers, kueue, metrics
 from multislice_operator.controller import observe as ob
-from multislice_operator.controller.kube import ApiError, NotFound
+from multislice_operator.controller.kube import ApiError, NotFound, retry_after
 from multislice_operator.controller.runtime import JobKey, Runtime, template_key
 from multislice_operator.planning.plan import Plan, load_job, plan_job
 from multislice_operator.provisioning.base import GangObservation
@@ -393,6 +393,7 @@ async def observe_job(
         blind_since=rt.blind_since(key),
     )
     observed.in_place = rt.in_place
+    observed.pod_groups = bool(rt.pod_groups)
     observed.scheduler_working = rt.scheduler_working(scheduling.scheduler_name(spec))
     observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))
     observed.queue = await _queue(rt, key, body, meta)
@@ -417,6 +418,8 @@ async def reconcile(rt: Runtime, key: JobKey, errors: int = 0) -> float | None:
         return -delay  # negative: an error delay, the caller counts consecutive errors
     except ApiError as exc:  # the apiserver said no for now (429, 5xx, 409...): no traceback
         delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2.0**errors)
+        # An overloaded apiserver's 429 says when to come back: not sooner.
+        delay = min(ERROR_BACKOFF_MAX, max(delay, retry_after(exc) or 0.0))
         log.warning(
             "kubernetes call failed job=%s/%s retry_in=%.0fs status=%s error=%s",
             *key,

@@ -196,6 +196,8 @@ class Runtime:
     in_place: InPlaceSupport | None = None
     # Whether GKE's Slice API (dynamic slicing) is served; None: not looked yet (versions.py).
     slice_api: bool | None = None
+    # Whether Kubernetes PodGroups (scheduling.k8s.io/v1beta1) are served; None: not looked yet.
+    pod_groups: bool | None = None
 
     def namespace_labels(self, namespace: str) -> dict[str, str] | None:
         seen = self._namespaces.get(namespace)

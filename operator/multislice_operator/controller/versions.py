@@ -20,6 +20,12 @@ problem lasts: what is installed, what is needed, and why (operator log, runtime
   4. Kubernetes >= 1.35 and its apiserver keeps a pod's ``RestartAllContainers`` restart rule
      (a dry run of a Job; the gate RestartAllContainersOnContainerExits is alpha in 1.35, beta
      and on in 1.36). The kubelet's own gate cannot be read from the apiserver: docs/restarts.md.
+* Kubernetes PodGroups (gang scheduling, Kubernetes 1.37: KEP-4671's Workload API, beta, behind
+  the ``GenericWorkload`` gate, off by default, and ``scheduling.k8s.io/v1beta1`` in the
+  apiserver's runtime-config): read by discovery of that group version's resources. Where they
+  are served every JobSet's pods join one PodGroup of the job (render/podgroup.py): the first
+  pod of every slice binds, claiming its pool, together or not at all; elsewhere nothing
+  changes. Detected, never required.
 * GKE's Slice API (dynamic slicing only): served where GKE's slice controller is enabled. Most
   clusters do not serve it; the operator says so once, in its own words, instead of kopf's
   warning about an unresolved resource (controller/discovery.py quiets that one), and kopf
@@ -51,6 +57,14 @@ JOBSET_FIELD = "onJobFailureMessagePatterns"
 IN_PLACE_STRATEGY, IN_PLACE_JOBSET, IN_PLACE_KUBE = "InPlaceRestart", "v0.11.0", (1, 35)
 PROBE_NAMESPACE, PROBE_NAME = "default", "multislice-inplace-probe"
 RECHECK_SECONDS = 60.0
+
+
+def pod_groups_said(served: bool) -> str:
+    """The log line for Kubernetes PodGroups being served or not (start-up and on a change)."""
+    api = f"{keys.POD_GROUP_GROUP}/{keys.POD_GROUP_VERSION} {keys.POD_GROUP_PLURAL}"
+    if served:
+        return f"gang scheduling: {api} served; a job's slices claim their pools all or none"
+    return f"gang scheduling: {api} not served; a job's slices claim their pools one by one"
 
 
 def slice_api_said(served: bool) -> str:
@@ -286,6 +300,12 @@ async def check(rt: Runtime) -> None:
         slice_api = keys.SLICE_VERSION in (await rt.kube.served_versions(keys.SLICE_GROUP) or [])
     except ApiError as exc:
         log.warning("slice api not discovered: %s", exc)
+    pod_groups = rt.pod_groups
+    try:
+        served = await rt.kube.served_resources(keys.POD_GROUP_GROUP, keys.POD_GROUP_VERSION)
+        pod_groups = keys.POD_GROUP_PLURAL in served
+    except ApiError as exc:
+        log.warning("pod groups not discovered: %s", exc)
     try:
         crd = await rt.kube.get_crd(JOBSET_CRD)
         jobset = jobset_problem(crd)
@@ -311,8 +331,10 @@ async def check(rt: Runtime) -> None:
         )
     if slice_api is not None and slice_api != rt.slice_api:
         log.info(slice_api_said(slice_api))
+    if pod_groups is not None and pod_groups != rt.pod_groups:
+        log.info(pod_groups_said(pod_groups))
     rt.kueue_problem, rt.jobset_problem, rt.in_place = kueue, jobset, in_place
-    rt.slice_api = slice_api
+    rt.slice_api, rt.pod_groups = slice_api, pod_groups
 
 
 async def check_loop(rt: Runtime) -> None:

@@ -176,12 +176,13 @@ def _active_slices(b: Builder, js: JobSetObservation | None) -> None:
 
 def _stamp_jobset(f: Facts, b: Builder) -> None:
     """A JobSet created this pass restarts as the job's chosen strategies say (its one
-    failurePolicy.restartStrategy), and each strategy says what it needs to of it."""
+    failurePolicy.restartStrategy), and each strategy says what it needs to of it; where the
+    cluster serves PodGroups its pods form one gang (render/podgroup.py)."""
     value = restart_strategy.jobset_value(f.restart)
     created = False
     for i, a in enumerate(b.actions):
         if isinstance(a, CreateJobSet):
-            b.actions[i] = dataclasses.replace(a, restart_strategy=value)
+            b.actions[i] = dataclasses.replace(a, restart_strategy=value, gang=f.obs.pod_groups)
             created = True
     if created:
         restart_strategy.announce(f, b)

@@ -345,7 +345,7 @@ REGISTRY: dict[Reason, Info] = {
         WARNING, "The job has no persistent checkpoint: every restart starts from step 0."
     ),
     Reason.MAINTENANCE_SCHEDULED: Info(
-        WARNING, "GKE announced host maintenance on a node of the job."
+        WARNING, "GKE or the node announced host maintenance on a node of the job."
     ),
     Reason.MAINTENANCE_IN_PROGRESS: Info(WARNING, "Host maintenance runs on a node of the job."),
     Reason.PREEMPTED: Info(

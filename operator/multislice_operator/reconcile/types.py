@@ -128,14 +128,19 @@ class Pod:
 
 @dataclass(frozen=True)
 class NodeMaintenance:
-    """A node of the job with host maintenance announced by GKE (its labels)."""
+    """A node of the job with host maintenance announced by GKE (its labels) or by the node
+    itself (its conditions MaintenancePlanned, MaintenanceInProgress: Kubernetes 1.37+)."""
 
     node: str
     pool: str
     slice_index: int | None
     time: datetime | None = None  # scheduled-maintenance-time
     latest: datetime | None = None  # scheduled-maintenance-time-latest
-    active: bool = False  # active-node-maintenance, or the impending-node-termination taint
+    # active-node-maintenance, the impending-node-termination taint, or MaintenanceInProgress=True
+    active: bool = False
+    # Condition MaintenancePlanned or MaintenanceInProgress is True: no time, due at once.
+    planned: bool = False
+    planned_since: datetime | None = None  # the earliest such condition's lastTransitionTime
 
 
 @dataclass(frozen=True)
@@ -358,6 +363,9 @@ class Observed:
     # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
     # (yet): JobSets recreate, and the job says nothing of it.
     in_place: InPlaceSupport | None = None
+    # The cluster serves Kubernetes PodGroups (scheduling.k8s.io/v1beta1; controller/versions.py):
+    # a JobSet's pods join the job's gang, and its slices claim their pools all or none.
+    pod_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -436,6 +444,9 @@ class CreateJobSet:
     counted_before: int = 0
     # Its failurePolicy.restartStrategy: the job's chosen strategies' (restart_strategy.py).
     restart_strategy: str = "Recreate"
+    # Its slices claim their pools as one gang: the job's PodGroup goes first (the cluster serves
+    # PodGroups: render/podgroup.py).
+    gang: bool = False
 
 
 @dataclass(frozen=True)

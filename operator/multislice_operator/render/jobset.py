@@ -23,6 +23,7 @@ from multislice_operator.planning.hostports import (
 )
 from multislice_operator.planning.plan import Plan
 from multislice_operator.registry import REGISTRY
+from multislice_operator.render import podgroup
 
 if TYPE_CHECKING:
     from multislice_operator.settings import Settings
@@ -269,6 +270,7 @@ def render_jobset(
     counted_before: int = 0,
     restart_strategy: str = DEFAULT_RESTART_STRATEGY,
     settings: Settings | None = None,
+    gang: bool = False,
 ) -> dict[str, Any]:
     """The JobSet for a plan: one replicatedJob `slice` with one Job per slice.
 
@@ -276,7 +278,8 @@ def render_jobset(
     continues the job's restart counters (annotations the operator reads back) and has what is
     left of maxRestarts. `restart_strategy`: its failurePolicy.restartStrategy, the job's chosen
     restart strategies' (decide() says which); the registered strategy that renders it adds its
-    half of the Job, with the operator's `settings` (in-place restart: the agent's image)."""
+    half of the Job, with the operator's `settings` (in-place restart: the agent's image).
+    `gang`: its pods join the job's PodGroup (render/podgroup.py; where the cluster serves it)."""
     labels = job_labels(plan)
     # A queued job's Workload is the job's own (render/kueue_workload.py): the JobSet carries no
     # queue label, so Kueue's JobSet integration leaves it to the operator.
@@ -292,6 +295,8 @@ def render_jobset(
         "template": render_pod_template(plan, spec),
     }
     _restart_half(restart_strategy, job_spec, spec, settings)
+    if gang:
+        podgroup.join(job_spec["template"]["spec"], plan)
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
         # One restartStrategy for every cause JobSet restarts (reconcile/restart_strategy.py).
