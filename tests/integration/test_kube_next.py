@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from multislice_local.controlplane import ControlPlane, next_bin_dir
+from multislice_local.harness import wait_for
 from multislice_local.nodes import delete_nodes, register_tpu_nodes
 from multislice_operator.common import keys
 
@@ -37,17 +38,6 @@ TIMEOUT = 60.0
 # pod group on its backoff (1, 3, 5, 9 s apart, at most 10 s: 1.37.2 does not requeue it on the
 # node's update), so the window also covers two or three more attempts.
 BIND_WINDOW = 10.0
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _pods(core: client.CoreV1Api, ns: str) -> list[dict[str, Any]]:
@@ -149,9 +139,10 @@ def test_a_gang_binds_only_when_every_host_of_its_pool_can_take_a_pod(
     pool = ns  # unique: the pods select this pool's nodes only
     nodes = register_tpu_nodes(api, pool, HOSTS, "tpu-v5-lite-podslice", "4x4", CHIPS)
     try:
-        _wait(
-            "the pool's nodes to be Ready",
+        wait_for(
             lambda: all(_schedulable_node(_node(core, n)) for n in nodes),
+            TIMEOUT,
+            "the pool's nodes to be Ready",
         )
         cordoned = nodes[0]
         core.patch_node(cordoned, {"spec": {"unschedulable": True}})
@@ -179,9 +170,10 @@ def test_a_gang_binds_only_when_every_host_of_its_pool_can_take_a_pod(
             }
 
         # The scheduler's verdict: a pod found unschedulable (a gang's all at once, as a group).
-        _wait(
-            "a pod to be found unschedulable",
+        wait_for(
             lambda: any(_unschedulable(p, "PodScheduled") for p in _pods(core, ns)),
+            TIMEOUT,
+            "a pod to be found unschedulable",
         )
         # Then the window: the plain pods' three bindings land within it; the gang gets none.
         window_end = time.monotonic() + BIND_WINDOW
@@ -192,16 +184,18 @@ def test_a_gang_binds_only_when_every_host_of_its_pool_can_take_a_pod(
             pg = _podgroup(custom, ns, group)
             assert _unschedulable(pg, "PodGroupInitiallyScheduled"), pg.get("status")
         else:
-            bound = _wait(
-                "three plain pods to bind", lambda: _bound_all(core, ns, HOSTS - 1), BIND_WINDOW
+            bound = wait_for(
+                lambda: _bound_all(core, ns, HOSTS - 1), BIND_WINDOW, "three plain pods to bind"
             )
             assert cordoned not in bound.values()
             assert len(set(bound.values())) == HOSTS - 1  # one pod per host
 
         # Bound at the group's next attempt (its backoff: up to 10 s), plain pods at once.
         core.patch_node(cordoned, {"spec": {"unschedulable": False}})
-        bound = _wait(
-            "every pod to bind once the host is uncordoned", lambda: _bound_all(core, ns, HOSTS)
+        bound = wait_for(
+            lambda: _bound_all(core, ns, HOSTS),
+            TIMEOUT,
+            "every pod to bind once the host is uncordoned",
         )
         assert sorted(bound.values()) == sorted(nodes)  # one pod on each host
         if group is not None:
