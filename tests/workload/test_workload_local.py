@@ -151,6 +151,23 @@ def test_no_restart_after_exit_78(tmp_path: Path) -> None:
     assert all(m is None or m["reason"] == "config_error" for m in messages.values())
 
 
+@pytest.mark.parametrize(
+    ("line", "notice"),
+    [
+        ("[Gloo] Rank 3 is connected to 15 peer ranks. Expected number of connected peer", True),
+        # Two threads of one process writing at once: a head spliced in, then the rest of a notice.
+        ("[Gloo] Rank 0 is con[Gloo] Rank 1 is connected to 3 peer ranks. Expected number\n", True),
+        ("nected to 3 peer ranks. Expected number of connected peer ranks is : 3\n", True),
+        ('{"event": "mesh", "process": 0}\n', False),
+        ("error: the peer ranks did not answer\n", False),
+    ],
+)
+def test_gloo_notices_are_kept_off_the_console_even_torn(line: str, notice: bool) -> None:
+    from multislice_workload.local import _gloo_notice
+
+    assert _gloo_notice(line) is notice
+
+
 # --- Real multi-process runs. ------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -337,13 +338,15 @@ class _Run:
 
 # gloo prints a line per device for every group of devices it connects, on success ("[Gloo] Rank
 # 3 is connected to 15 peer ranks. Expected number of connected peer ranks is : 15"), about forty
-# per attempt here, sometimes two processes' halves interleaved on one line. They stay in the
-# processes' logs; on the console they buried what a run ended with (issue 56).
-_GLOO_NOTICE = ("[Gloo] Rank ", "Expected number of connected peer ranks")
+# per attempt here. Two of a process's threads write them at once, so one line can hold a notice
+# with another's head spliced in and the next line start mid-notice ("nected to 3 peer ranks.
+# Expected ..."). They stay in the processes' logs; on the console they buried what a run ended
+# with (issue 56).
+_GLOO_NOTICE = re.compile(r"\[Gloo\] Rank |peer ranks\. Expected number of connected peer ranks")
 
 
 def _gloo_notice(line: str) -> bool:
-    return line.lstrip().startswith(_GLOO_NOTICE)
+    return _GLOO_NOTICE.search(line) is not None
 
 
 def _event_text(event: dict[str, Any]) -> str:
