@@ -1,13 +1,12 @@
 """Gangs at the scheduler on Kubernetes 1.37 (issue 54 point 5): the operator on the newest
 lane (kube-apiserver and kube-scheduler 1.37 with the Workload API on, the real JobSet and Job
-controllers, kwok nodes) gives a job's JobSet one PodGroup whose gang is the first pod of every
-slice. While one slice's pool cannot take its pods, no pod of the job binds; once it can, all do.
-Without the group (Kubernetes 1.36, or an operator that makes none) the other slice's pods bind
-and hold their pool while the job cannot run.
+controllers, kwok nodes) gives a job's JobSet one PodGroup whose gang is every pod of every
+slice. While one host of one slice's pool cannot take its pod, no pod of the job binds; once it
+can, all do, each slice whole on a pool of its own. Without the gang of every pod (Kubernetes
+1.36, or the operator's first gang of each slice's first pod) the other slice's pods and three
+of that slice's bind and hold seven hosts for a job that cannot run.
 
-JobSet's exclusive placement creates a slice's other pods only once its first is bound, pinned to
-that pool (render/podgroup.py), so the gang is what claims the pools: all of them or none. The
-pool is taken by another workload's pods holding its TPU chips: the operator itself counts a
+The host is taken by another workload's pod holding its TPU chips: the operator itself counts a
 cordoned host as not ready and creates no JobSet until it is back
 (test_a_cordoned_host_holds_the_jobset_back), but it cannot see chips another workload holds.
 """
@@ -28,6 +27,7 @@ from tests import msj
 PODGROUPS = ("scheduling.k8s.io", "v1beta1", "podgroups")
 TPU = "google.com/tpu"
 JOB_NAME = "multislice.dev/job-name"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 
 
 @pytest.fixture(scope="module")
@@ -81,44 +81,44 @@ def occupy(api: client.ApiClient, ns: str, node: str) -> str:
     return name
 
 
-def test_no_pod_of_the_job_binds_while_a_slices_pool_is_taken_then_all_do(env):
+def test_no_pod_binds_while_one_host_of_a_slices_pool_is_taken_then_all_do(env):
     api, ns, op = env
-    others = [occupy(api, ns, f"{ns}-pool-1-{h}") for h in range(4)]
+    other = occupy(api, ns, f"{ns}-pool-1-3")  # one host of four: the slice cannot run there
     msj.create(api, ns, msj.job("gang", run="300s", existing=True,
                                 node_selector=msj.own_nodes(ns)))  # fmt: skip
 
-    # The scheduler's verdict on the slices' first pods: one of them has no pool to go to.
-    wait_for(
-        lambda: any(unschedulable(p) for p in pods(api, ns, "gang")),
-        90,
-        "a pod of the job found Unschedulable",
-        on_timeout=op.log_tail,
-    )
-    # The group's verdict, as a whole (schedule_one_podgroup.go: no pod of a rejected group is
-    # assumed): none bound. Without the gang the other slice's first pod binds at once and its
-    # three others follow onto that pool: four hosts held by a job that cannot run.
+    # The scheduler's verdict on the group, as a whole (schedule_one_podgroup.go: no pod of a
+    # rejected group is assumed): none bound. Without the gang of every pod, the first slice's
+    # four pods and three of the second's bind and hold seven hosts for a job that cannot run.
     group = wait_for(
         lambda: (g := _pod_group(api, ns, "gang")) and _rejected(g) and g,
-        60,
+        90,
         "the PodGroup found unschedulable",
         on_timeout=lambda: f"{_pod_group(api, ns, 'gang')}\n{op.log_tail()}",
     )
-    assert [p.metadata.name for p in pods(api, ns, "gang") if p.spec.node_name] == []
+    found = pods(api, ns, "gang")
+    assert len(found) == 8, "every pod of every slice exists before any binds"
+    assert [p.metadata.name for p in found if p.spec.node_name] == []
     assert msj.get(api, ns, "gang")["status"]["phase"] == "Starting"
-    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 8}}
     assert group["metadata"]["ownerReferences"][0]["kind"] == "MultisliceJob"
-    assert {p.spec.scheduling_group.pod_group_name for p in pods(api, ns, "gang")} == {"gang"}
+    assert {p.spec.scheduling_group.pod_group_name for p in found} == {"gang"}
 
-    for name in others:
-        client.CoreV1Api(api).delete_namespaced_pod(name, ns, grace_period_seconds=0)
+    client.CoreV1Api(api).delete_namespaced_pod(other, ns, grace_period_seconds=0)
     wait_for(
         lambda: (lambda ps: len(ps) == 8 and all(p.spec.node_name for p in ps))(
             pods(api, ns, "gang")
         ),
         120,
-        "all eight pods bound once the pool is free",
+        "all eight pods bound once the host is free",
         on_timeout=op.log_tail,
     )
+    # Each slice on a pool of its own, whole: the placement JobSet's exclusive annotation gave.
+    pools: dict[str, set[str]] = {}
+    for p in pods(api, ns, "gang"):
+        pool = p.spec.node_name.rsplit("-", 1)[0]  # the harness names a pool's nodes <pool>-<h>
+        pools.setdefault(p.metadata.labels[JOB_INDEX], set()).add(pool)
+    assert sorted(map(len, pools.values())) == [1, 1] and len(set.union(*pools.values())) == 2
     running = msj.wait_phase(api, ns, "gang", "Running", 120, log=op.log_tail)
     assert running["status"]["readySlices"] == "2/2"
 

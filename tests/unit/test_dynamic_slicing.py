@@ -536,6 +536,26 @@ def test_the_jobset_puts_each_slice_on_one_of_the_jobs_slices() -> None:
     assert keys.JOB_KEY not in pod["spec"]["nodeSelector"]
 
 
+def test_a_ganged_jobset_puts_each_slice_on_one_slice_itself() -> None:
+    # Where PodGroups are served (render/podgroup.py) the template places the slices, on the
+    # Slice label as the annotation did, beside the pin to the job's Slices.
+    from multislice_operator.render.jobset import render_jobset
+
+    spec, plan = _plan(accelerator="tpu7x-256")
+    js = render_jobset(plan, spec, gang=True)
+    assert keys.JOBSET_EXCLUSIVE_TOPOLOGY not in js["metadata"]["annotations"]
+    affinity = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["affinity"]
+    for kind in ("podAffinity", "podAntiAffinity"):
+        (term,) = affinity[kind]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == keys.GKE_TPU_SLICE
+    assert (
+        affinity["nodeAffinity"]
+        == render_jobset(plan, spec)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+            "spec"
+        ]["affinity"]["nodeAffinity"]
+    )
+
+
 def test_node_pool_jobs_keep_their_pool_exclusive_placement() -> None:
     from multislice_operator.render.jobset import render_jobset
 

@@ -1,8 +1,8 @@
 """Gangs at the scheduler (issue 54 point 5): where the cluster serves Kubernetes 1.37's PodGroups
-(scheduling.k8s.io/v1beta1), a job's JobSet pods join one PodGroup whose gang is the first pod of
-every slice (JobSet's exclusive placement creates a slice's other pods only once that one is
-bound), applied before the JobSet; elsewhere nothing changes. The e2e on the 1.37 lane:
-tests/e2e/test_kube_next_gang.py."""
+(scheduling.k8s.io/v1beta1), a job's JobSet pods join one PodGroup whose gang is every pod of
+every slice, applied before the JobSet, and the pods carry the slice-per-pool placement that
+JobSet's pod webhook would otherwise give them one slice's first pod at a time; elsewhere nothing
+changes. The e2e on the 1.37 lane: tests/e2e/test_kube_next_gang.py."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def pod_spec(jobset: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------- render
 
 
-def test_the_gang_is_the_first_pod_of_every_slice_and_every_pod_names_it() -> None:
+def test_the_gang_is_every_pod_of_every_slice_and_every_pod_names_it() -> None:
     job, plan = planned()
     jobset = render_jobset(plan, job.spec, gang=True)
     assert pod_spec(jobset)["schedulingGroup"] == {"podGroupName": "train"}
@@ -60,21 +60,64 @@ def test_the_gang_is_the_first_pod_of_every_slice_and_every_pod_names_it() -> No
     assert group["apiVersion"] == "scheduling.k8s.io/v1beta1"
     assert group["kind"] == "PodGroup"
     assert (group["metadata"]["name"], group["metadata"]["namespace"]) == ("train", "team")
-    # One per slice: the JobSet's replicas (its Jobs' index-0 pods, which JobSet's exclusive
-    # placement binds before it admits the others).
+    # Every pod the JobSet creates: its replicas (slices) times each Job's parallelism (hosts).
     (rjob,) = jobset["spec"]["replicatedJobs"]
-    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": rjob["replicas"]}}}
-    assert (
-        rjob["replicas"] == 3
-        and keys.JOBSET_EXCLUSIVE_TOPOLOGY in jobset["metadata"]["annotations"]
-    )
+    pods = rjob["replicas"] * rjob["template"]["spec"]["parallelism"]
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": pods}}}
+    assert pods == 3 * 4
     assert group["metadata"]["ownerReferences"] == [{"uid": "uid-7"}]
+
+
+def test_a_ganged_jobset_places_its_slices_itself_not_through_jobsets_webhook() -> None:
+    # JobSet's webhook holds a slice's other pods back until its first is bound: with the
+    # annotation, a gang of every pod could never form.
+    job, plan = planned()
+    jobset = render_jobset(plan, job.spec, gang=True)
+    assert keys.JOBSET_EXCLUSIVE_TOPOLOGY not in jobset["metadata"]["annotations"]
+    assert (
+        keys.JOBSET_EXCLUSIVE_TOPOLOGY in render_jobset(plan, job.spec)["metadata"]["annotations"]
+    )
+    affinity = pod_spec(jobset)["affinity"]
+    (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (alone,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    # The terms JobSet's webhook writes on a slice's first pod (v0.12.0 setExclusiveAffinities),
+    # each pod's own job-key and priority filled in by the apiserver from the keys.
+    assert together == {
+        "labelSelector": {"matchLabels": {keys.JOB_NAME: "train"}},
+        "matchLabelKeys": ["jobset.sigs.k8s.io/job-key"],
+        "topologyKey": "cloud.google.com/gke-nodepool",
+    }
+    assert alone == {
+        "labelSelector": {
+            "matchExpressions": [{"key": "jobset.sigs.k8s.io/job-key", "operator": "Exists"}]
+        },
+        "mismatchLabelKeys": ["jobset.sigs.k8s.io/job-key"],
+        "matchLabelKeys": ["jobset.sigs.k8s.io/priority"],
+        "namespaceSelector": {},
+        "topologyKey": "cloud.google.com/gke-nodepool",
+    }
+
+
+def test_the_templates_own_affinity_is_kept_beside_the_gangs() -> None:
+    body = copy.deepcopy(BODY)
+    mine = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "zone"}
+    body["spec"]["template"]["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [mine]}
+    }
+    job, plan = planned(body)
+    affinity = pod_spec(render_jobset(plan, job.spec, gang=True))["affinity"]
+    terms = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert len(terms) == 2 and terms[0] == mine
+    assert len(affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1
+    assert body["spec"]["template"]["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ] == [mine], "the job's spec is not changed"
 
 
 def test_an_elastic_jobset_on_fewer_slices_gangs_the_slices_it_runs() -> None:
     _, plan = planned()
-    assert podgroup.gang_size(plan.running_on(2)) == 2
-    assert podgroup.gang_size(plan.running_on(1)) == 1
+    assert podgroup.gang_size(plan.running_on(2)) == 2 * 4
+    assert podgroup.gang_size(plan.running_on(1)) == 1 * 4
 
 
 def test_without_pod_groups_the_template_is_as_before() -> None:
@@ -138,7 +181,7 @@ def test_the_pod_group_is_applied_before_the_jobset_whose_pods_name_it() -> None
     assert [c[0] for c in k.calls] == ["apply", "create"]
     _, url, group = k.calls[0]
     assert url == "/apis/scheduling.k8s.io/v1beta1/namespaces/team/podgroups/train"
-    assert group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3
+    assert group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3 * 4
     (owner,) = group["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("MultisliceJob", "train", "uid-7")
     jobset = k.calls[1][2]
@@ -147,7 +190,7 @@ def test_the_pod_group_is_applied_before_the_jobset_whose_pods_name_it() -> None
 
 def test_a_jobset_on_fewer_slices_applies_its_own_min_count() -> None:
     k = create(CreateJobSet(slices=1, gang=True))
-    assert k.calls[0][2]["spec"]["schedulingPolicy"]["gang"]["minCount"] == 1
+    assert k.calls[0][2]["spec"]["schedulingPolicy"]["gang"]["minCount"] == 1 * 4
 
 
 def test_no_pod_group_where_none_is_served() -> None:

@@ -51,6 +51,10 @@ JOBSET_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 # currentInPlaceRestartAttempt + 1 (v0.12.0 api/jobset/v1alpha2/jobset_types.go).
 IN_PLACE_RESTART_ATTEMPT = "jobset.sigs.k8s.io/in-place-restart-attempt"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# On every pod of a JobSet's Job: a hash of the Job's namespaced name (its slice here), and the
+# pod's priority, written by JobSet's pod webhook (v0.12.0 pkg/constants/constants.go).
+JOBSET_JOB_KEY = "jobset.sigs.k8s.io/job-key"
+JOBSET_PRIORITY = "jobset.sigs.k8s.io/priority"
 
 # ---- Kueue (v1beta2)
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"

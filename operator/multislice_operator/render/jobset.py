@@ -295,15 +295,15 @@ def render_jobset(
         "template": render_pod_template(plan, spec),
     }
     _restart_half(restart_strategy, job_spec, spec, settings)
-    if gang:
-        podgroup.join(job_spec["template"]["spec"], plan)
+    if gang:  # placed by the scheduler, as one gang, rather than by JobSet's pod webhook
+        podgroup.join(job_spec["template"]["spec"], plan, exclusive_topology(plan))
     failure_policy: dict[str, Any] = {
         "maxRestarts": max(0, spec.failure_policy.max_restarts - counted_before),
         # One restartStrategy for every cause JobSet restarts (reconcile/restart_strategy.py).
         "restartStrategy": restart_strategy,
         "rules": jobset_failure_rules(pod_policy),
     }
-    annotations = {keys.JOBSET_EXCLUSIVE_TOPOLOGY: exclusive_topology(plan)}
+    annotations = {} if gang else {keys.JOBSET_EXCLUSIVE_TOPOLOGY: exclusive_topology(plan)}
     if restarts_before:
         annotations[keys.RESTARTS_BEFORE] = str(restarts_before)
         annotations[keys.RESTARTS_COUNTED_BEFORE] = str(counted_before)
