@@ -104,13 +104,29 @@ def test_no_pod_binds_while_one_host_of_a_slices_pool_is_taken_then_all_do(env):
     assert group["metadata"]["ownerReferences"][0]["kind"] == "MultisliceJob"
     assert {p.spec.scheduling_group.pod_group_name for p in found} == {"gang"}
 
+    # The case, once the JobSet is there: one host of the other slice's pool cordoned.
+    # The taken host freed, the scheduler tries the group again and still binds none of it.
+    cordoned = f"{ns}-pool-0-0"
+    cordon(api, cordoned, True)
     client.CoreV1Api(api).delete_namespaced_pod(other, ns, grace_period_seconds=0)
+    wait_for(
+        lambda: any(
+            _says(p, "were unschedulable") and not _says(p, "Insufficient")
+            for p in pods(api, ns, "gang")
+        ),
+        90,
+        "the group tried again and refused for the cordoned host",
+        on_timeout=lambda: f"{[_said(p) for p in pods(api, ns, 'gang')]}\n{op.log_tail()}",
+    )
+    assert [p.metadata.name for p in pods(api, ns, "gang") if p.spec.node_name] == []
+
+    cordon(api, cordoned, False)
     wait_for(
         lambda: (lambda ps: len(ps) == 8 and all(p.spec.node_name for p in ps))(
             pods(api, ns, "gang")
         ),
         120,
-        "all eight pods bound once the host is free",
+        "all eight pods bound once the host is back",
         on_timeout=op.log_tail,
     )
     # Each slice on a pool of its own, whole: the placement JobSet's exclusive annotation gave.
@@ -139,6 +155,16 @@ def test_a_cordoned_host_holds_the_jobset_back(env):
     running = msj.wait_phase(api, ns, "held", "Running", 120, log=op.log_tail)
     assert running["status"]["readySlices"] == "2/2"
     assert _pod_group(api, ns, "held") is not None
+
+
+def _said(pod: Any) -> str:
+    return " ".join(
+        c.message or "" for c in pod.status.conditions or [] if c.type == "PodScheduled"
+    )
+
+
+def _says(pod: Any, text: str) -> bool:
+    return text in _said(pod)
 
 
 def _rejected(group: dict[str, Any]) -> bool:
