@@ -292,17 +292,6 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
     )
     ready = cond.get("status") == "True"
     spec = body.get("spec") or {}
-    terminating = any(
-        t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
-    )
-    # Maintenance the node itself announces (Kubernetes 1.37+, KEP-5683): the admin's conditions,
-    # True since their lastTransitionTime (None: the condition does not say).
-    lifecycle = {
-        c.get("type"): c
-        for c in status.get("conditions") or []
-        if c.get("type") in NODE_MAINTENANCE_CONDITIONS and c.get("status") == "True"
-    }
-    since = [_timestamp(c.get("lastTransitionTime")) for c in lifecycle.values()]
     return {
         "name": meta.get("name", ""),
         "ready": ready and not spec.get("unschedulable") and not meta.get("deletionTimestamp"),
@@ -314,13 +303,31 @@ def summarize_node(body: Mapping[str, Any]) -> dict[str, Any]:
         "topology": labels.get(keys.GKE_TPU_TOPOLOGY),
         "jobKey": labels.get(keys.JOB_KEY),
         "labels": dict(labels),
-        # Host maintenance GKE announced (common/keys.py): Unix seconds, and whether it runs now.
+        **_node_maintenance(labels, status, spec),
+    }
+
+
+def _node_maintenance(
+    labels: Mapping[str, str], status: Mapping[str, Any], spec: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Host maintenance GKE announced (its labels and taint, common/keys.py), and the one the
+    node itself announces (Kubernetes 1.37+, KEP-5683: the admin's conditions, True since their
+    lastTransitionTime; None: the condition does not say). Times in Unix seconds."""
+    terminating = any(
+        t.get("key") == keys.GKE_IMPENDING_NODE_TERMINATION for t in spec.get("taints") or []
+    )
+    lifecycle = {
+        c.get("type"): c
+        for c in status.get("conditions") or []
+        if c.get("type") in NODE_MAINTENANCE_CONDITIONS and c.get("status") == "True"
+    }
+    since = [_timestamp(c.get("lastTransitionTime")) for c in lifecycle.values()]
+    return {
         "maintenanceTime": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME)),
         "maintenanceLatest": _int(labels.get(keys.GKE_SCHEDULED_MAINTENANCE_TIME_LATEST)),
         "maintenanceActive": keys.GKE_ACTIVE_NODE_MAINTENANCE in labels
         or terminating
         or NODE_MAINTENANCE_IN_PROGRESS in lifecycle,
-        # The node's own: condition MaintenancePlanned or MaintenanceInProgress is True, since.
         "maintenancePlanned": bool(lifecycle),
         "maintenancePlannedSince": min((t for t in since if t is not None), default=None),
     }

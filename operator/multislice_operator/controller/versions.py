@@ -295,17 +295,8 @@ async def check(rt: Runtime) -> None:
             kueue = kueue_problem(await rt.kube.served_versions(KUEUE_GROUP))
         except ApiError as exc:
             log.warning("kueue versions not discovered: %s", exc)
-    in_place, slice_api = rt.in_place, rt.slice_api
-    try:
-        slice_api = keys.SLICE_VERSION in (await rt.kube.served_versions(keys.SLICE_GROUP) or [])
-    except ApiError as exc:
-        log.warning("slice api not discovered: %s", exc)
-    pod_groups = rt.pod_groups
-    try:
-        served = await rt.kube.served_resources(keys.POD_GROUP_GROUP, keys.POD_GROUP_VERSION)
-        pod_groups = keys.POD_GROUP_PLURAL in served
-    except ApiError as exc:
-        log.warning("pod groups not discovered: %s", exc)
+    slice_api, pod_groups = await _optional_apis(rt)
+    in_place = rt.in_place
     try:
         crd = await rt.kube.get_crd(JOBSET_CRD)
         jobset = jobset_problem(crd)
@@ -317,6 +308,35 @@ async def check(rt: Runtime) -> None:
             in_place = in_place_support(await find_in_place(rt, crd))
         except ApiError as exc:  # RBAC or the moment: no answer; the next check asks again
             log.warning("in-place restart not checked: %s", exc)
+    _say_changes(rt, kueue, jobset, in_place, slice_api, pod_groups)
+    rt.kueue_problem, rt.jobset_problem, rt.in_place = kueue, jobset, in_place
+    rt.slice_api, rt.pod_groups = slice_api, pod_groups
+
+
+async def _optional_apis(rt: Runtime) -> tuple[bool | None, bool | None]:
+    """Whether the Slice API and PodGroups are served (None, or what was known: no answer)."""
+    slice_api, pod_groups = rt.slice_api, rt.pod_groups
+    try:
+        slice_api = keys.SLICE_VERSION in (await rt.kube.served_versions(keys.SLICE_GROUP) or [])
+    except ApiError as exc:
+        log.warning("slice api not discovered: %s", exc)
+    try:
+        served = await rt.kube.served_resources(keys.POD_GROUP_GROUP, keys.POD_GROUP_VERSION)
+        pod_groups = keys.POD_GROUP_PLURAL in served
+    except ApiError as exc:
+        log.warning("pod groups not discovered: %s", exc)
+    return slice_api, pod_groups
+
+
+def _say_changes(
+    rt: Runtime,
+    kueue: str | None,
+    jobset: str | None,
+    in_place: InPlaceSupport | None,
+    slice_api: bool | None,
+    pod_groups: bool | None,
+) -> None:
+    """Log what changed since the last check, once."""
     for what, old, new in (
         ("kueue", rt.kueue_problem, kueue),
         ("jobset", rt.jobset_problem, jobset),
@@ -333,8 +353,6 @@ async def check(rt: Runtime) -> None:
         log.info(slice_api_said(slice_api))
     if pod_groups is not None and pod_groups != rt.pod_groups:
         log.info(pod_groups_said(pod_groups))
-    rt.kueue_problem, rt.jobset_problem, rt.in_place = kueue, jobset, in_place
-    rt.slice_api, rt.pod_groups = slice_api, pod_groups
 
 
 async def check_loop(rt: Runtime) -> None:
