@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "multislice-operator"
 KUBE_VERSION = "1.36.0"  # what users run (facts.md section 13); the chart targets >=1.29
 JS = ("jobset.x-k8s.io", "v1alpha2")
+PG = ("scheduling.k8s.io", "v1beta1")  # PodGroups: Kubernetes 1.37 with the Workload API on
 CHECKPOINT_REQUEST = "multislice.dev/checkpoint-request"
 
 CUSTOM_VALUES: dict[str, Any] = {
@@ -1459,6 +1460,19 @@ class AsOperator:
             lambda: self.custom.delete_namespaced_custom_object(*JS, ns, "jobsets", name)
         )
 
+    def create_pod_group(self, ns: str, body: dict[str, Any], dry_run: bool = False) -> str:
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        return self.verdict(
+            lambda: self.custom.create_namespaced_custom_object(
+                *PG, ns, "podgroups", body, **kwargs
+            )
+        )
+
+    def patch_pod_group(self, ns: str, name: str, patch: dict[str, Any]) -> str:
+        return self.verdict(
+            lambda: self.custom.patch_namespaced_custom_object(*PG, ns, "podgroups", name, patch)
+        )
+
     def post_event(self, ns: str, about: dict[str, Any], message: str = "m") -> tuple[str, str]:
         """An Event about `about` (an involvedObject) in `ns`: (verdict, its name if made)."""
         body = {"metadata": {"generateName": "probe.", "namespace": ns}, "involvedObject": about,
@@ -1658,6 +1672,58 @@ def test_admission_policy_narrows_the_operators_jobset_grants(
         assert op.delete_jobset(team, "train") == "allowed"
     finally:
         op.close()
+
+
+def pod_group_body(
+    name: str, labels: dict[str, str] | None = None, owners: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A PodGroup as the operator renders one (render/podgroup.py), unless told otherwise."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": jobset_labels(name) if labels is None else labels,
+        "ownerReferences": [msj_owner(name)] if owners is None else owners,
+    }
+    return {"apiVersion": "/".join(PG), "kind": "PodGroup", "metadata": meta,
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 8}}}}  # fmt: skip
+
+
+def test_admission_policy_limits_the_operators_pod_groups_to_its_jobs(
+    kube_next: ControlPlane, kube_client: Any, namespace: Any, tmp_path: Path
+) -> None:
+    """On the 1.37 lane, which serves PodGroups: RBAC lets the operator create and patch any
+    PodGroup of a namespace it watches; the chart's policy lets through only a MultisliceJob's,
+    outside the system namespaces, as for its JobSets."""
+    rbac = Rbac(kube_next, kube_client(kube_next), tmp_path)
+    release_ns, team = namespace(kube_next, "msj-pg-op"), namespace(kube_next, "msj-pg-team")
+    values = {"watchNamespaces": [], "rbac": {"userRoles": {"create": False}}}
+    op = AsOperator(rbac.install(release_ns, values=values), team)
+    ours = "only the PodGroup of a MultisliceJob"
+    try:
+        wait_for(
+            lambda: ours in op.create_pod_group(team, pod_group_body("probe", owners=[]), True),
+            30,
+            "the policy in force for PodGroups",
+        )
+        for ns in ("kube-system", release_ns):
+            verdict = op.create_pod_group(ns, pod_group_body("train"), dry_run=True)
+            assert f"create, change or delete PodGroups in the system namespace {ns}" in verdict
+        # What the operator does: apply its job's group (create, then patch its minCount).
+        assert op.create_pod_group(team, pod_group_body("train")) == "allowed"
+        resized = {"spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}}
+        assert op.patch_pod_group(team, "train", resized) == "allowed"
+        for bad in (
+            pod_group_body("bare", labels={}),
+            pod_group_body("orphan", owners=[]),
+            pod_group_body("borrowed", owners=[msj_owner("another-job")]),
+            pod_group_body("deployed", owners=[msj_owner("deployed", kind="Deployment")]),
+        ):
+            verdict = op.create_pod_group(team, bad, dry_run=True)
+            assert POLICY in verdict and ours in verdict, bad["metadata"]
+        relabel = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "someone"}}}
+        assert ours in op.patch_pod_group(team, "train", relabel)
+    finally:
+        op.close()
+        rbac.cleanup()
 
 
 def test_admission_policy_limits_the_operators_events_to_its_jobs(
