@@ -32,6 +32,7 @@ from multislice_operator.reconcile.types import (
     DeletePools,
     EvictPods,
     JobSetObservation,
+    Pod,
 )
 from tests.unit import jobs
 from tests.unit.jobs import Observed as _Observed
@@ -172,6 +173,35 @@ def test_a_failed_slice_is_reformed_from_the_spare_cube_and_every_slice_restarts
     assert len(evicted) == 1 and len(evicted[0].pods) == 16  # slice 1's pods: JobSet restarts all
     assert all("slice-1-" in p for p in evicted[0].pods)
     assert any(e.reason == "SliceLost" for e in d.events)
+
+
+def test_only_the_pods_on_the_lost_slices_cubes_are_evicted() -> None:
+    """A pass that still sees the broken Slice (the watch has not brought its deletion yet) after
+    JobSet restarted: the new attempt's pods, waiting unbound or already on the re-formed Slice's
+    cube, are not the lost Slice's and stay (evicting them made a second restart under load, in
+    test_a_failed_cube_is_swapped_for_the_spare); a pod still on the broken cube goes."""
+    sp = _plan()
+    plan = sp[1]
+    p1, p2 = plan.pools[1].name, plan.pools[2].name
+    slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "FAILED"),
+              _slice(plan, 1, ("p2",), turn=1)]  # fmt: skip
+    pods = [
+        Pod("job-slice-1-0-old", 1, 0, "Running", ready=True, node="n-p1-0", pool=p1),
+        Pod("job-slice-1-0-new", 1, 1, "Running", ready=True, node="n-p2-0", pool=p2),
+        Pod("job-slice-1-1-new", 1, 1, "Pending"),
+        *jobs.running({0: 16}, attempt=1),
+    ]
+    d = _run(
+        sp,
+        _running_old(),
+        slices=_pools(plan),
+        cubes=_cubes(plan, unhealthy=("p1",)),
+        slice_objects=slices,
+        jobset=JobSetObservation(restarts=1),
+        pods=pods,
+    )
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[1].name,))]
+    assert _of(EvictPods, d.actions) == [EvictPods(("job-slice-1-0-old",))]
 
 
 def test_once_the_spare_took_its_place_the_unhealthy_cubes_pool_is_made_again() -> None:
