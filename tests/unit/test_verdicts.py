@@ -119,6 +119,8 @@ def test_every_failing_verdict_gives_a_registered_terminal_reason():
     given = set()
     for rule in verdicts.VERDICTS:
         given |= {Reason[m] for m in re.findall(r"Reason\.([A-Z_]+)", inspect.getsource(rule))}
+    given |= {reason for _, reason in verdicts.DEADLINES}  # the time-based ones, by table
+    assert Reason.PODS_NOT_CREATED in given
     failing = {r for r in given if REGISTRY[r].condition is None or REGISTRY[r].terminal}
     assert Reason.MAX_DISRUPTION_RESTARTS in failing and Reason.POD_SECURITY_REFUSED in failing
     for reason in failing - {Reason.SUSPENDED, Reason.ORPHAN_JOBSET}:

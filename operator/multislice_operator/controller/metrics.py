@@ -93,7 +93,26 @@ class PerNamespace:
         self.labels().observe(value)
 
 
-class JobPhases(Collector):
+class Gauges(Collector):
+    """Gauge families made fresh at each scrape from what the operator knows then: `families`
+    names them (describe yields them empty), `fill` adds the samples."""
+
+    def families(self) -> list[GaugeMetricFamily]:
+        raise NotImplementedError
+
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self.families()
+        self.fill(families)
+        yield from families
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self.families()
+
+
+class JobPhases(Gauges):
     """`multislice_jobs{phase}` computed at scrape time from the jobs the operator knows now, so
     a deleted job simply stops counting (a gauge moved by inc/dec drifts when a dec is missed)."""
 
@@ -106,26 +125,23 @@ class JobPhases(Collector):
         else:
             self.phases.pop(key, None)
 
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "multislice_jobs",
-            "MultisliceJobs by namespace and phase.",
-            labels=["namespace", "phase"],
-        )
+    def families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "multislice_jobs",
+                "MultisliceJobs by namespace and phase.",
+                labels=["namespace", "phase"],
+            )
+        ]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
+        (family,) = families
         counts: dict[tuple[str, str], int] = {}
         for key, phase in self.phases.items():
             where = (str(key[0]), phase)
             counts[where] = counts.get(where, 0) + 1
         for (namespace, phase), n in sorted(counts.items()):
             family.add_metric([namespace, phase], n)
-        yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._family()
 
 
 JOBS = JobPhases()
@@ -243,7 +259,7 @@ STATE_CHIP_SECONDS = Counter(
 PROCESS_START = time.time()
 
 
-class JobGoodput(Collector):
+class JobGoodput(Gauges):
     """Per-job goodput gauges (labels namespace, name) as of each job's last pass, and the
     by-state counters moved by what each pass added. A deleted job's gauges go with it."""
 
@@ -297,26 +313,21 @@ class JobGoodput(Collector):
         self.values.pop(key, None)
         self.counted.pop(key, None)
 
-    def _families(self) -> list[GaugeMetricFamily]:
+    def families(self) -> list[GaugeMetricFamily]:
         return [GaugeMetricFamily(n, h, labels=["namespace", "name"]) for n, h in self.GAUGES]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = self._families()
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
         for key, values in sorted(self.values.items()):
             for family, value in zip(families, values, strict=True):
                 if value is not None:
                     family.add_metric([str(key[0]), str(key[1])], value)
-        yield from families
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield from self._families()
 
 
 GOODPUT = JobGoodput()
 REGISTRY.register(GOODPUT)
 
 
-class JobGauge(Collector):
+class JobGauge(Gauges):
     """A per-job gauge `NAME{namespace,name}` read from the job's status; no series when unset."""
 
     def __init__(self, name: str, help_text: str) -> None:
@@ -329,17 +340,13 @@ class JobGauge(Collector):
         else:
             self.times[key] = when
 
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(self.NAME, self.HELP, labels=["namespace", "name"])
+    def families(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["namespace", "name"])]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
+        (family,) = families
         for key, when in sorted(self.times.items()):
             family.add_metric([str(key[0]), str(key[1])], when)
-        yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._family()
 
 
 # The earliest host maintenance announced on a node of the job (Unix seconds): status.maintenance.
@@ -381,7 +388,7 @@ ORPHANS_DELETED_TOTAL = Counter(
 )
 
 
-class RuntimeState(Collector):
+class RuntimeState(Gauges):
     """What the running operator is doing, read at scrape time from callables the controller
     binds (metrics knows nothing of it): workqueue depth, active workers, leadership."""
 
@@ -391,7 +398,7 @@ class RuntimeState(Collector):
         self.workers: Callable[[], int] = lambda: 0
         self.leader: Callable[[], bool] = lambda: False
 
-    def _families(self) -> list[GaugeMetricFamily]:
+    def families(self) -> list[GaugeMetricFamily]:
         return [
             GaugeMetricFamily(
                 "multislice_workqueue_depth",
@@ -406,33 +413,30 @@ class RuntimeState(Collector):
             ),
         ]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = self._families()
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
         values = (self.depth(), self.active_workers(), self.workers(), int(self.leader()))
         for family, value in zip(families, values, strict=True):
             family.add_metric([], value)
-        yield from families
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield from self._families()
 
 
 RUNTIME = RuntimeState()
 REGISTRY.register(RUNTIME)
 
 
-class BuildInfo(Collector):
+class BuildInfo(Gauges):
     """`multislice_build_info{version,python_version,kopf_version} 1`, as Kubernetes components'
     build-info metrics: which build each scraped process runs."""
 
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "multislice_build_info",
-            "The operator's version, with the Python and kopf versions it runs on; always 1.",
-            labels=["version", "python_version", "kopf_version"],
-        )
+    def families(self) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "multislice_build_info",
+                "The operator's version, with the Python and kopf versions it runs on; always 1.",
+                labels=["version", "python_version", "kopf_version"],
+            )
+        ]
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def fill(self, families: list[GaugeMetricFamily]) -> None:
         from importlib.metadata import PackageNotFoundError, version
 
         from multislice_operator import __version__
@@ -441,12 +445,8 @@ class BuildInfo(Collector):
             kopf_version = version("kopf")
         except PackageNotFoundError:  # pragma: no cover - kopf is a dependency
             kopf_version = ""
-        family = self._family()
+        (family,) = families
         family.add_metric([__version__, platform.python_version(), kopf_version], 1)
-        yield family
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._family()
 
 
 REGISTRY.register(BuildInfo())

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from multislice_operator.common.records import as_camel
 from multislice_operator.tpu.catalog import SliceShape
 from multislice_operator.tpu.parallelism import Parallelism
 
@@ -70,16 +71,7 @@ class DcnAdvice:
     traffic: str = ""  # what the workload sends over DCN with this layout
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "verdict": self.verdict,
-            "hardwareIntensity": self.hardware_intensity,
-            "bitsPerParameter": self.bits_per_parameter,
-            "minTokensPerSlice": self.min_tokens_per_slice,
-            "recommendedTokensPerSlice": self.recommended_tokens_per_slice,
-            "tokensPerSlice": self.tokens_per_slice,
-            "message": self.message,
-            "traffic": self.traffic,
-        }
+        return as_camel(self)
 
 
 def hardware_intensity(shape: SliceShape) -> float:

@@ -37,6 +37,7 @@ from multislice_operator.common.names import (
     longest_pod_name,
     max_name_length,
 )
+from multislice_operator.common.records import as_camel
 from multislice_operator.planning import advisor, cubes, hostports, placement
 from multislice_operator.registry import REGISTRY
 from multislice_operator.tpu import catalog, parallelism
@@ -78,23 +79,7 @@ class NodePoolSpec:
     zone: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "sliceIndex": self.slice_index,
-            "nodeCount": self.node_count,
-            "machineType": self.machine_type,
-            "topology": self.topology,
-            "tpuTopology": self.tpu_topology,
-            "gkeAccelerator": self.gke_accelerator,
-            "spot": self.spot,
-            "reservation": self.reservation,
-            "nodeLabels": dict(self.node_labels),
-            "workloadPolicy": self.workload_policy,
-            "flexStart": self.flex_start,
-            "maxRunDurationSeconds": self.max_run_duration_s,
-            "cube": self.cube,
-            "zone": self.zone,
-        }
+        return as_camel(self, max_run_duration_s="maxRunDurationSeconds")
 
 
 @dataclass(frozen=True)
@@ -149,16 +134,7 @@ class OptionPlan:
         return f"{kind}{where}, {self.shape_what}{via}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "option": self.index,
-            "capacity": self.capacity,
-            "reservation": self.reservation,
-            "zone": self.zone,
-            "shape": self.shape or None,
-            "shapeWhat": self.shape_what,
-            "mode": self.mode,
-            "trySeconds": self.try_seconds,
-        }
+        return {**as_camel(self, index="option"), "shape": self.shape or None}
 
 
 @dataclass(frozen=True)

@@ -432,14 +432,17 @@ class GkeProvisioner:
             if record.kind == "delete" and record.started <= asked and name not in listed:
                 del self._ops[name]
 
+    def _request(self, method: Callable[..., Any], **fields: Any) -> Callable[[], Any]:
+        """A client call with the options every call here takes: no retry of the library's (the
+        operator retries on its own schedule, by the error's class) and the call deadline."""
+        return functools.partial(method, retry=None, timeout=self.call_timeout_s, **fields)
+
     async def _list_pools_now(self) -> list[cs.NodePool]:
         response = await self._call(
             "list_node_pools",
-            functools.partial(
+            self._request(
                 self._client.list_node_pools,
                 parent=self.cluster_path,
-                retry=None,
-                timeout=self.call_timeout_s,
                 metadata=((FIELD_MASK_HEADER, LISTED_POOL_FIELDS),),
             ),
         )
@@ -479,13 +482,11 @@ class GkeProvisioner:
         self, want: WorkloadPolicySpec, may_insert: bool = True
     ) -> PoolError | None:
         policies, operations = self._compute_clients()
-        get = functools.partial(
+        get = self._request(
             policies.get,
             project=self.project,
             region=want.region,
             resource_policy=want.name,
-            retry=None,
-            timeout=self.call_timeout_s,
         )
         try:
             found = await self._call("resource_policies.get", get, want.name)
@@ -503,13 +504,11 @@ class GkeProvisioner:
     async def _insert_policy(
         self, want: WorkloadPolicySpec, policies: Any, operations: Any
     ) -> PoolError | None:
-        insert = functools.partial(
+        insert = self._request(
             policies.insert,
             project=self.project,
             region=want.region,
             resource_policy_resource=build_workload_policy(want),
-            retry=None,
-            timeout=self.call_timeout_s,
         )
         try:
             op = await self._call("resource_policies.insert", insert, want.name)
@@ -563,12 +562,10 @@ class GkeProvisioner:
     async def _create(self, plan: Plan, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
         self._refused.pop(spec.name, None)
         pool = build_node_pool(plan, spec, owner_uid, self.node_locations, node=self.node)
-        call = functools.partial(
+        call = self._request(
             self._client.create_node_pool,
             parent=self.cluster_path,
             node_pool=pool,
-            retry=None,
-            timeout=self.call_timeout_s,
         )
         try:
             op = await self._mutate("create_node_pool", call, spec.name)
@@ -605,12 +602,7 @@ class GkeProvisioner:
             self._mutated_at = asyncio.get_running_loop().time()
 
     async def _adopt(self, spec: NodePoolSpec, owner_uid: str) -> PoolError | None:
-        call = functools.partial(
-            self._client.get_node_pool,
-            name=self.pool_path(spec.name),
-            retry=None,
-            timeout=self.call_timeout_s,
-        )
+        call = self._request(self._client.get_node_pool, name=self.pool_path(spec.name))
         try:
             existing = await self._call("get_node_pool", call, spec.name)
         except Exception as exc:
@@ -677,12 +669,7 @@ class GkeProvisioner:
 
     async def _delete_one(self, name: str, slice_index: int | None) -> PoolError | None:
         self._refused.pop(name, None)
-        call = functools.partial(
-            self._client.delete_node_pool,
-            name=self.pool_path(name),
-            retry=None,
-            timeout=self.call_timeout_s,
-        )
+        call = self._request(self._client.delete_node_pool, name=self.pool_path(name))
         try:
             op = await self._mutate("delete_node_pool", call, name)
         except Exception as exc:
@@ -712,12 +699,7 @@ class GkeProvisioner:
         """Whether this pool is gone or STOPPING. "Operation ... is currently deleting a node pool
         for cluster C" names the cluster's running operation, which may be another pool's
         delete (terraform-provider-google#10366): it proves nothing about this pool."""
-        call = functools.partial(
-            self._client.get_node_pool,
-            name=self.pool_path(name),
-            retry=None,
-            timeout=self.call_timeout_s,
-        )
+        call = self._request(self._client.get_node_pool, name=self.pool_path(name))
         try:
             pool = await self._call("get_node_pool", call, name)
         except Exception as exc:
@@ -795,15 +777,11 @@ class GkeProvisioner:
 
     async def _read_operations(self, paths: list[str]) -> dict[str, cs.Operation]:
         if len(paths) == 1:
-            call = functools.partial(
-                self._client.get_operation, name=paths[0], retry=None, timeout=self.call_timeout_s
-            )
+            call = self._request(self._client.get_operation, name=paths[0])
             op = await self._call("get_operation", call)
             return {paths[0]: op}
         parent = f"projects/{self.project}/locations/{self.location}"
-        call_list = functools.partial(
-            self._client.list_operations, parent=parent, retry=None, timeout=self.call_timeout_s
-        )
+        call_list = self._request(self._client.list_operations, parent=parent)
         response = await self._call("list_operations", call_list)
         return {self.operation_path(o.name): o for o in response.operations}
 
@@ -865,12 +843,7 @@ class GkeProvisioner:
         cached = self._cluster_version
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
-        call = functools.partial(
-            self._client.get_cluster,
-            name=self.cluster_path,
-            retry=None,
-            timeout=self.call_timeout_s,
-        )
+        call = self._request(self._client.get_cluster, name=self.cluster_path)
         try:
             cluster = await self._call("get_cluster", call)
         except Exception as exc:  # a version check must not block provisioning
@@ -889,9 +862,7 @@ class GkeProvisioner:
 
         def fetch() -> frozenset[str]:
             client = self._tpu()
-            pager = client.list_accelerator_types(
-                parent=parent, retry=None, timeout=self.call_timeout_s
-            )
+            pager = self._request(client.list_accelerator_types, parent=parent)()
             return frozenset(t.type_ for t in pager)
 
         try:

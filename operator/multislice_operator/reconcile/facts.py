@@ -218,7 +218,7 @@ def derive(
     slices, size = _capacity_view(model, plan, old, obs, js, cfg, now)
     runs = js is not None and not js.suspended and not js.deleting
     clock = (old.capacity_ready_time or now) if runs and model.clock_ready(slices) else None
-    # At a first start the capacity clock counts (verdicts.pods_not_created).
+    # At a first start the capacity clock counts (verdicts.DEADLINES, PodsNotCreated).
     gap = _pods_gap(attempt, old, js, size, pods.by_slice)
     waits = scheduling.clocks(
         old.scheduling, runs, attempt, obs.pods, pods.unschedulable, clock, gap, now

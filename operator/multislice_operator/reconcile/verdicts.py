@@ -261,10 +261,6 @@ def _unschedulable_wait(f: Facts) -> tuple[float, str] | None:
     )
 
 
-def unschedulable(f: Facts) -> Verdict | None:
-    return _due(_unschedulable_wait(f), Reason.UNSCHEDULABLE)
-
-
 def scheduler_known_absent(f: Facts) -> Verdict | None:
     """Before the first pool: the scheduler the template names is known not to run."""
     absent = f.obs.scheduler_absent
@@ -298,10 +294,6 @@ def _unseen_wait(f: Facts) -> tuple[float, str] | None:
     )
 
 
-def scheduler_not_running(f: Facts) -> Verdict | None:
-    return _due(_unseen_wait(f), Reason.SCHEDULER_NOT_RUNNING)
-
-
 def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
     """Counted from the capacity clock at a first start, else from when the slice's pods went
     (status.scheduling.podsMissingSince): a job that ran an hour is not failed the moment a
@@ -325,8 +317,22 @@ def _pods_not_created_wait(f: Facts) -> tuple[float, str] | None:
     )
 
 
-def pods_not_created(f: Facts) -> Verdict | None:
-    return _due(_pods_not_created_wait(f), Reason.PODS_NOT_CREATED)
+# The time-based verdicts, in order: each a wait ((seconds left, message), None while its clock
+# does not run) and the reason the job fails with once the wait ran out.
+Wait = Callable[[Facts], tuple[float, str] | None]
+DEADLINES: tuple[tuple[Wait, Reason], ...] = (
+    (_unseen_wait, Reason.SCHEDULER_NOT_RUNNING),
+    (_unschedulable_wait, Reason.UNSCHEDULABLE),
+    (_pods_not_created_wait, Reason.PODS_NOT_CREATED),
+)
+
+
+def deadlines(f: Facts) -> Verdict | None:
+    for wait, reason in DEADLINES:
+        verdict = _due(wait(f), reason)
+        if verdict is not None:
+            return verdict
+    return None
 
 
 VERDICTS: tuple[Rule, ...] = (
@@ -348,9 +354,7 @@ VERDICTS: tuple[Rule, ...] = (
     pool_name_taken,
     provisioning_failed,
     disruption_budget,
-    scheduler_not_running,
-    unschedulable,
-    pods_not_created,
+    deadlines,
 )
 
 
@@ -364,7 +368,7 @@ def first(f: Facts) -> Verdict | None:
 
 def next_deadline(f: Facts) -> float | None:
     """Seconds until a time-based verdict would fire (a pass is wanted then)."""
-    waits = (_unschedulable_wait(f), _unseen_wait(f), _pods_not_created_wait(f))
+    waits = (wait(f) for wait, _ in DEADLINES)
     lefts = [wait[0] for wait in waits if wait is not None]
     return min(lefts) if lefts else None
 
