@@ -19,8 +19,11 @@ What the load left behind is after - idle, in MiB and threads.
 
 The operator runs with the image's allocator (jemalloc, every Python object in it: the
 Dockerfile's ENV, multislice_local/allocator.py, as the local stack always runs it; here it must
-be found or the benchmark stops) unless `--allocator glibc` (the interpreter's defaults, as a
-pip-installed operator runs); `--env K=V` adds to the operator's environment.
+be found or the benchmark stops) unless `--allocator glibc` (started on the interpreter's
+defaults, as a pip-installed operator is: it starts itself again with every Python object in
+glibc's malloc on one arena, controller/memory.py) or `--allocator pymalloc` (the interpreter's
+defaults kept: MULTISLICE_MEMORY=as-started, the baseline of that change); `--env K=V` adds to
+the operator's environment.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from multislice_local import allocator
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
 from multislice_local.stack import LocalStack, StackOptions
 from multislice_operator.common import keys
+from multislice_operator.controller import memory
 
 NAMESPACE = "lifecycle"
 ACCELERATOR, SLICES = "v5litepod-8", 2
@@ -222,8 +226,9 @@ def result_table(r: dict[str, Any]) -> str:
 
 
 def allocator_name(env: dict[str, str]) -> str:
-    preload = env.get("LD_PRELOAD", "")
-    return "jemalloc" if allocator.LIBRARY in preload else "glibc"
+    if allocator.LIBRARY in env.get("LD_PRELOAD", ""):
+        return "jemalloc"
+    return "pymalloc" if env.get(memory.CHOICE_ENV) == memory.AS_STARTED else "glibc"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--allocator",
-        choices=("image", "glibc"),
+        choices=("image", "glibc", "pymalloc"),
         default="image",
-        help="image: the operator image's (jemalloc; the Dockerfile's ENV); glibc: Python's own",
+        help="image: the operator image's (jemalloc; the Dockerfile's ENV); glibc: started on "
+        "the interpreter's defaults (the operator moves to glibc's malloc); pymalloc: kept on them",
     )
     args = p.parse_args(argv)
     env = dict(kv.split("=", 1) for kv in args.env)
+    if args.allocator == "pymalloc":
+        env[memory.CHOICE_ENV] = memory.AS_STARTED
     image = args.allocator == "image"
     run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env, image_allocator=image)
     return 0

@@ -554,6 +554,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from multislice_operator.controller import memory
+
+    memory.configure()  # may start this process again, before any thread or connection
     from multislice_operator.controller.main import run_operator
 
     code: int = run_operator(args)
