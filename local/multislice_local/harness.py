@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,11 +27,41 @@ from multislice_operator.api.crd import generate_crd
 T = TypeVar("T")
 
 
+# Ports handed out by this process: never twice, though nothing may listen on one yet.
+_GIVEN: set[int] = set()
+_SPAN = 12000  # how far below the ephemeral range ports are drawn
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port nothing listens on, for a server started next. Drawn below the kernel's
+    ephemeral range: a port 0 bind gets one from that range, where any outgoing connection of
+    the machine could take it before the server binds it (a suite run saw an operator's metrics
+    port so taken: "address already in use")."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(max(1024, low - _SPAN), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
         return port
+    with socket.socket() as s:  # the range is full: the kernel's choice
+        s.bind(("127.0.0.1", 0))
+        given: int = s.getsockname()[1]
+        return given
 
 
 def wait_for(

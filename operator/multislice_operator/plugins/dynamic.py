@@ -493,14 +493,13 @@ def _form(f: Facts, b: Builder, plan: Plan) -> bool:
 
 
 def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: bool) -> None:
-    """A lost slice while the JobSet runs: its pods on the lost Slice go (evicted: a disruption,
+    """A lost slice while the JobSet runs: the pods on the lost Slice go (evicted: a disruption,
     so JobSet restarts every slice without charging maxRestarts), and the new Slice takes them
     when ACTIVE. A pass may still see the lost Slice after JobSet restarted: the new attempt's
     pods, unbound or on another Slice's cubes, are not the lost Slice's and stay."""
     parts = {c for o in _lost_objects(f.obs, plan) for c in o.partitions}
     pools = {c.pool for c in _dyn(f.obs).cubes if c.partition in parts}
-    pods = tuple(sorted(p.name for p in f.live_pods if p.slice_index in lost
-                        and not p.deleting and _on(p, pools)))  # fmt: skip
+    pods = tuple(sorted(p.name for p in f.live_pods if not p.deleting and _on(p, pools, lost)))
     if pods:
         b.add(EvictPods(pods))
     for i in sorted(lost):
@@ -514,11 +513,15 @@ def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: boo
             b.event(Reason.SLICE_LOST, f"slice {i} lost its Slice ({f.slices.lost[i]}); {then}")
 
 
-def _on(pod: Pod, pools: set[str]) -> bool:
-    """The pod is placed where it may be on these cube pools: bound (or past Pending) and on
-    one of them, or on a node whose pool the job does not own (Existing cubes: unknown)."""
+def _on(pod: Pod, pools: set[str], lost: frozenset[int]) -> bool:
+    """The pod is on a lost Slice: on one of its cube pools, whatever its JobSet slice index
+    (JobSet's exclusive placement puts replicated Job i on any of the job's Slices, not on
+    Slice i). Where the job does not own the pool (Existing cubes), a placed pod of a lost
+    slice's index, as the Slice's name says."""
+    if pod.pool is not None:
+        return pod.pool in pools
     placed = pod.node is not None or pod.phase != "Pending"
-    return placed and (pod.pool is None or pod.pool in pools)
+    return placed and pod.slice_index in lost
 
 
 def _report(f: Facts, b: Builder, plan: Plan, started: bool, lost: frozenset[int],
