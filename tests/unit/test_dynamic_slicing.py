@@ -150,19 +150,19 @@ def _running_old() -> MultisliceJobStatus:
     )  # fmt: skip
 
 
+def _p1_failed(sp: Any, slices: list[SliceObjectObservation], js: JobSetObservation,
+               pods: list[Pod]) -> Any:  # fmt: skip
+    """A pass of the running job with cube p1 UNHEALTHY and these Slices and pods."""
+    plan = sp[1]
+    return _run(sp, _running_old(), slices=_pools(plan), cubes=_cubes(plan, unhealthy=("p1",)),
+                slice_objects=slices, jobset=js, pods=pods)  # fmt: skip
+
+
 def test_a_failed_slice_is_reformed_from_the_spare_cube_and_every_slice_restarts() -> None:
     sp = _plan()  # 2 slices of one cube + 1 spare cube (p2)
     plan = sp[1]
     slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "FAILED")]
-    d = _run(
-        sp,
-        _running_old(),
-        slices=_pools(plan),
-        cubes=_cubes(plan, unhealthy=("p1",)),
-        slice_objects=slices,
-        jobset=JobSetObservation(),
-        pods=jobs.running({0: 16, 1: 16}),
-    )
+    d = _p1_failed(sp, slices, JobSetObservation(), jobs.running({0: 16, 1: 16}))
     assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[1].name,))]
     made = _of(CreateSlice, d.actions)
     # The lost slice only, on the spare cube, under its other name (the old one is going away).
@@ -194,15 +194,7 @@ def test_only_the_pods_on_the_lost_slices_cubes_are_evicted() -> None:
         Pod("job-slice-0-0-old", 0, 0, "Running", ready=True, node="n-p1-1", pool=p1),
         *jobs.running({0: 16}, attempt=1),
     ]
-    d = _run(
-        sp,
-        _running_old(),
-        slices=_pools(plan),
-        cubes=_cubes(plan, unhealthy=("p1",)),
-        slice_objects=slices,
-        jobset=JobSetObservation(restarts=1),
-        pods=pods,
-    )
+    d = _p1_failed(sp, slices, JobSetObservation(restarts=1), pods)
     assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[1].name,))]
     assert _of(EvictPods, d.actions) == [EvictPods(("job-slice-0-0-old", "job-slice-1-0-old"))]
 
