@@ -296,9 +296,26 @@ class KubeNodeRegistrar:
     """Registers kwok fake GKE TPU nodes in a real (local) Kubernetes API server."""
 
     def __init__(self, api_client_or_kubeconfig: Any) -> None:
-        self._target = api_client_or_kubeconfig
+        self._given = api_client_or_kubeconfig
+        self._client: Any = None
+        self._client_lock = threading.Lock()
         # "namespace/name" of every pod a pool's deletion ended (node shutdown), in order.
         self.shut_down: list[str] = []
+
+    @property
+    def _target(self) -> Any:
+        """One API client for a kubeconfig path, built on first use: one per call read the
+        kubeconfig and opened a new TLS connection for each pool (a gang's 256 operations,
+        completed one after the other on the simulator's worker thread)."""
+        if not isinstance(self._given, str | os.PathLike):
+            return self._given
+        with self._client_lock:
+            if self._client is None:
+                from kubernetes import config as kconfig
+
+                path = os.fspath(self._given)
+                self._client = kconfig.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+            return self._client
 
     def register(self, group: NodeGroup) -> None:
         from multislice_local import nodes
