@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+import orjson
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
@@ -126,7 +127,8 @@ class Kube:
                 await asyncio.sleep(wait)
                 continue
             async with response:
-                return await response.json()
+                # orjson: a created JobSet's answer is the whole object (controller/apisession.py).
+                return await response.json(loads=orjson.loads)
 
     # -- JobSets -------------------------------------------------------------------------------
 
