@@ -24,7 +24,7 @@ from multislice_operator.common.pools import (
     PoolState,
 )
 from multislice_operator.planning.plan import Plan, load_job, make_plan, plan_job
-from multislice_operator.plugins import fallback
+from multislice_operator.plugins import fallback, nodepools
 from multislice_operator.reconcile import (
     CheckObservation,
     CheckState,
@@ -234,10 +234,13 @@ def test_a_capacity_error_leaves_the_option_for_the_next_not_a_backoff(code: str
 
 def flex_waiting(plan: Plan) -> list[SliceObservation]:
     return [
-        SliceObservation(p.slice_index, p.name, PoolState.READY, 0, present_hosts=0,
-                         flex_start=True)
+        SliceObservation(p.slice_index, p.name, PoolState.READY, 0, present_hosts=0)
         for p in plan.pools
     ]  # fmt: skip
+
+
+# NodePools' own observation of those pools: flex-start pools (run duration not listed).
+FLEX_POOLS = nodepools.FlexStartPools({0: None, 1: None})
 
 
 def on_option(k: int, since: datetime = NOW) -> dict[str, Any]:
@@ -253,11 +256,11 @@ def test_flex_start_waiting_past_its_try_time_is_left_with_its_jobset() -> None:
     within trySeconds that is no failure; past it the option is left, its JobSet deleted with
     its pools, and the next option makes its own."""
     old = on_option(1)
-    d = step(old, 60, flex_waiting)
+    d = step(old, 60, flex_waiting, capacity=FLEX_POOLS)
     assert d.actions == [CreateJobSet()]
     assert d.status.phase == Phase.PROVISIONING
     js = JobSetObservation(replicas=2)
-    late = step(d.status, 901, flex_waiting, jobset=js)
+    late = step(d.status, 901, flex_waiting, capacity=FLEX_POOLS, jobset=js)
     assert late.status.fallback is not None and late.status.phase == Phase.PROVISIONING
     assert late.status.fallback.leaving == FallbackLeave.TIMEOUT
     assert DeleteJobSet(foreground=True) in late.actions

@@ -642,8 +642,6 @@ def managed_slices(
                 present_hosts=(present_by_pool or {}).get(spec.name, 0),
                 taken_by=taken_by,
                 taken_by_older=owner.older if owner is not None else True,
-                flex_start=pool.waits_for_capacity,
-                max_run_seconds=pool.max_run_duration_s,
             )
         )
     return out

@@ -9,13 +9,15 @@ are released at the end. The capacity verdicts' evidence (a pool name an older j
 error retrying cannot fix) is read here; verdicts.py words them.
 
 Registered (`register`) with what it accepts (spares, elastic, flex-start), what its plan creates
-(`plan_pools`), how its pools are observed (`observe`: the cloud's listing and their nodes), and
-its part of the pod template (`place`: this job's own pools only).
+(`plan_pools`), how its pools are observed (`observe`: the cloud's listing and their nodes, and
+its own observation, `FlexStartPools`), and its part of the pod template (`place`: this job's own
+pools only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,21 @@ NO_PROVISIONER = (
     "spec.provisioning.mode is Managed but the operator has no GKE cluster configured "
     "(--gke-project/--gke-location/--gke-cluster); configure it or use mode: Existing"
 )
+
+
+@dataclass(frozen=True)
+class FlexStartPools:
+    """NodePools' own observation (`Observed.capacity`): the job's flex-start pools (GKE's
+    Dynamic Workload Scheduler), by slice index, each with its maximum run duration in seconds
+    (None: not listed). Such a pool gets its nodes when capacity for the whole slice is found, so
+    READY without nodes waits, not fails; GKE removes the VMs that long after they came."""
+
+    max_run: Mapping[int, int | None] = field(default_factory=dict)
+
+
+def flex_start(obs: Observed) -> Mapping[int, int | None]:
+    """The flex-start pools NodePools observed (none for another model's observation)."""
+    return obs.capacity.max_run if isinstance(obs.capacity, FlexStartPools) else {}
 
 
 class NodePools:
@@ -155,7 +172,7 @@ class NodePools:
         """Flex-start pools: GKE removes the VMs their maximum run duration after they came
         (a disruption, every slice restarts), counted from when every slice's capacity was
         ready (the nodes came then)."""
-        runs = [s.max_run_seconds for s in f.obs.slices if s.flex_start and s.max_run_seconds]
+        runs = [seconds for seconds in flex_start(f.obs).values() if seconds]
         since = f.capacity_ready_since
         return since + timedelta(seconds=min(runs)) if runs and since is not None else None
 
@@ -183,10 +200,11 @@ def _seen(old: MultisliceJobStatus, index: int) -> bool:
 def _waiting(old: MultisliceJobStatus, obs: Observed, hosts: int, ready: frozenset[int]
              ) -> frozenset[int]:  # fmt: skip
     """Flex-start pools up and error-free whose nodes have not come yet."""
+    flex = flex_start(obs)
     return frozenset(
         s.index
         for s in obs.slices
-        if s.flex_start
+        if s.index in flex
         and s.index not in ready
         and s.pool_state == PoolState.READY
         and s.error is None
@@ -512,10 +530,16 @@ def plan_pools(spec: MultisliceJobSpec, shape: catalog.SliceShape, namespace: st
     }
 
 
-def observe(i: ObserveInputs) -> tuple[list[SliceObservation], None]:
+def observe(i: ObserveInputs) -> tuple[list[SliceObservation], FlexStartPools | None]:
     """Each of the plan's pools as the cloud lists it, with its nodes (none without a GKE
-    cluster configured: nothing is listed)."""
-    return pool_slices(i), None
+    cluster configured: nothing is listed), and which of them are flex-start pools."""
+    listed = i.gang.pools if i.gang is not None else {}
+    flex = {
+        spec.slice_index: pool.max_run_duration_s
+        for spec in i.plan.pools
+        if (pool := listed.get(spec.name)) is not None and pool.waits_for_capacity
+    }
+    return pool_slices(i), FlexStartPools(flex) if flex else None
 
 
 def place(template: dict[str, Any], plan: Plan) -> None:

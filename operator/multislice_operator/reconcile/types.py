@@ -32,11 +32,6 @@ class SliceObservation:
     # yields and fails; otherwise this job waits for the younger one to fail and release it.
     taken_by: str | None = None
     taken_by_older: bool = True
-    # A flex-start pool (GKE's Dynamic Workload Scheduler): it gets its nodes when capacity for
-    # the whole slice is found, so READY without nodes waits, not fails; GKE removes the VMs
-    # max_run_seconds after they came.
-    flex_start: bool = False
-    max_run_seconds: int | None = None
 
     @property
     def hosts_present(self) -> int:
