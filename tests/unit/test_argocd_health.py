@@ -143,7 +143,7 @@ class _Recorder:
             async def __aexit__(self, *exc: object) -> None:
                 return None
 
-            async def json(self) -> Any:
+            async def json(self, **_: Any) -> Any:  # loads= (orjson)
                 return {"items": [], **body}
 
         return Response()

@@ -26,10 +26,10 @@ from multislice_operator.controller import observe, versions
 from multislice_operator.controller.versions import InPlaceFindings
 from multislice_operator.reconcile import (
     CreateJobSet,
-    InPlaceSupport,
     JobSetObservation,
     Reason,
     SliceObservation,
+    StrategySupport,
     ValidateJobSet,
 )
 from multislice_operator.reconcile.types import Observed as RawObserved
@@ -197,7 +197,7 @@ def test_each_missing_piece_says_why_in_place_is_not_used(changes: dict[str, Any
 
 def test_everything_found_uses_in_place() -> None:
     support = versions.in_place_support(GOOD)
-    assert support == InPlaceSupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3")
+    assert support == StrategySupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3")
     assert versions.kube_minor("v1.35.0-gke.1") == (1, 35)
 
 
@@ -269,12 +269,19 @@ def test_the_check_reads_the_webhooks_gate_refusal_and_a_dropped_rule() -> None:
 # ------------------------------------------------------------------------- decide
 
 
-def create_pass(support: InPlaceSupport | None) -> Any:
-    return run(obs=Observed(now=NOW, slices=list(SLICES), in_place=support), **EXISTING)
+def create_pass(support: StrategySupport | None) -> Any:
+    return run(
+        obs=Observed(
+            now=NOW,
+            slices=list(SLICES),
+            support={} if support is None else {"InPlaceRestart": support},
+        ),
+        **EXISTING,
+    )
 
 
 def test_a_cluster_with_in_place_creates_the_jobset_for_it_and_says_so() -> None:
-    d = create_pass(InPlaceSupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3"))
+    d = create_pass(StrategySupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3"))
     assert d.actions == [CreateJobSet(restart_strategy="InPlaceRestart")]
     cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
     assert cond is not None and (cond.status, cond.reason) == ("True", Reason.IN_PLACE_RESTART)
@@ -285,7 +292,7 @@ def test_a_cluster_without_it_recreates_with_a_condition_saying_why_and_no_event
     # A fact about the cluster, not the job: the condition says it; an event per job was a
     # fourth write for every job on a cluster without an agent image (issue 57).
     why = "the installed JobSet is older than v0.11.0: ..."
-    d = create_pass(InPlaceSupport(False, why))
+    d = create_pass(StrategySupport(False, why))
     assert d.actions == [CreateJobSet(restart_strategy="Recreate")]
     cond = d.status.condition(ConditionType.RESTART_IN_PLACE)
     assert cond is not None
@@ -302,7 +309,7 @@ def test_not_found_out_yet_recreates_and_says_nothing() -> None:
 
 
 def test_the_dry_run_judges_the_jobset_that_will_be_created() -> None:
-    obs = RawObserved(now=NOW, slices=[], in_place=InPlaceSupport(True, "ok"))
+    obs = RawObserved(now=NOW, slices=[], support={"InPlaceRestart": StrategySupport(True, "ok")})
     d = run(obs=obs)  # Managed, no pool yet, not judged: the dry run comes first
     assert d.actions == [ValidateJobSet(restart_strategy="InPlaceRestart")]
 
@@ -313,7 +320,7 @@ def test_the_dry_run_judges_the_jobset_that_will_be_created() -> None:
 )
 def test_last_restart_says_which_strategy_ran(counted: int, cause: RestartCause, strategy: str):
     old = MultisliceJobStatus.from_dict({"phase": "Running", "jobSet": "job"})
-    old.conditions = create_pass(InPlaceSupport(True, "ok")).status.conditions
+    old.conditions = create_pass(StrategySupport(True, "ok")).status.conditions
     js = JobSetObservation(
         ready_jobs=0, restarts=1, restarts_counted=counted, restart_strategy="InPlaceRestart"
     )
@@ -352,7 +359,7 @@ def observed_jobset(restarts: int, counted: int, current: int | None) -> JobSetO
 
 def in_place_status(**fields: Any) -> MultisliceJobStatus:
     old = MultisliceJobStatus.from_dict({"phase": "Running", "jobSet": "job", **fields})
-    old.conditions = create_pass(InPlaceSupport(True, "ok")).status.conditions
+    old.conditions = create_pass(StrategySupport(True, "ok")).status.conditions
     return old
 
 

@@ -22,7 +22,7 @@ from multislice_operator.common import keys
 from multislice_operator.common.errors import SpecError
 from multislice_operator.controller import observe as ob
 from multislice_operator.planning.plan import job_key
-from multislice_operator.reconcile import CreateJobSet, InPlaceSupport, JobSetObservation
+from multislice_operator.reconcile import CreateJobSet, JobSetObservation, StrategySupport
 from multislice_operator.reconcile import restart_strategy as rs
 from multislice_operator.registry import ENV, PluginError, Registry, from_env
 from multislice_operator.render.jobset import render_jobset, render_pod_template
@@ -171,7 +171,7 @@ def test_a_restart_it_counts_says_blocking_recreate(loaded: Registry) -> None:
 
 def test_it_outranks_the_in_tree_strategies_wherever_jobset_carries_them(loaded: Registry) -> None:
     spec, _ = jobs.spec_and_plan(**LABELLED)
-    in_place = jobs.Observed(now=NOW, in_place=InPlaceSupport(True, "ok"))
+    in_place = jobs.Observed(now=NOW, support={"InPlaceRestart": StrategySupport(True, "ok")})
     chosen = rs.choose(spec, None, in_place)
     assert {s.name for s in chosen.values()} == {"BlockingRecreate"}
     assert rs.jobset_value(chosen) == "BlockingRecreate"
@@ -201,3 +201,73 @@ def test_the_cli_refuses_a_plugin_it_cannot_load_in_one_line(tmp_path: Path) -> 
     assert done.returncode == 2
     said = f"error: plugin nope.mod:register cannot be loaded: No module named 'nope' ({ENV})"
     assert done.stderr == said + "\n"
+
+
+# ---------------------------------------------------------------- a strategy's own cluster check
+
+PROBED: list[Any] = []
+
+
+async def _probe(rt: Any, crd: dict[str, Any] | None) -> StrategySupport:
+    PROBED.append(crd)
+    return StrategySupport(bool(crd and crd.get("gate")), "the test's gate")
+
+
+def test_a_strategys_probe_is_run_by_the_controller_and_read_by_decide(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A strategy registers its check of the cluster (`probe`); the controller's version check
+    runs it with the JobSet CRD it read, keeps what it found by the strategy's name
+    (`Runtime.support`, decide()'s `Observed.support`: the strategy's `available` reads it
+    there), and logs it once, when it changes."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from multislice_operator.controller import versions
+    from multislice_operator.plugins.recreate import JobSetRecreate
+
+    class Probed(JobSetRecreate):
+        name = "Probed"
+        probe: str | None = "tests.unit.test_plugins:_probe"
+        said = "probed restart"
+
+        def available(self, spec: Any, obs: Any) -> bool:
+            found = obs.support.get(self.name)
+            return found is not None and found.usable
+
+    registry = Registry()
+    registry.load()
+    registry.add_strategy(Probed())
+    monkeypatch.setattr(versions, "REGISTRY", registry)
+    crds = iter([{"gate": False}, {"gate": False}, {"gate": True}])
+
+    class Kube:
+        async def served_versions(self, group: str) -> list[str] | None:
+            return None
+
+        async def served_resources(self, group: str, version: str) -> list[str]:
+            return []
+
+        async def get_crd(self, name: str) -> dict[str, Any] | None:
+            return next(crds)
+
+    settings = SimpleNamespace(kueue=False, in_place_agent_image="", namespaces=[])
+    rt: Any = SimpleNamespace(
+        settings=settings, kube=Kube(), kueue_problem=None, jobset_problem=None, support={},
+        slice_api=None, pod_groups=None,
+    )  # fmt: skip
+    caplog.set_level("INFO", logger="multislice_operator")
+    seen = []
+    for _ in range(3):
+        asyncio.run(versions.check(rt))
+        probed = Probed()
+        seen.append(probed.available(None, jobs.Observed(now=NOW, support=rt.support)))
+    assert PROBED == [{"gate": False}, {"gate": False}, {"gate": True}]
+    assert seen == [False, False, True]
+    assert rt.support["Probed"] == StrategySupport(True, "the test's gate")
+    assert not rt.support["InPlaceRestart"].usable  # the in-tree probe ran beside it
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("probed restart")]
+    assert said == [
+        "probed restart: not used (the test's gate)",
+        "probed restart: used (the test's gate)",
+    ]

@@ -226,7 +226,7 @@ def test_pod_groups_are_detected_by_discovery(resources: list[str], served: bool
     k = DiscoveryKube(resources)
     settings = SimpleNamespace(kueue=False)
     rt: Any = SimpleNamespace(
-        settings=settings, kube=k, kueue_problem=None, jobset_problem=None, in_place=None,
+        settings=settings, kube=k, kueue_problem=None, jobset_problem=None, support={},
         slice_api=None, pod_groups=None,
     )  # fmt: skip
     asyncio.run(versions.check(rt))
@@ -246,7 +246,7 @@ def test_discovery_asks_the_group_version_and_reads_its_resources(
         async def __aexit__(self, *_: object) -> None:
             return None
 
-        async def json(self) -> dict[str, Any]:
+        async def json(self, **_: Any) -> dict[str, Any]:  # loads= (orjson)
             return {"resources": [{"name": "podgroups"}, {"name": "workloads"}]}
 
     async def answer(method: str, url: str, **_: Any) -> Any:

@@ -15,7 +15,7 @@ from multislice_operator.api.models import MultisliceJobStatus, Phase, RestartCa
 from multislice_operator.plugins.inplace import INPLACE
 from multislice_operator.plugins.recreate import RECREATE
 from multislice_operator.plugins.resize import RESIZE
-from multislice_operator.reconcile import DecideConfig, InPlaceSupport, JobMeta, restart_strategy
+from multislice_operator.reconcile import DecideConfig, JobMeta, StrategySupport, restart_strategy
 from multislice_operator.reconcile.capacity import NO_CAPACITY, Capacity
 from multislice_operator.reconcile.context import Builder
 from multislice_operator.reconcile.facts import Facts, derive
@@ -31,7 +31,7 @@ from tests.unit.jobs import Observed, spec_and_plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 META = JobMeta("ns", "job", "uid-1", 1, has_finalizer=True)
-IN_PLACE = Observed(now=NOW, in_place=InPlaceSupport(True, "ok"))
+IN_PLACE = Observed(now=NOW, support={"InPlaceRestart": StrategySupport(True, "ok")})
 NO_IN_PLACE = Observed(now=NOW)
 
 

@@ -392,7 +392,7 @@ async def observe_job(
         strays=strays,
         blind_since=rt.blind_since(key),
     )
-    observed.in_place = rt.in_place
+    observed.support = rt.support
     observed.pod_groups = bool(rt.pod_groups)
     observed.scheduler_working = rt.scheduler_working(scheduling.scheduler_name(spec))
     observed.stale_nodes = tuple(n for s in observed.slices for n in stale.get(str(s.pool), ()))

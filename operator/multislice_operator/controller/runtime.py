@@ -17,7 +17,7 @@ from multislice_operator.controller.kube import Kube
 from multislice_operator.controller.serving import Readiness
 from multislice_operator.controller.workqueue import WorkQueue
 from multislice_operator.provisioning.base import Provisioner
-from multislice_operator.reconcile import Admission, DecideConfig, InPlaceSupport
+from multislice_operator.reconcile import Admission, DecideConfig, StrategySupport
 from multislice_operator.settings import Settings
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -192,8 +192,9 @@ class Runtime:
     # versions; None when it can (or is not installed at all).
     kueue_problem: str | None = None
     jobset_problem: str | None = None
-    # Whether JobSets restart in place on this cluster, and why (versions.py; decide()'s fact).
-    in_place: InPlaceSupport | None = None
+    # What the restart strategies' probes found about this cluster, by strategy name
+    # (versions.py; decide()'s fact, Observed.support).
+    support: dict[str, StrategySupport] = field(default_factory=dict)
     # Whether GKE's Slice API (dynamic slicing) is served; None: not looked yet (versions.py).
     slice_api: bool | None = None
     # Whether Kubernetes PodGroups (scheduling.k8s.io/v1beta1) are served; None: not looked yet.

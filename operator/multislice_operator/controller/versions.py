@@ -10,8 +10,10 @@ problem lasts: what is installed, what is needed, and why (operator log, runtime
   the v0.9.1 CRD). Read from the JobSet CRD's schema. An older CRD would drop the field silently;
   with fieldValidation=Strict (controller/kube.py) it refuses every job's JobSet at the dry run
   before any node pool, and ``Runtime.jobset_problem`` says why at start-up.
-* In-place restart (docs/restarts.md): used when four things hold, each found here, and
-  ``Runtime.in_place`` (a fact for decide()) names the first that does not:
+* The restart strategies' own checks (a strategy's ``probe``, run here for each registered
+  strategy that has one; ``Runtime.support``, a fact for decide(), by strategy name). In-place
+  restart's (``probe_in_place``, docs/restarts.md): used when four things hold, each found here,
+  and its ``StrategySupport`` names the first that does not:
   1. an agent image is configured (``--in-place-agent-image``; JobSet publishes none);
   2. JobSet >= v0.11: its CRD's failurePolicy.restartStrategy enum has ``InPlaceRestart``;
   3. JobSet's ``InPlaceRestart`` feature gate is on: a server-side dry run of a JobSet with it
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +47,8 @@ from multislice_operator.api import models
 from multislice_operator.common import keys
 from multislice_operator.controller.kube import ApiError
 from multislice_operator.controller.runtime import Runtime
-from multislice_operator.reconcile import InPlaceSupport
+from multislice_operator.reconcile import StrategySupport
+from multislice_operator.registry import REGISTRY, resolve
 from multislice_operator.render import inplace
 
 log = logging.getLogger("multislice_operator")
@@ -149,22 +153,22 @@ class InPlaceFindings:
     pod_rule_kept: bool  # a dry-run pod kept its RestartAllContainers rule
 
 
-def in_place_support(found: InPlaceFindings) -> InPlaceSupport:
+def in_place_support(found: InPlaceFindings) -> StrategySupport:
     """Whether the operator renders JobSets for in-place restart on this cluster, and why."""
     if not found.agent_image:
-        return InPlaceSupport(
+        return StrategySupport(
             False,
             "no in-place restart agent image is configured (operator "
             "flag --in-place-agent-image, chart inPlaceRestart.agentImage)",
         )
     if IN_PLACE_STRATEGY not in _restart_strategies(found.crd):
-        return InPlaceSupport(
+        return StrategySupport(
             False,
             f"the installed JobSet is older than {IN_PLACE_JOBSET}: its "
             f"CRD has no failurePolicy.restartStrategy {IN_PLACE_STRATEGY}",
         )
     if found.gate_refusal is not None:
-        return InPlaceSupport(
+        return StrategySupport(
             False,
             "the JobSet controller's InPlaceRestart feature gate is "
             f"off (its webhook: {found.gate_refusal}); set featureGates: "
@@ -172,19 +176,19 @@ def in_place_support(found: InPlaceFindings) -> InPlaceSupport:
         )
     minor = kube_minor(found.kube_version)
     if minor is None or minor < IN_PLACE_KUBE:
-        return InPlaceSupport(
+        return StrategySupport(
             False,
             f"Kubernetes {found.kube_version or 'unknown'} has no "
             "RestartAllContainers container restart action (1.35 or newer)",
         )
     if not found.pod_rule_kept:
-        return InPlaceSupport(
+        return StrategySupport(
             False,
             f"Kubernetes {found.kube_version} does not keep a pod's "
             "RestartAllContainers restart rule: its feature gate "
             "RestartAllContainersOnContainerExits is off (alpha in 1.35)",
         )
-    return InPlaceSupport(True, f"JobSet with InPlaceRestart on Kubernetes {found.kube_version}")
+    return StrategySupport(True, f"JobSet with InPlaceRestart on Kubernetes {found.kube_version}")
 
 
 GATE_OFF = "InPlaceRestart feature gate is disabled"  # JobSet's webhook, when the gate is off
@@ -296,21 +300,45 @@ async def check(rt: Runtime) -> None:
         except ApiError as exc:
             log.warning("kueue versions not discovered: %s", exc)
     slice_api, pod_groups = await _optional_apis(rt)
-    in_place = rt.in_place
     try:
         crd = await rt.kube.get_crd(JOBSET_CRD)
         jobset = jobset_problem(crd)
     except ApiError as exc:
         log.warning("jobset crd not read: %s", exc)
         jobset, crd = rt.jobset_problem, None
-    if crd is not None:
-        try:
-            in_place = in_place_support(await find_in_place(rt, crd))
-        except ApiError as exc:  # RBAC or the moment: no answer; the next check asks again
-            log.warning("in-place restart not checked: %s", exc)
-    _say_changes(rt, kueue, jobset, in_place, slice_api, pod_groups)
-    rt.kueue_problem, rt.jobset_problem, rt.in_place = kueue, jobset, in_place
+    support = await _probe_strategies(rt, crd) if crd is not None else dict(rt.support)
+    _say_changes(rt, kueue, jobset, slice_api, pod_groups)
+    _say_support(rt.support, support)
+    rt.kueue_problem, rt.jobset_problem, rt.support = kueue, jobset, support
     rt.slice_api, rt.pod_groups = slice_api, pod_groups
+
+
+async def probe_in_place(rt: Runtime, crd: dict[str, Any] | None) -> StrategySupport:
+    """In-place restart's probe (plugins/inplace.py registers it): the findings, judged."""
+    return in_place_support(await find_in_place(rt, crd))
+
+
+async def _probe_strategies(rt: Runtime, crd: dict[str, Any]) -> dict[str, StrategySupport]:
+    """Each registered strategy's probe (those that have one); what was known stays where a
+    probe gets no answer (RBAC or the moment: the next check asks again)."""
+    support = dict(rt.support)
+    for strategy in REGISTRY.strategies().values():
+        if strategy.probe is None:
+            continue
+        try:
+            support[strategy.name] = await resolve(strategy.probe)(rt, crd)
+        except ApiError as exc:
+            log.warning("%s not checked: %s", strategy.said or strategy.name, exc)
+    return support
+
+
+def _say_support(old: Mapping[str, StrategySupport], new: Mapping[str, StrategySupport]) -> None:
+    """Log each strategy's support once, when it is first found and when it changes."""
+    strategies = REGISTRY.strategies()
+    for name, found in new.items():
+        if found != old.get(name):
+            said = strategies[name].said if name in strategies else name
+            log.info("%s: %s (%s)", said or name, "used" if found.usable else "not used", found.why)
 
 
 async def _optional_apis(rt: Runtime) -> tuple[bool | None, bool | None]:
@@ -332,7 +360,6 @@ def _say_changes(
     rt: Runtime,
     kueue: str | None,
     jobset: str | None,
-    in_place: InPlaceSupport | None,
     slice_api: bool | None,
     pod_groups: bool | None,
 ) -> None:
@@ -345,10 +372,6 @@ def _say_changes(
             log.error("unsupported %s: %s", what, new)
         elif old and not new:
             log.info("%s is supported now", what)
-    if in_place is not None and in_place != rt.in_place:
-        log.info(
-            "in-place restart: %s (%s)", "used" if in_place.usable else "not used", in_place.why
-        )
     if slice_api is not None and slice_api != rt.slice_api:
         log.info(slice_api_said(slice_api))
     if pod_groups is not None and pod_groups != rt.pod_groups:

@@ -58,9 +58,13 @@ class JobSetInPlace(JobSetStrategy):
         ">= 1.35, --in-place-agent-image)"
     )
 
+    probe: str | None = "multislice_operator.controller.versions:probe_in_place"
+    said = "in-place restart"
+
     def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
-        """The cluster restarts pods in place (controller/versions.py found it at start-up)."""
-        return obs.in_place is not None and obs.in_place.usable
+        """The cluster restarts pods in place (its probe found it at start-up)."""
+        support = obs.support.get(self.name)
+        return support is not None and support.usable
 
     def render_job(self, job_spec: dict[str, Any], spec: MultisliceJobSpec,
                    settings: Settings | None) -> None:  # fmt: skip
@@ -77,9 +81,8 @@ class JobSetInPlace(JobSetStrategy):
     def announce(self, f: Facts, b: Builder, chosen: Chosen) -> None:
         """Whether the program's failures restart in place (condition RestartInPlace), and why
         not (the condition's message). No event: a cluster without it is a fact about the
-        cluster, said once by the operator (its log, multislice_in_place_restart), not a write
-        per job (issue 57)."""
-        support = f.obs.in_place
+        cluster, said once by the operator (its log), not a write per job (issue 57)."""
+        support = f.obs.support.get(self.name)
         if support is None:
             return  # not found out (yet): JobSets recreate, and the job says nothing of it
         if any(s.name == self.name for s in chosen.values()):

@@ -363,7 +363,7 @@ REGISTRY: dict[Reason, Info] = {
         WARNING, "The cluster's Kueue serves no API version this operator speaks."
     ),
     # A fact about the cluster, not about the job: the operator logs it once and exports it
-    # (multislice_in_place_restart); each job holds it in its condition, not in an event (57).
+    # (its log); each job holds it in its condition, not in an event (57).
     Reason.IN_PLACE_UNAVAILABLE: Info(
         NORMAL,
         "The cluster cannot restart pods in place (JobSet >= v0.11 with its InPlaceRestart "

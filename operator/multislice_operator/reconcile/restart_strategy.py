@@ -54,6 +54,12 @@ class RestartStrategy(Protocol):
     continues_outage: bool
     # Where it is available, for `plan` ("": always).
     when: str
+    # Its check of the cluster (None: none): a reference `module:function` to an async
+    # f(runtime, jobset_crd) -> StrategySupport, loaded and run by the controller at start-up
+    # and while its checks repeat (controller/versions.py); decide() reads the result as
+    # `Observed.support[name]`, the operator's log says it once as `said`.
+    probe: str | None
+    said: str
 
     @property
     def jobset_value(self) -> str | None:
@@ -103,6 +109,8 @@ class JobSetStrategy:
     announces = False
     continues_outage = False
     when = ""
+    probe: str | None = None
+    said = ""
 
     def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
@@ -301,10 +302,10 @@ class AdmissionCheckObservation:
 
 
 @dataclass(frozen=True)
-class InPlaceSupport:
-    """Whether this cluster restarts pods in place (JobSet's InPlaceRestart with the kubelet's
-    RestartAllContainers action), as controller/versions.py found it at start-up, and why. A
-    fact for decide(): the JobSets it creates restart in place or recreate (docs/restarts.md)."""
+class StrategySupport:
+    """Whether this cluster can carry out a restart strategy, and why, as the strategy's own
+    check (its `probe`, run by controller/versions.py at start-up and while checks repeat)
+    found it: e.g. JobSet's InPlaceRestart with the kubelet's RestartAllContainers action."""
 
     usable: bool
     why: str
@@ -355,9 +356,9 @@ class Observed:
     kueue_problem: str | None = None
     # The compile Job of spec.preflight, read while the job holds no capacity; None: none.
     preflight: PreflightObservation | None = None
-    # Whether the cluster restarts pods in place (controller/versions.py); None: not found out
-    # (yet): JobSets recreate, and the job says nothing of it.
-    in_place: InPlaceSupport | None = None
+    # What the restart strategies' own checks (their `probe`) found about this cluster, by
+    # strategy name; a strategy not named has no check, or was not checked yet.
+    support: Mapping[str, StrategySupport] = field(default_factory=dict)
     # The cluster serves Kubernetes PodGroups (scheduling.k8s.io/v1beta1; controller/versions.py):
     # a JobSet's pods join the job's gang, and its slices claim their pools all or none.
     pod_groups: bool = False
