@@ -89,7 +89,11 @@ def plugins() -> list[dict[str, Any]]:
         for m in REGISTRY.models().values()
     ]
     out += [
-        {"kind": "restart strategy", "name": s.name, "files": plugin_files([s])}
+        {
+            "kind": "restart strategy",
+            "name": s.name,
+            "files": plugin_files([s, *([resolve(s.probe)] if s.probe else [])]),
+        }
         for s in REGISTRY.strategies().values()
     ]
     return out

@@ -22,8 +22,9 @@ from multislice_operator.api.models import (
 )
 from multislice_operator.common import keys
 from multislice_operator.common.pools import PoolState
-from multislice_operator.controller import observe, versions
-from multislice_operator.controller.versions import InPlaceFindings
+from multislice_operator.controller import observe
+from multislice_operator.plugins import inplace_shell
+from multislice_operator.plugins.inplace_shell import InPlaceFindings
 from multislice_operator.reconcile import (
     CreateJobSet,
     JobSetObservation,
@@ -190,19 +191,19 @@ GATE_OFF = (
 )
 def test_each_missing_piece_says_why_in_place_is_not_used(changes: dict[str, Any], why: str):
     found = InPlaceFindings(**{**GOOD.__dict__, **changes})
-    support = versions.in_place_support(found)
+    support = inplace_shell.in_place_support(found)
     assert not support.usable
     assert why in support.why
 
 
 def test_everything_found_uses_in_place() -> None:
-    support = versions.in_place_support(GOOD)
+    support = inplace_shell.in_place_support(GOOD)
     assert support == StrategySupport(True, "JobSet with InPlaceRestart on Kubernetes v1.36.3")
-    assert versions.kube_minor("v1.35.0-gke.1") == (1, 35)
+    assert inplace_shell.kube_minor("v1.35.0-gke.1") == (1, 35)
 
 
 def test_the_probe_jobset_is_one_jobsets_webhook_judges_only_on_the_gate() -> None:
-    probe = versions.probe_jobset("team-a")
+    probe = inplace_shell.probe_jobset("team-a")
     job = probe["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert probe["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart"
     assert (job["backoffLimit"], job["podReplacementPolicy"]) == (2**31 - 1, "Failed")
@@ -221,8 +222,8 @@ def test_the_probe_jobset_is_one_jobsets_webhook_judges_only_on_the_gate() -> No
 
 
 def test_the_probes_go_to_a_namespace_the_operator_watches() -> None:
-    assert versions.probe_namespace([]) == "default"
-    assert versions.probe_namespace(["team-*", "ml"]) == "ml"
+    assert inplace_shell.probe_namespace([]) == "default"
+    assert inplace_shell.probe_namespace(["team-*", "ml"]) == "ml"
 
 
 class FakeKube:
@@ -249,14 +250,14 @@ def _found(kube: FakeKube) -> InPlaceFindings:
 
     settings = SimpleNamespace(in_place_agent_image=AGENT, namespaces=[])
     rt: Any = SimpleNamespace(settings=settings, kube=kube)
-    return asyncio.run(versions.find_in_place(rt, V012))
+    return asyncio.run(inplace_shell.find_in_place(rt, V012))
 
 
 def test_the_check_reads_the_webhooks_gate_refusal_and_a_dropped_rule() -> None:
-    assert versions.in_place_support(_found(FakeKube(None, True))).usable
+    assert inplace_shell.in_place_support(_found(FakeKube(None, True))).usable
     gate = kopf_errors.APIForbiddenError({"message": GATE_OFF}, status=403, headers={})
-    assert "gate is off" in versions.in_place_support(_found(FakeKube(gate, True))).why
-    dropped = versions.in_place_support(_found(FakeKube(None, False)))
+    assert "gate is off" in inplace_shell.in_place_support(_found(FakeKube(gate, True))).why
+    dropped = inplace_shell.in_place_support(_found(FakeKube(None, False)))
     assert "RestartAllContainersOnContainerExits is off" in dropped.why
     # RBAC (or any other refusal) is no answer: the check raises and is tried again.
     rbac = kopf_errors.APIForbiddenError(

@@ -58,7 +58,7 @@ class JobSetInPlace(JobSetStrategy):
         ">= 1.35, --in-place-agent-image)"
     )
 
-    probe: str | None = "multislice_operator.controller.versions:probe_in_place"
+    probe: str | None = "multislice_operator.plugins.inplace_shell:probe_in_place"
     said = "in-place restart"
 
     def available(self, spec: MultisliceJobSpec | None, obs: Observed) -> bool:
