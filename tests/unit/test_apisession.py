@@ -23,6 +23,16 @@ from multislice_operator.controller.apisession import API_KEEPALIVE_SECONDS, api
 BURST = 20
 
 
+async def serve(method: str, handler: Any) -> tuple[web.AppRunner, str]:
+    """A local HTTP server answering `method /` with `handler`: its runner and URL."""
+    app = web.Application()
+    app.router.add_route(method, "/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/"
+
+
 async def open_after_burst_and_trickle(make: Callable[[str], aiohttp.ClientSession]) -> int:
     """Connections the client keeps after BURST concurrent requests, then one request every
     0.25 s for 5 s (each connection would be reused every 5 s: within aiohttp's default)."""
@@ -31,14 +41,9 @@ async def open_after_burst_and_trickle(make: Callable[[str], aiohttp.ClientSessi
         await asyncio.sleep(0.1)  # every request of the burst on its own connection
         return web.json_response({})
 
-    app = web.Application()
-    app.router.add_get("/", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, url = await serve("GET", slow)
     port = runner.addresses[0][1]
-    session = make(f"http://127.0.0.1:{port}")
+    session = make(url.rstrip("/"))
     try:
 
         async def get() -> None:
@@ -167,13 +172,7 @@ def test_requests_are_encoded_by_orjson() -> None:
         return web.json_response({})
 
     async def post() -> None:
-        app = web.Application()
-        app.router.add_post("/", record)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        runner, url = await serve("POST", record)
         session = ours(url)
         try:
             async with session.post(url, json=body) as r:
