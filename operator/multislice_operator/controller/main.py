@@ -60,6 +60,7 @@ def make_provisioner(settings: Settings) -> Provisioner | None:
 
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
+    import uvloop
 
     from multislice_operator.controller import discovery, handlers
 
@@ -74,15 +75,19 @@ def run_operator(args: argparse.Namespace) -> int:
     discovery.install(handlers.api_groups(), optional=handlers.optional_api_groups())
     namespaces = settings.namespaces
     try:
-        asyncio.run(
-            kopf.operator(
-                clusterwide=not namespaces,
-                namespaces=namespaces,
-                # High availability is a coordination.k8s.io Lease (--leader-elect), not kopf's
-                # peering: kopf never pauses, every replica watches, one reconciles.
-                standalone=True,
+        # uvloop's event loop: its transports and TLS are libuv's and C, where asyncio's are
+        # Python (the apiserver's watch streams and writes were a fifth of the operator's busy
+        # samples under a 1000-job load; docs/benchmarks.md).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(
+                kopf.operator(
+                    clusterwide=not namespaces,
+                    namespaces=namespaces,
+                    # High availability is a coordination.k8s.io Lease (--leader-elect), not
+                    # kopf's peering: kopf never pauses, every replica watches, one reconciles.
+                    standalone=True,
+                )
             )
-        )
     except KeyboardInterrupt:
         return 130
     return 0
