@@ -327,37 +327,44 @@ def test_delete_waits_until_the_pools_are_released(
     patch_status(api, ns, "llm", {"phase": "Running", "slices": slices})
 
     proc = cli_background(kube_api, "delete", "llm", "-n", ns, "--timeout", "120")
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(iter(proc.stdout.readline, "")))  # type: ignore[union-attr]
+    reader.start()
+    first = (
+        "  deleting: releasing 2 node pools first; node pools: pool-0 (Releasing), "
+        "pool-1 (Releasing)"
+    )
+    second = "  deleting: releasing 1 node pools first; node pools: pool-1 (Releasing)"
     try:
         wait_for(
             lambda: (msj.get(api, ns, "llm") or {})["metadata"].get("deletionTimestamp"),
             30, "the deletion",
         )  # fmt: skip
-        # The operator's answers, as flow._deleting writes them.
+        # The operator's answers, as flow._deleting writes them; each held until the CLI said it
+        # (a fixed 2.5 s each was missed once by a CLI that polls every second, under load).
         released = [{**s, "phase": "Releasing"} for s in slices]
         patch_status(api, ns, "llm", {"message": "deleting: releasing 2 node pools first",
                                       "slices": released})  # fmt: skip
-        time.sleep(2.5)
+        wait_for(lambda: first + "\n" in printed, 60, "the CLI's first progress line")
         gone = {**slices[0], "phase": "Pending", "nodePool": None}
         patch_status(api, ns, "llm", {"message": "deleting: releasing 1 node pools first",
                                       "slices": [gone, released[1]]})  # fmt: skip
-        time.sleep(2.5)
+        wait_for(lambda: second + "\n" in printed, 60, "the CLI's second progress line")
         patch_meta(api, ns, "llm", {"finalizers": None})
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        err = proc.stderr.read()  # type: ignore[union-attr]
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    lines = out.splitlines()
+    lines = "".join(printed).splitlines()
     assert (
         lines[0] == f"{ns}/llm: deleting; the operator releases every node pool before the job goes"
     )
     assert lines[-1] == f"{ns}/llm: deleted; every node pool released"
     progress = lines[1:-1]
     # Each change once, in order (the first poll may come before the operator's first word).
-    assert progress[-2:] == [
-        "  deleting: releasing 2 node pools first; node pools: pool-0 (Releasing), "
-        "pool-1 (Releasing)",
-        "  deleting: releasing 1 node pools first; node pools: pool-1 (Releasing)",
-    ]
+    assert progress[-2:] == [first, second]
     assert msj.get(api, ns, "llm", missing_ok=True) is None
 
 
