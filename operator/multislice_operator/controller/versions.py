@@ -152,8 +152,9 @@ def _say_support(old: Mapping[str, StrategySupport], new: Mapping[str, StrategyS
     strategies = REGISTRY.strategies()
     for name, found in new.items():
         if found != old.get(name):
-            said = strategies[name].said if name in strategies else name
-            log.info("%s: %s (%s)", said or name, "used" if found.usable else "not used", found.why)
+            strategy = strategies.get(name)
+            said = (strategy.said if strategy is not None else "") or name
+            log.info("%s: %s (%s)", said, "used" if found.usable else "not used", found.why)
 
 
 async def _optional_apis(rt: Runtime) -> tuple[bool | None, bool | None]:
