@@ -6,6 +6,7 @@ the CRD is ``crds/slice.yaml`` beside this module.
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import itertools
@@ -428,6 +429,8 @@ class SliceController:
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.Lock()  # one pass at a time (the simulator's timer, a test)
         self.stuck: set[str] = set()  # Slices whose deletion never completes
+        # (time, Slice, what the controller did): a test's evidence when it waited in vain.
+        self.history: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=500)
 
     def sync(self, cubes: dict[str, SubBlock]) -> None:
         with self._lock:
@@ -440,7 +443,10 @@ class SliceController:
         )
         taken = self._taken(objs)
         for obj in objs:
-            self._sync_one(obj, cubes, taken)
+            try:
+                self._sync_one(obj, cubes, taken)
+            except Exception:  # one Slice's failed call must not hold up the others' passes
+                log.exception("slice-controller slice=%s pass failed", obj["metadata"]["name"])
         live = {o["metadata"]["name"] for o in objs}
         self._tracked = {k: v for k, v in self._tracked.items() if k in live}
 
@@ -467,6 +473,7 @@ class SliceController:
                 self._write(obj, DEACTIVATING, "the Slice is being deleted")
             elif name not in self.stuck:
                 self.store.set_finalizer(name, False)
+                self._note(name, "finalizer removed")
             return
         if FINALIZER not in (obj["metadata"].get("finalizers") or []):
             self.store.set_finalizer(name, True)
@@ -510,7 +517,11 @@ class SliceController:
             name, {"conditions": [ready_condition(state, message, now, previous)]}
         )
         self._tracked[name] = _Tracked(state, self._clock())
+        self._note(name, state)
         log.info("slice-controller slice=%s state=%s %s", name, state, message)
+
+    def _note(self, name: str, what: str) -> None:
+        self.history.append((datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3], name, what))
 
     def _label(self, members: list[SubBlock], name: str, topology: str) -> None:
         for cube in members:

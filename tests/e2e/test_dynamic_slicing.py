@@ -65,6 +65,20 @@ def _state(obj: dict[str, Any]) -> str:
     return str(ready[0].get("reason", "")) if ready else ""
 
 
+def _describe(objs: list[dict[str, Any]]) -> str:
+    """Each Slice's state since when, its deletion and its finalizers (a timeout's evidence)."""
+    lines = []
+    for s in objs:
+        meta = s["metadata"]
+        ready = [c for c in (s.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+        since = ready[0].get("lastTransitionTime") if ready else None
+        lines.append(
+            f"{_name(s)}: {_state(s) or '-'} since {since}, deleted at "
+            f"{meta.get('deletionTimestamp')}, finalizers {meta.get('finalizers')}"
+        )
+    return "\n".join(lines) or "none"
+
+
 def _active(api: Any, ns: str, name: str) -> list[dict[str, Any]]:
     return [
         s
@@ -314,8 +328,17 @@ def test_a_degraded_slice_keeps_running_and_a_stuck_slice_is_released(
     assert not any(e.startswith("SliceLost") for e in msj.event_lines(stack.api, ns, "iw"))
     stack.sim.set_slice_stuck(victim)
     _delete(stack, ns, "iw")
+
+    def seen(n: int) -> str:  # on a timeout: which side was late, the simulator or the operator
+        assert stack.sim is not None and stack.sim.slice_controller is not None
+        done = [" ".join(h) for h in stack.sim.slice_controller.history if h[1] in before]
+        return (
+            f"Slices now:\n{_describe(_slices(stack.api, ns, 'iw'))}\n"
+            "The simulated slice controller:\n" + "\n".join(done) + f"\n{log(n)}"
+        )
+
     msj.wait_events(
         stack.api, ns, "iw", f"SliceFinalizerRemoved: Slice {victim} (DEACTIVATING)",
-        timeout=120, log=log,
+        timeout=120, log=seen,
     )  # fmt: skip
     _gone(stack, ns, "iw")

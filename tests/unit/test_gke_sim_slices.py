@@ -436,6 +436,39 @@ def test_a_deleted_slice_deactivates_and_a_stuck_one_waits_for_its_finalizer(
     wait_for(lambda: store.get("again") is None)
 
 
+def test_one_slices_failing_call_does_not_hold_up_the_others(
+    dyn: GkeSimulator,
+    dgke: container_v1.ClusterManagerClient,
+    registrar: InMemoryRegistrar,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass that fails on one Slice (its nodes' labels cannot be written) still deactivates
+    and releases the Slices after it: one error stopped the whole pass, every pass."""
+    ids = make_cubes(dyn, dgke, ["cube-a", "cube-b"])
+    store = store_of(dyn)
+    store.create(slice_obj("first", [ids["cube-a"]], topology="4x4x4"))
+    store.create(slice_obj("second", [ids["cube-b"]], topology="4x4x4"))
+    wait_for(lambda: state(dyn, "first") == state(dyn, "second") == slices.ACTIVE)
+    label = registrar.label
+
+    def broken(pool: str, labels: dict[str, str | None]) -> None:
+        if pool == "cube-a":
+            raise RuntimeError("the API server refused")
+        label(pool, labels)
+
+    monkeypatch.setattr(registrar, "label", broken)
+    store.delete("first")
+    store.delete("second")
+    wait_for(lambda: store.get("second") is None)
+    assert state(dyn, "first") == slices.ACTIVE  # its deletion waits for its nodes' labels
+    assert dyn.slice_controller is not None
+    done = [(name, what) for _, name, what in dyn.slice_controller.history if name == "second"]
+    assert done[-2:] == [("second", slices.DEACTIVATING), ("second", "finalizer removed")]
+    monkeypatch.setattr(registrar, "label", label)
+    wait_for(lambda: store.get("first") is None)
+    assert slices.SLICE_LABEL not in registrar.groups["cube-a"].labels
+
+
 def test_formation_failures_are_reported_as_gke_reports_them(
     dyn: GkeSimulator, dgke: container_v1.ClusterManagerClient
 ) -> None:
