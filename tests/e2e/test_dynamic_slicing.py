@@ -332,9 +332,14 @@ def test_a_degraded_slice_keeps_running_and_a_stuck_slice_is_released(
     def seen(n: int) -> str:  # on a timeout: which side was late, the simulator or the operator
         assert stack.sim is not None and stack.sim.slice_controller is not None
         done = [" ".join(h) for h in stack.sim.slice_controller.history if h[1] in before]
+        text = stack.op.log_path.read_text(errors="replace").splitlines()
+        trouble = [
+            line for line in text if any(w in line for w in (" ERROR ", " WARNING ", "Throttl"))
+        ]
         return (
             f"Slices now:\n{_describe(_slices(stack.api, ns, 'iw'))}\n"
-            "The simulated slice controller:\n" + "\n".join(done) + f"\n{log(n)}"
+            "The simulated slice controller:\n" + "\n".join(done) + "\n"
+            "The operator's errors and warnings:\n" + "\n".join(trouble[-30:]) + f"\n{log(n)}"
         )
 
     msj.wait_events(
