@@ -60,18 +60,21 @@ def _slices(api: Any, ns: str, name: str) -> list[dict[str, Any]]:
     )
 
 
+def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+    """The Slice's Ready condition ({} before the controller wrote one)."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
 def _state(obj: dict[str, Any]) -> str:
-    ready = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-    return str(ready[0].get("reason", "")) if ready else ""
+    return str(_ready(obj).get("reason", ""))
 
 
 def _describe(objs: list[dict[str, Any]]) -> str:
     """Each Slice's state since when, its deletion and its finalizers (a timeout's evidence)."""
     lines = []
     for s in objs:
-        meta = s["metadata"]
-        ready = [c for c in (s.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-        since = ready[0].get("lastTransitionTime") if ready else None
+        meta, since = s["metadata"], _ready(s).get("lastTransitionTime")
         lines.append(
             f"{_name(s)}: {_state(s) or '-'} since {since}, deleted at "
             f"{meta.get('deletionTimestamp')}, finalizers {meta.get('finalizers')}"
