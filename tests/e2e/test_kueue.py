@@ -264,15 +264,20 @@ def env_plan_key(env: Env, name: str) -> str:
 def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
     """Retry (no requeueAfterSeconds): Kueue evicts at once and, in a StrictFIFO ClusterQueue,
     orders the evicted Workload by its eviction time, so the job waiting behind it goes first."""
+    from multislice_local.nodes import finish_pod
+
     env.queue(64)
-    env.create("a", run="20s")  # holds its 32 chips throughout: c gets b's, not a's
+    # a and c run until told to end, so the moment asserted below (c running, b waiting) lasts
+    # until the test has seen it: with 20 s and 4 s runs, no poll of a CI run (13ef20d) fell
+    # inside it (b's Queued was written 2.6 s after its Retry, near the end of a's 20 s).
+    env.create("a", run="1h")  # holds its 32 chips throughout: c gets b's, not a's
     env.phase("a", "Running")
     env.sim.set_faults(stockout_next=1)
     env.create("b", run="4s")
     # b is admitted (its gang asked for) before c exists: c queues behind it, whatever the load.
     wait_for(lambda: env.witness.for_job(f"{env.ns}/b"), 60, "b's gang asked for",
              on_timeout=env.dump)  # fmt: skip
-    env.create("c", run="4s")
+    env.create("c", run="1h")
     env.phase("c", "Queued", 30)
 
     def c_runs_while_b_waits() -> dict[str, Any] | None:
@@ -295,15 +300,25 @@ def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
         env.stack.api, env.ns, "b", Reason.GANG_ROLLED_BACK, log=env.stack.op.log_tail
     )
     assert any(e.startswith(Reason.GANG_ROLLED_BACK) and "GCE_STOCKOUT" in e for e in lines), lines
-    assert "b" not in quota_holders(env)
+    assert quota_holders(env) == {"a", "c"}  # b waits without quota until c ends
+    hosts = sum(s["hosts"] for s in env.status("c")["slices"])
+    for pod in env.wait_running(f"{keys.JOB_NAME}=c", hosts, "c's pods running"):
+        finish_pod(env.stack.api, env.ns, pod)
     env.phase("c", "Succeeded")
     done = env.phase("b", "Succeeded", 120)
     assert done["provisioningAttempts"] == 2
     assert done["queue"]["retryCount"] >= 1  # Kueue counted the Retry (retryCount kept)
+    hosts = sum(s["hosts"] for s in env.status("a")["slices"])
+    for pod in env.wait_running(f"{keys.JOB_NAME}=a", hosts, "a's pods running"):
+        finish_pod(env.stack.api, env.ns, pod)
     env.phase("a", "Succeeded")
     wait_for(lambda: not any(env.pools(n) for n in "abc"), 30, "no pool left", on_timeout=env.dump)
     assert env.witness.without_quota() == []
-    assert len(env.witness.for_job(f"{env.ns}/b")) == 4  # two gangs of two, one at a time
+    b_gangs = [create.at for create in env.witness.for_job(f"{env.ns}/b")]
+    assert len(b_gangs) == 4  # two gangs of two, one at a time
+    # c got the quota b handed back, and b got in after it: c's gang between b's two.
+    c_gang = [create.at for create in env.witness.for_job(f"{env.ns}/c")]
+    assert len(c_gang) == 2 and max(b_gangs[:2]) < min(c_gang) <= max(c_gang) < min(b_gangs[2:])
 
 
 def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stack):
