@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from multislice_local.harness import wait_for
+from multislice_local.queues import condition
 from multislice_local.stack import PROJECT, LocalStack
 from multislice_operator.common import keys
 from tests import msj
@@ -62,8 +63,7 @@ def _slices(api: Any, ns: str, name: str) -> list[dict[str, Any]]:
 
 def _ready(obj: dict[str, Any]) -> dict[str, Any]:
     """The Slice's Ready condition ({} before the controller wrote one)."""
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == "Ready"), {})
+    return condition(obj, "Ready")
 
 
 def _state(obj: dict[str, Any]) -> str:
