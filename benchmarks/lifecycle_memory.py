@@ -24,14 +24,24 @@ defaults, as a pip-installed operator is: it starts itself again with every Pyth
 glibc's malloc on one arena, controller/memory.py) or `--allocator pymalloc` (the interpreter's
 defaults kept: MULTISLICE_MEMORY=as-started, the baseline of that change); `--env K=V` adds to
 the operator's environment.
+
+`--trace FRAMES` names what the load left alive: the operator runs with tracemalloc
+(PYTHONTRACEMALLOC=FRAMES and `benchmarks/memtrace/sitecustomize.py`, which writes a snapshot on
+SIGUSR1); a snapshot at idle and one after are compared, and the allocation sites that grew most
+are printed and saved. Tracing slows every allocation and holds its traces in the process: a
+traced run's RSS and times are not the untraced figures (50 jobs, not 200).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +69,10 @@ from multislice_operator.controller import memory
 
 NAMESPACE = "lifecycle"
 ACCELERATOR, SLICES = "v5litepod-8", 2
+MEMTRACE = Path(__file__).resolve().parent / "memtrace"  # its sitecustomize.py
+TRACE_DIR_ENV = "MULTISLICE_TRACE_DIR"  # memtrace/sitecustomize.py's DIR_ENV
+TRACE_TOP = 25  # allocation sites listed
+STDLIB = re.compile(r"^.*/lib/python3\.\d+/")
 
 
 class Sampler:
@@ -160,10 +174,14 @@ def run(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     image_allocator: bool = True,
+    trace: int = 0,
 ) -> dict[str, Any]:
     env = {**(allocator.image_env() if image_allocator else {}), **(env or {})}
     say(f"lifecycle memory: {n} Managed jobs of {SLICES} x {ACCELERATOR}, {allocator_name(env)}")
     log = (log_dir or Path(tempfile.mkdtemp(prefix="bench-"))) / f"operator-lifecycle-{n}.log"
+    trace_dir = log.parent / "memtrace" if trace else None
+    if trace_dir is not None:
+        env = {**env, **trace_env(env, trace, trace_dir)}
     timeout = 600 + n * 6.0  # a shared 2-core machine took more than 900 s for 200 jobs
     options = StackOptions(
         operator_log=log, operator_env=env, operator_image_allocator=image_allocator
@@ -178,12 +196,15 @@ def run(
             load(stack, [f"warm-{i:03d}" for i in range(warmup)], f"{run_s}s", timeout)
         time.sleep(idle_s)
         idle = snapshot(pid)
+        traced = [take_trace(pid, trace_dir, 0)] if trace_dir is not None else []
         started = time.monotonic()
         with Sampler(pid) as sampler:
             load(stack, [f"job-{i:05d}" for i in range(n)], f"{run_s}s", timeout)
         load_s = time.monotonic() - started
         time.sleep(after_s)
         after = snapshot(pid)
+        if trace_dir is not None:
+            traced.append(take_trace(pid, trace_dir, 1))
     out = {
         "jobs": n,
         "accelerator": ACCELERATOR,
@@ -202,8 +223,75 @@ def run(
         "allocator": allocator_name(env),
     }
     out["table"] = result_table(out)
-    save("lifecycle_memory", out)
+    if traced:
+        kept = retained(traced[0], traced[1])
+        out["trace_frames"], out["retained"] = trace, kept
+        retained_table(kept, trace)
+    save("lifecycle_memory" if not traced else "lifecycle_memory_trace", out)
     return out
+
+
+def trace_env(env: dict[str, str], frames: int, trace_dir: Path) -> dict[str, str]:
+    """The operator's environment for tracing: memtrace's sitecustomize first on its path."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(MEMTRACE), path) if p),
+        "PYTHONTRACEMALLOC": str(frames),
+        TRACE_DIR_ENV: str(trace_dir),
+    }
+
+
+def take_trace(pid: int, trace_dir: Path, number: int, timeout: float = 300) -> Path:
+    """The operator's `number`-th snapshot (0 first): asked for by SIGUSR1, written whole."""
+    target = trace_dir / f"{pid}-{number}.snapshot"
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while not target.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no tracemalloc snapshot {target} (is the operator tracing?)")
+        time.sleep(0.5)
+    return target
+
+
+def retained(before: Path, after: Path, top: int = TRACE_TOP) -> dict[str, Any]:
+    """What grew from one snapshot to the next, by allocation site (the whole traceback)."""
+    # The snapshot's own making (sitecustomize's signal handler) is not the load's.
+    ignore = [tracemalloc.Filter(False, f, all_frames=True)
+              for f in (tracemalloc.__file__, str(MEMTRACE / "*"))]  # fmt: skip
+    old = tracemalloc.Snapshot.load(str(before)).filter_traces(ignore)
+    new = tracemalloc.Snapshot.load(str(after)).filter_traces(ignore)
+    stats = new.compare_to(old, "traceback")
+    grew = sorted((s for s in stats if s.size_diff > 0), key=lambda s: -s.size_diff)
+    return {
+        "net_kib": sum(s.size_diff for s in stats) / 1024,
+        "grew_kib": sum(s.size_diff for s in grew) / 1024,
+        "sites": [
+            {
+                "kib": s.size_diff / 1024,
+                "blocks": s.count_diff,
+                "where": [f"{_short(fr.filename)}:{fr.lineno}" for fr in reversed(s.traceback)],
+            }
+            for s in grew[:top]
+        ],
+    }
+
+
+def _short(filename: str) -> str:
+    """A site's file, from its package (or the standard library's top) down."""
+    for marker in ("site-packages/", "/operator/", "/local/", "/benchmarks/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    return STDLIB.sub("", filename)
+
+
+def retained_table(r: dict[str, Any], frames: int) -> str:
+    return table(
+        f"What the load left alive (tracemalloc, {frames} frames; idle -> after): net "
+        f"{r['net_kib']:.0f} KiB, {r['grew_kib']:.0f} KiB at the sites that grew",
+        ["KiB", "blocks", "where (innermost first)"],
+        [[f"{x['kib']:.1f}", x["blocks"], " < ".join(x["where"])] for x in r["sites"]],
+    )
 
 
 def result_table(r: dict[str, Any]) -> str:
@@ -248,12 +336,21 @@ def main(argv: list[str] | None = None) -> int:
         help="image: the operator image's (jemalloc; the Dockerfile's ENV); glibc: started on "
         "the interpreter's defaults (the operator moves to glibc's malloc); pymalloc: kept on them",
     )
+    p.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="run the operator under tracemalloc with FRAMES frames and list what the load left "
+        "alive (slower; its RSS is not the untraced figure)",
+    )
     args = p.parse_args(argv)
     env = dict(kv.split("=", 1) for kv in args.env)
     if args.allocator == "pymalloc":
         env[memory.CHOICE_ENV] = memory.AS_STARTED
     image = args.allocator == "image"
-    run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env, image_allocator=image)
+    run(args.jobs, args.warmup, args.idle, args.after, args.run, env=env, image_allocator=image,
+        trace=args.trace)  # fmt: skip
     return 0
 
 
