@@ -60,6 +60,7 @@ from benchmarks.common import (
     table,
     threads_of,
 )
+from benchmarks.memtrace.sitecustomize import DIR_ENV  # installs nothing here: no DIR_ENV set
 from benchmarks.watcher import Spec, Watcher
 from multislice_local import allocator
 from multislice_local.nodes import RUN_DURATION_ANNOTATION
@@ -70,7 +71,6 @@ from multislice_operator.controller import memory
 NAMESPACE = "lifecycle"
 ACCELERATOR, SLICES = "v5litepod-8", 2
 MEMTRACE = Path(__file__).resolve().parent / "memtrace"  # its sitecustomize.py
-TRACE_DIR_ENV = "MULTISLICE_TRACE_DIR"  # memtrace/sitecustomize.py's DIR_ENV
 TRACE_TOP = 25  # allocation sites listed
 STDLIB = re.compile(r"^.*/lib/python3\.\d+/")
 
@@ -238,7 +238,7 @@ def trace_env(env: dict[str, str], frames: int, trace_dir: Path) -> dict[str, st
     return {
         "PYTHONPATH": os.pathsep.join(p for p in (str(MEMTRACE), path) if p),
         "PYTHONTRACEMALLOC": str(frames),
-        TRACE_DIR_ENV: str(trace_dir),
+        DIR_ENV: str(trace_dir),
     }
 
 

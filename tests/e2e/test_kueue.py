@@ -92,6 +92,14 @@ class Env:
 
         return wait_for(up, 120, what, on_timeout=self.dump)
 
+    def finish(self, name: str, what: str) -> None:
+        """End a job whose pods run until told to: each host's pod, once Running, succeeds."""
+        from multislice_local.nodes import finish_pod
+
+        hosts = sum(s["hosts"] for s in self.status(name)["slices"])
+        for pod in self.wait_running(f"{keys.JOB_NAME}={name}", hosts, what):
+            finish_pod(self.stack.api, self.ns, pod)
+
     def waiting_for_quota(self, name: str, timeout: float = 60) -> dict[str, Any]:
         """Queued with Kueue's reason for it: the first Queued says only that the Workload was
         made and Kueue has yet to look at it."""
@@ -264,8 +272,6 @@ def env_plan_key(env: Env, name: str) -> str:
 def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
     """Retry (no requeueAfterSeconds): Kueue evicts at once and, in a StrictFIFO ClusterQueue,
     orders the evicted Workload by its eviction time, so the job waiting behind it goes first."""
-    from multislice_local.nodes import finish_pod
-
     env.queue(64)
     # a and c run until told to end, so the moment asserted below (c running, b waiting) lasts
     # until the test has seen it: with 20 s and 4 s runs, no poll of a CI run (13ef20d) fell
@@ -301,16 +307,12 @@ def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
     )
     assert any(e.startswith(Reason.GANG_ROLLED_BACK) and "GCE_STOCKOUT" in e for e in lines), lines
     assert quota_holders(env) == {"a", "c"}  # b waits without quota until c ends
-    hosts = sum(s["hosts"] for s in env.status("c")["slices"])
-    for pod in env.wait_running(f"{keys.JOB_NAME}=c", hosts, "c's pods running"):
-        finish_pod(env.stack.api, env.ns, pod)
+    env.finish("c", "c's pods running")
     env.phase("c", "Succeeded")
     done = env.phase("b", "Succeeded", 120)
     assert done["provisioningAttempts"] == 2
     assert done["queue"]["retryCount"] >= 1  # Kueue counted the Retry (retryCount kept)
-    hosts = sum(s["hosts"] for s in env.status("a")["slices"])
-    for pod in env.wait_running(f"{keys.JOB_NAME}=a", hosts, "a's pods running"):
-        finish_pod(env.stack.api, env.ns, pod)
+    env.finish("a", "a's pods running")
     env.phase("a", "Succeeded")
     wait_for(lambda: not any(env.pools(n) for n in "abc"), 30, "no pool left", on_timeout=env.dump)
     assert env.witness.without_quota() == []
@@ -322,8 +324,6 @@ def test_stockout_retry_hands_the_quota_to_the_next_job_and_gets_in_later(env):
 
 
 def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stack):
-    from multislice_local.nodes import finish_pod
-
     high, low = f"high-{env.ns}", f"low-{env.ns}"
     classes = [queues.priority_class(high, 1000), queues.priority_class(low, 10)]
     queues.apply(stack.api, classes)
@@ -359,10 +359,7 @@ def test_a_higher_priority_job_preempts_and_the_low_one_finishes_later(env, stac
     assert [p for p in registrar.shut_down[shut:] if "/slow-" in p] == []
     env.phase("urgent", "Succeeded")
     env.phase("slow", "Running", 120)  # admitted again, on a new gang
-    hosts = sum(s["hosts"] for s in env.status("slow")["slices"])
-
-    for pod in env.wait_running(f"{keys.JOB_NAME}=slow", hosts, "slow's pods running again"):
-        finish_pod(stack.api, env.ns, pod)
+    env.finish("slow", "slow's pods running again")
     done = env.phase("slow", "Succeeded", 120)
     assert done["restarts"] == 0  # a preemption is not a restart of all slices
     assert done["queue"]["preemptions"] == 1
