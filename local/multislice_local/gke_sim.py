@@ -1064,6 +1064,13 @@ class GkeSimulator:
         else:
             self.slice_controller.stuck.discard(name)
 
+    def set_slice_unlabel_delay(self, seconds: float) -> None:
+        """Make the slice controller take `seconds` to take a deleted Slice's name off its
+        nodes (GKE's does not do it at once)."""
+        if self.slice_controller is None:
+            raise RuntimeError("no slice store: construct the simulator with slice_store")
+        self.slice_controller.unlabel_delay_s = seconds
+
     def sync_slices(self) -> None:
         """One pass of the slice controller now (it also runs every ``slice_sync_s``)."""
         if self.slice_controller is None:

@@ -409,7 +409,9 @@ class SliceController:
     topology. Afterwards it follows its cubes: a DEGRADED cube makes it ACTIVE_DEGRADED (HEALTHY
     again: ACTIVE), an UNHEALTHY one (or one that lost its nodes) FAILED, which stays until the
     Slice is deleted. Deleting removes the node labels, shows DEACTIVATING for one pass (its
-    partitions still held) and then frees them (the finalizer goes); a Slice named in
+    partitions still held) and then frees them (the finalizer goes); with
+    :attr:`unlabel_delay_s` the deleted Slice's nodes keep its name that long first (GKE's
+    controller takes its time: a restarted pod may still see them labelled); a Slice named in
     :attr:`stuck` stays DEACTIVATING until someone removes its finalizer (GKE's troubleshooting
     page names Slices stuck so; its guide deletes a Slice by removing the finalizer).
     ``slice.gke.io/retry-on-failure: "true"`` retries SliceCreationFailed.
@@ -429,6 +431,7 @@ class SliceController:
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.Lock()  # one pass at a time (the simulator's timer, a test)
         self.stuck: set[str] = set()  # Slices whose deletion never completes
+        self.unlabel_delay_s = 0.0  # how long a deleted Slice's nodes keep its name
         # (time, Slice, what the controller did): a test's evidence when it waited in vain.
         self.history: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=500)
 
@@ -468,6 +471,8 @@ class SliceController:
         state = state_of(obj)
         if obj["metadata"].get("deletionTimestamp"):
             if state in (ACTIVATING, ACTIVE, ACTIVE_DEGRADED, FAILED):
+                if self._clock() - self._since(name, "deleted") < self.unlabel_delay_s:
+                    return
                 self._unlabel(members)
             if state != DEACTIVATING and FINALIZER in (obj["metadata"].get("finalizers") or []):
                 self._write(obj, DEACTIVATING, "the Slice is being deleted")

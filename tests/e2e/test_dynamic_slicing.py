@@ -294,7 +294,13 @@ def test_a_degraded_slice_is_reformed_when_asked(
     assert stack.sim is not None
     stack.sim.add_reservation("iw-degraded", {"block-1": 3}, project=PROJECT)
     create(stack.api, ns, _job("iw", "iw-degraded", options={"degraded": "ReplaceWhenSpare"}))
-    _swap(stack, ns, "DEGRADED")
+    # The slice controller keeps the old Slice's name on the degraded cube's nodes a while (GKE's
+    # takes its time): slice 1's restarted pods must still land on the new Slice, not there.
+    stack.sim.set_slice_unlabel_delay(15)
+    try:
+        _swap(stack, ns, "DEGRADED")
+    finally:
+        stack.sim.set_slice_unlabel_delay(0)
     _delete(stack, ns, "iw")
     _gone(stack, ns, "iw")
 

@@ -5,6 +5,7 @@ released at the end (issue 41)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -78,6 +79,16 @@ def _slice(plan: Any, i: int, parts: tuple[str, ...], state: str = "ACTIVE", tur
            deleting: bool = False) -> SliceObjectObservation:  # fmt: skip
     return SliceObjectObservation(cubes.slice_names(plan.job_key, i)[turn], i, parts, state,
                                   deleting)  # fmt: skip
+
+
+def _on_cubes(plan: Any, counts: dict[int, int], attempt: int = 0) -> list[Pod]:
+    """Running pods, slice i's on cube i's pool (Managed cubes: the pod says its node's pool)."""
+    return [
+        Pod(f"job-slice-{i}-{h}", i, attempt, "Running", ready=True, node=f"n-p{i}-{h}",
+            pool=plan.pools[i].name)
+        for i, n in sorted(counts.items())
+        for h in range(n)
+    ]  # fmt: skip
 
 
 def _of(kind: type, actions: list[Any]) -> list[Any]:
@@ -162,7 +173,7 @@ def test_a_failed_slice_is_reformed_from_the_spare_cube_and_every_slice_restarts
     sp = _plan()  # 2 slices of one cube + 1 spare cube (p2)
     plan = sp[1]
     slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "FAILED")]
-    d = _p1_failed(sp, slices, JobSetObservation(), jobs.running({0: 16, 1: 16}))
+    d = _p1_failed(sp, slices, JobSetObservation(), _on_cubes(plan, {0: 16, 1: 16}))
     assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[1].name,))]
     made = _of(CreateSlice, d.actions)
     # The lost slice only, on the spare cube, under its other name (the old one is going away).
@@ -285,10 +296,80 @@ def test_a_degraded_slice_is_replaced_when_a_healthy_spare_exists() -> None:
     slices = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
     d = _run(sp, _running_old(), slices=_pools(plan), cubes=_degraded(plan, "p0"),
              slice_objects=slices, jobset=JobSetObservation(),
-             pods=jobs.running({0: 16, 1: 16}))  # fmt: skip
+             pods=_on_cubes(plan, {0: 16, 1: 16}))  # fmt: skip
     assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p2",)]
     assert _of(DeleteSlices, d.actions) == [DeleteSlices((slices[0].name,))]
     assert _of(EvictPods, d.actions) and any(e.reason == "SliceLost" for e in d.events)
+
+
+def _labelled(plan: Any, carried: dict[str, str], degraded: str = "") -> list[CubeObservation]:
+    """The cubes, cube i's nodes n-p{i}-h; `carried`: partition -> the Slice name its nodes
+    carry (cloud.google.com/gke-tpu-slice)."""
+    return [
+        dataclasses.replace(c, state="DEGRADED" if c.partition == degraded else c.state,
+                            nodes=frozenset(f"n-{c.partition}-{h}" for h in range(16)),
+                            slices=frozenset({carried[c.partition]} if c.partition in carried
+                                             else ()))
+        for c in _cubes(plan)
+    ]  # fmt: skip
+
+
+def test_a_replaced_slices_pods_go_only_once_its_nodes_no_longer_carry_its_name() -> None:
+    """The e2e test_a_degraded_slice_is_reformed_when_asked saw slice 1's restarted pods run on
+    the old, degraded cube: they were evicted in the pass that deleted its Slice, and the pod
+    template accepts every name of the job's Slices, which the old cube's nodes still carried
+    until the slice controller's next pass. The pods go once the name is off the usable cube;
+    the pods on current Slices stay; and a pass after the old Slice is gone still finds them."""
+    sp = _plan(degraded="ReplaceWhenSpare")
+    plan = sp[1]
+    name = lambda i, turn=0: cubes.slice_names(plan.job_key, i)[turn]  # noqa: E731
+    pods = _on_cubes(plan, {0: 16, 1: 16})
+    base: dict[str, Any] = dict(slices=_pools(plan), jobset=JobSetObservation(), pods=pods)
+    labelled = {"p0": name(0), "p1": name(1)}
+    # The pass that finds slice 0 degraded: its Slice deleted, one formed on p2; no pod evicted.
+    first = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED"), _slice(plan, 1, ("p1",))]
+    d = _run(sp, _running_old(), cubes=_labelled(plan, labelled, "p0"), slice_objects=first,
+             **base)  # fmt: skip
+    assert _of(DeleteSlices, d.actions) == [DeleteSlices((name(0),))]
+    assert [a.partitions for a in _of(CreateSlice, d.actions)] == [("p2",)]
+    assert not _of(EvictPods, d.actions) and any(e.reason == "SliceLost" for e in d.events)
+    assert d.requeue_after is not None and d.requeue_after <= 2
+    # The old Slice is going, the new one ACTIVE, but p0's nodes still carry the old name.
+    going = [_slice(plan, 0, ("p0",), "ACTIVE_DEGRADED", deleting=True),
+             _slice(plan, 0, ("p2",), turn=1), _slice(plan, 1, ("p1",))]  # fmt: skip
+    now = {**labelled, "p2": name(0, 1)}
+    d = _run(sp, _running_old(), cubes=_labelled(plan, now, "p0"), slice_objects=going, **base)
+    assert not _of(EvictPods, d.actions) and not _of(DeleteSlices, d.actions)
+    # The name is off p0 (the old Slice DEACTIVATING, or gone): slice 0's pods on p0 go.
+    unlabelled = {"p1": name(1), "p2": name(0, 1)}
+    on_p0 = EvictPods(tuple(sorted(p.name for p in pods if p.pool == plan.pools[0].name)))
+    for seen in (going, going[1:]):
+        d = _run(sp, _running_old(), cubes=_labelled(plan, unlabelled, "p0"), slice_objects=seen,
+                 **base)  # fmt: skip
+        assert _of(EvictPods, d.actions) == [on_p0]
+
+
+def test_with_existing_cubes_the_pods_on_a_lost_slices_nodes_go() -> None:
+    """Existing cubes: a pod does not say its pool (not the job's), its node places it."""
+    sp = _plan(cubes_source="Existing")
+    plan = sp[1]
+    there = [
+        CubeObservation(
+            f"p{i}",
+            f"pool-{i}",
+            "UNHEALTHY" if i == 1 else "HEALTHY",
+            16,
+            nodes=frozenset(f"n-p{i}-{h}" for h in range(16)),
+        )
+        for i in range(3)
+    ]
+    pods = [Pod(f"job-slice-{i}-{h}", i, 0, "Running", ready=True, node=f"n-p{i}-{h}")
+            for i in (0, 1) for h in range(16)]  # fmt: skip
+    slices = [_slice(plan, 0, ("p0",)), _slice(plan, 1, ("p1",), "FAILED")]
+    d = _run(sp, _running_old(), cubes=there, slice_objects=slices, jobset=JobSetObservation(),
+             pods=pods)  # fmt: skip
+    slice_1 = tuple(sorted(f"job-slice-1-{h}" for h in range(16)))
+    assert _of(EvictPods, d.actions) == [EvictPods(slice_1)]
 
 
 def test_without_a_healthy_spare_a_degraded_slice_keeps_running() -> None:

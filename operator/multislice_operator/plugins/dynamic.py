@@ -105,6 +105,9 @@ UNHEALTHY = "UNHEALTHY"
 # The cubes a Slice may be formed from, healthy ones first; the pods' node affinity takes the
 # same (xpk's webhook default, HEALTHY_AND_DEGRADED).
 USABLE = (HEALTHY, DEGRADED)
+# A pass waiting for a going Slice's name to leave its nodes looks again this soon (a node's
+# labels changing wakes the job too; this is for a missed event).
+STALE_LABEL_RECHECK_S = 2.0
 
 
 # ---------------------------------------------------------------- what it observes and does
@@ -121,6 +124,8 @@ class CubeObservation:
     ready_hosts: int = 0
     ours: bool = False  # a pool the job created (Managed cubes)
     block: str = ""  # its reservation block (cloud.google.com/gce-topology-block)
+    nodes: frozenset[str] = frozenset()  # its nodes' names
+    slices: frozenset[str] = frozenset()  # the Slice names its nodes carry (gke-tpu-slice)
 
 
 @dataclass(frozen=True)
@@ -230,7 +235,7 @@ class DynamicSlices:
         _release_stuck(f, b, plan)
         formed = _form(f, b, plan)
         lost = frozenset(f.slices.lost)
-        if started and lost:
+        if started:
             _restart(f, b, plan, lost, formed)
         capacity = _report(f, b, plan, started, lost, formed)
         if not started:
@@ -493,14 +498,16 @@ def _form(f: Facts, b: Builder, plan: Plan) -> bool:
 
 
 def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: bool) -> None:
-    """A lost slice while the JobSet runs: the pods on the lost Slice go (evicted: a disruption,
-    so JobSet restarts every slice without charging maxRestarts), and the new Slice takes them
-    when ACTIVE. A pass may still see the lost Slice after JobSet restarted: the new attempt's
-    pods, unbound or on another Slice's cubes, are not the lost Slice's and stay."""
-    parts = {c for o in _lost_objects(f.obs, plan) for c in o.partitions}
-    pools = {c.pool for c in _dyn(f.obs).cubes if c.partition in parts}
-    pods = tuple(sorted(p.name for p in f.live_pods if not p.deleting and _on(p, pools, lost)))
-    if pods:
+    """While the JobSet runs: the pods left on cubes no current Slice holds (a lost Slice's) go,
+    evicted (a disruption: JobSet restarts every slice without charging maxRestarts), but only
+    once no usable cube still carries the name of one of the job's Slices that is going: the
+    pod template accepts every name of the job's (`place`), so a pod restarted earlier could
+    land on the old Slice's nodes, which the slice controller unlabels in its own time, instead
+    of on the new Slice. The new attempt's pods, unbound or on a current Slice's cubes, stay."""
+    pods = _stranded(f, plan)
+    if pods and _stale(f.obs, plan):
+        b.requeue_in(STALE_LABEL_RECHECK_S)
+    elif pods:
         b.add(EvictPods(pods))
     for i in sorted(lost):
         old = f.old.slice(i)
@@ -513,15 +520,28 @@ def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: boo
             b.event(Reason.SLICE_LOST, f"slice {i} lost its Slice ({f.slices.lost[i]}); {then}")
 
 
-def _on(pod: Pod, pools: set[str], lost: frozenset[int]) -> bool:
-    """The pod is on a lost Slice: on one of its cube pools, whatever its JobSet slice index
+def _stranded(f: Facts, plan: Plan) -> tuple[str, ...]:
+    """The job's placed pods on cubes no current Slice holds, whatever their JobSet slice index
     (JobSet's exclusive placement puts replicated Job i on any of the job's Slices, not on
-    Slice i). Where the job does not own the pool (Existing cubes), a placed pod of a lost
-    slice's index, as the Slice's name says."""
+    Slice i): by their node's pool (Managed cubes) or their node (Existing cubes)."""
+    held = {p for o in _current(f.obs, plan).values() for p in o.partitions}
+    away = [c for c in _dyn(f.obs).cubes if c.partition not in held]
+    pools = {c.pool for c in away}
+    nodes = {n for c in away for n in c.nodes}
+    return tuple(sorted(p.name for p in f.live_pods if not p.deleting and _on(p, pools, nodes)))
+
+
+def _on(pod: Pod, pools: set[str], nodes: set[str]) -> bool:
     if pod.pool is not None:
         return pod.pool in pools
-    placed = pod.node is not None or pod.phase != "Pending"
-    return placed and pod.slice_index in lost
+    return pod.node is not None and pod.node in nodes
+
+
+def _stale(obs: Observed, plan: Plan) -> bool:
+    """A usable cube's nodes still carry the name of a job's Slice that is lost or going."""
+    current = {o.name for o in _current(obs, plan).values()}
+    going = set(cubes.all_slice_names(plan.job_key, plan.slices)) - current
+    return any(c.slices & going for c in _dyn(obs).cubes if c.state in USABLE)
 
 
 def _report(f: Facts, b: Builder, plan: Plan, started: bool, lost: frozenset[int],
@@ -636,6 +656,7 @@ def _cubes_seen(plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
         if members[0]["accelerator"] != plan.shape.generation.gke_accelerator:
             continue
         labels = members[0]["labels"]
+        carried = {n["labels"].get(keys.GKE_TPU_SLICE) for n in members}
         found.append(
             CubeObservation(
                 labels[keys.GKE_TPU_PARTITION_ID],
@@ -644,6 +665,8 @@ def _cubes_seen(plan: Plan, nodes: Mapping[Any, Iterable[dict[str, Any]]]
                 sum(1 for n in members if n["ready"]),
                 str(pool) in own,
                 labels.get(keys.GCE_TOPOLOGY_BLOCK, ""),
+                frozenset(n.get("name", "") for n in members),
+                frozenset(s for s in carried if s),
             )
         )
     return found
