@@ -29,6 +29,7 @@ from multislice_operator.controller import (
     apisession,  # noqa: F401  (the login handler)
     kueue,
     metrics,
+    relist,
     serving,
     versions,
 )
@@ -171,6 +172,7 @@ async def startup(
             watched={w: kwargs.get(_index_id(x), {}) for w, x in _PLUGIN_WATCHES.items()},
         ),
     )
+    relist.track(_indexed_kinds(rt.indexes, kwargs))
     rt.readiness.leader_elect = ours.leader_elect
     rt.readiness.standby_ready = ours.ready_standby
     _bind_metrics(rt)
@@ -195,6 +197,24 @@ async def startup(
                 ours.gke_workload_identity, ours.gke_node_service_account, ours.gke_node_scopes
             ),
         )
+
+
+def _indexed_kinds(indexes: Indexes, kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Each kopf index with the kind whose watch feeds it: (API group, plural, index)."""
+    kinds = [
+        (JOBSETS[0], JOBSETS[2], indexes.jobsets),
+        ("", "pods", indexes.pods),
+        ("", "nodes", indexes.nodes),
+    ]
+    for (group, _, plural), index_id in (
+        (kueue.WORKLOADS, "workload_index"),
+        (kueue.LOCAL_QUEUES, "local_queue_index"),
+        (kueue.ADMISSION_CHECKS, "admission_check_index"),
+    ):
+        if index_id in kwargs:
+            kinds.append((group, plural, kwargs[index_id]))
+    kinds += [(x.group, x.plural, indexes.watched[w]) for w, x in _PLUGIN_WATCHES.items()]
+    return kinds
 
 
 @kopf.on.cleanup()

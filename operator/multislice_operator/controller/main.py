@@ -62,7 +62,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     import uvloop
 
-    from multislice_operator.controller import discovery, handlers
+    from multislice_operator.controller import discovery, handlers, relist
 
     settings = from_args(args)
     problems = settings.problems()
@@ -73,6 +73,7 @@ def run_operator(args: argparse.Namespace) -> int:
     setup_logging(settings)
     handlers.configure(settings, make_provisioner)
     discovery.install(handlers.api_groups(), optional=handlers.optional_api_groups())
+    relist.install()
     namespaces = settings.namespaces
     try:
         # uvloop's event loop: its transports and TLS are libuv's and C, where asyncio's are
@@ -86,6 +87,7 @@ def run_operator(args: argparse.Namespace) -> int:
                     # High availability is a coordination.k8s.io Lease (--leader-elect), not
                     # kopf's peering: kopf never pauses, every replica watches, one reconciles.
                     standalone=True,
+                    memories=relist.MEMORIES,
                 )
             )
     except KeyboardInterrupt:
