@@ -347,6 +347,9 @@ def test_a_replaced_slices_pods_go_only_once_its_nodes_no_longer_carry_its_name(
         d = _run(sp, _running_old(), cubes=_labelled(plan, unlabelled, "p0"), slice_objects=seen,
                  **base)  # fmt: skip
         assert _of(EvictPods, d.actions) == [on_p0]
+    # A name left behind by a Slice that is gone waits for nothing: no controller would take it.
+    d = _run(sp, _running_old(), cubes=_labelled(plan, now, "p0"), slice_objects=going[1:], **base)
+    assert _of(EvictPods, d.actions) == [on_p0]
 
 
 def test_with_existing_cubes_the_pods_on_a_lost_slices_nodes_go() -> None:

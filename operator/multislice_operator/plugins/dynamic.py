@@ -538,9 +538,10 @@ def _on(pod: Pod, pools: set[str], nodes: set[str]) -> bool:
 
 
 def _stale(obs: Observed, plan: Plan) -> bool:
-    """A usable cube's nodes still carry the name of a job's Slice that is lost or going."""
+    """A usable cube's nodes still carry the name of a job's Slice that is lost or going away
+    (one already gone waits for nothing: no controller would take its name off)."""
     current = {o.name for o in _current(obs, plan).values()}
-    going = set(cubes.all_slice_names(plan.job_key, plan.slices)) - current
+    going = {o.name for o in _dyn(obs).slice_objects} - current
     return any(c.slices & going for c in _dyn(obs).cubes if c.state in USABLE)
 
 
