@@ -1,7 +1,8 @@
-"""kopf's private API, the two pieces the operator leans on: controller/kube.py rides kopf's own
-API client (its session, credentials and re-authentication), and controller/discovery.py wraps
+"""kopf's private API, the three pieces the operator leans on: controller/kube.py rides kopf's own
+API client (its session, credentials and re-authentication), controller/discovery.py wraps
 the two processors of kopf's namespace and CRD discovery (tests/unit/test_discovery.py pins their
-behaviour). kopf is pinned exactly in
+behaviour), and controller/relist.py wraps kopf's list-then-watch and prunes its indexes and
+memories after a listing (tests/unit/test_relist.py). kopf is pinned exactly in
 pyproject.toml's `operator` extra (and image/requirements.lock); these tests fail when a kopf
 upgrade moves what kube.py calls, and when new code reaches for another private name. The last
 test drives kopf's own per-object worker with the operator's settings (how long it holds a body)."""
@@ -27,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PRIVATE = {
     "kopf._cogs.clients.api",
     "kopf._cogs.clients.errors",
+    "kopf._cogs.clients.watching",
+    "kopf._core.reactor.inventory",
     "kopf._core.reactor.observation",
 }
 IMPORT = re.compile(r"^from (kopf\._[\w.]+) import (\w+)|^import (kopf\._[\w.]+)", re.M)
@@ -58,6 +61,27 @@ def test_the_request_function_kube_py_calls_keeps_its_shape() -> None:
     for name in ("method", "url", "payload", "headers", "backoffs", "settings", "logger"):
         assert name in sig.parameters, name
     assert isinstance(kopf.OperatorSettings(), kopf.OperatorSettings)
+
+
+def test_what_relist_py_wraps_and_prunes_keeps_its_shape() -> None:
+    """The list-then-watch that infinite_watch calls by its module name, the bookmark that ends a
+    listing, an index's reverse map keyed (namespace, name, uid), the memories keyed by uid."""
+    from kopf._cogs.clients import watching
+    from kopf._core.engines import indexing
+    from kopf._core.reactor import inventory
+
+    params = inspect.signature(watching.continuous_watch).parameters
+    assert {"settings", "resource", "namespace", "operator_pause_waiter"} <= set(params)
+    assert "continuous_watch(" in inspect.getsource(watching.infinite_watch)
+    assert isinstance(watching.Bookmark.LISTED, watching.Bookmark)
+    indexer = indexing.OperatorIndexer()
+    indexer.replace(("ns", "n", "u"), {"k": 1})
+    assert indexer.index._Index__reverse == {("ns", "n", "u"): {"k"}}  # type: ignore[attr-defined]
+    indexer.index._discard(("ns", "n", "u"))
+    assert not indexer.index
+    memories = inventory.ResourceMemories()
+    asyncio.run(memories.recall({"metadata": {"uid": "u"}}))  # type: ignore[arg-type]
+    assert set(memories._items) == {"u"}
 
 
 def test_the_errors_kube_py_catches_keep_their_hierarchy() -> None:
