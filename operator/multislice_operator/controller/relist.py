@@ -17,6 +17,7 @@ nothing live is dropped. Nothing else changes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -76,6 +77,7 @@ Stream = Callable[..., AsyncIterator[Any]]
 
 
 def listing_pruner(original: Stream) -> Stream:
+    @functools.wraps(original)  # kopf's signature and name still show through (__wrapped__)
     async def continuous_watch(*, resource: Any, namespace: str | None, **kw: Any
                                ) -> AsyncIterator[Any]:  # fmt: skip
         listed: set[str] = set()
