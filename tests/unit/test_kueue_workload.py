@@ -234,3 +234,43 @@ def test_multikueues_check_on_a_workload_is_told_apart_by_its_controller_name():
     wl["status"]["admissionChecks"] = []  # quota reserved before Kueue listed any
     bare = workload_observation(rt, summarize_workload(wl)[("ns", "job")], {"gang": {}})
     assert not bare.checks_listed and bare.check is None
+
+
+def test_the_workload_a_pass_created_stands_in_until_the_watch_brings_it(monkeypatch: Any) -> None:
+    """The write budget under a CPU burner saw 5 Workload creates for 4 queued jobs: a pass ran
+    before the watch brought the Workload the last one created, saw none, and created it again
+    (a 409, still a write). The created copy stands in until the index holds the Workload, for
+    WORKLOAD_ECHO_SECONDS at most (one deleted before the watch showed it is not believed
+    forever)."""
+    from multislice_operator.controller import kueue
+    from multislice_operator.controller.runtime import Indexes, Runtime
+    from multislice_operator.reconcile import DecideConfig
+    from multislice_operator.settings import Settings
+
+    workloads: dict[Any, Any] = {}
+    rt = Runtime(
+        settings=Settings(),
+        kube=None,  # type: ignore[arg-type]
+        provisioner=None,
+        cfg=DecideConfig.from_settings(),
+        indexes=Indexes(jobsets={}, pods={}, nodes={}, workloads=workloads),
+    )
+    job_spec, plan = jobs.spec_and_plan()
+    wl = kw.render_workload(plan, render_pod_template(plan, job_spec), uid="u-7", queue="lq")
+    wl["metadata"] |= {"uid": "w-1", "resourceVersion": "12"}
+    assert kueue.workload_summary(rt, "ns", "job") is None
+    now = [1000.0]
+    monkeypatch.setattr(kueue.time, "monotonic", lambda: now[0])
+    kueue.remember_created(rt, ("ns", "job"), wl)
+    made = kueue.workload_summary(rt, "ns", "job")
+    assert made is not None
+    assert (made["name"], made["resourceVersion"]) == ("multislicejob-job", "12")
+    # The watch caught up: the index's copy, and the created one is dropped.
+    indexed = {**made, "resourceVersion": "13"}
+    workloads[("ns", "job")] = [indexed]
+    assert kueue.workload_summary(rt, "ns", "job") == indexed and not rt.created_workloads
+    # A created one the watch never showed is believed for WORKLOAD_ECHO_SECONDS only.
+    del workloads[("ns", "job")]
+    kueue.remember_created(rt, ("ns", "job"), wl)
+    now[0] += kueue.WORKLOAD_ECHO_SECONDS + 1
+    assert kueue.workload_summary(rt, "ns", "job") is None and not rt.created_workloads

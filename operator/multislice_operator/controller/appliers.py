@@ -331,7 +331,8 @@ async def create_workload(rt: Runtime, t: Target, a: CreateWorkload) -> None:
     except NotFound:  # no Workload API: decide() says so once its bound passed
         log.warning("no Kueue Workload API here job=%s/%s", t.namespace, t.name)
         return
-    if created:
+    if created is not None:
+        kueue.remember_created(rt, t.key, created)
         log.info(
             "workload %s created job=%s/%s tpu=%d",
             body["metadata"]["name"], t.namespace, t.name, kueue_workload.quota_chips(plan),

@@ -486,14 +486,17 @@ class Kube:
             headers=APPLY_PATCH,
         )
 
-    async def create_workload(self, body: dict[str, Any]) -> bool:
-        """Create the job's Workload; False when one of that name exists (idempotent)."""
+    async def create_workload(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the job's Workload: the created object, or None when one of that name exists
+        (idempotent)."""
         ns = body["metadata"]["namespace"]
         try:
-            await self._call("post", f"{KUEUE}/namespaces/{_q(ns)}/workloads?{STRICT}", body)
+            created: dict[str, Any] = await self._call(
+                "post", f"{KUEUE}/namespaces/{_q(ns)}/workloads?{STRICT}", body
+            )
         except Conflict:
-            return False
-        return True
+            return None
+        return created
 
     async def delete_workload(self, namespace: str, name: str, resource_version: str) -> None:
         """Delete the Workload as of `resource_version` (a precondition: not one that moved)."""

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +44,10 @@ WORKLOADS = (GROUP, VERSION, "workloads")
 LOCAL_QUEUES = (GROUP, VERSION, "localqueues")
 ADMISSION_CHECKS = (GROUP, VERSION, "admissionchecks")
 ACTIVATION_RESYNC_SECONDS = 30.0
+# How long the Workload a pass created stands in for the watch's copy: the next pass must not
+# create it again while the watch is behind (a second POST, answered 409, under load), and one
+# deleted before the watch ever showed it is not believed for longer than this.
+WORKLOAD_ECHO_SECONDS = 30.0
 # pkg/scheduler/preemption/preemption.go (v0.17.0): "Preempted to accommodate a workload (UID: %s,
 # JobUID: %s) due to %s; preemptor path: ...".
 PREEMPTOR = re.compile(r"\(UID: (?P<uid>[^,)]+), JobUID: (?P<job>[^,)]+)\)")
@@ -176,9 +181,28 @@ def workload_summary(
         return named if isinstance(named, dict) else None
     found = [w for w in ob.items(rt.indexes.workloads, (namespace, job)) if isinstance(w, dict)]
     if not found:
-        return None
+        return _created(rt, (namespace, job))
+    rt.created_workloads.pop((namespace, job), None)  # the watch caught up
     newest: dict[str, Any] = max(found, key=lambda w: (str(w["created"] or ""), w["name"]))
     return newest
+
+
+def _created(rt: Runtime, key: JobKey) -> dict[str, Any] | None:
+    """The Workload a pass created for the job, while the index may not hold it yet."""
+    made = rt.created_workloads.get(key)
+    if made is None:
+        return None
+    if time.monotonic() - made[0] > WORKLOAD_ECHO_SECONDS:
+        del rt.created_workloads[key]
+        return None
+    return made[1]
+
+
+def remember_created(rt: Runtime, key: JobKey, body: Mapping[str, Any]) -> None:
+    """A Workload this operator just created (the apiserver's answer), seen as made."""
+    summary = summarize_workload(body).get(key)
+    if isinstance(summary, dict):
+        rt.created_workloads[key] = (time.monotonic(), summary)
 
 
 def _preemptor(rt: Runtime, message: str) -> str | None:

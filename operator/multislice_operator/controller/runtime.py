@@ -163,6 +163,9 @@ class Runtime:
     _workload_priorities: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # JobSets we created that the index may not hold yet (summaries): seen as they were made.
     created_jobsets: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # Workloads we created that the index may not hold yet: (when, summary), seen as they were
+    # made for a while (kueue.WORKLOAD_ECHO_SECONDS), so the next pass does not create it again.
+    created_workloads: dict[JobKey, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     # JobSets we deleted that the index may still hold for a moment: seen as being deleted.
     deleted_jobsets: set[JobKey] = field(default_factory=set)
     # Consecutive failed passes per job (shared by every worker): the exponential backoff.
@@ -323,6 +326,7 @@ class Runtime:
         self.admission.pop(key, None)
         self.deleted_jobsets.discard(key)
         self.created_jobsets.pop(key, None)
+        self.created_workloads.pop(key, None)
         self.errors.pop(key, None)
         self.forget_events(key)
         metrics.forget_job(key)
