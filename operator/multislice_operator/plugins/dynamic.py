@@ -504,8 +504,9 @@ def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: boo
     pod template accepts every name of the job's (`place`), so a pod restarted earlier could
     land on the old Slice's nodes, which the slice controller unlabels in its own time, instead
     of on the new Slice. The new attempt's pods, unbound or on a current Slice's cubes, stay."""
-    pods = _stranded(f, plan)
-    if pods and _stale(f.obs, plan):
+    current = _current(f.obs, plan)
+    pods = _stranded(f, current)
+    if pods and _stale(f.obs, current):
         b.requeue_in(STALE_LABEL_RECHECK_S)
     elif pods:
         b.add(EvictPods(pods))
@@ -520,11 +521,11 @@ def _restart(f: Facts, b: Builder, plan: Plan, lost: frozenset[int], formed: boo
             b.event(Reason.SLICE_LOST, f"slice {i} lost its Slice ({f.slices.lost[i]}); {then}")
 
 
-def _stranded(f: Facts, plan: Plan) -> tuple[str, ...]:
+def _stranded(f: Facts, current: dict[int, SliceObjectObservation]) -> tuple[str, ...]:
     """The job's placed pods on cubes no current Slice holds, whatever their JobSet slice index
     (JobSet's exclusive placement puts replicated Job i on any of the job's Slices, not on
     Slice i): by their node's pool (Managed cubes) or their node (Existing cubes)."""
-    held = {p for o in _current(f.obs, plan).values() for p in o.partitions}
+    held = {p for o in current.values() for p in o.partitions}
     away = [c for c in _dyn(f.obs).cubes if c.partition not in held]
     pools = {c.pool for c in away}
     nodes = {n for c in away for n in c.nodes}
@@ -537,11 +538,10 @@ def _on(pod: Pod, pools: set[str], nodes: set[str]) -> bool:
     return pod.node is not None and pod.node in nodes
 
 
-def _stale(obs: Observed, plan: Plan) -> bool:
+def _stale(obs: Observed, current: dict[int, SliceObjectObservation]) -> bool:
     """A usable cube's nodes still carry the name of a job's Slice that is lost or going away
     (one already gone waits for nothing: no controller would take its name off)."""
-    current = {o.name for o in _current(obs, plan).values()}
-    going = {o.name for o in _dyn(obs).slice_objects} - current
+    going = {o.name for o in _dyn(obs).slice_objects} - {o.name for o in current.values()}
     return any(c.slices & going for c in _dyn(obs).cubes if c.state in USABLE)
 
 
